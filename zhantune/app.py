@@ -1,0 +1,48 @@
+"""The tune app: ``python -m zhantune +op=mm shape=[M,N,K] [dtype=...] [device=...] ...``."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import hydra
+from omegaconf import DictConfig
+from rich.console import Console
+
+from zhantune.cli import mark_task_started, run_app, user_error
+from zhantune.config import register
+from zhantune.errors import UserError
+
+__all__ = ["main"]
+
+register()
+
+# known, harmless warnings of the compiles zhantune makes on purpose
+warnings.filterwarnings("ignore", message=".*TF32 acceleration on top of oneDNN.*")
+warnings.filterwarnings("ignore", message=".*dynamo_pgo force disabled.*")
+warnings.filterwarnings("ignore", message="Argument ``group`` is an experimental feature.*")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def _tune_app(cfg: DictConfig) -> None:
+    mark_task_started()
+    from zhantune.report import TuneProgress, print_summary
+    from zhantune.storage import Store
+    from zhantune.tune import resolve_run, tune
+
+    console = Console()
+    try:
+        run = resolve_run(cfg)
+        store = Store(cfg.storage.url)
+        result = tune(run, store, TuneProgress(console) if cfg.progress else None)
+    except UserError as e:
+        user_error(e)
+        return
+    print_summary(console, run, result, cfg.storage.url)
+    if result.interrupted:
+        console.print("[yellow]interrupted: run the same command again to resume the study[/yellow]")
+        sys.exit(130)
+
+
+def main() -> None:
+    run_app(_tune_app)

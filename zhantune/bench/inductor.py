@@ -1,0 +1,195 @@
+"""Compile a problem with exactly one candidate through Inductor, check it ran, check it, time it.
+
+CUDA: the candidate is one template choice, installed as a one-entry
+``torch._inductor.config.lookup_table.table`` under max-autotune; the recording handler must report
+a hit for that template, else the trial is ``not_applied`` (never a silent measurement of the
+default). CPU: the candidate is an Inductor config patch (``max_autotune_gemm_backends``,
+``cpp.gemm_*``), applied to an inference compile with ``freezing=True``; the C++ GEMM template must
+show up in Inductor's ``cpp_templated_kernel_counter`` exactly when the patch selects it.
+
+CPU compiles run with oneDNN disabled: otherwise Inductor's freezing pass rewrites ``x @ W`` into a
+prepacked mkldnn linear whose lowering never reaches the GEMM lowering where the lookup happens
+(torch/_inductor/fx_passes/mkldnn_fusion.py). The pattern registration is once per process, so every
+compile in the process must agree on this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
+
+from zhantune.bench.measurement import TOLERANCES, Measurement
+from zhantune.bench.timing import Timing, time_cpu, time_cuda
+from zhantune.config import BenchConfig
+from zhantune.device import DeviceInfo
+from zhantune.inductor.choices import LookupEvent, recording
+from zhantune.problems import GemmProblem
+from zhantune.search.space import Candidate
+
+__all__ = ["InductorBenchmarker", "CPU_BASE_PATCH", "cpu_compile_flags"]
+
+#: every CPU compile: inference with constant weights, no cache reuse between candidates, and no
+#: background pool of compile workers competing with the timed runs for the cores
+CPU_BASE_PATCH: dict[str, Any] = {"freezing": True, "force_disable_caches": True, "compile_threads": 1}
+CUDA_BASE_PATCH: dict[str, Any] = {"force_disable_caches": True}
+
+
+@contextlib.contextmanager
+def cpu_compile_flags(device: DeviceInfo) -> Iterator[None]:
+    """oneDNN off while compiling on CPU (see the module docstring); nothing on CUDA."""
+    if device.kind == "cpu":
+        with torch.backends.mkldnn.flags(enabled=False):
+            yield
+    else:
+        yield
+
+
+class InductorBenchmarker:
+    """Benchmarks one problem on one device: baselines first, then candidates.
+
+    ``lookup`` is the GEMM lookup Inductor made while compiling the default baseline: the problem's
+    Inductor input key comes from it (never built by hand).
+    """
+
+    name = "inductor"
+
+    def __init__(self, problem: GemmProblem, device: DeviceInfo, cfg: BenchConfig, seed: int = 0):
+        self.problem = problem
+        self.device = device
+        self.cfg = cfg
+        self.module, self.inputs = problem.build(device.torch_device, seed=seed)
+        self.reference = problem.reference(self.module, self.inputs)
+        self.lookup: LookupEvent | None = None
+
+    # -- baselines ---------------------------------------------------------------------------
+    def eager(self) -> Measurement:
+        """Eager PyTorch, no compile."""
+        with torch.no_grad():
+            out = self.module(*self.inputs)
+        return self._check_and_time(lambda: self.module(*self.inputs), out, compile_s=0.0, lookup=None)
+
+    def inductor_default(self) -> Measurement:
+        """torch.compile with Inductor's defaults (no max-autotune); records the lookup key."""
+        patch = dict(CPU_BASE_PATCH if self.device.kind == "cpu" else CUDA_BASE_PATCH)
+        m = self._run(patch, table=None, expect=None)
+        if m.lookup is not None:
+            self.lookup = m.lookup
+        return m
+
+    # -- candidates --------------------------------------------------------------------------
+    def measure(self, candidate: Candidate) -> Measurement:
+        """Compile with exactly this candidate, confirm it applied, check the output, time it."""
+        if self.device.kind == "cpu":
+            if candidate.scope != "config":
+                return Measurement("invalid", error_text=f"{candidate.describe()}: only config-scope "
+                                   "candidates apply on CPU (Inductor's CPU GEMM has no template lookup)")
+            patch = {**CPU_BASE_PATCH, "max_autotune": True, **candidate.params}
+            return self._run(patch, table=None, expect=candidate)
+        patch = dict(CUDA_BASE_PATCH)
+        patch["max_autotune"] = True
+        table = None
+        if candidate.scope == "template":
+            if self.lookup is None or self.lookup.device_key is None:
+                return Measurement("not_applied", error_text="no lookup key recorded for this problem")
+            entry = {"template_id": candidate.template_id, **candidate.params}
+            table = {self.lookup.device_key: [entry]}
+            patch["max_autotune_gemm_backends"] = "ATEN,TRITON"
+        else:
+            patch.update(candidate.params)
+        return self._run(patch, table=table, expect=candidate)
+
+    # -- the shared path ---------------------------------------------------------------------
+    def _run(self, patch: dict[str, Any], table: dict | None, expect: Candidate | None) -> Measurement:
+        torch._dynamo.reset()
+        templated_before = counters["inductor"]["cpp_templated_kernel_counter"]
+        t0 = time.perf_counter()
+        try:
+            with torch.no_grad(), recording(table) as rec, inductor_config.patch(patch), \
+                    cpu_compile_flags(self.device):
+                compiled = torch.compile(self.module, fullgraph=True, dynamic=False)
+                out = compiled(*self.inputs)
+            self._synchronize()
+        except Exception as e:  # Inductor raises many types; the text is stored with the trial
+            return Measurement("compile_error", error_text=_one_line(e), compile_s=time.perf_counter() - t0)
+        compile_s = time.perf_counter() - t0
+        events = [e for e in rec.events if e.op_name == self.problem.lookup_op]
+        lookup = events[0] if events else None
+        templated = counters["inductor"]["cpp_templated_kernel_counter"] - templated_before
+        why_not = self._not_applied(expect, lookup, templated)
+        if why_not:
+            return Measurement("not_applied", error_text=why_not, compile_s=compile_s, lookup=lookup)
+        template_hash = None
+        if expect is not None and expect.template_id and lookup is not None:
+            template_hash = lookup.template_hashes.get(expect.template_id)
+        return self._check_and_time(lambda: compiled(*self.inputs), out, compile_s, lookup, template_hash)
+
+    def _not_applied(self, expect: Candidate | None, lookup: LookupEvent | None, templated: int) -> str | None:
+        if lookup is None:
+            return (f"Inductor made no {self.problem.lookup_op} lookup while compiling: the GEMM did not "
+                    "reach Inductor's GEMM lowering")
+        if expect is None:
+            return None
+        if expect.scope == "template":
+            if expect.template_id not in lookup.hit_templates:
+                return f"lookup table miss for {expect.template_id} under key {lookup.device_key!r}"
+            return None
+        backends = str(expect.params.get("max_autotune_gemm_backends", "")).upper()
+        if self.device.kind == "cpu" and backends:
+            wants_cpp = backends == "CPP"
+            if wants_cpp and templated == 0:
+                return "the C++ GEMM template was not used (Inductor found it inapplicable)"
+            if not wants_cpp and "CPP" not in backends and templated > 0:
+                return "a C++ template kernel was generated although the patch excludes CPP"
+        return None
+
+    def _check_and_time(self, fn: Callable[[], torch.Tensor], out: torch.Tensor, compile_s: float,
+                        lookup: LookupEvent | None, template_hash: str | None = None) -> Measurement:
+        error = relative_error(out, self.reference)
+        try:
+            with torch.no_grad():
+                timing = self._time(fn)
+        except Exception as e:
+            return Measurement("runtime_error", error=error, error_text=_one_line(e), compile_s=compile_s,
+                               template_hash=template_hash, lookup=lookup)
+        tol = TOLERANCES[self.problem.dtype]
+        if not math.isfinite(error) or error > tol:
+            return Measurement("incorrect", timing=timing, error=error, compile_s=compile_s,
+                               error_text=f"max relative error {error:.3g} > tolerance {tol:g}",
+                               template_hash=template_hash, lookup=lookup)
+        return Measurement("ok", timing=timing, error=error, compile_s=compile_s,
+                           template_hash=template_hash, lookup=lookup)
+
+    def _time(self, fn: Callable[[], object]) -> Timing:
+        c = self.cfg
+        if self.device.kind == "cuda":  # pragma: no cover - needs a GPU
+            with torch.cuda.device(self.device.index):
+                return time_cuda(fn, warmup_ms=c.warmup_ms, target_ms=c.target_ms, cuda_graph=c.cuda_graph)
+        return time_cpu(fn, warmup_ms=c.warmup_ms, target_ms=c.target_ms, min_reps=c.min_reps,
+                        max_reps=c.max_reps, flush_cache=c.flush_cache)
+
+    def _synchronize(self) -> None:
+        if self.device.kind == "cuda":  # pragma: no cover - needs a GPU
+            torch.cuda.synchronize(self.device.index)
+
+
+def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |out - ref| / max |ref| in float64 (inf when out has NaN/Inf or the wrong shape)."""
+    if out.shape != reference.shape:
+        return math.inf
+    out64 = out.detach().to("cpu", torch.float64)
+    if not torch.isfinite(out64).all():
+        return math.inf
+    scale = reference.abs().max().item() or 1.0
+    return (out64 - reference.cpu()).abs().max().item() / scale
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    first = next((line for line in text if line.strip()), "")
+    return f"{type(e).__name__}: {first}"[:500]

@@ -1,0 +1,160 @@
+"""The timing protocol: one module, units in every name.
+
+CPU (after Triton's ``do_bench``): run once and synchronise; warm up for ``warmup_ms``; estimate one
+run; derive the repetitions from ``target_ms`` within [min_reps, max_reps]; before each repetition
+write a buffer larger than the last-level cache (``flush_cache``); time each run on its own with
+``time.perf_counter_ns``; reduce to median, min, max and the 20th/80th percentiles.
+
+CUDA: Triton's own ``triton.testing.do_bench_cudagraph`` (kernel time without Python launch
+overhead) or ``do_bench`` (L2 flush, per-run CUDA events), asking for the same quantiles.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["Timing", "summarize_us", "time_cpu", "time_cuda"]
+
+#: fallback size of the flush buffer where sysfs does not give the cache sizes
+_DEFAULT_FLUSH_BYTES = 64 * 1024 * 1024
+
+_QUANTILES = (0.0, 0.2, 0.5, 0.8, 1.0)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Timings of one kernel in microseconds over ``n`` repetitions; ``method`` says how."""
+
+    median_us: float
+    min_us: float
+    max_us: float
+    p20_us: float
+    p80_us: float
+    n: int
+    method: str
+
+    @property
+    def iqr_us(self) -> float:
+        """Spread between the 20th and 80th percentiles (the protocol's inter-quantile range)."""
+        return self.p80_us - self.p20_us
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return asdict(self)
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated quantile (same rule as torch.quantile's default)."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize_us(times_us: list[float], method: str) -> Timing:
+    """Reduce per-run times (microseconds) to a Timing. Raises ValueError on an empty list."""
+    if not times_us:
+        raise ValueError("no timings to summarize")
+    s = sorted(times_us)
+    return Timing(
+        median_us=statistics.median(s),
+        min_us=s[0],
+        max_us=s[-1],
+        p20_us=_quantile(s, 0.2),
+        p80_us=_quantile(s, 0.8),
+        n=len(s),
+        method=method,
+    )
+
+
+def _last_level_cache_bytes() -> int | None:
+    """Largest CPU cache of cpu0 from sysfs ("32768K"), or None where unreadable."""
+    import glob
+
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path, encoding="ascii").read().strip()
+        except OSError:
+            continue
+        mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * mult)
+    return max(sizes) if sizes else None
+
+
+def cpu_flush_bytes() -> int:
+    """Flush buffer size: twice the last-level cache (64 MiB where unknown)."""
+    llc = _last_level_cache_bytes()
+    return 2 * llc if llc else _DEFAULT_FLUSH_BYTES
+
+
+class _CacheFlusher:
+    def __init__(self, nbytes: int):
+        self.buf = torch.empty(nbytes // 4, dtype=torch.int32)
+
+    def __call__(self) -> None:
+        self.buf.fill_(1)
+
+
+_flusher: _CacheFlusher | None = None
+
+
+def time_cpu(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: float = 100.0,
+             min_reps: int = 5, max_reps: int = 1000, flush_cache: bool = True) -> Timing:
+    """Time ``fn`` on the CPU; returns microseconds (median of n runs, each timed alone)."""
+    global _flusher
+    flush = None
+    if flush_cache:
+        if _flusher is None:
+            _flusher = _CacheFlusher(cpu_flush_bytes())
+        flush = _flusher
+    fn()
+    # estimate one run (each after a flush, as in the timed loop; the flush itself is not counted)
+    est_ns = []
+    for _ in range(3):
+        if flush:
+            flush()
+        t0 = time.perf_counter_ns()
+        fn()
+        est_ns.append(time.perf_counter_ns() - t0)
+    est_ms = max(statistics.median(est_ns) / 1e6, 1e-3)
+    deadline = time.perf_counter_ns() + warmup_ms * 1e6
+    while time.perf_counter_ns() < deadline:
+        fn()
+    reps = int(min(max(target_ms / est_ms, min_reps), max_reps))
+    times_us = []
+    for _ in range(reps):
+        if flush:
+            flush()
+        start = time.perf_counter_ns()
+        fn()
+        times_us.append((time.perf_counter_ns() - start) / 1e3)
+    return summarize_us(times_us, "cpu:perf_counter" + (":flush" if flush else ""))
+
+
+def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: float = 100.0,
+              cuda_graph: bool = True) -> Timing:  # pragma: no cover - needs a GPU
+    """Time ``fn`` on the current CUDA device with Triton's protocol; microseconds.
+
+    ``n`` is not reported by Triton, so it is the repetition count Triton derives, estimated from
+    the median and ``target_ms``.
+    """
+    import triton.testing
+
+    if cuda_graph:
+        qs = triton.testing.do_bench_cudagraph(fn, rep=target_ms, quantiles=list(_QUANTILES))
+        method = "cuda:triton.do_bench_cudagraph"
+    else:
+        qs = triton.testing.do_bench(fn, warmup=warmup_ms, rep=target_ms, quantiles=list(_QUANTILES))
+        method = "cuda:triton.do_bench"
+    mn, p20, med, p80, mx = (q * 1e3 for q in qs)
+    n = max(1, int(target_ms * 1e3 / max(med, 1e-3)))
+    return Timing(median_us=med, min_us=mn, max_us=mx, p20_us=p20, p80_us=p80, n=n, method=method)

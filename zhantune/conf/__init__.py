@@ -1,0 +1,1 @@
+"""Hydra config tree of zhantune (a package so that it ships in the wheel and Hydra finds it)."""

@@ -1,0 +1,48 @@
+"""zhantune's errors: one base class; user errors exit with code 2 and a one-line message.
+
+A *user error* is bad input (a shape, an override, a config file, a storage path): the message names
+the bad value, where it came from and what is allowed. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ZhantuneError",
+    "UserError",
+    "ConfigError",
+    "SpaceError",
+    "DeviceError",
+    "StorageError",
+    "TableError",
+    "USER_ERROR_EXIT_CODE",
+]
+
+USER_ERROR_EXIT_CODE = 2
+
+
+class ZhantuneError(Exception):
+    """Root of every error zhantune raises on purpose."""
+
+
+class UserError(ZhantuneError):
+    """Bad input from the user. The CLI prints ``zhantune: <message>`` and exits with code 2."""
+
+
+class ConfigError(UserError):
+    """A config value (CLI override or YAML key) is invalid."""
+
+
+class SpaceError(ConfigError):
+    """A search-space file is invalid (unknown key, empty choices, bad constraint, ...)."""
+
+
+class DeviceError(UserError):
+    """The requested device does not exist on this machine."""
+
+
+class StorageError(UserError):
+    """The storage URL cannot be opened or written, or holds something that is not zhantune's."""
+
+
+class TableError(UserError):
+    """A lookup-table file is malformed."""

@@ -1,0 +1,180 @@
+"""GEMM-family problems: mm, addmm, bmm and linear + activation.
+
+A problem is what gets compiled: ``x @ W`` with ``W`` (and the bias) held as module parameters, so
+that on CPU Inductor's freezing turns them into constants and its C++ GEMM template applies
+(``use_cpp_gemm_template`` in torch/_inductor/utils.py needs a constant second operand). The same
+module is compiled on CUDA, where parameters are ordinary graph inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from zhantune.errors import ConfigError
+
+__all__ = ["DTYPES", "OPS", "GemmProblem", "GemmModule"]
+
+#: dtype names accepted on the command line -> torch dtypes
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+#: op name -> dimension names of its ``shape``
+OPS: dict[str, tuple[str, ...]] = {
+    "mm": ("M", "N", "K"),
+    "addmm": ("M", "N", "K"),
+    "bmm": ("B", "M", "N", "K"),
+    "linear_act": ("M", "N", "K"),
+}
+
+ACTIVATIONS = ("relu", "gelu")
+
+
+class GemmModule(torch.nn.Module):
+    """``act(x @ W + b)`` for one op; W is [K, N] ([B, K, N] for bmm), b is [N]."""
+
+    def __init__(self, op: str, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None):
+        super().__init__()
+        self.op = op
+        self.activation = activation
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.op == "bmm":
+            return torch.bmm(x, self.weight)
+        if self.bias is None:
+            return x @ self.weight
+        y = torch.addmm(self.bias, x, self.weight)
+        if self.activation == "relu":
+            return torch.relu(y)
+        if self.activation == "gelu":
+            return torch.nn.functional.gelu(y)
+        return y
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """One GEMM problem: op, dims, dtype (and the epilogue activation for linear_act).
+
+    ``dims`` maps the op's dimension names to sizes, e.g. {"M": 512, "N": 512, "K": 512}.
+    Raises ConfigError (exit code 2) for an unknown op or dtype, a wrong arity or a non-positive size.
+    """
+
+    op: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    activation: str | None = None
+
+    @classmethod
+    def from_config(cls, op: str, shape: object, dtype: str, activation: str | None = None,
+                    source: str = "shape") -> GemmProblem:
+        """Validate user input (``shape`` as given on the CLI) and build the problem."""
+        if op not in OPS:
+            raise ConfigError(f"unknown op {op!r} (from +op); allowed: {', '.join(sorted(OPS))}")
+        dims = OPS[op]
+        if dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {dtype!r} (from dtype); allowed: {', '.join(DTYPES)}")
+        if not isinstance(shape, (list, tuple)) or len(shape) != len(dims):
+            raise ConfigError(
+                f"{source}={_show(shape)} does not fit op {op}: expected {len(dims)} positive integers "
+                f"[{','.join(dims)}]"
+            )
+        sizes = []
+        for name, v in zip(dims, shape):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(
+                    f"{source}={_show(shape)}: {name}={v!r} is not an integer; expected [{','.join(dims)}] "
+                    "of positive integers"
+                )
+            if v <= 0:
+                raise ConfigError(f"{source}={_show(shape)}: {name}={v} must be a positive integer")
+            sizes.append(v)
+        if op == "linear_act":
+            if activation not in ACTIVATIONS:
+                raise ConfigError(
+                    f"op linear_act needs op.activation in {list(ACTIVATIONS)}, got {activation!r}"
+                )
+        else:
+            activation = None
+        return cls(op=op, shape=tuple(sizes), dtype=dtype, activation=activation)
+
+    # -- identity ----------------------------------------------------------------------------
+    @property
+    def dims(self) -> dict[str, int]:
+        """Dimension name -> size, e.g. {"M": 512, "N": 512, "K": 512}; B=1 for non-batched ops."""
+        d = dict(zip(OPS[self.op], self.shape))
+        d.setdefault("B", 1)
+        return d
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def dtype_bytes(self) -> int:
+        return self.torch_dtype.itemsize
+
+    @property
+    def key(self) -> str:
+        """Canonical, stable problem key, e.g. ``mm[M=512,N=512,K=512]:float32``."""
+        dims = ",".join(f"{n}={v}" for n, v in zip(OPS[self.op], self.shape))
+        act = f":{self.activation}" if self.activation else ""
+        return f"{self.op}[{dims}]:{self.dtype}{act}"
+
+    @property
+    def lookup_op(self) -> str:
+        """The op name Inductor uses in its lookup key for this problem's GEMM."""
+        return "mm" if self.op == "mm" else "bmm" if self.op == "bmm" else "addmm"
+
+    def flops(self) -> int:
+        """Floating-point operations of the GEMM: 2*B*M*N*K (the epilogue is not counted)."""
+        d = self.dims
+        return 2 * d["B"] * d["M"] * d["N"] * d["K"]
+
+    def tflops(self, time_us: float) -> float:
+        """TFLOP/s for one run taking ``time_us`` microseconds."""
+        return self.flops() / (time_us * 1e-6) / 1e12
+
+    # -- tensors -----------------------------------------------------------------------------
+    def build(self, device: torch.device, seed: int = 0) -> tuple[GemmModule, tuple[torch.Tensor, ...]]:
+        """The module (weights as parameters) and its inputs, deterministic for a seed.
+
+        Values are drawn from N(0, 1) / sqrt(K) so outputs stay O(1) in every dtype.
+        """
+        d = self.dims
+        g = torch.Generator().manual_seed(seed)
+        scale = 1.0 / math.sqrt(d["K"])
+
+        def rand(*size: int) -> torch.Tensor:
+            return (torch.randn(*size, generator=g) * scale).to(self.torch_dtype).to(device)
+
+        if self.op == "bmm":
+            x, w, b = rand(d["B"], d["M"], d["K"]), rand(d["B"], d["K"], d["N"]), None
+        else:
+            x, w = rand(d["M"], d["K"]), rand(d["K"], d["N"])
+            b = rand(d["N"]) if self.op in ("addmm", "linear_act") else None
+        module = GemmModule(self.op, w, b, self.activation).eval()
+        return module, (x,)
+
+    def reference(self, module: GemmModule, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The eager result in float64 from the same (rounded) inputs."""
+        ref = GemmModule(
+            self.op,
+            module.weight.detach().double(),
+            None if module.bias is None else module.bias.detach().double(),
+            self.activation,
+        )
+        with torch.no_grad():
+            return ref(*(t.double() for t in inputs))
+
+
+def _show(v: object) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(str(x) for x in v) + "]"
+    return repr(v)

@@ -1,0 +1,78 @@
+"""Terminal output of a tune: the Rich progress bar and the closing summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+__all__ = ["TuneProgress", "print_summary"]
+
+
+def _us(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.1f}"
+
+
+class TuneProgress:
+    """Trial n/N, best so far (us) and counts by status."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self._progress: Progress | None = None
+        self._task: Any = None
+
+    def start(self, total: int) -> None:
+        self._progress = Progress(
+            TextColumn("[bold]trial"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}"), console=self.console, transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("", total=total)
+
+    def update(self, result: Any, candidate: Any, meas: Any) -> None:
+        assert self._progress is not None
+        counts = " ".join(f"{k}={v}" for k, v in sorted(result.statuses.items()))
+        best = result.best.median_us if result.best is not None else None
+        self._progress.update(self._task, completed=result.measured,
+                              description=f"best {_us(best)} us | {counts} | cached={result.cached} "
+                                          f"infeasible={result.infeasible}")
+        self.console.log(f"trial {result.measured}: {candidate.describe()} -> {meas.status}"
+                         + (f" {meas.timing.median_us:,.1f} us" if meas.timing else "")
+                         + (f" ({meas.error_text})" if meas.error_text and not meas.ok else ""))
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
+    """Baselines vs best (us, TFLOP/s, speedup), the best config, the database and table paths."""
+    p = run.problem
+    t = Table(title=f"{p.key} on {run.device.name} ({run.device.kind})")
+    t.add_column("what")
+    t.add_column("status")
+    t.add_column("median us", justify="right")
+    t.add_column("TFLOP/s", justify="right")
+    t.add_column("speedup vs default", justify="right")
+    default_us = result.default.median_us if result.default.status == "ok" else None
+    rows = [("eager", result.eager), ("inductor default", result.default)]
+    if result.best is not None:
+        rows.append((f"best: {result.best.branch}", result.best))
+    for label, r in rows:
+        speed = f"{default_us / r.median_us:.2f}x" if default_us and r.median_us else "-"
+        tflops = f"{r.tflops:.3f}" if r.tflops is not None else "-"
+        t.add_row(label, r.status, _us(r.median_us), tflops, speed)
+    console.print(t)
+    if result.best is not None:
+        params = ", ".join(f"{k}={v}" for k, v in sorted(result.best.params.items()))
+        console.print(f"best config: {result.best.template_id or result.best.branch} {{{params}}}")
+    else:
+        console.print("[yellow]no candidate measured ok[/yellow]")
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"
+    console.print(f"trials: {result.measured} measured ({counts}), {result.cached} cached, "
+                  f"{result.infeasible} infeasible" + (" [interrupted]" if result.interrupted else ""))
+    console.print(f"database: {db}  study: {result.study_name}")
+    if result.table_path is not None:
+        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))")

@@ -1,0 +1,6 @@
+"""Search: spaces and constraints, samplers, and the Optuna study driver."""
+
+from zhantune.search.samplers import make_sampler
+from zhantune.search.space import Branch, Candidate, Param, Space, load_space, param_distribution
+
+__all__ = ["Branch", "Candidate", "Param", "Space", "load_space", "make_sampler", "param_distribution"]

@@ -1,0 +1,52 @@
+"""The Optuna side of a tune: the study in the shared storage, and the ask step over a Space."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from zhantune.search.space import Branch, Candidate, Space
+
+__all__ = ["Asked", "open_study", "ask", "feasible_size"]
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def open_study(name: str, storage_url: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    """Create or resume the study ``name`` in ``storage_url`` (minimising median microseconds)."""
+    return optuna.create_study(study_name=name, storage=storage_url, sampler=sampler,
+                               direction="minimize", load_if_exists=True)
+
+
+@dataclass
+class Asked:
+    """One asked trial: its candidate, or None when the point violates a constraint."""
+
+    trial: optuna.trial.Trial
+    branch: Branch
+    values: dict[str, Any]
+    candidate: Candidate | None
+
+
+def ask(study: optuna.Study, space: Space, problem_vars: dict[str, Any]) -> Asked:
+    """Ask the sampler for a point; check the branch's constraints before anything compiles."""
+    trial = study.ask()
+    branch, values = space.suggest(trial)
+    cand = branch.candidate(values) if branch.feasible(values, problem_vars) else None
+    return Asked(trial, branch, values, cand)
+
+
+def feasible_size(space: Space, problem_vars: dict[str, Any], limit: int = 200_000) -> dict[str, tuple[int, int]] | None:
+    """Per branch (size before constraints, size after); None when the product exceeds ``limit``."""
+    sizes: dict[str, tuple[int, int]] = {}
+    for b in space.branches:
+        total = 1
+        for p in b.params:
+            total *= len(p.values())
+        if total > limit:
+            return None
+        feasible = sum(1 for v in b.all_values() if b.feasible(v, problem_vars))
+        sizes[b.name] = (total, feasible)
+    return sizes

@@ -1,0 +1,215 @@
+"""The store API: every write goes through one session scope, committed per trial.
+
+SQLite files get WAL mode and a busy timeout so that several workers can share one file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterator
+
+from sqlalchemy import create_engine, event, inspect, select
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from zhantune.errors import StorageError
+from zhantune.storage import models as m
+
+__all__ = ["Store", "check_url", "sqlite_path"]
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` URL (None for other engines and in-memory SQLite)."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    return Path(u.database)
+
+
+def check_url(url: str) -> None:
+    """Check a storage URL before anything is written. Raises StorageError (exit code 2).
+
+    SQLite: the directory must exist and be writable, and an existing file must be an SQLite
+    database (a corrupt or foreign file is left untouched).
+    """
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        raise StorageError(f"storage.url={url!r} is not a database URL; e.g. sqlite:///zhantune.db or "
+                           "postgresql+psycopg://user@host/db") from None
+    if u.get_backend_name() != "sqlite":
+        return
+    path = sqlite_path(url)
+    if path is None:
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise StorageError(f"storage.url={url}: directory {parent} does not exist")
+    if path.exists():
+        if not path.is_file() or not os.access(path, os.W_OK):
+            raise StorageError(f"storage.url={url}: {path} is not a writable file")
+        _check_sqlite_file(path, url)
+    elif not os.access(parent, os.W_OK):
+        raise StorageError(f"storage.url={url}: directory {parent} is not writable")
+
+
+def _check_sqlite_file(path: Path, url: str) -> None:
+    with open(path, "rb") as f:
+        header = f.read(16)
+    if path.stat().st_size and header != b"SQLite format 3\x00":
+        raise StorageError(f"storage.url={url}: {path} is not an SQLite database; left untouched")
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            con.execute("PRAGMA schema_version").fetchone()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        raise StorageError(f"storage.url={url}: {path} is not a readable SQLite database ({e}); "
+                           "left untouched") from None
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cur = dbapi_connection.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+class Store:
+    """Measurements in a SQLAlchemy database. Raises StorageError when it cannot be opened."""
+
+    def __init__(self, url: str):
+        check_url(url)
+        self.url = url
+        try:
+            self.engine: Engine = create_engine(url)
+            if self.engine.dialect.name == "sqlite":
+                event.listen(self.engine, "connect", _sqlite_pragmas)
+            m.Base.metadata.create_all(self.engine)
+        except SQLAlchemyError as e:
+            raise StorageError(f"storage.url={url}: cannot open the database: {_first_line(e)}") from None
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        """Commit on success, roll back on error; database errors become StorageError."""
+        s = self._sessions()
+        try:
+            yield s
+            s.commit()
+        except SQLAlchemyError as e:
+            s.rollback()
+            raise StorageError(f"storage.url={self.url}: {_first_line(e)}") from e
+        except BaseException:
+            s.rollback()
+            raise
+        finally:
+            s.close()
+
+    def tables(self) -> list[str]:
+        return inspect(self.engine).get_table_names()
+
+    # -- identity rows ----------------------------------------------------------------------
+    def device_id(self, key: str, name: str, kind: str, properties: dict[str, Any]) -> int:
+        with self.session() as s:
+            row = s.scalar(select(m.Device).where(m.Device.key == key))
+            if row is None:
+                row = m.Device(key=key, name=name, kind=kind, properties=properties)
+                s.add(row)
+                s.flush()
+            return row.id
+
+    def problem_id(self, key: str, **fields: Any) -> int:
+        """Get or create the problem row; fills ``lookup_key`` when it was unknown."""
+        with self.session() as s:
+            row = s.scalar(select(m.Problem).where(m.Problem.key == key))
+            if row is None:
+                row = m.Problem(key=key, **fields)
+                s.add(row)
+                s.flush()
+            elif fields.get("lookup_key") and not row.lookup_key:
+                row.lookup_key = fields["lookup_key"]
+            return row.id
+
+    def study_id(self, name: str, config: dict[str, Any]) -> int:
+        with self.session() as s:
+            row = s.scalar(select(m.Study).where(m.Study.name == name))
+            if row is None:
+                row = m.Study(name=name, config=config)
+                s.add(row)
+                s.flush()
+            else:
+                row.status = "running"
+                row.finished_at = None
+            return row.id
+
+    def finish_study(self, study_id: int, status: str = "finished") -> None:
+        with self.session() as s:
+            row = s.get(m.Study, study_id)
+            row.status = status
+            row.finished_at = dt.datetime.now(dt.timezone.utc)
+
+    # -- measurements -----------------------------------------------------------------------
+    def add_measurement(self, **fields: Any) -> int:
+        with self.session() as s:
+            row = m.Measurement(**fields)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def measurements(self, study_id: int | None = None) -> list[m.Measurement]:
+        with self.session() as s:
+            q = select(m.Measurement).order_by(m.Measurement.id)
+            if study_id is not None:
+                q = q.where(m.Measurement.study_id == study_id)
+            return list(s.scalars(q))
+
+    def baseline(self, study_id: int, kind: str) -> m.Measurement | None:
+        with self.session() as s:
+            return s.scalar(select(m.Measurement).where(m.Measurement.study_id == study_id,
+                                                         m.Measurement.kind == kind)
+                            .order_by(m.Measurement.id.desc()))
+
+    def cached(self, device_id: int, problem_id: int, config_hash: str, torch_version: str,
+               triton_version: str | None) -> m.Measurement | None:
+        """A finished measurement of the same candidate, device, problem and software versions."""
+        with self.session() as s:
+            return s.scalar(
+                select(m.Measurement).where(
+                    m.Measurement.device_id == device_id,
+                    m.Measurement.problem_id == problem_id,
+                    m.Measurement.config_hash == config_hash,
+                    m.Measurement.kind == "candidate",
+                    m.Measurement.torch_version == torch_version,
+                    m.Measurement.triton_version == triton_version,
+                ).order_by(m.Measurement.id)
+            )
+
+    def best_candidates(self, device_key: str | None = None) -> list[tuple[m.Device, m.Problem, m.Measurement]]:
+        """Fastest ``ok`` candidate per (device, problem), by median_us; optionally one device."""
+        with self.session() as s:
+            q = (select(m.Measurement, m.Device, m.Problem)
+                 .join(m.Device, m.Measurement.device_id == m.Device.id)
+                 .join(m.Problem, m.Measurement.problem_id == m.Problem.id)
+                 .where(m.Measurement.kind == "candidate", m.Measurement.status == "ok",
+                        m.Measurement.median_us.is_not(None))
+                 .order_by(m.Measurement.median_us, m.Measurement.id))
+            if device_key is not None:
+                q = q.where(m.Device.key == device_key)
+            best: dict[tuple[int, int], tuple[m.Device, m.Problem, m.Measurement]] = {}
+            for meas, dev, prob in s.execute(q):
+                best.setdefault((dev.id, prob.id), (dev, prob, meas))
+            return list(best.values())
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

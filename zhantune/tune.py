@@ -1,0 +1,300 @@
+"""The tune job: resolve and validate the config, measure baselines, search, store, export.
+
+``resolve_run`` does every check that can fail on user input before anything is written, so a bad
+value never touches an existing database. ``tune`` then runs the study.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import importlib.metadata
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from zhantune.bench.inductor import InductorBenchmarker
+from zhantune.bench.measurement import Measurement
+from zhantune.device import DeviceInfo, resolve_device
+from zhantune.errors import ConfigError, SpaceError
+from zhantune.inductor.table import build_table, write_table
+from zhantune.inductor.templates import inductor_template_ids
+from zhantune.problems import GemmProblem
+from zhantune.search.samplers import make_sampler
+from zhantune.search.space import Candidate, Space, load_space
+from zhantune.search.study import ask, feasible_size, open_study
+from zhantune.storage import Store, check_url
+from zhantune.storage import models as orm
+
+__all__ = ["RunSpec", "TuneResult", "resolve_run", "tune", "software_versions", "CONF_DIR"]
+
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+#: inductor config keys every candidate gets from zhantune itself (a space may not set them)
+_RESERVED_CONFIG_KEYS = {"freezing", "force_disable_caches", "max_autotune", "lookup_table.table"}
+
+
+def software_versions() -> dict[str, str | None]:
+    """torch and triton versions for provenance (triton None where not installed)."""
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = None
+    return {"torch": torch.__version__, "triton": triton}
+
+
+@dataclass
+class RunSpec:
+    """A validated tune request."""
+
+    problem: GemmProblem
+    device: DeviceInfo
+    space: Space
+    space_names: list[str]
+    problem_vars: dict[str, Any]
+    cfg: DictConfig
+
+    @property
+    def study_name(self) -> str:
+        return self.cfg.search.study_name or f"{self.problem.key}@{self.device.key}"
+
+
+def _space_names(cfg: DictConfig, device: DeviceInfo) -> list[str]:
+    space = cfg.space
+    if space is None:
+        names = (cfg.op.spaces or {}).get(device.kind)
+        if not names:
+            raise ConfigError(f"op {cfg.op.name} has no default space for {device.kind}; give space=[name,...]")
+        return [str(n) for n in names]
+    if isinstance(space, str):
+        return [space]
+    if isinstance(space, (list, ListConfig)) and all(isinstance(s, str) for s in space):
+        return [str(s) for s in space]
+    raise ConfigError(f"space={space!r}: expected a space name or a list of names from conf/space/")
+
+
+def _check_config_keys(space: Space, device: DeviceInfo) -> None:
+    from torch._inductor import config as inductor_config
+
+    known = set(inductor_config.get_config_copy())
+    for b in space.branches:
+        if b.scope != "config":
+            if device.kind == "cpu":
+                raise SpaceError(f"{b.source}: template branches ({b.template_id}) apply on CUDA only; "
+                                 "on CPU use config branches (conf/space/cpp_gemm.yaml)")
+            continue
+        for key in list(b.fixed) + [p.key for p in b.params]:
+            if key in _RESERVED_CONFIG_KEYS:
+                raise SpaceError(f"{b.source}: {key!r} is set by zhantune itself and cannot be tuned")
+            if key not in known:
+                raise SpaceError(f"{b.source}: {key!r} is not an Inductor config key "
+                                 "(see torch/_inductor/config.py)")
+
+
+def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any]:
+    """Names a constraint may use: M, N, K, B, dtype_bytes, smem_bytes, sm_count, cores, n_threads."""
+    p = device.properties
+    return {
+        **problem.dims,
+        "dtype_bytes": problem.dtype_bytes,
+        "smem_bytes": p.get("smem_bytes", 0),
+        "sm_count": p.get("sm_count", 0),
+        "cores": p.get("cores", 0),
+        "n_threads": p.get("threads", 0),
+    }
+
+
+def resolve_run(cfg: DictConfig) -> RunSpec:
+    """Validate the composed config; raises a UserError subclass (exit code 2) on bad input."""
+    if OmegaConf.is_missing(cfg, "op"):
+        raise ConfigError("no op given; use +op=<name> with a file from conf/op/ (mm, addmm, bmm, linear_act)")
+    if OmegaConf.is_missing(cfg, "shape"):
+        raise ConfigError(f"no shape given; use shape=[{','.join(cfg.op.dims)}]")
+    shape = cfg.shape
+    if isinstance(shape, ListConfig):
+        shape = OmegaConf.to_container(shape)
+    problem = GemmProblem.from_config(cfg.op.name, shape, cfg.dtype, cfg.op.activation)
+    s = cfg.search
+    if s.n_trials < 1:
+        raise ConfigError(f"search.n_trials={s.n_trials} must be at least 1")
+    if s.timeout_s is not None and s.timeout_s <= 0:
+        raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
+    device = resolve_device(cfg.device)
+    names = _space_names(cfg, device)
+    variables = problem_variables(problem, device)
+    space = load_space(names, CONF_DIR / "space", variables, set(inductor_template_ids()),
+                       op=problem.lookup_op)
+    _check_config_keys(space, device)
+    check_url(cfg.storage.url)
+    return RunSpec(problem, device, space, names, variables, cfg)
+
+
+@dataclass
+class TuneResult:
+    study_name: str
+    study_id: int
+    eager: orm.Measurement
+    default: orm.Measurement
+    best: orm.Measurement | None
+    statuses: collections.Counter = field(default_factory=collections.Counter)
+    infeasible: int = 0
+    cached: int = 0
+    measured: int = 0
+    interrupted: bool = False
+    table_path: Path | None = None
+    table_keys: list[str] = field(default_factory=list)
+
+
+class _Recorder:
+    """Turns benchmark Measurements into rows (one commit per trial)."""
+
+    def __init__(self, store: Store, run: RunSpec, study_id: int, device_id: int, problem_id: int):
+        self.store, self.run, self.study_id = store, run, study_id
+        self.device_id, self.problem_id = device_id, problem_id
+        self.versions = software_versions()
+
+    def add(self, meas: Measurement, kind: str, candidate: Candidate | None = None,
+            trial_number: int | None = None) -> orm.Measurement:
+        t = meas.timing
+        fields: dict[str, Any] = dict(
+            study_id=self.study_id, device_id=self.device_id, problem_id=self.problem_id,
+            trial_number=trial_number, kind=kind, status=meas.status,
+            branch=candidate.branch if candidate else None,
+            template_id=candidate.template_id if candidate else None,
+            params=candidate.params if candidate else {},
+            config_hash=candidate.config_hash if candidate else None,
+            template_hash=meas.template_hash,
+            lookup_key=meas.lookup.device_key if meas.lookup else None,
+            error=meas.error if meas.error is None or meas.error != float("inf") else None,
+            error_text=meas.error_text, compile_s=meas.compile_s,
+            torch_version=self.versions["torch"], triton_version=self.versions["triton"],
+        )
+        if t is not None:
+            fields.update(median_us=t.median_us, min_us=t.min_us, max_us=t.max_us, p20_us=t.p20_us,
+                          p80_us=t.p80_us, n=t.n, timing_method=t.method,
+                          tflops=self.run.problem.tflops(t.median_us))
+        row_id = self.store.add_measurement(**fields)
+        return orm.Measurement(id=row_id, **fields)
+
+
+def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
+    """Baselines first, then the Optuna study until ``search.n_trials`` candidates were measured.
+
+    Infeasible points (a constraint fails) and cache hits (same candidate, device, problem and
+    software versions already measured) do not use the budget. Every trial is committed when it ends.
+    """
+    cfg, problem, device = run.cfg, run.problem, run.device
+    sampler = make_sampler(OmegaConf.to_container(cfg.search.sampler, resolve=True))
+    bench = InductorBenchmarker(problem, device, cfg.bench, seed=cfg.search.seed)
+
+    device_id = store.device_id(device.key, device.name, device.kind, device.properties)
+    config_dump = OmegaConf.to_container(cfg, resolve=True)
+    study_id = store.study_id(run.study_name, config_dump)
+
+    # baselines: eager, then Inductor's default (which also records the lookup key)
+    eager = bench.eager()
+    default = bench.inductor_default()
+    lookup_key = bench.lookup.agnostic_key if bench.lookup else None
+    problem_id = store.problem_id(problem.key, op=problem.op, shape=problem.dims, dtype=problem.dtype,
+                                  activation=problem.activation, lookup_op=problem.lookup_op,
+                                  lookup_key=lookup_key, flops=problem.flops())
+    rec = _Recorder(store, run, study_id, device_id, problem_id)
+    result = TuneResult(run.study_name, study_id, rec.add(eager, "eager"), rec.add(default, "default"), None)
+
+    study = open_study(run.study_name, cfg.storage.url, sampler)
+    _enqueue_seeds(study, run)
+    sizes = feasible_size(run.space, run.problem_vars)
+    space_total = sum(f for _, f in sizes.values()) if sizes else None
+    seen: set[str] = set()
+    n_trials, deadline = cfg.search.n_trials, None
+    if cfg.search.timeout_s:
+        deadline = time.monotonic() + cfg.search.timeout_s
+    max_asks = 50 * n_trials
+    rng = random.Random(cfg.search.seed)
+    asks = 0
+    if progress is not None:
+        progress.start(n_trials)
+    try:
+        while result.measured < n_trials and asks < max_asks:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            if space_total is not None and len(seen) >= space_total:
+                break  # every feasible candidate has been measured
+            asks += 1
+            asked = ask(study, run.space, run.problem_vars)
+            cand = asked.candidate
+            if cand is None:
+                study.tell(asked.trial, state=optuna.trial.TrialState.PRUNED)
+                result.infeasible += 1
+                continue
+            seen.add(cand.config_hash)
+            hit = store.cached(device_id, problem_id, cand.config_hash, rec.versions["torch"], rec.versions["triton"])
+            if hit is not None:
+                _tell(study, asked.trial, hit.median_us if hit.status == "ok" else None)
+                result.cached += 1
+                # a sampler that keeps proposing known points would stall: try an unseen one next
+                fresh = _unseen_point(run, seen, rng)
+                if fresh is not None:
+                    study.enqueue_trial(run.space.trial_params(*fresh))
+                continue
+            try:
+                meas = bench.measure(cand)
+            except KeyboardInterrupt:
+                study.tell(asked.trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            row = rec.add(meas, "candidate", cand, asked.trial.number)
+            _tell(study, asked.trial, row.median_us if meas.ok else None)
+            result.measured += 1
+            result.statuses[meas.status] += 1
+            if meas.ok and (result.best is None or row.median_us < result.best.median_us):
+                result.best = row
+            if progress is not None:
+                progress.update(result, cand, meas)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    finally:
+        if progress is not None:
+            progress.stop()
+        store.finish_study(study_id, "interrupted" if result.interrupted else "finished")
+    result.best = _best_for_problem(store, device.key, problem_id)
+    if cfg.export.enabled and not result.interrupted:
+        table = build_table(store, device_key=device.key)
+        result.table_path = write_table(cfg.export.path, table)
+        result.table_keys = list(table)
+    return result
+
+
+def _best_for_problem(store: Store, device_key: str, problem_id: int) -> orm.Measurement | None:
+    """Fastest ok candidate for this device and problem, cache hits from earlier studies included."""
+    return next((meas for _, prob, meas in store.best_candidates(device_key) if prob.id == problem_id), None)
+
+
+def _tell(study: optuna.Study, trial: optuna.trial.Trial, value: float | None) -> None:
+    if value is None:
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    else:
+        study.tell(trial, value)
+
+
+def _unseen_point(run: RunSpec, seen: set[str], rng: random.Random, tries: int = 200) -> tuple[Any, dict[str, Any]] | None:
+    """A random feasible (branch, values) whose candidate has not been seen, or None."""
+    for _ in range(tries):
+        b = rng.choice(run.space.branches)
+        values = {p.name: rng.choice(p.values()) for p in b.params if p.distribution is not None}
+        if b.feasible(values, run.problem_vars) and b.candidate(values).config_hash not in seen:
+            return b, values
+    return None
+
+
+def _enqueue_seeds(study: optuna.Study, run: RunSpec) -> None:
+    """Measure the plain backends first: every fixed-only branch (e.g. aten) is enqueued once."""
+    if study.trials:
+        return
+    for b in run.space.branches:
+        if not any(p.distribution is not None for p in b.params):
+            study.enqueue_trial(run.space.trial_params(b, {}), skip_if_exists=True)
