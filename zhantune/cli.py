@@ -17,7 +17,7 @@ from zhantune.errors import USER_ERROR_EXIT_CODE, UserError
 __all__ = ["run_app", "user_error", "check_group_overrides"]
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"
-_GROUPS = ("op", "search", "bench", "storage")
+_GROUPS = ("op", "search", "bench", "storage", "space")
 
 
 def user_error(e: UserError | str) -> None:
@@ -40,7 +40,12 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
         if group not in _GROUPS or o.is_delete():
             continue
         available = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        if o.is_sweep_override():
+            values = list(o.sweep_string_iterator())
+        elif isinstance(o.value(), list):
+            values = [str(v) for v in o.value()]
+        else:
+            values = [o.get_value_element_as_str()]
         for v in values:
             if v not in available:
                 return f"unknown {group} {v!r} (from override {o.input_line}); allowed: {', '.join(available)}"

@@ -64,18 +64,16 @@ class RunSpec:
         return self.cfg.search.study_name or f"{self.problem.key}@{self.device.key}"
 
 
-def _space_names(cfg: DictConfig, device: DeviceInfo) -> list[str]:
-    space = cfg.space
-    if space is None:
-        names = (cfg.op.spaces or {}).get(device.kind)
-        if not names:
-            raise ConfigError(f"op {cfg.op.name} has no default space for {device.kind}; give space=[name,...]")
-        return [str(n) for n in names]
-    if isinstance(space, str):
-        return [space]
-    if isinstance(space, (list, ListConfig)) and all(isinstance(s, str) for s in space):
-        return [str(s) for s in space]
-    raise ConfigError(f"space={space!r}: expected a space name or a list of names from conf/space/")
+def _space_selection(cfg: DictConfig, device: DeviceInfo) -> tuple[list[str], dict[str, Any] | None]:
+    """Space names and, when chosen with space=[...], the files Hydra composed (name -> content)."""
+    space = cfg.get("space")
+    if space:  # composed by Hydra from conf/space/<name>.yaml, each under space.<name>
+        composed = OmegaConf.to_container(space, resolve=True)
+        return list(composed), composed
+    names = (cfg.op.spaces or {}).get(device.kind)
+    if not names:
+        raise ConfigError(f"op {cfg.op.name} has no default space for {device.kind}; give space=[name,...]")
+    return [str(n) for n in names], None
 
 
 def _check_config_keys(space: Space, device: DeviceInfo) -> None:
@@ -125,10 +123,10 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
     if s.timeout_s is not None and s.timeout_s <= 0:
         raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
     device = resolve_device(cfg.device)
-    names = _space_names(cfg, device)
+    names, composed = _space_selection(cfg, device)
     variables = problem_variables(problem, device)
     space = load_space(names, CONF_DIR / "space", variables, set(inductor_template_ids()),
-                       op=problem.lookup_op)
+                       op=problem.lookup_op, composed=composed)
     _check_config_keys(space, device)
     check_url(cfg.storage.url)
     return RunSpec(problem, device, space, names, variables, cfg)

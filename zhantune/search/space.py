@@ -301,10 +301,13 @@ def validate_constraints(branches: list[Branch], problem_vars: dict[str, Any]) -
 
 
 def load_space(names: list[str], space_dir: Path, problem_vars: dict[str, Any],
-               template_ids: set[str] | None = None, op: str | None = None) -> Space:
+               template_ids: set[str] | None = None, op: str | None = None,
+               composed: dict[str, Any] | None = None) -> Space:
     """Load and validate ``conf/space/<name>.yaml`` for each name.
 
-    Raises SpaceError for an unknown space name, a malformed file or duplicate branch names.
+    ``composed`` holds the files' contents when Hydra already composed them (``space=[a,b]`` on the
+    command line); errors still name the file. Raises SpaceError for an unknown space name, a
+    malformed file or duplicate branch names.
     """
     if not names:
         raise SpaceError("no search space given; use space=[name,...] with files from conf/space/")
@@ -312,12 +315,15 @@ def load_space(names: list[str], space_dir: Path, problem_vars: dict[str, Any],
     available = sorted(p.stem for p in space_dir.glob("*.yaml"))
     for name in names:
         path = space_dir / f"{name}.yaml"
-        if not path.is_file():
+        if composed is not None and name in composed:
+            data = composed[name]
+        elif not path.is_file():
             raise SpaceError(f"unknown space {name!r} (from space); allowed: {', '.join(available)}")
-        try:
-            data = OmegaConf.load(path)
-        except Exception as e:
-            raise SpaceError(f"{path}: cannot parse YAML: {str(e).splitlines()[0]}") from None
+        else:
+            try:
+                data = OmegaConf.load(path)
+            except Exception as e:
+                raise SpaceError(f"{path}: cannot parse YAML: {str(e).splitlines()[0]}") from None
         branches.extend(load_branches(data, str(path), template_ids, op))
     seen: set[str] = set()
     for b in branches:

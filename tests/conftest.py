@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(args: list[str], cwd: Path, module: str = "zhantune", timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run ``python -m <module> ARGS`` in ``cwd`` (Hydra's output dir inside cwd)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run(
+        [sys.executable, "-m", module, *args, f"hydra.run.dir={cwd}/hydra"],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+@pytest.fixture
+def tune_cfg():
+    """Compose the tune app's config with Hydra's compose API (overrides as on the command line)."""
+    from hydra import compose, initialize_config_module
+
+    from zhantune.config import register
+
+    register()
+
+    def _compose(overrides: list[str]):
+        with initialize_config_module("zhantune.conf", version_base="1.3"):
+            return compose("config", overrides=overrides)
+
+    return _compose

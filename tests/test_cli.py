@@ -1,0 +1,63 @@
+"""Bad input on the command line: one clear line, exit code 2, no traceback, database unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from zhantune.storage import Store
+
+BAD_INPUTS = [
+    (["+op=mm", "shape=[0,1,1]"], "shape=[0,1,1]: M=0 must be a positive integer"),
+    (["+op=mm", "shape=[a,b,c]"], "M='a' is not an integer"),
+    (["+op=bmm", "shape=[4,4,4]"], "does not fit op bmm: expected 4 positive integers [B,M,N,K]"),
+    (["+op=mm", "shape=[4,4]"], "does not fit op mm"),
+    (["+op=nope", "shape=[4,4,4]"], "unknown op 'nope' (from override +op=nope); allowed: addmm, bmm, linear_act, mm"),
+    (["+op=mm", "shape=[4,4,4]", "dtype=int8"], "unknown dtype 'int8' (from dtype); allowed: float32, bfloat16, float16"),
+    (["+op=mm", "shape=[4,4,4]", "device=cuda"], "device=cuda: CUDA is not available"),
+    (["+op=mm", "shape=[4,4,4]", "device=tpu"], "unknown device 'tpu'"),
+    (["+op=mm", "shape=[4,4,4]", "storage.url=sqlite:////nonexistent/dir/z.db"], "directory /nonexistent/dir does not exist"),
+    (["+op=mm", "shape=[4,4,4]", "search=nope"], "unknown search 'nope'"),
+    (["+op=mm", "shape=[4,4,4]", "space=[nope]"], "unknown space 'nope'"),
+    (["+op=mm", "shape=[4,4,4]", "search.n_trials=0"], "search.n_trials=0 must be at least 1"),
+    (["shape=[4,4,4]"], "no op given; use +op=<name>"),
+]
+
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def existing_db(tmp_path):
+    store = Store(f"sqlite:///{tmp_path}/zhantune.db")
+    store.device_id("some gpu", "some gpu", "cuda", {})
+    store.engine.dispose()
+    return tmp_path / "zhantune.db"
+
+
+@pytest.mark.parametrize("args,message", BAD_INPUTS)
+def test_bad_input_is_one_clear_line(cli, tmp_path, existing_db, args, message):
+    before = _digest(existing_db)
+    r = cli(args + ["progress=false"], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("zhantune: "), r.stderr
+    assert message in lines[0]
+    assert "Traceback" not in r.stderr + r.stdout
+    assert _digest(existing_db) == before
+
+
+def test_unwritable_storage_file_is_refused(cli, tmp_path, existing_db):
+    # a directory where the database file should be: not writable as a file, whoever runs the test
+    (tmp_path / "dir.db").mkdir()
+    r = cli(["+op=mm", "shape=[4,4,4]", f"storage.url=sqlite:///{tmp_path}/dir.db"], cwd=tmp_path)
+    assert r.returncode == 2
+    assert "is not a writable file" in r.stderr
+
+
+def test_export_without_database(cli, tmp_path):
+    r = cli(["storage.url=sqlite:///missing.db"], cwd=tmp_path, module="zhantune.export")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "zhantune: storage.url=sqlite:///missing.db: no database at missing.db"

@@ -1,0 +1,117 @@
+"""End to end on CPU through real Inductor compiles, real SQLite and real Optuna studies."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+
+from zhantune.bench.inductor import cpu_compile_flags
+from zhantune.device import resolve_device
+from zhantune.inductor.choices import recording
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID, build_table, load_table
+from zhantune.inductor.templates import inductor_template_ids
+from zhantune.problems import GemmProblem
+from zhantune.search.space import load_space
+from zhantune.storage import Store
+from zhantune.tune import CONF_DIR, resolve_run, tune
+
+pytestmark = pytest.mark.slow
+
+SPACES = Path(__file__).resolve().parent / "spaces"
+
+
+def _recorded_key(problem: GemmProblem) -> str:
+    """The key Inductor asks for when it compiles the problem (independent of zhantune's tune)."""
+    device = resolve_device("cpu")
+    module, inputs = problem.build(device.torch_device)
+    torch._dynamo.reset()
+    with torch.no_grad(), recording() as rec, cpu_compile_flags(device), \
+            torch._inductor.config.patch({"freezing": True, "force_disable_caches": True}):
+        torch.compile(module)(*inputs)
+    keys = [e.device_key for e in rec.events if e.op_name == problem.lookup_op]
+    assert len(keys) == 1
+    return keys[0]
+
+
+def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
+    r = cli(["+op=mm", "shape=[64,48,32]", "search.n_trials=3", "device=cpu", "progress=false",
+             "export.path=table.json"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "inductor default" in r.stdout and "best config:" in r.stdout
+
+    con = sqlite3.connect(tmp_path / "zhantune.db")
+    rows = con.execute("select kind, trial_number, status, median_us, n, params, lookup_key "
+                       "from zt_measurement order by id").fetchall()
+    kinds = [row[0] for row in rows]
+    assert kinds[:2] == ["eager", "default"] and kinds.count("candidate") == 3
+    for kind, trial, status, median_us, n, _params, _key in rows:
+        assert status == "ok" and median_us > 0 and n >= 5
+        assert (trial is None) == (kind != "candidate")
+
+    # the DB rows match the Optuna trials of the same study
+    study_name = con.execute("select name from zt_study").fetchone()[0]
+    study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{tmp_path}/zhantune.db")
+    done = {t.number: t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
+    measured = {row[1]: row[3] for row in rows if row[0] == "candidate"}
+    for number, median_us in measured.items():
+        assert done[number] == pytest.approx(median_us)
+
+    table = load_table(tmp_path / "table.json")
+    problem = GemmProblem.from_config("mm", [64, 48, 32], "float32")
+    assert list(table) == [_recorded_key(problem)]
+    (entry,) = table[list(table)[0]]
+    best = min((row for row in rows if row[0] == "candidate"), key=lambda row: row[3])
+    assert entry["template_id"] == CONFIG_TEMPLATE_ID
+    import json
+
+    assert entry["config_patch"] == json.loads(best[5])
+
+    # the same command again resumes the study and answers known candidates from the database
+    r2 = cli(["+op=mm", "shape=[64,48,32]", "search.n_trials=1", "device=cpu", "progress=false",
+              "export.enabled=false"], cwd=tmp_path)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{tmp_path}/zhantune.db")
+    assert len(study.trials) > len(done)
+
+
+def test_incorrect_candidate_is_stored_and_never_exported(tune_cfg, tmp_path):
+    cfg = tune_cfg(["+op=linear_act", "shape=[32,32,16]", "device=cpu", "search.n_trials=2",
+                    f"storage.url=sqlite:///{tmp_path}/z.db", f"export.path={tmp_path}/t.json"])
+    run = resolve_run(cfg)
+    # Inductor's own fault injection makes the generated relu wrong; aten is the correct alternative
+    run.space = load_space(["buggy_relu"], SPACES, run.problem_vars, set(inductor_template_ids()))
+    run.space.branches += load_space(["aten"], CONF_DIR / "space", run.problem_vars).branches
+    store = Store(cfg.storage.url)
+    result = tune(run, store)
+    rows = {r.branch: r for r in store.measurements(result.study_id) if r.kind == "candidate"}
+    assert rows["buggy_relu"].status == "incorrect"
+    assert rows["buggy_relu"].error > 0.1 and "tolerance" in rows["buggy_relu"].error_text
+    assert rows["aten"].status == "ok"
+    table = build_table(store)
+    (entries,) = table.values()
+    assert entries == [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": {"max_autotune_gemm_backends": "ATEN"}}]
+    assert load_table(tmp_path / "t.json") == table
+
+
+def test_cpp_template_candidate_really_uses_the_cpp_template(tune_cfg, tmp_path):
+    cfg = tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "search.n_trials=2", "space=[cpp_gemm]",
+                    f"storage.url=sqlite:///{tmp_path}/z.db", "export.enabled=false"])
+    run = resolve_run(cfg)
+    result = tune(run, Store(cfg.storage.url))
+    assert result.measured == 2 and result.statuses["ok"] == 2
+    from torch._dynamo.utils import counters
+
+    assert counters["inductor"]["cpp_templated_kernel_counter"] >= 2
+
+
+def test_multirun_over_shapes(cli, tmp_path):
+    r = cli(["-m", "+op=mm", "shape=[32,32,32],[48,32,16]", "search.n_trials=1", "device=cpu",
+             "progress=false", "space=[aten]", f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    con = sqlite3.connect(tmp_path / "zhantune.db")
+    assert con.execute("select count(*) from zt_problem").fetchone()[0] == 2
+    assert len(load_table(tmp_path / "zhantune_table.json")) == 2

@@ -1,0 +1,106 @@
+"""Problems, timing statistics, the store and the table file: real components, known inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from zhantune.bench.inductor import relative_error
+from zhantune.bench.timing import summarize_us, time_cpu
+from zhantune.errors import ConfigError, StorageError, TableError
+from zhantune.inductor.table import load_table, write_table
+from zhantune.problems import GemmProblem
+from zhantune.storage import Store
+
+
+@pytest.mark.parametrize("op,shape,flops", [("mm", [2, 3, 4], 48), ("bmm", [5, 2, 3, 4], 240),
+                                             ("addmm", [8, 8, 8], 1024)])
+def test_problem_flops_and_key(op, shape, flops):
+    p = GemmProblem.from_config(op, shape, "float32")
+    assert p.flops() == flops
+    assert p.key.startswith(f"{op}[")
+    assert p.tflops(1.0) == pytest.approx(flops / 1e-6 / 1e12)
+
+
+@pytest.mark.parametrize("shape,message", [([0, 1, 1], "M=0 must be a positive integer"),
+                                           (["a", "b", "c"], "M='a' is not an integer"),
+                                           ([1, 2], "expected 3 positive integers"),
+                                           ([1.5, 2, 2], "is not an integer"),
+                                           (8, "expected 3 positive integers")])
+def test_problem_bad_shapes(shape, message):
+    with pytest.raises(ConfigError, match=message):
+        GemmProblem.from_config("mm", shape, "float32")
+
+
+def test_problem_reference_matches_eager_for_every_op():
+    for op, shape in [("mm", [4, 5, 6]), ("addmm", [4, 5, 6]), ("bmm", [2, 4, 5, 6])]:
+        p = GemmProblem.from_config(op, shape, "float32")
+        module, inputs = p.build(torch.device("cpu"))
+        with torch.no_grad():
+            out = module(*inputs)
+        assert out.shape == p.reference(module, inputs).shape
+        assert relative_error(out, p.reference(module, inputs)) < 1e-6
+    act = GemmProblem.from_config("linear_act", [4, 5, 6], "float32", "relu")
+    module, inputs = act.build(torch.device("cpu"))
+    assert (act.reference(module, inputs) >= 0).all()
+
+
+def test_relative_error_flags_nan_and_shape():
+    ref = torch.ones(2, 2, dtype=torch.float64)
+    assert relative_error(torch.full((2, 2), float("nan")), ref) == float("inf")
+    assert relative_error(torch.ones(3, 2), ref) == float("inf")
+    assert relative_error(torch.full((2, 2), 1.5), ref) == pytest.approx(0.5)
+
+
+def test_summarize_quantiles_on_known_input():
+    t = summarize_us([float(v) for v in range(1, 11)], "test")  # 1..10
+    assert (t.min_us, t.max_us, t.n) == (1.0, 10.0, 10)
+    assert t.median_us == 5.5
+    assert t.p20_us == pytest.approx(2.8)  # same rule as torch.quantile
+    assert t.p80_us == pytest.approx(8.2)
+    expected = torch.quantile(torch.arange(1, 11, dtype=torch.float64), torch.tensor([0.2, 0.8], dtype=torch.float64))
+    assert [t.p20_us, t.p80_us] == pytest.approx(expected.tolist())
+
+
+def test_time_cpu_measures_a_real_sleep():
+    import time
+
+    t = time_cpu(lambda: time.sleep(0.002), warmup_ms=1, target_ms=20, min_reps=3, max_reps=20, flush_cache=False)
+    assert t.n >= 3
+    assert t.min_us >= 2000  # a 2 ms sleep never takes less
+    assert t.min_us <= t.p20_us <= t.median_us <= t.p80_us <= t.max_us
+
+
+def test_store_rejects_foreign_file_and_leaves_it(tmp_path):
+    bad = tmp_path / "notes.db"
+    bad.write_text("not a database")
+    with pytest.raises(StorageError, match="not an SQLite database"):
+        Store(f"sqlite:///{bad}")
+    assert bad.read_text() == "not a database"
+    with pytest.raises(StorageError, match="does not exist"):
+        Store(f"sqlite:///{tmp_path}/missing/dir/x.db")
+
+
+def test_store_uses_wal(tmp_path):
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    with store.engine.connect() as c:
+        assert c.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    assert {"zt_device", "zt_problem", "zt_study", "zt_measurement"} <= set(store.tables())
+
+
+def test_table_round_trip_and_malformed(tmp_path):
+    table = {"dev+((torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 8], [8, 1]))+mm":
+             [{"template_id": "triton::mm", "BLOCK_M": 64, "num_warps": 4}]}
+    path = write_table(tmp_path / "t.json", table)
+    assert load_table(path) == table
+    for text, message in [("{", "not valid JSON"), ("[]", "expected a JSON object"),
+                          ('{"nokey": []}', "not a lookup key"),
+                          ('{"a+mm": [{"BLOCK_M": 1}]}', "string template_id"),
+                          ('{"a+mm": {}}', "expected a list")]:
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(TableError, match=message) as e:
+            load_table(tmp_path / "bad.json")
+        assert "bad.json" in str(e.value)
+    assert json.loads(path.read_text()) == table
