@@ -9,8 +9,8 @@ function starts is a user error, mapped to exit code 2.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from zhantune.errors import USER_ERROR_EXIT_CODE, UserError
 

@@ -7,8 +7,8 @@ value never touches an existing database. ``tune`` then runs the study.
 from __future__ import annotations
 
 import collections
-import random
 import importlib.metadata
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

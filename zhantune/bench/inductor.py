@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch._dynamo.utils import counters

@@ -9,10 +9,11 @@ key is zhantune's CPU key (the CPU model name), so CPU problems get keys of the 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch._inductor import config as inductor_config

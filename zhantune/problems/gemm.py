@@ -86,7 +86,7 @@ class GemmProblem:
                 f"[{','.join(dims)}]"
             )
         sizes = []
-        for name, v in zip(dims, shape):
+        for name, v in zip(dims, shape, strict=True):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ConfigError(
                     f"{source}={_show(shape)}: {name}={v!r} is not an integer; expected [{','.join(dims)}] "
@@ -108,7 +108,7 @@ class GemmProblem:
     @property
     def dims(self) -> dict[str, int]:
         """Dimension name -> size, e.g. {"M": 512, "N": 512, "K": 512}; B=1 for non-batched ops."""
-        d = dict(zip(OPS[self.op], self.shape))
+        d = dict(zip(OPS[self.op], self.shape, strict=True))
         d.setdefault("B", 1)
         return d
 
@@ -123,7 +123,7 @@ class GemmProblem:
     @property
     def key(self) -> str:
         """Canonical, stable problem key, e.g. ``mm[M=512,N=512,K=512]:float32``."""
-        dims = ",".join(f"{n}={v}" for n, v in zip(OPS[self.op], self.shape))
+        dims = ",".join(f"{n}={v}" for n, v in zip(OPS[self.op], self.shape, strict=True))
         act = f":{self.activation}" if self.activation else ""
         return f"{self.op}[{dims}]:{self.dtype}{act}"
 

@@ -59,7 +59,7 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     default_us = result.default.median_us if result.default.status == "ok" else None
     rows = [("eager", result.eager), ("inductor default", result.default)]
     if result.best is not None:
-        rows.append((f"best: {result.best.branch}", result.best))
+        rows.append((f"best candidate: {result.best.branch}", result.best))
     for label, r in rows:
         speed = f"{default_us / r.median_us:.2f}x" if default_us and r.median_us else "-"
         tflops = f"{r.tflops:.3f}" if r.tflops is not None else "-"
@@ -68,6 +68,12 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     if result.best is not None:
         params = ", ".join(f"{k}={v}" for k, v in sorted(result.best.params.items()))
         console.print(f"best config: {result.best.template_id or result.best.branch} {{{params}}}")
+        if default_us and result.best.median_us >= default_us:
+            console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it "
+                          f"(best candidate {default_us / result.best.median_us:.2f}x)")
+        elif default_us:
+            console.print(f"winner: {result.best.branch}, {default_us / result.best.median_us:.2f}x "
+                          "faster than inductor default")
     else:
         console.print("[yellow]no candidate measured ok[/yellow]")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"

@@ -9,8 +9,9 @@ import contextlib
 import datetime as dt
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from sqlalchemy import create_engine, event, inspect, select
 from sqlalchemy.engine import Engine, make_url

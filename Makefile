@@ -1,0 +1,15 @@
+# make demo: set up and tune mm 512x512x512 fp32 on this CPU (16 measured trials)
+# make test: set up and run the whole test suite (the slow end-to-end tests included)
+.PHONY: setup demo test lint
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/python -m zhantune +op=mm shape=[512,512,512] dtype=float32 device=cpu search.n_trials=16
+
+test: setup
+	.venv/bin/python -m pytest -v --durations=15
+
+lint: setup
+	.venv/bin/ruff check zhantune tests scripts
