@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import importlib.metadata
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -168,7 +169,7 @@ class _Recorder:
             config_hash=candidate.config_hash if candidate else None,
             template_hash=meas.template_hash,
             lookup_key=meas.lookup.device_key if meas.lookup else None,
-            error=meas.error if meas.error is None or meas.error != float("inf") else None,
+            error=meas.error if meas.error is not None and math.isfinite(meas.error) else None,
             error_text=meas.error_text, compile_s=meas.compile_s,
             torch_version=self.versions["torch"], triton_version=self.versions["triton"],
         )

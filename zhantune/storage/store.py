@@ -174,12 +174,6 @@ class Store:
                 q = q.where(m.Measurement.study_id == study_id)
             return list(s.scalars(q))
 
-    def baseline(self, study_id: int, kind: str) -> m.Measurement | None:
-        with self.session() as s:
-            return s.scalar(select(m.Measurement).where(m.Measurement.study_id == study_id,
-                                                         m.Measurement.kind == kind)
-                            .order_by(m.Measurement.id.desc()))
-
     def cached(self, device_id: int, problem_id: int, config_hash: str, torch_version: str,
                triton_version: str | None) -> m.Measurement | None:
         """A finished measurement of the same candidate, device, problem and software versions."""
