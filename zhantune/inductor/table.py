@@ -54,6 +54,9 @@ def write_table(path: str | os.PathLike[str], table: dict[str, list[dict[str, An
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # an ordinary file, not mkstemp's private 0600
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(table, f, indent=2, sort_keys=False)
         f.write("\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -92,7 +93,7 @@ class Store:
         check_url(url)
         self.url = url
         try:
-            self.engine: Engine = create_engine(url)
+            self.engine: Engine = create_engine(url, json_serializer=_canonical_json)
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_pragmas)
             m.Base.metadata.create_all(self.engine)
@@ -204,6 +205,11 @@ class Store:
             for meas, dev, prob in s.execute(q):
                 best.setdefault((dev.id, prob.id), (dev, prob, meas))
             return list(best.values())
+
+
+def _canonical_json(value: Any) -> str:
+    """JSON columns (params, configs) are stored canonically: sorted keys, no spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def _first_line(e: BaseException) -> str:
