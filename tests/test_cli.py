@@ -61,3 +61,28 @@ def test_export_without_database(cli, tmp_path):
     r = cli(["storage.url=sqlite:///missing.db"], cwd=tmp_path, module="zhantune.export")
     assert r.returncode == 2
     assert r.stderr.strip() == "zhantune: storage.url=sqlite:///missing.db: no database at missing.db"
+
+
+def test_space_dry_run_prints_sizes_before_and_after_constraints(cli, tmp_path):
+    import math
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from zhantune.tune import CONF_DIR
+
+    r = cli(["+op=mm", "shape=[512,512,512]", "device=cpu"], cwd=tmp_path, module="zhantune.space")
+    assert r.returncode == 0, r.stderr
+    # independent count from the YAML: thread factors must multiply to the thread count, and K-slicing
+    # only varies when Inductor picks the thread factors
+    spec = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "space" / "cpp_gemm.yaml"))["branches"]["cpp_gemm"]["params"]
+    n_k, n_cache = len(spec["k_slices"]["choices"]), len(spec["cache_blocking"]["choices"])
+    factors = [f for f in spec["thread_factors"]["choices"]
+               if f is not None and math.prod(int(x) for x in f.split(",")) == torch.get_num_threads()]
+    total = n_k * n_cache * len(spec["thread_factors"]["choices"])
+    feasible = n_k * n_cache + len(factors) * n_cache
+    row = next(line for line in r.stdout.splitlines() if "cpp_gemm" in line and "config" in line)
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert cells[-2:] == [str(total), str(feasible)]
+    assert "sample candidates:" in r.stdout
+    assert not (tmp_path / "zhantune.db").exists()  # a dry run writes nothing

@@ -28,7 +28,7 @@ from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
 from zhantune.search.samplers import make_sampler
 from zhantune.search.space import Candidate, Space, load_space
-from zhantune.search.study import ask, feasible_size, open_study
+from zhantune.search.study import ask, feasible_size, open_study, random_feasible_point
 from zhantune.storage import Store, check_url
 from zhantune.storage import models as orm
 
@@ -237,7 +237,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
                 _tell(study, asked.trial, hit.median_us if hit.status == "ok" else None)
                 result.cached += 1
                 # a sampler that keeps proposing known points would stall: try an unseen one next
-                fresh = _unseen_point(run, seen, rng)
+                fresh = random_feasible_point(run.space, run.problem_vars, rng, exclude=seen)
                 if fresh is not None:
                     study.enqueue_trial(run.space.trial_params(*fresh))
                 continue
@@ -278,16 +278,6 @@ def _tell(study: optuna.Study, trial: optuna.trial.Trial, value: float | None) -
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
     else:
         study.tell(trial, value)
-
-
-def _unseen_point(run: RunSpec, seen: set[str], rng: random.Random, tries: int = 200) -> tuple[Any, dict[str, Any]] | None:
-    """A random feasible (branch, values) whose candidate has not been seen, or None."""
-    for _ in range(tries):
-        b = rng.choice(run.space.branches)
-        values = {p.name: rng.choice(p.values()) for p in b.params if p.distribution is not None}
-        if b.feasible(values, run.problem_vars) and b.candidate(values).config_hash not in seen:
-            return b, values
-    return None
 
 
 def _enqueue_seeds(study: optuna.Study, run: RunSpec) -> None:

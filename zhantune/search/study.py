@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,7 +10,7 @@ import optuna
 
 from zhantune.search.space import Branch, Candidate, Space
 
-__all__ = ["Asked", "open_study", "ask", "feasible_size"]
+__all__ = ["Asked", "open_study", "ask", "feasible_size", "random_feasible_point"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -50,3 +51,14 @@ def feasible_size(space: Space, problem_vars: dict[str, Any], limit: int = 200_0
         feasible = sum(1 for v in b.all_values() if b.feasible(v, problem_vars))
         sizes[b.name] = (total, feasible)
     return sizes
+
+
+def random_feasible_point(space: Space, problem_vars: dict[str, Any], rng: random.Random,
+                          exclude: set[str] = frozenset(), tries: int = 200) -> tuple[Branch, dict[str, Any]] | None:
+    """A random feasible (branch, values) whose candidate's config_hash is not in ``exclude``."""
+    for _ in range(tries):
+        b = rng.choice(space.branches)
+        values = {p.name: rng.choice(p.values()) for p in b.params if p.distribution is not None}
+        if b.feasible(values, problem_vars) and b.candidate(values).config_hash not in exclude:
+            return b, values
+    return None
