@@ -12,11 +12,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from zhantune.config import CONF_DIR
 from zhantune.errors import USER_ERROR_EXIT_CODE, UserError
 
 __all__ = ["run_app", "user_error", "check_group_overrides"]
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
 _GROUPS = ("op", "search", "bench", "storage", "space")
 
 

@@ -8,12 +8,16 @@ Hydra's own error. Values whose checks need more than a type (shape, dtype, devi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-__all__ = ["OpConfig", "SearchConfig", "BenchConfig", "StorageConfig", "ExportConfig", "TuneConfig", "register"]
+#: the Hydra config tree shipped inside the package (the repository's conf/ links here)
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+__all__ = ["CONF_DIR", "OpConfig", "SearchConfig", "BenchConfig", "StorageConfig", "ExportConfig", "TuneConfig", "register"]
 
 
 @dataclass

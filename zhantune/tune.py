@@ -21,6 +21,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from zhantune.bench.inductor import InductorBenchmarker
 from zhantune.bench.measurement import Measurement
+from zhantune.config import CONF_DIR
 from zhantune.device import DeviceInfo, resolve_device
 from zhantune.errors import ConfigError, SpaceError
 from zhantune.inductor.table import build_table, write_table
@@ -33,8 +34,6 @@ from zhantune.storage import Store, check_url
 from zhantune.storage import models as orm
 
 __all__ = ["RunSpec", "TuneResult", "resolve_run", "tune", "software_versions", "CONF_DIR"]
-
-CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 #: inductor config keys every candidate gets from zhantune itself (a space may not set them)
 _RESERVED_CONFIG_KEYS = {"freezing", "force_disable_caches", "max_autotune", "lookup_table.table"}
