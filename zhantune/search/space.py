@@ -147,10 +147,6 @@ class Candidate:
     params: dict[str, Any] = field(hash=False)
 
     @property
-    def canonical_params(self) -> str:
-        return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
-
-    @property
     def config_hash(self) -> str:
         payload = json.dumps({"template_id": self.template_id, "params": self.params}, sort_keys=True,
                              separators=(",", ":"))
@@ -182,8 +178,8 @@ class Branch:
         """True when every constraint holds for param values + problem/device variables."""
         names = {**problem_vars, **{p.name: (values[p.name] if p.distribution is not None else p.value)
                                     for p in self.params}}
+        evaluator = EvalWithCompoundTypes(names=names, functions=CONSTRAINT_FUNCTIONS)
         for expr in self.constraints:
-            evaluator = EvalWithCompoundTypes(names=names, functions=CONSTRAINT_FUNCTIONS)
             try:
                 ok = evaluator.eval(expr)
             except NameNotDefined as e:
