@@ -64,6 +64,8 @@ class BenchConfig:
     flush_cache: bool = True
     #: CUDA: time through a CUDA graph so Python launch overhead is excluded
     cuda_graph: bool = True
+    #: bench=replay: the Kernel Tuner cache file (.json or .json.gz) that answers every measurement
+    path: str | None = None
 
 
 @dataclass

@@ -9,8 +9,6 @@ from __future__ import annotations
 import collections
 import importlib.metadata
 import math
-import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,15 +19,17 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from zhantune.bench.inductor import InductorBenchmarker
 from zhantune.bench.measurement import Measurement
+from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, ReplayProblem, load_kerneltuner
 from zhantune.config import CONF_DIR
 from zhantune.device import DeviceInfo, resolve_device
 from zhantune.errors import ConfigError, SpaceError
 from zhantune.inductor.table import build_table, write_table
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
+from zhantune.search.driver import run_search
 from zhantune.search.samplers import make_sampler
 from zhantune.search.space import Candidate, Space, load_space
-from zhantune.search.study import ask, feasible_size, open_study, random_feasible_point
+from zhantune.search.study import open_study
 from zhantune.storage import Store, check_url
 from zhantune.storage import models as orm
 
@@ -50,18 +50,24 @@ def software_versions() -> dict[str, str | None]:
 
 @dataclass
 class RunSpec:
-    """A validated tune request."""
+    """A validated tune request: a GEMM problem compiled by Inductor, or a replay file."""
 
-    problem: GemmProblem
+    problem: GemmProblem | ReplayProblem
     device: DeviceInfo
     space: Space
     space_names: list[str]
     problem_vars: dict[str, Any]
     cfg: DictConfig
+    replay: KernelTunerFile | None = None
 
     @property
     def study_name(self) -> str:
         return self.cfg.search.study_name or f"{self.problem.key}@{self.device.key}"
+
+    def benchmarker(self) -> InductorBenchmarker | ReplayBenchmarker:
+        if self.replay is not None:
+            return ReplayBenchmarker(self.replay)
+        return InductorBenchmarker(self.problem, self.device, self.cfg.bench, seed=self.cfg.search.seed)
 
 
 def _space_selection(cfg: DictConfig, device: DeviceInfo) -> tuple[list[str], dict[str, Any] | None]:
@@ -109,6 +115,9 @@ def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any
 
 def resolve_run(cfg: DictConfig) -> RunSpec:
     """Validate the composed config; raises a UserError subclass (exit code 2) on bad input."""
+    _check_search(cfg)
+    if cfg.bench.name == "replay":
+        return _resolve_replay(cfg)
     if OmegaConf.is_missing(cfg, "op"):
         raise ConfigError("no op given; use +op=<name> with a file from conf/op/ (mm, addmm, bmm, linear_act)")
     if OmegaConf.is_missing(cfg, "shape"):
@@ -117,11 +126,6 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
     if isinstance(shape, ListConfig):
         shape = OmegaConf.to_container(shape)
     problem = GemmProblem.from_config(cfg.op.name, shape, cfg.dtype, cfg.op.activation)
-    s = cfg.search
-    if s.n_trials < 1:
-        raise ConfigError(f"search.n_trials={s.n_trials} must be at least 1")
-    if s.timeout_s is not None and s.timeout_s <= 0:
-        raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
     device = resolve_device(cfg.device)
     names, composed = _space_selection(cfg, device)
     variables = problem_variables(problem, device)
@@ -132,12 +136,31 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
     return RunSpec(problem, device, space, names, variables, cfg)
 
 
+def _check_search(cfg: DictConfig) -> None:
+    s = cfg.search
+    if s.n_trials < 1:
+        raise ConfigError(f"search.n_trials={s.n_trials} must be at least 1")
+    if s.timeout_s is not None and s.timeout_s <= 0:
+        raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
+
+
+def _resolve_replay(cfg: DictConfig) -> RunSpec:
+    """bench=replay: problem, device and space all come from the Kernel Tuner file."""
+    if not cfg.bench.path:
+        raise ConfigError("bench=replay needs bench.path=FILE (a Kernel Tuner cache file, .json or .json.gz)")
+    if cfg.get("space"):
+        raise ConfigError("bench=replay takes its space from the file's tune_params; drop space=[...]")
+    replay = load_kerneltuner(cfg.bench.path)
+    check_url(cfg.storage.url)
+    return RunSpec(replay.problem(), replay.device(), replay.space(), ["replay"], {}, cfg, replay)
+
+
 @dataclass
 class TuneResult:
     study_name: str
     study_id: int
-    eager: orm.Measurement
-    default: orm.Measurement
+    eager: orm.Measurement | None
+    default: orm.Measurement | None
     best: orm.Measurement | None
     statuses: collections.Counter = field(default_factory=collections.Counter)
     infeasible: int = 0
@@ -175,7 +198,7 @@ class _Recorder:
         if t is not None:
             fields.update(median_us=t.median_us, min_us=t.min_us, max_us=t.max_us, p20_us=t.p20_us,
                           p80_us=t.p80_us, n=t.n, timing_method=t.method,
-                          tflops=self.run.problem.tflops(t.median_us))
+                          tflops=self.run.problem.tflops(t.median_us) if t.median_us > 0 else None)
         row_id = self.store.add_measurement(**fields)
         return orm.Measurement(id=row_id, **fields)
 
@@ -188,79 +211,52 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     """
     cfg, problem, device = run.cfg, run.problem, run.device
     sampler = make_sampler(OmegaConf.to_container(cfg.search.sampler, resolve=True))
-    bench = InductorBenchmarker(problem, device, cfg.bench, seed=cfg.search.seed)
+    bench = run.benchmarker()
 
     device_id = store.device_id(device.key, device.name, device.kind, device.properties)
     config_dump = OmegaConf.to_container(cfg, resolve=True)
     study_id = store.study_id(run.study_name, config_dump)
 
-    # baselines: eager, then Inductor's default (which also records the lookup key)
-    eager = bench.eager()
-    default = bench.inductor_default()
-    lookup_key = bench.lookup.agnostic_key if bench.lookup else None
-    problem_id = store.problem_id(problem.key, op=problem.op, shape=problem.dims, dtype=problem.dtype,
-                                  activation=problem.activation, lookup_op=problem.lookup_op,
-                                  lookup_key=lookup_key, flops=problem.flops())
+    # baselines (eager and Inductor's default; the default compile also records the lookup key)
+    baselines = bench.baselines()
+    problem_id = store.problem_id(problem.key, lookup_key=bench.lookup_key, **problem.row_fields())
     rec = _Recorder(store, run, study_id, device_id, problem_id)
-    result = TuneResult(run.study_name, study_id, rec.add(eager, "eager"), rec.add(default, "default"), None)
+    rows = {kind: rec.add(meas, kind) for kind, meas in baselines}
+    result = TuneResult(run.study_name, study_id, rows.get("eager"), rows.get("default"), None)
 
     study = open_study(run.study_name, cfg.storage.url, sampler)
     _enqueue_seeds(study, run)
-    sizes = feasible_size(run.space, run.problem_vars)
-    space_total = sum(f for _, f in sizes.values()) if sizes else None
-    seen: set[str] = set()
-    n_trials, deadline = cfg.search.n_trials, None
-    if cfg.search.timeout_s:
-        deadline = time.monotonic() + cfg.search.timeout_s
-    max_asks = 50 * n_trials
-    rng = random.Random(cfg.search.seed)
-    asks = 0
+
+    def cached(cand: Candidate) -> tuple[bool, float | None]:
+        hit = store.cached(device_id, problem_id, cand.config_hash, rec.versions["torch"], rec.versions["triton"])
+        if hit is None:
+            return False, None
+        result.cached += 1
+        return True, hit.median_us if hit.status == "ok" else None
+
+    def measure(cand: Candidate, trial_number: int) -> float | None:
+        meas = bench.measure(cand)
+        row = rec.add(meas, "candidate", cand, trial_number)
+        result.measured += 1
+        result.statuses[meas.status] += 1
+        if meas.ok and (result.best is None or row.median_us < result.best.median_us):
+            result.best = row
+        if progress is not None:
+            progress.update(result, cand, meas)
+        return row.median_us if meas.ok else None
+
     if progress is not None:
-        progress.start(n_trials)
+        progress.start(cfg.search.n_trials)
     try:
-        while result.measured < n_trials and asks < max_asks:
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            if space_total is not None and len(seen) >= space_total:
-                break  # every feasible candidate has been measured
-            asks += 1
-            asked = ask(study, run.space, run.problem_vars)
-            cand = asked.candidate
-            if cand is None:
-                study.tell(asked.trial, state=optuna.trial.TrialState.PRUNED)
-                result.infeasible += 1
-                continue
-            seen.add(cand.config_hash)
-            hit = store.cached(device_id, problem_id, cand.config_hash, rec.versions["torch"], rec.versions["triton"])
-            if hit is not None:
-                _tell(study, asked.trial, hit.median_us if hit.status == "ok" else None)
-                result.cached += 1
-                # a sampler that keeps proposing known points would stall: try an unseen one next
-                fresh = random_feasible_point(run.space, run.problem_vars, rng, exclude=seen)
-                if fresh is not None:
-                    study.enqueue_trial(run.space.trial_params(*fresh))
-                continue
-            try:
-                meas = bench.measure(cand)
-            except KeyboardInterrupt:
-                study.tell(asked.trial, state=optuna.trial.TrialState.FAIL)
-                raise
-            row = rec.add(meas, "candidate", cand, asked.trial.number)
-            _tell(study, asked.trial, row.median_us if meas.ok else None)
-            result.measured += 1
-            result.statuses[meas.status] += 1
-            if meas.ok and (result.best is None or row.median_us < result.best.median_us):
-                result.best = row
-            if progress is not None:
-                progress.update(result, cand, meas)
-    except KeyboardInterrupt:
-        result.interrupted = True
+        stats = run_search(study, run.space, run.problem_vars, measure, n_trials=cfg.search.n_trials,
+                           cached=cached, timeout_s=cfg.search.timeout_s, seed=cfg.search.seed)
     finally:
         if progress is not None:
             progress.stop()
-        store.finish_study(study_id, "interrupted" if result.interrupted else "finished")
+    result.infeasible, result.interrupted = stats.infeasible, stats.interrupted
+    store.finish_study(study_id, "interrupted" if result.interrupted else "finished")
     result.best = _best_for_problem(store, device.key, problem_id)
-    if cfg.export.enabled and not result.interrupted:
+    if cfg.export.enabled and not result.interrupted and run.replay is None:
         table = build_table(store, device_key=device.key)
         result.table_path = write_table(cfg.export.path, table)
         result.table_keys = list(table)
@@ -270,13 +266,6 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
 def _best_for_problem(store: Store, device_key: str, problem_id: int) -> orm.Measurement | None:
     """Fastest ok candidate for this device and problem, cache hits from earlier studies included."""
     return next((meas for _, prob, meas in store.best_candidates(device_key) if prob.id == problem_id), None)
-
-
-def _tell(study: optuna.Study, trial: optuna.trial.Trial, value: float | None) -> None:
-    if value is None:
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    else:
-        study.tell(trial, value)
 
 
 def _enqueue_seeds(study: optuna.Study, run: RunSpec) -> None:

@@ -69,6 +69,15 @@ class InductorBenchmarker:
         self.lookup: LookupEvent | None = None
 
     # -- baselines ---------------------------------------------------------------------------
+    def baselines(self) -> list[tuple[str, Measurement]]:
+        """Eager, then Inductor's default (which records the lookup key): (kind, measurement)."""
+        return [("eager", self.eager()), ("default", self.inductor_default())]
+
+    @property
+    def lookup_key(self) -> str | None:
+        """The device-agnostic Inductor input key of the problem's GEMM (after the baselines)."""
+        return self.lookup.agnostic_key if self.lookup else None
+
     def eager(self) -> Measurement:
         """Eager PyTorch, no compile."""
         with torch.no_grad():

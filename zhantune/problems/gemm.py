@@ -137,6 +137,11 @@ class GemmProblem:
         d = self.dims
         return 2 * d["B"] * d["M"] * d["N"] * d["K"]
 
+    def row_fields(self) -> dict[str, object]:
+        """Columns of the problem row (zhantune.storage.models.Problem), lookup key aside."""
+        return dict(op=self.op, shape=self.dims, dtype=self.dtype, activation=self.activation,
+                    lookup_op=self.lookup_op, flops=self.flops())
+
     def tflops(self, time_us: float) -> float:
         """TFLOP/s for one run taking ``time_us`` microseconds."""
         return self.flops() / (time_us * 1e-6) / 1e12

@@ -56,8 +56,8 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     t.add_column("median us", justify="right")
     t.add_column("TFLOP/s", justify="right")
     t.add_column("speedup vs default", justify="right")
-    default_us = result.default.median_us if result.default.status == "ok" else None
-    rows = [("eager", result.eager), ("inductor default", result.default)]
+    default_us = result.default.median_us if result.default is not None and result.default.status == "ok" else None
+    rows = [(label, r) for label, r in (("eager", result.eager), ("inductor default", result.default)) if r is not None]
     if result.best is not None:
         rows.append((f"best candidate: {result.best.branch}", result.best))
     for label, r in rows:

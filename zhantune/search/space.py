@@ -166,6 +166,9 @@ class Branch:
     fixed: dict[str, Any]
     constraints: list[str]
     source: str  # "file: branches.<name>"
+    #: when set, the only feasible points: tuples of every param's value in ``params`` order
+    #: (a replay file's measured configurations; absent ones are infeasible)
+    members: frozenset[tuple] | None = None
 
     def candidate(self, values: dict[str, Any]) -> Candidate:
         """Build the candidate for param name -> value."""
@@ -176,8 +179,12 @@ class Branch:
 
     def feasible(self, values: dict[str, Any], problem_vars: dict[str, Any]) -> bool:
         """True when every constraint holds for param values + problem/device variables."""
-        names = {**problem_vars, **{p.name: (values[p.name] if p.distribution is not None else p.value)
-                                    for p in self.params}}
+        point = {p.name: (values[p.name] if p.distribution is not None else p.value) for p in self.params}
+        if self.members is not None and tuple(point.values()) not in self.members:
+            return False
+        if not self.constraints:
+            return True
+        names = {**problem_vars, **point}
         evaluator = EvalWithCompoundTypes(names=names, functions=CONSTRAINT_FUNCTIONS)
         for expr in self.constraints:
             try:

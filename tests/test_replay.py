@@ -1,0 +1,126 @@
+"""Replay of Kernel Tuner cache files: reader, benchmarker, and the whole tune pipeline on real GPU data."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+import statistics
+from pathlib import Path
+
+import optuna
+import pytest
+
+from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner
+from zhantune.errors import ConfigError
+from zhantune.search.feasible import enumerate_feasible
+
+DATA = Path(__file__).resolve().parent / "data" / "kerneltuner"
+A100 = DATA / "convolution_A100.json.gz"
+
+
+def _raw(path: Path) -> dict:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def a100():
+    return load_kerneltuner(A100)
+
+
+def test_space_is_the_files_tune_params_and_feasible_points_are_its_cache_keys(a100):
+    raw = _raw(A100)
+    space = a100.space()
+    (branch,) = space.branches
+    tuned = {p.name: p.values() for p in branch.params if p.distribution is not None}
+    fixed = {p.name: p.value for p in branch.params if p.distribution is None}
+    assert tuned == {k: v for k, v in raw["tune_params"].items() if len(v) > 1}
+    assert fixed == {k: v[0] for k, v in raw["tune_params"].items() if len(v) == 1}
+    fs = enumerate_feasible(space, {})
+    assert len(fs) == len(raw["cache"])  # 4,201 ran + 161 failed; the rest of 10,240 is infeasible
+    absent = {"block_size_x": 16, "block_size_y": 1, "tile_size_x": 1, "tile_size_y": 1, "read_only": 0,
+              "use_padding": 1, "use_shmem": 0}
+    key = ",".join(str({**fixed, **absent}[n]) for n in raw["tune_params_keys"])
+    assert key not in raw["cache"]
+    assert not branch.feasible(absent, {})
+
+
+def test_measurements_are_answered_from_the_file(a100):
+    raw = _raw(A100)
+    bench = ReplayBenchmarker(a100)
+    (branch,) = a100.space().branches
+    names = raw["tune_params_keys"]
+    by_marker: dict[str, str] = {}
+    checked = 0
+    for entry in raw["cache"].values():
+        values = {n: entry[n] for n in names}
+        meas = bench.measure(branch.candidate({k: v for k, v in values.items() if len(raw["tune_params"][k]) > 1}))
+        if isinstance(entry["time"], str):
+            assert not meas.ok and meas.error_text == entry["time"]
+            by_marker[entry["time"]] = meas.status
+        elif checked < 50:
+            assert meas.ok
+            assert meas.timing.median_us == pytest.approx(statistics.median(entry["times"]) * 1000)
+            assert meas.timing.n == len(entry["times"])
+            checked += 1
+    assert by_marker == {"RuntimeFailedConfig": "runtime_error", "CompilationFailedConfig": "compile_error"}
+    best = min(statistics.median(e["times"]) for e in raw["cache"].values() if not isinstance(e["time"], str))
+    assert a100.best_time_us() == pytest.approx(best * 1000)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    (b"not json", "not a Kernel Tuner cache file (JSON)"),
+    (b"[1, 2]", "top level is not an object"),
+    (b'{"device_name": "x"}', "missing key 'kernel_name'"),
+    (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
+     b' "tune_params": {"a": []}, "cache": {}}', "tune_params.a must be a non-empty list"),
+    (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
+     b' "tune_params": {"a": [1]}, "cache": {"1": {"a": 1}}}', "cache.1 lacks 'time'"),
+])
+def test_bad_replay_files_are_clear_errors(tmp_path, content, message):
+    path = tmp_path / "cache.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as e:
+        load_kerneltuner(path)
+    assert str(e.value).startswith(f"bench.path={path}")
+    assert message in str(e.value)
+
+
+def test_cli_replay_stores_100_measurements_and_resumes(cli, tmp_path):
+    db = tmp_path / "replay.db"
+    args = ["bench=replay", f"bench.path={A100}", "search.n_trials=100", f"storage.url=sqlite:///{db}",
+            "progress=false"]
+    r = cli(args, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "trials: 100 measured" in r.stdout and "0 infeasible" in r.stdout
+    con = sqlite3.connect(db)
+    rows = con.execute("select config_hash, status, median_us, template_id, params from zt_measurement "
+                       "where kind='candidate'").fetchall()
+    assert len(rows) == 100
+    assert len({r[0] for r in rows}) == 100  # never the same configuration twice
+    assert {r[3] for r in rows} == {"kerneltuner::convolution_kernel"}
+    (dev,) = con.execute("select key from zt_device").fetchone()
+    assert dev == "NVIDIA A100-PCIE-40GB"
+    con.close()
+    # every stored number is the file's: recompute it from the raw entry of the stored params
+    raw = _raw(A100)
+    for _, status, median_us, _, params in rows:
+        entry = raw["cache"][",".join(str(json.loads(params)[n]) for n in raw["tune_params_keys"])]
+        if isinstance(entry["time"], str):
+            assert status != "ok" and median_us is None
+        else:
+            assert status == "ok" and median_us == pytest.approx(statistics.median(entry["times"]) * 1000)
+    study = optuna.load_study(study_name="kerneltuner:convolution_kernel[4096x4096]@NVIDIA A100-PCIE-40GB",
+                              storage=f"sqlite:///{db}")
+    measured = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
+    assert len(measured) == 100
+
+    r = cli([*args[:2], "search.n_trials=20", *args[3:]], tmp_path)  # resume: 20 more, all new
+    assert r.returncode == 0, r.stderr
+    con = sqlite3.connect(db)
+    hashes = [h for (h,) in con.execute("select config_hash from zt_measurement where kind='candidate'")]
+    con.close()
+    assert len(hashes) == 120 and len(set(hashes)) == 120

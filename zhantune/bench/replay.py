@@ -1,0 +1,200 @@
+"""Replay: answer measurements from a recorded Kernel Tuner cache file instead of running kernels.
+
+A Kernel Tuner cache file (``.json`` or ``.json.gz``; format documented by Kernel Tuner and in
+``tests/data/kerneltuner/README.md``) holds ``device_name``, ``kernel_name``, ``problem_size``,
+``tune_params_keys`` (parameter order), ``tune_params`` (name -> values) and ``cache``: one entry per
+configuration, keyed by the values joined with commas, with ``time`` (milliseconds, the mean of
+``times``) and ``times``. A failed configuration stores a string in ``time``
+(``CompilationFailedConfig``, ``RuntimeFailedConfig``, ...). A configuration of the Cartesian
+product that is absent from ``cache`` violated the kernel's restrictions: it is infeasible.
+
+The search space comes from ``tune_params`` (one branch; single-valued parameters are fixed), the
+device and the problem from the file's ``device_name``, ``kernel_name`` and ``problem_size``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from zhantune.bench.measurement import Measurement
+from zhantune.bench.timing import summarize_us
+from zhantune.device import DeviceInfo
+from zhantune.errors import ConfigError
+from zhantune.search.space import Branch, Candidate, Param, Space
+
+__all__ = ["KernelTunerFile", "ReplayProblem", "ReplayBenchmarker", "load_kerneltuner", "entry_times_us", "FAILURE_STATUS"]
+
+#: Kernel Tuner's failure markers (the string in ``time``) -> zhantune status
+FAILURE_STATUS = {
+    "CompilationFailedConfig": "compile_error",
+    "RuntimeFailedConfig": "runtime_error",
+    "InvalidConfig": "invalid",
+}
+
+_REQUIRED_KEYS = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params", "cache")
+TEMPLATE_PREFIX = "kerneltuner::"
+
+
+@dataclass(frozen=True)
+class ReplayProblem:
+    """The problem a replay file measured: kernel name and problem size; FLOPs where the file has them."""
+
+    kernel_name: str
+    problem_size: tuple[Any, ...]
+    flops_per_run: int
+
+    @property
+    def key(self) -> str:
+        """Stable problem key, e.g. ``kerneltuner:Xgemm[4096x4096]``."""
+        return f"kerneltuner:{self.kernel_name}[{'x'.join(str(s) for s in self.problem_size)}]"
+
+    def flops(self) -> int:
+        return self.flops_per_run
+
+    def tflops(self, time_us: float) -> float | None:
+        return self.flops_per_run / (time_us * 1e-6) / 1e12 if self.flops_per_run else None
+
+    def row_fields(self) -> dict[str, Any]:
+        """Columns of the problem row (zhantune.storage.models.Problem)."""
+        return dict(op=self.kernel_name, shape={"problem_size": list(self.problem_size)}, dtype="recorded",
+                    activation=None, lookup_op=self.kernel_name, flops=self.flops_per_run)
+
+
+@dataclass
+class KernelTunerFile:
+    """A loaded Kernel Tuner cache file."""
+
+    path: Path
+    device_name: str
+    kernel_name: str
+    problem_size: tuple[Any, ...]
+    param_names: list[str]
+    tune_params: dict[str, list[Any]]
+    cache: dict[str, dict[str, Any]]
+
+    def entry(self, values: dict[str, Any]) -> dict[str, Any] | None:
+        """The cache entry of a configuration (param name -> value), None when absent."""
+        return self.cache.get(",".join(str(values[n]) for n in self.param_names))
+
+    def space(self) -> Space:
+        """One template branch over ``tune_params``; feasible points are exactly the cache's keys."""
+        params = []
+        for name in self.param_names:
+            values = self.tune_params[name]
+            if len(values) == 1:
+                params.append(Param(name, name, None, values[0]))
+            else:
+                params.append(Param(name, name, optuna.distributions.CategoricalDistribution(tuple(values))))
+        members = frozenset(tuple(e[n] for n in self.param_names) for e in self.cache.values())
+        return Space([Branch(name=self.kernel_name, scope="template",
+                             template_id=TEMPLATE_PREFIX + self.kernel_name, params=params, fixed={},
+                             constraints=[], source=f"{self.path}: tune_params", members=members)])
+
+    def device(self) -> DeviceInfo:
+        """The recorded GPU, keyed by its name (Kernel Tuner files carry no architecture name)."""
+        return DeviceInfo(kind="cuda", index=None, key=self.device_name, name=self.device_name,
+                          properties={"source": "kerneltuner", "file": self.path.name})
+
+    def problem(self) -> ReplayProblem:
+        """The problem; FLOPs per run from the first entry that records GFLOP/s (else 0)."""
+        flops = 0
+        for e in self.cache.values():
+            t, gflops = e.get("time"), e.get("GFLOP/s")
+            if isinstance(t, (int, float)) and isinstance(gflops, (int, float)) and t > 0 and gflops > 0:
+                flops = round(gflops * 1e9 * t * 1e-3)
+                break
+        return ReplayProblem(self.kernel_name, self.problem_size, flops)
+
+    def best_time_us(self) -> float:
+        """The file's optimum: the lowest median (microseconds) of a configuration that ran."""
+        return min(statistics.median(times) for e in self.cache.values() if (times := entry_times_us(e)))
+
+
+def _is_time(t: Any) -> bool:
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+
+
+def entry_times_us(entry: dict[str, Any]) -> list[float]:
+    """The recorded runs of an entry in microseconds (``times``, else ``time``); [] for a failure."""
+    t = entry.get("time")
+    if not _is_time(t):
+        return []
+    times = entry.get("times")
+    if not isinstance(times, list) or not times or not all(_is_time(x) for x in times):
+        times = [t]
+    return [x * 1000.0 for x in times]
+
+
+def load_kerneltuner(path: str | Path, source: str = "bench.path") -> KernelTunerFile:
+    """Read a Kernel Tuner cache file (.json or .json.gz).
+
+    Raises ConfigError (exit code 2) naming ``source`` and the file when it is missing, not JSON, or
+    lacks a required key; nothing in the file is executed.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{source}={path}: no such file")
+    try:
+        opener = gzip.open if p.suffix == ".gz" else open
+        with opener(p, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{source}={path}: not a Kernel Tuner cache file (JSON): {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}={path}: not a Kernel Tuner cache file: top level is not an object")
+    missing = [k for k in _REQUIRED_KEYS if k not in data]
+    if missing:
+        raise ConfigError(f"{source}={path}: not a Kernel Tuner cache file: missing key {missing[0]!r}")
+    names, tune_params, cache = data["tune_params_keys"], data["tune_params"], data["cache"]
+    if not isinstance(tune_params, dict) or not isinstance(cache, dict) or not isinstance(names, list):
+        raise ConfigError(f"{source}={path}: tune_params and cache must be objects, tune_params_keys a list")
+    for n in names:
+        values = tune_params.get(n)
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{source}={path}: tune_params.{n} must be a non-empty list")
+    for key, entry in cache.items():
+        if not isinstance(entry, dict) or "time" not in entry or any(n not in entry for n in names):
+            raise ConfigError(f"{source}={path}: cache.{key} lacks 'time' or a parameter of tune_params_keys")
+    size = data["problem_size"]
+    size = tuple(size) if isinstance(size, list) else (size,)
+    return KernelTunerFile(p, str(data["device_name"]), str(data["kernel_name"]), size, list(names),
+                           {n: list(tune_params[n]) for n in names}, cache)
+
+
+class ReplayBenchmarker:
+    """Answers each candidate from the file: timings are the recorded runs (milliseconds -> us).
+
+    There are no baselines in a Kernel Tuner file, so :meth:`baselines` returns none.
+    """
+
+    name = "replay"
+    lookup_key = None
+
+    def __init__(self, file: KernelTunerFile):
+        self.file = file
+
+    def baselines(self) -> list[tuple[str, Measurement]]:
+        return []
+
+    def measure(self, cand: Candidate) -> Measurement:
+        entry = self.file.entry(cand.params)
+        if entry is None:  # the space's members make this unreachable through a search
+            return Measurement("invalid", error_text="configuration absent from the replay file")
+        t = entry["time"]
+        if isinstance(t, str):
+            return Measurement(FAILURE_STATUS.get(t, "runtime_error"), error_text=t)
+        times = entry_times_us(entry)
+        if not times:
+            return Measurement("invalid", error_text=f"time={t!r} is not a number")
+        timing = summarize_us(times, "kerneltuner:replay")
+        compile_ms = entry.get("compile_time")
+        return Measurement("ok", timing=timing,
+                           compile_s=compile_ms / 1000.0 if _is_time(compile_ms) else None)

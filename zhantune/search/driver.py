@@ -1,0 +1,109 @@
+"""The search loop shared by the tune job and the offline strategy benchmark (ask/tell over a Space).
+
+Budget rules: a point that violates a constraint is told PRUNED and never measured; a candidate
+already measured (``cached`` answers it) is told its stored value; neither uses the budget of
+``n_trials`` measured candidates. The study's trials are the only search state, so a resumed study
+or several workers on one storage continue from everything measured so far.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+
+from zhantune.search.space import Candidate, Space
+from zhantune.search.study import ask, feasible_size, random_feasible_point
+
+__all__ = ["SearchStats", "Outcome", "run_search", "bind_sampler"]
+
+#: the result of measuring (or looking up) one candidate: objective in microseconds, None when failed
+Outcome = float | None
+
+
+@dataclass
+class SearchStats:
+    measured: int = 0
+    infeasible: int = 0
+    cached: int = 0
+    asks: int = 0
+    interrupted: bool = False
+    exhausted: bool = False
+
+
+def bind_sampler(sampler: optuna.samplers.BaseSampler, space: Space, problem_vars: dict) -> None:
+    """Give a space-aware sampler (zhantune.search.FeasibleTPESampler) the space before it samples."""
+    bind = getattr(sampler, "bind", None)
+    if callable(bind):
+        bind(space, problem_vars)
+
+
+def _feasible_total(sampler: optuna.samplers.BaseSampler, space: Space, problem_vars: dict) -> int | None:
+    fs = getattr(sampler, "feasible_set", None)
+    if fs is not None:
+        return len(fs)
+    sizes = feasible_size(space, problem_vars)
+    return sum(f for _, f in sizes.values()) if sizes else None
+
+
+def run_search(study: optuna.Study, space: Space, problem_vars: dict,
+               measure: Callable[[Candidate, int], Outcome], *, n_trials: int,
+               cached: Callable[[Candidate], tuple[bool, Outcome]] | None = None,
+               timeout_s: float | None = None, seed: int = 0, max_asks_per_trial: int = 50) -> SearchStats:
+    """Ask/tell until ``n_trials`` candidates were measured, the space is exhausted or time is up.
+
+    ``measure(candidate, trial_number)`` returns the objective (microseconds) or None for a failed
+    measurement; ``cached(candidate)`` returns (hit, outcome). A KeyboardInterrupt during a
+    measurement tells that trial FAIL and ends the search with ``interrupted`` set.
+    """
+    stats = SearchStats()
+    bind_sampler(study.sampler, space, problem_vars)
+    total = _feasible_total(study.sampler, space, problem_vars)
+    seen: set[str] = set()
+    rng = random.Random(seed)
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    try:
+        while stats.measured < n_trials and stats.asks < max_asks_per_trial * n_trials:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            if total is not None and len(seen) >= total:
+                stats.exhausted = True
+                break
+            stats.asks += 1
+            asked = ask(study, space, problem_vars)
+            cand = asked.candidate
+            if cand is None:
+                study.tell(asked.trial, state=optuna.trial.TrialState.PRUNED)
+                stats.infeasible += 1
+                continue
+            seen.add(cand.config_hash)
+            if cached is not None:
+                hit, outcome = cached(cand)
+                if hit:
+                    _tell(study, asked.trial, outcome)
+                    stats.cached += 1
+                    # a sampler that keeps proposing known points would stall: offer an unseen one
+                    fresh = random_feasible_point(space, problem_vars, rng, exclude=seen)
+                    if fresh is not None:
+                        study.enqueue_trial(space.trial_params(*fresh))
+                    continue
+            try:
+                outcome = measure(cand, asked.trial.number)
+            except KeyboardInterrupt:
+                study.tell(asked.trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            _tell(study, asked.trial, outcome)
+            stats.measured += 1
+    except KeyboardInterrupt:
+        stats.interrupted = True
+    return stats
+
+
+def _tell(study: optuna.Study, trial: optuna.trial.Trial, value: Outcome) -> None:
+    if value is None:
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    else:
+        study.tell(trial, value)

@@ -1,0 +1,178 @@
+"""zhantune's default search strategy: TPE over the enumerated feasible set, then a local search.
+
+Kernel spaces are finite and full of holes (constraints, configurations that do not compile), and a
+trial costs seconds. Optuna's TPE draws candidates from its Parzen estimator over the whole box and
+keeps the best of ``n_ei_candidates`` draws: many draws land on infeasible or already-measured points.
+This sampler keeps TPE's model (Bergstra et al. 2011: the density ratio l(x)/g(x) between the best
+``gamma`` share of the measured points and the rest, with Aitchison-Aitken kernels for categorical
+values, as in Optuna's multivariate TPE) but maximises it exactly over every feasible point not yet
+measured, so every trial measures something new and feasible. After ``n_model_trials`` measured
+trials it searches locally: the best-scoring unmeasured point at Hamming distance 1 from the best
+point so far (then 2), a published recipe for categorical spaces (trust regions over Hamming
+distance, Wan et al. 2021, CASMOPOLITAN), falling back to the global maximum when the neighbourhood is
+exhausted.
+
+The sampler needs the space: :func:`zhantune.search.driver.run_search` calls :meth:`bind` before the
+first trial. The study (trials of every worker sharing the storage) is its only state, so several
+workers can use one study. Spaces too large to enumerate fall back to Optuna's multivariate TPE.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from zhantune.search.feasible import FeasibleSet, enumerate_feasible
+from zhantune.search.space import Space
+
+__all__ = ["FeasibleTPESampler"]
+
+class FeasibleTPESampler(optuna.samplers.BaseSampler):
+    """TPE over the feasible set, with a Hamming-neighbourhood local search after the model phase.
+
+    Args:
+        seed: random seed (start-up points and ties).
+        n_startup_trials: measured trials drawn uniformly from the feasible set before the model.
+        n_model_trials: measured trials after which proposals stay near the best point.
+        gamma: share of measured trials in the "good" density l(x) (at least one trial).
+        kernel_alpha: Aitchison-Aitken smoothing: a kernel gives 1 - alpha (+ alpha / n_values) to
+            its own value and alpha / n_values to each other value of a dim.
+        max_neighbourhood: largest Hamming distance searched around the best point.
+    """
+
+    def __init__(self, seed: int | None = None, n_startup_trials: int = 16, n_model_trials: int = 30,
+                 gamma: float = 0.1, kernel_alpha: float = 0.6, max_neighbourhood: int = 1):
+        if not 0 < gamma <= 1:
+            raise ValueError(f"gamma={gamma} must be in (0, 1]")
+        if not 0 < kernel_alpha < 1:
+            raise ValueError(f"kernel_alpha={kernel_alpha} must be in (0, 1)")
+        self._seed = seed
+        self._rng = np.random.default_rng(seed)
+        self.n_startup_trials = n_startup_trials
+        self.n_model_trials = n_model_trials
+        self.gamma = gamma
+        self.kernel_alpha = kernel_alpha
+        self.max_neighbourhood = max_neighbourhood
+        self._feasible: FeasibleSet | None = None
+        #: the point chosen in before_trial for each running trial of this process, by trial number
+        self._pending: dict[int, dict[str, Any]] = {}
+        self._fallback: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, group=True)
+        self._random = optuna.samplers.RandomSampler(seed=seed)
+
+    # -- binding ----------------------------------------------------------------------------
+    def bind(self, space: Space, problem_vars: dict[str, Any]) -> None:
+        """Enumerate the feasible points of ``space`` (falls back to TPE when it is too large)."""
+        self._feasible = enumerate_feasible(space, problem_vars)
+
+    @property
+    def feasible_set(self) -> FeasibleSet | None:
+        return self._feasible
+
+    def reseed_rng(self) -> None:
+        self._rng = np.random.default_rng()
+        self._fallback.reseed_rng()
+        self._random.reseed_rng()
+
+    # -- Optuna sampler protocol ------------------------------------------------------------
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        if self._feasible is None:
+            return self._fallback.infer_relative_search_space(study, trial)
+        return {}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if self._feasible is None:
+            return self._fallback.sample_relative(study, trial, search_space)
+        return {}
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if self._feasible is None:
+            self._fallback.before_trial(study, trial)
+            return
+        if "fixed_params" in trial.system_attrs:
+            return  # an enqueued point (seeds, dedupe): Optuna answers it from the queue
+        row = self.next_row(study)
+        if row is not None:
+            self._pending[trial.number] = self._feasible.trial_params(row)
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        if self._feasible is None:
+            return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+        point = self._pending.get(trial.number, {})
+        if param_name in point:
+            return point[param_name]
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Any) -> None:
+        self._pending.pop(trial.number, None)
+        if self._feasible is None:
+            self._fallback.after_trial(study, trial, state, values)
+
+    # -- the strategy -----------------------------------------------------------------------
+    def next_row(self, study: optuna.Study) -> int | None:
+        """The feasible row to measure next; None when every feasible point has been tried."""
+        fs = self._feasible
+        assert fs is not None
+        tried: list[int] = []
+        rows: list[int] = []
+        values: list[float] = []
+        for t in study.get_trials(deepcopy=False):
+            row = fs.row_of(t.params) if t.params else None
+            if row is None:
+                continue
+            tried.append(row)
+            if t.state == TrialState.COMPLETE and t.value is not None:
+                rows.append(row)
+                values.append(t.value)
+            elif t.state == TrialState.FAIL:  # a measured failure: worse than anything that ran
+                rows.append(row)
+                values.append(np.inf)
+        unseen = np.ones(len(fs), dtype=bool)
+        unseen[tried] = False
+        if not unseen.any():
+            return None
+        if len(rows) < self.n_startup_trials:
+            return int(self._rng.choice(np.flatnonzero(unseen)))
+        score = self._log_density_ratio(np.array(rows), np.array(values))
+        score[~unseen] = -np.inf
+        if len(rows) >= self.n_model_trials:
+            best = rows[int(np.argmin(values))]
+            distance = (fs.codes != fs.codes[best]).sum(axis=1)
+            for radius in range(1, self.max_neighbourhood + 1):
+                near = (distance == radius) & unseen
+                if near.any():
+                    score = np.where(near, score, -np.inf)
+                    break
+        top = np.flatnonzero(score == score.max())
+        return int(self._rng.choice(top))
+
+    def _log_density_ratio(self, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """log l(x) - log g(x) for every feasible point (multivariate product kernels)."""
+        fs = self._feasible
+        assert fs is not None
+        order = np.argsort(values, kind="stable")
+        n_good = max(1, int(np.ceil(self.gamma * len(values))))
+        good, bad = rows[order[:n_good]], rows[order[n_good:]]
+        log_l = self._log_mixture(fs.codes[good])
+        log_g = self._log_mixture(fs.codes[bad]) if len(bad) else np.zeros(len(fs))
+        return log_l - log_g
+
+    def _log_mixture(self, centres: np.ndarray) -> np.ndarray:
+        """log of the mean over ``centres`` of the product over dims of Aitchison-Aitken kernels."""
+        fs = self._feasible
+        assert fs is not None
+        a = self.kernel_alpha
+        log_k = np.zeros((len(fs), len(centres)))
+        for d in range(fs.codes.shape[1]):
+            n_values = max(int(fs.sizes[d]), 1)
+            same = fs.codes[:, d:d + 1] == centres[None, :, d]
+            log_k += np.where(same, np.log(1 - a + a / n_values), np.log(a / n_values))
+        peak = log_k.max(axis=1, keepdims=True)
+        return (peak + np.log(np.exp(log_k - peak).mean(axis=1, keepdims=True)))[:, 0]
