@@ -1,14 +1,19 @@
 # make demo: set up and tune mm 512x512x512 fp32 on this CPU (16 measured trials)
-# make test: set up and run the whole test suite (the slow end-to-end tests included)
-.PHONY: setup demo test lint
+# make test: set up (Python packages, and Debian's chromium for the report tests) and run the whole
+#            test suite (the slow end-to-end tests included)
+.PHONY: setup system-deps demo test lint
 
 setup:
 	bash scripts/setup.sh
 
+# Debian packages the tests need (chromium for the HTML report)
+system-deps:
+	bash scripts/system_deps.sh
+
 demo: setup
 	.venv/bin/python -m zhantune +op=mm shape=[512,512,512] dtype=float32 device=cpu search.n_trials=16
 
-test: setup
+test: setup system-deps
 	.venv/bin/python -m pytest -v --durations=15
 
 lint: setup

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, inspect, select
+from sqlalchemy import create_engine, event, func, inspect, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -167,6 +167,17 @@ class Store:
             s.add(row)
             s.flush()
             return row.id
+
+    def add_measurements(self, rows: list[dict[str, Any]]) -> int:
+        """Insert many measurement rows in one transaction; returns how many."""
+        with self.session() as s:
+            s.add_all([m.Measurement(**fields) for fields in rows])
+        return len(rows)
+
+    def count_measurements(self, study_id: int) -> int:
+        with self.session() as s:
+            return s.scalar(select(func.count()).select_from(m.Measurement)
+                            .where(m.Measurement.study_id == study_id)) or 0
 
     def measurements(self, study_id: int | None = None) -> list[m.Measurement]:
         with self.session() as s:

@@ -1,0 +1,75 @@
+"""Open an HTML report in headless Chromium: the rendered DOM (to check charts) and a screenshot.
+
+Chromium is Debian's ``chromium`` package (``/usr/bin/chromium``); it is started with a fresh
+profile and without background networking, so it never reaches out of this machine.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from html.parser import HTMLParser
+from pathlib import Path
+
+__all__ = ["chromium_path", "render_dom", "screenshot", "rendered_charts"]
+
+_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+          "--virtual-time-budget=15000"]
+
+
+def chromium_path() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    exe = chromium_path()
+    if exe is None:
+        raise FileNotFoundError("headless Chromium not found; install Debian's chromium package")
+    with tempfile.TemporaryDirectory(prefix="zhantune-chromium-") as profile:
+        return subprocess.run([exe, *_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
+                              text=True, timeout=timeout_s, check=True)
+
+
+def render_dom(html_path: str | Path, timeout_s: float = 120) -> str:
+    """The DOM after the page's scripts ran (Plotly draws its charts into it)."""
+    return _run(["--dump-dom", Path(html_path).resolve().as_uri()], timeout_s).stdout
+
+
+def screenshot(html_path: str | Path, png_path: str | Path, width: int = 1400, height: int = 3000,
+               timeout_s: float = 120) -> Path:
+    out = Path(png_path).resolve()
+    _run([f"--screenshot={out}", f"--window-size={width},{height}", Path(html_path).resolve().as_uri()], timeout_s)
+    return out
+
+
+class _ChartFinder(HTMLParser):
+    def __init__(self, ids: tuple[str, ...]):
+        super().__init__()
+        self.ids = set(ids)
+        self.rendered: set[str] = set()
+        self._open: list[str | None] = []  # chart id of each open div, innermost last
+        self._inside: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "div":
+            cid = a.get("id") if a.get("id") in self.ids else None
+            if cid is not None:
+                self._inside = cid
+            self._open.append(cid)
+        if tag == "svg" and self._inside and "main-svg" in (a.get("class") or ""):
+            self.rendered.add(self._inside)
+
+    def handle_endtag(self, tag):
+        if tag == "div" and self._open:
+            if self._open.pop() is not None:
+                self._inside = next((c for c in reversed(self._open) if c), None)
+
+
+def rendered_charts(dom: str, ids: tuple[str, ...]) -> set[str]:
+    """The chart ids whose div holds a drawn Plotly SVG in ``dom``."""
+    finder = _ChartFinder(ids)
+    finder.feed(dom)
+    return finder.rendered

@@ -1,0 +1,125 @@
+"""A Comparison as terminal tables (Rich), CSV and JSON."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from zhantune.report.compare import Choice, Comparison
+
+__all__ = ["print_comparison", "comparison_records", "write_csv", "write_json"]
+
+
+def _x(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return "fails" if math.isinf(v) else f"{v:.3f}x"
+
+
+def _params(c: Choice | None, keys: set[str] | None = None) -> str:
+    if c is None:
+        return "-"
+    return ", ".join(f"{k}={v}" for k, v in sorted(c.params.items()) if keys is None or k in keys)
+
+
+def _differing(choices: list[Choice]) -> set[str]:
+    """Param names whose values differ between the choices (all of them when there is one)."""
+    names = set().union(*(c.params for c in choices))
+    if len(choices) < 2:
+        return names
+    return {k for k in names if len({repr(c.params.get(k)) for c in choices}) > 1}
+
+
+def print_comparison(console: Console, cmp: Comparison, top: int = 5) -> None:
+    """Per problem: each device's best, its winner's regret elsewhere, the portable choice; the matrix."""
+    for p in cmp.problems:
+        t = Table(title=f"{p.problem_key}")
+        t.add_column("device")
+        t.add_column("best us", justify="right")
+        for d in cmp.devices:
+            t.add_column(f"winner on {d}", justify="right")
+        t.add_column("winner config (params that differ)")
+        keys = _differing(list(p.winner.values()))
+        for a in cmp.devices:
+            if a not in p.best_us:
+                continue
+            row = [a, f"{p.best_us[a]:,.1f}"] + [_x(p.regret.get((a, b))) for b in cmp.devices]
+            t.add_row(*row, _params(p.winner[a], keys))
+        console.print(t)
+        for label, c in (("portable (min worst regret)", p.portable), ("portable (min geomean regret)", p.portable_geomean)):
+            if c is None:
+                console.print(f"{label}: no config was measured correct on every device")
+            else:
+                regrets = ", ".join(f"{d} {_x(r)}" for d, r in c.regret.items())
+                console.print(f"{label}: worst {_x(c.worst_regret)}, geomean {_x(c.geomean_regret)} "
+                              f"({regrets}) {{{_params(c)}}}")
+    m = Table(title="geometric-mean regret: winners of (row) run on (column)")
+    m.add_column("winners of")
+    for d in cmp.devices:
+        m.add_column(d, justify="right")
+    for a in cmp.devices:
+        m.add_row(a, *[_x(cmp.matrix[(a, b)]) for b in cmp.devices])
+    console.print(m)
+    console.print("most disagreement: " + "; ".join(f"{p.problem_key} {_x(p.disagreement)}"
+                                                     for p in cmp.most_disagreeing(top)))
+
+
+def comparison_records(cmp: Comparison) -> list[dict[str, Any]]:
+    """One flat record per (problem, device A's winner, device B): the CSV rows."""
+    rows = []
+    for p in cmp.problems:
+        for a, w in p.winner.items():
+            for b in cmp.devices:
+                if b not in p.best_us:
+                    continue
+                r = p.regret.get((a, b))
+                rows.append({
+                    "problem": p.problem_key, "winner_of": a, "run_on": b, "best_us_on": p.best_us[b],
+                    "winner_us_on": None if r is None or math.isinf(r) else r * p.best_us[b],
+                    "regret": None if r is None else (r if math.isfinite(r) else "inf"),
+                    "config_hash": w.config_hash, "template_id": w.template_id,
+                    "params": json.dumps(w.params, sort_keys=True),
+                })
+    return rows
+
+
+def write_csv(path: str | Path, cmp: Comparison) -> Path:
+    out = Path(path)
+    rows = comparison_records(cmp)
+    with open(out, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return out
+
+
+def _choice(c: Choice | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {"config_hash": c.config_hash, "template_id": c.template_id, "params": c.params,
+            "regret": {d: (r if math.isfinite(r) else "inf") for d, r in c.regret.items()},
+            "worst_regret": c.worst_regret if math.isfinite(c.worst_regret) else "inf"}
+
+
+def write_json(path: str | Path, cmp: Comparison) -> Path:
+    """Everything in the comparison; infinite regrets are written as the string "inf"."""
+    doc = {
+        "devices": [{"key": d, "name": cmp.device_names[d]} for d in cmp.devices],
+        "matrix": [{"winner_of": a, "run_on": b, "geomean_regret": v if v is None or math.isfinite(v) else "inf"}
+                   for (a, b), v in cmp.matrix.items()],
+        "problems": [{
+            "problem": p.problem_key, "flops": p.flops, "best_us": p.best_us, "default_us": p.default_us,
+            "winners": {d: _choice(c) for d, c in p.winner.items()},
+            "portable": _choice(p.portable), "portable_geomean": _choice(p.portable_geomean),
+            "disagreement": p.disagreement if math.isfinite(p.disagreement) else "inf",
+        } for p in cmp.problems],
+    }
+    out = Path(path)
+    out.write_text(json.dumps(doc, indent=1, sort_keys=True), encoding="utf-8")
+    return out
