@@ -1,12 +1,12 @@
 # make demo: set up and tune mm 512x512x512 fp32 on this CPU (16 measured trials)
-# make test: set up (Python packages, and Debian's chromium for the report tests) and run the whole
+# make test: set up (Python packages; Debian's chromium and postgresql-15 for the tests) and run the whole
 #            test suite (the slow end-to-end tests included)
 .PHONY: setup system-deps demo test lint
 
 setup:
 	bash scripts/setup.sh
 
-# Debian packages the tests need (chromium for the HTML report)
+# Debian packages the tests need (chromium for the HTML report, postgresql-15 for the database tests)
 system-deps:
 	bash scripts/system_deps.sh
 

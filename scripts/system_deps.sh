@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # System packages the test suite needs, from Debian's archive, installed only when missing:
-#   chromium  - renders the HTML report headless (tests/test_compare.py, scripts/render_report.py)
+#   chromium      - renders the HTML report headless (tests/test_compare.py, scripts/render_report.py)
+#   postgresql-15 - the server binaries the PostgreSQL tests start themselves (tests/pgserver.py)
 # Needs root (or sudo) and apt-get; elsewhere it names what is missing and exits 1.
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+[ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi

@@ -38,3 +38,13 @@ def tune_cfg():
             return compose("config", overrides=overrides)
 
     return _compose
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL 15 server for the session (tests/pgserver.py); yields the server, .new_database() -> URL."""
+    from pgserver import PostgresServer
+
+    server = PostgresServer()
+    yield server
+    server.stop()

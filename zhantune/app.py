@@ -9,6 +9,7 @@ import hydra
 from omegaconf import DictConfig
 from rich.console import Console
 
+from zhantune import interrupt
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
 from zhantune.errors import UserError
@@ -26,6 +27,7 @@ warnings.filterwarnings("ignore", message="Argument ``group`` is an experimental
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _tune_app(cfg: DictConfig) -> None:
     mark_task_started()
+    interrupt.install()  # Ctrl-C and SIGTERM stop the study cleanly (exit code 130)
     from zhantune.report import TuneProgress, print_summary
     from zhantune.storage import Store
     from zhantune.tune import resolve_run, tune

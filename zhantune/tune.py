@@ -16,17 +16,18 @@ from typing import Any
 import optuna
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from sqlalchemy.exc import IntegrityError
 
 from zhantune.bench.inductor import InductorBenchmarker
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, ReplayProblem, load_kerneltuner
 from zhantune.config import CONF_DIR
 from zhantune.device import DeviceInfo, resolve_device
-from zhantune.errors import ConfigError, SpaceError
+from zhantune.errors import ConfigError, SpaceError, StorageError
 from zhantune.inductor.table import build_table, write_table
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
-from zhantune.search.driver import run_search
+from zhantune.search.driver import DuplicateTrial, run_search
 from zhantune.search.samplers import make_sampler
 from zhantune.search.space import Candidate, Space, load_space
 from zhantune.search.study import open_study
@@ -37,6 +38,18 @@ __all__ = ["RunSpec", "TuneResult", "resolve_run", "tune", "software_versions", 
 
 #: inductor config keys every candidate gets from zhantune itself (a space may not set them)
 _RESERVED_CONFIG_KEYS = {"freezing", "force_disable_caches", "max_autotune", "lookup_table.table"}
+
+
+def environment_fields() -> dict[str, str | None]:
+    """Software and host of this process, for the environment table (provenance of every row)."""
+    import platform
+    import socket
+
+    import zhantune
+
+    return {**software_versions(), "cuda": torch.version.cuda, "hip": torch.version.hip,
+            "driver": None, "python": platform.python_version(), "zhantune": zhantune.__version__,
+            "host": socket.gethostname()}
 
 
 def software_versions() -> dict[str, str | None]:
@@ -178,13 +191,14 @@ class _Recorder:
         self.store, self.run, self.study_id = store, run, study_id
         self.device_id, self.problem_id = device_id, problem_id
         self.versions = software_versions()
+        self.environment_id = store.environment_id(environment_fields())
 
     def add(self, meas: Measurement, kind: str, candidate: Candidate | None = None,
             trial_number: int | None = None) -> orm.Measurement:
         t = meas.timing
         fields: dict[str, Any] = dict(
             study_id=self.study_id, device_id=self.device_id, problem_id=self.problem_id,
-            trial_number=trial_number, kind=kind, status=meas.status,
+            environment_id=self.environment_id, trial_number=trial_number, kind=kind, status=meas.status,
             branch=candidate.branch if candidate else None,
             template_id=candidate.template_id if candidate else None,
             params=candidate.params if candidate else {},
@@ -224,7 +238,8 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     rows = {kind: rec.add(meas, kind) for kind, meas in baselines}
     result = TuneResult(run.study_name, study_id, rows.get("eager"), rows.get("default"), None)
 
-    study = open_study(run.study_name, cfg.storage.url, sampler)
+    with store.schema_lock():  # N workers may start on one new database: Optuna creates its tables once
+        study = open_study(run.study_name, cfg.storage.url, sampler)
     _enqueue_seeds(study, run)
 
     def cached(cand: Candidate) -> tuple[bool, float | None]:
@@ -236,7 +251,12 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
 
     def measure(cand: Candidate, trial_number: int) -> float | None:
         meas = bench.measure(cand)
-        row = rec.add(meas, "candidate", cand, trial_number)
+        try:
+            row = rec.add(meas, "candidate", cand, trial_number)
+        except StorageError as e:
+            if isinstance(e.__cause__, IntegrityError):  # another worker stored this trial first
+                raise DuplicateTrial(trial_number) from e
+            raise
         result.measured += 1
         result.statuses[meas.status] += 1
         if meas.ok and (result.best is None or row.median_us < result.best.median_us):
@@ -249,7 +269,8 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
         progress.start(cfg.search.n_trials)
     try:
         stats = run_search(study, run.space, run.problem_vars, measure, n_trials=cfg.search.n_trials,
-                           cached=cached, timeout_s=cfg.search.timeout_s, seed=cfg.search.seed)
+                           cached=cached, claim=lambda c, n: store.claim(study_id, c.config_hash, n),
+                           release=lambda c: store.release(study_id, c.config_hash), timeout_s=cfg.search.timeout_s, seed=cfg.search.seed)
     finally:
         if progress is not None:
             progress.stop()

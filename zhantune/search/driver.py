@@ -15,10 +15,21 @@ from dataclasses import dataclass
 
 import optuna
 
+from zhantune import interrupt
 from zhantune.search.space import Candidate, Space
-from zhantune.search.study import ask, feasible_size, random_feasible_point
+from zhantune.search.study import (
+    INTERRUPTED_ATTR,
+    ask,
+    feasible_size,
+    random_feasible_point,
+)
 
-__all__ = ["SearchStats", "Outcome", "run_search", "bind_sampler"]
+__all__ = ["SearchStats", "Outcome", "run_search", "bind_sampler", "DuplicateTrial"]
+
+
+class DuplicateTrial(Exception):
+    """Raised by ``measure`` when another worker already stored this trial (an enqueued point that
+    two workers popped at once: Optuna's SQLite storage cannot lock the row). Not counted."""
 
 #: the result of measuring (or looking up) one candidate: objective in microseconds, None when failed
 Outcome = float | None
@@ -30,6 +41,8 @@ class SearchStats:
     infeasible: int = 0
     cached: int = 0
     asks: int = 0
+    #: points another worker was already measuring (told PRUNED, not measured twice)
+    duplicates: int = 0
     interrupted: bool = False
     exhausted: bool = False
 
@@ -52,12 +65,18 @@ def _feasible_total(sampler: optuna.samplers.BaseSampler, space: Space, problem_
 def run_search(study: optuna.Study, space: Space, problem_vars: dict,
                measure: Callable[[Candidate, int], Outcome], *, n_trials: int,
                cached: Callable[[Candidate], tuple[bool, Outcome]] | None = None,
+               claim: Callable[[Candidate, int], bool] | None = None,
+               release: Callable[[Candidate], None] | None = None,
                timeout_s: float | None = None, seed: int = 0, max_asks_per_trial: int = 50) -> SearchStats:
     """Ask/tell until ``n_trials`` candidates were measured, the space is exhausted or time is up.
 
     ``measure(candidate, trial_number)`` returns the objective (microseconds) or None for a failed
-    measurement; ``cached(candidate)`` returns (hit, outcome). A KeyboardInterrupt during a
-    measurement tells that trial FAIL and ends the search with ``interrupted`` set.
+    measurement; ``cached(candidate)`` returns (hit, outcome); ``claim(candidate, trial_number)``
+    returns False when another worker sharing the study is measuring that candidate (the trial is told
+    PRUNED); ``release(candidate)`` undoes a claim whose measurement was interrupted. A KeyboardInterrupt (Ctrl-C, or SIGTERM
+    routed by :func:`zhantune.interrupt.install`) during a measurement marks that trial
+    interrupted (user attribute ``zhantune:interrupted``, state FAIL) and ends the search with
+    ``interrupted`` set.
     """
     stats = SearchStats()
     bind_sampler(study.sampler, space, problem_vars)
@@ -67,6 +86,8 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
     deadline = time.monotonic() + timeout_s if timeout_s else None
     try:
         while stats.measured < n_trials and stats.asks < max_asks_per_trial * n_trials:
+            if interrupt.requested():
+                raise KeyboardInterrupt("interrupt requested")
             if deadline is not None and time.monotonic() > deadline:
                 break
             if total is not None and len(seen) >= total:
@@ -83,27 +104,49 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
             if cached is not None:
                 hit, outcome = cached(cand)
                 if hit:
-                    _tell(study, asked.trial, outcome)
+                    stats.duplicates += not _tell(study, asked.trial, outcome)
                     stats.cached += 1
                     # a sampler that keeps proposing known points would stall: offer an unseen one
-                    fresh = random_feasible_point(space, problem_vars, rng, exclude=seen)
-                    if fresh is not None:
-                        study.enqueue_trial(space.trial_params(*fresh))
+                    # (a feasible-set sampler never proposes a measured point by itself)
+                    if getattr(study.sampler, "feasible_set", None) is None:
+                        fresh = random_feasible_point(space, problem_vars, rng, exclude=seen)
+                        if fresh is not None:
+                            study.enqueue_trial(space.trial_params(*fresh))
                     continue
+            if claim is not None and not claim(cand, asked.trial.number):
+                study.tell(asked.trial, state=optuna.trial.TrialState.PRUNED)  # another worker measures it
+                stats.duplicates += 1
+                continue
             try:
-                outcome = measure(cand, asked.trial.number)
+                with interrupt.interruptible():
+                    outcome = measure(cand, asked.trial.number)
+            except DuplicateTrial:
+                stats.duplicates += 1
+                continue
             except KeyboardInterrupt:
+                if release is not None:
+                    release(cand)
+                # not a result: a resumed study measures this point again (samplers skip it as tried
+                # only when it has a value or a measured failure)
+                asked.trial.set_user_attr(INTERRUPTED_ATTR, True)
                 study.tell(asked.trial, state=optuna.trial.TrialState.FAIL)
                 raise
-            _tell(study, asked.trial, outcome)
-            stats.measured += 1
+            if _tell(study, asked.trial, outcome):
+                stats.measured += 1
+            else:
+                stats.duplicates += 1
     except KeyboardInterrupt:
         stats.interrupted = True
     return stats
 
 
-def _tell(study: optuna.Study, trial: optuna.trial.Trial, value: Outcome) -> None:
-    if value is None:
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    else:
-        study.tell(trial, value)
+def _tell(study: optuna.Study, trial: optuna.trial.Trial, value: Outcome) -> bool:
+    """Tell the outcome; False when another worker already finished this (enqueued) trial."""
+    try:
+        if value is None:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(trial, value)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    return True

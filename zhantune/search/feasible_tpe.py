@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from zhantune.search.feasible import FeasibleSet, enumerate_feasible
 from zhantune.search.space import Space
+from zhantune.search.study import INTERRUPTED_ATTR
 
 __all__ = ["FeasibleTPESampler"]
 
@@ -125,7 +126,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         values: list[float] = []
         for t in study.get_trials(deepcopy=False):
             row = fs.row_of(t.params) if t.params else None
-            if row is None:
+            if row is None or t.user_attrs.get(INTERRUPTED_ATTR):
                 continue
             tried.append(row)
             if t.state == TrialState.COMPLETE and t.value is not None:
@@ -140,39 +141,40 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
             return None
         if len(rows) < self.n_startup_trials:
             return int(self._rng.choice(np.flatnonzero(unseen)))
-        score = self._log_density_ratio(np.array(rows), np.array(values))
-        score[~unseen] = -np.inf
+        candidates = unseen
         if len(rows) >= self.n_model_trials:
             best = rows[int(np.argmin(values))]
             distance = (fs.codes != fs.codes[best]).sum(axis=1)
             for radius in range(1, self.max_neighbourhood + 1):
                 near = (distance == radius) & unseen
                 if near.any():
-                    score = np.where(near, score, -np.inf)
+                    candidates = near
                     break
-        top = np.flatnonzero(score == score.max())
+        idx = np.flatnonzero(candidates)
+        score = self._log_density_ratio(np.array(rows), np.array(values), fs.codes[idx])
+        top = idx[score == score.max()]
         return int(self._rng.choice(top))
 
-    def _log_density_ratio(self, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """log l(x) - log g(x) for every feasible point (multivariate product kernels)."""
+    def _log_density_ratio(self, rows: np.ndarray, values: np.ndarray, points: np.ndarray) -> np.ndarray:
+        """log l(x) - log g(x) at ``points`` (codes), multivariate product kernels."""
         fs = self._feasible
         assert fs is not None
         order = np.argsort(values, kind="stable")
         n_good = max(1, int(np.ceil(self.gamma * len(values))))
         good, bad = rows[order[:n_good]], rows[order[n_good:]]
-        log_l = self._log_mixture(fs.codes[good])
-        log_g = self._log_mixture(fs.codes[bad]) if len(bad) else np.zeros(len(fs))
+        log_l = self._log_mixture(points, fs.codes[good])
+        log_g = self._log_mixture(points, fs.codes[bad]) if len(bad) else np.zeros(len(points))
         return log_l - log_g
 
-    def _log_mixture(self, centres: np.ndarray) -> np.ndarray:
+    def _log_mixture(self, points: np.ndarray, centres: np.ndarray) -> np.ndarray:
         """log of the mean over ``centres`` of the product over dims of Aitchison-Aitken kernels."""
         fs = self._feasible
         assert fs is not None
         a = self.kernel_alpha
-        log_k = np.zeros((len(fs), len(centres)))
-        for d in range(fs.codes.shape[1]):
+        log_k = np.zeros((len(points), len(centres)))
+        for d in range(points.shape[1]):
             n_values = max(int(fs.sizes[d]), 1)
-            same = fs.codes[:, d:d + 1] == centres[None, :, d]
+            same = points[:, d:d + 1] == centres[None, :, d]
             log_k += np.where(same, np.log(1 - a + a / n_values), np.log(a / n_values))
         peak = log_k.max(axis=1, keepdims=True)
         return (peak + np.log(np.exp(log_k - peak).mean(axis=1, keepdims=True)))[:, 0]

@@ -10,7 +10,10 @@ import optuna
 
 from zhantune.search.space import Branch, Candidate, Space
 
-__all__ = ["Asked", "open_study", "ask", "feasible_size", "random_feasible_point"]
+__all__ = ["Asked", "open_study", "ask", "feasible_size", "random_feasible_point", "INTERRUPTED_ATTR"]
+
+#: user attribute of a trial whose measurement was interrupted (Ctrl-C, SIGTERM): not a result
+INTERRUPTED_ATTR = "zhantune:interrupted"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -1,5 +1,5 @@
 """Results storage: the ORM schema and the store API."""
 
-from zhantune.storage.store import Store, check_url, sqlite_path
+from zhantune.storage.store import Store, check_url, make_engine, sqlite_path
 
-__all__ = ["Store", "check_url", "sqlite_path"]
+__all__ = ["Store", "check_url", "make_engine", "sqlite_path"]

@@ -9,12 +9,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-__all__ = ["Base", "Device", "Problem", "Study", "Measurement", "SCHEMA_VERSION"]
-
-SCHEMA_VERSION = 1
+__all__ = ["Base", "Claim", "Device", "Environment", "Problem", "Study", "Measurement"]
 
 
 def _now() -> dt.datetime:
@@ -36,6 +34,24 @@ class Device(Base):
     properties: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
+class Environment(Base):
+    """The software and host a measurement was taken with; one row per distinct fingerprint."""
+
+    __tablename__ = "zt_environment"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    #: sha256 (hex, 64) of the other fields, canonical JSON
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    torch: Mapped[str | None] = mapped_column(String(64))
+    triton: Mapped[str | None] = mapped_column(String(64))
+    cuda: Mapped[str | None] = mapped_column(String(32))
+    hip: Mapped[str | None] = mapped_column(String(32))
+    driver: Mapped[str | None] = mapped_column(String(64))
+    python: Mapped[str | None] = mapped_column(String(32))
+    zhantune: Mapped[str | None] = mapped_column(String(32))
+    host: Mapped[str | None] = mapped_column(String(256))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
 class Problem(Base):
     """A GEMM problem (op, dims, dtype) and the lookup key Inductor asked for while compiling it."""
 
@@ -49,7 +65,7 @@ class Problem(Base):
     lookup_op: Mapped[str] = mapped_column(String(32))
     #: device-agnostic lookup key exactly as Inductor formats it ("((dtype, size, stride), ...)+mm")
     lookup_key: Mapped[str | None] = mapped_column(String(2048))
-    flops: Mapped[int] = mapped_column(Integer)
+    flops: Mapped[int] = mapped_column(BigInteger)
 
 
 class Study(Base):
@@ -64,6 +80,18 @@ class Study(Base):
     status: Mapped[str] = mapped_column(String(16), default="running")
 
 
+class Claim(Base):
+    """A worker measures this config of this study (a unique row: exactly one worker wins it)."""
+
+    __tablename__ = "zt_claim"
+    __table_args__ = (UniqueConstraint("study_id", "config_hash", name="uq_zt_claim"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("zt_study.id"))
+    config_hash: Mapped[str] = mapped_column(String(64))
+    trial_number: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
 class Measurement(Base):
     """One compiled-and-timed candidate or baseline. Timings in microseconds.
 
@@ -76,11 +104,14 @@ class Measurement(Base):
         UniqueConstraint("study_id", "trial_number", name="uq_zt_measurement_trial"),
         Index("ix_zt_measurement_device_problem", "device_id", "problem_id"),
         Index("ix_zt_measurement_lookup", "device_id", "problem_id", "config_hash"),
+        Index("ix_zt_measurement_study", "study_id"),
     )
     id: Mapped[int] = mapped_column(primary_key=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("zt_study.id"))
     device_id: Mapped[int] = mapped_column(ForeignKey("zt_device.id"))
     problem_id: Mapped[int] = mapped_column(ForeignKey("zt_problem.id"))
+    environment_id: Mapped[int | None] = mapped_column(
+        ForeignKey("zt_environment.id", name="fk_zt_measurement_environment"))
     trial_number: Mapped[int | None] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(16))
     branch: Mapped[str | None] = mapped_column(String(128))
@@ -108,3 +139,4 @@ class Measurement(Base):
     study: Mapped[Study] = relationship()
     device: Mapped[Device] = relationship()
     problem: Mapped[Problem] = relationship()
+    environment: Mapped[Environment | None] = relationship()

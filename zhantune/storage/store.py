@@ -7,24 +7,35 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
+import hashlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, func, inspect, select
+from sqlalchemy import create_engine, delete, event, func, inspect, select, text
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from zhantune.errors import StorageError
 from zhantune.storage import models as m
+from zhantune.storage.migrate import current_revision, head_revision, known_revisions, upgrade
 
-__all__ = ["Store", "check_url", "sqlite_path"]
+__all__ = ["Store", "check_url", "sqlite_path", "make_engine", "OPTUNA_TABLES"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+_PG_LOCK_KEY = 0x7A68616E  # "zhan"
+
+#: the tables Optuna's RDB storage keeps in the same database (optuna/storages/_rdb/models.py)
+OPTUNA_TABLES = {
+    "studies", "study_directions", "study_user_attributes", "study_system_attributes", "trials",
+    "trial_user_attributes", "trial_system_attributes", "trial_params", "trial_values",
+    "trial_intermediate_values", "trial_heartbeats", "version_info", "alembic_version",
+}
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -78,6 +89,14 @@ def _check_sqlite_file(path: Path, url: str) -> None:
                            "left untouched") from None
 
 
+def make_engine(url: str) -> Engine:
+    """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite)."""
+    engine = create_engine(url, json_serializer=_canonical_json)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cur = dbapi_connection.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
@@ -93,13 +112,64 @@ class Store:
         check_url(url)
         self.url = url
         try:
-            self.engine: Engine = create_engine(url, json_serializer=_canonical_json)
-            if self.engine.dialect.name == "sqlite":
-                event.listen(self.engine, "connect", _sqlite_pragmas)
-            m.Base.metadata.create_all(self.engine)
+            self.engine: Engine = make_engine(url)
+            with self.schema_lock():
+                self._check_schema()
         except SQLAlchemyError as e:
             raise StorageError(f"storage.url={url}: cannot open the database: {_first_line(e)}") from None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def _check_schema(self) -> None:
+        """Create a new database at the newest revision; refuse older, newer or foreign ones."""
+        head = head_revision()
+        path = sqlite_path(self.url)
+        # an existing SQLite file is read through a read-only connection first: WAL mode is a write
+        probe = (create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
+                 if path is not None and path.exists() and path.stat().st_size else self.engine)
+        try:
+            with probe.connect() as conn:
+                tables = set(inspect(conn).get_table_names())
+                rev = current_revision(conn)
+        finally:
+            if probe is not self.engine:
+                probe.dispose()
+        if rev is None:
+            foreign = tables - OPTUNA_TABLES
+            if foreign:
+                raise StorageError(f"storage.url={self.url}: not a zhantune database (it has tables "
+                                   f"{', '.join(sorted(foreign)[:3])}); left untouched")
+            upgrade(self.engine)
+        elif rev != head:
+            if rev in known_revisions():
+                raise StorageError(f"storage.url={self.url}: the database has schema revision {rev}, this zhantune "
+                                   f"needs {head}; back it up, then run: python -m zhantune.db upgrade "
+                                   f"storage.url={self.url}")
+            raise StorageError(f"storage.url={self.url}: schema revision {rev!r} is newer than this zhantune "
+                               f"knows (newest {head}); use a newer zhantune. The database was left untouched")
+
+    @contextlib.contextmanager
+    def schema_lock(self) -> Iterator[None]:
+        """Serialise schema creation between processes: a lock file beside an SQLite database,
+        an advisory lock on PostgreSQL (so N workers can start on one new database at once)."""
+        path = sqlite_path(self.url)
+        if path is not None:
+            with open(f"{path}.zt-lock", "a+") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+        elif self.engine.dialect.name == "postgresql":
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK_KEY})
+                    conn.commit()
+        else:
+            yield
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
@@ -121,44 +191,69 @@ class Store:
         return inspect(self.engine).get_table_names()
 
     # -- identity rows ----------------------------------------------------------------------
+    def _get_or_create(self, model: type, where: dict[str, Any], fields: dict[str, Any],
+                       update: Callable[[Any], None] | None = None) -> int:
+        """Row id by its unique ``where`` columns, inserted when absent. Safe between processes: a
+        concurrent insert of the same row (IntegrityError) is answered by reading the winner's row."""
+        for attempt in range(2):
+            try:
+                with self.session() as s:
+                    row = s.scalar(select(model).filter_by(**where))
+                    if row is None:
+                        row = model(**where, **fields)
+                        s.add(row)
+                        s.flush()
+                    elif update is not None:
+                        update(row)
+                    return row.id
+            except StorageError as e:
+                if attempt or not isinstance(e.__cause__, IntegrityError):
+                    raise
+        raise AssertionError("unreachable")
+
     def device_id(self, key: str, name: str, kind: str, properties: dict[str, Any]) -> int:
-        with self.session() as s:
-            row = s.scalar(select(m.Device).where(m.Device.key == key))
-            if row is None:
-                row = m.Device(key=key, name=name, kind=kind, properties=properties)
-                s.add(row)
-                s.flush()
-            return row.id
+        return self._get_or_create(m.Device, {"key": key}, dict(name=name, kind=kind, properties=properties))
+
+    def environment_id(self, fields: dict[str, Any]) -> int:
+        """The environment row for these fields (torch, triton, cuda, hip, driver, python, zhantune, host)."""
+        fingerprint = hashlib.sha256(_canonical_json(fields).encode()).hexdigest()
+        return self._get_or_create(m.Environment, {"fingerprint": fingerprint}, dict(fields))
 
     def problem_id(self, key: str, **fields: Any) -> int:
         """Get or create the problem row; fills ``lookup_key`` when it was unknown."""
-        with self.session() as s:
-            row = s.scalar(select(m.Problem).where(m.Problem.key == key))
-            if row is None:
-                row = m.Problem(key=key, **fields)
-                s.add(row)
-                s.flush()
-            elif fields.get("lookup_key") and not row.lookup_key:
+        def fill(row: m.Problem) -> None:
+            if fields.get("lookup_key") and not row.lookup_key:
                 row.lookup_key = fields["lookup_key"]
-            return row.id
+        return self._get_or_create(m.Problem, {"key": key}, fields, fill)
 
     def study_id(self, name: str, config: dict[str, Any]) -> int:
-        with self.session() as s:
-            row = s.scalar(select(m.Study).where(m.Study.name == name))
-            if row is None:
-                row = m.Study(name=name, config=config)
-                s.add(row)
-                s.flush()
-            else:
-                row.status = "running"
-                row.finished_at = None
-            return row.id
+        def reopen(row: m.Study) -> None:
+            row.status = "running"
+            row.finished_at = None
+        return self._get_or_create(m.Study, {"name": name}, dict(config=config), reopen)
 
     def finish_study(self, study_id: int, status: str = "finished") -> None:
         with self.session() as s:
             row = s.get(m.Study, study_id)
             row.status = status
             row.finished_at = dt.datetime.now(dt.timezone.utc)
+
+    # -- claims ---------------------------------------------------------------------------
+    def claim(self, study_id: int, config_hash: str, trial_number: int) -> bool:
+        """Claim a config of a study for measuring; False when another worker holds it."""
+        try:
+            with self.session() as s:
+                s.add(m.Claim(study_id=study_id, config_hash=config_hash, trial_number=trial_number))
+            return True
+        except StorageError as e:
+            if isinstance(e.__cause__, IntegrityError):
+                return False
+            raise
+
+    def release(self, study_id: int, config_hash: str) -> None:
+        """Drop a claim (an interrupted measurement: a resumed study measures the config again)."""
+        with self.session() as s:
+            s.execute(delete(m.Claim).where(m.Claim.study_id == study_id, m.Claim.config_hash == config_hash))
 
     # -- measurements -----------------------------------------------------------------------
     def add_measurement(self, **fields: Any) -> int:

@@ -1,0 +1,234 @@
+"""The results database: migrations, refusals, many workers on SQLite and PostgreSQL, signals, merge."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, func, select
+
+from zhantune.errors import StorageError
+from zhantune.storage import Store, make_engine
+from zhantune.storage import models as m
+from zhantune.storage.migrate import VERSION_TABLE, current_revision, head_revision
+
+HERE = Path(__file__).resolve().parent
+SCHEMA1 = HERE / "data" / "db" / "zhantune_schema1.db"
+A100 = HERE / "data" / "kerneltuner" / "convolution_A100.json.gz"
+GEMM = HERE / "data" / "kerneltuner" / "gemm_RTX_3090.json.gz"
+A100_STUDY = "kerneltuner:convolution_kernel[4096x4096]@NVIDIA A100-PCIE-40GB"
+GEMM_STUDY = "kerneltuner:Xgemm[4096x4096]@NVIDIA GeForce RTX 3090"
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _worker(url: str, workdir: Path, n_trials: int, path: Path = A100, seed: int = 0) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "zhantune", "bench=replay", f"bench.path={path}", f"search.n_trials={n_trials}",
+         f"search.seed={seed}", f"storage.url={url}", "progress=false", f"hydra.run.dir={workdir}/hydra"],
+        cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"))
+
+
+def _candidates(url: str, study: str | None = None) -> list[m.Measurement]:
+    store = Store(url)
+    with store.session() as s:
+        q = select(m.Measurement).where(m.Measurement.kind == "candidate")
+        if study:
+            q = q.join(m.Study).where(m.Study.name == study)
+        return list(s.scalars(q))
+
+
+# -- migrations ------------------------------------------------------------------------------
+def test_first_schema_file_is_refused_then_upgraded_with_its_rows_kept(cli, tmp_path):
+    db = tmp_path / "old.db"
+    shutil.copy(SCHEMA1, db)
+    url = f"sqlite:///{db}"
+    before = _digest(db)
+    with pytest.raises(StorageError, match=rf"schema revision 0001, this zhantune needs {head_revision()}; back it up, then run: "
+                                           r"python -m zhantune.db upgrade storage.url=sqlite:///"):
+        Store(url)
+    assert _digest(db) == before  # refused without a write
+    with sqlite3.connect(SCHEMA1) as con:
+        old_rows = con.execute("select id, config_hash, median_us, status from zt_measurement order by id").fetchall()
+    r = cli(["upgrade", f"storage.url={url}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0, r.stderr
+    assert f"revision 0001 -> {head_revision()}" in r.stdout
+    store = Store(url)
+    with store.session() as s:
+        rows = [(x.id, x.config_hash, x.median_us, x.status) for x in s.scalars(select(m.Measurement).order_by(m.Measurement.id))]
+    assert rows == old_rows and len(rows) >= 5
+    # the old Optuna study is still there and resumable
+    assert optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url).trials
+
+
+def test_migrations_create_exactly_the_models_schema(tmp_path):
+    engine = make_engine(f"sqlite:///{tmp_path / 'new.db'}")
+    Store(f"sqlite:///{tmp_path / 'new.db'}")
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={
+            "include_name": lambda name, type_, parents: type_ != "table" or name != VERSION_TABLE})
+        assert compare_metadata(ctx, m.Base.metadata) == []
+        assert current_revision(conn) == head_revision()
+
+
+def test_newer_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
+    newer = tmp_path / "newer.db"
+    Store(f"sqlite:///{newer}")
+    with sqlite3.connect(newer) as con:
+        con.execute("update zt_alembic_version set version_num='9999'")
+    digest = _digest(newer)
+    with pytest.raises(StorageError, match="schema revision '9999' is newer than this zhantune knows"):
+        Store(f"sqlite:///{newer}")
+    assert _digest(newer) == digest
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as con:
+        con.execute("create table invoices (id integer)")
+    digest = _digest(foreign)
+    with pytest.raises(StorageError, match="not a zhantune database .it has tables invoices.; left untouched"):
+        Store(f"sqlite:///{foreign}")
+    assert _digest(foreign) == digest
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"SQLite format 3\x00" + os.urandom(4000))
+    digest = _digest(corrupt)
+    with pytest.raises(StorageError):
+        Store(f"sqlite:///{corrupt}")
+    assert _digest(corrupt) == digest
+
+
+# -- many workers ----------------------------------------------------------------------------
+def _four_workers_on_one_study(url: str, tmp_path: Path) -> None:
+    procs = [_worker(url, tmp_path / f"w{i}", 25) for i in range(4)]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+    rows = _candidates(url)
+    assert len(rows) == 100
+    assert len({r.trial_number for r in rows}) == 100  # no trial stored twice
+    assert len({r.config_hash for r in rows}) == 100   # no configuration measured twice
+    assert len({r.study_id for r in rows}) == 1
+    study = optuna.load_study(study_name=A100_STUDY, storage=url)
+    states = [t.state for t in study.trials]
+    done = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
+    assert {r.trial_number for r in rows} <= {t.number for t in done}  # none lost: each row's trial was told
+    # the other told trials are cache hits: their values are stored measurements
+    medians = {r.median_us for r in rows}
+    assert all(t.value in medians for t in done if t.state == optuna.trial.TrialState.COMPLETE)
+    assert optuna.trial.TrialState.RUNNING not in states
+
+
+def test_four_workers_share_one_study_on_sqlite(tmp_path):
+    _four_workers_on_one_study(f"sqlite:///{tmp_path / 'shared.db'}", tmp_path)
+
+
+def test_four_workers_share_one_study_on_postgresql(tmp_path, postgres):
+    _four_workers_on_one_study(postgres.new_database(), tmp_path)
+
+
+# -- nothing lost ----------------------------------------------------------------------------
+def _wait_for_rows(url: str, n: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    engine = create_engine(url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        try:
+            with engine.connect() as conn:
+                if (conn.scalar(select(func.count()).select_from(m.Measurement.__table__)) or 0) >= n:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} rows after {timeout_s} s")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_ctrl_c_leave_a_resumable_study(tmp_path, sig):
+    url = f"sqlite:///{tmp_path / 'sig.db'}"
+    proc = _worker(url, tmp_path / "w", 5000, path=GEMM)
+    _wait_for_rows(url, 30, proc)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted: run the same command again to resume" in out
+    store = Store(url)
+    with store.session() as s:
+        assert s.scalar(select(m.Study.status)) == "interrupted"
+    study = optuna.load_study(study_name=GEMM_STUDY, storage=url)
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    rows = _candidates(url)
+    measured = {t.number for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+                and not t.user_attrs.get("zhantune:interrupted")}
+    assert {r.trial_number for r in rows} == measured
+    again = _worker(url, tmp_path / "w2", 10, path=GEMM)
+    assert again.wait(timeout=300) == 0
+    after = _candidates(url)
+    assert len(after) == len(rows) + 10 and len({r.config_hash for r in after}) == len(after)
+
+
+def test_kill_9_loses_at_most_the_in_flight_trial(tmp_path):
+    url = f"sqlite:///{tmp_path / 'kill.db'}"
+    proc = _worker(url, tmp_path / "w", 5000, path=GEMM)
+    _wait_for_rows(url, 40, proc)
+    proc.kill()
+    proc.wait(timeout=60)
+    with sqlite3.connect(tmp_path / "kill.db") as con:
+        assert con.execute("pragma integrity_check").fetchone() == ("ok",)
+    rows = _candidates(url)
+    study = optuna.load_study(study_name=GEMM_STUDY, storage=url)
+    told = {t.number for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)}
+    stored = {r.trial_number for r in rows}
+    assert told <= stored and len(stored - told) <= 1  # a row whose tell did not happen yet, at most
+    running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(running) <= 1
+    again = _worker(url, tmp_path / "w2", 10, path=GEMM)
+    assert again.wait(timeout=300) == 0
+    after = _candidates(url)
+    assert len(after) == len(rows) + 10 and len({r.config_hash for r in after}) == len(after)
+
+
+# -- merge -----------------------------------------------------------------------------------
+def test_merge_two_machines_without_duplicates(cli, tmp_path):
+    a, b, all_ = (f"sqlite:///{tmp_path / n}" for n in ("a.db", "b.db", "all.db"))
+    for url, seed in ((a, 1), (b, 2)):
+        p = _worker(url, tmp_path / f"m{seed}", 15, seed=seed)
+        assert p.wait(timeout=300) == 0
+    r = cli(["merge", f"sources=[{a},{b}]", f"storage.url={all_}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0, r.stderr
+    rows = _candidates(all_)
+    assert len(rows) == 30
+    store = Store(all_)
+    with store.session() as s:
+        names = sorted(s.scalars(select(m.Study.name)))
+        assert names == [A100_STUDY, f"{A100_STUDY} [from {b}]"]
+        assert all(x.environment_id is not None and x.torch_version for x in s.scalars(select(m.Measurement)))
+    assert {s.study_name for s in optuna.get_all_study_summaries(all_)} == set(names)
+    # the created_at of every source row survives
+    src = sorted(str(x.created_at) for x in _candidates(a) + _candidates(b))
+    assert sorted(str(x.created_at) for x in rows) == src
+    r = cli(["merge", f"sources=[{a},{b}]", f"storage.url={all_}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0 and "+0 measurement(s), 15 already there" in r.stdout
+    assert len(_candidates(all_)) == 30
+
+
+def test_merge_into_postgresql(tmp_path, postgres):
+    a = f"sqlite:///{tmp_path / 'a.db'}"
+    assert _worker(a, tmp_path / "m", 10).wait(timeout=300) == 0
+    target = postgres.new_database()
+    from zhantune.storage.merge import merge_into
+
+    stats = merge_into(Store(target), Store(a), label="a")
+    assert stats.measurements_added == 10 and len(_candidates(target)) == 10

@@ -1,0 +1,107 @@
+"""Merge zhantune databases from several machines into one, without duplicates, provenance kept.
+
+Rows are matched by their natural keys: device by ``key``, environment by ``fingerprint``, problem by
+``key``, study by ``name`` and ``started_at`` (the same study, e.g. a database merged twice or workers
+that shared it), measurement by (study, trial number, created_at, config hash). A study of the same
+name that started elsewhere is a different run: it is kept under ``<name> [from <source>]``, with its
+Optuna study copied under that name. Every copied measurement keeps its created_at, versions and
+environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+from sqlalchemy import select
+
+from zhantune.storage import models as m
+from zhantune.storage.store import Store
+
+__all__ = ["MergeStats", "merge_into"]
+
+_COPIED = [c.key for c in m.Measurement.__table__.columns
+           if c.key not in ("id", "study_id", "device_id", "problem_id", "environment_id")]
+
+
+@dataclass
+class MergeStats:
+    studies_new: int = 0
+    studies_renamed: int = 0
+    measurements_added: int = 0
+    measurements_skipped: int = 0
+
+
+def _as_naive(t):
+    return t.replace(tzinfo=None) if t is not None else None
+
+
+def merge_into(target: Store, source: Store, label: str) -> MergeStats:
+    """Copy everything of ``source`` that ``target`` lacks; ``label`` names the source in renamed studies."""
+    stats = MergeStats()
+    with source.session() as s:
+        devices = {d.id: d for d in s.scalars(select(m.Device))}
+        envs = {e.id: e for e in s.scalars(select(m.Environment))}
+        problems = {p.id: p for p in s.scalars(select(m.Problem))}
+        studies = list(s.scalars(select(m.Study).order_by(m.Study.id)))
+        rows = list(s.scalars(select(m.Measurement).order_by(m.Measurement.id)))
+    dev_map = {i: target.device_id(d.key, d.name, d.kind, d.properties) for i, d in devices.items()}
+    env_map = {i: target.environment_id({k: getattr(e, k) for k in
+                                         ("torch", "triton", "cuda", "hip", "driver", "python", "zhantune", "host")})
+               for i, e in envs.items()}
+    prob_map = {i: target.problem_id(p.key, op=p.op, shape=p.shape, dtype=p.dtype, activation=p.activation,
+                                     lookup_op=p.lookup_op, lookup_key=p.lookup_key, flops=p.flops)
+                for i, p in problems.items()}
+    study_map: dict[int, int] = {}
+    for st in studies:
+        with target.session() as t:
+            same = t.scalar(select(m.Study).where(m.Study.name == st.name))
+            if same is not None and _as_naive(same.started_at) == _as_naive(st.started_at):
+                study_map[st.id] = same.id
+                continue
+            name = st.name if same is None else f"{st.name} [from {label}]"
+            existing = t.scalar(select(m.Study).where(m.Study.name == name))
+            if existing is not None:  # merged before under the new name
+                study_map[st.id] = existing.id
+                continue
+            row = m.Study(name=name, config=st.config, started_at=st.started_at, finished_at=st.finished_at,
+                          status=st.status)
+            t.add(row)
+            t.flush()
+            study_map[st.id] = row.id
+        if same is None:
+            stats.studies_new += 1
+        else:
+            stats.studies_renamed += 1
+        _copy_optuna_study(source.url, target.url, st.name, name)
+    with target.session() as t:
+        have = {(sid, n, _as_naive(c), h) for sid, n, c, h in t.execute(
+            select(m.Measurement.study_id, m.Measurement.trial_number, m.Measurement.created_at,
+                   m.Measurement.config_hash))}
+        taken = {(sid, n) for sid, n, _, _ in have if n is not None}
+        for r in rows:
+            sid = study_map[r.study_id]
+            key = (sid, r.trial_number, _as_naive(r.created_at), r.config_hash)
+            if key in have:
+                stats.measurements_skipped += 1
+                continue
+            fields = {k: getattr(r, k) for k in _COPIED}
+            if r.trial_number is not None and (sid, r.trial_number) in taken:
+                fields["trial_number"] = None  # the same study diverged on two machines: keep the row
+            t.add(m.Measurement(study_id=sid, device_id=dev_map[r.device_id], problem_id=prob_map[r.problem_id],
+                                environment_id=env_map.get(r.environment_id), **fields))
+            have.add(key)
+            if fields["trial_number"] is not None:
+                taken.add((sid, fields["trial_number"]))
+            stats.measurements_added += 1
+    return stats
+
+
+def _copy_optuna_study(source_url: str, target_url: str, name: str, new_name: str) -> None:
+    names = {s.study_name for s in optuna.get_all_study_summaries(source_url, include_best_trial=False)}
+    if name not in names:
+        return  # imported data has no Optuna study
+    targets = {s.study_name for s in optuna.get_all_study_summaries(target_url, include_best_trial=False)}
+    if new_name not in targets:
+        optuna.copy_study(from_study_name=name, from_storage=source_url, to_storage=target_url,
+                          to_study_name=new_name)
