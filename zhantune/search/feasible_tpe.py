@@ -32,6 +32,9 @@ from zhantune.search.study import INTERRUPTED_ATTR
 
 __all__ = ["FeasibleTPESampler"]
 
+#: most "bad" trials used as centres of g(x) per proposal (a uniform sample beyond it)
+_MAX_BAD_CENTRES = 256
+
 class FeasibleTPESampler(optuna.samplers.BaseSampler):
     """TPE over the feasible set, with a Hamming-neighbourhood local search after the model phase.
 
@@ -43,10 +46,13 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         kernel_alpha: Aitchison-Aitken smoothing: a kernel gives 1 - alpha (+ alpha / n_values) to
             its own value and alpha / n_values to each other value of a dim.
         max_neighbourhood: largest Hamming distance searched around the best point.
+        max_scored: most unmeasured points scored per trial (a uniform sample beyond it), which
+            bounds the cost of a proposal on large spaces.
     """
 
     def __init__(self, seed: int | None = None, n_startup_trials: int = 16, n_model_trials: int = 30,
-                 gamma: float = 0.1, kernel_alpha: float = 0.6, max_neighbourhood: int = 1):
+                 gamma: float = 0.1, kernel_alpha: float = 0.6, max_neighbourhood: int = 1,
+                 max_scored: int = 4096):
         if not 0 < gamma <= 1:
             raise ValueError(f"gamma={gamma} must be in (0, 1]")
         if not 0 < kernel_alpha < 1:
@@ -58,6 +64,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         self.gamma = gamma
         self.kernel_alpha = kernel_alpha
         self.max_neighbourhood = max_neighbourhood
+        self.max_scored = max_scored
         self._feasible: FeasibleSet | None = None
         #: the point chosen in before_trial for each running trial of this process, by trial number
         self._pending: dict[int, dict[str, Any]] = {}
@@ -151,6 +158,8 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
                     candidates = near
                     break
         idx = np.flatnonzero(candidates)
+        if len(idx) > self.max_scored:  # like TPE's n_ei_candidates: score a uniform sample
+            idx = self._rng.choice(idx, size=self.max_scored, replace=False)
         score = self._log_density_ratio(np.array(rows), np.array(values), fs.codes[idx])
         top = idx[score == score.max()]
         return int(self._rng.choice(top))
@@ -162,6 +171,8 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         order = np.argsort(values, kind="stable")
         n_good = max(1, int(np.ceil(self.gamma * len(values))))
         good, bad = rows[order[:n_good]], rows[order[n_good:]]
+        if len(bad) > _MAX_BAD_CENTRES:  # bound the cost on long studies: a uniform sample of g's centres
+            bad = self._rng.choice(bad, size=_MAX_BAD_CENTRES, replace=False)
         log_l = self._log_mixture(points, fs.codes[good])
         log_g = self._log_mixture(points, fs.codes[bad]) if len(bad) else np.zeros(len(points))
         return log_l - log_g
@@ -171,10 +182,15 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         fs = self._feasible
         assert fs is not None
         a = self.kernel_alpha
-        log_k = np.zeros((len(points), len(centres)))
+        # per dim, log k = log(a/n) + [same value] * (log(1 - a + a/n) - log(a/n)): sum the constants
+        # once and add the per-dim weight where the values agree
+        log_k = np.zeros((len(points), len(centres)), dtype=np.float32)
+        base = 0.0
         for d in range(points.shape[1]):
             n_values = max(int(fs.sizes[d]), 1)
-            same = points[:, d:d + 1] == centres[None, :, d]
-            log_k += np.where(same, np.log(1 - a + a / n_values), np.log(a / n_values))
+            off, on = np.log(a / n_values), np.log(1 - a + a / n_values)
+            base += off
+            log_k += (points[:, d:d + 1] == centres[None, :, d]) * np.float32(on - off)
+        log_k += np.float32(base)
         peak = log_k.max(axis=1, keepdims=True)
         return (peak + np.log(np.exp(log_k - peak).mean(axis=1, keepdims=True)))[:, 0]

@@ -10,7 +10,7 @@ import optuna
 
 from zhantune.search.space import Branch, Candidate, Space
 
-__all__ = ["Asked", "open_study", "ask", "feasible_size", "random_feasible_point", "INTERRUPTED_ATTR"]
+__all__ = ["Asked", "optuna_storage", "open_study", "ask", "feasible_size", "random_feasible_point", "INTERRUPTED_ATTR"]
 
 #: user attribute of a trial whose measurement was interrupted (Ctrl-C, SIGTERM): not a result
 INTERRUPTED_ATTR = "zhantune:interrupted"
@@ -18,9 +18,26 @@ INTERRUPTED_ATTR = "zhantune:interrupted"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+def optuna_storage(storage_url: str) -> optuna.storages.BaseStorage:
+    """Optuna's RDB storage on ``storage_url``; on SQLite with zhantune's connection settings (WAL,
+    busy timeout, synchronous=NORMAL) so several workers can share the file."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import make_url
+
+    from zhantune.storage.store import SQLITE_BUSY_TIMEOUT_MS, sqlite_pragmas
+
+    if make_url(storage_url).get_backend_name() != "sqlite":
+        return optuna.storages.RDBStorage(storage_url)
+    storage = optuna.storages.RDBStorage(
+        storage_url, engine_kwargs={"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}})
+    event.listen(storage.engine, "connect", sqlite_pragmas)
+    storage.engine.dispose()  # connections opened while Optuna created its tables lack the pragmas
+    return storage
+
+
 def open_study(name: str, storage_url: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
     """Create or resume the study ``name`` in ``storage_url`` (minimising median microseconds)."""
-    return optuna.create_study(study_name=name, storage=storage_url, sampler=sampler,
+    return optuna.create_study(study_name=name, storage=optuna_storage(storage_url), sampler=sampler,
                                direction="minimize", load_if_exists=True)
 
 

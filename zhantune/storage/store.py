@@ -93,13 +93,17 @@ def make_engine(url: str) -> Engine:
     """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite)."""
     engine = create_engine(url, json_serializer=_canonical_json)
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", sqlite_pragmas)
     return engine
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    """WAL (readers never block the writer), a busy timeout (writers wait instead of failing),
+    synchronous=NORMAL (WAL's usual setting: a commit survives a crashed process; only a power cut
+    can lose the last commits, never consistency), foreign keys on."""
     cur = dbapi_connection.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
