@@ -9,6 +9,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from zhantune.errors import SpaceError
+from zhantune.inductor.heuristics import template_params, triton_mm_configs
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.search.space import load_branches, load_space, param_distribution
 
@@ -111,10 +112,11 @@ def test_template_ids_come_from_inductor():
 @pytest.mark.parametrize("op", ["mm", "addmm", "bmm", "linear_act"])
 def test_every_shipped_space_loads_for_every_op(op):
     names = sorted(p.stem for p in (CONF / "space").glob("*.yaml"))
-    variables = {"M": 256, "N": 256, "K": 256, "B": 2, "dtype_bytes": 2, "smem_bytes": 232448,
+    variables = {"M": 256, "N": 256, "K": 256, "B": 2, "dtype_bytes": 4, "smem_bytes": 232448,
                  "sm_count": 132, "cores": 2, "n_threads": 2}
     lookup_op = {"linear_act": "addmm"}.get(op, op)
-    space = load_space(names, CONF / "space", variables, set(inductor_template_ids()), op=lookup_op)
+    space = load_space(names, CONF / "space", variables, set(inductor_template_ids()), op=lookup_op,
+                       template_params=template_params)
     assert space.branch("aten_template").template_id == f"aten::{lookup_op}"
     # every branch has at least one feasible point for this problem
     for b in space.branches:
@@ -134,3 +136,21 @@ def test_suggest_and_enqueue_round_trip():
     assert cand.params == {"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": 2,
                            "cpp.gemm_thread_factors": None, "cpp.gemm_cache_blocking": "4,1,16"}
     assert cand.config_hash == b.candidate(dict(values)).config_hash
+
+
+@pytest.mark.parametrize("template_id, params, fixed, message", [
+    ("triton::mm", {"BLOCK_Q": {"choices": [16]}}, {}, "params.BLOCK_Q: template triton::mm does not take 'BLOCK_Q'"),
+    ("triton::mm", {"num_warps": {"choices": [4]}}, {"k_split": 2}, "fixed.k_split: template triton::mm does not take"),
+    ("aten::mm", {"BLOCK_M": {"choices": [16]}}, {}, "template aten::mm does not take 'BLOCK_M'; it takes: no parameters"),
+    ("decompose_k", {"BLOCK_M": {"choices": [16]}}, {}, "template decompose_k does not take 'BLOCK_M'; it takes: k_split"),
+])
+def test_a_parameter_its_template_does_not_take(template_id, params, fixed, message):
+    data = {"branches": {"b": {"scope": "template", "template_id": template_id, "params": params, "fixed": fixed}}}
+    with pytest.raises(SpaceError, match=message.replace("(", r"\(")):
+        load_branches(data, "s.yaml", set(inductor_template_ids()), template_params=template_params)
+
+
+def test_triton_template_params_are_the_keys_of_inductors_own_configs():
+    config = triton_mm_configs(512, 512, 512, 2)[0]
+    assert template_params("triton::mm") == frozenset(config)
+    assert {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"} <= template_params("triton::mm")

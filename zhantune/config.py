@@ -45,6 +45,10 @@ class SearchConfig:
     #: stop starting new trials after this many seconds (None: no limit)
     timeout_s: float | None = None
     seed: int = 0
+    #: before sampling, measure what Inductor itself would try (its template heuristics' configs for
+    #: this problem, and each config branch at Inductor's defaults), at most ``max_seeds`` of them
+    seed_inductor: bool = True
+    max_seeds: int = 8
     #: Optuna study name; None derives one from the problem and the device
     study_name: str | None = None
 

@@ -18,18 +18,19 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from sqlalchemy.exc import IntegrityError
 
-from zhantune.bench.inductor import InductorBenchmarker
+from zhantune.bench.inductor import BACKEND_FLAGS, InductorBenchmarker
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, ReplayProblem, load_kerneltuner
 from zhantune.config import CONF_DIR
 from zhantune.device import DeviceInfo, resolve_device
 from zhantune.errors import ConfigError, SpaceError, StorageError
+from zhantune.inductor.heuristics import decompose_k_splits, template_params, triton_mm_configs
 from zhantune.inductor.table import build_table, write_table
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
 from zhantune.search.driver import DuplicateTrial, run_search
 from zhantune.search.samplers import make_sampler
-from zhantune.search.space import Candidate, Space, load_space
+from zhantune.search.space import Branch, Candidate, Space, load_space
 from zhantune.search.study import open_study
 from zhantune.storage import Store, check_url
 from zhantune.storage import models as orm
@@ -100,6 +101,14 @@ def _check_config_keys(space: Space, device: DeviceInfo) -> None:
 
     known = set(inductor_config.get_config_copy())
     for b in space.branches:
+        if b.scope == "backend":
+            if device.kind == "cpu":
+                raise SpaceError(f"{b.source}: backend-flag branches (tf32) apply on CUDA only")
+            for key in list(b.fixed) + [p.key for p in b.params]:
+                if key not in BACKEND_FLAGS:
+                    raise SpaceError(f"{b.source}: {key!r} is not a backend flag zhantune sets; allowed: "
+                                     f"{', '.join(sorted(BACKEND_FLAGS))}")
+            continue
         if b.scope != "config":
             if device.kind == "cpu":
                 raise SpaceError(f"{b.source}: template branches ({b.template_id}) apply on CUDA only; "
@@ -143,7 +152,7 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
     names, composed = _space_selection(cfg, device)
     variables = problem_variables(problem, device)
     space = load_space(names, CONF_DIR / "space", variables, set(inductor_template_ids()),
-                       op=problem.lookup_op, composed=composed)
+                       op=problem.lookup_op, composed=composed, template_params=template_params)
     _check_config_keys(space, device)
     check_url(cfg.storage.url)
     return RunSpec(problem, device, space, names, variables, cfg)
@@ -289,10 +298,52 @@ def _best_for_problem(store: Store, device_key: str, problem_id: int) -> orm.Mea
     return next((meas for _, prob, meas in store.best_candidates(device_key) if prob.id == problem_id), None)
 
 
+def inductor_seeds(run: RunSpec) -> list[tuple[Branch, dict[str, Any]]]:
+    """What Inductor itself would try, as points of the space: every fixed-only branch (aten), each
+    config branch at Inductor's current defaults, the Triton configs of Inductor's own heuristic for
+    this size, and its decomposeK splits. Only points that are feasible members of the space."""
+    from torch._inductor import config as inductor_config
+
+    problem = run.problem
+    if not isinstance(problem, GemmProblem):
+        return []
+    dims = problem.dims
+    seeds: list[tuple[Branch, dict[str, Any]]] = []
+    heuristic: list[dict[str, Any]] | None = None
+
+    def add(b: Branch, values: dict[str, Any]) -> None:
+        tuned = [p for p in b.params if p.distribution is not None]
+        if all(p.name in values and values[p.name] in p.values() for p in tuned) \
+                and b.feasible(values, run.problem_vars) and (b, values) not in seeds:
+            seeds.append((b, values))
+
+    for b in run.space.branches:
+        tuned = [p for p in b.params if p.distribution is not None]
+        if not tuned:
+            add(b, {})
+        elif b.scope == "config":
+            defaults = inductor_config.get_config_copy()
+            add(b, {p.name: defaults.get(p.key) for p in tuned})
+        elif b.scope == "template" and b.template_id in ("triton::mm", "triton::bmm") and run.cfg.search.seed_inductor:
+            if heuristic is None:
+                heuristic = triton_mm_configs(dims["M"], dims["N"], dims["K"], problem.dtype_bytes)
+            for c in heuristic:
+                add(b, {p.name: c.get(p.key) for p in tuned})
+        elif b.template_id == "decompose_k" and run.cfg.search.seed_inductor:
+            for k_split in decompose_k_splits(dims["M"], dims["N"], dims["K"]):
+                add(b, {p.name: k_split for p in tuned if p.key == "k_split"})
+    return seeds
+
+
 def _enqueue_seeds(study: optuna.Study, run: RunSpec) -> None:
-    """Measure the plain backends first: every fixed-only branch (e.g. aten) is enqueued once."""
+    """Before sampling (a new study only), enqueue what Inductor itself would try (inductor_seeds):
+    fixed-only branches first, then the rest up to ``search.max_seeds``."""
     if study.trials:
         return
-    for b in run.space.branches:
-        if not any(p.distribution is not None for p in b.params):
-            study.enqueue_trial(run.space.trial_params(b, {}), skip_if_exists=True)
+    seeds = inductor_seeds(run)
+    if not run.cfg.search.seed_inductor:
+        seeds = [(b, v) for b, v in seeds if not v]
+    fixed = [(b, v) for b, v in seeds if not v]
+    rest = [(b, v) for b, v in seeds if v][: max(0, run.cfg.search.max_seeds - len(fixed))]
+    for b, values in fixed + rest:
+        study.enqueue_trial(run.space.trial_params(b, values), skip_if_exists=True)

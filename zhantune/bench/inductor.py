@@ -33,7 +33,32 @@ from zhantune.inductor.choices import LookupEvent, recording
 from zhantune.problems import GemmProblem
 from zhantune.search.space import Candidate
 
-__all__ = ["InductorBenchmarker", "CPU_BASE_PATCH", "cpu_compile_flags"]
+__all__ = ["InductorBenchmarker", "CPU_BASE_PATCH", "BACKEND_FLAGS", "cpu_compile_flags", "backend_flags"]
+
+#: backend flags a ``scope: backend`` branch may set (attributes under torch.backends)
+BACKEND_FLAGS = frozenset({
+    "cuda.matmul.allow_tf32",
+    "cuda.matmul.allow_fp16_reduced_precision_reduction",
+    "cuda.matmul.allow_bf16_reduced_precision_reduction",
+})
+
+
+@contextlib.contextmanager
+def backend_flags(flags: dict[str, Any]) -> Iterator[None]:
+    """Set ``torch.backends.<key>`` for each flag (keys from BACKEND_FLAGS), restored afterwards."""
+    saved = []
+    try:
+        for key, value in flags.items():
+            *path, attr = key.split(".")
+            obj = torch.backends
+            for part in path:
+                obj = getattr(obj, part)
+            saved.append((obj, attr, getattr(obj, attr)))
+            setattr(obj, attr, value)
+        yield
+    finally:
+        for obj, attr, value in reversed(saved):
+            setattr(obj, attr, value)
 
 #: every CPU compile: inference with constant weights, no cache reuse between candidates, and no
 #: background pool of compile workers competing with the timed runs for the cores
@@ -101,6 +126,9 @@ class InductorBenchmarker:
                                    "candidates apply on CPU (Inductor's CPU GEMM has no template lookup)")
             patch = {**CPU_BASE_PATCH, "max_autotune": True, **candidate.params}
             return self._run(patch, table=None, expect=candidate)
+        if candidate.scope == "backend":  # Inductor's default choice under these backend flags
+            with backend_flags(candidate.params):
+                return self._run(dict(CUDA_BASE_PATCH), table=None, expect=None)
         patch = dict(CUDA_BASE_PATCH)
         patch["max_autotune"] = True
         table = None

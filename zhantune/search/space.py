@@ -5,6 +5,8 @@ A space file (``conf/space/<name>.yaml``) holds ``branches``; a branch is one wa
 * ``scope: template`` -- an Inductor template choice (``template_id`` such as ``triton::mm``) whose
   params are the template kwargs (``BLOCK_M``, ``num_warps``, ...): exported as lookup-table entries.
 * ``scope: config`` -- an Inductor config patch (dotted keys such as ``cpp.gemm_max_k_slices``).
+* ``scope: backend`` -- PyTorch backend flags around Inductor's default choice (keys under
+  ``torch.backends``, e.g. ``cuda.matmul.allow_tf32``).
 
 A parameter is exactly one of::
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +50,7 @@ __all__ = [
 
 _PARAM_KEYS = {"choices", "low", "high", "step", "pow2", "log", "value", "key"}
 _BRANCH_KEYS = {"scope", "template_id", "fixed", "params", "constraints", "description"}
-_SCOPES = ("template", "config")
+_SCOPES = ("template", "config", "backend")
 
 
 def _factors_product(s: str | None) -> int:
@@ -249,10 +252,13 @@ def _spec_to_container(node: Any) -> Any:
 
 
 def load_branches(data: dict[str, Any], source: str, template_ids: set[str] | None = None,
-                  op: str | None = None) -> list[Branch]:
+                  op: str | None = None,
+                  template_params: Callable[[str], frozenset[str] | None] | None = None) -> list[Branch]:
     """Parse the ``branches`` mapping of one space file; ``source`` is the file path for errors.
 
     ``{op}`` in a template_id is replaced by ``op`` (the lookup op: mm, addmm or bmm).
+    ``template_params(template_id)`` gives the kwargs a template takes (None: unknown, not checked);
+    a template branch setting anything else raises SpaceError.
     """
     data = _spec_to_container(data)
     if not isinstance(data, dict) or set(data) - {"branches", "description"}:
@@ -286,6 +292,12 @@ def load_branches(data: dict[str, Any], source: str, template_ids: set[str] | No
         fixed = b.get("fixed") or {}
         if not isinstance(fixed, dict):
             raise SpaceError(f"{where}.fixed: expected a mapping of key -> value")
+        takes = template_params(template_id) if scope == "template" and template_params else None
+        if takes is not None:
+            for label, key in [(f"params.{p.name}", p.key) for p in params] + [(f"fixed.{k}", k) for k in fixed]:
+                if key not in takes:
+                    raise SpaceError(f"{where}.{label}: template {template_id} does not take {key!r}; it takes: "
+                                     f"{', '.join(sorted(takes)) or 'no parameters'}")
         constraints = b.get("constraints") or []
         if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
             raise SpaceError(f"{where}.constraints: expected a list of expressions (strings)")
@@ -305,7 +317,8 @@ def validate_constraints(branches: list[Branch], problem_vars: dict[str, Any]) -
 
 def load_space(names: list[str], space_dir: Path, problem_vars: dict[str, Any],
                template_ids: set[str] | None = None, op: str | None = None,
-               composed: dict[str, Any] | None = None) -> Space:
+               composed: dict[str, Any] | None = None,
+               template_params: Callable[[str], frozenset[str] | None] | None = None) -> Space:
     """Load and validate ``conf/space/<name>.yaml`` for each name.
 
     ``composed`` holds the files' contents when Hydra already composed them (``space=[a,b]`` on the
@@ -327,7 +340,7 @@ def load_space(names: list[str], space_dir: Path, problem_vars: dict[str, Any],
                 data = OmegaConf.load(path)
             except Exception as e:
                 raise SpaceError(f"{path}: cannot parse YAML: {str(e).splitlines()[0]}") from None
-        branches.extend(load_branches(data, str(path), template_ids, op))
+        branches.extend(load_branches(data, str(path), template_ids, op, template_params))
     seen: set[str] = set()
     for b in branches:
         if b.name in seen:

@@ -1,0 +1,68 @@
+"""What Inductor itself would try, read from its own template heuristics (never a copied list).
+
+* :func:`triton_mm_configs`: the Triton GEMM configs max-autotune tries for an (M, N, K) problem on
+  CUDA (``CUDAConfigHeuristic.get_mm_configs``, torch/_inductor/template_heuristics/triton.py, with
+  its size scaling), as lookup-table kwargs.
+* :func:`decompose_k_splits`: the k_split values Inductor's decomposeK heuristic offers
+  (``torch._inductor.utils.get_k_splits``).
+* :func:`template_params`: the kwargs a template takes: the keys Inductor's heuristic yields for it
+  plus Triton's launch options; None where zhantune cannot tell (no check then).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+__all__ = ["triton_mm_configs", "decompose_k_splits", "template_params", "LAUNCH_OPTIONS"]
+
+#: Triton launch options a lookup-table entry may carry beside the template's constexprs
+LAUNCH_OPTIONS = frozenset({"num_stages", "num_warps"})
+_NOT_TUNABLE = {"hint_override"}  # bookkeeping of the heuristic, not a kernel parameter
+
+
+def _with_graph(fn: Any) -> Any:
+    """Run ``fn`` with a throwaway GraphLowering installed: the heuristics read size hints from it."""
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    gm = torch.fx.symbolic_trace(torch.nn.Identity())
+    with V.set_graph_handler(GraphLowering(gm)):
+        return fn()
+
+
+def triton_mm_configs(m: int, n: int, k: int, dtype_bytes: int) -> list[dict[str, Any]]:
+    """Inductor's Triton mm configs for this size, e.g. {"BLOCK_M": 64, ..., "num_warps": 4}."""
+    from torch._inductor.template_heuristics.triton import CUDAConfigHeuristic
+
+    gen = CUDAConfigHeuristic().get_mm_configs()
+    configs = _with_graph(lambda: list(gen(m, n, k, dtype_size=dtype_bytes, op_name="mm")))
+    out = []
+    for c in configs:
+        entry = {key: v for key, v in c.kwargs.items() if key not in _NOT_TUNABLE}
+        entry.update(num_stages=c.num_stages, num_warps=c.num_warps)
+        if entry not in out:
+            out.append(entry)
+    return out
+
+
+def decompose_k_splits(m: int, n: int, k: int) -> list[int]:
+    """The k_split values Inductor's decomposeK would try for this size."""
+    from torch._inductor.utils import get_k_splits
+
+    return [int(s) for s in _with_graph(lambda: get_k_splits(m, n, k))]
+
+
+@lru_cache
+def template_params(template_id: str) -> frozenset[str] | None:
+    """Kwargs the template takes (a lookup-table entry's keys besides template_id/template_hash)."""
+    if template_id.startswith("aten::") or template_id.startswith("contiguous_"):
+        return frozenset()  # an ATen call or a fixed rewrite: nothing to set
+    if template_id == "decompose_k":
+        return frozenset({"k_split"})  # the key template_heuristics/decompose_k.py yields
+    if template_id.startswith("triton::"):
+        keys = set(triton_mm_configs(256, 256, 256, 2)[0])
+        return frozenset(keys | LAUNCH_OPTIONS)
+    return None
