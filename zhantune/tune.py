@@ -35,7 +35,7 @@ from zhantune.search.study import open_study
 from zhantune.storage import Store, check_url
 from zhantune.storage import models as orm
 
-__all__ = ["RunSpec", "TuneResult", "resolve_run", "tune", "software_versions", "CONF_DIR"]
+__all__ = ["RunSpec", "TuneResult", "Recorder", "resolve_run", "tune", "software_versions", "CONF_DIR"]
 
 #: inductor config keys every candidate gets from zhantune itself (a space may not set them)
 _RESERVED_CONFIG_KEYS = {"freezing", "force_disable_caches", "max_autotune", "lookup_table.table"}
@@ -193,11 +193,12 @@ class TuneResult:
     table_keys: list[str] = field(default_factory=list)
 
 
-class _Recorder:
+class Recorder:
     """Turns benchmark Measurements into rows (one commit per trial)."""
 
-    def __init__(self, store: Store, run: RunSpec, study_id: int, device_id: int, problem_id: int):
-        self.store, self.run, self.study_id = store, run, study_id
+    def __init__(self, store: Store, problem: GemmProblem | ReplayProblem, study_id: int, device_id: int,
+                 problem_id: int):
+        self.store, self.problem, self.study_id = store, problem, study_id
         self.device_id, self.problem_id = device_id, problem_id
         self.versions = software_versions()
         self.environment_id = store.environment_id(environment_fields())
@@ -221,7 +222,7 @@ class _Recorder:
         if t is not None:
             fields.update(median_us=t.median_us, min_us=t.min_us, max_us=t.max_us, p20_us=t.p20_us,
                           p80_us=t.p80_us, n=t.n, timing_method=t.method,
-                          tflops=self.run.problem.tflops(t.median_us) if t.median_us > 0 else None)
+                          tflops=self.problem.tflops(t.median_us) if t.median_us > 0 else None)
         row_id = self.store.add_measurement(**fields)
         return orm.Measurement(id=row_id, **fields)
 
@@ -243,7 +244,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     # baselines (eager and Inductor's default; the default compile also records the lookup key)
     baselines = bench.baselines()
     problem_id = store.problem_id(problem.key, lookup_key=bench.lookup_key, **problem.row_fields())
-    rec = _Recorder(store, run, study_id, device_id, problem_id)
+    rec = Recorder(store, problem, study_id, device_id, problem_id)
     rows = {kind: rec.add(meas, kind) for kind, meas in baselines}
     result = TuneResult(run.study_name, study_id, rows.get("eager"), rows.get("default"), None)
 

@@ -1,0 +1,64 @@
+"""A table tuned on another device, measured here (python -m zhantune.replay), then compared."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from zhantune.inductor.table import load_table
+from zhantune.report.compare import compare
+from zhantune.storage import Store
+
+pytestmark = pytest.mark.slow
+
+
+def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path):
+    db = tmp_path / "z.db"
+    url = f"sqlite:///{db}"
+    r = cli(["+op=mm", "shape=[64,64,64]", "device=cpu", "search.n_trials=3", f"storage.url={url}",
+             "progress=false", "export.enabled=false"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    # the database arrives from another machine: its device is "Remote CPU"
+    with sqlite3.connect(db) as con:
+        (local_key,) = con.execute("select key from zt_device").fetchone()
+        con.execute("update zt_device set key='Remote CPU', name='Remote CPU'")
+    r = cli([f"storage.url={url}", f"path={tmp_path}/remote.json", "device=Remote CPU"], tmp_path, module="zhantune.export")
+    assert r.returncode == 0, r.stderr
+    table = load_table(tmp_path / "remote.json")
+    ((key, [entry]),) = table.items()
+
+    r = cli([f"table={tmp_path}/remote.json", f"storage.url={url}", "device=cpu"], tmp_path, module="zhantune.replay")
+    assert r.returncode == 0, r.stderr
+    assert "inductor default ok" in r.stdout
+    store = Store(url)
+    cmp = compare(store)
+    assert set(cmp.devices) == {"Remote CPU", local_key}
+    (p,) = cmp.problems
+    remote_winner = p.winner["Remote CPU"]
+    assert remote_winner.params == entry["config_patch"]
+    regret = p.regret[("Remote CPU", local_key)]
+    with sqlite3.connect(db) as con:
+        (here_us,) = con.execute(
+            "select min(m.median_us) from zt_measurement m join zt_device d on m.device_id = d.id "
+            "where d.key = ? and m.kind = 'candidate' and m.status = 'ok' and m.config_hash = ?",
+            (local_key, remote_winner.config_hash)).fetchone()
+    assert regret >= 1.0 and regret == pytest.approx(here_us / p.best_us[local_key])
+    # the portable choice exports as a device-agnostic entry under the problem's Inductor input key
+    r = cli([f"storage.url={url}", f"table={tmp_path}/portable.json"], tmp_path, module="zhantune.compare")
+    assert r.returncode == 0, r.stderr
+    portable = json.loads((tmp_path / "portable.json").read_text())
+    assert list(portable) == [key.split("+", 1)[1]]
+    assert portable[key.split("+", 1)[1]][0]["config_patch"] == p.portable.params
+
+
+def test_replay_table_errors(cli, tmp_path):
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    Store(url)
+    (tmp_path / "t.json").write_text(json.dumps({"X+((torch.float32, [8, 8], [8, 1]),)+mm": [{"template_id": "aten::mm"}]}))
+    r = cli([f"table={tmp_path}/t.json", f"storage.url={url}", "device=cpu"], tmp_path, module="zhantune.replay")
+    assert r.returncode == 2 and "no problem with this Inductor input key in the database" in r.stderr
+    (tmp_path / "bad.json").write_text("{not json")
+    r = cli([f"table={tmp_path}/bad.json", f"storage.url={url}"], tmp_path, module="zhantune.replay")
+    assert r.returncode == 2 and "not valid JSON" in r.stderr
