@@ -68,6 +68,11 @@ class BenchConfig:
     flush_cache: bool = True
     #: CUDA: time through a CUDA graph so Python launch overhead is excluded
     cuda_graph: bool = True
+    #: compile and time in a worker subprocess (a crash or hang kills the worker, not the study)
+    isolate: bool = True
+    #: worker time limits, seconds: until the candidate compiled, then for the check and timed runs
+    compile_timeout_s: float = 600.0
+    run_timeout_s: float = 300.0
     #: bench=replay: the Kernel Tuner cache file (.json or .json.gz) that answers every measurement
     path: str | None = None
 

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from sqlalchemy.exc import IntegrityError
 
 from zhantune.bench.inductor import BACKEND_FLAGS, InductorBenchmarker
+from zhantune.bench.isolated import IsolatedBenchmarker, WorkerSpec
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, ReplayProblem, load_kerneltuner
 from zhantune.config import CONF_DIR
@@ -78,10 +79,20 @@ class RunSpec:
     def study_name(self) -> str:
         return self.cfg.search.study_name or f"{self.problem.key}@{self.device.key}"
 
-    def benchmarker(self) -> InductorBenchmarker | ReplayBenchmarker:
+    def benchmarker(self) -> InductorBenchmarker | ReplayBenchmarker | IsolatedBenchmarker:
+        """In a worker subprocess when ``bench.isolate`` (zhantune.bench.isolated), else in-process."""
+        b = self.cfg.bench
+        if b.isolate:
+            if self.replay is not None:
+                spec = WorkerSpec("replay", {"path": str(self.replay.path)})
+            else:
+                device = self.device.kind if self.device.index is None else f"{self.device.kind}:{self.device.index}"
+                spec = WorkerSpec("inductor", {"problem": self.problem, "device": device, "seed": self.cfg.search.seed,
+                                               "bench": OmegaConf.to_container(b, resolve=True)})
+            return IsolatedBenchmarker(spec, b.compile_timeout_s, b.run_timeout_s)
         if self.replay is not None:
             return ReplayBenchmarker(self.replay)
-        return InductorBenchmarker(self.problem, self.device, self.cfg.bench, seed=self.cfg.search.seed)
+        return InductorBenchmarker(self.problem, self.device, b, seed=self.cfg.search.seed)
 
 
 def _space_selection(cfg: DictConfig, device: DeviceInfo) -> tuple[list[str], dict[str, Any] | None]:
@@ -233,9 +244,19 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     Infeasible points (a constraint fails) and cache hits (same candidate, device, problem and
     software versions already measured) do not use the budget. Every trial is committed when it ends.
     """
-    cfg, problem, device = run.cfg, run.problem, run.device
-    sampler = make_sampler(OmegaConf.to_container(cfg.search.sampler, resolve=True))
+    sampler = make_sampler(OmegaConf.to_container(run.cfg.search.sampler, resolve=True))
     bench = run.benchmarker()
+    try:
+        return _tune(run, store, bench, sampler, progress)
+    finally:
+        close = getattr(bench, "close", None)
+        if close is not None:
+            close()
+
+
+def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseSampler,
+          progress: Any) -> TuneResult:
+    cfg, problem, device = run.cfg, run.problem, run.device
 
     device_id = store.device_id(device.key, device.name, device.kind, device.properties)
     config_dump = OmegaConf.to_container(cfg, resolve=True)

@@ -92,6 +92,8 @@ class InductorBenchmarker:
         self.module, self.inputs = problem.build(device.torch_device, seed=seed)
         self.reference = problem.reference(self.module, self.inputs)
         self.lookup: LookupEvent | None = None
+        #: called once a candidate compiled (zhantune.bench.isolated switches to the run time limit)
+        self.on_compiled: Callable[[], None] | None = None
 
     # -- baselines ---------------------------------------------------------------------------
     def baselines(self) -> list[tuple[str, Measurement]]:
@@ -156,6 +158,8 @@ class InductorBenchmarker:
         except Exception as e:  # Inductor raises many types; the text is stored with the trial
             return Measurement("compile_error", error_text=_one_line(e), compile_s=time.perf_counter() - t0)
         compile_s = time.perf_counter() - t0
+        if self.on_compiled is not None:
+            self.on_compiled()
         events = [e for e in rec.events if e.op_name == self.problem.lookup_op]
         lookup = events[0] if events else None
         templated = counters["inductor"]["cpp_templated_kernel_counter"] - templated_before
