@@ -98,7 +98,7 @@ def test_incorrect_candidate_is_stored_and_never_exported(tune_cfg, tmp_path):
 
 
 def test_cpp_template_candidate_really_uses_the_cpp_template(tune_cfg, tmp_path):
-    cfg = tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "search.n_trials=2", "space=[cpp_gemm]",
+    cfg = tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "search.n_trials=2", "space=[cpp_gemm]", "bench.isolate=false",
                     f"storage.url=sqlite:///{tmp_path}/z.db", "export.enabled=false"])
     run = resolve_run(cfg)
     result = tune(run, Store(cfg.storage.url))
