@@ -80,8 +80,7 @@ def parse_overrides(items: list[str]) -> dict:
     out = {}
     for item in items:
         key, _, value = item.partition("=")
-        out[key] = OmegaConf.create({"v": value}).v if not value.replace(".", "", 1).isdigit() else (
-            float(value) if "." in value else int(value))
+        out[key] = OmegaConf.create(f"v: {value}").v  # YAML typing: 40 -> int, 0.6 -> float
     return out
 
 

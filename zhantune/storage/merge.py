@@ -24,6 +24,10 @@ _COPIED = [c.key for c in m.Measurement.__table__.columns
            if c.key not in ("id", "study_id", "device_id", "problem_id", "environment_id")]
 
 
+#: the environment columns its fingerprint is computed from (all but id, fingerprint, created_at)
+_ENV_FIELDS = [c.key for c in m.Environment.__table__.columns if c.key not in ("id", "fingerprint", "created_at")]
+
+
 @dataclass
 class MergeStats:
     studies_new: int = 0
@@ -46,9 +50,7 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
         studies = list(s.scalars(select(m.Study).order_by(m.Study.id)))
         rows = list(s.scalars(select(m.Measurement).order_by(m.Measurement.id)))
     dev_map = {i: target.device_id(d.key, d.name, d.kind, d.properties) for i, d in devices.items()}
-    env_map = {i: target.environment_id({k: getattr(e, k) for k in
-                                         ("torch", "triton", "cuda", "hip", "driver", "python", "zhantune", "host")})
-               for i, e in envs.items()}
+    env_map = {i: target.environment_id({k: getattr(e, k) for k in _ENV_FIELDS}) for i, e in envs.items()}
     prob_map = {i: target.problem_id(p.key, op=p.op, shape=p.shape, dtype=p.dtype, activation=p.activation,
                                      lookup_op=p.lookup_op, lookup_key=p.lookup_key, flops=p.flops)
                 for i, p in problems.items()}
