@@ -80,7 +80,8 @@ def _replay_app(cfg: DictConfig) -> None:
     study_id = store.study_id(f"replay:{Path(cfg.table).name}@{device.key}", {"table": str(cfg.table)})
     try:
         for row, cands in work:
-            problem = GemmProblem.from_config(row.op, [row.shape[d] for d in OPS[row.op]], row.dtype, row.activation)
+            problem = GemmProblem.from_config(row.op, [row.shape[d] for d in OPS[row.op]], row.dtype, row.activation,
+                                              weight_layout=row.weight_layout)
             bench = InductorBenchmarker(problem, device, cfg.bench, seed=cfg.seed)
             rec = Recorder(store, problem, study_id, device_id, row.id)
             with interrupt.interruptible():

@@ -24,6 +24,10 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 
+#: how the second operand is stored: "kn" is W [K, N] row-major (x @ W); "nk" is W [N, K] used as
+#: W.t(), the layout of torch.nn.Linear's weight (its lookup key has strides [1, K])
+WEIGHT_LAYOUTS = ("kn", "nk")
+
 #: op name -> dimension names of its ``shape``
 OPS: dict[str, tuple[str, ...]] = {
     "mm": ("M", "N", "K"),
@@ -36,21 +40,25 @@ ACTIVATIONS = ("relu", "gelu")
 
 
 class GemmModule(torch.nn.Module):
-    """``act(x @ W + b)`` for one op; W is [K, N] ([B, K, N] for bmm), b is [N]."""
+    """``act(x @ W + b)`` for one op; W is [K, N] ([B, K, N] for bmm), or [N, K] used as W.t() when
+    ``weight_layout`` is "nk"; b is [N]."""
 
-    def __init__(self, op: str, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None):
+    def __init__(self, op: str, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
+                 weight_layout: str = "kn"):
         super().__init__()
         self.op = op
         self.activation = activation
+        self.weight_layout = weight_layout
         self.weight = torch.nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.op == "bmm":
             return torch.bmm(x, self.weight)
+        w = self.weight.t() if self.weight_layout == "nk" else self.weight
         if self.bias is None:
-            return x @ self.weight
-        y = torch.addmm(self.bias, x, self.weight)
+            return x @ w
+        y = torch.addmm(self.bias, x, w)
         if self.activation == "relu":
             return torch.relu(y)
         if self.activation == "gelu":
@@ -63,6 +71,8 @@ class GemmProblem:
     """One GEMM problem: op, dims, dtype (and the epilogue activation for linear_act).
 
     ``dims`` maps the op's dimension names to sizes, e.g. {"M": 512, "N": 512, "K": 512}.
+    ``weight_layout`` (WEIGHT_LAYOUTS) is how the second operand is stored: it is part of Inductor's
+    lookup key (strides), so a problem collected from an nn.Linear is tuned with "nk".
     Raises ConfigError (exit code 2) for an unknown op or dtype, a wrong arity or a non-positive size.
     """
 
@@ -70,13 +80,17 @@ class GemmProblem:
     shape: tuple[int, ...]
     dtype: str = "float32"
     activation: str | None = None
+    weight_layout: str = "kn"
 
     @classmethod
     def from_config(cls, op: str, shape: object, dtype: str, activation: str | None = None,
-                    source: str = "shape") -> GemmProblem:
+                    source: str = "shape", weight_layout: str = "kn") -> GemmProblem:
         """Validate user input (``shape`` as given on the CLI) and build the problem."""
         if op not in OPS:
             raise ConfigError(f"unknown op {op!r} (from +op); allowed: {', '.join(sorted(OPS))}")
+        if weight_layout not in WEIGHT_LAYOUTS or (op == "bmm" and weight_layout != "kn"):
+            allowed = "kn" if op == "bmm" else " | ".join(WEIGHT_LAYOUTS)
+            raise ConfigError(f"weight_layout={weight_layout!r} for op {op}; allowed: {allowed}")
         dims = OPS[op]
         if dtype not in DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r} (from dtype); allowed: {', '.join(DTYPES)}")
@@ -102,7 +116,7 @@ class GemmProblem:
                 )
         else:
             activation = None
-        return cls(op=op, shape=tuple(sizes), dtype=dtype, activation=activation)
+        return cls(op=op, shape=tuple(sizes), dtype=dtype, activation=activation, weight_layout=weight_layout)
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -122,10 +136,12 @@ class GemmProblem:
 
     @property
     def key(self) -> str:
-        """Canonical, stable problem key, e.g. ``mm[M=512,N=512,K=512]:float32``."""
+        """Canonical, stable problem key, e.g. ``mm[M=512,N=512,K=512]:float32`` (``:weight_nk``
+        appended for the nn.Linear weight layout)."""
         dims = ",".join(f"{n}={v}" for n, v in zip(OPS[self.op], self.shape, strict=True))
         act = f":{self.activation}" if self.activation else ""
-        return f"{self.op}[{dims}]:{self.dtype}{act}"
+        layout = ":weight_nk" if self.weight_layout == "nk" else ""
+        return f"{self.op}[{dims}]:{self.dtype}{act}{layout}"
 
     @property
     def lookup_op(self) -> str:
@@ -140,7 +156,7 @@ class GemmProblem:
     def row_fields(self) -> dict[str, object]:
         """Columns of the problem row (zhantune.storage.models.Problem), lookup key aside."""
         return dict(op=self.op, shape=self.dims, dtype=self.dtype, activation=self.activation,
-                    lookup_op=self.lookup_op, flops=self.flops())
+                    weight_layout=self.weight_layout, lookup_op=self.lookup_op, flops=self.flops())
 
     def tflops(self, time_us: float) -> float:
         """TFLOP/s for one run taking ``time_us`` microseconds."""
@@ -162,9 +178,10 @@ class GemmProblem:
         if self.op == "bmm":
             x, w, b = rand(d["B"], d["M"], d["K"]), rand(d["B"], d["K"], d["N"]), None
         else:
-            x, w = rand(d["M"], d["K"]), rand(d["K"], d["N"])
+            x = rand(d["M"], d["K"])
+            w = rand(d["N"], d["K"]) if self.weight_layout == "nk" else rand(d["K"], d["N"])
             b = rand(d["N"]) if self.op in ("addmm", "linear_act") else None
-        module = GemmModule(self.op, w, b, self.activation).eval()
+        module = GemmModule(self.op, w, b, self.activation, self.weight_layout).eval()
         return module, (x,)
 
     def reference(self, module: GemmModule, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -174,6 +191,7 @@ class GemmProblem:
             module.weight.detach().double(),
             None if module.bias is None else module.bias.detach().double(),
             self.activation,
+            self.weight_layout,
         )
         with torch.no_grad():
             return ref(*(t.double() for t in inputs))

@@ -52,7 +52,7 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
     dev_map = {i: target.device_id(d.key, d.name, d.kind, d.properties) for i, d in devices.items()}
     env_map = {i: target.environment_id({k: getattr(e, k) for k in _ENV_FIELDS}) for i, e in envs.items()}
     prob_map = {i: target.problem_id(p.key, op=p.op, shape=p.shape, dtype=p.dtype, activation=p.activation,
-                                     lookup_op=p.lookup_op, lookup_key=p.lookup_key, flops=p.flops)
+                                     weight_layout=p.weight_layout, lookup_op=p.lookup_op, lookup_key=p.lookup_key, flops=p.flops)
                 for i, p in problems.items()}
     study_map: dict[int, int] = {}
     for st in studies:

@@ -11,17 +11,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, event, inspect
-from sqlalchemy.engine import Connection, Engine
+# Alembic logs every step (and its plugins at import) at INFO; a tune should not print them
+logging.getLogger("alembic").setLevel(logging.WARNING)
+
+from alembic import command  # noqa: E402
+from alembic.config import Config  # noqa: E402
+from alembic.runtime.migration import MigrationContext  # noqa: E402
+from alembic.script import ScriptDirectory  # noqa: E402
+from sqlalchemy import create_engine, event, inspect  # noqa: E402
+from sqlalchemy.engine import Connection, Engine  # noqa: E402
 
 __all__ = ["VERSION_TABLE", "FIRST_REVISION", "head_revision", "current_revision", "upgrade", "stamp"]
-
-# Alembic logs every step at INFO; a tune should not print them
-logging.getLogger("alembic").setLevel(logging.WARNING)
 
 VERSION_TABLE = "zt_alembic_version"
 FIRST_REVISION = "0001"

@@ -62,6 +62,8 @@ class Problem(Base):
     shape: Mapped[dict[str, Any]] = mapped_column()  # {"M": .., "N": .., "K": ..}
     dtype: Mapped[str] = mapped_column(String(16))
     activation: Mapped[str | None] = mapped_column(String(16))
+    #: "kn": W [K, N] row-major; "nk": nn.Linear's W [N, K] used as W.t() (zhantune.problems.gemm)
+    weight_layout: Mapped[str] = mapped_column(String(8), default="kn", server_default="kn")
     lookup_op: Mapped[str] = mapped_column(String(32))
     #: device-agnostic lookup key exactly as Inductor formats it ("((dtype, size, stride), ...)+mm")
     lookup_key: Mapped[str | None] = mapped_column(String(2048))

@@ -316,6 +316,40 @@ class Store:
                 best.setdefault((dev.id, prob.id), (dev, prob, meas))
             return list(best.values())
 
+    def ranked_candidates(self, device_key: str | None = None, torch_version: str | None = None,
+                          top_k: int = 1) -> list[tuple[m.Device, m.Problem, list[m.Measurement]]]:
+        """Per (device, problem): the ``top_k`` fastest distinct configs (``ok`` candidates, by median_us;
+        a config measured twice counts once, at its fastest). ``torch_version`` keeps only rows
+        measured with that torch version (exact string, e.g. "2.13.0+cpu")."""
+        with self.session() as s:
+            q = (select(m.Measurement, m.Device, m.Problem)
+                 .join(m.Device, m.Measurement.device_id == m.Device.id)
+                 .join(m.Problem, m.Measurement.problem_id == m.Problem.id)
+                 .where(m.Measurement.kind == "candidate", m.Measurement.status == "ok",
+                        m.Measurement.median_us.is_not(None))
+                 .order_by(m.Measurement.median_us, m.Measurement.id))
+            if device_key is not None:
+                q = q.where(m.Device.key == device_key)
+            if torch_version is not None:
+                q = q.where(m.Measurement.torch_version == torch_version)
+            ranked: dict[tuple[int, int], tuple[m.Device, m.Problem, list[m.Measurement]]] = {}
+            for meas, dev, prob in s.execute(q):
+                _, _, rows = ranked.setdefault((dev.id, prob.id), (dev, prob, []))
+                if len(rows) < top_k and all(r.config_hash != meas.config_hash for r in rows):
+                    rows.append(meas)
+            return list(ranked.values())
+
+    def default_times_us(self, torch_version: str | None = None) -> dict[tuple[int, int], float]:
+        """(device id, problem id) -> the fastest ``ok`` median of Inductor's default compile, in us."""
+        with self.session() as s:
+            q = (select(m.Measurement.device_id, m.Measurement.problem_id, func.min(m.Measurement.median_us))
+                 .where(m.Measurement.kind == "default", m.Measurement.status == "ok",
+                        m.Measurement.median_us.is_not(None))
+                 .group_by(m.Measurement.device_id, m.Measurement.problem_id))
+            if torch_version is not None:
+                q = q.where(m.Measurement.torch_version == torch_version)
+            return {(d, p): t for d, p, t in s.execute(q)}
+
 
 def _canonical_json(value: Any) -> str:
     """JSON columns (params, configs) are stored canonically: sorted keys, no spaces."""
