@@ -65,10 +65,14 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     assert list(table) == [_recorded_key(problem)]
     (entry,) = table[list(table)[0]]
     best = min((row for row in rows if row[0] == "candidate"), key=lambda row: row[3])
-    assert entry["template_id"] == CONFIG_TEMPLATE_ID
+    default_us = next(row[3] for row in rows if row[0] == "default")
     import json
 
-    assert entry["config_patch"] == json.loads(best[5])
+    if best[3] <= default_us:  # export.min_speedup=1.0: the tuned entry only when not slower
+        assert entry["template_id"] == CONFIG_TEMPLATE_ID
+        assert entry["config_patch"] == json.loads(best[5])
+    else:
+        assert entry == {"template_id": "aten::mm"}
 
     # the same command again resumes the study and answers known candidates from the database
     r2 = cli(["+op=mm", "shape=[64,48,32]", "search.n_trials=1", "device=cpu", "progress=false",
@@ -94,7 +98,8 @@ def test_incorrect_candidate_is_stored_and_never_exported(tune_cfg, tmp_path):
     table = build_table(store)
     (entries,) = table.values()
     assert entries == [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": {"max_autotune_gemm_backends": "ATEN"}}]
-    assert load_table(tmp_path / "t.json") == table
+    # the tune's export applies export.min_speedup=1.0: the tuned entry only where not slower than default
+    assert load_table(tmp_path / "t.json") == build_table(store, min_speedup=1.0)
 
 
 def test_cpp_template_candidate_really_uses_the_cpp_template(tune_cfg, tmp_path):

@@ -91,14 +91,15 @@ def test_store_uses_wal(tmp_path):
 
 
 def test_table_round_trip_and_malformed(tmp_path):
-    table = {"dev+((torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 8], [8, 1]))+mm":
-             [{"template_id": "triton::mm", "BLOCK_M": 64, "num_warps": 4}]}
+    key = "dev+((torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 8], [8, 1]))+mm"
+    table = {key: [{"template_id": "triton::mm", "BLOCK_M": 64, "num_warps": 4}]}
     path = write_table(tmp_path / "t.json", table)
     assert load_table(path) == table
     for text, message in [("{", "not valid JSON"), ("[]", "expected a JSON object"),
-                          ('{"nokey": []}', "not a lookup key"),
-                          ('{"a+mm": [{"BLOCK_M": 1}]}', "string template_id"),
-                          ('{"a+mm": {}}', "expected a list")]:
+                          ('{"nokey": []}', "not an Inductor lookup key"),
+                          ('{"a+mm": []}', "not an Inductor lookup key"),
+                          (json.dumps({key: [{"BLOCK_M": 1}]}), "string template_id"),
+                          (json.dumps({key: {}}), "expected a list")]:
         (tmp_path / "bad.json").write_text(text)
         with pytest.raises(TableError, match=message) as e:
             load_table(tmp_path / "bad.json")

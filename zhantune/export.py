@@ -1,40 +1,86 @@
-"""``python -m zhantune.export``: the best correct candidate per (device, problem) as a lookup table.
+"""``python -m zhantune.export``: the best correct candidates per (device, problem) as a lookup table.
 
-The table is the bare dict ``torch._inductor.config.lookup_table.table`` takes; see
-:mod:`zhantune.inductor.table` for the entry format.
+Options (conf/export.yaml, also ``export.*`` of the tune app): ``top_k``, ``min_speedup``,
+``device_agnostic``, ``device``, ``torch_version``, ``format`` (zhantune: wrapped with provenance;
+inductor: the bare dict). Table format: :mod:`zhantune.inductor.table`.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig
 
 from zhantune.cli import mark_task_started, run_app, user_error
-from zhantune.errors import StorageError, UserError
+from zhantune.config import register
+from zhantune.errors import ConfigError, StorageError, UserError
 
-__all__ = ["main"]
+__all__ = ["main", "export_table", "check_export_options"]
+
+register()
+
+FORMATS = ("zhantune", "inductor")
+
+
+def check_export_options(opts: Any, prefix: str = "") -> None:
+    """Raise ConfigError naming the option (``export.top_k=0``) when a value is out of range."""
+    if opts.format not in FORMATS:
+        raise ConfigError(f"{prefix}format={opts.format!r}; allowed: {', '.join(FORMATS)}")
+    if opts.top_k < 1:
+        raise ConfigError(f"{prefix}top_k={opts.top_k} must be at least 1")
+    if opts.min_speedup < 1.0:
+        raise ConfigError(f"{prefix}min_speedup={opts.min_speedup} must be at least 1.0 (1.0: always the tuned entry)")
+
+
+def export_table(store: Any, url: str, opts: Any, device_key: str | None = None) -> tuple[Path | None, dict]:
+    """Build the table with ``opts`` (an ExportConfig) and write it to ``opts.path``; returns (path,
+    table). An empty table is not written (path None), so an existing file is never replaced by it."""
+    from zhantune.inductor.table import build_table, table_metadata, write_table
+
+    table = build_table(store, device_key=device_key, device_agnostic=opts.device_agnostic, top_k=opts.top_k,
+                        min_speedup=opts.min_speedup, torch_version=opts.torch_version)
+    meta = None
+    if opts.format == "zhantune":
+        options = {"top_k": opts.top_k, "min_speedup": opts.min_speedup, "device_agnostic": opts.device_agnostic,
+                   "device": device_key, "torch_version": opts.torch_version}
+        meta = table_metadata(store, table, options, _redact(url))
+    if not table:
+        return None, table
+    return write_table(opts.path, table, meta), table
+
+
+def _redact(url: str) -> str:
+    """The URL without its password (tables are shipped; credentials are not)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def _export_app(cfg: DictConfig) -> None:
     mark_task_started()
-    from zhantune.inductor.table import build_table, write_table
     from zhantune.storage import Store, sqlite_path
 
     try:
+        check_export_options(cfg)
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={cfg.storage.url}: no database at {path}")
         store = Store(cfg.storage.url)
-        table = build_table(store, device_key=cfg.device, device_agnostic=cfg.device_agnostic)
-        if not table:
+        out, table = export_table(store, cfg.storage.url, cfg, cfg.device)
+        if out is None:
             raise UserError(f"nothing to export from {cfg.storage.url}: no correct measured candidate"
-                            + (f" for device {cfg.device!r}" if cfg.device else ""))
-        out = write_table(cfg.path, table)
+                            + (f" for device {cfg.device!r}" if cfg.device else "")
+                            + (f" with torch {cfg.torch_version}" if cfg.torch_version else ""))
     except UserError as e:
         user_error(e)
         return
-    print(f"wrote {len(table)} key(s) to {out}")
+    print(f"wrote {len(table)} key(s) to {out} (format {cfg.format}, top_k {cfg.top_k})")
 
 
 def main() -> None:

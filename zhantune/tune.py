@@ -26,7 +26,6 @@ from zhantune.config import CONF_DIR
 from zhantune.device import DeviceInfo, resolve_device
 from zhantune.errors import ConfigError, SpaceError, StorageError
 from zhantune.inductor.heuristics import decompose_k_splits, template_params, triton_mm_configs
-from zhantune.inductor.table import build_table, write_table
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
 from zhantune.search.driver import DuplicateTrial, run_search
@@ -158,7 +157,8 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
     shape = cfg.shape
     if isinstance(shape, ListConfig):
         shape = OmegaConf.to_container(shape)
-    problem = GemmProblem.from_config(cfg.op.name, shape, cfg.dtype, cfg.op.activation)
+    problem = GemmProblem.from_config(cfg.op.name, shape, cfg.dtype, cfg.op.activation,
+                                      weight_layout=cfg.weight_layout)
     device = resolve_device(cfg.device)
     names, composed = _space_selection(cfg, device)
     variables = problem_variables(problem, device)
@@ -170,6 +170,9 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
 
 
 def _check_search(cfg: DictConfig) -> None:
+    from zhantune.export import check_export_options
+
+    check_export_options(cfg.export, "export.")
     s = cfg.search
     if s.n_trials < 1:
         raise ConfigError(f"search.n_trials={s.n_trials} must be at least 1")
@@ -309,8 +312,9 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
     store.finish_study(study_id, "interrupted" if result.interrupted else "finished")
     result.best = _best_for_problem(store, device.key, problem_id)
     if cfg.export.enabled and not result.interrupted and run.replay is None:
-        table = build_table(store, device_key=device.key)
-        result.table_path = write_table(cfg.export.path, table)
+        from zhantune.export import export_table
+
+        result.table_path, table = export_table(store, cfg.storage.url, cfg.export, device.key)
         result.table_keys = list(table)
     return result
 

@@ -133,24 +133,25 @@ class InductorBenchmarker:
                 return self._run(dict(CUDA_BASE_PATCH), table=None, expect=None)
         patch = dict(CUDA_BASE_PATCH)
         patch["max_autotune"] = True
-        table = None
+        entries = None
         if candidate.scope == "template":
             if self.lookup is None or self.lookup.device_key is None:
                 return Measurement("not_applied", error_text="no lookup key recorded for this problem")
-            entry = {"template_id": candidate.template_id, **candidate.params}
-            table = {self.lookup.device_key: [entry]}
+            # served under the key Inductor asks with; the event that hits records it
+            entries = [{"template_id": candidate.template_id, **candidate.params}]
             patch["max_autotune_gemm_backends"] = "ATEN,TRITON"
         else:
             patch.update(candidate.params)
-        return self._run(patch, table=table, expect=candidate)
+        return self._run(patch, table=None, expect=candidate, any_key=entries)
 
     # -- the shared path ---------------------------------------------------------------------
-    def _run(self, patch: dict[str, Any], table: dict | None, expect: Candidate | None) -> Measurement:
+    def _run(self, patch: dict[str, Any], table: dict | None, expect: Candidate | None,
+             any_key: list[dict[str, Any]] | None = None) -> Measurement:
         torch._dynamo.reset()
         templated_before = counters["inductor"]["cpp_templated_kernel_counter"]
         t0 = time.perf_counter()
         try:
-            with torch.no_grad(), recording(table) as rec, inductor_config.patch(patch), \
+            with torch.no_grad(), recording(table, any_key) as rec, inductor_config.patch(patch), \
                     cpu_compile_flags(self.device):
                 compiled = torch.compile(self.module, fullgraph=True, dynamic=False)
                 out = compiled(*self.inputs)
@@ -161,7 +162,11 @@ class InductorBenchmarker:
         if self.on_compiled is not None:
             self.on_compiled()
         events = [e for e in rec.events if e.op_name == self.problem.lookup_op]
-        lookup = events[0] if events else None
+        # the lookup that hit the candidate's template (its key goes into the table); else the first
+        # that offered templates (addmm's ATen lookup, the problem's key); else any
+        hit = [e for e in events if expect is not None and expect.template_id in e.hit_templates]
+        offered = [e for e in events if e.template_hashes]
+        lookup = (hit or offered or events or [None])[0]
         templated = counters["inductor"]["cpp_templated_kernel_counter"] - templated_before
         why_not = self._not_applied(expect, lookup, templated)
         if why_not:

@@ -1,27 +1,69 @@
-"""Lookup tables in the exact format ``torch._inductor.config.lookup_table.table`` takes.
+"""Lookup tables in the exact format ``torch._inductor.config.lookup_table.table`` takes, and the file
+zhantune ships them in.
 
 A table is ``{key: [entry, ...]}``; keys are the ones Inductor asked for while compiling the problem
 (recorded by :class:`zhantune.inductor.choices.RecordingChoices`), entries are
 ``{"template_id": "triton::mm", "BLOCK_M": 64, ..., "template_hash": "..."}``
 (format from torch/_inductor/lookup_table/choices.py). A config-patch candidate (the CPU path)
 becomes ``{"template_id": "zhantune::config", "config_patch": {...}}``: stock Inductor skips entries
-whose template_id it does not offer, and zhantune's runtime applies the patch. Tables are JSON, never
-pickle.
+whose template_id it does not offer, and zhantune's runtime (:mod:`zhantune.inductor.runtime`)
+applies the patch. Inductor's default choice is the ATen entry ``{"template_id": "aten::<op>"}``.
+
+The file (``format=zhantune``, the default) wraps the table with its provenance::
+
+    {"format": "zhantune-lookup-table", "format_version": 1, "zhantune": "0.1.0",
+     "torch": "2.13.0+cpu", "triton": "3.9.0", "created_at": "2026-11-22T05:00:00+00:00",
+     "source": "sqlite:///zhantune.db", "devices": [{"key": ..., "name": ..., "kind": "cpu"}],
+     "options": {"top_k": 1, "device_agnostic": false, "min_speedup": 1.0}, "table": {...}}
+
+``format=inductor`` writes the bare dict. Both load with :func:`read_table`. Tables are JSON, never
+pickle, and loading one never executes code from it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import re
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from zhantune.errors import TableError
 
-__all__ = ["CONFIG_TEMPLATE_ID", "entry_for", "build_table", "write_table", "load_table"]
+__all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
+           "build_table", "table_metadata", "write_table", "read_table", "load_table", "parse_key"]
 
 CONFIG_TEMPLATE_ID = "zhantune::config"
+FORMAT = "zhantune-lookup-table"
+FORMAT_VERSION = 1
+
+#: Inductor's key: "[device+]((dtype, size, stride), ...)[+alpha=1&beta=1]+op"
+#: (torch/_inductor/lookup_table/choices.py make_lookup_key)
+_KEY = re.compile(r"^(?:(?P<device>[^+]+)\+)?(?P<inputs>\(\(.*\),?\))(?:\+(?P<scalars>[^+]*))?\+(?P<op>[A-Za-z_][\w]*)$")
+_SCALAR = (str, int, float, bool, type(None))
+
+
+@dataclass
+class TableFile:
+    """A loaded table: ``table`` as Inductor takes it, ``meta`` the wrapper's fields (empty for a bare
+    Inductor dict), ``source`` the file it came from (None for a dict)."""
+
+    table: dict[str, list[dict[str, Any]]]
+    meta: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None
+
+    @property
+    def torch_version(self) -> str | None:
+        return self.meta.get("torch")
+
+
+def parse_key(key: str) -> dict[str, str | None] | None:
+    """Split an Inductor lookup key into device, inputs, scalars and op; None when it is not one."""
+    m = _KEY.match(key)
+    return m.groupdict() if m else None
 
 
 def entry_for(template_id: str | None, params: dict[str, Any], template_hash: str | None) -> dict[str, Any]:
@@ -34,53 +76,185 @@ def entry_for(template_id: str | None, params: dict[str, Any], template_hash: st
     return entry
 
 
-def build_table(store: Any, device_key: str | None = None, device_agnostic: bool = False) -> dict[str, list[dict[str, Any]]]:
-    """Best correct candidate per (device, problem) from a Store, as a one-entry-per-key table.
+def default_entry(lookup_op: str) -> dict[str, Any]:
+    """Inductor's default choice for a GEMM: its ATen kernel (template uid ``aten::<op>``)."""
+    return {"template_id": f"aten::{lookup_op}"}
 
-    ``device_agnostic`` uses the device-agnostic key; then, where several devices share a problem,
-    the fastest device's winner is kept (cross-device choices are the compare command's job).
+
+def table_key(device_key: str, problem_key: str | None, best: Any, device_agnostic: bool) -> str | None:
+    """The key a measured candidate's entries go under.
+
+    A template candidate: the key of the lookup its template hit (stored with the measurement; addmm
+    looks templates up with the expanded bias, its ATen kernel with the 1-D bias). Anything else
+    (config patches, the default): the problem's key, the one Inductor's ATen lookup makes. The
+    device-specific form is Inductor's join, ``device_key + "+" + agnostic key`` (make_lookup_key).
     """
+    if best is not None and best.template_id is not None and best.lookup_key:
+        if not device_agnostic:
+            return best.lookup_key
+        return best.lookup_key.removeprefix(f"{device_key}+")
+    if problem_key is None:
+        return None
+    return problem_key if device_agnostic else f"{device_key}+{problem_key}"
+
+
+def build_table(store: Any, device_key: str | None = None, device_agnostic: bool = False, top_k: int = 1,
+                min_speedup: float | None = None, torch_version: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Best correct candidates per (device, problem) from a Store, as a lookup table.
+
+    ``top_k`` entries per key, fastest first (1: Inductor compiles that one, no autotuning; more:
+    Inductor autotunes among them). ``min_speedup``: where the best candidate is not at least this
+    many times faster than Inductor's default compile (the stored ``default`` baseline; 1.0: not
+    slower), the key gets Inductor's default choice (:func:`default_entry`) instead; None: no check. ``torch_version`` keeps only rows
+    measured with that torch. ``device_agnostic`` keys entries without the device; where several
+    devices share a problem the fastest device's winners are kept (cross-device choices are the
+    compare command's job).
+    """
+    defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
+    ranked = store.ranked_candidates(device_key, torch_version, max(1, top_k))
+    ranked.sort(key=lambda r: r[2][0].median_us)
     table: dict[str, list[dict[str, Any]]] = {}
-    for _device, problem, meas in store.best_candidates(device_key):
-        key = problem.lookup_key if device_agnostic else meas.lookup_key
-        if not key or key in table:
+    seen: set[int] = set()
+    for device, problem, rows in ranked:
+        if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
             continue
-        table[key] = [entry_for(meas.template_id, meas.params, meas.template_hash)]
+        default_us = defaults.get((device.id, problem.id))
+        if min_speedup is not None and default_us is not None and rows[0].median_us * min_speedup > default_us:
+            placed = [(table_key(device.key, problem.lookup_key, None, device_agnostic), default_entry(problem.lookup_op))]
+        else:  # each entry under the key its own lookup makes (addmm: templates and ATen differ)
+            placed = [(table_key(device.key, problem.lookup_key, r, device_agnostic),
+                       entry_for(r.template_id, r.params, r.template_hash)) for r in rows]
+        if any(key in table for key, _ in placed if key):
+            continue
+        if device_agnostic:
+            seen.add(problem.id)
+        for key, entry in placed:
+            if key:
+                table.setdefault(key, []).append(entry)
     return dict(sorted(table.items()))
 
 
-def write_table(path: str | os.PathLike[str], table: dict[str, list[dict[str, Any]]]) -> Path:
-    """Write the table as JSON, atomically (a reader never sees half a file)."""
+def table_metadata(store: Any, table: dict[str, list[dict[str, Any]]], options: dict[str, Any],
+                   source: str) -> dict[str, Any]:
+    """The wrapper fields for a table built from ``store`` (versions of this process, devices)."""
+    import importlib.metadata
+
+    import torch
+
+    import zhantune
+
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = None
+    devices = {}
+    for device, _problem, _rows in store.ranked_candidates(options.get("device")):
+        devices[device.key] = {"key": device.key, "name": device.name, "kind": device.kind}
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "zhantune": zhantune.__version__,
+            "torch": options.get("torch_version") or torch.__version__, "triton": triton,
+            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "source": source, "devices": sorted(devices.values(), key=lambda d: d["key"]),
+            "options": options}
+
+
+def write_table(path: str | os.PathLike[str], table: dict[str, list[dict[str, Any]]],
+                meta: dict[str, Any] | None = None) -> Path:
+    """Write the table as JSON, atomically (a reader never sees half a file); wrapped in ``meta``
+    (:func:`table_metadata`) when given, else the bare dict Inductor takes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = table if meta is None else {**meta, "table": table}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # an ordinary file, not mkstemp's private 0600
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(table, f, indent=2, sort_keys=False)
+        json.dump(data, f, indent=2, sort_keys=False)
         f.write("\n")
     os.replace(tmp, path)
     return path
 
 
-def load_table(path: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
-    """Read and check a table file. Raises TableError naming the file and the key path."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise TableError(f"{path}: cannot read: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise TableError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+def read_table(source: str | os.PathLike[str] | dict[str, Any]) -> TableFile:
+    """Read and check a table (a file path, or an already-parsed dict), wrapped or bare.
+
+    Raises TableError naming the file and the key path: not JSON, wrong format or format_version,
+    a key not in Inductor's format, entries that are not objects with a string ``template_id``,
+    values that are not JSON scalars (``config_patch``: an object of scalars).
+    """
+    if isinstance(source, dict):
+        data, where = source, "<dict>"
+    else:
+        where = str(source)
+        try:
+            with open(source, encoding="utf-8") as f:
+                data = json.load(f)
+        except OSError as e:
+            raise TableError(f"{where}: cannot read: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise TableError(f"{where}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        except UnicodeDecodeError:
+            raise TableError(f"{where}: not a UTF-8 text file") from None
     if not isinstance(data, dict):
-        raise TableError(f"{path}: expected a JSON object of key -> list of entries, got {type(data).__name__}")
-    for key, entries in data.items():
-        if "+" not in key:
-            raise TableError(f"{path}: [{key!r}]: not a lookup key (expected '[device+]inputs+op')")
+        raise TableError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    meta: dict[str, Any] = {}
+    prefix = ""
+    if "format" in data or "format_version" in data or "table" in data:
+        meta = {k: v for k, v in data.items() if k != "table"}
+        _check_meta(where, meta)
+        table = data.get("table")
+        prefix = "table"
+        if not isinstance(table, dict):
+            raise TableError(f"{where}: table: expected an object of key -> list of entries, "
+                             f"got {type(table).__name__}")
+    else:
+        table = data
+    _check_table(where, prefix, table)
+    return TableFile(table, meta, None if isinstance(source, dict) else where)
+
+
+def load_table(path: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
+    """The bare table of a file (wrapped or bare); see :func:`read_table` for the errors."""
+    return read_table(path).table
+
+
+def _check_meta(where: str, meta: dict[str, Any]) -> None:
+    if meta.get("format") != FORMAT:
+        raise TableError(f"{where}: format: expected {FORMAT!r}, got {meta.get('format')!r}")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise TableError(f"{where}: format_version: this zhantune reads version {FORMAT_VERSION}, got {version!r}")
+    for name in ("zhantune", "torch", "triton", "created_at", "source"):
+        if name in meta and not isinstance(meta[name], (str, type(None))):
+            raise TableError(f"{where}: {name}: expected a string or null, got {type(meta[name]).__name__}")
+    devices = meta.get("devices", [])
+    if not isinstance(devices, list) or not all(isinstance(d, dict) and isinstance(d.get("key"), str) for d in devices):
+        raise TableError(f"{where}: devices: expected a list of objects with a string key")
+    if not isinstance(meta.get("options", {}), dict):
+        raise TableError(f"{where}: options: expected an object")
+
+
+def _check_table(where: str, prefix: str, table: dict[str, Any]) -> None:
+    def path(*parts: str) -> str:
+        return (prefix + "".join(parts)) if prefix else "".join(parts).removeprefix(".")
+
+    for key, entries in table.items():
+        k = f"[{json.dumps(key)}]"
+        if parse_key(key) is None:
+            raise TableError(f"{where}: {path(k)}: not an Inductor lookup key "
+                             "(expected '[device+]((dtype, size, stride), ...)[+scalars]+op')")
         if not isinstance(entries, list):
-            raise TableError(f"{path}: [{key!r}]: expected a list of entries, got {type(entries).__name__}")
+            raise TableError(f"{where}: {path(k)}: expected a list of entries, got {type(entries).__name__}")
         for i, entry in enumerate(entries):
+            at = path(k, f"[{i}]")
             if not isinstance(entry, dict) or not isinstance(entry.get("template_id"), str):
-                raise TableError(f"{path}: [{key!r}][{i}]: an entry must be an object with a string template_id")
-    return data
+                raise TableError(f"{where}: {at}: an entry must be an object with a string template_id")
+            for name, value in entry.items():
+                if name == "config_patch":
+                    if entry["template_id"] != CONFIG_TEMPLATE_ID or not isinstance(value, dict) \
+                            or not all(isinstance(v, _SCALAR) for v in value.values()):
+                        raise TableError(f"{where}: {at}.config_patch: expected an object of scalar values "
+                                         f"in a {CONFIG_TEMPLATE_ID!r} entry")
+                elif not isinstance(value, _SCALAR):
+                    raise TableError(f"{where}: {at}.{name}: expected a number, string, bool or null, "
+                                     f"got {type(value).__name__}")
