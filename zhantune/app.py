@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import warnings
 
 import hydra
 from omegaconf import DictConfig
@@ -18,11 +17,6 @@ __all__ = ["main"]
 
 register()
 
-# known, harmless warnings of the compiles zhantune makes on purpose
-warnings.filterwarnings("ignore", message=".*TF32 acceleration on top of oneDNN.*")
-warnings.filterwarnings("ignore", message=".*dynamo_pgo force disabled.*")
-warnings.filterwarnings("ignore", message="Argument ``group`` is an experimental feature.*")
-
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _tune_app(cfg: DictConfig) -> None:
@@ -33,6 +27,9 @@ def _tune_app(cfg: DictConfig) -> None:
     from zhantune.tune import resolve_run, tune
 
     console = Console()
+    if cfg.problems:
+        _problems(cfg, console)
+        return
     try:
         run = resolve_run(cfg)
         store = Store(cfg.storage.url)
@@ -43,6 +40,23 @@ def _tune_app(cfg: DictConfig) -> None:
     print_summary(console, run, result, cfg.storage.url)
     if result.interrupted:
         console.print("[yellow]interrupted: run the same command again to resume the study[/yellow]")
+        sys.exit(130)
+
+
+def _problems(cfg: DictConfig, console: Console) -> None:
+    from zhantune.problemset import print_problems_summary, resolve_problems, tune_problems
+    from zhantune.storage import Store
+
+    try:
+        resolve_problems(cfg)  # every problem validated before the database is opened
+        store = Store(cfg.storage.url)
+        result = tune_problems(cfg, store, console)
+    except UserError as e:
+        user_error(e)
+        return
+    print_problems_summary(console, result)
+    if result.interrupted:
+        console.print("[yellow]interrupted: run the same command again to resume[/yellow]")
         sys.exit(130)
 
 

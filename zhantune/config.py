@@ -17,7 +17,8 @@ from omegaconf import MISSING
 #: the Hydra config tree shipped inside the package (the repository's conf/ links here)
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
-__all__ = ["CONF_DIR", "OpConfig", "SearchConfig", "BenchConfig", "StorageConfig", "ExportConfig", "TuneConfig", "register"]
+__all__ = ["CONF_DIR", "OpConfig", "SearchConfig", "BenchConfig", "StorageConfig", "ExportConfig", "ExportAppConfig",
+           "TuneConfig", "register"]
 
 
 @dataclass
@@ -51,6 +52,10 @@ class SearchConfig:
     max_seeds: int = 8
     #: Optuna study name; None derives one from the problem and the device
     study_name: str | None = None
+    #: problems=FILE: measured trials over all problems (None: n_trials per problem on average),
+    #: shared in proportion to each problem's share of the model's GEMM time, at least min_trials each
+    total_trials: int | None = None
+    min_trials: int = 2
 
 
 @dataclass
@@ -86,10 +91,21 @@ class StorageConfig:
 
 @dataclass
 class ExportConfig:
-    """The lookup table written at the end of a tune."""
+    """The lookup table written at the end of a tune (options as for ``python -m zhantune.export``)."""
 
     enabled: bool = True
     path: str = "zhantune_table.json"
+    #: zhantune: the table wrapped with its provenance (versions, devices, source); inductor: the bare
+    #: dict ``torch._inductor.config.lookup_table.table`` takes
+    format: str = "zhantune"
+    #: entries per key, fastest first (1: no autotuning at compile time; more: Inductor autotunes)
+    top_k: int = 1
+    #: emit a tuned entry only when it beats Inductor's default compile by this factor, else the default
+    min_speedup: float = 1.0
+    #: key entries without the device part (usable on any device)
+    device_agnostic: bool = False
+    #: only rows measured with this torch version (exact string, e.g. "2.13.0+cpu"); None: any
+    torch_version: str | None = None
 
 
 @dataclass
@@ -108,8 +124,55 @@ class TuneConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    #: "kn": W [K, N]; "nk": nn.Linear's W [N, K] used as W.t() (part of Inductor's lookup key)
+    weight_layout: str = "kn"
+    #: a problems file written by ``python -m zhantune.collect``: tune every problem in it
+    problems: str | None = None
     #: print the Rich progress bar
     progress: bool = True
+
+
+@dataclass
+class ExportAppConfig(ExportConfig):
+    """``python -m zhantune.export``: the table options plus the database and a device filter."""
+
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    #: a device key (e.g. "NVIDIA H100 80GB HBM3") to export one device only; None: all devices
+    device: str | None = None
+
+
+@dataclass
+class CollectConfig:
+    """``python -m zhantune.collect``: a model's GEMM problems (conf/collect.yaml)."""
+
+    #: module:factory returning an nn.Module (e.g. zhantune.models:mlp)
+    model: str | None = None
+    #: keyword arguments of the factory, e.g. model_kwargs={d_model:64,hidden:128}
+    model_kwargs: Any = None
+    #: one shape per model input, e.g. [[64,256]]
+    input_shapes: Any = None
+    #: float32 | bfloat16 | float16 (None: float32 on CPU, bfloat16 on CUDA)
+    dtype: str | None = None
+    device: str = "auto"
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    #: collect: the problems file written; check: (unused)
+    out: str = "problems.yaml"
+    #: collect: time each problem's default compile (its share of the model's GEMM time)
+    measure: bool = True
+
+
+@dataclass
+class CheckConfig(CollectConfig):
+    """``python -m zhantune.check``: compile a model with a table; hits, misses, stale; three timings."""
+
+    #: the table file (either format)
+    table: str | None = None
+    #: exit with code 1 when the share of GEMM lookups that hit is below this
+    min_coverage: float = 1.0
+    #: also compile and time with max-autotune (slow: Inductor benchmarks every choice)
+    max_autotune: bool = True
+    #: write the report (hits, misses, stale, timings) as JSON here
+    json: str | None = None
 
 
 def register() -> None:
@@ -120,3 +183,6 @@ def register() -> None:
     cs.store(group="search", name="search_schema", node=SearchConfig)
     cs.store(group="bench", name="bench_schema", node=BenchConfig)
     cs.store(group="storage", name="storage_schema", node=StorageConfig)
+    cs.store(name="export_schema", node=ExportAppConfig)
+    cs.store(name="collect_schema", node=CollectConfig)
+    cs.store(name="check_schema", node=CheckConfig)

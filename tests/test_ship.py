@@ -1,0 +1,152 @@
+"""Ship a table with a model: collect, tune the problems, export, use_table in a fresh process, check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import yaml
+
+from zhantune.collect import allocate_trials
+from zhantune.inductor.runtime import stale_reason
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID, FORMAT, read_table
+
+MLP = ["model=zhantune.models:mlp", "model_kwargs={d_model:64,hidden:128,layers:1}", "input_shapes=[[32,64]]"]
+
+USE_TABLE = textwrap.dedent("""
+    import json, sys, torch
+    from torch._dynamo.utils import counters
+    import zhantune
+    from zhantune.models import build_model, example_inputs
+
+    model = build_model("zhantune.models:mlp", {"d_model": 64, "hidden": 128, "layers": 1})
+    x = example_inputs([[32, 64]], torch.float32)
+    with zhantune.use_table(sys.argv[1]), torch.no_grad():
+        out = torch.compile(model)(*x)
+    report = zhantune.table_report()
+    err = ((out - model(*x)).abs().max() / model(*x).abs().max()).item()
+    print(json.dumps({"report": report.as_dict(), "error": err,
+                      "cpp_kernels": counters["inductor"]["cpp_templated_kernel_counter"]}))
+""")
+
+
+@pytest.mark.slow
+def test_collect_tune_export_then_every_key_hits_in_a_fresh_process(cli, tmp_path):
+    r = cli([*MLP, "out=problems.yaml"], tmp_path, module="zhantune.collect")
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = yaml.safe_load((tmp_path / "problems.yaml").read_text())
+    problems = doc["problems"]
+    # Linear(64,128) and Linear(128,64): addmm with nn.Linear's [N, K] weight, each once
+    assert sorted(tuple(p["shape"]) for p in problems) == [(32, 64, 128), (32, 128, 64)]
+    assert all(p["op"] == "addmm" and p["weight_layout"] == "nk" and p["count"] == 1 for p in problems)
+    assert all(p["default_us"] > 0 for p in problems)
+    assert sum(p["share"] for p in problems) == pytest.approx(1.0)
+
+    r = cli(["problems=problems.yaml", "search.n_trials=2", "bench.isolate=false", "progress=false",
+             "storage.url=sqlite:///z.db", "export.path=table.json"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "problem 2/2" in r.stdout
+    tf = read_table(tmp_path / "table.json")
+    assert tf.meta["format"] == FORMAT and tf.meta["torch"] == torch.__version__
+    assert [d["kind"] for d in tf.meta["devices"]] == ["cpu"]
+    assert len(tf.table) == 2
+    # the table's keys are the model's own keys (device key + the collected device-agnostic key)
+    device_key = doc["device"]["key"]
+    assert sorted(tf.table) == sorted(f"{device_key}+{p['lookup_key']}" for p in problems)
+
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor_cache"), PYTHONWARNINGS="ignore")
+    out = subprocess.run([sys.executable, "-c", USE_TABLE, str(tmp_path / "table.json")], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    report = got["report"]
+    assert report["misses"] == {} and report["stale"] == {}
+    assert sorted(report["hits"]) == sorted(tf.table) and report["coverage"] == 1.0
+    assert got["error"] < 1e-4
+    # each C++-template entry really compiled the C++ template, and only those
+    cpp_entries = sum(1 for entries in tf.table.values() if entries[0]["template_id"] == CONFIG_TEMPLATE_ID
+                      and entries[0]["config_patch"].get("max_autotune_gemm_backends") == "CPP")
+    assert got["cpp_kernels"] == cpp_entries
+
+    r = cli([*MLP, "table=table.json", "json=check.json", "bench.target_ms=20"],
+            tmp_path, module="zhantune.check")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    check = json.loads((tmp_path / "check.json").read_text())
+    assert set(check["ways"]) == {"table", "default", "max-autotune"}
+    for way in check["ways"].values():
+        assert way["compile_s"] > 0 and way["run_us"] > 0 and way["error"] < 1e-4
+    assert check["report"]["coverage"] == 1.0
+    assert "compile s" in r.stdout and "coverage 100%" in r.stdout
+
+    # a table made with another torch release is reported stale, not used; the check fails the gate
+    data = json.loads((tmp_path / "table.json").read_text())
+    data["torch"] = "2.1.0"
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    r = cli([*MLP, "table=old.json", "json=old.json.report", "max_autotune=false",
+             "bench.target_ms=10"], tmp_path, module="zhantune.check")
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    old = json.loads((tmp_path / "old.json.report").read_text())
+    assert sorted(old["report"]["stale"]) == sorted(tf.table)
+    assert all("torch 2.1.0" in why for why in old["report"]["stale"].values())
+    assert old["report"]["hits"] == {} and old["report"]["coverage"] == 0.0
+    assert "stale" in r.stdout and "below min_coverage" in r.stdout
+
+
+@pytest.mark.slow
+def test_collect_counts_repeated_gemms_of_a_transformer_block(cli, tmp_path):
+    r = cli(["model=zhantune.models:transformer_block",
+             "model_kwargs={d_model:32,heads:2,hidden:64}", "input_shapes=[[2,8,32]]", "measure=false"],
+            tmp_path, module="zhantune.collect")
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = yaml.safe_load((tmp_path / "problems.yaml").read_text())
+    counts = {tuple(p["shape"]): p["count"] for p in doc["problems"]}
+    # q, k, v and the output projection share one key; the MLP's two layers one each
+    assert counts == {(16, 32, 32): 4, (16, 64, 32): 1, (16, 32, 64): 1}
+
+
+def test_template_hash_mismatch_is_stale_with_inductors_real_template_hash():
+    from torch._inductor.kernel.mm import mm_template
+
+    offered = {mm_template.uid: mm_template.src_hash, "aten::mm": None}
+    entry = {"template_id": "triton::mm", "BLOCK_M": 64}
+    assert stale_reason(entry, offered) is None  # no hash in the entry: kept, as Inductor does
+    assert stale_reason({**entry, "template_hash": mm_template.src_hash}, offered) is None
+    why = stale_reason({**entry, "template_hash": "0" * 64}, offered)
+    assert why and mm_template.src_hash in why
+    assert stale_reason({"template_id": "aten::mm", "template_hash": "x"}, offered) is None
+    with torch._inductor.config.patch({"lookup_table.check_src_hash": False}):
+        assert stale_reason({**entry, "template_hash": "0" * 64}, offered) is None
+
+
+KEY = "((torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 8], [8, 1]))+mm"
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not valid JSON"),
+    (json.dumps({"format": FORMAT, "format_version": 2, "table": {}}), "format_version: this zhantune reads version 1, got 2"),
+    (json.dumps({"format": FORMAT, "format_version": 1, "table": {KEY: [{"template_id": "triton::mm", "BLOCK_M": [64]}]}}),
+     f'table[{json.dumps(KEY)}][0].BLOCK_M: expected a number'),
+    (json.dumps({"format": FORMAT, "format_version": 1, "table": {"mm[64,64,64]": []}}),
+     'table["mm[64,64,64]"]: not an Inductor lookup key'),
+    (json.dumps({KEY: [{"template_id": 3}]}), "string template_id"),
+])
+def test_malformed_table_is_one_line_exit_2_naming_file_and_key_path(cli, tmp_path, content, message):
+    (tmp_path / "bad.json").write_text(content)
+    r = cli([*MLP, "table=bad.json"], tmp_path, module="zhantune.check")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
+    assert "bad.json" in r.stderr and message in r.stderr
+
+
+def test_allocate_trials_follows_shares_with_a_floor():
+    rows = [{"shape": [8, 8, 8], "share": 0.7}, {"shape": [8, 8, 8], "share": 0.2}, {"shape": [8, 8, 8], "share": 0.1}]
+    assert allocate_trials(rows, 20, 2) == [14, 4, 2]
+    assert sum(allocate_trials(rows, 21, 2)) == 21
+    assert allocate_trials(rows, 3, 2) == [2, 2, 2]  # the floor wins over the total
+    no_shares = [{"shape": [64, 64, 64], "count": 1}, {"shape": [64, 64, 64], "count": 3}]
+    assert allocate_trials(no_shares, 8, 1) == [2, 6]  # count x FLOPs where shares are missing

@@ -1,0 +1,124 @@
+"""Example models built in code (no downloads), for the ship-a-table workflow, and model loading.
+
+``python -m zhantune.collect model=zhantune.models:mlp input_shapes=[[64,256]]`` names a factory as
+``module:function``; the factory takes keyword arguments (``model_kwargs``) and returns an
+``nn.Module``. Loading a model imports the user's own module, like ``python -m`` does; tables, by
+contrast, are data and never run code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from zhantune.errors import ConfigError
+
+__all__ = ["mlp", "transformer_block", "load_factory", "build_model", "example_inputs"]
+
+
+def mlp(d_model: int = 256, hidden: int = 1024, layers: int = 2) -> nn.Module:
+    """An MLP: ``layers`` x (Linear(d_model, hidden), GELU, Linear(hidden, d_model)), residual.
+
+    Input [tokens, d_model]; every Linear is an addmm GEMM for Inductor.
+    """
+    return _Residual(nn.ModuleList(_FeedForward(d_model, hidden) for _ in range(layers)))
+
+
+def transformer_block(d_model: int = 256, heads: int = 4, hidden: int = 1024) -> nn.Module:
+    """A pre-norm transformer block: attention (q, k, v, output projections; SDPA in between) and MLP.
+
+    Input [batch, seq, d_model]. The four projections and the two MLP layers are GEMMs; attention
+    itself goes to ``scaled_dot_product_attention`` (not a GEMM lowering).
+    """
+    return _Block(d_model, heads, hidden)
+
+
+class _FeedForward(nn.Module):
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.up = nn.Linear(d_model, hidden)
+        self.down = nn.Linear(hidden, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.gelu(self.up(x)))
+
+
+class _Residual(nn.Module):
+    def __init__(self, blocks: nn.ModuleList):
+        super().__init__()
+        self.blocks = blocks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + b(x)
+        return x
+
+
+class _Block(nn.Module):
+    def __init__(self, d_model: int, heads: int, hidden: int):
+        super().__init__()
+        if d_model % heads:
+            raise ConfigError(f"transformer_block: d_model={d_model} is not a multiple of heads={heads}")
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(d_model)
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.o = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.ff = _FeedForward(d_model, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        h = self.norm1(x).reshape(b * s, d)
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2)
+
+        att = nn.functional.scaled_dot_product_attention(split(self.q(h)), split(self.k(h)), split(self.v(h)))
+        x = x + self.o(att.transpose(1, 2).reshape(b * s, d)).reshape(b, s, d)
+        return x + self.ff(self.norm2(x).reshape(b * s, d)).reshape(b, s, d)
+
+
+def load_factory(spec: str, source: str = "model") -> Callable[..., nn.Module]:
+    """Resolve ``module:function``; raises ConfigError naming the value when it does not resolve."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{source}={spec!r}: expected module:factory, e.g. zhantune.models:mlp")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{source}={spec!r}: cannot import {module_name!r}: {e}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"{source}={spec!r}: {module_name} has no callable {attr!r}")
+    return factory
+
+
+def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu", seed: int = 0) -> nn.Module:
+    """The factory's module in eval mode, in ``dtype`` on ``device``, weights seeded by ``seed``."""
+    factory = load_factory(spec)
+    torch.manual_seed(seed)
+    try:
+        model = factory(**(kwargs or {}))
+    except TypeError as e:
+        raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: {e}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model={spec!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def example_inputs(shapes: list[list[int]], dtype: torch.dtype, device: torch.device | str = "cpu",
+                   seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Inputs of the given shapes, N(0, 1) values, deterministic for a seed."""
+    g = torch.Generator().manual_seed(seed + 1)
+    out = []
+    for i, shape in enumerate(shapes):
+        if not shape or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
+            raise ConfigError(f"input_shapes[{i}]={shape}: expected a list of positive integers")
+        out.append(torch.randn(*shape, generator=g).to(device=device, dtype=dtype))
+    return tuple(out)

@@ -1,0 +1,116 @@
+"""``python -m zhantune problems=problems.yaml``: tune every problem of a collected model, then export.
+
+One resumable study per problem (the study name is the problem key and the device key, as for a
+single tune), trials shared in proportion to each problem's share of the model's GEMM time
+(``search.total_trials``, at least ``search.min_trials`` each; zhantune.collect.allocate_trials),
+overall progress on the terminal, one lookup table for all of them at the end.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from rich.console import Console
+
+from zhantune.config import CONF_DIR, OpConfig
+from zhantune.errors import ConfigError
+
+__all__ = ["ProblemRun", "resolve_problems", "tune_problems"]
+
+
+@dataclass
+class ProblemRun:
+    row: dict[str, Any]
+    n_trials: int
+    run: Any  # RunSpec
+    result: Any = None
+
+
+@dataclass
+class ProblemsResult:
+    runs: list[ProblemRun] = field(default_factory=list)
+    interrupted: bool = False
+    table_path: Any = None
+    table_keys: list[str] = field(default_factory=list)
+
+
+def _problem_cfg(cfg: DictConfig, row: dict[str, Any], n_trials: int) -> DictConfig:
+    op_file = CONF_DIR / "op" / f"{row['op']}.yaml"
+    op = OmegaConf.merge(OmegaConf.structured(OpConfig), OmegaConf.load(op_file))
+    sub = copy.deepcopy(cfg)
+    with open_dict(sub):
+        sub.op = op
+        sub.shape = list(row["shape"])
+        sub.dtype = row.get("dtype", "float32")
+        sub.weight_layout = row.get("weight_layout", "kn")
+        sub.problems = None
+        sub.search.n_trials = n_trials
+        sub.export.enabled = False
+    return sub
+
+
+def resolve_problems(cfg: DictConfig) -> list[ProblemRun]:
+    """Read the problems file, share the trials, and validate every problem's run before any is
+    measured (a bad problem stops the command before anything is stored)."""
+    from zhantune.collect import allocate_trials, read_problems
+    from zhantune.tune import resolve_run
+
+    rows = read_problems(cfg.problems)
+    if not OmegaConf.is_missing(cfg, "shape") or not OmegaConf.is_missing(cfg, "op"):
+        raise ConfigError(f"problems={cfg.problems} takes op and shape from the file; drop +op=... and shape=[...]")
+    total = cfg.search.total_trials or cfg.search.n_trials * len(rows)
+    if total < len(rows):
+        raise ConfigError(f"search.total_trials={total} is less than the {len(rows)} problems in {cfg.problems}")
+    if cfg.search.min_trials < 1:
+        raise ConfigError(f"search.min_trials={cfg.search.min_trials} must be at least 1")
+    counts = allocate_trials(rows, total, cfg.search.min_trials)
+    return [ProblemRun(row, n, resolve_run(_problem_cfg(cfg, row, n))) for row, n in zip(rows, counts, strict=True)]
+
+
+def tune_problems(cfg: DictConfig, store: Any, console: Console) -> ProblemsResult:
+    """Tune each problem in turn (its own study), then export one table for the device."""
+    from zhantune.report import TuneProgress
+    from zhantune.tune import tune
+
+    runs = resolve_problems(cfg)
+    out = ProblemsResult(runs)
+    total = sum(r.n_trials for r in runs)
+    done = 0
+    for i, pr in enumerate(runs, 1):
+        share = pr.row.get("share")
+        console.rule(f"[bold]problem {i}/{len(runs)}[/bold] {pr.run.problem.key} x{pr.row.get('count', 1)}"
+                     + (f" ({share:.0%} of the model's GEMM time)" if share else "")
+                     + f": {pr.n_trials} trials; {done}/{total} done overall")
+        pr.result = tune(pr.run, store, TuneProgress(console) if cfg.progress else None)
+        done += pr.n_trials
+        if pr.result.interrupted:
+            out.interrupted = True
+            return out
+    if cfg.export.enabled:
+        from zhantune.export import export_table
+
+        out.table_path, table = export_table(store, cfg.storage.url, cfg.export, runs[0].run.device.key)
+        out.table_keys = list(table)
+    return out
+
+
+def print_problems_summary(console: Console, result: ProblemsResult) -> None:
+    from rich.table import Table
+
+    t = Table(title="problems")
+    for col in ("problem", "count", "trials", "default us", "best us", "speedup"):
+        t.add_column(col, justify="left" if col == "problem" else "right")
+    for pr in result.runs:
+        r = pr.result
+        if r is None:
+            continue
+        d = r.default.median_us if r.default is not None and r.default.median_us else None
+        b = r.best.median_us if r.best is not None else None
+        t.add_row(pr.run.problem.key, str(pr.row.get("count", 1)), str(r.measured),
+                  f"{d:,.1f}" if d else "-", f"{b:,.1f}" if b else "-", f"{d / b:.2f}x" if d and b else "-")
+    console.print(t)
+    if result.table_path is not None:
+        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))")
