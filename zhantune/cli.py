@@ -9,19 +9,16 @@ function starts is a user error, mapped to exit code 2.
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 from zhantune.config import CONF_DIR
 from zhantune.errors import USER_ERROR_EXIT_CODE, UserError
+from zhantune.quiet import quiet_known_warnings
 
 __all__ = ["run_app", "user_error", "check_group_overrides"]
 
-# known, harmless warnings of the compiles zhantune makes on purpose
-warnings.filterwarnings("ignore", message=".*TF32 acceleration on top of oneDNN.*")
-warnings.filterwarnings("ignore", message=".*dynamo_pgo force disabled.*")
-warnings.filterwarnings("ignore", message="Argument ``group`` is an experimental feature.*")
+quiet_known_warnings()
 
 _GROUPS = ("op", "search", "bench", "storage", "space")
 

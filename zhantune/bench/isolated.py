@@ -69,6 +69,9 @@ def _apply_test_fault(cand: Candidate) -> None:
 
 def _worker_main(conn: Any, spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches the whole group
+    from zhantune.quiet import quiet_known_warnings
+
+    quiet_known_warnings()
     bench = _build(spec)
     conn.send(("ready", None))
     if hasattr(bench, "on_compiled"):
