@@ -83,7 +83,7 @@ def _replay_app(cfg: DictConfig) -> None:
             problem = GemmProblem.from_config(row.op, [row.shape[d] for d in OPS[row.op]], row.dtype, row.activation,
                                               weight_layout=row.weight_layout)
             bench = InductorBenchmarker(problem, device, cfg.bench, seed=cfg.seed)
-            rec = Recorder(store, problem, study_id, device_id, row.id)
+            rec = Recorder(store, problem, study_id, device_id, row.id, device)
             with interrupt.interruptible():
                 default = bench.inductor_default()
             rec.add(default, "default")

@@ -18,6 +18,8 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from sqlalchemy.exc import IntegrityError
 
+from zhantune import interrupt
+from zhantune.bench.conditions import conditions, is_contended
 from zhantune.bench.inductor import BACKEND_FLAGS, InductorBenchmarker
 from zhantune.bench.isolated import IsolatedBenchmarker, WorkerSpec
 from zhantune.bench.measurement import Measurement
@@ -205,14 +207,23 @@ class TuneResult:
     interrupted: bool = False
     table_path: Path | None = None
     table_keys: list[str] = field(default_factory=list)
+    #: "clear", "tie" (within noise after re-measuring) or None (fewer than two correct configs)
+    verdict: str | None = None
+    verdict_text: str | None = None
+    #: timed rows taken under contention (zhantune.bench.conditions)
+    contended: int = 0
 
 
 class Recorder:
     """Turns benchmark Measurements into rows (one commit per trial)."""
 
     def __init__(self, store: Store, problem: GemmProblem | ReplayProblem, study_id: int, device_id: int,
-                 problem_id: int):
+                 problem_id: int, device: DeviceInfo | None = None):
+        """``device``: the device measured on here (its conditions are recorded with every timed
+        row); None for recorded data (replay), which was measured elsewhere."""
         self.store, self.problem, self.study_id = store, problem, study_id
+        self.device_kind = device.kind if device is not None else None
+        self.device_index = device.index if device is not None else None
         self.device_id, self.problem_id = device_id, problem_id
         self.versions = software_versions()
         self.environment_id = store.environment_id(environment_fields())
@@ -235,8 +246,12 @@ class Recorder:
         )
         if t is not None:
             fields.update(median_us=t.median_us, min_us=t.min_us, max_us=t.max_us, p20_us=t.p20_us,
-                          p80_us=t.p80_us, n=t.n, timing_method=t.method,
+                          p80_us=t.p80_us, n=t.n, timing_method=t.method, mean_us=t.mean_us, std_us=t.std_us,
+                          iqr_us=t.iqr_us, cv=t.cv,
                           tflops=self.problem.tflops(t.median_us) if t.median_us > 0 else None)
+        if self.device_kind is not None and t is not None:
+            c = conditions(self.device_kind, self.device_index)
+            fields.update(conditions=c, contended=is_contended(c))
         row_id = self.store.add_measurement(**fields)
         return orm.Measurement(id=row_id, **fields)
 
@@ -268,7 +283,7 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
     # baselines (eager and Inductor's default; the default compile also records the lookup key)
     baselines = bench.baselines()
     problem_id = store.problem_id(problem.key, lookup_key=bench.lookup_key, **problem.row_fields())
-    rec = Recorder(store, problem, study_id, device_id, problem_id)
+    rec = Recorder(store, problem, study_id, device_id, problem_id, None if run.replay is not None else device)
     rows = {kind: rec.add(meas, kind) for kind, meas in baselines}
     result = TuneResult(run.study_name, study_id, rows.get("eager"), rows.get("default"), None)
 
@@ -309,7 +324,10 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
         if progress is not None:
             progress.stop()
     result.infeasible, result.interrupted = stats.infeasible, stats.interrupted
+    if not result.interrupted and run.replay is None and cfg.bench.remeasure_rounds > 0:
+        settle_close_call(run, store, bench, rec, problem_id, result)
     store.finish_study(study_id, "interrupted" if result.interrupted else "finished")
+    result.contended = store.contended_count(study_id)
     result.best = _best_for_problem(store, device.key, problem_id)
     if cfg.export.enabled and not result.interrupted and run.replay is None:
         from zhantune.export import export_table
@@ -317,6 +335,57 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
         result.table_path, table = export_table(store, cfg.storage.url, cfg.export, device.key)
         result.table_keys = list(table)
     return result
+
+
+def settle_close_call(run: RunSpec, store: Store, bench: Any, rec: Recorder, problem_id: int,
+                      result: TuneResult) -> None:
+    """If the two fastest configs of this (device, problem) are within each other's noise
+    (:func:`zhantune.bench.timing.is_tie`), measure both ``bench.remeasure_rounds`` more times,
+    interleaved, and store those rows (kind ``remeasure``); the ranking then uses each config's
+    median row. Sets ``result.verdict`` to "clear" or "tie" with a sentence for the summary."""
+    from zhantune.bench.timing import is_tie
+
+    ranked = next((rows for dev, prob, rows in store.ranked_candidates(run.device.key, top_k=2)
+                   if prob.id == problem_id), [])
+    if len(ranked) < 2:
+        return
+    a, b = ranked
+    if not is_tie(a, b):
+        result.verdict = "clear"
+        result.verdict_text = (f"clear winner: the runner-up is {b.median_us / a.median_us:.2f}x slower, "
+                               "outside the noise (20th-80th percentiles do not overlap)")
+        return
+    cands = []
+    for row in (a, b):
+        branch = next((br for br in run.space.branches if br.name == row.branch), None)
+        if branch is None:  # measured by another space (a cached row): cannot be rebuilt here
+            result.verdict, result.verdict_text = "tie", "close call with a config outside this space: not re-measured"
+            return
+        cands.append(Candidate(row.branch, branch.scope, row.template_id, dict(row.params)))
+    fresh: dict[str, list[float]] = {c.config_hash: [] for c in cands}
+    last = {}
+    with interrupt.interruptible():
+        for _ in range(run.cfg.bench.remeasure_rounds):
+            for cand in cands:
+                meas = bench.measure(cand)
+                last[cand.config_hash] = rec.add(meas, "remeasure", cand)
+                if meas.ok:
+                    fresh[cand.config_hash].append(meas.timing.median_us)
+    ra, rb = (last.get(c.config_hash) for c in cands)
+    ma, mb = (sorted(fresh[c.config_hash]) for c in cands)
+    if not ma or not mb or ra is None or rb is None:
+        result.verdict, result.verdict_text = "tie", "close call: a re-measurement failed"
+        return
+    import statistics
+
+    med_a, med_b = statistics.median(ma), statistics.median(mb)
+    tied = is_tie(ra, rb) and ma[0] <= mb[-1] and mb[0] <= ma[-1]
+    result.verdict = "tie" if tied else "clear"
+    lead = "first" if med_a <= med_b else "second"
+    result.verdict_text = (f"close call re-measured {run.cfg.bench.remeasure_rounds}x interleaved: "
+                           f"{cands[0].describe()} {med_a:,.1f} us vs {cands[1].describe()} {med_b:,.1f} us "
+                           f"(the {lead} is faster); "
+                           + ("still within the noise: a tie, either is fine" if tied else "now a clear winner"))
 
 
 def _best_for_problem(store: Store, device_key: str, problem_id: int) -> orm.Measurement | None:

@@ -6,7 +6,12 @@ write a buffer larger than the last-level cache (``flush_cache``); time each run
 ``time.perf_counter_ns``; reduce to median, min, max and the 20th/80th percentiles.
 
 CUDA: Triton's own ``triton.testing.do_bench_cudagraph`` (kernel time without Python launch
-overhead) or ``do_bench`` (L2 flush, per-run CUDA events), asking for the same quantiles.
+overhead) or ``do_bench`` (L2 flush, per-run CUDA events), asking for every run's time
+(``return_mode="all"``) so that both devices reduce the same way.
+
+Every Timing carries median, min, max, the 20th/80th percentiles, mean and standard deviation, the
+interquartile range (75th - 25th percentile) and the coefficient of variation (std / mean).
+:func:`is_tie` says whether two timings are within each other's noise (docs/timing.md).
 """
 
 from __future__ import annotations
@@ -15,15 +20,15 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["Timing", "summarize_us", "time_cpu", "time_cuda"]
+__all__ = ["Timing", "summarize_us", "time_cpu", "time_cuda", "is_tie"]
 
 #: fallback size of the flush buffer where sysfs does not give the cache sizes
 _DEFAULT_FLUSH_BYTES = 64 * 1024 * 1024
 
-_QUANTILES = (0.0, 0.2, 0.5, 0.8, 1.0)
 
 
 @dataclass(frozen=True)
@@ -37,11 +42,19 @@ class Timing:
     p80_us: float
     n: int
     method: str
+    mean_us: float | None = None
+    std_us: float | None = None
+    #: interquartile range: 75th - 25th percentile
+    iqr_us: float | None = None
+    p25_us: float | None = None
+    p75_us: float | None = None
 
     @property
-    def iqr_us(self) -> float:
-        """Spread between the 20th and 80th percentiles (the protocol's inter-quantile range)."""
-        return self.p80_us - self.p20_us
+    def cv(self) -> float | None:
+        """Coefficient of variation of the runs: std / mean (None where unknown)."""
+        if self.std_us is None or not self.mean_us:
+            return None
+        return self.std_us / self.mean_us
 
     def as_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -62,6 +75,7 @@ def summarize_us(times_us: list[float], method: str) -> Timing:
     if not times_us:
         raise ValueError("no timings to summarize")
     s = sorted(times_us)
+    p25, p75 = _quantile(s, 0.25), _quantile(s, 0.75)
     return Timing(
         median_us=statistics.median(s),
         min_us=s[0],
@@ -70,7 +84,18 @@ def summarize_us(times_us: list[float], method: str) -> Timing:
         p80_us=_quantile(s, 0.8),
         n=len(s),
         method=method,
+        mean_us=statistics.fmean(s),
+        std_us=statistics.stdev(s) if len(s) > 1 else 0.0,
+        iqr_us=p75 - p25,
+        p25_us=p25,
+        p75_us=p75,
     )
+
+
+def is_tie(a: Any, b: Any) -> bool:
+    """True when two timings (Timing objects or stored measurement rows, microseconds) are within each
+    other's noise: their 20th-80th percentile ranges overlap."""
+    return a.p20_us <= b.p80_us and b.p20_us <= a.p80_us
 
 
 def _last_level_cache_bytes() -> int | None:
@@ -142,19 +167,14 @@ def time_cpu(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: fl
 
 def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: float = 100.0,
               cuda_graph: bool = True) -> Timing:  # pragma: no cover - needs a GPU
-    """Time ``fn`` on the current CUDA device with Triton's protocol; microseconds.
-
-    ``n`` is not reported by Triton, so it is the repetition count Triton derives, estimated from
-    the median and ``target_ms``.
-    """
+    """Time ``fn`` on the current CUDA device with Triton's protocol; microseconds, every run's time
+    from Triton (``return_mode="all"``) reduced by :func:`summarize_us`."""
     import triton.testing
 
     if cuda_graph:
-        qs = triton.testing.do_bench_cudagraph(fn, rep=target_ms, quantiles=list(_QUANTILES))
+        times_ms = triton.testing.do_bench_cudagraph(fn, rep=target_ms, return_mode="all")
         method = "cuda:triton.do_bench_cudagraph"
     else:
-        qs = triton.testing.do_bench(fn, warmup=warmup_ms, rep=target_ms, quantiles=list(_QUANTILES))
+        times_ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=target_ms, return_mode="all")
         method = "cuda:triton.do_bench"
-    mn, p20, med, p80, mx = (q * 1e3 for q in qs)
-    n = max(1, int(target_ms * 1e3 / max(med, 1e-3)))
-    return Timing(median_us=med, min_us=mn, max_us=mx, p20_us=p20, p80_us=p80, n=n, method=method)
+    return summarize_us([t * 1e3 for t in times_ms], method)

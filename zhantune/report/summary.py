@@ -76,6 +76,13 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
                           "faster than inductor default")
     else:
         console.print("[yellow]no candidate measured ok[/yellow]")
+    if getattr(result, "verdict_text", None):
+        console.print(("[yellow]" if result.verdict == "tie" else "") + result.verdict_text
+                      + ("[/yellow]" if result.verdict == "tie" else ""))
+    if getattr(result, "contended", 0):
+        console.print(f"[yellow]warning: {result.contended} measurement(s) taken under contention (load average "
+                      "above the core count, or other GPU processes): their times may be inflated; "
+                      "re-run on a quiet machine[/yellow]")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"
     console.print(f"trials: {result.measured} measured ({counts}), {result.cached} cached, "
                   f"{result.infeasible} infeasible" + (" [interrupted]" if result.interrupted else ""))

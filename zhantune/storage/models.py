@@ -129,6 +129,16 @@ class Measurement(Base):
     p20_us: Mapped[float | None] = mapped_column(Float)
     p80_us: Mapped[float | None] = mapped_column(Float)
     n: Mapped[int | None] = mapped_column(Integer)
+    mean_us: Mapped[float | None] = mapped_column(Float)
+    std_us: Mapped[float | None] = mapped_column(Float)
+    #: interquartile range (75th - 25th percentile) of the runs, microseconds
+    iqr_us: Mapped[float | None] = mapped_column(Float)
+    #: coefficient of variation of the runs: std / mean
+    cv: Mapped[float | None] = mapped_column(Float)
+    #: the machine while measuring (zhantune.bench.conditions): load average, threads, governor, ...
+    conditions: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: measured under contention (load average above the core count, or other GPU processes)
+    contended: Mapped[bool | None] = mapped_column()
     timing_method: Mapped[str | None] = mapped_column(String(64))
     tflops: Mapped[float | None] = mapped_column(Float)
     error: Mapped[float | None] = mapped_column(Float)

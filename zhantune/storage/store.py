@@ -301,43 +301,45 @@ class Store:
             )
 
     def best_candidates(self, device_key: str | None = None) -> list[tuple[m.Device, m.Problem, m.Measurement]]:
-        """Fastest ``ok`` candidate per (device, problem), by median_us; optionally one device."""
-        with self.session() as s:
-            q = (select(m.Measurement, m.Device, m.Problem)
-                 .join(m.Device, m.Measurement.device_id == m.Device.id)
-                 .join(m.Problem, m.Measurement.problem_id == m.Problem.id)
-                 .where(m.Measurement.kind == "candidate", m.Measurement.status == "ok",
-                        m.Measurement.median_us.is_not(None))
-                 .order_by(m.Measurement.median_us, m.Measurement.id))
-            if device_key is not None:
-                q = q.where(m.Device.key == device_key)
-            best: dict[tuple[int, int], tuple[m.Device, m.Problem, m.Measurement]] = {}
-            for meas, dev, prob in s.execute(q):
-                best.setdefault((dev.id, prob.id), (dev, prob, meas))
-            return list(best.values())
+        """Fastest config per (device, problem), ranked as :meth:`ranked_candidates` ranks them."""
+        return [(dev, prob, rows[0]) for dev, prob, rows in self.ranked_candidates(device_key)]
 
     def ranked_candidates(self, device_key: str | None = None, torch_version: str | None = None,
                           top_k: int = 1) -> list[tuple[m.Device, m.Problem, list[m.Measurement]]]:
-        """Per (device, problem): the ``top_k`` fastest distinct configs (``ok`` candidates, by median_us;
-        a config measured twice counts once, at its fastest). ``torch_version`` keeps only rows
-        measured with that torch version (exact string, e.g. "2.13.0+cpu")."""
+        """Per (device, problem): the ``top_k`` fastest distinct configs, fastest first.
+
+        Rows are ``ok`` candidates and close-call re-measurements (kind ``remeasure``). A config
+        measured several times is represented by its median row (the lower middle by median_us),
+        so measuring a config more often does not make it look faster. ``torch_version`` keeps only
+        rows measured with that torch version (exact string, e.g. "2.13.0+cpu").
+        """
         with self.session() as s:
             q = (select(m.Measurement, m.Device, m.Problem)
                  .join(m.Device, m.Measurement.device_id == m.Device.id)
                  .join(m.Problem, m.Measurement.problem_id == m.Problem.id)
-                 .where(m.Measurement.kind == "candidate", m.Measurement.status == "ok",
+                 .where(m.Measurement.kind.in_(("candidate", "remeasure")), m.Measurement.status == "ok",
                         m.Measurement.median_us.is_not(None))
                  .order_by(m.Measurement.median_us, m.Measurement.id))
             if device_key is not None:
                 q = q.where(m.Device.key == device_key)
             if torch_version is not None:
                 q = q.where(m.Measurement.torch_version == torch_version)
-            ranked: dict[tuple[int, int], tuple[m.Device, m.Problem, list[m.Measurement]]] = {}
+            groups: dict[tuple[int, int], tuple[m.Device, m.Problem, dict[str | None, list[m.Measurement]]]] = {}
             for meas, dev, prob in s.execute(q):
-                _, _, rows = ranked.setdefault((dev.id, prob.id), (dev, prob, []))
-                if len(rows) < top_k and all(r.config_hash != meas.config_hash for r in rows):
-                    rows.append(meas)
-            return list(ranked.values())
+                _, _, by_config = groups.setdefault((dev.id, prob.id), (dev, prob, {}))
+                by_config.setdefault(meas.config_hash, []).append(meas)  # in median_us order
+            ranked = []
+            for dev, prob, by_config in groups.values():
+                reps = [rows[(len(rows) - 1) // 2] for rows in by_config.values()]
+                reps.sort(key=lambda r: (r.median_us, r.id))
+                ranked.append((dev, prob, reps[:top_k]))
+            return ranked
+
+    def contended_count(self, study_id: int) -> int:
+        """Timed rows of a study measured under contention."""
+        with self.session() as s:
+            return s.scalar(select(func.count()).select_from(m.Measurement)
+                            .where(m.Measurement.study_id == study_id, m.Measurement.contended.is_(True))) or 0
 
     def default_times_us(self, torch_version: str | None = None) -> dict[tuple[int, int], float]:
         """(device id, problem id) -> the fastest ``ok`` median of Inductor's default compile, in us."""

@@ -1,0 +1,158 @@
+"""The timing protocol's statistics, tie detection and close-call re-measurement, measurement
+conditions, and correctness on edge shapes."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from zhantune.bench.conditions import conditions, is_contended
+from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner
+from zhantune.bench.timing import is_tie, summarize_us
+from zhantune.storage import Store
+from zhantune.tune import Recorder, TuneResult, resolve_run, settle_close_call
+
+DATA = Path(__file__).resolve().parent / "data" / "kerneltuner"
+
+
+def test_statistics_on_known_inputs():
+    t = summarize_us([float(v) for v in range(1, 11)], "test")  # 1..10 us
+    assert (t.median_us, t.min_us, t.max_us, t.n) == (5.5, 1.0, 10.0, 10)
+    # linear interpolation between order statistics (torch.quantile's default rule)
+    assert t.p20_us == pytest.approx(2.8) and t.p80_us == pytest.approx(8.2)
+    assert t.p25_us == pytest.approx(3.25) and t.p75_us == pytest.approx(7.75)
+    assert t.iqr_us == pytest.approx(4.5)
+    assert t.mean_us == pytest.approx(5.5)
+    assert t.std_us == pytest.approx(statistics.stdev(range(1, 11)))
+    assert t.cv == pytest.approx(statistics.stdev(range(1, 11)) / 5.5)
+    one = summarize_us([7.0], "test")
+    assert one.p20_us == one.p80_us == one.median_us == 7.0 and one.cv == 0.0
+    with pytest.raises(ValueError):
+        summarize_us([], "test")
+
+
+def test_tie_detection_on_known_inputs():
+    a = summarize_us([100.0, 101, 102, 103, 104], "a")  # p20 100.8, p80 103.2
+    b = summarize_us([103.0, 104, 105, 106, 107], "b")  # p20 103.8, p80 106.2 -> no overlap
+    c = summarize_us([102.0, 103, 104, 105, 106], "c")  # p20 102.8: overlaps a
+    assert not is_tie(a, b) and not is_tie(b, a)
+    assert is_tie(a, c) and is_tie(c, a) and is_tie(a, a)
+
+
+def test_conditions_snapshot_and_contention_rule():
+    c = conditions("cpu")
+    assert c["cores"] >= 1 and c["threads"] == torch.get_num_threads() and c["load_avg_1m"] >= 0
+    assert is_contended({"cores": 2, "load_avg_1m": 2.5})
+    assert not is_contended({"cores": 2, "load_avg_1m": 1.9})
+    assert is_contended({"cores": 8, "load_avg_1m": 0.1, "gpu": {"other_processes": 1}})
+
+
+def _measured_configs(path: Path):
+    """Every correct config of a Kernel Tuner file with its Timing, fastest first."""
+    f = load_kerneltuner(path)
+    bench = ReplayBenchmarker(f)
+    (branch,) = f.space().branches
+    measured = []
+    for values in branch.members:
+        v = {p.name: x for p, x in zip(branch.params, values, strict=True) if p.distribution is not None}
+        m = bench.measure(branch.candidate(v))
+        if m.ok:
+            measured.append((m.timing, v))
+    measured.sort(key=lambda tv: tv[0].median_us)
+    return measured
+
+
+def test_close_call_is_remeasured_interleaved_and_reported(tune_cfg, tmp_path):
+    """Replay data answers every re-measurement with the recorded runs: each round puts the same
+    config first, so the interleaved rounds settle the close call as a clear winner."""
+    path = DATA / "gemm_RTX_3090.json.gz"
+    measured = _measured_configs(path)
+    # the fastest pair of configs within each other's noise (20th-80th percentiles overlap)
+    (best_t, best_v), (second_t, second_v) = next(
+        (measured[i], measured[j]) for i in range(len(measured)) for j in range(i + 1, min(i + 50, len(measured)))
+        if is_tie(measured[i][0], measured[j][0]))
+    assert is_tie(best_t, second_t) and best_t.median_us <= second_t.median_us
+    cfg = tune_cfg(["bench=replay", f"bench.path={path}", "search.n_trials=1", f"storage.url=sqlite:///{tmp_path}/z.db",
+                    "export.enabled=false", "progress=false"])
+    run = resolve_run(cfg)
+    store = Store(cfg.storage.url)
+    device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
+    problem_id = store.problem_id(run.problem.key, lookup_key=None, **run.problem.row_fields())
+    study_id = store.study_id("close-call", {})
+    rec = Recorder(store, run.problem, study_id, device_id, problem_id)
+    bench = ReplayBenchmarker(run.replay)
+    (branch,) = run.space.branches
+    for n, v in enumerate((second_v, best_v)):
+        cand = branch.candidate(v)
+        rec.add(bench.measure(cand), "candidate", cand, trial_number=n)
+    result = TuneResult("close-call", study_id, None, None, None)
+    settle_close_call(run, store, bench, rec, problem_id, result)
+    rows = [r for r in store.measurements(study_id) if r.kind == "remeasure"]
+    hashes = [r.config_hash for r in rows]
+    first, second = branch.candidate(best_v).config_hash, branch.candidate(second_v).config_hash
+    assert hashes == [first, second] * cfg.bench.remeasure_rounds  # interleaved A B A B A B
+    assert result.verdict == "clear" and "interleaved" in result.verdict_text
+    assert "now a clear winner" in result.verdict_text
+    (_, _, ranked), = store.ranked_candidates(run.device.key, top_k=2)
+    assert [r.config_hash for r in ranked] == [first, second]
+
+
+def test_clear_winner_is_not_remeasured(tune_cfg, tmp_path):
+    path = DATA / "gemm_RTX_3090.json.gz"
+    measured = _measured_configs(path)
+    best_t, best_v = measured[0]
+    slow_t, slow_v = next((t, v) for t, v in measured if not is_tie(best_t, t))
+    cfg = tune_cfg(["bench=replay", f"bench.path={path}", f"storage.url=sqlite:///{tmp_path}/z.db",
+                    "export.enabled=false"])
+    run = resolve_run(cfg)
+    store = Store(cfg.storage.url)
+    device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
+    problem_id = store.problem_id(run.problem.key, lookup_key=None, **run.problem.row_fields())
+    study_id = store.study_id("clear", {})
+    rec = Recorder(store, run.problem, study_id, device_id, problem_id)
+    bench = ReplayBenchmarker(run.replay)
+    (branch,) = run.space.branches
+    for n, v in enumerate((best_v, slow_v)):
+        cand = branch.candidate(v)
+        rec.add(bench.measure(cand), "candidate", cand, trial_number=n)
+    result = TuneResult("clear", study_id, None, None, None)
+    settle_close_call(run, store, bench, rec, problem_id, result)
+    assert result.verdict == "clear" and f"{slow_t.median_us / best_t.median_us:.2f}x" in result.verdict_text
+    assert not [r for r in store.measurements(study_id) if r.kind == "remeasure"]
+
+
+@pytest.mark.parametrize("op, shape", [
+    ("mm", [64, 48, 1]),     # K = 1
+    ("mm", [1, 64, 48]),     # M = 1
+    ("addmm", [33, 17, 9]),  # nothing a multiple of a block size
+    ("bmm", [3, 5, 7, 9]),   # batched, no multiples
+])
+def test_edge_shapes_are_measured_correct_through_inductor(tune_cfg, tmp_path, op, shape):
+    cfg = tune_cfg([f"+op={op}", f"shape=[{','.join(map(str, shape))}]", "device=cpu", "search.n_trials=2",
+                    "bench.isolate=false", "bench.target_ms=5", "bench.warmup_ms=2", "bench.remeasure_rounds=0",
+                    f"storage.url=sqlite:///{tmp_path}/z.db", "export.enabled=false"])
+    run = resolve_run(cfg)
+    from zhantune.tune import tune
+
+    result = tune(run, Store(cfg.storage.url))
+    rows = Store(cfg.storage.url).measurements(result.study_id)
+    assert rows and all(r.status == "ok" for r in rows), [(r.kind, r.status, r.error_text) for r in rows]
+    assert all(r.error is not None and r.error <= 1e-4 for r in rows)
+
+
+def test_a_gemm_inductor_decomposes_is_reported_not_applied(tune_cfg, tmp_path):
+    """bmm with K = 1 is rewritten by Inductor's decompositions into a pointwise multiply: no GEMM
+    lowering, so no candidate can apply; every trial says so instead of timing something else."""
+    cfg = tune_cfg(["+op=bmm", "shape=[3,5,7,1]", "device=cpu", "search.n_trials=1", "bench.isolate=false",
+                    "bench.target_ms=5", "bench.warmup_ms=2", f"storage.url=sqlite:///{tmp_path}/z.db",
+                    "export.enabled=false"])
+    from zhantune.tune import tune
+
+    result = tune(resolve_run(cfg), Store(cfg.storage.url))
+    rows = {r.kind: r for r in Store(cfg.storage.url).measurements(result.study_id)}
+    assert rows["eager"].status == "ok"
+    assert rows["default"].status == rows["candidate"].status == "not_applied"
+    assert "did not reach Inductor's GEMM lowering" in rows["candidate"].error_text
