@@ -150,3 +150,17 @@ def test_allocate_trials_follows_shares_with_a_floor():
     assert allocate_trials(rows, 3, 2) == [2, 2, 2]  # the floor wins over the total
     no_shares = [{"shape": [64, 64, 64], "count": 1}, {"shape": [64, 64, 64], "count": 3}]
     assert allocate_trials(no_shares, 8, 1) == [2, 6]  # count x FLOPs where shares are missing
+
+
+def test_replay_measures_a_cpu_default_entry_as_the_aten_config():
+    from zhantune.replay import table_candidates
+    from zhantune.search.space import Candidate
+
+    key = "AMD EPYC+((torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 8], [8, 1]))+mm"
+    row = object()
+    problems = {key.split("+", 1)[1]: row}
+    ((got_row, (cpu,)),) = table_candidates({key: [{"template_id": "aten::mm"}]}, problems, "t.json", "cpu")
+    aten_point = Candidate("aten", "config", None, {"max_autotune_gemm_backends": "ATEN"})
+    assert got_row is row and cpu.scope == "config" and cpu.config_hash == aten_point.config_hash
+    ((_, (cuda,)),) = table_candidates({key: [{"template_id": "aten::mm"}]}, problems, "t.json", "cuda")
+    assert cuda.scope == "template" and cuda.template_id == "aten::mm"

@@ -104,7 +104,8 @@ class ExportConfig:
     #: entries per key, fastest first (1: no autotuning at compile time; more: Inductor autotunes)
     top_k: int = 1
     #: emit a tuned entry only when it beats Inductor's default compile by this factor, else the default
-    min_speedup: float = 1.0
+    #: choice (1.0: never slower than the default); None: always the tuned entry
+    min_speedup: float | None = 1.0
     #: key entries without the device part (usable on any device)
     device_agnostic: bool = False
     #: only rows measured with this torch version (exact string, e.g. "2.13.0+cpu"); None: any

@@ -30,8 +30,9 @@ def check_export_options(opts: Any, prefix: str = "") -> None:
         raise ConfigError(f"{prefix}format={opts.format!r}; allowed: {', '.join(FORMATS)}")
     if opts.top_k < 1:
         raise ConfigError(f"{prefix}top_k={opts.top_k} must be at least 1")
-    if opts.min_speedup < 1.0:
-        raise ConfigError(f"{prefix}min_speedup={opts.min_speedup} must be at least 1.0 (1.0: always the tuned entry)")
+    if opts.min_speedup is not None and opts.min_speedup < 1.0:
+        raise ConfigError(f"{prefix}min_speedup={opts.min_speedup} must be at least 1.0 "
+                          "(1.0: the tuned entry unless it is slower than the default; null: always the tuned entry)")
 
 
 def export_table(store: Any, url: str, opts: Any, device_key: str | None = None) -> tuple[Path | None, dict]:

@@ -21,8 +21,13 @@ from zhantune.errors import StorageError, TableError, UserError
 __all__ = ["main", "table_candidates"]
 
 
-def table_candidates(table: dict, problems: dict[str, object], source: str) -> list[tuple[object, list]]:
-    """(problem row, [Candidate, ...]) for each key; raises TableError for a key with no problem."""
+def table_candidates(table: dict, problems: dict[str, object], source: str,
+                     device_kind: str = "cuda") -> list[tuple[object, list]]:
+    """(problem row, [Candidate, ...]) for each key; raises TableError for a key with no problem.
+
+    On CPU an ``aten::<op>`` entry (Inductor's default choice) is measured as the config candidate
+    that selects ATen (``max_autotune_gemm_backends=ATEN``, the ``aten`` space's point, same config
+    hash), since Inductor's CPU GEMM has no template lookup."""
     from zhantune.inductor.table import CONFIG_TEMPLATE_ID
     from zhantune.search.space import Candidate
 
@@ -42,6 +47,8 @@ def table_candidates(table: dict, problems: dict[str, object], source: str) -> l
                 if not isinstance(patch, dict):
                     raise TableError(f"{source}: [{key!r}][{i}].config_patch: expected an object")
                 cands.append(Candidate("table", "config", None, dict(patch)))
+            elif device_kind == "cpu" and template_id.startswith("aten::"):
+                cands.append(Candidate("table", "config", None, {"max_autotune_gemm_backends": "ATEN"}))
             else:
                 cands.append(Candidate("table", "template", template_id, entry))
         out.append((row, cands))
@@ -72,7 +79,7 @@ def _replay_app(cfg: DictConfig) -> None:
         store = Store(cfg.storage.url)
         with store.session() as s:
             problems = {p.lookup_key: p for p in s.scalars(select(m.Problem)) if p.lookup_key}
-        work = table_candidates(table, problems, str(cfg.table))
+        work = table_candidates(table, problems, str(cfg.table), device.kind)
     except UserError as e:
         user_error(e)
         return
