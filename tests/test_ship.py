@@ -164,3 +164,37 @@ def test_replay_measures_a_cpu_default_entry_as_the_aten_config():
     assert got_row is row and cpu.scope == "config" and cpu.config_hash == aten_point.config_hash
     ((_, (cuda,)),) = table_candidates({key: [{"template_id": "aten::mm"}]}, problems, "t.json", "cuda")
     assert cuda.scope == "template" and cuda.template_id == "aten::mm"
+
+
+def test_export_options_on_a_real_cpu_tune(tune_cfg, cli, tmp_path):
+    from zhantune.inductor.table import build_table, default_entry
+    from zhantune.storage import Store
+    from zhantune.tune import resolve_run, tune
+
+    url = f"sqlite:///{tmp_path}/z.db"
+    cfg = tune_cfg(["+op=mm", "shape=[48,32,16]", "device=cpu", "search.n_trials=4", "bench.isolate=false",
+                    "bench.target_ms=10", "bench.warmup_ms=2", "space=[aten,cpp_gemm]", f"storage.url={url}",
+                    "export.enabled=false"])
+    result = tune(resolve_run(cfg), Store(url))
+    store = Store(url)
+    ok = sorted((r for r in store.measurements(result.study_id) if r.kind in ("candidate", "remeasure")
+                 and r.status == "ok"), key=lambda r: r.median_us)
+    assert len({r.config_hash for r in ok}) >= 2
+
+    (key, entries), = build_table(store, top_k=2).items()
+    assert len(entries) == 2  # the two fastest distinct configs, fastest first
+    ranked = store.ranked_candidates(top_k=2)[0][2]
+    assert [e["config_patch"] for e in entries] == [dict(sorted(r.params.items())) for r in ranked]
+    # a tuned entry must beat the default by 1000x: the key gets Inductor's default choice instead
+    assert build_table(store, min_speedup=1000.0) == {key: [default_entry("mm")]}
+    assert build_table(store, device_agnostic=True) == {key.split("+", 1)[1]: entries[:1]}
+    assert build_table(store, torch_version="0.0.0") == {}
+
+    r = cli([f"storage.url={url}", "path=bare.json", "format=inductor", "top_k=2", "min_speedup=null"], tmp_path,
+            module="zhantune.export")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "bare.json").read_text()) == build_table(store, top_k=2)
+    r = cli([f"storage.url={url}", "path=none.json", "torch_version=0.0.0"], tmp_path, module="zhantune.export")
+    assert r.returncode == 2 and "with torch 0.0.0" in r.stderr and not (tmp_path / "none.json").exists()
+    r = cli([f"storage.url={url}", "top_k=0"], tmp_path, module="zhantune.export")
+    assert r.returncode == 2 and "top_k=0 must be at least 1" in r.stderr
