@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import importlib.metadata
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -325,7 +326,10 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
             progress.stop()
     result.infeasible, result.interrupted = stats.infeasible, stats.interrupted
     if not result.interrupted and run.replay is None and cfg.bench.remeasure_rounds > 0:
-        settle_close_call(run, store, bench, rec, problem_id, result)
+        try:
+            settle_close_call(run, store, bench, rec, problem_id, result)
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM while re-measuring: the study itself is complete
+            result.interrupted = True
     store.finish_study(study_id, "interrupted" if result.interrupted else "finished")
     result.contended = store.contended_count(study_id)
     result.best = _best_for_problem(store, device.key, problem_id)
@@ -376,8 +380,6 @@ def settle_close_call(run: RunSpec, store: Store, bench: Any, rec: Recorder, pro
     if not ma or not mb or ra is None or rb is None:
         result.verdict, result.verdict_text = "tie", "close call: a re-measurement failed"
         return
-    import statistics
-
     med_a, med_b = statistics.median(ma), statistics.median(mb)
     tied = is_tie(ra, rb) and ma[0] <= mb[-1] and mb[0] <= ma[-1]
     result.verdict = "tie" if tied else "clear"
