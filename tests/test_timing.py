@@ -65,6 +65,26 @@ def _measured_configs(path: Path):
     return measured
 
 
+def _settle(tune_cfg, tmp_path, path, points):
+    """Store one replay measurement per point as candidates of a study, then settle the close call."""
+    cfg = tune_cfg(["bench=replay", f"bench.path={path}", f"storage.url=sqlite:///{tmp_path}/z.db",
+                    "export.enabled=false"])
+    run = resolve_run(cfg)
+    store = Store(cfg.storage.url)
+    device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
+    problem_id = store.problem_id(run.problem.key, lookup_key=None, **run.problem.row_fields())
+    study_id = store.study_id("close-call", {})
+    rec = Recorder(store, run.problem, study_id, device_id, problem_id)
+    bench = ReplayBenchmarker(run.replay)
+    (branch,) = run.space.branches
+    for n, v in enumerate(points):
+        cand = branch.candidate(v)
+        rec.add(bench.measure(cand), "candidate", cand, trial_number=n)
+    result = TuneResult("close-call", study_id, None, None, None)
+    settle_close_call(run, store, bench, rec, problem_id, result)
+    return run, store, study_id, result
+
+
 def test_close_call_is_remeasured_interleaved_and_reported(tune_cfg, tmp_path):
     """Replay data answers every re-measurement with the recorded runs: each round puts the same
     config first, so the interleaved rounds settle the close call as a clear winner."""
@@ -75,25 +95,12 @@ def test_close_call_is_remeasured_interleaved_and_reported(tune_cfg, tmp_path):
         (measured[i], measured[j]) for i in range(len(measured)) for j in range(i + 1, min(i + 50, len(measured)))
         if is_tie(measured[i][0], measured[j][0]))
     assert is_tie(best_t, second_t) and best_t.median_us <= second_t.median_us
-    cfg = tune_cfg(["bench=replay", f"bench.path={path}", "search.n_trials=1", f"storage.url=sqlite:///{tmp_path}/z.db",
-                    "export.enabled=false", "progress=false"])
-    run = resolve_run(cfg)
-    store = Store(cfg.storage.url)
-    device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
-    problem_id = store.problem_id(run.problem.key, lookup_key=None, **run.problem.row_fields())
-    study_id = store.study_id("close-call", {})
-    rec = Recorder(store, run.problem, study_id, device_id, problem_id)
-    bench = ReplayBenchmarker(run.replay)
+    run, store, study_id, result = _settle(tune_cfg, tmp_path, path, [second_v, best_v])
     (branch,) = run.space.branches
-    for n, v in enumerate((second_v, best_v)):
-        cand = branch.candidate(v)
-        rec.add(bench.measure(cand), "candidate", cand, trial_number=n)
-    result = TuneResult("close-call", study_id, None, None, None)
-    settle_close_call(run, store, bench, rec, problem_id, result)
     rows = [r for r in store.measurements(study_id) if r.kind == "remeasure"]
     hashes = [r.config_hash for r in rows]
     first, second = branch.candidate(best_v).config_hash, branch.candidate(second_v).config_hash
-    assert hashes == [first, second] * cfg.bench.remeasure_rounds  # interleaved A B A B A B
+    assert hashes == [first, second] * run.cfg.bench.remeasure_rounds  # interleaved A B A B A B
     assert result.verdict == "clear" and "interleaved" in result.verdict_text
     assert "now a clear winner" in result.verdict_text
     (_, _, ranked), = store.ranked_candidates(run.device.key, top_k=2)
@@ -105,21 +112,7 @@ def test_clear_winner_is_not_remeasured(tune_cfg, tmp_path):
     measured = _measured_configs(path)
     best_t, best_v = measured[0]
     slow_t, slow_v = next((t, v) for t, v in measured if not is_tie(best_t, t))
-    cfg = tune_cfg(["bench=replay", f"bench.path={path}", f"storage.url=sqlite:///{tmp_path}/z.db",
-                    "export.enabled=false"])
-    run = resolve_run(cfg)
-    store = Store(cfg.storage.url)
-    device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
-    problem_id = store.problem_id(run.problem.key, lookup_key=None, **run.problem.row_fields())
-    study_id = store.study_id("clear", {})
-    rec = Recorder(store, run.problem, study_id, device_id, problem_id)
-    bench = ReplayBenchmarker(run.replay)
-    (branch,) = run.space.branches
-    for n, v in enumerate((best_v, slow_v)):
-        cand = branch.candidate(v)
-        rec.add(bench.measure(cand), "candidate", cand, trial_number=n)
-    result = TuneResult("clear", study_id, None, None, None)
-    settle_close_call(run, store, bench, rec, problem_id, result)
+    _, store, study_id, result = _settle(tune_cfg, tmp_path, path, [best_v, slow_v])
     assert result.verdict == "clear" and f"{slow_t.median_us / best_t.median_us:.2f}x" in result.verdict_text
     assert not [r for r in store.measurements(study_id) if r.kind == "remeasure"]
 

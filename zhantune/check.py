@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
@@ -107,30 +107,18 @@ def _check_app(cfg: DictConfig) -> None:
     from rich.table import Table
 
     from zhantune.bench.measurement import TOLERANCES
-    from zhantune.device import resolve_device
     from zhantune.inductor.table import read_table
-    from zhantune.models import build_model, example_inputs
-    from zhantune.problems import DTYPES
+    from zhantune.models import from_config
 
     console = Console()
     try:
         if not cfg.table:
             raise ConfigError("no table given; use table=FILE (written by python -m zhantune or zhantune.export)")
-        if not cfg.model:
-            raise ConfigError("no model given; use model=module:factory (e.g. zhantune.models:mlp)")
         if not 0.0 <= cfg.min_coverage <= 1.0:
             raise ConfigError(f"min_coverage={cfg.min_coverage} must be in [0, 1]")
         tf = read_table(cfg.table)  # a malformed table stops here, before any compile
-        device = resolve_device(cfg.device)
-        dtype = cfg.dtype or ("float32" if device.kind == "cpu" else "bfloat16")
-        if dtype not in DTYPES:
-            raise ConfigError(f"dtype={dtype!r}; allowed: {', '.join(DTYPES)}")
-        shapes = OmegaConf.to_container(cfg.input_shapes) if cfg.input_shapes is not None else None
-        if not isinstance(shapes, list) or not shapes or not all(isinstance(s, list) for s in shapes):
-            raise ConfigError(f"input_shapes={shapes}: expected a list of shapes, e.g. [[64,256]]")
-        kwargs = OmegaConf.to_container(cfg.model_kwargs) if cfg.model_kwargs else {}
-        model = build_model(cfg.model, kwargs, DTYPES[dtype], device.torch_device)
-        inputs = example_inputs(shapes, DTYPES[dtype], device.torch_device)
+        req = from_config(cfg)
+        model, inputs, device, dtype = req.model, req.inputs, req.device, req.dtype
     except UserError as e:
         user_error(e)
         return

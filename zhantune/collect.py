@@ -226,25 +226,13 @@ def _collect_app(cfg: DictConfig) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from zhantune.device import resolve_device
-    from zhantune.models import build_model, example_inputs
-    from zhantune.problems import DTYPES
+    from zhantune.models import from_config
     from zhantune.tune import software_versions
 
     console = Console()
     try:
-        if not cfg.model:
-            raise ConfigError("no model given; use model=module:factory (e.g. zhantune.models:mlp)")
-        dtype = cfg.dtype or ("float32" if resolve_device(cfg.device).kind == "cpu" else "bfloat16")
-        if dtype not in DTYPES:
-            raise ConfigError(f"dtype={dtype!r}; allowed: {', '.join(DTYPES)}")
-        device = resolve_device(cfg.device)
-        shapes = OmegaConf.to_container(cfg.input_shapes) if cfg.input_shapes is not None else None
-        if not isinstance(shapes, list) or not shapes or not all(isinstance(s, list) for s in shapes):
-            raise ConfigError(f"input_shapes={shapes}: expected a list of shapes, e.g. [[64,256]]")
-        kwargs = OmegaConf.to_container(cfg.model_kwargs) if cfg.model_kwargs else {}
-        model = build_model(cfg.model, kwargs, DTYPES[dtype], device.torch_device)
-        inputs = example_inputs(shapes, DTYPES[dtype], device.torch_device)
+        req = from_config(cfg)
+        model, inputs, device, dtype, shapes, kwargs = req.model, req.inputs, req.device, req.dtype, req.shapes, req.kwargs
         problems = collect(model, inputs, device)
         if not any(p.problem is not None for p in problems):
             raise UserError(f"model={cfg.model}: Inductor compiled no tunable GEMM "

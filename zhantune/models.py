@@ -16,7 +16,7 @@ from torch import nn
 
 from zhantune.errors import ConfigError
 
-__all__ = ["mlp", "transformer_block", "load_factory", "build_model", "example_inputs"]
+__all__ = ["mlp", "transformer_block", "load_factory", "build_model", "example_inputs", "ModelRequest", "from_config"]
 
 
 def mlp(d_model: int = 256, hidden: int = 1024, layers: int = 2) -> nn.Module:
@@ -122,3 +122,38 @@ def example_inputs(shapes: list[list[int]], dtype: torch.dtype, device: torch.de
             raise ConfigError(f"input_shapes[{i}]={shape}: expected a list of positive integers")
         out.append(torch.randn(*shape, generator=g).to(device=device, dtype=dtype))
     return tuple(out)
+
+
+class ModelRequest:
+    """A model and its example inputs as the collect and check apps are asked for them."""
+
+    def __init__(self, spec: str, kwargs: dict, shapes: list[list[int]], dtype: str, device):
+        from zhantune.problems import DTYPES
+
+        self.spec, self.kwargs, self.shapes, self.dtype, self.device = spec, kwargs, shapes, dtype, device
+        self.model = build_model(spec, kwargs, DTYPES[dtype], device.torch_device)
+        self.inputs = example_inputs(shapes, DTYPES[dtype], device.torch_device)
+
+
+def from_config(cfg) -> ModelRequest:
+    """Validate ``model``, ``model_kwargs``, ``input_shapes``, ``dtype`` and ``device`` of a collect or
+    check config and build the model; raises ConfigError (exit code 2) naming the bad value.
+    dtype defaults to float32 on CPU and bfloat16 on CUDA."""
+    from omegaconf import OmegaConf
+
+    from zhantune.device import resolve_device
+    from zhantune.problems import DTYPES
+
+    if not cfg.model:
+        raise ConfigError("no model given; use model=module:factory (e.g. zhantune.models:mlp)")
+    device = resolve_device(cfg.device)
+    dtype = cfg.dtype or ("float32" if device.kind == "cpu" else "bfloat16")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype={dtype!r}; allowed: {', '.join(DTYPES)}")
+    shapes = OmegaConf.to_container(cfg.input_shapes) if cfg.input_shapes is not None else None
+    if not isinstance(shapes, list) or not shapes or not all(isinstance(s, list) for s in shapes):
+        raise ConfigError(f"input_shapes={shapes}: expected a list of shapes, e.g. [[64,256]]")
+    kwargs = OmegaConf.to_container(cfg.model_kwargs) if cfg.model_kwargs else {}
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"model_kwargs={kwargs}: expected a mapping, e.g. model_kwargs={{d_model:64}}")
+    return ModelRequest(cfg.model, kwargs, shapes, dtype, device)
