@@ -198,3 +198,38 @@ def test_export_options_on_a_real_cpu_tune(tune_cfg, cli, tmp_path):
     assert r.returncode == 2 and "with torch 0.0.0" in r.stderr and not (tmp_path / "none.json").exists()
     r = cli([f"storage.url={url}", "top_k=0"], tmp_path, module="zhantune.export")
     assert r.returncode == 2 and "top_k=0 must be at least 1" in r.stderr
+
+
+def test_addmm_template_winner_goes_under_the_key_its_template_hit(tmp_path):
+    """Inductor looks addmm's ATen kernel up with the 1-D bias and its Triton templates with the
+    expanded bias (torch/_inductor/kernel/mm.py tuned_addmm): the winner is exported under the key
+    its template hit, and the ATen key gets [] ("nothing from this lookup")."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.inductor.table import build_table, read_table
+    from zhantune.problems import GemmProblem
+    from zhantune.search.space import Candidate
+    from zhantune.storage import Store
+    from zhantune.tune import Recorder
+
+    dev = "NVIDIA H100 80GB HBM3"
+    aten_key = ("((torch.bfloat16, [64], [1]), (torch.bfloat16, [32, 16], [16, 1]), "
+                "(torch.bfloat16, [16, 64], [64, 1]))+alpha=1&beta=1+addmm")
+    expanded_key = ("((torch.bfloat16, [32, 64], [0, 1]), (torch.bfloat16, [32, 16], [16, 1]), "
+                    "(torch.bfloat16, [16, 64], [64, 1]))+alpha=1&beta=1+addmm")
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    problem = GemmProblem("addmm", (32, 64, 16), "bfloat16")
+    device_id = store.device_id(dev, dev, "cuda", {})
+    problem_id = store.problem_id(problem.key, lookup_key=aten_key, **problem.row_fields())
+    study_id = store.study_id("s", {})
+    rec = Recorder(store, problem, study_id, device_id, problem_id)
+    hit = LookupEvent("addmm", f"{dev}+{expanded_key}", expanded_key, {"triton::mm": "abc"}, ("triton::mm",))
+    cand = Candidate("triton_mm", "template", "triton::mm", {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 16})
+    rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t"), template_hash="abc", lookup=hit),
+            "candidate", cand, trial_number=0)
+    table = build_table(store)
+    assert table == {f"{dev}+{expanded_key}": [{"template_id": "triton::mm", "BLOCK_M": 32, "BLOCK_N": 64,
+                                                 "BLOCK_K": 16, "template_hash": "abc"}],
+                     f"{dev}+{aten_key}": []}
+    assert read_table(table).table == table

@@ -6,7 +6,10 @@ table in ``torch._inductor.config.lookup_table.table`` (so Inductor's FX graph c
 table). Every GEMM lowering then goes through the table:
 
 - **hit**: the key's entries are compiled, nothing else (one entry: no autotuning; several:
-  Inductor autotunes among them, Inductor's own lookup-table semantics);
+  Inductor autotunes among them, Inductor's own lookup-table semantics). An empty list means
+  "nothing from this lookup": addmm looks its ATen kernel up with the 1-D bias and its templates
+  with the expanded bias, so a Triton winner is stored under the expanded key and the ATen key gets
+  ``[]`` (zhantune.inductor.table.build_table);
 - **miss**: Inductor's default choice (its ATen kernel), no autotuning, and the key is reported;
 - **stale**: an entry whose ``template_hash`` differs from the template's ``src_hash`` in this torch,
   or every entry of a table made with another torch release, is dropped, reported, and the GEMM
@@ -134,6 +137,12 @@ class TableChoices(RecordingChoices):
         if entries is None:
             self.report.misses[report_key] += 1
             return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
+        if not entries:  # "nothing from this lookup": the GEMM's choice is under its other key (addmm)
+            self.report.hits[report_key] += 1
+            self.report.chosen[report_key] = "(nothing from this lookup)"
+            if cpu:
+                return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
+            return []
         fresh, why = [], None
         for e in entries:
             reason = stale_reason(e, hashes)

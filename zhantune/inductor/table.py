@@ -103,7 +103,9 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
     """Best correct candidates per (device, problem) from a Store, as a lookup table.
 
     ``top_k`` entries per key, fastest first (1: Inductor compiles that one, no autotuning; more:
-    Inductor autotunes among them). ``min_speedup``: where the best candidate is not at least this
+    Inductor autotunes among them). Each entry goes under the key of the lookup it hit
+    (:func:`table_key`); where none is under the problem's own key, that key maps to ``[]``.
+    ``min_speedup``: where the best candidate is not at least this
     many times faster than Inductor's default compile (the stored ``default`` baseline; 1.0: not
     slower), the key gets Inductor's default choice (:func:`default_entry`) instead; None: no check. ``torch_version`` keeps only rows
     measured with that torch. ``device_agnostic`` keys entries without the device; where several
@@ -131,6 +133,11 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
         for key, entry in placed:
             if key:
                 table.setdefault(key, []).append(entry)
+        # every entry under another key (addmm's Triton templates use the expanded bias): the
+        # problem's own (ATen) lookup gets "nothing from this lookup", so the GEMM compiles only them
+        own = table_key(device.key, problem.lookup_key, None, device_agnostic)
+        if own and own not in table and all(key != own for key, _ in placed):
+            table[own] = []
     return dict(sorted(table.items()))
 
 
