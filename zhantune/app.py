@@ -48,9 +48,9 @@ def _problems(cfg: DictConfig, console: Console) -> None:
     from zhantune.storage import Store
 
     try:
-        resolve_problems(cfg)  # every problem validated before the database is opened
+        runs = resolve_problems(cfg)  # every problem validated before the database is opened
         store = Store(cfg.storage.url)
-        result = tune_problems(cfg, store, console)
+        result = tune_problems(cfg, runs, store, console)
     except UserError as e:
         user_error(e)
         return

@@ -70,12 +70,12 @@ def resolve_problems(cfg: DictConfig) -> list[ProblemRun]:
     return [ProblemRun(row, n, resolve_run(_problem_cfg(cfg, row, n))) for row, n in zip(rows, counts, strict=True)]
 
 
-def tune_problems(cfg: DictConfig, store: Any, console: Console) -> ProblemsResult:
-    """Tune each problem in turn (its own study), then export one table for the device."""
+def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: Console) -> ProblemsResult:
+    """Tune each problem of ``runs`` (from :func:`resolve_problems`) in turn, each in its own study,
+    then export one table for the device."""
     from zhantune.report import TuneProgress
     from zhantune.tune import tune
 
-    runs = resolve_problems(cfg)
     out = ProblemsResult(runs)
     total = sum(r.n_trials for r in runs)
     done = 0

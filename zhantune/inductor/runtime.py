@@ -178,6 +178,10 @@ class TableChoices(RecordingChoices):
         """Inductor's default choice: its ATen kernel only (on CPU: no C++ template either)."""
         if cpu:
             self._set_cpu({"max_autotune_gemm_backends": "ATEN"})
+        return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+
+    def _aten_only(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
+        """The choices Inductor's own fallback makes from this lookup's ATen templates alone."""
         aten = [t for t in templates if t.uid.startswith("aten::")]
         return self._fallback({t.uid: template_choices[t.uid] for t in aten if t.uid in template_choices},
                               kernel_inputs, aten, op_name, kwarg_overrides)
@@ -198,9 +202,7 @@ class TableChoices(RecordingChoices):
         else:
             self.report.chosen[key] = entry["template_id"]
             self._set_cpu({"max_autotune_gemm_backends": "ATEN"})
-        aten = [t for t in templates if t.uid.startswith("aten::")]
-        return self._fallback({t.uid: template_choices[t.uid] for t in aten if t.uid in template_choices},
-                              kernel_inputs, aten, op_name, kwarg_overrides)
+        return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
 
     def _set_cpu(self, values: dict[str, Any]) -> None:
         for k, base in self._cpu_baseline.items():
@@ -230,19 +232,17 @@ class InstalledTable:
     def __init__(self, tf: TableFile, device: str):
         self.tf = tf
         self.device = device
-        self.handler = TableChoices(tf)
         self._patch = inductor_config.patch({**(CPU_TABLE_PATCH if device == "cpu" else
                                                 {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}),
                                              "lookup_table.table": tf.table})
         self._patch.__enter__()
-        self.handler._cpu_baseline.update({"max_autotune_gemm_backends": _get_config("max_autotune_gemm_backends")})
+        self.handler = TableChoices(tf)  # its per-GEMM baseline is the config under the table's settings
         self._mkldnn = torch.backends.mkldnn.enabled
         if device == "cpu":
             torch.backends.mkldnn.enabled = False
         self._choices = V.set_choices_handler(self.handler)
         self._choices.__enter__()
         self._removed = False
-        _installed.append(self)
 
     @property
     def report(self) -> TableReport:
@@ -256,8 +256,6 @@ class InstalledTable:
         self.handler.restore()
         torch.backends.mkldnn.enabled = self._mkldnn
         self._patch.__exit__(None, None, None)
-        if self in _installed:
-            _installed.remove(self)
 
     def __enter__(self) -> InstalledTable:
         return self
@@ -266,7 +264,6 @@ class InstalledTable:
         self.remove()
 
 
-_installed: list[InstalledTable] = []
 _last_report: list[TableReport] = []
 
 

@@ -154,13 +154,12 @@ def table_metadata(store: Any, table: dict[str, list[dict[str, Any]]], options: 
         triton = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         triton = None
-    devices = {}
-    for device, _problem, _rows in store.ranked_candidates(options.get("device")):
-        devices[device.key] = {"key": device.key, "name": device.name, "kind": device.kind}
+    devices = [{"key": d.key, "name": d.name, "kind": d.kind}
+               for d in store.devices_with_candidates(options.get("device"))]
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "zhantune": zhantune.__version__,
             "torch": options.get("torch_version") or torch.__version__, "triton": triton,
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "source": source, "devices": sorted(devices.values(), key=lambda d: d["key"]),
+            "source": source, "devices": devices,
             "options": options}
 
 

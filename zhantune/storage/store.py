@@ -335,6 +335,17 @@ class Store:
                 ranked.append((dev, prob, reps[:top_k]))
             return ranked
 
+    def devices_with_candidates(self, device_key: str | None = None) -> list[m.Device]:
+        """Devices that have at least one ``ok`` candidate (optionally only ``device_key``), by key."""
+        with self.session() as s:
+            has_ok = (select(m.Measurement.id)
+                      .where(m.Measurement.device_id == m.Device.id, m.Measurement.status == "ok",
+                             m.Measurement.kind.in_(("candidate", "remeasure"))).exists())
+            q = select(m.Device).where(has_ok).order_by(m.Device.key)
+            if device_key is not None:
+                q = q.where(m.Device.key == device_key)
+            return list(s.scalars(q))
+
     def contended_count(self, study_id: int) -> int:
         """Timed rows of a study measured under contention."""
         with self.session() as s:
