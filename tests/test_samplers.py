@@ -103,6 +103,24 @@ def test_feasible_tpe_searches_next_to_the_best_point_after_the_model_phase():
         run_search(study, _small_space(), VARS, _objective, n_trials=1)
 
 
+def test_feasible_tpe_between_storage_reads_knows_exactly_what_a_storage_read_would_tell_it():
+    """refresh_s bounds the storage reads; this process's own results (after_trial) must keep the
+    sampler's view identical to reading every trial back: same seed, same points, failures included."""
+    def failing(c, n):  # b == 5 fails: a measured failure counts as tried and as worst
+        return None if c.params.get("b") == 5 else _objective(c, n)
+
+    sequences = []
+    for refresh_s in (0.0, 1e9):
+        sampler = FeasibleTPESampler(seed=4, n_startup_trials=4, n_model_trials=10, refresh_s=refresh_s)
+        study = optuna.create_study(sampler=sampler)
+        stats = run_search(study, _small_space(), VARS, failing, n_trials=40)
+        assert stats.measured == 40
+        sequences.append([(t.params, t.state, t.value) for t in study.trials])
+    assert sequences[0] == sequences[1]
+    assert any(state == optuna.trial.TrialState.FAIL for _, state, _ in sequences[0])
+    assert len({tuple(sorted(p.items())) for p, _, _ in sequences[0]}) == 40  # never a point twice
+
+
 def test_feasible_tpe_falls_back_to_optuna_tpe_for_spaces_too_large_to_enumerate():
     big = {"branches": {"k": {"scope": "config", "params": {n: {"low": 1, "high": 100} for n in "abcd"}}}}
     sampler = FeasibleTPESampler(seed=0)

@@ -19,6 +19,7 @@ workers can use one study. Spaces too large to enumerate fall back to Optuna's m
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -48,11 +49,15 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         max_neighbourhood: largest Hamming distance searched around the best point.
         max_scored: most unmeasured points scored per trial (a uniform sample beyond it), which
             bounds the cost of a proposal on large spaces.
+        refresh_s: the study's trials are read from the storage at most once per this many
+            seconds (every proposal when trials take longer, as real compiles and benchmarks do);
+            in between, this process's own results are known from ``after_trial``. 0 reads at every
+            proposal. Bounds the storage reads of fast studies (replay, many workers).
     """
 
     def __init__(self, seed: int | None = None, n_startup_trials: int = 16, n_model_trials: int = 30,
                  gamma: float = 0.1, kernel_alpha: float = 0.6, max_neighbourhood: int = 1,
-                 max_scored: int = 4096):
+                 max_scored: int = 4096, refresh_s: float = 1.0):
         if not 0 < gamma <= 1:
             raise ValueError(f"gamma={gamma} must be in (0, 1]")
         if not 0 < kernel_alpha < 1:
@@ -65,9 +70,15 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         self.kernel_alpha = kernel_alpha
         self.max_neighbourhood = max_neighbourhood
         self.max_scored = max_scored
+        self.refresh_s = refresh_s
         self._feasible: FeasibleSet | None = None
         #: the point chosen in before_trial for each running trial of this process, by trial number
         self._pending: dict[int, dict[str, Any]] = {}
+        #: (row, value) of each finished trial by number, for the bound study (a finished trial is immutable)
+        self._finished: dict[int, tuple[int, float | None]] = {}
+        #: the study's trials as last read (plus this process's results since), and when it was read
+        self._known: dict[int, tuple[int, float | None]] = {}
+        self._last_read_s = -float("inf")
         self._fallback: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
             seed=seed, multivariate=True, group=True)
         self._random = optuna.samplers.RandomSampler(seed=seed)
@@ -76,6 +87,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
     def bind(self, space: Space, problem_vars: dict[str, Any]) -> None:
         """Enumerate the feasible points of ``space`` (falls back to TPE when it is too large)."""
         self._feasible = enumerate_feasible(space, problem_vars)
+        self._finished, self._known, self._last_read_s = {}, {}, -float("inf")
 
     @property
     def feasible_set(self) -> FeasibleSet | None:
@@ -122,26 +134,28 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         self._pending.pop(trial.number, None)
         if self._feasible is None:
             self._fallback.after_trial(study, trial, state, values)
+            return
+        # ``trial`` is still RUNNING here (Optuna calls this before storing the state)
+        value = values[0] if values else None
+        self._known[trial.number] = self._finished[trial.number] = self._classify(trial, state, value)
 
     # -- the strategy -----------------------------------------------------------------------
     def next_row(self, study: optuna.Study) -> int | None:
         """The feasible row to measure next; None when every feasible point has been tried."""
         fs = self._feasible
         assert fs is not None
+        known = self._known_trials(study)
         tried: list[int] = []
         rows: list[int] = []
         values: list[float] = []
-        for t in study.get_trials(deepcopy=False):
-            row = fs.row_of(t.params) if t.params else None
-            if row is None or t.user_attrs.get(INTERRUPTED_ATTR):
+        for number in sorted(known):
+            row, value = known[number]
+            if row < 0:
                 continue
             tried.append(row)
-            if t.state == TrialState.COMPLETE and t.value is not None:
+            if value is not None:
                 rows.append(row)
-                values.append(t.value)
-            elif t.state == TrialState.FAIL:  # a measured failure: worse than anything that ran
-                rows.append(row)
-                values.append(np.inf)
+                values.append(value)
         unseen = np.ones(len(fs), dtype=bool)
         unseen[tried] = False
         if not unseen.any():
@@ -161,8 +175,39 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         if len(idx) > self.max_scored:  # like TPE's n_ei_candidates: score a uniform sample
             idx = self._rng.choice(idx, size=self.max_scored, replace=False)
         score = self._log_density_ratio(np.array(rows), np.array(values), fs.codes[idx])
-        top = idx[score == score.max()]
+        top = idx[score >= score.max() - 1e-9]  # exact ties (same codes) differ only by rounding
         return int(self._rng.choice(top))
+
+    def _known_trials(self, study: optuna.Study) -> dict[int, tuple[int, float | None]]:
+        """(row, value) of every trial of the study by number, read from the storage at most once per
+        ``refresh_s`` seconds; in between, this process's own results (after_trial) keep it exact
+        for one worker. Other workers' points are guarded by claims, not by this view."""
+        now = time.monotonic()
+        if now - self._last_read_s < self.refresh_s:
+            return self._known
+        known: dict[int, tuple[int, float | None]] = {}
+        for t in study.get_trials(deepcopy=False):
+            seen = self._finished.get(t.number)
+            if seen is None:
+                seen = self._classify(t, t.state, t.value)
+                if t.state.is_finished():  # a finished trial never changes: classify it once
+                    self._finished[t.number] = seen
+            known[t.number] = seen
+        self._known, self._last_read_s = known, now
+        return known
+
+    def _classify(self, t: FrozenTrial, state: TrialState, value: float | None) -> tuple[int, float | None]:
+        """(row, value) of a trial in ``state``: row -1 when it is not a tried feasible point
+        (infeasible, no params, interrupted); value None while it has no result, inf for a measured
+        failure (worse than anything that ran)."""
+        row = self._feasible.row_of(t.params) if t.params else None
+        if row is None or t.user_attrs.get(INTERRUPTED_ATTR):
+            return -1, None
+        if state == TrialState.COMPLETE and value is not None:
+            return row, float(value)
+        if state == TrialState.FAIL:
+            return row, np.inf
+        return row, None
 
     def _log_density_ratio(self, rows: np.ndarray, values: np.ndarray, points: np.ndarray) -> np.ndarray:
         """log l(x) - log g(x) at ``points`` (codes), multivariate product kernels."""
@@ -178,19 +223,28 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         return log_l - log_g
 
     def _log_mixture(self, points: np.ndarray, centres: np.ndarray) -> np.ndarray:
-        """log of the mean over ``centres`` of the product over dims of Aitchison-Aitken kernels."""
+        """log of the mean over ``centres`` of the product over dims of Aitchison-Aitken kernels.
+
+        Per dim, log k = log(a/n) + [same value] * (log(1 - a + a/n) - log(a/n)); summed over dims this
+        is a constant plus a matrix product of one-hot codes, one BLAS call for every (point, centre).
+        """
         fs = self._feasible
         assert fs is not None
         a = self.kernel_alpha
-        # per dim, log k = log(a/n) + [same value] * (log(1 - a + a/n) - log(a/n)): sum the constants
-        # once and add the per-dim weight where the values agree
-        log_k = np.zeros((len(points), len(centres)), dtype=np.float32)
-        base = 0.0
-        for d in range(points.shape[1]):
-            n_values = max(int(fs.sizes[d]), 1)
-            off, on = np.log(a / n_values), np.log(1 - a + a / n_values)
-            base += off
-            log_k += (points[:, d:d + 1] == centres[None, :, d]) * np.float32(on - off)
-        log_k += np.float32(base)
+        n_values = np.maximum(fs.sizes, 1).astype(np.float64)
+        off = np.log(a / n_values)
+        weight = np.log(1 - a + a / n_values) - off
+        # column of (dim, value) in the one-hot layout; value -1 (a param the branch lacks) has its own
+        offset = np.concatenate([[0], np.cumsum(fs.sizes + 1)[:-1]])
+        width = int((fs.sizes + 1).sum())
+
+        def one_hot(codes: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
+            out = np.zeros((len(codes), width))
+            cols = codes + 1 + offset[None, :]
+            rows = np.repeat(np.arange(len(codes)), codes.shape[1])
+            out[rows, cols.ravel()] = 1.0 if scale is None else np.tile(scale, len(codes))
+            return out
+
+        log_k = one_hot(points, None) @ one_hot(centres, weight).T + off.sum()
         peak = log_k.max(axis=1, keepdims=True)
         return (peak + np.log(np.exp(log_k - peak).mean(axis=1, keepdims=True)))[:, 0]
