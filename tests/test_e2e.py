@@ -48,6 +48,7 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
                        "from zt_measurement order by id").fetchall()
     kinds = [row[0] for row in rows]
     assert kinds[:2] == ["eager", "default"] and kinds.count("candidate") == 3
+    assert set(kinds[5:]) <= {"remeasure", "default"}  # close calls, speedup re-measurements
     for kind, trial, status, median_us, n, _params, _key in rows:
         assert status == "ok" and median_us > 0 and n >= 5
         assert (trial is None) == (kind != "candidate")
@@ -64,8 +65,16 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     problem = GemmProblem.from_config("mm", [64, 48, 32], "float32")
     assert list(table) == [_recorded_key(problem)]
     (entry,) = table[list(table)[0]]
-    best = min((row for row in rows if row[0] == "candidate"), key=lambda row: row[3])
-    default_us = next(row[3] for row in rows if row[0] == "default")
+    # the documented rules: a config measured several times (close calls) counts with its median
+    # row, and so does the default (re-measured when it and the winner are within the noise)
+    by_config: dict[str, list] = {}
+    for row in rows:
+        if row[0] in ("candidate", "remeasure"):
+            by_config.setdefault(row[5], []).append(row)
+    medians = [sorted(group, key=lambda row: row[3])[(len(group) - 1) // 2] for group in by_config.values()]
+    best = min(medians, key=lambda row: row[3])
+    defaults = sorted(row[3] for row in rows if row[0] == "default")
+    default_us = defaults[(len(defaults) - 1) // 2]
     import json
 
     if best[3] <= default_us:  # export.min_speedup=1.0: the tuned entry only when not slower

@@ -13,7 +13,7 @@ from zhantune.bench.conditions import conditions, is_contended
 from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner
 from zhantune.bench.timing import is_tie, summarize_us
 from zhantune.storage import Store
-from zhantune.tune import Recorder, TuneResult, resolve_run, settle_close_call
+from zhantune.tune import Recorder, TuneResult, resolve_run, settle_close_call, settle_speedup
 
 DATA = Path(__file__).resolve().parent / "data" / "kerneltuner"
 
@@ -115,6 +115,55 @@ def test_clear_winner_is_not_remeasured(tune_cfg, tmp_path):
     _, store, study_id, result = _settle(tune_cfg, tmp_path, path, [best_v, slow_v])
     assert result.verdict == "clear" and f"{slow_t.median_us / best_t.median_us:.2f}x" in result.verdict_text
     assert not [r for r in store.measurements(study_id) if r.kind == "remeasure"]
+
+
+def _settle_speedup(tune_cfg, tmp_path, path, default_v, winner_v):
+    """A default row and a winner row from recorded GPU data, then settle_speedup. Replay files have
+    no Inductor default: config ``default_v``'s recorded runs stand in for it (measured through the
+    same ReplayBenchmarker each time it is re-measured)."""
+    cfg = tune_cfg(["bench=replay", f"bench.path={path}", f"storage.url=sqlite:///{tmp_path}/z.db",
+                    "export.enabled=false"])
+    run = resolve_run(cfg)
+    store = Store(cfg.storage.url)
+    device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
+    problem_id = store.problem_id(run.problem.key, lookup_key=None, **run.problem.row_fields())
+    study_id = store.study_id("speedup", {})
+    rec = Recorder(store, run.problem, study_id, device_id, problem_id)
+    bench = ReplayBenchmarker(run.replay)
+    (branch,) = run.space.branches
+    default_cand, winner = branch.candidate(default_v), branch.candidate(winner_v)
+    default_row = rec.add(bench.measure(default_cand), "default")
+    rec.add(bench.measure(winner), "candidate", winner, trial_number=0)
+    result = TuneResult("speedup", study_id, None, default_row, None)
+    settle_speedup(run, store, bench, lambda: bench.measure(default_cand), rec, problem_id, result)
+    return run, store, study_id, problem_id, device_id, result
+
+
+def test_a_speedup_within_the_noise_is_remeasured_against_the_default_interleaved(tune_cfg, tmp_path):
+    path = DATA / "gemm_RTX_3090.json.gz"
+    measured = _measured_configs(path)
+    (win_t, win_v), (def_t, def_v) = next(
+        (measured[i], measured[j]) for i in range(len(measured)) for j in range(i + 1, min(i + 50, len(measured)))
+        if is_tie(measured[i][0], measured[j][0]) and measured[i][0].median_us < measured[j][0].median_us)
+    run, store, study_id, problem_id, device_id, result = _settle_speedup(tune_cfg, tmp_path, path, def_v, win_v)
+    rows = store.measurements(study_id)
+    rounds = run.cfg.bench.remeasure_rounds
+    assert [r.kind for r in rows] == ["default", "candidate"] + ["default", "remeasure"] * rounds
+    defaults = sorted(r.median_us for r in rows if r.kind == "default")
+    assert len(defaults) == rounds + 1
+    assert result.default.median_us == defaults[(len(defaults) - 1) // 2]  # the median row
+    assert store.default_times_us()[(device_id, problem_id)] == result.default.median_us
+    assert "re-measured" in result.speedup_text and f"median of {rounds + 1}" in result.speedup_text
+
+
+def test_a_clear_speedup_is_not_remeasured(tune_cfg, tmp_path):
+    path = DATA / "gemm_RTX_3090.json.gz"
+    measured = _measured_configs(path)
+    win_t, win_v = measured[0]
+    def_t, def_v = next((t, v) for t, v in measured if not is_tie(win_t, t))
+    _, store, study_id, _, _, result = _settle_speedup(tune_cfg, tmp_path, path, def_v, win_v)
+    assert [r.kind for r in store.measurements(study_id)] == ["default", "candidate"]
+    assert result.speedup_text is None and result.default.median_us == def_t.median_us
 
 
 @pytest.mark.parametrize("op, shape", [

@@ -10,6 +10,7 @@ import collections
 import importlib.metadata
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,8 @@ class TuneResult:
     verdict_text: str | None = None
     #: timed rows taken under contention (zhantune.bench.conditions)
     contended: int = 0
+    #: set when the winner and the default were re-measured interleaved (settle_speedup)
+    speedup_text: str | None = None
 
 
 class Recorder:
@@ -328,6 +331,7 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
     if not result.interrupted and run.replay is None and cfg.bench.remeasure_rounds > 0:
         try:
             settle_close_call(run, store, bench, rec, problem_id, result)
+            settle_speedup(run, store, bench, bench.measure_default, rec, problem_id, result)
         except KeyboardInterrupt:  # Ctrl-C / SIGTERM while re-measuring: the study itself is complete
             result.interrupted = True
     store.finish_study(study_id, "interrupted" if result.interrupted else "finished")
@@ -388,6 +392,58 @@ def settle_close_call(run: RunSpec, store: Store, bench: Any, rec: Recorder, pro
                            f"{cands[0].describe()} {med_a:,.1f} us vs {cands[1].describe()} {med_b:,.1f} us "
                            f"(the {lead} is faster); "
                            + ("still within the noise: a tie, either is fine" if tied else "now a clear winner"))
+
+
+def settle_speedup(run: RunSpec, store: Store, bench: Any, measure_default: Callable[[], Measurement],
+                   rec: Recorder, problem_id: int, result: TuneResult) -> None:
+    """Before a speedup over Inductor's default is claimed (summary) or checked (export's
+    min_speedup): if the winner and the default are within each other's noise
+    (:func:`zhantune.bench.timing.is_tie`), measure the default (``measure_default()``) and the winner
+    ``bench.remeasure_rounds`` more times, interleaved (default first). The default's rows are
+    stored as kind ``default``, the winner's as ``remeasure``; both sides are then represented by
+    their median row (Store.default_times_us, Store.ranked_candidates), so one noisy default
+    measurement neither ships a slower config nor hides a faster one. Sets ``result.default`` to the
+    default's median row and ``result.speedup_text``."""
+    from zhantune.bench.timing import is_tie
+
+    default = result.default
+    ranked = next((rows for dev, prob, rows in store.ranked_candidates(run.device.key, top_k=1)
+                   if prob.id == problem_id), [])
+    if default is None or default.status != "ok" or not ranked:
+        return
+    (best,) = ranked
+    if not is_tie(best, default) or _is_default_kernel(best):
+        return
+    branch = next((br for br in run.space.branches if br.name == best.branch), None)
+    if branch is None:  # the winner was measured by another space (a cached row)
+        return
+    cand = Candidate(best.branch, branch.scope, best.template_id, dict(best.params))
+    defaults, fresh = [default], []
+    with interrupt.interruptible():
+        for _ in range(run.cfg.bench.remeasure_rounds):
+            meas = measure_default()
+            row = rec.add(meas, "default")
+            if meas.ok:
+                defaults.append(row)
+            meas = bench.measure(cand)
+            rec.add(meas, "remeasure", cand)
+            if meas.ok:
+                fresh.append(meas.timing.median_us)
+    defaults.sort(key=lambda r: (r.median_us, r.id or 0))
+    result.default = defaults[(len(defaults) - 1) // 2]
+    if fresh:
+        winner_us = statistics.median([best.median_us, *fresh])
+        result.speedup_text = (
+            f"speedup vs default re-measured {run.cfg.bench.remeasure_rounds}x interleaved (they were within "
+            f"the noise): default {result.default.median_us:,.1f} us (median of {len(defaults)}), "
+            f"{cand.describe()} {winner_us:,.1f} us")
+
+
+def _is_default_kernel(row: orm.Measurement) -> bool:
+    """The ``aten`` config (Inductor's backend list = ATEN only): the very kernel Inductor's default
+    compile runs, so re-measuring it against the default decides nothing."""
+    params = {k: str(v).upper() for k, v in (row.params or {}).items()}
+    return row.template_id is None and params == {"max_autotune_gemm_backends": "ATEN"}
 
 
 def _best_for_problem(store: Store, device_key: str, problem_id: int) -> orm.Measurement | None:

@@ -119,6 +119,10 @@ class InductorBenchmarker:
             self.lookup = m.lookup
         return m
 
+    def measure_default(self) -> Measurement:
+        """Inductor's default compile again (zhantune.tune.settle_speedup re-measures it)."""
+        return self.inductor_default()
+
     # -- candidates --------------------------------------------------------------------------
     def measure(self, candidate: Candidate) -> Measurement:
         """Compile with exactly this candidate, confirm it applied, check the output, time it."""

@@ -84,6 +84,8 @@ def _worker_main(conn: Any, spec: WorkerSpec) -> None:
         if request[0] == "baselines":
             result: Any = bench.baselines()
             conn.send(("result", (result, getattr(bench, "lookup", None))))
+        elif request[0] == "default":
+            conn.send(("result", bench.measure_default()))
         elif request[0] == "measure":
             _apply_test_fault(request[1])
             conn.send(("result", bench.measure(request[1])))
@@ -196,6 +198,12 @@ class IsolatedBenchmarker:
             return [("default", Measurement(kind, error_text=payload))]
         baselines, self.lookup = payload
         return baselines
+
+    def measure_default(self) -> Measurement:
+        kind, payload = self._request(("default",))
+        if kind != "result":
+            return Measurement(kind, error_text=payload)
+        return payload
 
     def measure(self, cand: Candidate) -> Measurement:
         kind, payload = self._request(("measure", cand))

@@ -76,6 +76,8 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
                           "faster than inductor default")
     else:
         console.print("[yellow]no candidate measured ok[/yellow]")
+    if getattr(result, "speedup_text", None):
+        console.print(result.speedup_text)
     if getattr(result, "verdict_text", None):
         console.print(("[yellow]" if result.verdict == "tie" else "") + result.verdict_text
                       + ("[/yellow]" if result.verdict == "tie" else ""))

@@ -353,15 +353,20 @@ class Store:
                             .where(m.Measurement.study_id == study_id, m.Measurement.contended.is_(True))) or 0
 
     def default_times_us(self, torch_version: str | None = None) -> dict[tuple[int, int], float]:
-        """(device id, problem id) -> the fastest ``ok`` median of Inductor's default compile, in us."""
+        """(device id, problem id) -> Inductor's default compile time in us: the median of its ``ok``
+        rows (the lower middle, as Store.ranked_candidates represents a config measured several
+        times; zhantune.tune.settle_speedup adds rows when the default and the winner are close)."""
         with self.session() as s:
-            q = (select(m.Measurement.device_id, m.Measurement.problem_id, func.min(m.Measurement.median_us))
+            q = (select(m.Measurement.device_id, m.Measurement.problem_id, m.Measurement.median_us)
                  .where(m.Measurement.kind == "default", m.Measurement.status == "ok",
                         m.Measurement.median_us.is_not(None))
-                 .group_by(m.Measurement.device_id, m.Measurement.problem_id))
+                 .order_by(m.Measurement.median_us, m.Measurement.id))
             if torch_version is not None:
                 q = q.where(m.Measurement.torch_version == torch_version)
-            return {(d, p): t for d, p, t in s.execute(q)}
+            times: dict[tuple[int, int], list[float]] = {}
+            for d, p, t in s.execute(q):
+                times.setdefault((d, p), []).append(t)
+            return {key: ts[(len(ts) - 1) // 2] for key, ts in times.items()}
 
 
 def _canonical_json(value: Any) -> str:
