@@ -7,6 +7,7 @@ of zhantune and Optuna together, timed with SQLAlchemy's engine events).
 
     python scripts/storage_benchmark.py                 # SQLite, then PostgreSQL (a server it starts)
     python scripts/storage_benchmark.py --trials 200 --search random --backends sqlite
+    python scripts/storage_benchmark.py --search feasible_tpe --workers 1,2   # also 2 processes, one study
 
 The PostgreSQL server is started like the tests' (tests/pgserver.py: Debian's postgresql-15 binaries).
 """
@@ -14,6 +15,7 @@ The PostgreSQL server is started like the tests' (tests/pgserver.py: Debian's po
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import sys
 import tempfile
 import time
@@ -52,21 +54,53 @@ class _DbClock:
         self.calls += 1
 
 
-def run_one(url: str, n_trials: int, search: str, clock: _DbClock) -> None:
+def _prepare(url: str, n_trials: int, search: str):
     register()
     overrides = ["bench=replay", f"bench.path={DATA}", f"search={search}", f"search.n_trials={n_trials}",
                  f"storage.url={url}", "progress=false", "export.enabled=false"]
     with initialize_config_module("zhantune.conf", version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    run = resolve_run(cfg)
+    return resolve_run(cfg)
+
+
+def _tune_timed(url: str, run, n_trials: int, clock: _DbClock) -> tuple[float, float, float, int]:
+    """(start, end) wall-clock seconds of one tune, its seconds in database calls, and the calls."""
     clock.seconds, clock.calls = 0.0, 0
-    t0 = time.perf_counter()
-    store = Store(url)
-    result = tune(run, store)
-    wall = time.perf_counter() - t0
+    start = time.time()
+    result = tune(run, Store(url))
+    end = time.time()
     assert result.measured == n_trials, result
-    print(f"{url.split(':')[0]:22s} {search:13s} {n_trials:6d} {wall:8.1f} {n_trials / wall:9.1f} "
-          f"{100 * clock.seconds / wall:8.1f}% {clock.calls:9d}", flush=True)
+    return start, end, clock.seconds, clock.calls
+
+
+def _worker(url: str, n_trials: int, search: str, barrier, out) -> None:
+    clock = _DbClock()
+    run = _prepare(url, n_trials, search)
+    barrier.wait()  # every worker has imported and resolved its run: the study starts together
+    out.put(_tune_timed(url, run, n_trials, clock))
+
+
+def run_one(url: str, n_trials: int, search: str, clock: _DbClock, workers: int = 1) -> None:
+    """One study of ``n_trials`` measured trials; with ``workers`` > 1, that many processes started
+    on the same study and storage (n_trials / workers each), timed from the common start."""
+    if workers == 1:
+        run = _prepare(url, n_trials, search)
+        results = [_tune_timed(url, run, n_trials, clock)]
+    else:
+        ctx = mp.get_context("spawn")
+        barrier, out = ctx.Barrier(workers), ctx.Queue()
+        procs = [ctx.Process(target=_worker, args=(url, n_trials // workers, search, barrier, out))
+                 for _ in range(workers)]
+        for proc in procs:
+            proc.start()
+        results = [out.get() for _ in procs]
+        for proc in procs:
+            proc.join()
+    wall = max(r[1] for r in results) - min(r[0] for r in results)
+    db_share = sum(r[2] for r in results) / sum(r[1] - r[0] for r in results)
+    total = n_trials // workers * workers
+    print(f"{url.split(':')[0]:22s} {search:13s} {workers:7d} {total:6d} {wall:8.1f} {total / wall:9.1f} "
+          f"{100 * db_share:8.1f}% {sum(r[3] for r in results):9d}", flush=True)
 
 
 def main() -> None:
@@ -74,22 +108,25 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--search", default="feasible_tpe,random")
     ap.add_argument("--backends", default="sqlite,postgresql")
+    ap.add_argument("--workers", default="1", help="comma-separated worker counts (processes on one study)")
     args = ap.parse_args()
     clock = _DbClock()
-    print(f"{'backend':22s} {'search':13s} {'trials':>6s} {'wall s':>8s} {'trials/s':>9s} {'in db':>9s} {'db calls':>9s}")
+    print(f"{'backend':22s} {'search':13s} {'workers':>7s} {'trials':>6s} {'wall s':>8s} {'trials/s':>9s} "
+          f"{'in db':>9s} {'db calls':>9s}")
     server = None
     try:
         for backend in args.backends.split(","):
             for search in args.search.split(","):
-                if backend == "sqlite":
-                    url = f"sqlite:///{tempfile.mkdtemp(prefix='zt-bench-')}/bench.db"
-                else:
-                    if server is None:
-                        from pgserver import PostgresServer
+                for workers in map(int, args.workers.split(",")):
+                    if backend == "sqlite":
+                        url = f"sqlite:///{tempfile.mkdtemp(prefix='zt-bench-')}/bench.db"
+                    else:
+                        if server is None:
+                            from pgserver import PostgresServer
 
-                        server = PostgresServer()
-                    url = server.new_database()
-                run_one(url, args.trials, search, clock)
+                            server = PostgresServer()
+                        url = server.new_database()
+                    run_one(url, args.trials, search, clock, workers)
     finally:
         if server is not None:
             server.stop()

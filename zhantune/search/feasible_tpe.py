@@ -35,6 +35,8 @@ __all__ = ["FeasibleTPESampler"]
 
 #: most "bad" trials used as centres of g(x) per proposal (a uniform sample beyond it)
 _MAX_BAD_CENTRES = 256
+#: largest one-hot matrix of the feasible set kept in memory (float64 cells: 32 MiB)
+_MAX_ONE_HOT_CELLS = 4_000_000
 
 class FeasibleTPESampler(optuna.samplers.BaseSampler):
     """TPE over the feasible set, with a Hamming-neighbourhood local search after the model phase.
@@ -79,6 +81,8 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         #: the study's trials as last read (plus this process's results since), and when it was read
         self._known: dict[int, tuple[int, float | None]] = {}
         self._last_read_s = -float("inf")
+        #: one-hot codes of every feasible point (None: computed per proposal, for large spaces)
+        self._one_hot: np.ndarray | None = None
         self._fallback: optuna.samplers.BaseSampler = optuna.samplers.TPESampler(
             seed=seed, multivariate=True, group=True)
         self._random = optuna.samplers.RandomSampler(seed=seed)
@@ -86,8 +90,11 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
     # -- binding ----------------------------------------------------------------------------
     def bind(self, space: Space, problem_vars: dict[str, Any]) -> None:
         """Enumerate the feasible points of ``space`` (falls back to TPE when it is too large)."""
-        self._feasible = enumerate_feasible(space, problem_vars)
+        self._feasible = fs = enumerate_feasible(space, problem_vars)
         self._finished, self._known, self._last_read_s = {}, {}, -float("inf")
+        self._one_hot = None
+        if fs is not None and len(fs) * int((fs.sizes + 1).sum()) <= _MAX_ONE_HOT_CELLS:
+            self._one_hot = _one_hot(fs.codes, fs.sizes)
 
     @property
     def feasible_set(self) -> FeasibleSet | None:
@@ -174,7 +181,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         idx = np.flatnonzero(candidates)
         if len(idx) > self.max_scored:  # like TPE's n_ei_candidates: score a uniform sample
             idx = self._rng.choice(idx, size=self.max_scored, replace=False)
-        score = self._log_density_ratio(np.array(rows), np.array(values), fs.codes[idx])
+        score = self._log_density_ratio(np.array(rows), np.array(values), idx)
         top = idx[score >= score.max() - 1e-9]  # exact ties (same codes) differ only by rounding
         return int(self._rng.choice(top))
 
@@ -210,41 +217,44 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         return row, None
 
     def _log_density_ratio(self, rows: np.ndarray, values: np.ndarray, points: np.ndarray) -> np.ndarray:
-        """log l(x) - log g(x) at ``points`` (codes), multivariate product kernels."""
-        fs = self._feasible
-        assert fs is not None
+        """log l(x) - log g(x) at the feasible rows ``points``, multivariate product kernels."""
         order = np.argsort(values, kind="stable")
         n_good = max(1, int(np.ceil(self.gamma * len(values))))
         good, bad = rows[order[:n_good]], rows[order[n_good:]]
         if len(bad) > _MAX_BAD_CENTRES:  # bound the cost on long studies: a uniform sample of g's centres
             bad = self._rng.choice(bad, size=_MAX_BAD_CENTRES, replace=False)
-        log_l = self._log_mixture(points, fs.codes[good])
-        log_g = self._log_mixture(points, fs.codes[bad]) if len(bad) else np.zeros(len(points))
+        at = self._one_hot_rows(points)
+        log_l = self._log_mixture(at, good)
+        log_g = self._log_mixture(at, bad) if len(bad) else np.zeros(len(points))
         return log_l - log_g
 
+    def _one_hot_rows(self, rows: np.ndarray) -> np.ndarray:
+        """One-hot codes of feasible rows (precomputed at bind for spaces of moderate size)."""
+        if self._one_hot is not None:
+            return self._one_hot[rows]
+        return _one_hot(self._feasible.codes[rows], self._feasible.sizes)
+
     def _log_mixture(self, points: np.ndarray, centres: np.ndarray) -> np.ndarray:
-        """log of the mean over ``centres`` of the product over dims of Aitchison-Aitken kernels.
+        """log of the mean over the feasible rows ``centres`` of the product over dims of
+        Aitchison-Aitken kernels, at ``points`` (one-hot codes).
 
         Per dim, log k = log(a/n) + [same value] * (log(1 - a + a/n) - log(a/n)); summed over dims this
         is a constant plus a matrix product of one-hot codes, one BLAS call for every (point, centre).
         """
-        fs = self._feasible
-        assert fs is not None
+        sizes = self._feasible.sizes
         a = self.kernel_alpha
-        n_values = np.maximum(fs.sizes, 1).astype(np.float64)
+        n_values = np.maximum(sizes, 1).astype(np.float64)
         off = np.log(a / n_values)
-        weight = np.log(1 - a + a / n_values) - off
-        # column of (dim, value) in the one-hot layout; value -1 (a param the branch lacks) has its own
-        offset = np.concatenate([[0], np.cumsum(fs.sizes + 1)[:-1]])
-        width = int((fs.sizes + 1).sum())
-
-        def one_hot(codes: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
-            out = np.zeros((len(codes), width))
-            cols = codes + 1 + offset[None, :]
-            rows = np.repeat(np.arange(len(codes)), codes.shape[1])
-            out[rows, cols.ravel()] = 1.0 if scale is None else np.tile(scale, len(codes))
-            return out
-
-        log_k = one_hot(points, None) @ one_hot(centres, weight).T + off.sum()
+        weight = np.repeat(np.log(1 - a + a / n_values) - off, sizes + 1)  # per one-hot column
+        log_k = points @ (self._one_hot_rows(centres) * weight).T + off.sum()
         peak = log_k.max(axis=1, keepdims=True)
         return (peak + np.log(np.exp(log_k - peak).mean(axis=1, keepdims=True)))[:, 0]
+
+
+def _one_hot(codes: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """(n, sum(sizes + 1)) float64: one column per (dim, value index), value -1 (a param the branch
+    lacks) in the first column of its dim."""
+    offset = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]])
+    out = np.zeros((len(codes), int((sizes + 1).sum())))
+    out[np.repeat(np.arange(len(codes)), codes.shape[1]), (codes + 1 + offset[None, :]).ravel()] = 1.0
+    return out
