@@ -38,8 +38,10 @@ def _recorded_key(problem: GemmProblem) -> str:
 
 
 def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
+    # one re-measure round (close call, speedup over the default) keeps this test short; the rounds
+    # themselves are tested in test_timing.py
     r = cli(["+op=mm", "shape=[64,48,32]", "search.n_trials=3", "device=cpu", "progress=false",
-             "export.path=table.json"], cwd=tmp_path)
+             "bench.remeasure_rounds=1", "export.path=table.json"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "inductor default" in r.stdout and "best config:" in r.stdout
 
@@ -85,7 +87,7 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
 
     # the same command again resumes the study and answers known candidates from the database
     r2 = cli(["+op=mm", "shape=[64,48,32]", "search.n_trials=1", "device=cpu", "progress=false",
-              "export.enabled=false"], cwd=tmp_path)
+              "bench.remeasure_rounds=1", "export.enabled=false"], cwd=tmp_path)
     assert r2.returncode == 0, r2.stderr[-3000:]
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{tmp_path}/zhantune.db")
     assert len(study.trials) > len(done)
