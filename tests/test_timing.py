@@ -65,17 +65,22 @@ def _measured_configs(path: Path):
     return measured
 
 
-def _settle(tune_cfg, tmp_path, path, points):
-    """Store one replay measurement per point as candidates of a study, then settle the close call."""
+def _replay_study(tune_cfg, tmp_path, path, name):
+    """A replay run of ``path``, its store, ids, a Recorder and a benchmarker for study ``name``."""
     cfg = tune_cfg(["bench=replay", f"bench.path={path}", f"storage.url=sqlite:///{tmp_path}/z.db",
                     "export.enabled=false"])
     run = resolve_run(cfg)
     store = Store(cfg.storage.url)
     device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
     problem_id = store.problem_id(run.problem.key, lookup_key=None, **run.problem.row_fields())
-    study_id = store.study_id("close-call", {})
+    study_id = store.study_id(name, {})
     rec = Recorder(store, run.problem, study_id, device_id, problem_id)
-    bench = ReplayBenchmarker(run.replay)
+    return run, store, device_id, problem_id, study_id, rec, ReplayBenchmarker(run.replay)
+
+
+def _settle(tune_cfg, tmp_path, path, points):
+    """Store one replay measurement per point as candidates of a study, then settle the close call."""
+    run, store, _, problem_id, study_id, rec, bench = _replay_study(tune_cfg, tmp_path, path, "close-call")
     (branch,) = run.space.branches
     for n, v in enumerate(points):
         cand = branch.candidate(v)
@@ -121,15 +126,7 @@ def _settle_speedup(tune_cfg, tmp_path, path, default_v, winner_v):
     """A default row and a winner row from recorded GPU data, then settle_speedup. Replay files have
     no Inductor default: config ``default_v``'s recorded runs stand in for it (measured through the
     same ReplayBenchmarker each time it is re-measured)."""
-    cfg = tune_cfg(["bench=replay", f"bench.path={path}", f"storage.url=sqlite:///{tmp_path}/z.db",
-                    "export.enabled=false"])
-    run = resolve_run(cfg)
-    store = Store(cfg.storage.url)
-    device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
-    problem_id = store.problem_id(run.problem.key, lookup_key=None, **run.problem.row_fields())
-    study_id = store.study_id("speedup", {})
-    rec = Recorder(store, run.problem, study_id, device_id, problem_id)
-    bench = ReplayBenchmarker(run.replay)
+    run, store, device_id, problem_id, study_id, rec, bench = _replay_study(tune_cfg, tmp_path, path, "speedup")
     (branch,) = run.space.branches
     default_cand, winner = branch.candidate(default_v), branch.candidate(winner_v)
     default_row = rec.add(bench.measure(default_cand), "default")
