@@ -112,31 +112,38 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
     """
     devs = _pick_devices(store, devices)
     ids = {d.id: d.key for d in devs}
-    # time[problem][device][config_hash] = best median; failed[problem][device] = config hashes that failed
-    time: dict[int, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    # times[problem][device][config_hash] = ok medians (candidate and re-measure rows);
+    # failed[problem][device] = config hashes that failed
+    times: dict[int, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     failed: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     configs: dict[str, tuple[str | None, dict]] = {}
-    default_us: dict[int, dict[str, float]] = defaultdict(dict)
+    defaults: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     problems: dict[int, m.Problem] = {}
     with store.session() as s:
         q = (select(m.Measurement.problem_id, m.Measurement.device_id, m.Measurement.kind,
                     m.Measurement.status, m.Measurement.config_hash, m.Measurement.template_id,
                     m.Measurement.params, m.Measurement.median_us)
-             .where(m.Measurement.device_id.in_(ids), m.Measurement.kind.in_(("candidate", "default"))))
+             .where(m.Measurement.device_id.in_(ids),
+                    m.Measurement.kind.in_(("candidate", "remeasure", "default"))))
         for pid, did, kind, status, chash, tid, params, median in s.execute(q):
             dev = ids[did]
             if kind == "default":
                 if status == "ok" and median is not None:
-                    default_us[pid][dev] = min(median, default_us[pid].get(dev, math.inf))
+                    defaults[pid][dev].append(median)
                 continue
             if chash is None:
                 continue
             configs.setdefault(chash, (tid, params))
             if status == "ok" and median is not None:
-                prev = time[pid][dev].get(chash, math.inf)
-                time[pid][dev][chash] = min(prev, median)
-            else:
+                times[pid][dev][chash].append(median)
+            elif kind == "candidate":
                 failed[pid][dev].add(chash)
+    # a config (or the default) measured several times counts with its median row, the rule of
+    # Store.ranked_candidates and Store.default_times_us, so compare and export agree
+    time = {pid: {dev: {h: _median_row(ts) for h, ts in per.items()} for dev, per in by_dev.items()}
+            for pid, by_dev in times.items()}
+    default_us = {pid: {dev: _median_row(ts) for dev, ts in by_dev.items()} for pid, by_dev in defaults.items()}
+    with store.session() as s:
         for p in s.scalars(select(m.Problem).where(m.Problem.id.in_(list(time)))):
             problems[p.id] = p
     out = []
@@ -144,7 +151,7 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
         per_dev = {d: t for d, t in time[pid].items() if t}
         if len(per_dev) < 2:
             continue
-        out.append(_compare_problem(problems[pid], per_dev, failed[pid], configs, default_us[pid]))
+        out.append(_compare_problem(problems[pid], per_dev, failed[pid], configs, default_us.get(pid, {})))
     if not out:
         raise CompareError(f"no problem was measured on two of the devices {', '.join(repr(d.key) for d in devs)}")
     keys = [d.key for d in devs]
@@ -154,6 +161,12 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
             regrets = [p.regret[(a, b)] for p in out if (a, b) in p.regret]
             matrix[(a, b)] = _geomean(regrets) if regrets else None
     return Comparison(keys, {d.key: d.name for d in devs}, out, matrix)
+
+
+def _median_row(values: list[float]) -> float:
+    """The lower middle of several measurements of one config (microseconds)."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _compare_problem(problem: m.Problem, per_dev: dict[str, dict[str, float]], failed: dict[str, set[str]],
