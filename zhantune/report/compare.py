@@ -1,7 +1,7 @@
 """Compare configs across devices: per-device winners, cross-device regret, portable choices.
 
-Definitions (times are median microseconds; a config's time on a device is its best measurement
-there):
+Definitions (times are median microseconds; a config measured several times on a device, as close
+calls are, counts with its median measurement there, as in the exported tables):
 
 * the *winner* of device A for a problem is A's fastest correct config;
 * the *regret* of A's winner on B is time_B(winner_A) / best_B (1.0: no loss). It exists only where
