@@ -38,6 +38,7 @@ from zhantune.search.space import Branch, Candidate, Space, load_space
 from zhantune.search.study import open_study
 from zhantune.storage import Store, check_url
 from zhantune.storage import models as orm
+from zhantune.storage.store import median_row
 
 __all__ = ["RunSpec", "TuneResult", "Recorder", "resolve_run", "tune", "software_versions", "CONF_DIR"]
 
@@ -429,8 +430,7 @@ def settle_speedup(run: RunSpec, store: Store, bench: Any, measure_default: Call
             rec.add(meas, "remeasure", cand)
             if meas.ok:
                 fresh.append(meas.timing.median_us)
-    defaults.sort(key=lambda r: (r.median_us, r.id or 0))
-    result.default = defaults[(len(defaults) - 1) // 2]
+    result.default = median_row(defaults, key=lambda r: (r.median_us, r.id or 0))
     if fresh:
         winner_us = statistics.median([best.median_us, *fresh])
         result.speedup_text = (

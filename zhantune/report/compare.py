@@ -25,6 +25,7 @@ from sqlalchemy import select
 from zhantune.errors import UserError
 from zhantune.storage import Store
 from zhantune.storage import models as m
+from zhantune.storage.store import median_row
 
 __all__ = ["Choice", "ProblemComparison", "Comparison", "compare", "CompareError"]
 
@@ -140,9 +141,9 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
                 failed[pid][dev].add(chash)
     # a config (or the default) measured several times counts with its median row, the rule of
     # Store.ranked_candidates and Store.default_times_us, so compare and export agree
-    time = {pid: {dev: {h: _median_row(ts) for h, ts in per.items()} for dev, per in by_dev.items()}
+    time = {pid: {dev: {h: median_row(ts) for h, ts in per.items()} for dev, per in by_dev.items()}
             for pid, by_dev in times.items()}
-    default_us = {pid: {dev: _median_row(ts) for dev, ts in by_dev.items()} for pid, by_dev in defaults.items()}
+    default_us = {pid: {dev: median_row(ts) for dev, ts in by_dev.items()} for pid, by_dev in defaults.items()}
     with store.session() as s:
         for p in s.scalars(select(m.Problem).where(m.Problem.id.in_(list(time)))):
             problems[p.id] = p
@@ -161,12 +162,6 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
             regrets = [p.regret[(a, b)] for p in out if (a, b) in p.regret]
             matrix[(a, b)] = _geomean(regrets) if regrets else None
     return Comparison(keys, {d.key: d.name for d in devs}, out, matrix)
-
-
-def _median_row(values: list[float]) -> float:
-    """The lower middle of several measurements of one config (microseconds)."""
-    ordered = sorted(values)
-    return ordered[(len(ordered) - 1) // 2]
 
 
 def _compare_problem(problem: m.Problem, per_dev: dict[str, dict[str, float]], failed: dict[str, set[str]],
