@@ -121,6 +121,53 @@ def test_feasible_tpe_between_storage_reads_knows_exactly_what_a_storage_read_wo
     assert len({tuple(sorted(p.items())) for p, _, _ in sequences[0]}) == 40  # never a point twice
 
 
+def test_ask_ahead_prepares_the_next_candidate_before_the_current_one_is_measured():
+    """Compile ahead (run_search's lookahead): while trial k is measured, trial k+1 has been asked,
+    claimed and prepared; the sampler never proposes a point that is still being measured, even
+    between storage reads (refresh_s)."""
+    events: list[tuple[str, str]] = []
+    claimed: list[str] = []
+
+    def measure(c, n):
+        events.append(("measure", c.config_hash))
+        return _objective(c, n)
+
+    sampler = FeasibleTPESampler(seed=2, n_startup_trials=4, n_model_trials=10, refresh_s=1e9)
+    study = optuna.create_study(sampler=sampler)
+    stats = run_search(study, _small_space(), VARS, measure, n_trials=30, lookahead=1,
+                       prepare=lambda c: events.append(("prepare", c.config_hash)),
+                       claim=lambda c, n: claimed.append(c.config_hash) or True)
+    assert stats.measured == 30 and stats.duplicates == 0
+    measured = [h for kind, h in events if kind == "measure"]
+    prepared = [h for kind, h in events if kind == "prepare"]
+    assert prepared == measured == claimed and len(set(measured)) == 30  # each point once, in order
+    for k, h in enumerate(measured[:-1]):  # the next one was prepared before this one was measured
+        assert events.index(("prepare", measured[k + 1])) < events.index(("measure", h))
+    assert events[-1] == ("measure", measured[-1])  # nothing asked beyond the budget
+
+
+def test_candidates_asked_ahead_but_not_measured_are_released_and_marked_interrupted():
+    released: list[str] = []
+    calls = []
+
+    def measure(c, n):
+        calls.append(n)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return _objective(c, n)
+
+    study = optuna.create_study(sampler=FeasibleTPESampler(seed=0, n_startup_trials=4))
+    stats = run_search(study, _small_space(), VARS, measure, n_trials=10, lookahead=2,
+                       prepare=lambda c: None, release=lambda c: released.append(c.config_hash))
+    assert stats.interrupted and stats.measured == 2
+    states = [t.state for t in study.trials]
+    assert states[:2] == [optuna.trial.TrialState.COMPLETE] * 2
+    abandoned = study.trials[2:]
+    assert len(abandoned) == 3 and len(released) == 3  # the one being measured and the two asked ahead
+    for t in abandoned:
+        assert t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("zhantune:interrupted")
+
+
 def test_feasible_tpe_falls_back_to_optuna_tpe_for_spaces_too_large_to_enumerate():
     big = {"branches": {"k": {"scope": "config", "params": {n: {"low": 1, "high": 100} for n in "abcd"}}}}
     sampler = FeasibleTPESampler(seed=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,7 +68,8 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
                cached: Callable[[Candidate], tuple[bool, Outcome]] | None = None,
                claim: Callable[[Candidate, int], bool] | None = None,
                release: Callable[[Candidate], None] | None = None,
-               timeout_s: float | None = None, seed: int = 0, max_asks_per_trial: int = 50) -> SearchStats:
+               timeout_s: float | None = None, seed: int = 0, max_asks_per_trial: int = 50,
+               prepare: Callable[[Candidate], None] | None = None, lookahead: int = 0) -> SearchStats:
     """Ask/tell until ``n_trials`` candidates were measured, the space is exhausted or time is up.
 
     ``measure(candidate, trial_number)`` returns the objective (microseconds) or None for a failed
@@ -77,6 +79,13 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
     routed by :func:`zhantune.interrupt.install`) during a measurement marks that trial
     interrupted (user attribute ``zhantune:interrupted``, state FAIL) and ends the search with
     ``interrupted`` set.
+
+    Compile ahead: with ``lookahead`` n > 0 the loop keeps up to n candidates asked (and claimed)
+    beyond the one being measured, and calls ``prepare(candidate)`` (which must return at once: it
+    starts a compile) for each as soon as it is asked; the sampler proposes them without the results
+    still being measured, as an asynchronous search does. Candidates asked ahead but never measured
+    (time up, interrupted) are marked interrupted and released, so a resumed study measures them.
+    With ``lookahead`` 0 the loop asks one candidate at a time.
     """
     stats = SearchStats()
     bind_sampler(study.sampler, space, problem_vars)
@@ -84,15 +93,18 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
     seen: set[str] = set()
     rng = random.Random(seed)
     deadline = time.monotonic() + timeout_s if timeout_s else None
-    try:
-        while stats.measured < n_trials and stats.asks < max_asks_per_trial * n_trials:
+    pending: deque[tuple[optuna.trial.Trial, Candidate]] = deque()
+
+    def next_measurable() -> tuple[optuna.trial.Trial, Candidate] | None:
+        """Ask until a candidate that must be measured comes up; None when the search must stop."""
+        while stats.asks < max_asks_per_trial * n_trials:
             if interrupt.requested():
                 raise KeyboardInterrupt("interrupt requested")
             if deadline is not None and time.monotonic() > deadline:
-                break
+                return None
             if total is not None and len(seen) >= total:
                 stats.exhausted = True
-                break
+                return None
             stats.asks += 1
             asked = ask(study, space, problem_vars)
             cand = asked.candidate
@@ -117,27 +129,52 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
                 study.tell(asked.trial, state=optuna.trial.TrialState.PRUNED)  # another worker measures it
                 stats.duplicates += 1
                 continue
+            return asked.trial, cand
+        return None
+
+    try:
+        while True:
+            stop = False
+            while len(pending) <= lookahead and stats.measured + len(pending) < n_trials:
+                got = next_measurable()
+                if got is None:
+                    stop = True
+                    break
+                if prepare is not None:
+                    prepare(got[1])
+                pending.append(got)
+            if not pending or (stop and deadline is not None and time.monotonic() > deadline):
+                break
+            trial, cand = pending.popleft()
             try:
                 with interrupt.interruptible():
-                    outcome = measure(cand, asked.trial.number)
+                    outcome = measure(cand, trial.number)
             except DuplicateTrial:
                 stats.duplicates += 1
                 continue
             except KeyboardInterrupt:
-                if release is not None:
-                    release(cand)
-                # not a result: a resumed study measures this point again (samplers skip it as tried
-                # only when it has a value or a measured failure)
-                asked.trial.set_user_attr(INTERRUPTED_ATTR, True)
-                study.tell(asked.trial, state=optuna.trial.TrialState.FAIL)
+                pending.appendleft((trial, cand))
                 raise
-            if _tell(study, asked.trial, outcome):
+            if _tell(study, trial, outcome):
                 stats.measured += 1
             else:
                 stats.duplicates += 1
     except KeyboardInterrupt:
         stats.interrupted = True
+    finally:
+        for trial, cand in pending:  # asked (and claimed) but not measured
+            _abandon(study, trial, cand, release)
     return stats
+
+
+def _abandon(study: optuna.Study, trial: optuna.trial.Trial, cand: Candidate,
+             release: Callable[[Candidate], None] | None) -> None:
+    """Not a result: a resumed study measures this point again (samplers skip a point as tried only
+    when it has a value or a measured failure)."""
+    if release is not None:
+        release(cand)
+    trial.set_user_attr(INTERRUPTED_ATTR, True)
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
 def _tell(study: optuna.Study, trial: optuna.trial.Trial, value: Outcome) -> bool:
