@@ -41,3 +41,77 @@ def test_crashing_and_hanging_candidates_are_stored_and_the_study_goes_on(tmp_pa
         else:  # every other row intact: the file's own answer
             assert status in ("ok", "runtime_error", "compile_error") and (median is not None) == (status == "ok")
     assert by_status.get("crashed") and by_status.get("timeout") and by_status.get("ok")
+
+
+def _binaries(cache: Path) -> set[Path]:
+    return set(cache.rglob("*.so"))
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat (R running, S sleeping, T stopped)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+def test_compile_ahead_fills_the_kernel_cache_that_the_timing_worker_compiles_from(tmp_path, tune_cfg):
+    """A compile worker compiles a candidate; the timing worker (another process) then compiles it
+    with every C++ kernel found in the shared kernel cache, and still checks and times it itself.
+    A candidate nobody compiled ahead is built by the timing worker (the check can fail)."""
+    from zhantune.tune import resolve_run
+
+    run = resolve_run(tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[cpp_gemm]",
+                                f"storage.url=sqlite:///{tmp_path}/x.db", "bench.target_ms=5"]))
+    cache = tmp_path / "kernels"
+    bench, pool = run.benchmarker(str(cache)), run.compile_pool(1, str(cache))
+    try:
+        assert [m.status for _, m in bench.baselines()] == ["ok", "ok"]
+        pool.lookup = bench.lookup
+        branch = run.space.branch("cpp_gemm")
+        ahead, alone = (branch.candidate({"k_slices": 1, "thread_factors": None, "cache_blocking": blocking})
+                        for blocking in ("4,1,16", "8,1,32"))
+        pool.submit(ahead)
+        pre = pool.result(ahead)
+        assert pre.ok and pre.timing is None and pre.compile_s > 0, pre
+        built = _binaries(cache)
+        assert built
+
+        # while the timing worker times, the compile workers are stopped as a process group
+        (pid,) = pool.pids
+        pool.phase_hook("run")
+        assert _process_state(pid) == "T"
+        pool.phase_hook("end")
+        assert _process_state(pid) != "T"
+
+        measured = bench.measure(ahead)
+        assert measured.ok and measured.timing.n >= 5 and measured.compile_s > 0
+        assert _binaries(cache) == built  # the timing worker built no kernel: all came from the cache
+        other = bench.measure(alone)
+        assert other.ok and _binaries(cache) - built  # not compiled ahead: built by the timing worker
+    finally:
+        pool.close()
+        bench.close()
+    assert not pool.pids and not Path(f"/proc/{pid}").exists()
+
+
+def test_a_candidate_that_kills_its_compile_worker_costs_one_trial(tmp_path, tune_cfg, monkeypatch):
+    """Through the tune job: the aten candidate aborts its compile-ahead worker; that trial is
+    ``crashed`` with the cause, never reaches the timing worker, and the other candidates (compiled
+    ahead, then timed) are intact."""
+    from zhantune.storage import Store
+    from zhantune.tune import resolve_run, tune
+
+    monkeypatch.setenv(FAULTS_ENV, json.dumps([{"match": {"max_autotune_gemm_backends": "ATEN"}, "action": "abort"}]))
+    cfg = tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[aten,cpp_gemm]", "search.n_trials=3",
+                    "bench.compile_workers=1", "bench.remeasure_rounds=0", "bench.target_ms=5",
+                    "export.enabled=false", f"storage.url=sqlite:///{tmp_path}/z.db"])
+    store = Store(cfg.storage.url)
+    result = tune(resolve_run(cfg), store)
+    assert result.measured == 3 and not result.interrupted
+    rows = [r for r in store.measurements(result.study_id) if r.kind == "candidate"]
+    assert sorted(r.branch for r in rows) == ["aten", "cpp_gemm", "cpp_gemm"]
+    for r in rows:
+        if r.branch == "aten":
+            assert r.status == "crashed" and r.median_us is None
+            assert "compile-ahead worker" in r.error_text and "SIGABRT" in r.error_text, r.error_text
+        else:
+            assert r.status == "ok" and r.median_us > 0 and r.n >= 5 and r.compile_s > 0

@@ -7,9 +7,12 @@ value never touches an existing database. ``tune`` then runs the study.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib.metadata
 import math
+import shutil
 import statistics
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +25,8 @@ from sqlalchemy.exc import IntegrityError
 
 from zhantune import interrupt
 from zhantune.bench.conditions import conditions, is_contended
-from zhantune.bench.inductor import BACKEND_FLAGS, InductorBenchmarker
-from zhantune.bench.isolated import IsolatedBenchmarker, WorkerSpec
+from zhantune.bench.inductor import BACKEND_FLAGS, KERNEL_CACHE_PATCH, InductorBenchmarker
+from zhantune.bench.isolated import CompilePool, IsolatedBenchmarker, WorkerSpec, default_compile_workers
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, ReplayProblem, load_kerneltuner
 from zhantune.config import CONF_DIR
@@ -43,7 +46,7 @@ from zhantune.storage.store import median_row
 __all__ = ["RunSpec", "TuneResult", "Recorder", "resolve_run", "tune", "software_versions", "CONF_DIR"]
 
 #: inductor config keys every candidate gets from zhantune itself (a space may not set them)
-_RESERVED_CONFIG_KEYS = {"freezing", "force_disable_caches", "max_autotune", "lookup_table.table"}
+_RESERVED_CONFIG_KEYS = {"freezing", "force_disable_caches", "max_autotune", "lookup_table.table", *KERNEL_CACHE_PATCH}
 
 
 def environment_fields() -> dict[str, str | None]:
@@ -83,20 +86,36 @@ class RunSpec:
     def study_name(self) -> str:
         return self.cfg.search.study_name or f"{self.problem.key}@{self.device.key}"
 
-    def benchmarker(self) -> InductorBenchmarker | ReplayBenchmarker | IsolatedBenchmarker:
-        """In a worker subprocess when ``bench.isolate`` (zhantune.bench.isolated), else in-process."""
+    def compile_workers(self) -> int:
+        """Compile-ahead workers for this run: ``bench.compile_workers`` (null: sized for the
+        machine, zhantune.bench.isolated.default_compile_workers); 0 for replay or ``isolate: false``."""
+        b = self.cfg.bench
+        if self.replay is not None or not b.isolate:
+            return 0
+        return default_compile_workers() if b.compile_workers is None else int(b.compile_workers)
+
+    def _worker_spec(self, cache_dir: str | None) -> WorkerSpec:
+        if self.replay is not None:
+            return WorkerSpec("replay", {"path": str(self.replay.path)})
+        device = self.device.kind if self.device.index is None else f"{self.device.kind}:{self.device.index}"
+        return WorkerSpec("inductor", {"problem": self.problem, "device": device, "seed": self.cfg.search.seed,
+                                       "bench": OmegaConf.to_container(self.cfg.bench, resolve=True),
+                                       "cache_dir": cache_dir})
+
+    def benchmarker(self, cache_dir: str | None = None) -> InductorBenchmarker | ReplayBenchmarker | IsolatedBenchmarker:
+        """In a worker subprocess when ``bench.isolate`` (zhantune.bench.isolated), else in-process.
+        ``cache_dir``: Inductor's kernel cache shared with a compile-ahead pool (None: caches off)."""
         b = self.cfg.bench
         if b.isolate:
-            if self.replay is not None:
-                spec = WorkerSpec("replay", {"path": str(self.replay.path)})
-            else:
-                device = self.device.kind if self.device.index is None else f"{self.device.kind}:{self.device.index}"
-                spec = WorkerSpec("inductor", {"problem": self.problem, "device": device, "seed": self.cfg.search.seed,
-                                               "bench": OmegaConf.to_container(b, resolve=True)})
-            return IsolatedBenchmarker(spec, b.compile_timeout_s, b.run_timeout_s)
+            return IsolatedBenchmarker(self._worker_spec(cache_dir), b.compile_timeout_s, b.run_timeout_s)
         if self.replay is not None:
             return ReplayBenchmarker(self.replay)
         return InductorBenchmarker(self.problem, self.device, b, seed=self.cfg.search.seed)
+
+    def compile_pool(self, size: int, cache_dir: str) -> CompilePool:
+        """``size`` compile-ahead workers sharing ``cache_dir`` with the timing worker."""
+        b = self.cfg.bench
+        return CompilePool(self._worker_spec(cache_dir), size, b.compile_timeout_s, b.run_timeout_s)
 
 
 def _space_selection(cfg: DictConfig, device: DeviceInfo) -> tuple[list[str], dict[str, Any] | None]:
@@ -183,6 +202,10 @@ def _check_search(cfg: DictConfig) -> None:
         raise ConfigError(f"search.n_trials={s.n_trials} must be at least 1")
     if s.timeout_s is not None and s.timeout_s <= 0:
         raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
+    workers = cfg.bench.get("compile_workers")
+    if workers is not None and workers < 0:
+        raise ConfigError(f"bench.compile_workers={workers} must be 0 (off), a positive count, or null "
+                          "(sized for the machine)")
 
 
 def _resolve_replay(cfg: DictConfig) -> RunSpec:
@@ -268,17 +291,24 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     software versions already measured) do not use the budget. Every trial is committed when it ends.
     """
     sampler = make_sampler(OmegaConf.to_container(run.cfg.search.sampler, resolve=True))
-    bench = run.benchmarker()
+    n_compile = run.compile_workers()
+    # compile ahead: one kernel cache for this tune, shared by the timing and compile workers
+    cache_dir = tempfile.mkdtemp(prefix="zhantune-kernels-") if n_compile else None
+    bench = run.benchmarker(cache_dir)
+    pool = run.compile_pool(n_compile, cache_dir) if cache_dir else None
     try:
-        return _tune(run, store, bench, sampler, progress)
+        return _tune(run, store, bench, sampler, progress, pool)
     finally:
-        close = getattr(bench, "close", None)
-        if close is not None:
-            close()
+        for part in (pool, bench):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
+        if cache_dir:
+            shutil.rmtree(cache_dir, ignore_errors=True)
 
 
 def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseSampler,
-          progress: Any) -> TuneResult:
+          progress: Any, pool: CompilePool | None = None) -> TuneResult:
     cfg, problem, device = run.cfg, run.problem, run.device
 
     device_id = store.device_id(device.key, device.name, device.kind, device.properties)
@@ -291,6 +321,10 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
     rec = Recorder(store, problem, study_id, device_id, problem_id, None if run.replay is not None else device)
     rows = {kind: rec.add(meas, kind) for kind, meas in baselines}
     result = TuneResult(run.study_name, study_id, rows.get("eager"), rows.get("default"), None)
+    if pool is not None:
+        pool.lookup = bench.lookup  # template candidates are served under the recorded key
+        if device.kind == "cpu":  # no compile shares the cores with a timed run
+            bench.phase_hook = pool.phase_hook
 
     with store.schema_lock():  # N workers may start on one new database: Optuna creates its tables once
         study = open_study(run.study_name, cfg.storage.url, sampler)
@@ -304,7 +338,13 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
         return True, hit.median_us if hit.status == "ok" else None
 
     def measure(cand: Candidate, trial_number: int) -> float | None:
-        meas = bench.measure(cand)
+        pre = pool.result(cand) if pool is not None else None
+        if pre is not None and not pre.ok:  # it failed in the compile worker: it would here too
+            meas = pre
+        else:
+            meas = bench.measure(cand)
+            if pre is not None:  # the compile's cost is the compile worker's (the kernels came from it)
+                meas = dataclasses.replace(meas, compile_s=pre.compile_s)
         try:
             row = rec.add(meas, "candidate", cand, trial_number)
         except StorageError as e:
@@ -324,7 +364,9 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
     try:
         stats = run_search(study, run.space, run.problem_vars, measure, n_trials=cfg.search.n_trials,
                            cached=cached, claim=lambda c, n: store.claim(study_id, c.config_hash, n),
-                           release=lambda c: store.release(study_id, c.config_hash), timeout_s=cfg.search.timeout_s, seed=cfg.search.seed)
+                           release=lambda c: store.release(study_id, c.config_hash), timeout_s=cfg.search.timeout_s,
+                           seed=cfg.search.seed, prepare=pool.submit if pool is not None else None,
+                           lookahead=pool.size if pool is not None else 0)
     finally:
         if progress is not None:
             progress.stop()

@@ -33,7 +33,7 @@ from zhantune.inductor.choices import LookupEvent, recording
 from zhantune.problems import GemmProblem
 from zhantune.search.space import Candidate
 
-__all__ = ["InductorBenchmarker", "CPU_BASE_PATCH", "BACKEND_FLAGS", "cpu_compile_flags", "backend_flags"]
+__all__ = ["InductorBenchmarker", "CPU_BASE_PATCH", "KERNEL_CACHE_PATCH", "BACKEND_FLAGS", "cpu_compile_flags", "backend_flags"]
 
 #: backend flags a ``scope: backend`` branch may set (attributes under torch.backends)
 BACKEND_FLAGS = frozenset({
@@ -64,6 +64,15 @@ def backend_flags(flags: dict[str, Any]) -> Iterator[None]:
 #: background pool of compile workers competing with the timed runs for the cores
 CPU_BASE_PATCH: dict[str, Any] = {"freezing": True, "force_disable_caches": True, "compile_threads": 1}
 CUDA_BASE_PATCH: dict[str, Any] = {"force_disable_caches": True}
+#: with compile-ahead (zhantune.bench.isolated.CompilePool) instead of ``force_disable_caches``: the
+#: kernel caches stay on (C++ and Triton binaries in TORCHINDUCTOR_CACHE_DIR, keyed by the hash of
+#: their source, so a hit is the identical kernel), every cache that could skip the lowering is off
+#: (FX graph, AOTAutograd), so each compile still makes its GEMM lookup and the checks below see it;
+#: autotuning results are not reused between candidates either
+KERNEL_CACHE_PATCH: dict[str, Any] = {
+    "fx_graph_cache": False, "fx_graph_remote_cache": False,
+    "autotune_local_cache": False, "autotune_remote_cache": False,
+}
 
 
 @contextlib.contextmanager
@@ -73,6 +82,19 @@ def cpu_compile_flags(device: DeviceInfo) -> Iterator[None]:
         with torch.backends.mkldnn.flags(enabled=False):
             yield
     else:
+        yield
+
+
+@contextlib.contextmanager
+def _no_graph_caches(active: bool) -> Iterator[None]:
+    """With the kernel cache on: AOTAutograd's cache (a hit skips the lowering) and Dynamo's
+    profile-guided dynamic shapes (state kept in the cache directory) off, as
+    ``force_disable_caches`` does."""
+    if not active:
+        yield
+        return
+    with torch._functorch.config.patch(enable_autograd_cache=False), \
+            torch._dynamo.config.patch(automatic_dynamic_local_pgo=False):
         yield
 
 
@@ -92,6 +114,9 @@ class InductorBenchmarker:
         self.module, self.inputs = problem.build(device.torch_device, seed=seed)
         self.reference = problem.reference(self.module, self.inputs)
         self.lookup: LookupEvent | None = None
+        #: compile-ahead: keep Inductor's on-disk kernel cache (TORCHINDUCTOR_CACHE_DIR, shared with
+        #: the compile workers) instead of ``force_disable_caches``; see KERNEL_CACHE_PATCH
+        self.kernel_cache = False
         #: called once a candidate compiled (zhantune.bench.isolated switches to the run time limit)
         self.on_compiled: Callable[[], None] | None = None
 
@@ -113,8 +138,7 @@ class InductorBenchmarker:
 
     def inductor_default(self) -> Measurement:
         """torch.compile with Inductor's defaults (no max-autotune); records the lookup key."""
-        patch = dict(CPU_BASE_PATCH if self.device.kind == "cpu" else CUDA_BASE_PATCH)
-        m = self._run(patch, table=None, expect=None)
+        m = self._run(self.base_patch(), table=None, expect=None)
         if m.lookup is not None:
             self.lookup = m.lookup
         return m
@@ -126,16 +150,27 @@ class InductorBenchmarker:
     # -- candidates --------------------------------------------------------------------------
     def measure(self, candidate: Candidate) -> Measurement:
         """Compile with exactly this candidate, confirm it applied, check the output, time it."""
+        return self._candidate(candidate, time_it=True)
+
+    def precompile(self, candidate: Candidate) -> Measurement:
+        """Compile only (a compile-ahead worker, zhantune.bench.isolated.CompilePool), so that the
+        candidate's kernels are in Inductor's on-disk kernel cache when the timing worker compiles it.
+        Status ``ok`` without a timing (and ``compile_s``, seconds) when it compiled and applied;
+        else the failure (``compile_error``, ``not_applied``, ``invalid``) as :meth:`measure` gives it."""
+        return self._candidate(candidate, time_it=False)
+
+    def _candidate(self, candidate: Candidate, time_it: bool) -> Measurement:
+        base = self.base_patch()
         if self.device.kind == "cpu":
             if candidate.scope != "config":
                 return Measurement("invalid", error_text=f"{candidate.describe()}: only config-scope "
                                    "candidates apply on CPU (Inductor's CPU GEMM has no template lookup)")
-            patch = {**CPU_BASE_PATCH, "max_autotune": True, **candidate.params}
-            return self._run(patch, table=None, expect=candidate)
+            patch = {**base, "max_autotune": True, **candidate.params}
+            return self._run(patch, table=None, expect=candidate, time_it=time_it)
         if candidate.scope == "backend":  # Inductor's default choice under these backend flags
             with backend_flags(candidate.params):
-                return self._run(dict(CUDA_BASE_PATCH), table=None, expect=None)
-        patch = dict(CUDA_BASE_PATCH)
+                return self._run(dict(base), table=None, expect=None, time_it=time_it)
+        patch = dict(base)
         patch["max_autotune"] = True
         entries = None
         if candidate.scope == "template":
@@ -146,16 +181,27 @@ class InductorBenchmarker:
             patch["max_autotune_gemm_backends"] = "ATEN,TRITON"
         else:
             patch.update(candidate.params)
-        return self._run(patch, table=None, expect=candidate, any_key=entries)
+        return self._run(patch, table=None, expect=candidate, any_key=entries, time_it=time_it)
+
+    def base_patch(self) -> dict[str, Any]:
+        """Inductor config under every compile of this benchmarker: CPU_BASE_PATCH or
+        CUDA_BASE_PATCH, with KERNEL_CACHE_PATCH instead of ``force_disable_caches`` when
+        ``kernel_cache`` is set (compile-ahead: the workers share Inductor's on-disk kernel cache)."""
+        base = dict(CPU_BASE_PATCH if self.device.kind == "cpu" else CUDA_BASE_PATCH)
+        if self.kernel_cache:
+            del base["force_disable_caches"]
+            base.update(KERNEL_CACHE_PATCH)
+        return base
 
     # -- the shared path ---------------------------------------------------------------------
     def _run(self, patch: dict[str, Any], table: dict | None, expect: Candidate | None,
-             any_key: list[dict[str, Any]] | None = None) -> Measurement:
+             any_key: list[dict[str, Any]] | None = None, time_it: bool = True) -> Measurement:
         torch._dynamo.reset()
         templated_before = counters["inductor"]["cpp_templated_kernel_counter"]
         t0 = time.perf_counter()
         try:
             with torch.no_grad(), recording(table, any_key) as rec, inductor_config.patch(patch), \
+                    _no_graph_caches(self.kernel_cache), \
                     cpu_compile_flags(self.device):
                 compiled = torch.compile(self.module, fullgraph=True, dynamic=False)
                 out = compiled(*self.inputs)
@@ -175,6 +221,8 @@ class InductorBenchmarker:
         why_not = self._not_applied(expect, lookup, templated)
         if why_not:
             return Measurement("not_applied", error_text=why_not, compile_s=compile_s, lookup=lookup)
+        if not time_it:
+            return Measurement("ok", compile_s=compile_s, lookup=lookup)
         template_hash = None
         if expect is not None and expect.template_id and lookup is not None:
             template_hash = lookup.template_hashes.get(expect.template_id)

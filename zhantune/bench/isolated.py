@@ -17,15 +17,18 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import queue
 import signal
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from zhantune.bench.measurement import Measurement
 from zhantune.search.space import Candidate
 
-__all__ = ["WorkerSpec", "IsolatedBenchmarker", "FAULTS_ENV"]
+__all__ = ["WorkerSpec", "IsolatedBenchmarker", "CompilePool", "FAULTS_ENV", "default_compile_workers"]
 
 FAULTS_ENV = "ZHANTUNE_TEST_FAULTS"
 
@@ -40,6 +43,10 @@ class WorkerSpec:
 
 
 def _build(spec: WorkerSpec) -> Any:
+    cache_dir = spec.args.get("cache_dir")
+    if cache_dir:  # compile-ahead: Inductor's (and Triton's) on-disk kernel cache, shared by the workers
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
     if spec.kind == "replay":
         from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner
 
@@ -53,6 +60,7 @@ def _build(spec: WorkerSpec) -> Any:
     cfg = OmegaConf.merge(OmegaConf.structured(BenchConfig), spec.args["bench"])
     bench = InductorBenchmarker(spec.args["problem"], resolve_device(spec.args["device"]), cfg, seed=spec.args["seed"])
     bench.lookup = spec.args.get("lookup")
+    bench.kernel_cache = bool(cache_dir)
     return bench
 
 
@@ -69,13 +77,19 @@ def _apply_test_fault(cand: Candidate) -> None:
 
 def _worker_main(conn: Any, spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches the whole group
+    if spec.args.get("own_group"):  # a compile worker: the parent pauses it (and its compilers) as a group
+        os.setpgrp()
     from zhantune.quiet import quiet_known_warnings
 
     quiet_known_warnings()
     bench = _build(spec)
     conn.send(("ready", None))
     if hasattr(bench, "on_compiled"):
-        bench.on_compiled = lambda: conn.send(("compiled", None))
+        def compiled() -> None:  # the parent answers "go" once it is ready for the timed runs
+            conn.send(("compiled", None))
+            conn.recv()
+
+        bench.on_compiled = compiled
     while True:
         try:
             request = conn.recv()
@@ -89,6 +103,9 @@ def _worker_main(conn: Any, spec: WorkerSpec) -> None:
         elif request[0] == "measure":
             _apply_test_fault(request[1])
             conn.send(("result", bench.measure(request[1])))
+        elif request[0] == "precompile":
+            _apply_test_fault(request[1])
+            conn.send(("result", bench.precompile(request[1])))
         else:
             return
 
@@ -118,6 +135,9 @@ class IsolatedBenchmarker:
         self._conn: Any = None
         self.lookup: Any = None
         self.restarts = 0
+        #: called with "run" when the worker reports the candidate compiled (its timed runs start)
+        #: and with "end" when the request ends: a CPU tune pauses its compile-ahead pool meanwhile
+        self.phase_hook: Any = None
 
     @property
     def lookup_key(self) -> str | None:
@@ -137,8 +157,24 @@ class IsolatedBenchmarker:
             raise RuntimeError(f"benchmark worker did not start within {self.startup_timeout_s:.0f} s")
         parent.recv()  # ("ready", None); EOFError if the worker died while starting
 
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id while one is running."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to a compile worker's process group (the worker and the compilers it runs)."""
+        pid = self.pid
+        if pid is not None and self.spec.args.get("own_group"):
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):  # not (yet) a group leader, or gone
+                pass
+
     def _kill(self) -> None:
         if self._proc is not None:
+            self.signal_group(signal.SIGKILL)
             if self._proc.is_alive():
                 self._proc.kill()
             self._proc.join(timeout=30)
@@ -154,6 +190,7 @@ class IsolatedBenchmarker:
                 pass
             self._proc.join(timeout=10)
             if self._proc.is_alive():
+                self.signal_group(signal.SIGKILL)
                 self._proc.kill()
             self._proc = self._conn = None
 
@@ -167,6 +204,9 @@ class IsolatedBenchmarker:
         except KeyboardInterrupt:  # the measurement is abandoned: so is its worker
             self._kill()
             raise
+        finally:
+            if self.phase_hook is not None:
+                self.phase_hook("end")
 
     def _wait(self, limit: float) -> tuple[str, Any]:
         phase = "compile"
@@ -182,6 +222,12 @@ class IsolatedBenchmarker:
                 return self._died()
             if kind == "compiled":
                 phase, limit = "run", self.run_timeout_s
+                if self.phase_hook is not None:
+                    self.phase_hook("run")
+                try:
+                    self._conn.send(("go",))
+                except (BrokenPipeError, OSError):
+                    return self._died()
                 continue
             return kind, payload
 
@@ -210,3 +256,144 @@ class IsolatedBenchmarker:
         if kind != "result":
             return Measurement(kind, error_text=payload)
         return payload
+
+    def precompile(self, cand: Candidate) -> Measurement:
+        """Compile only (InductorBenchmarker.precompile: ``ok`` without a timing when it compiled);
+        a crash or a time limit is ``crashed`` / ``timeout`` as for :meth:`measure`."""
+        kind, payload = self._request(("precompile", cand))
+        if kind != "result":
+            return Measurement(kind, error_text=f"compile-ahead worker: {payload}")
+        return payload
+
+
+def _wait_stopped(pid: int, limit_s: float) -> None:
+    """Wait until /proc says process ``pid`` is stopped (state T), it is gone, or ``limit_s`` passed."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            return
+        if stat[stat.rindex(")") + 2] in "Tt":
+            return
+        time.sleep(0.001)
+
+
+def default_compile_workers(cores: int | None = None) -> int:
+    """Compile-ahead workers when ``bench.compile_workers`` is unset: one per four cores, at least
+    one and at most four (1 on a 2-core machine). Each worker is a process with torch loaded."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(4, cores // 4))
+
+
+class CompilePool:
+    """Compile ahead: worker subprocesses compile the next candidates while the timing worker times
+    the current one (Inductor's own idea: precompile the choices in parallel, benchmark serially).
+
+    Every worker (the timing worker included) has Inductor's on-disk kernel cache in one directory
+    (``cache_dir`` in the worker spec; zhantune.bench.inductor.KERNEL_CACHE_PATCH), so the timing
+    worker's compile of a precompiled candidate finds its C++ or Triton binaries there and skips the
+    C++/Triton compiler; it still lowers the graph, so its lookup and template checks are its own.
+    A candidate that fails to compile here (``compile_error``, ``not_applied``) or kills or hangs its
+    compile worker (``crashed``, ``timeout``; the worker is replaced) gets that result without
+    reaching the timing worker. On a CPU device the pool is paused (SIGSTOP to each worker's process
+    group, compilers included) while the timing worker runs timed repetitions, so compiles never
+    share the cores with a timing; the compile time limit keeps running meanwhile.
+    """
+
+    def __init__(self, spec: WorkerSpec, size: int, compile_timeout_s: float, run_timeout_s: float):
+        if size < 1:
+            raise ValueError(f"compile pool size {size} must be at least 1")
+        worker_spec = WorkerSpec(spec.kind, {**spec.args, "own_group": True})
+        self.size = size
+        self._workers = [IsolatedBenchmarker(worker_spec, compile_timeout_s, run_timeout_s) for _ in range(size)]
+        self._idle: queue.Queue[IsolatedBenchmarker] = queue.Queue()
+        for w in self._workers:
+            self._idle.put(w)
+        self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="zhantune-compile")
+        self._futures: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._busy: set[IsolatedBenchmarker] = set()
+        self._paused = False
+
+    @property
+    def lookup(self) -> Any:
+        return self._workers[0].lookup
+
+    @lookup.setter
+    def lookup(self, value: Any) -> None:
+        """The GEMM lookup recorded by the timing worker's baselines (template candidates need it)."""
+        for w in self._workers:
+            w.lookup = value
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the compile workers running now."""
+        return [pid for pid in (w.pid for w in self._workers) if pid is not None]
+
+    def submit(self, cand: Candidate) -> None:
+        """Start compiling ``cand`` on the next idle worker; returns at once."""
+        if cand.config_hash not in self._futures:
+            self._futures[cand.config_hash] = self._executor.submit(self._compile, cand)
+
+    def _compile(self, cand: Candidate) -> Measurement:
+        worker = self._idle.get()
+        with self._lock:
+            self._busy.add(worker)
+        try:
+            return worker.precompile(cand)
+        finally:
+            with self._lock:
+                self._busy.discard(worker)
+            self._idle.put(worker)
+
+    def result(self, cand: Candidate) -> Measurement | None:
+        """Wait for ``cand``'s compile: ``ok`` (no timing) or the failure; None when it was not
+        submitted (the timing worker then compiles it alone)."""
+        future = self._futures.pop(cand.config_hash, None)
+        if future is None:
+            return None
+        try:
+            return future.result()
+        except (EOFError, OSError, RuntimeError) as e:  # the worker could not start
+            return Measurement("crashed", error_text=f"compile-ahead worker: {type(e).__name__}: {e}"[:500])
+
+    def phase_hook(self, phase: str) -> None:
+        """IsolatedBenchmarker.phase_hook of the timing worker on a CPU device: pause on "run"."""
+        self.pause() if phase == "run" else self.resume()
+
+    def pause(self) -> None:
+        """Stop every compile worker's process group; returns once each worker shows as stopped
+        (Linux /proc; at most 1 s each)."""
+        with self._lock:
+            if not self._paused:
+                self._paused = True
+                for w in self._workers:
+                    w.signal_group(signal.SIGSTOP)
+                for pid in self.pids:
+                    _wait_stopped(pid, 1.0)
+
+    def resume(self) -> None:
+        with self._lock:
+            if self._paused:
+                self._paused = False
+                for w in self._workers:
+                    w.signal_group(signal.SIGCONT)
+
+    def close(self) -> None:
+        """Stop the idle workers, kill the busy ones (a compile in flight is abandoned), wait for
+        their threads."""
+        self.resume()
+        for future in self._futures.values():
+            future.cancel()
+        with self._lock:
+            busy = list(self._busy)
+        for w in busy:
+            w.signal_group(signal.SIGKILL)
+            proc = w._proc
+            if proc is not None and proc.is_alive():
+                proc.kill()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        for w in self._workers:
+            w.close()
+        self._futures.clear()
