@@ -73,6 +73,26 @@ def test_time_cpu_measures_a_real_sleep():
     assert t.min_us <= t.p20_us <= t.median_us <= t.p80_us <= t.max_us
 
 
+def test_checking_a_database_keeps_this_processs_locks_on_it(tmp_path):
+    """Store() checks an existing file before using it. Closing a plain file handle on the database
+    would drop every POSIX lock this process's open connections hold on it: another process that
+    then closes its connection believes it is the last one, checkpoints and deletes the WAL under
+    them (the cause of a "database disk image is malformed" seen in the compare tests)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "z.db"
+    store = Store(f"sqlite:///{path}")
+    store.device_id("cpu-a", "A", "cpu", {})  # a write: the WAL has frames; the pool keeps the connection
+    wal = tmp_path / "z.db-wal"
+    assert wal.exists()
+    Store(f"sqlite:///{path}")  # the check, in a process holding a connection to the file
+    subprocess.run([sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+                    "c.execute('select count(*) from zt_device').fetchone(); c.close()", str(path)], check=True)
+    assert wal.exists()  # the other process knew it was not the last connection
+    assert store.device_id("cpu-a", "A", "cpu", {}) == store.device_id("cpu-a", "A", "cpu", {})
+
+
 def test_store_rejects_foreign_file_and_leaves_it(tmp_path):
     bad = tmp_path / "notes.db"
     bad.write_text("not a database")

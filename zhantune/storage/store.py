@@ -74,10 +74,10 @@ def check_url(url: str) -> None:
 
 
 def _check_sqlite_file(path: Path, url: str) -> None:
-    with open(path, "rb") as f:
-        header = f.read(16)
-    if path.stat().st_size and header != b"SQLite format 3\x00":
-        raise StorageError(f"storage.url={url}: {path} is not an SQLite database; left untouched")
+    """Refuse a file that is not a readable SQLite database, through SQLite alone: opening and
+    closing the file with plain I/O would drop the POSIX locks that this process's open connections
+    hold on it (SQLite's "how to corrupt a database", section 2.2), after which another process may
+    checkpoint and remove the WAL under them."""
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
@@ -85,6 +85,8 @@ def _check_sqlite_file(path: Path, url: str) -> None:
         finally:
             con.close()
     except sqlite3.DatabaseError as e:
+        if "not a database" in str(e):
+            raise StorageError(f"storage.url={url}: {path} is not an SQLite database; left untouched") from None
         raise StorageError(f"storage.url={url}: {path} is not a readable SQLite database ({e}); "
                            "left untouched") from None
 
