@@ -21,15 +21,15 @@ def test_crashing_and_hanging_candidates_are_stored_and_the_study_goes_on(tmp_pa
     env = dict(os.environ, PYTHONWARNINGS="ignore", **{FAULTS_ENV: json.dumps(faults)})
     r = subprocess.run(
         [sys.executable, "-m", "zhantune", "bench=replay", f"bench.path={A100}", "bench.isolate=true",
-         "bench.compile_timeout_s=3", "bench.run_timeout_s=3", "search=random", "search.n_trials=24",
+         "bench.compile_timeout_s=3", "bench.run_timeout_s=3", "search=random", "search.n_trials=12",
          f"storage.url=sqlite:///{db}", "progress=false", f"hydra.run.dir={tmp_path}/h"],
         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "trials: 24 measured" in r.stdout
+    assert "trials: 12 measured" in r.stdout
     con = sqlite3.connect(db)
     rows = con.execute("select status, error_text, params, median_us from zt_measurement where kind='candidate'").fetchall()
     con.close()
-    assert len(rows) == 24
+    assert len(rows) == 12
     by_status: dict[str, list] = {}
     for status, text, params, median in rows:
         p = json.loads(params)
@@ -63,9 +63,7 @@ def test_compile_ahead_fills_the_kernel_cache_that_the_timing_worker_compiles_fr
                                 f"storage.url=sqlite:///{tmp_path}/x.db", "bench.target_ms=5"]))
     cache = tmp_path / "kernels"
     bench, pool = run.benchmarker(str(cache)), run.compile_pool(1, str(cache))
-    try:
-        assert [m.status for _, m in bench.baselines()] == ["ok", "ok"]
-        pool.lookup = bench.lookup
+    try:  # no baselines: config-scope candidates on CPU need no recorded lookup
         branch = run.space.branch("cpp_gemm")
         ahead, alone = (branch.candidate({"k_slices": 1, "thread_factors": None, "cache_blocking": blocking})
                         for blocking in ("4,1,16", "8,1,32"))
@@ -101,14 +99,14 @@ def test_a_candidate_that_kills_its_compile_worker_costs_one_trial(tmp_path, tun
     from zhantune.tune import resolve_run, tune
 
     monkeypatch.setenv(FAULTS_ENV, json.dumps([{"match": {"max_autotune_gemm_backends": "ATEN"}, "action": "abort"}]))
-    cfg = tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[aten,cpp_gemm]", "search.n_trials=3",
+    cfg = tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[aten,cpp_gemm]", "search.n_trials=2",
                     "bench.compile_workers=1", "bench.remeasure_rounds=0", "bench.target_ms=5",
                     "export.enabled=false", f"storage.url=sqlite:///{tmp_path}/z.db"])
     store = Store(cfg.storage.url)
     result = tune(resolve_run(cfg), store)
-    assert result.measured == 3 and not result.interrupted
+    assert result.measured == 2 and not result.interrupted
     rows = [r for r in store.measurements(result.study_id) if r.kind == "candidate"]
-    assert sorted(r.branch for r in rows) == ["aten", "cpp_gemm", "cpp_gemm"]
+    assert sorted(r.branch for r in rows) == ["aten", "cpp_gemm"]  # Inductor's own seeds come first
     for r in rows:
         if r.branch == "aten":
             assert r.status == "crashed" and r.median_us is None
