@@ -1,6 +1,7 @@
 # make demo: set up and tune mm 512x512x512 fp32 on this CPU (16 measured trials)
 # make test: set up (Python packages; Debian's chromium and postgresql-15 for the tests) and run the whole
-#            test suite (the slow end-to-end tests included)
+#            test suite (the slow end-to-end tests included), two tests at a time (pytest-xdist; most
+#            tests wait on single-threaded compiles or subprocesses)
 .PHONY: setup system-deps demo test lint
 
 setup:
@@ -14,7 +15,7 @@ demo: setup
 	.venv/bin/python -m zhantune +op=mm shape=[512,512,512] dtype=float32 device=cpu search.n_trials=16
 
 test: setup system-deps
-	.venv/bin/python -m pytest -v --durations=15
+	.venv/bin/python -m pytest -v -n 2 --durations=15
 
 lint: setup
 	.venv/bin/ruff check zhantune tests scripts

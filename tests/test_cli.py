@@ -21,6 +21,7 @@ BAD_INPUTS = [
     (["+op=mm", "shape=[4,4,4]", "search=nope"], "unknown search 'nope'"),
     (["+op=mm", "shape=[4,4,4]", "space=[nope]"], "unknown space 'nope'"),
     (["+op=mm", "shape=[4,4,4]", "search.n_trials=0"], "search.n_trials=0 must be at least 1"),
+    (["+op=mm", "shape=[4,4,4]", "bench.compile_workers=-1"], "bench.compile_workers=-1 must be 0 (off)"),
     (["shape=[4,4,4]"], "no op given; use +op=<name>"),
 ]
 

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from zhantune.bench.isolated import FAULTS_ENV
+import pytest
+
+from zhantune.bench.isolated import FAULTS_ENV, default_compile_workers
 
 A100 = Path(__file__).resolve().parent / "data" / "kerneltuner" / "convolution_A100.json.gz"
 
@@ -113,3 +115,11 @@ def test_a_candidate_that_kills_its_compile_worker_costs_one_trial(tmp_path, tun
             assert "compile-ahead worker" in r.error_text and "SIGABRT" in r.error_text, r.error_text
         else:
             assert r.status == "ok" and r.median_us > 0 and r.n >= 5 and r.compile_s > 0
+
+
+@pytest.mark.parametrize("kind, cores, workers", [
+    ("cpu", 2, 0), ("cpu", 3, 0), ("cpu", 4, 1), ("cpu", 16, 4), ("cpu", 128, 4),
+    ("cuda", 2, 1), ("cuda", 8, 2), ("cuda", 16, 4), ("cuda", 96, 4),
+])
+def test_default_compile_workers(kind, cores, workers):
+    assert default_compile_workers(kind, cores) == workers

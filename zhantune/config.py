@@ -79,7 +79,8 @@ class BenchConfig:
     compile_timeout_s: float = 600.0
     run_timeout_s: float = 300.0
     #: compile ahead: worker subprocesses compiling the next candidates while one is timed
-    #: (zhantune.bench.isolated.CompilePool); null: one per four cores, 1 to 4; 0: off. Needs isolate
+    #: (zhantune.bench.isolated.CompilePool); null: one per four cores, at most 4 (on CUDA at least
+    #: 1; on CPU 0 below four cores); 0: off. Needs isolate
     compile_workers: int | None = None
     #: close calls: when the best two configs' 20th-80th percentile ranges overlap, measure both again
     #: this many times each, interleaved (A B A B ...), before the winner is exported (0: off)

@@ -87,12 +87,15 @@ class RunSpec:
         return self.cfg.search.study_name or f"{self.problem.key}@{self.device.key}"
 
     def compile_workers(self) -> int:
-        """Compile-ahead workers for this run: ``bench.compile_workers`` (null: sized for the
-        machine, zhantune.bench.isolated.default_compile_workers); 0 for replay or ``isolate: false``."""
+        """Compile-ahead workers for this run: ``bench.compile_workers`` (null: sized for the machine
+        and device, zhantune.bench.isolated.default_compile_workers: 0 on this 2-core CPU machine, at
+        least 1 on CUDA); 0 for replay or ``isolate: false``."""
         b = self.cfg.bench
         if self.replay is not None or not b.isolate:
             return 0
-        return default_compile_workers() if b.compile_workers is None else int(b.compile_workers)
+        if b.compile_workers is None:
+            return default_compile_workers(self.device.kind)
+        return int(b.compile_workers)
 
     def _worker_spec(self, cache_dir: str | None) -> WorkerSpec:
         if self.replay is not None:

@@ -279,11 +279,14 @@ def _wait_stopped(pid: int, limit_s: float) -> None:
         time.sleep(0.001)
 
 
-def default_compile_workers(cores: int | None = None) -> int:
-    """Compile-ahead workers when ``bench.compile_workers`` is unset: one per four cores, at least
-    one and at most four (1 on a 2-core machine). Each worker is a process with torch loaded."""
+def default_compile_workers(device_kind: str, cores: int | None = None) -> int:
+    """Compile-ahead workers when ``bench.compile_workers`` is unset: one per four cores, at most
+    four. On CUDA at least one (the GPU times while the cores compile). On CPU none below four cores:
+    the timed runs need every core (the pool is paused meanwhile) and the timing worker still lowers
+    each candidate, so one worker on 2 cores measured slower than none (docs/timing.md)."""
     cores = cores or os.cpu_count() or 1
-    return max(1, min(4, cores // 4))
+    n = min(4, cores // 4)
+    return max(1, n) if device_kind == "cuda" else n
 
 
 class CompilePool:
