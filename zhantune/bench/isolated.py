@@ -271,8 +271,9 @@ def _wait_stopped(pid: int, limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         try:
-            stat = open(f"/proc/{pid}/stat").read()
-        except OSError:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:  # gone, or no /proc
             return
         if stat[stat.rindex(")") + 2] in "Tt":
             return
