@@ -75,9 +75,8 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         self.refresh_s = refresh_s
         self._feasible: FeasibleSet | None = None
         #: the point chosen in before_trial for each running trial of this process, by trial number
+        #: (a point asked ahead, with compile ahead, counts as tried before the storage says so)
         self._pending: dict[int, dict[str, Any]] = {}
-        #: its feasible row: a point asked ahead (compile ahead) is tried before the storage says so
-        self._pending_rows: dict[int, int] = {}
         #: (row, value) of each finished trial by number, for the bound study (a finished trial is immutable)
         self._finished: dict[int, tuple[int, float | None]] = {}
         #: the study's trials as last read (plus this process's results since), and when it was read
@@ -128,7 +127,6 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         row = self.next_row(study)
         if row is not None:
             self._pending[trial.number] = self._feasible.trial_params(row)
-            self._pending_rows[trial.number] = row
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -142,7 +140,6 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
                     values: Any) -> None:
         self._pending.pop(trial.number, None)
-        self._pending_rows.pop(trial.number, None)
         if self._feasible is None:
             self._fallback.after_trial(study, trial, state, values)
             return
@@ -167,7 +164,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
             if value is not None:
                 rows.append(row)
                 values.append(value)
-        tried.extend(self._pending_rows.values())
+        tried.extend(fs.row_of(params) for params in self._pending.values())
         unseen = np.ones(len(fs), dtype=bool)
         unseen[tried] = False
         if not unseen.any():
