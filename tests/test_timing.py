@@ -163,6 +163,27 @@ def test_a_clear_speedup_is_not_remeasured(tune_cfg, tmp_path):
     assert result.speedup_text is None and result.default.median_us == def_t.median_us
 
 
+def test_an_aten_winner_is_never_reported_as_a_speedup_over_the_default(tune_cfg, tmp_path):
+    """The aten config is the kernel Inductor's default compile runs: whatever the two measured,
+    the summary calls the difference noise (a real CPU tune)."""
+    from rich.console import Console
+
+    from zhantune.report import print_summary
+    from zhantune.tune import tune
+
+    cfg = tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[aten]", "search.n_trials=1",
+                    "bench.isolate=false", "bench.remeasure_rounds=0", "bench.target_ms=5",
+                    f"storage.url=sqlite:///{tmp_path}/z.db", "export.enabled=false"])
+    run = resolve_run(cfg)
+    result = tune(run, Store(cfg.storage.url))
+    assert result.best.branch == "aten" and result.same_kernel_as_default
+    console = Console(record=True, width=200)
+    print_summary(console, run, result, cfg.storage.url)
+    text = console.export_text()
+    assert "the kernel Inductor's default compile runs too" in text and "not a speedup" in text
+    assert "faster than inductor default" not in text and "no candidate beat it" not in text
+
+
 @pytest.mark.parametrize("op, shape", [
     ("mm", [64, 48, 1]),     # K = 1
     ("mm", [1, 64, 48]),     # M = 1

@@ -243,6 +243,9 @@ class TuneResult:
     contended: int = 0
     #: set when the winner and the default were re-measured interleaved (settle_speedup)
     speedup_text: str | None = None
+    #: the winner is the ``aten`` config, the very kernel Inductor's default compile runs: a
+    #: difference between the two is noise, never a speedup (the summary says so)
+    same_kernel_as_default: bool = False
 
 
 class Recorder:
@@ -383,6 +386,7 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
     store.finish_study(study_id, "interrupted" if result.interrupted else "finished")
     result.contended = store.contended_count(study_id)
     result.best = _best_for_problem(store, device.key, problem_id)
+    result.same_kernel_as_default = result.best is not None and _is_default_kernel(result.best)
     if cfg.export.enabled and not result.interrupted and run.replay is None:
         from zhantune.export import export_table
 

@@ -68,7 +68,10 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     if result.best is not None:
         params = ", ".join(f"{k}={v}" for k, v in sorted(result.best.params.items()))
         console.print(f"best config: {result.best.template_id or result.best.branch} {{{params}}}")
-        if default_us and result.best.median_us >= default_us:
+        if default_us and getattr(result, "same_kernel_as_default", False):
+            console.print(f"winner: {result.best.branch}, the kernel Inductor's default compile runs too: "
+                          f"its {default_us / result.best.median_us:.2f}x here is measurement noise, not a speedup")
+        elif default_us and result.best.median_us >= default_us:
             console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it "
                           f"(best candidate {default_us / result.best.median_us:.2f}x)")
         elif default_us:
