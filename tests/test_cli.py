@@ -22,6 +22,11 @@ BAD_INPUTS = [
     (["+op=mm", "shape=[4,4,4]", "space=[nope]"], "unknown space 'nope'"),
     (["+op=mm", "shape=[4,4,4]", "search.n_trials=0"], "search.n_trials=0 must be at least 1"),
     (["+op=mm", "shape=[4,4,4]", "bench.compile_workers=-1"], "bench.compile_workers=-1 must be 0 (off)"),
+    # Hydra's own composition errors, joined into one line
+    (["+op=mm", "shape=[4,4,4]", "bench.compile_workers=abc"],
+     "bench.compile_workers=abc; Value 'abc' of type 'str' could not be converted to Integer"),
+    (["+op=mm", "shape=[4,4,4]", "bench.nope=1"], "Key 'nope' not in 'BenchConfig'"),
+    (["+op=mm", "shape=[4,4,4]", "search.n_trials=[1"], "override search.n_trials=[1: no viable alternative"),
     (["shape=[4,4,4]"], "no op given; use +op=<name>"),
 ]
 

@@ -2,12 +2,14 @@
 
 Hydra reports its own composition errors (an unknown ``+op=``, a bad override) on several lines and
 exits with 1. Group choices are therefore checked first, with Hydra's own override parser, so that the
-user gets one line naming the value and what is allowed; and any Hydra failure before the task
-function starts is a user error, mapped to exit code 2.
+user gets one line naming the value and what is allowed; any other Hydra failure before the task
+function starts (a value of the wrong type, an unknown key) is a user error: Hydra's message, held
+back until then, is joined into one line, and the exit code is 2.
 """
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,7 @@ from zhantune.config import CONF_DIR
 from zhantune.errors import USER_ERROR_EXIT_CODE, UserError
 from zhantune.quiet import quiet_known_warnings
 
-__all__ = ["run_app", "user_error", "check_group_overrides"]
+__all__ = ["run_app", "user_error", "check_group_overrides", "one_line"]
 
 quiet_known_warnings()
 
@@ -60,7 +62,50 @@ class _State:
 
 
 def mark_task_started() -> None:
+    """Called first thing in a task function: what Hydra wrote to stderr until now goes out as is."""
     _State.task_started = True
+    _release_stderr()
+
+
+class _HeldStderr(io.StringIO):
+    real: object = None
+
+
+def _release_stderr() -> str:
+    """Put the real stderr back; write what was held to it unless it is returned for rewording."""
+    held = sys.stderr
+    if not isinstance(held, _HeldStderr):
+        return ""
+    sys.stderr = held.real
+    text = held.getvalue()
+    if _State.task_started:
+        sys.stderr.write(text)
+        return ""
+    return text
+
+
+def one_line(hydra_message: str) -> str:
+    """Hydra's multi-line composition error as one line: its unindented lines joined, without the
+    HYDRA_FULL_ERROR hint (e.g. "Error merging override bench.target_ms=abc; Value 'abc' of type
+    'str' could not be converted to Float")."""
+    lines = [line.strip() for line in hydra_message.splitlines()
+             if line.strip() and not line[:1].isspace() and "HYDRA_FULL_ERROR" not in line]
+    return "; ".join(lines) or "invalid command line"
+
+
+def _unparsable_override(args: list[str]) -> str | None:
+    """The first argument Hydra's override grammar rejects (its own message does not name it)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except Exception:
+            return arg
+    return None
 
 
 def run_app(hydra_main: Callable[[], object]) -> None:
@@ -68,9 +113,20 @@ def run_app(hydra_main: Callable[[], object]) -> None:
     msg = check_group_overrides(sys.argv[1:])
     if msg:
         user_error(msg)
+    held = _HeldStderr()
+    held.real = sys.stderr
+    sys.stderr = held
     try:
         hydra_main()
     except SystemExit as e:
+        text = _release_stderr()
         if e.code == 1 and not _State.task_started:
-            sys.exit(USER_ERROR_EXIT_CODE)
+            bad = _unparsable_override(sys.argv[1:])
+            user_error((f"override {bad}: " if bad else "") + one_line(text))
+        if text:
+            sys.stderr.write(text)
         raise
+    finally:
+        text = _release_stderr()
+        if text:
+            sys.stderr.write(text)
