@@ -75,8 +75,12 @@ def test_compile_ahead_fills_the_kernel_cache_that_the_timing_worker_compiles_fr
         built = _binaries(cache)
         assert built
 
-        # while the timing worker times, the compile workers are stopped as a process group
         (pid,) = pool.pids
+        # no semaphore of the resource tracker's in a worker that may be killed (the tracker would
+        # warn at exit): POSIX semaphores are /dev/shm mappings
+        assert "/dev/shm" not in Path(f"/proc/{pid}/maps").read_text()
+
+        # while the timing worker times, the compile workers are stopped as a process group
         pool.phase_hook("run")
         assert _process_state(pid) == "T"
         pool.phase_hook("end")

@@ -75,6 +75,18 @@ def _apply_test_fault(cand: Candidate) -> None:
             time.sleep(float(fault.get("seconds", 3600)))
 
 
+def _thread_lock_for_tqdm() -> None:
+    """tqdm (torch.fx's interpreter makes a disabled progress bar while compiling) creates a
+    multiprocessing lock, a semaphore registered with the parent's resource tracker; a worker killed
+    on purpose (a timeout, a compile abandoned at the end of a tune) would leave it for the tracker,
+    which warns at exit. A worker needs no cross-process lock: tqdm's documented set_lock."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def _worker_main(conn: Any, spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches the whole group
     if spec.args.get("own_group"):  # a compile worker: the parent pauses it (and its compilers) as a group
@@ -82,6 +94,7 @@ def _worker_main(conn: Any, spec: WorkerSpec) -> None:
     from zhantune.quiet import quiet_known_warnings
 
     quiet_known_warnings()
+    _thread_lock_for_tqdm()
     bench = _build(spec)
     conn.send(("ready", None))
     if hasattr(bench, "on_compiled"):
