@@ -123,10 +123,7 @@ def run_app(hydra_main: Callable[[], object]) -> None:
         if e.code == 1 and not _State.task_started:
             bad = _unparsable_override(sys.argv[1:])
             user_error((f"override {bad}: " if bad else "") + one_line(text))
-        if text:
-            sys.stderr.write(text)
+        sys.stderr.write(text)
         raise
-    finally:
-        text = _release_stderr()
-        if text:
-            sys.stderr.write(text)
+    finally:  # any other way out before the task started: Hydra's text as it was
+        sys.stderr.write(_release_stderr())
