@@ -182,6 +182,8 @@ def test_an_aten_winner_is_never_reported_as_a_speedup_over_the_default(tune_cfg
     text = console.export_text()
     assert "the kernel Inductor's default compile runs too" in text and "not a speedup" in text
     assert "faster than inductor default" not in text and "no candidate beat it" not in text
+    best_row = next(line for line in text.splitlines() if "best candidate: aten" in line)
+    assert "x (noise)" in best_row  # the table's speedup cell says so too
 
 
 @pytest.mark.parametrize("op, shape", [

@@ -60,15 +60,18 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     rows = [(label, r) for label, r in (("eager", result.eager), ("inductor default", result.default)) if r is not None]
     if result.best is not None:
         rows.append((f"best candidate: {result.best.branch}", result.best))
+    same_kernel = getattr(result, "same_kernel_as_default", False)
     for label, r in rows:
         speed = f"{default_us / r.median_us:.2f}x" if default_us and r.median_us else "-"
+        if r is result.best and same_kernel and speed != "-":
+            speed += " (noise)"  # the default compile runs this very kernel
         tflops = f"{r.tflops:.3f}" if r.tflops is not None else "-"
         t.add_row(label, r.status, _us(r.median_us), tflops, speed)
     console.print(t)
     if result.best is not None:
         params = ", ".join(f"{k}={v}" for k, v in sorted(result.best.params.items()))
         console.print(f"best config: {result.best.template_id or result.best.branch} {{{params}}}")
-        if default_us and getattr(result, "same_kernel_as_default", False):
+        if default_us and same_kernel:
             console.print(f"winner: {result.best.branch}, the kernel Inductor's default compile runs too: "
                           f"its {default_us / result.best.median_us:.2f}x here is measurement noise, not a speedup")
         elif default_us and result.best.median_us >= default_us:
