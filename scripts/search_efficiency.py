@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner  # noqa: E402
 from zhantune.config import CONF_DIR  # noqa: E402
+from zhantune.quiet import quiet_known_warnings  # noqa: E402
 from zhantune.search.driver import run_search  # noqa: E402
 from zhantune.search.samplers import make_sampler  # noqa: E402
 
@@ -95,6 +96,7 @@ def main() -> None:
     args = ap.parse_args()
     overrides = parse_overrides(args.set)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    quiet_known_warnings()
     print(f"default strategy: {default_strategy()} {overrides or ''}; {args.trials} measured trials, "
           f"{args.seeds} seeds (0..{args.seeds - 1})")
     print(f"{'dataset':20s} {'strategy':10s} {'median':>7s} {'worst':>7s} {'optimum found':>14s} {'time s':>7s}")
