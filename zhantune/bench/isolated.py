@@ -185,11 +185,18 @@ class IsolatedBenchmarker:
             except (ProcessLookupError, PermissionError):  # not (yet) a group leader, or gone
                 pass
 
+    def abort(self) -> None:
+        """Kill the running worker (and its process group, for a compile worker) without waiting:
+        the thread waiting on its answer sees it die (CompilePool.close abandons a compile so)."""
+        proc = self._proc
+        if proc is not None:
+            self.signal_group(signal.SIGKILL)
+            if proc.is_alive():
+                proc.kill()
+
     def _kill(self) -> None:
         if self._proc is not None:
-            self.signal_group(signal.SIGKILL)
-            if self._proc.is_alive():
-                self._proc.kill()
+            self.abort()
             self._proc.join(timeout=30)
             self._conn.close()
         self._proc = self._conn = None
@@ -406,10 +413,7 @@ class CompilePool:
         with self._lock:
             busy = list(self._busy)
         for w in busy:
-            w.signal_group(signal.SIGKILL)
-            proc = w._proc
-            if proc is not None and proc.is_alive():
-                proc.kill()
+            w.abort()
         self._executor.shutdown(wait=True, cancel_futures=True)
         for w in self._workers:
             w.close()
