@@ -12,6 +12,12 @@ any other conf/search file by name.
     python scripts/search_efficiency.py                      # 3 datasets x 20 seeds x 100 trials
     python scripts/search_efficiency.py --seeds 5 --strategies default,tpe
     python scripts/search_efficiency.py --set n_model_trials=40   # try a setting of the default
+    python scripts/search_efficiency.py --datasets convolution_A100 --strategies default \
+        --fix read_only=1 --fix use_padding=0 --fix use_shmem=1     # a search told part of the answer
+
+``--fix`` pins parameters of the file to one value, so the search runs over that slice only; the
+ratio is still to the optimum of the whole file. It measures how hard the rest of the problem is
+once those parameters are known (docs/search.md).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner  # noqa: E402
 from zhantune.config import CONF_DIR  # noqa: E402
+from zhantune.errors import ConfigError  # noqa: E402
 from zhantune.quiet import quiet_known_warnings  # noqa: E402
 from zhantune.search.driver import run_search  # noqa: E402
 from zhantune.search.samplers import make_sampler  # noqa: E402
@@ -56,11 +63,13 @@ def sampler_for(strategy: str, seed: int, overrides: dict) -> optuna.samplers.Ba
     return make_sampler(spec)
 
 
-def one_run(path: Path, strategy: str, seed: int, n_trials: int, overrides: dict) -> float:
-    """Best median (us) found by one search of ``n_trials`` measured trials."""
+def one_run(path: Path, strategy: str, seed: int, n_trials: int, overrides: dict,
+            fixed: dict | None = None) -> float:
+    """Best median (us) found by one search of ``n_trials`` measured trials (over the slice where the
+    parameters in ``fixed`` take the given values, when set)."""
     replay = load_kerneltuner(path)
     bench = ReplayBenchmarker(replay)
-    space = replay.space()
+    space = replay.space(fixed)
     best = float("inf")
 
     def measure(cand, _number):
@@ -93,19 +102,29 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a sampler argument of the default strategy")
+    ap.add_argument("--fix", action="append", default=[], metavar="PARAM=VALUE",
+                    help="search only the slice of each file where PARAM has this value (repeatable)")
     args = ap.parse_args()
     overrides = parse_overrides(args.set)
+    fixed = parse_overrides(args.fix)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     quiet_known_warnings()
+    for name in args.datasets.split(","):  # check --fix against every file before the first run
+        try:
+            load_kerneltuner(DATA / f"{name}.json.gz").space(fixed)
+        except ConfigError as e:  # one line, exit code 2
+            print(f"error: --fix: {e}", file=sys.stderr)
+            sys.exit(2)
     print(f"default strategy: {default_strategy()} {overrides or ''}; {args.trials} measured trials, "
-          f"{args.seeds} seeds (0..{args.seeds - 1})")
+          f"{args.seeds} seeds (0..{args.seeds - 1})" + (f"; only the slice {fixed}" if fixed else ""))
     print(f"{'dataset':20s} {'strategy':10s} {'median':>7s} {'worst':>7s} {'optimum found':>14s} {'time s':>7s}")
     for name in args.datasets.split(","):
         path = DATA / f"{name}.json.gz"
         optimum = load_kerneltuner(path).best_time_us()
         for strategy in args.strategies.split(","):
             t0 = time.perf_counter()
-            ratios = [one_run(path, strategy, seed, args.trials, overrides) / optimum for seed in range(args.seeds)]
+            ratios = [one_run(path, strategy, seed, args.trials, overrides, fixed) / optimum
+                      for seed in range(args.seeds)]
             found = sum(r <= 1.0 + 1e-9 for r in ratios)
             print(f"{name:20s} {strategy:10s} {statistics.median(ratios):7.3f} {max(ratios):7.3f} "
                   f"{found:>7d}/{args.seeds:<6d} {time.perf_counter() - t0:7.1f}", flush=True)

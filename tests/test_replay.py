@@ -46,6 +46,28 @@ def test_space_is_the_files_tune_params_and_feasible_points_are_its_cache_keys(a
     assert not branch.feasible(absent, {})
 
 
+def test_fixing_parameters_restricts_the_space_to_that_slice_of_the_file(a100):
+    raw = _raw(A100)
+    fixed = {"read_only": 1, "use_padding": 0, "use_shmem": 1}
+    fs = enumerate_feasible(a100.space(fixed), {})
+    in_slice = [e for e in raw["cache"].values() if all(e[k] == v for k, v in fixed.items())]
+    assert 0 < len(fs) == len(in_slice) < len(raw["cache"])
+    tuned = {p.name for p in a100.space(fixed).branches[0].params if p.distribution is not None}
+    assert tuned == {"block_size_x", "block_size_y", "tile_size_x", "tile_size_y"}
+    for branch, values in fs.points:  # every candidate of the slice carries the fixed values
+        assert fixed.items() <= branch.candidate(values).params.items()
+
+
+@pytest.mark.parametrize(("fixed", "message"), [
+    ({"readonly": 1}, "cannot fix readonly: not a parameter of tune_params; allowed: block_size_x"),
+    ({"read_only": 2}, "cannot fix read_only=2: allowed values [0, 1]"),
+])
+def test_fixing_an_unknown_parameter_or_value_is_a_clear_error(a100, fixed, message):
+    with pytest.raises(ConfigError) as e:
+        a100.space(fixed)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
 def test_measurements_are_answered_from_the_file(a100):
     raw = _raw(A100)
     bench = ReplayBenchmarker(a100)

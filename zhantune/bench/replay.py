@@ -84,12 +84,27 @@ class KernelTunerFile:
         """The cache entry of a configuration (param name -> value), None when absent."""
         return self.cache.get(",".join(str(values[n]) for n in self.param_names))
 
-    def space(self) -> Space:
-        """One template branch over ``tune_params``; feasible points are exactly the cache's keys."""
+    def space(self, fixed: dict[str, Any] | None = None) -> Space:
+        """One template branch over ``tune_params``; feasible points are exactly the cache's keys.
+
+        ``fixed`` (param name -> value) pins parameters to one of their values, restricting the space
+        to that slice of the file (e.g. for a search told part of the answer). Raises ConfigError
+        naming the parameter when it is not in ``tune_params`` or the value is not one of its values.
+        """
+        fixed = dict(fixed or {})
+        for name, value in fixed.items():
+            if name not in self.tune_params:
+                raise ConfigError(f"{self.path}: cannot fix {name}: not a parameter of tune_params; "
+                                  f"allowed: {', '.join(self.param_names)}")
+            if value not in self.tune_params[name]:
+                raise ConfigError(f"{self.path}: cannot fix {name}={value!r}: allowed values "
+                                  f"{self.tune_params[name]}")
         params = []
         for name in self.param_names:
             values = self.tune_params[name]
-            if len(values) == 1:
+            if name in fixed:
+                params.append(Param(name, name, None, fixed[name]))
+            elif len(values) == 1:
                 params.append(Param(name, name, None, values[0]))
             else:
                 params.append(Param(name, name, optuna.distributions.CategoricalDistribution(tuple(values))))
