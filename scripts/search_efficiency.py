@@ -111,8 +111,9 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     quiet_known_warnings()
     for name in args.datasets.split(","):  # check --fix against every file before the first run
+        replay = load_kerneltuner(DATA / f"{name}.json.gz")
         try:
-            load_kerneltuner(DATA / f"{name}.json.gz").space(fixed)
+            replay.space(fixed)
         except ConfigError as e:  # one line, exit code 2
             print(f"error: --fix: {e}", file=sys.stderr)
             sys.exit(2)
