@@ -110,8 +110,8 @@ def main() -> None:
     fixed = parse_overrides(args.fix)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     quiet_known_warnings()
-    for name in args.datasets.split(","):  # check --fix against every file before the first run
-        replay = load_kerneltuner(DATA / f"{name}.json.gz")
+    files = {name: load_kerneltuner(DATA / f"{name}.json.gz") for name in args.datasets.split(",")}
+    for replay in files.values():  # check --fix against every file before the first run
         try:
             replay.space(fixed)
         except ConfigError as e:  # one line, exit code 2
@@ -120,9 +120,9 @@ def main() -> None:
     print(f"default strategy: {default_strategy()} {overrides or ''}; {args.trials} measured trials, "
           f"{args.seeds} seeds (0..{args.seeds - 1})" + (f"; only the slice {fixed}" if fixed else ""))
     print(f"{'dataset':20s} {'strategy':10s} {'median':>7s} {'worst':>7s} {'optimum found':>14s} {'within 10%':>11s} {'time s':>7s}")
-    for name in args.datasets.split(","):
-        path = DATA / f"{name}.json.gz"
-        optimum = load_kerneltuner(path).best_time_us()
+    for name, replay in files.items():
+        path = replay.path
+        optimum = replay.best_time_us()
         for strategy in args.strategies.split(","):
             t0 = time.perf_counter()
             ratios = [one_run(path, strategy, seed, args.trials, overrides, fixed) / optimum
