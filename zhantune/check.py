@@ -26,7 +26,7 @@ import hydra
 from omegaconf import DictConfig
 
 from zhantune.cli import mark_task_started, run_app, user_error
-from zhantune.config import register
+from zhantune.config import check_bench, register
 from zhantune.errors import ConfigError, UserError
 
 __all__ = ["main", "check_model"]
@@ -107,8 +107,10 @@ def _check_app(cfg: DictConfig) -> None:
     from rich.table import Table
 
     from zhantune.bench.measurement import TOLERANCES
+    from zhantune.device import resolve_device
     from zhantune.inductor.table import read_table
     from zhantune.models import from_config
+    from zhantune.paths import check_output_path
 
     console = Console()
     try:
@@ -116,7 +118,11 @@ def _check_app(cfg: DictConfig) -> None:
             raise ConfigError("no table given; use table=FILE (written by python -m zhantune or zhantune.export)")
         if not 0.0 <= cfg.min_coverage <= 1.0:
             raise ConfigError(f"min_coverage={cfg.min_coverage} must be in [0, 1]")
-        tf = read_table(cfg.table)  # a malformed table stops here, before any compile
+        check_bench(cfg.bench)
+        if cfg.json:
+            check_output_path(cfg.json, "json")
+        # a malformed table, or one setting anything but allow-listed knobs, stops here
+        tf = read_table(cfg.table, resolve_device(cfg.device).kind)
         req = from_config(cfg)
         model, inputs, device, dtype = req.model, req.inputs, req.device, req.dtype
     except UserError as e:
@@ -134,7 +140,8 @@ def _check_app(cfg: DictConfig) -> None:
     for key, why in report.stale.items():
         console.print(f"[yellow]stale[/yellow] {key}: {why}", soft_wrap=True)
     tol = TOLERANCES[dtype]
-    t = Table(title=f"{cfg.model} on {device.name}: {report.lookups} GEMM lookup(s), coverage {report.coverage:.0%}")
+    coverage = report.coverage or 0.0  # no lookup at all proves nothing
+    t = Table(title=f"{cfg.model} on {device.name}: {report.lookups} GEMM lookup(s), coverage {coverage:.0%}")
     for col in ("compile", "compile s", "run us (median)", "p20-p80 us", "vs default", "max rel error"):
         t.add_column(col, justify="left" if col == "compile" else "right")
     default_us = result["ways"]["default"]["run_us"]
@@ -151,10 +158,13 @@ def _check_app(cfg: DictConfig) -> None:
     if wrong:
         console.print(f"[red]output differs from eager beyond tolerance {tol:g}: {', '.join(wrong)}[/red]")
         sys.exit(COVERAGE_EXIT_CODE)
-    if report.coverage < cfg.min_coverage:
-        console.print(f"[red]coverage {report.coverage:.0%} is below min_coverage {cfg.min_coverage:.0%}[/red]")
+    if report.note:
+        console.print(f"[red]{report.note}[/red]")
         sys.exit(COVERAGE_EXIT_CODE)
-    console.print(f"coverage {report.coverage:.0%} (min_coverage {cfg.min_coverage:.0%}): ok")
+    if coverage < cfg.min_coverage:
+        console.print(f"[red]coverage {coverage:.0%} is below min_coverage {cfg.min_coverage:.0%}[/red]")
+        sys.exit(COVERAGE_EXIT_CODE)
+    console.print(f"coverage {coverage:.0%} (min_coverage {cfg.min_coverage:.0%}): ok")
 
 
 def main() -> None:

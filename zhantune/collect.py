@@ -226,11 +226,16 @@ def _collect_app(cfg: DictConfig) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from zhantune.config import check_bench
     from zhantune.models import from_config
+    from zhantune.paths import check_output_path
     from zhantune.tune import software_versions
 
     console = Console()
     try:
+        check_output_path(cfg.out, "out")
+        if cfg.measure:
+            check_bench(cfg.bench)
         req = from_config(cfg)
         model, inputs, device, dtype, shapes, kwargs = req.model, req.inputs, req.device, req.dtype, req.shapes, req.kwargs
         problems = collect(model, inputs, device)

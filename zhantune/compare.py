@@ -39,6 +39,7 @@ def _portable_table(cmp, store) -> dict:
 def _compare_app(cfg: DictConfig) -> None:
     mark_task_started()
     from zhantune.inductor.table import write_table
+    from zhantune.paths import check_output_path
     from zhantune.report.compare import compare
     from zhantune.report.html import write_html_report
     from zhantune.report.outputs import print_comparison, write_csv, write_json
@@ -52,6 +53,9 @@ def _compare_app(cfg: DictConfig) -> None:
         devices = OmegaConf.to_container(cfg.devices) if cfg.devices is not None else None
         if devices is not None and not isinstance(devices, list):
             raise ConfigError(f"devices={cfg.devices!r} must be a list of device keys or names, e.g. devices=[A,B]")
+        for option in ("csv", "json", "html", "table"):
+            if cfg[option]:
+                check_output_path(cfg[option], option)
         store = Store(cfg.storage.url)
         cmp = compare(store, [str(d) for d in devices] if devices else None)
         study = None

@@ -89,6 +89,32 @@ class BenchConfig:
     path: str | None = None
 
 
+#: BenchConfig field -> (lowest, highest) value allowed (None: unbounded), checked by check_bench
+BENCH_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "warmup_ms": (0.0, 600_000.0), "target_ms": (0.001, 600_000.0), "min_reps": (1, None),
+    "max_reps": (1, None), "compile_timeout_s": (0.001, None), "run_timeout_s": (0.001, None),
+    "compile_workers": (0, 64), "remeasure_rounds": (0, 1000),
+}
+
+
+def check_bench(bench: Any, prefix: str = "bench.") -> None:
+    """Check every numeric benchmark option against BENCH_RANGES (and min_reps <= max_reps);
+    raises ConfigError naming the option, e.g. "bench.target_ms=-1 must be at least 0.001"."""
+    from zhantune.errors import ConfigError
+
+    for name, (low, high) in BENCH_RANGES.items():
+        value = bench.get(name) if hasattr(bench, "get") else getattr(bench, name, None)
+        if value is None:
+            continue
+        if low is not None and value < low:
+            raise ConfigError(f"{prefix}{name}={value} must be at least {low:g}"
+                              + (" (0: off)" if name in ("compile_workers", "remeasure_rounds") else ""))
+        if high is not None and value > high:
+            raise ConfigError(f"{prefix}{name}={value} must be at most {high:g}")
+    if bench.min_reps > bench.max_reps:
+        raise ConfigError(f"{prefix}min_reps={bench.min_reps} must not exceed {prefix}max_reps={bench.max_reps}")
+
+
 @dataclass
 class StorageConfig:
     """Where measurements and the Optuna study live: one SQLAlchemy URL."""

@@ -22,14 +22,44 @@ COMMANDS = ("current", "upgrade", "merge")
 _command: list[str] = []
 
 
-def _open_engine(url: str):
+def _open_engine(url: str, source: str = "storage.url", allow_newer: bool = False):
+    """An engine on an existing database that passes SQLite's quick integrity check (SQLite files)
+    and is zhantune's or holds only Optuna's tables; raises StorageError (exit code 2) otherwise."""
+    import sqlite3
+
+    from sqlalchemy import inspect
+
     from zhantune.storage import check_url, make_engine, sqlite_path
+    from zhantune.storage.migrate import current_revision, head_revision, known_revisions
+    from zhantune.storage.store import OPTUNA_TABLES
 
     check_url(url)
     path = sqlite_path(url)
-    if path is not None and not path.exists():
-        raise StorageError(f"storage.url={url}: no database at {path}")
-    return make_engine(url)
+    if path is not None:
+        if not path.exists():
+            raise StorageError(f"{source}={url}: no database at {path}")
+        try:
+            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                result = [r[0] for r in con.execute("PRAGMA quick_check").fetchall()]
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as e:
+            result = [str(e)]
+        if result != ["ok"]:
+            raise StorageError(f"{source}={url}: {path} fails SQLite's integrity check ({result[0]}); "
+                               "left untouched, restore it from a backup")
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        tables = set(inspect(conn).get_table_names())
+        rev = current_revision(conn)
+    if rev is None and tables - OPTUNA_TABLES:
+        raise StorageError(f"{source}={url}: not a zhantune database (it has tables "
+                           f"{', '.join(sorted(tables - OPTUNA_TABLES)[:3])}); left untouched")
+    if rev is not None and rev not in known_revisions() and not allow_newer:
+        raise StorageError(f"{source}={url}: schema revision {rev!r} is newer than this zhantune knows "
+                           f"(newest {head_revision()}); use a newer zhantune. Left untouched")
+    return engine
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="db")
@@ -38,14 +68,14 @@ def _db_app(cfg: DictConfig) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from zhantune.storage import Store
-    from zhantune.storage.merge import merge_into
+    from zhantune.storage.merge import check_importable, merge_into
     from zhantune.storage.migrate import current_revision, head_revision, upgrade
 
     cmd = _command[0]
     url = cfg.storage.url
     try:
         if cmd == "current":
-            with _open_engine(url).connect() as conn:
+            with _open_engine(url, allow_newer=True).connect() as conn:
                 print(f"{url}: revision {current_revision(conn) or 'none (new database)'}; newest {head_revision()}")
         elif cmd == "upgrade":
             engine = _open_engine(url)
@@ -57,7 +87,14 @@ def _db_app(cfg: DictConfig) -> None:
         else:
             if not cfg.sources:
                 raise ConfigError("merge needs sources=[URL,...] (databases to copy into storage.url)")
-            sources = [Store(str(u)) for u in cfg.sources]  # every source checked before writing
+            # every source checked before anything is written: it exists, is a sound zhantune
+            # database, and its rows set only allow-listed knobs (zhantune.inductor.knobs)
+            sources = []
+            for i, u in enumerate(cfg.sources):
+                _open_engine(str(u), f"sources[{i}]").dispose()
+                src = Store(str(u))
+                check_importable(src, f"sources[{i}]")
+                sources.append(src)
             target = Store(url)
             for src in sources:
                 stats = merge_into(target, src, label=src.url)

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
 from zhantune.errors import ConfigError, StorageError, UserError
+from zhantune.paths import check_output_path
 
 __all__ = ["main", "export_table", "check_export_options"]
 
@@ -33,6 +34,8 @@ def check_export_options(opts: Any, prefix: str = "") -> None:
     if opts.min_speedup is not None and opts.min_speedup < 1.0:
         raise ConfigError(f"{prefix}min_speedup={opts.min_speedup} must be at least 1.0 "
                           "(1.0: the tuned entry unless it is slower than the default; null: always the tuned entry)")
+    if opts.get("enabled", True) and opts.path:
+        check_output_path(opts.path, f"{prefix}path")
 
 
 def export_table(store: Any, url: str, opts: Any, device_key: str | None = None) -> tuple[Path | None, dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -84,7 +85,13 @@ class _Block(nn.Module):
 
 
 def load_factory(spec: str, source: str = "model") -> Callable[..., nn.Module]:
-    """Resolve ``module:function``; raises ConfigError naming the value when it does not resolve."""
+    """Resolve ``module:function``; raises ConfigError naming the value when it does not resolve.
+
+    ``model=`` is trusted input, like ``python -m``: importing the module runs its code. Before
+    anything is called, the factory must be an ``nn.Module`` subclass or a function written in
+    Python (``def``/``lambda``/``functools.partial`` of one) whose return annotation, when it has
+    one, is not some other type; a builtin such as ``os:system`` or a non-Module class is refused.
+    """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"{source}={spec!r}: expected module:factory, e.g. zhantune.models:mlp")
@@ -95,7 +102,30 @@ def load_factory(spec: str, source: str = "model") -> Callable[..., nn.Module]:
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigError(f"{source}={spec!r}: {module_name} has no callable {attr!r}")
+    why = _not_a_model_factory(factory)
+    if why:
+        raise ConfigError(f"{source}={spec!r}: {why}; expected a function returning a torch.nn.Module "
+                          "or an nn.Module subclass")
     return factory
+
+
+def _not_a_model_factory(factory: Any) -> str | None:
+    """Why ``factory`` cannot be a model factory (checked without calling it), or None."""
+    import functools
+    import inspect
+
+    if inspect.isclass(factory):
+        return None if issubclass(factory, nn.Module) else f"{factory.__name__} is a class but not an nn.Module"
+    fn = factory.func if isinstance(factory, functools.partial) else factory
+    if not inspect.isfunction(fn):
+        return f"{type(fn).__name__} {getattr(fn, '__name__', fn)!r} is not a Python function"
+    try:
+        ret = inspect.signature(fn, eval_str=True).return_annotation
+    except Exception:  # an annotation that does not resolve: nothing to learn from it
+        return None
+    if ret is inspect.Signature.empty or (inspect.isclass(ret) and issubclass(ret, nn.Module)):
+        return None
+    return f"{fn.__name__} is annotated to return {getattr(ret, '__name__', ret)}, not an nn.Module"
 
 
 def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torch.float32,
@@ -133,6 +163,13 @@ class ModelRequest:
         self.spec, self.kwargs, self.shapes, self.dtype, self.device = spec, kwargs, shapes, dtype, device
         self.model = build_model(spec, kwargs, DTYPES[dtype], device.torch_device)
         self.inputs = example_inputs(shapes, DTYPES[dtype], device.torch_device)
+        try:  # one eager call: inputs the model cannot take are bad input, not a compile failure
+            with torch.no_grad():
+                self.model(*self.inputs)
+        except Exception as e:
+            first = next((line for line in str(e).splitlines() if line.strip()), "")
+            raise ConfigError(f"input_shapes={shapes}: model={spec!r} cannot take inputs of these shapes "
+                              f"({type(e).__name__}: {first[:200]})") from None
 
 
 def from_config(cfg) -> ModelRequest:

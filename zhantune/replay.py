@@ -62,6 +62,7 @@ def _replay_app(cfg: DictConfig) -> None:
     from sqlalchemy import select
 
     from zhantune.bench.inductor import InductorBenchmarker
+    from zhantune.config import check_bench
     from zhantune.device import resolve_device
     from zhantune.inductor.table import load_table
     from zhantune.problems import GemmProblem
@@ -71,11 +72,12 @@ def _replay_app(cfg: DictConfig) -> None:
     from zhantune.tune import Recorder
 
     try:
+        check_bench(cfg.bench)
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={cfg.storage.url}: no database at {path}")
-        table = load_table(cfg.table)
         device = resolve_device(cfg.device)
+        table = load_table(cfg.table, device.kind)  # only allow-listed knobs (zhantune.inductor.knobs)
         store = Store(cfg.storage.url)
         with store.session() as s:
             problems = {p.lookup_key: p for p in s.scalars(select(m.Problem)) if p.lookup_key}

@@ -10,6 +10,7 @@ import collections
 import dataclasses
 import importlib.metadata
 import math
+import os
 import shutil
 import statistics
 import tempfile
@@ -29,10 +30,11 @@ from zhantune.bench.inductor import BACKEND_FLAGS, KERNEL_CACHE_PATCH, InductorB
 from zhantune.bench.isolated import CompilePool, IsolatedBenchmarker, WorkerSpec, default_compile_workers
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, ReplayProblem, load_kerneltuner
-from zhantune.config import CONF_DIR
+from zhantune.config import CONF_DIR, check_bench
 from zhantune.device import DeviceInfo, resolve_device
 from zhantune.errors import ConfigError, SpaceError, StorageError
 from zhantune.inductor.heuristics import decompose_k_splits, template_params, triton_mm_configs
+from zhantune.inductor.knobs import config_knob_problem
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
 from zhantune.search.driver import DuplicateTrial, run_search
@@ -151,12 +153,18 @@ def _check_config_keys(space: Space, device: DeviceInfo) -> None:
                 raise SpaceError(f"{b.source}: template branches ({b.template_id}) apply on CUDA only; "
                                  "on CPU use config branches (conf/space/cpp_gemm.yaml)")
             continue
-        for key in list(b.fixed) + [p.key for p in b.params]:
+        values = {**{k: [v] for k, v in b.fixed.items()}, **{p.key: p.values() for p in b.params}}
+        for key, choices in values.items():
             if key in _RESERVED_CONFIG_KEYS:
                 raise SpaceError(f"{b.source}: {key!r} is set by zhantune itself and cannot be tuned")
             if key not in known:
                 raise SpaceError(f"{b.source}: {key!r} is not an Inductor config key "
                                  "(see torch/_inductor/config.py)")
+            # only allow-listed knobs with checked values: what a tune stores is what a table ships
+            for value in choices:
+                why = config_knob_problem(key, value, device.kind)
+                if why:
+                    raise SpaceError(f"{b.source}: {why}")
 
 
 def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any]:
@@ -187,6 +195,7 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
     problem = GemmProblem.from_config(cfg.op.name, shape, cfg.dtype, cfg.op.activation,
                                       weight_layout=cfg.weight_layout)
     device = resolve_device(cfg.device)
+    check_fits(problem, device)
     names, composed = _space_selection(cfg, device)
     variables = problem_variables(problem, device)
     space = load_space(names, CONF_DIR / "space", variables, set(inductor_template_ids()),
@@ -194,6 +203,27 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
     _check_config_keys(space, device)
     check_url(cfg.storage.url)
     return RunSpec(problem, device, space, names, variables, cfg)
+
+
+def device_memory_bytes(device: DeviceInfo) -> int | None:
+    """The device's memory in bytes: GPU memory on CUDA, physical memory on CPU; None if unknown."""
+    if device.kind == "cuda":
+        return device.properties.get("memory_bytes")
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(problem: GemmProblem, device: DeviceInfo) -> None:
+    """Refuse a problem whose tensors cannot fit in the device's memory, before anything is
+    allocated or opened; raises ConfigError (exit code 2)."""
+    have = device_memory_bytes(device)
+    need = problem.memory_bytes()
+    if have is not None and need > have:
+        shape = "[" + ",".join(str(v) for v in problem.shape) + "]"
+        raise ConfigError(f"shape={shape}: {problem.op} in {problem.dtype} needs at least {need / 2**30:,.1f} GiB "
+                          f"(inputs, output and the float64 reference); {device.name} has {have / 2**30:,.1f} GiB")
 
 
 def _check_search(cfg: DictConfig) -> None:
@@ -209,6 +239,7 @@ def _check_search(cfg: DictConfig) -> None:
     if workers is not None and workers < 0:
         raise ConfigError(f"bench.compile_workers={workers} must be 0 (off), a positive count, or null "
                           "(sized for the machine)")
+    check_bench(cfg.bench)
 
 
 def _resolve_replay(cfg: DictConfig) -> RunSpec:

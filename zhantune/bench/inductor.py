@@ -30,17 +30,12 @@ from zhantune.bench.timing import Timing, time_cpu, time_cuda
 from zhantune.config import BenchConfig
 from zhantune.device import DeviceInfo
 from zhantune.inductor.choices import LookupEvent, recording
+from zhantune.inductor.knobs import BACKEND_FLAGS  # re-exported: the flags a backend branch may set
 from zhantune.problems import GemmProblem
 from zhantune.search.space import Candidate
 
 __all__ = ["InductorBenchmarker", "CPU_BASE_PATCH", "KERNEL_CACHE_PATCH", "BACKEND_FLAGS", "cpu_compile_flags", "backend_flags"]
 
-#: backend flags a ``scope: backend`` branch may set (attributes under torch.backends)
-BACKEND_FLAGS = frozenset({
-    "cuda.matmul.allow_tf32",
-    "cuda.matmul.allow_fp16_reduced_precision_reduction",
-    "cuda.matmul.allow_bf16_reduced_precision_reduction",
-})
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ import gzip
 import json
 import math
 import statistics
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,22 @@ def _is_time(t: Any) -> bool:
     return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
 
 
+def _bad_time(entry: dict[str, Any]) -> str | None:
+    """``time=...`` / ``times[i]=...`` when an entry records a time that is not positive, else None
+    (a string ``time`` is a failure, e.g. CompilationFailedConfig)."""
+    t = entry["time"]
+    if isinstance(t, str):
+        return None
+    if _is_time(t) and t <= 0:
+        return f"time={t!r}"
+    times = entry.get("times")
+    if _is_time(t) and isinstance(times, list):
+        for i, x in enumerate(times):
+            if _is_time(x) and x <= 0:
+                return f"times[{i}]={x!r}"
+    return None
+
+
 def entry_times_us(entry: dict[str, Any]) -> list[float]:
     """The recorded runs of an entry in microseconds (``times``, else ``time``); [] for a failure."""
     t = entry.get("time")
@@ -161,8 +178,13 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path") -> KernelTune
         opener = gzip.open if p.suffix == ".gz" else open
         with opener(p, "rt", encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{source}={path}: not a Kernel Tuner cache file (JSON): {str(e).splitlines()[0]}") from None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as e:
+        why = (str(e).splitlines() or [""])[0] or type(e).__name__
+        if isinstance(e, EOFError):
+            why = "the compressed file is truncated"
+        raise ConfigError(f"{source}={path}: not a Kernel Tuner cache file (JSON): {why}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}={path}: not a Kernel Tuner cache file: JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}={path}: not a Kernel Tuner cache file: top level is not an object")
     missing = [k for k in _REQUIRED_KEYS if k not in data]
@@ -178,6 +200,10 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path") -> KernelTune
     for key, entry in cache.items():
         if not isinstance(entry, dict) or "time" not in entry or any(n not in entry for n in names):
             raise ConfigError(f"{source}={path}: cache.{key} lacks 'time' or a parameter of tune_params_keys")
+        bad = _bad_time(entry)
+        if bad:
+            raise ConfigError(f"{source}={path}: cache.{key}.{bad}; a recorded time is a positive number of "
+                              "milliseconds (or a failure name such as 'CompilationFailedConfig')")
     size = data["problem_size"]
     size = tuple(size) if isinstance(size, list) else (size,)
     return KernelTunerFile(p, str(data["device_name"]), str(data["kernel_name"]), size, list(names),

@@ -38,7 +38,8 @@ from torch._inductor import config as inductor_config
 from torch._inductor.virtualized import V
 
 from zhantune.inductor.choices import RecordingChoices
-from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, read_table
+from zhantune.inductor.knobs import CONFIG_KNOBS
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, check_table, read_table
 
 __all__ = ["TableChoices", "TableReport", "InstalledTable", "use_table", "table_report", "release", "stale_reason"]
 
@@ -75,7 +76,8 @@ class TableReport:
     """What the installed table did: per GEMM lookup Inductor made (one per GEMM lowering).
 
     ``hits`` / ``misses`` / ``stale`` count lookups by key; ``stale`` also gives the reason per key.
-    ``coverage`` is the share of lookups that hit (1.0 when there were none).
+    ``coverage`` is the share of lookups that hit, None when there was none (``note`` says why:
+    nothing compiled since the table was installed, or a compile served from Inductor's cache).
     """
 
     source: str | None
@@ -91,11 +93,18 @@ class TableReport:
         return sum(self.hits.values()) + sum(self.misses.values()) + sum(self.stale_count.values())
 
     @property
-    def coverage(self) -> float:
-        return sum(self.hits.values()) / self.lookups if self.lookups else 1.0
+    def coverage(self) -> float | None:
+        return sum(self.hits.values()) / self.lookups if self.lookups else None
+
+    @property
+    def note(self) -> str | None:
+        """Why coverage is None, else None."""
+        if self.lookups:
+            return None
+        return "no GEMM lookup seen: served from Inductor's cache or not compiled yet"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "lookups": self.lookups, "coverage": self.coverage,
+        return {"source": self.source, "lookups": self.lookups, "coverage": self.coverage, "note": self.note,
                 "hits": dict(self.hits), "misses": dict(self.misses), "stale": dict(self.stale),
                 "chosen": dict(self.chosen)}
 
@@ -218,6 +227,9 @@ def _get_config(key: str) -> Any:
 
 
 def _set_config(key: str, value: Any) -> None:
+    """Set an allow-listed Inductor config knob (zhantune.inductor.knobs); anything else is a bug."""
+    if not any(key in knobs for knobs in CONFIG_KNOBS.values()):
+        raise ValueError(f"{key!r} is not an allow-listed tuning knob")
     *path, attr = key.split(".")
     obj: Any = inductor_config
     for part in path:
@@ -243,6 +255,9 @@ class InstalledTable:
         self._choices = V.set_choices_handler(self.handler)
         self._choices.__enter__()
         self._removed = False
+        # installed until remove(), whether or not the caller keeps this object: the handler's
+        # context manager is a generator that would restore the previous handler when collected
+        _INSTALLED.append(self)
 
     @property
     def report(self) -> TableReport:
@@ -252,6 +267,7 @@ class InstalledTable:
         if self._removed:
             return
         self._removed = True
+        _INSTALLED.remove(self)
         self._choices.__exit__(None, None, None)
         self.handler.restore()
         torch.backends.mkldnn.enabled = self._mkldnn
@@ -265,19 +281,27 @@ class InstalledTable:
 
 
 _last_report: list[TableReport] = []
+#: tables installed and not yet removed (a plain ``use_table(...)`` call keeps working)
+_INSTALLED: list[InstalledTable] = []
 
 
 def use_table(table: str | os.PathLike[str] | dict[str, Any] | TableFile, device: str = "cpu") -> InstalledTable:
     """Install a lookup table (a file path, a dict in either format, or a TableFile already read) for
     the compiles that follow.
 
-    Use it as a plain call (installed until ``.remove()``) or as a context manager. ``device`` is the
-    kind the model compiles for ("cpu" or "cuda"): it picks the compile settings (module docstring).
-    Raises TableError (a UserError) for a malformed table, naming the file and the key path.
+    Use it as a plain call (installed for the rest of the process, in this thread, until
+    ``.remove()``) or as a context manager. ``device`` is the kind the model compiles for ("cpu" or
+    "cuda"): it picks the compile settings (module docstring) and the allow-list of tuning knobs the
+    table may set (zhantune.inductor.knobs). Raises TableError (a UserError) for a malformed table
+    or one that sets anything else, naming the file and the key path; nothing is installed then.
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device={device!r}; allowed: cpu, cuda")
-    installed = InstalledTable(table if isinstance(table, TableFile) else read_table(table), device)
+    if isinstance(table, TableFile):
+        check_table(table.table, table.source or "<table>", device)
+    else:
+        table = read_table(table, device)
+    installed = InstalledTable(table, device)
     _last_report[:] = [installed.report]
     return installed
 

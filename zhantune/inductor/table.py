@@ -32,9 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from zhantune.errors import TableError
+from zhantune.inductor.knobs import config_patch_problem, template_entry_problem
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
-           "build_table", "table_metadata", "write_table", "read_table", "load_table", "parse_key"]
+           "build_table", "table_metadata", "write_table", "read_table", "check_table", "entry_problem",
+           "load_table",
+           "parse_key", "MAX_TABLE_BYTES"]
 
 CONFIG_TEMPLATE_ID = "zhantune::config"
 FORMAT = "zhantune-lookup-table"
@@ -43,7 +46,8 @@ FORMAT_VERSION = 1
 #: Inductor's key: "[device+]((dtype, size, stride), ...)[+alpha=1&beta=1]+op"
 #: (torch/_inductor/lookup_table/choices.py make_lookup_key)
 _KEY = re.compile(r"^(?:(?P<device>[^+]+)\+)?(?P<inputs>\(\(.*\),?\))(?:\+(?P<scalars>[^+]*))?\+(?P<op>[A-Za-z_][\w]*)$")
-_SCALAR = (str, int, float, bool, type(None))
+#: the largest table file read (tables hold a few entries per GEMM; this is thousands of models' worth)
+MAX_TABLE_BYTES = 64 << 20
 
 
 @dataclass
@@ -126,6 +130,9 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
         else:  # each entry under the key its own lookup makes (addmm: templates and ATen differ)
             placed = [(table_key(device.key, problem.lookup_key, r, device_agnostic),
                        entry_for(r.template_id, r.params, r.template_hash)) for r in rows]
+            # a table sets only allow-listed knobs (e.g. a tf32 backend flag is no table entry)
+            placed = [(k, e) for k, e in placed if entry_problem(e, device.kind) is None] or \
+                [(table_key(device.key, problem.lookup_key, None, device_agnostic), default_entry(problem.lookup_op))]
         if any(key in table for key, _ in placed if key):
             continue
         if device_agnostic:
@@ -174,33 +181,32 @@ def write_table(path: str | os.PathLike[str], table: dict[str, list[dict[str, An
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # an ordinary file, not mkstemp's private 0600
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # no stray .NAME.*.tmp beside the path
+        raise
     return path
 
 
-def read_table(source: str | os.PathLike[str] | dict[str, Any]) -> TableFile:
+def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str | None = None) -> TableFile:
     """Read and check a table (a file path, or an already-parsed dict), wrapped or bare.
 
-    Raises TableError naming the file and the key path: not JSON, wrong format or format_version,
-    a key not in Inductor's format, entries that are not objects with a string ``template_id``,
-    values that are not JSON scalars (``config_patch``: an object of scalars).
+    A table is data: every ``config_patch`` key must be an allow-listed tuning knob for
+    ``device_kind`` ("cpu", "cuda"; None: a knob of any kind) and every template entry key an
+    allow-listed template kwarg, each with a checked value (:mod:`zhantune.inductor.knobs`).
+    Raises TableError naming the file and the key path: not a regular file, over MAX_TABLE_BYTES,
+    not JSON (or nested too deeply), wrong format or format_version, a key not in Inductor's format,
+    entries that are not objects with a string ``template_id``, a knob or kwarg not allowed.
     """
     if isinstance(source, dict):
         data, where = source, "<dict>"
     else:
         where = str(source)
-        try:
-            with open(source, encoding="utf-8") as f:
-                data = json.load(f)
-        except OSError as e:
-            raise TableError(f"{where}: cannot read: {e.strerror}") from None
-        except json.JSONDecodeError as e:
-            raise TableError(f"{where}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-        except UnicodeDecodeError:
-            raise TableError(f"{where}: not a UTF-8 text file") from None
+        data = _read_json(where)
     if not isinstance(data, dict):
         raise TableError(f"{where}: expected a JSON object, got {type(data).__name__}")
     meta: dict[str, Any] = {}
@@ -215,13 +221,39 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any]) -> TableFile:
                              f"got {type(table).__name__}")
     else:
         table = data
-    _check_table(where, prefix, table)
+    check_table(table, where, device_kind, prefix)
     return TableFile(table, meta, None if isinstance(source, dict) else where)
 
 
-def load_table(path: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
-    """The bare table of a file (wrapped or bare); see :func:`read_table` for the errors."""
-    return read_table(path).table
+def _read_json(where: str) -> Any:
+    """The JSON document in file ``where``: a regular file of at most MAX_TABLE_BYTES (a FIFO or a
+    device such as /dev/zero is refused before it is read)."""
+    import stat
+
+    try:
+        fd = os.open(where, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise TableError(f"{where}: cannot read: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TableError(f"{where}: not a regular file (a table is a JSON file)")
+        raw = f.read(MAX_TABLE_BYTES + 1)
+    if len(raw) > MAX_TABLE_BYTES:
+        raise TableError(f"{where}: larger than {MAX_TABLE_BYTES >> 20} MiB; a lookup table is far smaller")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise TableError(f"{where}: not a UTF-8 text file") from None
+    except json.JSONDecodeError as e:
+        raise TableError(f"{where}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise TableError(f"{where}: JSON nested too deeply; a table is key -> list of flat entries") from None
+
+
+def load_table(path: str | os.PathLike[str], device_kind: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The bare table of a file (wrapped or bare); see :func:`read_table` for the checks and errors."""
+    return read_table(path, device_kind).table
 
 
 def _check_meta(where: str, meta: dict[str, Any]) -> None:
@@ -240,13 +272,15 @@ def _check_meta(where: str, meta: dict[str, Any]) -> None:
         raise TableError(f"{where}: options: expected an object")
 
 
-def _check_table(where: str, prefix: str, table: dict[str, Any]) -> None:
+def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str | None = None,
+                prefix: str = "") -> None:
+    """Check a bare table's keys and entries (see :func:`read_table`); raises TableError."""
     def path(*parts: str) -> str:
         return (prefix + "".join(parts)) if prefix else "".join(parts).removeprefix(".")
 
     for key, entries in table.items():
         k = f"[{json.dumps(key)}]"
-        if parse_key(key) is None:
+        if not isinstance(key, str) or parse_key(key) is None:
             raise TableError(f"{where}: {path(k)}: not an Inductor lookup key "
                              "(expected '[device+]((dtype, size, stride), ...)[+scalars]+op')")
         if not isinstance(entries, list):
@@ -255,12 +289,22 @@ def _check_table(where: str, prefix: str, table: dict[str, Any]) -> None:
             at = path(k, f"[{i}]")
             if not isinstance(entry, dict) or not isinstance(entry.get("template_id"), str):
                 raise TableError(f"{where}: {at}: an entry must be an object with a string template_id")
-            for name, value in entry.items():
-                if name == "config_patch":
-                    if entry["template_id"] != CONFIG_TEMPLATE_ID or not isinstance(value, dict) \
-                            or not all(isinstance(v, _SCALAR) for v in value.values()):
-                        raise TableError(f"{where}: {at}.config_patch: expected an object of scalar values "
-                                         f"in a {CONFIG_TEMPLATE_ID!r} entry")
-                elif not isinstance(value, _SCALAR):
-                    raise TableError(f"{where}: {at}.{name}: expected a number, string, bool or null, "
-                                     f"got {type(value).__name__}")
+            bad = entry_problem(entry, device_kind)
+            if bad:
+                name, why = bad
+                raise TableError(f"{where}: {at}{'.' + name if name else ''}: {why}")
+
+
+def entry_problem(entry: dict[str, Any], device_kind: str | None) -> tuple[str, str] | None:
+    """(key path inside the entry, why) when an entry sets anything but allow-listed knobs with
+    checked values (zhantune.inductor.knobs) for ``device_kind`` (None: any kind); else None."""
+    if entry.get("template_id") == CONFIG_TEMPLATE_ID:
+        extra = sorted(set(entry) - {"template_id", "config_patch", "template_hash"})
+        if extra:
+            return extra[0], f"a {CONFIG_TEMPLATE_ID!r} entry has only template_id and config_patch"
+        bad = config_patch_problem(entry.get("config_patch"), device_kind)
+        if bad:
+            name, why = bad
+            return "config_patch" + ("." + name if name else ""), why
+        return None
+    return template_entry_problem(entry)

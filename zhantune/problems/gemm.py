@@ -153,6 +153,13 @@ class GemmProblem:
         d = self.dims
         return 2 * d["B"] * d["M"] * d["N"] * d["K"]
 
+    def memory_bytes(self) -> int:
+        """Bytes a tune of this problem holds at least: inputs, weight, bias and output in its dtype,
+        their float32 draws, and the float64 reference (:meth:`build`, :meth:`reference`)."""
+        d = self.dims
+        elems = d["B"] * (d["M"] * d["K"] + d["K"] * d["N"] + d["M"] * d["N"]) + d["N"]
+        return elems * (self.dtype_bytes + 4 + 8)
+
     def row_fields(self) -> dict[str, object]:
         """Columns of the problem row (zhantune.storage.models.Problem), lookup key aside."""
         return dict(op=self.op, shape=self.dims, dtype=self.dtype, activation=self.activation,

@@ -340,7 +340,9 @@ def load_space(names: list[str], space_dir: Path, problem_vars: dict[str, Any],
                 data = OmegaConf.load(path)
             except Exception as e:
                 raise SpaceError(f"{path}: cannot parse YAML: {str(e).splitlines()[0]}") from None
-        branches.extend(load_branches(data, str(path), template_ids, op, template_params))
+        # a space given inline (+space.NAME={branches: ...}) has no file: errors name the override
+        source = str(path) if path.is_file() else f"override space.{name}"
+        branches.extend(load_branches(data, source, template_ids, op, template_params))
     seen: set[str] = set()
     for b in branches:
         if b.name in seen:

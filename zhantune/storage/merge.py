@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import optuna
 from sqlalchemy import select
 
+from zhantune.errors import StorageError
 from zhantune.storage import models as m
 from zhantune.storage.store import Store
 
-__all__ = ["MergeStats", "merge_into"]
+__all__ = ["MergeStats", "merge_into", "check_importable"]
 
 _COPIED = [c.key for c in m.Measurement.__table__.columns
            if c.key not in ("id", "study_id", "device_id", "problem_id", "environment_id")]
@@ -38,6 +39,27 @@ class MergeStats:
 
 def _as_naive(t):
     return t.replace(tzinfo=None) if t is not None else None
+
+
+def check_importable(source: Store, where: str) -> None:
+    """Refuse a source whose Inductor measurements set anything but allow-listed tuning knobs
+    (zhantune.inductor.knobs: what a table exported from the merged database may ship); raises
+    StorageError naming the source, the measurement and the key. Replay data (Kernel Tuner kernels)
+    never becomes an Inductor table and is not checked."""
+    from zhantune.inductor.knobs import stored_params_problem
+    from zhantune.problems.gemm import OPS
+
+    with source.session() as s:
+        q = (select(m.Measurement.id, m.Measurement.template_id, m.Measurement.params, m.Device.kind)
+             .join(m.Device, m.Measurement.device_id == m.Device.id)
+             .join(m.Problem, m.Measurement.problem_id == m.Problem.id)
+             .where(m.Problem.op.in_(tuple(OPS))))
+        for row_id, template_id, params, kind in s.execute(q):
+            bad = stored_params_problem(template_id, params, kind)
+            if bad:
+                key, why = bad
+                raise StorageError(f"{where}={source.url}: measurement {row_id}: params.{key}: {why}; "
+                                   "nothing was merged")
 
 
 def merge_into(target: Store, source: Store, label: str) -> MergeStats:

@@ -28,6 +28,8 @@ from zhantune.storage.migrate import current_revision, head_revision, known_revi
 __all__ = ["Store", "check_url", "sqlite_path", "make_engine", "OPTUNA_TABLES"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: database backends zhantune is tested on (SQLite: one machine; PostgreSQL: many)
+SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 _PG_LOCK_KEY = 0x7A68616E  # "zhan"
 
 #: the tables Optuna's RDB storage keeps in the same database (optuna/storages/_rdb/models.py)
@@ -57,6 +59,11 @@ def check_url(url: str) -> None:
     except ArgumentError:
         raise StorageError(f"storage.url={url!r} is not a database URL; e.g. sqlite:///zhantune.db or "
                            "postgresql+psycopg://user@host/db") from None
+    if u.get_backend_name() not in SUPPORTED_BACKENDS:
+        raise StorageError(f"storage.url={url!r}: the {u.get_backend_name()!r} backend is not supported; "
+                           "use sqlite:///FILE or postgresql+psycopg://user@host/db")
+    if u.get_backend_name() == "postgresql" and u.get_driver_name() != "psycopg":
+        raise StorageError(f"storage.url={url!r}: PostgreSQL through psycopg 3: postgresql+psycopg://user@host/db")
     if u.get_backend_name() != "sqlite":
         return
     path = sqlite_path(url)
@@ -89,6 +96,28 @@ def _check_sqlite_file(path: Path, url: str) -> None:
             raise StorageError(f"storage.url={url}: {path} is not an SQLite database; left untouched") from None
         raise StorageError(f"storage.url={url}: {path} is not a readable SQLite database ({e}); "
                            "left untouched") from None
+
+
+def _optuna_script() -> Any:
+    """Optuna's own Alembic scripts (optuna/storages/_rdb/alembic), which version its tables."""
+    import optuna.storages._rdb as rdb
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory(str(Path(rdb.__file__).resolve().parent / "alembic"))
+
+
+def _optuna_head() -> str:
+    return _optuna_script().get_current_head()
+
+
+def _optuna_revisions() -> set[str]:
+    return {r.revision for r in _optuna_script().walk_revisions()}
+
+
+def _optuna_version() -> str:
+    import optuna
+
+    return optuna.__version__
 
 
 def make_engine(url: str) -> Engine:
@@ -136,9 +165,18 @@ class Store:
             with probe.connect() as conn:
                 tables = set(inspect(conn).get_table_names())
                 rev = current_revision(conn)
+                optuna_rev = (conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+                              if "alembic_version" in tables else None)
         finally:
             if probe is not self.engine:
                 probe.dispose()
+        if optuna_rev is not None and optuna_rev != _optuna_head():
+            # Optuna refuses such a storage only when the study is opened, after a tune has written
+            # its study row and baselines: refuse it here, before anything is written
+            raise StorageError(f"storage.url={self.url}: Optuna's tables are at schema {optuna_rev!r}, this "
+                               f"Optuna ({_optuna_version()}) uses {_optuna_head()!r}; "
+                               + ("upgrade them: optuna storage upgrade --storage URL" if optuna_rev in
+                                  _optuna_revisions() else "use a newer Optuna") + ". Left untouched")
         if rev is None:
             foreign = tables - OPTUNA_TABLES
             if foreign:

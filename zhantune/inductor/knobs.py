@@ -1,0 +1,189 @@
+"""The tuning knobs a lookup table, a search space or a merged database may set: an allow-list.
+
+A table travels with a model and may come from someone else's database, so it is data, never code:
+an Inductor config key such as ``cpp.march`` or ``cpp.cxx`` reaches the C++ compiler's command line,
+and a string template kwarg such as ``ACC_TYPE`` is pasted into the Triton kernel's Python source.
+Only the knobs below are accepted, each with a checked type and range; anything else is refused
+with one line naming where it came from and what is allowed.
+
+- **Config patches** (``zhantune::config`` entries, ``scope: config`` space branches), per device
+  kind: on CPU the C++ GEMM template's knobs (``max_autotune_gemm_backends`` from ATEN/CPP,
+  ``cpp.gemm_max_k_slices``, ``cpp.gemm_thread_factors``, ``cpp.gemm_cache_blocking``); on CUDA the
+  backend list (ATEN/TRITON) and the fusion limits the shipped ``fusion`` space tunes. Key names
+  and meanings from torch/_inductor/config.py.
+- **Template kwargs** (lookup-table entries for ``triton::*`` / ``decompose_k`` / ``aten::*``): the
+  ints, bools and accumulator types Inductor's own entries carry (kwargs built in
+  torch/_inductor/template_heuristics/triton.py and decompose_k.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["DEVICE_KINDS", "CONFIG_KNOBS", "TEMPLATE_KWARGS", "BACKEND_FLAGS", "config_knob_problem",
+           "config_patch_problem", "template_entry_problem", "stored_params_problem", "allowed_config_keys"]
+
+DEVICE_KINDS = ("cpu", "cuda")
+_TEMPLATE_ID = re.compile(r"^[A-Za-z_][\w:.]{0,127}$")
+_HASH = re.compile(r"^[0-9A-Za-z_]{1,128}$")
+_TRIPLE = re.compile(r"^\d{1,4},\d{1,4},\d{1,4}$")
+
+Check = Callable[[Any], str | None]
+
+
+def _int(low: int, high: int, none_ok: bool = False) -> Check:
+    def check(v: Any) -> str | None:
+        if v is None and none_ok:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            return f"an integer in [{low}, {high}]" + (" or null" if none_ok else "")
+        return None
+    return check
+
+
+def _one_of(values: tuple[Any, ...]) -> Check:
+    def check(v: Any) -> str | None:
+        if isinstance(v, bool) != isinstance(values[0], bool) or v not in values:
+            return "one of " + ", ".join(map(repr, values))
+        return None
+    return check
+
+
+def _bool(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "true or false"
+
+
+def _backends(allowed: tuple[str, ...]) -> Check:
+    def check(v: Any) -> str | None:
+        parts = v.upper().split(",") if isinstance(v, str) and len(v) <= 64 else None
+        if not parts or any(p.strip() not in allowed for p in parts):
+            return f"a comma-separated list of {', '.join(allowed)}"
+        return None
+    return check
+
+
+def _triple(v: Any) -> str | None:
+    """Thread factors / cache blocking: null (Inductor chooses) or "a,b,c" of positive integers."""
+    if v is None or (isinstance(v, str) and _TRIPLE.match(v) and all(int(x) > 0 for x in v.split(","))):
+        return None
+    return 'null or a string "a,b,c" of three positive integers'
+
+
+#: device kind -> Inductor config key -> value check
+CONFIG_KNOBS: dict[str, dict[str, Check]] = {
+    "cpu": {
+        "max_autotune_gemm_backends": _backends(("ATEN", "CPP")),
+        "cpp.gemm_max_k_slices": _int(0, 4096),
+        "cpp.gemm_thread_factors": _triple,
+        "cpp.gemm_cache_blocking": _triple,
+    },
+    "cuda": {
+        "max_autotune_gemm_backends": _backends(("ATEN", "TRITON")),
+        "epilogue_fusion": _bool,
+        "max_fusion_size": _int(1, 4096),
+        "max_fusion_unique_io_buffers": _int(1, 4096, none_ok=True),
+        "max_epilogue_benchmarked_choices": _int(1, 64),
+    },
+}
+
+#: torch.backends flags a ``scope: backend`` branch may set (CUDA; booleans); never a table entry
+BACKEND_FLAGS = frozenset({
+    "cuda.matmul.allow_tf32",
+    "cuda.matmul.allow_fp16_reduced_precision_reduction",
+    "cuda.matmul.allow_bf16_reduced_precision_reduction",
+})
+
+#: template kwarg -> value check (a lookup-table entry's keys besides template_id and template_hash)
+TEMPLATE_KWARGS: dict[str, Check] = {
+    **{k: _int(1, 4096) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
+    "GROUP_M": _int(1, 1024),
+    "num_warps": _one_of((1, 2, 4, 8, 16, 32)),
+    "num_stages": _int(0, 32),
+    "num_consumer_groups": _int(0, 8),
+    "num_buffers_warp_spec": _int(0, 32),
+    "k_split": _int(1, 1 << 20),
+    "NUM_SMS": _int(1, 1 << 16),
+    "TMA_SIZE": _int(1, 1024),
+    **{k: _bool for k in ("EVEN_K", "ALLOW_TF32", "USE_FAST_ACCUM", "TMA_EXPERIMENTAL_API", "WARP_SPECIALIZE",
+                          "FLATTEN", "EPILOGUE_SUBTILE", "A_ROW_MAJOR", "B_ROW_MAJOR")},
+    "ACC_TYPE": _one_of(("tl.float32", "tl.float16", "tl.bfloat16", "tl.float64", "tl.int32")),
+}
+
+
+def allowed_config_keys(device_kind: str | None) -> list[str]:
+    """The config keys a patch may set on this device kind (None: on any kind), sorted."""
+    kinds = DEVICE_KINDS if device_kind is None else (device_kind,)
+    return sorted({k for kind in kinds for k in CONFIG_KNOBS.get(kind, {})})
+
+
+def config_knob_problem(key: str, value: Any, device_kind: str | None) -> str | None:
+    """Why ``key = value`` is not an allowed config knob on ``device_kind`` (None: any kind), or None."""
+    kinds = DEVICE_KINDS if device_kind is None else (device_kind,)
+    checks = [CONFIG_KNOBS[k][key] for k in kinds if key in CONFIG_KNOBS.get(k, {})]
+    if not checks:
+        where = f"on {device_kind}" if device_kind else "in a table"
+        return f"{key!r} is not a tuning knob zhantune allows {where}; allowed: " + \
+            ", ".join(allowed_config_keys(device_kind))
+    wants = [c(value) for c in checks]
+    if all(w is not None for w in wants):
+        return f"{key}={value!r} is not allowed; expected {wants[0]}"
+    return None
+
+
+def config_patch_problem(patch: Any, device_kind: str | None) -> tuple[str, str] | None:
+    """(key, why) for the first disallowed entry of a config patch, or None when all are allowed."""
+    if not isinstance(patch, dict):
+        return "", f"expected an object of config key -> value, got {type(patch).__name__}"
+    for key, value in patch.items():
+        why = config_knob_problem(str(key), value, device_kind)
+        if why:
+            return str(key), why
+    return None
+
+
+def template_entry_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
+    """(key, why) for the first disallowed key or value of a template entry, or None.
+
+    ``template_id`` must look like an Inductor template uid (``triton::mm``, ``decompose_k``),
+    ``template_hash`` a hash string, and every other key is a template kwarg from TEMPLATE_KWARGS.
+    """
+    tid = entry.get("template_id")
+    if not isinstance(tid, str) or not _TEMPLATE_ID.match(tid):
+        return "template_id", f"{tid!r} is not an Inductor template uid (e.g. 'triton::mm', 'decompose_k')"
+    for key, value in entry.items():
+        if key == "template_id":
+            continue
+        if key == "template_hash":
+            if value is not None and not (isinstance(value, str) and _HASH.match(value)):
+                return key, "expected a hash string of letters and digits"
+            continue
+        check = TEMPLATE_KWARGS.get(key)
+        if check is None:
+            return key, (f"{key!r} is not a template kwarg zhantune allows; allowed: "
+                         + ", ".join(sorted(TEMPLATE_KWARGS)))
+        why = check(value)
+        if why:
+            return key, f"{key}={value!r} is not allowed; expected {why}"
+    return None
+
+
+def stored_params_problem(template_id: str | None, params: Any, device_kind: str | None) -> tuple[str, str] | None:
+    """(key, why) when a stored measurement's params set anything a tune could not have stored:
+    a template row's kwargs as :func:`template_entry_problem`; a config row's keys as
+    :func:`config_knob_problem`, or CUDA backend flags (BACKEND_FLAGS) with boolean values."""
+    if not isinstance(params, dict):
+        return "", f"expected an object, got {type(params).__name__}"
+    if template_id is not None:
+        return template_entry_problem({"template_id": template_id, **params})
+    for key, value in params.items():
+        if key in BACKEND_FLAGS and device_kind in (None, "cuda"):
+            why = _bool(value)
+            if why:
+                return key, f"{key}={value!r} is not allowed; expected {why}"
+            continue
+        why = config_knob_problem(str(key), value, device_kind)
+        if why:
+            return str(key), why
+    return None

@@ -1,0 +1,40 @@
+"""Output paths checked before any work: a tune, an export or a report never fails at its end
+because the file it was asked to write cannot be written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from zhantune.errors import ConfigError
+
+__all__ = ["check_output_path"]
+
+
+def check_output_path(path: str | os.PathLike[str], option: str) -> Path:
+    """Check that ``path`` can be written as a file; returns it as a Path.
+
+    Allowed: an existing writable regular file (replaced), or a new file whose nearest existing
+    ancestor is a writable directory (missing directories are created when it is written). Raises
+    ConfigError naming the option, e.g. ``export.path=/: is a directory; give a file name``.
+    """
+    p = Path(path)
+    where = f"{option}={path}"
+    if str(path).strip() == "" or str(path).endswith(os.sep):
+        raise ConfigError(f"{where}: expected a file name")
+    if p.is_dir():
+        raise ConfigError(f"{where}: is a directory; give a file name")
+    if p.exists():
+        if not p.is_file():
+            raise ConfigError(f"{where}: exists and is not a regular file")
+        if not os.access(p, os.W_OK) or not os.access(p.parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"{where}: not writable")
+        return p
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{where}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}: directory {parent} is not writable")
+    return p
