@@ -27,7 +27,7 @@ def _open_engine(url: str, source: str = "storage.url", allow_newer: bool = Fals
     and is zhantune's or holds only Optuna's tables; raises StorageError (exit code 2) otherwise."""
     import sqlite3
 
-    from sqlalchemy import inspect
+    from sqlalchemy import create_engine, inspect
 
     from zhantune.storage import check_url, make_engine, sqlite_path
     from zhantune.storage.migrate import current_revision, head_revision, known_revisions
@@ -38,8 +38,8 @@ def _open_engine(url: str, source: str = "storage.url", allow_newer: bool = Fals
     if path is not None:
         if not path.exists():
             raise StorageError(f"{source}={url}: no database at {path}")
-        try:
-            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:  # a connection that only reads (read-only ones leave a WAL database's -wal/-shm behind)
+            con = sqlite3.connect(path)
             try:
                 result = [r[0] for r in con.execute("PRAGMA quick_check").fetchall()]
             finally:
@@ -49,17 +49,21 @@ def _open_engine(url: str, source: str = "storage.url", allow_newer: bool = Fals
         if result != ["ok"]:
             raise StorageError(f"{source}={url}: {path} fails SQLite's integrity check ({result[0]}); "
                                "left untouched, restore it from a backup")
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        tables = set(inspect(conn).get_table_names())
-        rev = current_revision(conn)
+    # inspected through a plain engine: zhantune's own would switch a SQLite file to WAL mode, a write
+    probe = create_engine(url)
+    try:
+        with probe.connect() as conn:
+            tables = set(inspect(conn).get_table_names())
+            rev = current_revision(conn)
+    finally:
+        probe.dispose()
     if rev is None and tables - OPTUNA_TABLES:
         raise StorageError(f"{source}={url}: not a zhantune database (it has tables "
                            f"{', '.join(sorted(tables - OPTUNA_TABLES)[:3])}); left untouched")
     if rev is not None and rev not in known_revisions() and not allow_newer:
         raise StorageError(f"{source}={url}: schema revision {rev!r} is newer than this zhantune knows "
                            f"(newest {head_revision()}); use a newer zhantune. Left untouched")
-    return engine
+    return make_engine(url)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="db")

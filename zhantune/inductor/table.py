@@ -117,22 +117,24 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
     compare command's job).
     """
     defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
-    ranked = store.ranked_candidates(device_key, torch_version, max(1, top_k))
-    ranked.sort(key=lambda r: r[2][0].median_us)
+    # every distinct config, so that rows a table may not carry (e.g. a tf32 backend flag; see
+    # zhantune.inductor.knobs) make way for the next ones
+    ranked = [(d, p, [r for r in rows if entry_problem(entry_for(r.template_id, r.params, r.template_hash),
+                                                       d.kind) is None][:max(1, top_k)])
+              for d, p, rows in store.ranked_candidates(device_key, torch_version, 1 << 30)]
+    ranked.sort(key=lambda r: r[2][0].median_us if r[2] else float("inf"))
     table: dict[str, list[dict[str, Any]]] = {}
     seen: set[int] = set()
     for device, problem, rows in ranked:
         if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
             continue
         default_us = defaults.get((device.id, problem.id))
-        if min_speedup is not None and default_us is not None and rows[0].median_us * min_speedup > default_us:
+        if not rows or (min_speedup is not None and default_us is not None
+                        and rows[0].median_us * min_speedup > default_us):
             placed = [(table_key(device.key, problem.lookup_key, None, device_agnostic), default_entry(problem.lookup_op))]
         else:  # each entry under the key its own lookup makes (addmm: templates and ATen differ)
             placed = [(table_key(device.key, problem.lookup_key, r, device_agnostic),
                        entry_for(r.template_id, r.params, r.template_hash)) for r in rows]
-            # a table sets only allow-listed knobs (e.g. a tf32 backend flag is no table entry)
-            placed = [(k, e) for k, e in placed if entry_problem(e, device.kind) is None] or \
-                [(table_key(device.key, problem.lookup_key, None, device_agnostic), default_entry(problem.lookup_op))]
         if any(key in table for key, _ in placed if key):
             continue
         if device_agnostic:

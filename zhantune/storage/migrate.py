@@ -79,13 +79,17 @@ def _transactional(engine: Engine) -> Engine:
 
 def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str]:
     """Upgrade (or create) zhantune's tables in one transaction; returns (revision before, after)."""
-    engine = _transactional(engine)
-    with engine.begin() as conn:
-        before = current_revision(conn)
-        if before is not None and VERSION_TABLE not in inspect(conn).get_table_names():
-            command.stamp(_config(conn), FIRST_REVISION)  # the first schema, written before Alembic
-        command.upgrade(_config(conn), revision)
-        return before, current_revision(conn) or head_revision()
+    eng = _transactional(engine)
+    try:
+        with eng.begin() as conn:
+            before = current_revision(conn)
+            if before is not None and VERSION_TABLE not in inspect(conn).get_table_names():
+                command.stamp(_config(conn), FIRST_REVISION)  # the first schema, written before Alembic
+            command.upgrade(_config(conn), revision)
+            return before, current_revision(conn) or head_revision()
+    finally:
+        if eng is not engine:  # its pooled connection would keep the SQLite file open (and its WAL)
+            eng.dispose()
 
 
 def stamp(engine: Engine, revision: str) -> None:

@@ -84,9 +84,10 @@ def _check_sqlite_file(path: Path, url: str) -> None:
     """Refuse a file that is not a readable SQLite database, through SQLite alone: opening and
     closing the file with plain I/O would drop the POSIX locks that this process's open connections
     hold on it (SQLite's "how to corrupt a database", section 2.2), after which another process may
-    checkpoint and remove the WAL under them."""
+    checkpoint and remove the WAL under them. The connection only reads; it is not opened read-only
+    because a read-only connection to a WAL database leaves its -wal and -shm files behind."""
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con = sqlite3.connect(path)
         try:
             con.execute("PRAGMA schema_version").fetchone()
         finally:
@@ -120,6 +121,13 @@ def _optuna_version() -> str:
     return optuna.__version__
 
 
+def _remove_sqlite_files(path: Path) -> None:
+    """Remove an SQLite database this process just failed to create, with its WAL, shared-memory and
+    schema-lock files."""
+    for suffix in ("", "-wal", "-shm", "-journal", ".zt-lock"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
 def make_engine(url: str) -> Engine:
     """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite)."""
     engine = create_engine(url, json_serializer=_canonical_json)
@@ -146,20 +154,31 @@ class Store:
     def __init__(self, url: str):
         check_url(url)
         self.url = url
+        path = sqlite_path(url)
+        new_file = path is not None and not path.exists()
         try:
             self.engine: Engine = make_engine(url)
             with self.schema_lock():
                 self._check_schema()
-        except SQLAlchemyError as e:
+        except (SQLAlchemyError, OSError) as e:
+            if new_file:  # a database that could not be created (disk full) leaves no file behind
+                self.engine.dispose()
+                _remove_sqlite_files(path)
             raise StorageError(f"storage.url={url}: cannot open the database: {_first_line(e)}") from None
+        except BaseException:
+            if new_file:
+                self.engine.dispose()
+                _remove_sqlite_files(path)
+            raise
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def _check_schema(self) -> None:
         """Create a new database at the newest revision; refuse older, newer or foreign ones."""
         head = head_revision()
         path = sqlite_path(self.url)
-        # an existing SQLite file is read through a read-only connection first: WAL mode is a write
-        probe = (create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
+        # an existing SQLite file is read through a plain connection first (zhantune's engine would
+        # switch it to WAL mode, a write); it only reads
+        probe = (create_engine(f"sqlite:///{path}")
                  if path is not None and path.exists() and path.stat().st_size else self.engine)
         try:
             with probe.connect() as conn:
@@ -183,6 +202,14 @@ class Store:
                 raise StorageError(f"storage.url={self.url}: not a zhantune database (it has tables "
                                    f"{', '.join(sorted(foreign)[:3])}); left untouched")
             upgrade(self.engine)
+            if "version_info" not in tables:
+                # Optuna's tables too, now: a database that cannot be created (a full disk) fails
+                # here, before a tune has measured anything, not when its study is opened
+                import optuna
+
+                storage = optuna.storages.RDBStorage(self.url)
+                storage.remove_session()
+                storage.engine.dispose()
         elif rev != head:
             if rev in known_revisions():
                 raise StorageError(f"storage.url={self.url}: the database has schema revision {rev}, this zhantune "

@@ -1,0 +1,386 @@
+"""Bad input through every entry point: one line naming the value, exit code 2, no traceback, the
+database's bytes unchanged and no stray file. Each case was found by an attack on the entry points
+(issue 16); the table-driven case list below is the regression net.
+
+Tables are data: a table may set only allow-listed tuning knobs (zhantune.inductor.knobs); the
+``cpp.march`` entry below would make gcc run a shell command if it reached Inductor.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from zhantune.storage import Store
+
+MLP = ["model=zhantune.models:mlp", "model_kwargs={d_model:64,hidden:128,layers:1}", "input_shapes=[[32,64]]"]
+KEY = "((torch.float32, [32, 64], [64, 1]), (torch.float32, [64, 128], [1, 64]))+mm"
+MARCH = {"template_id": "zhantune::config",
+         "config_patch": {"max_autotune_gemm_backends": "CPP",
+                          "cpp.march": "native -wrapper '/bin/sh,-c,touch pwned; exec \"$0\" \"$@\"'"}}
+
+
+def _table(tmp: Path, entry: dict, name: str = "t.json", key: str = KEY) -> str:
+    (tmp / name).write_text(json.dumps({key: [entry]}))
+    return name
+
+
+def _deep(tmp: Path) -> str:
+    (tmp / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    return "deep.json"
+
+
+def _fifo(tmp: Path) -> str:
+    os.mkfifo(tmp / "fifo.json")
+    return "fifo.json"
+
+
+def _kt_file(tmp: Path, name: str, time: object, truncate: bool = False) -> str:
+    """A small Kernel Tuner cache file with one entry of the given time."""
+    doc = {"device_name": "GPU", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+           "tune_params": {"x": [1, 2]}, "objective": "time",
+           "cache": {"1": {"x": 1, "time": time, "times": [time, time]}, "2": {"x": 2, "time": 5.0, "times": [5.0]}}}
+    raw = gzip.compress(json.dumps(doc).encode())
+    (tmp / name).write_bytes(raw[: len(raw) // 2] if truncate else raw)
+    return name
+
+
+def _foreign_db(tmp: Path) -> str:
+    con = sqlite3.connect(tmp / "app.db")
+    con.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    con.commit()
+    con.close()
+    return "app.db"
+
+
+def _newer_zhantune_db(tmp: Path) -> str:
+    Store(f"sqlite:///{tmp}/newer.db").engine.dispose()
+    con = sqlite3.connect(tmp / "newer.db")
+    con.execute("UPDATE zt_alembic_version SET version_num = '9999'")
+    con.commit()
+    con.close()
+    return "newer.db"
+
+
+def _corrupt_db(tmp: Path) -> str:
+    Store(f"sqlite:///{tmp}/corrupt.db").engine.dispose()
+    with open(tmp / "corrupt.db", "r+b") as f:  # keep the header, garble pages 2-4 (schema and tables)
+        f.seek(4096)
+        f.write(b"\xa5" * 3 * 4096)
+    return "corrupt.db"
+
+
+def _newer_optuna(tmp: Path) -> str:
+    con = sqlite3.connect(tmp / "zhantune.db")
+    con.execute("UPDATE alembic_version SET version_num = 'v99.0.0.a'")
+    con.commit()
+    con.close()
+    return "zhantune.db"
+
+
+def _bad_source_db(tmp: Path) -> str:
+    """A zhantune database whose one measurement sets cpp.march: db merge must not import it."""
+    store = Store(f"sqlite:///{tmp}/evil.db")
+    dev = store.device_id("cpu0", "cpu0", "cpu", {})
+    prob = store.problem_id("mm[M=4,N=4,K=4]:float32", op="mm", shape={"M": 4, "N": 4, "K": 4, "B": 1},
+                            dtype="float32", activation=None, weight_layout="kn", lookup_op="mm",
+                            lookup_key=KEY, flops=128)
+    study = store.study_id("evil", {})
+    store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
+                          template_id=None, params={"cpp.march": "native"}, median_us=1.0,
+                          torch_version="2.13.0")
+    store.engine.dispose()
+    return "evil.db"
+
+
+def _file(tmp: Path) -> str:
+    (tmp / "afile").write_text("x")
+    return "afile"
+
+
+def _dir(tmp: Path) -> str:
+    (tmp / "adir").mkdir()
+    return "adir"
+
+
+# (id, module, arguments with {x} filled in by setup, setup, message, database checked unchanged)
+CASES = [
+    ("huge-shape", "zhantune", ["+op=mm", "shape=[1000000000,1000000000,1000000000]", "device=cpu"], None,
+     "shape=[1000000000,1000000000,1000000000]: mm in float32 needs at least", None),
+    ("mysql", "zhantune", ["+op=mm", "shape=[4,4,4]", "storage.url=mysql://u@localhost/db"], None,
+     "the 'mysql' backend is not supported; use sqlite:///FILE or postgresql+psycopg", None),
+    ("optuna-schema-newer", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu"], _newer_optuna,
+     "Optuna's tables are at schema 'v99.0.0.a'", "{x}"),
+    ("upgrade-foreign", "zhantune.db", ["upgrade", "storage.url=sqlite:///{x}"], _foreign_db,
+     "not a zhantune database (it has tables users)", "{x}"),
+    ("upgrade-newer", "zhantune.db", ["upgrade", "storage.url=sqlite:///{x}"], _newer_zhantune_db,
+     "schema revision '9999' is newer than this zhantune knows", "{x}"),
+    ("upgrade-corrupt", "zhantune.db", ["upgrade", "storage.url=sqlite:///{x}"], _corrupt_db,
+     "fails SQLite's integrity check", "{x}"),
+    ("current-corrupt", "zhantune.db", ["current", "storage.url=sqlite:///{x}"], _corrupt_db,
+     "fails SQLite's integrity check", "{x}"),
+    ("merge-missing-source", "zhantune.db", ["merge", "sources=[sqlite:///missing.db]"], None,
+     "sources[0]=sqlite:///missing.db: no database at missing.db", None),
+    ("merge-disallowed-knob", "zhantune.db", ["merge", "sources=[sqlite:///{x}]"], _bad_source_db,
+     "params.cpp.march: 'cpp.march' is not a tuning knob zhantune allows on cpu", "{x}"),
+    ("export-path-dir", "zhantune.export", ["path={x}"], _dir, "path=adir: is a directory", None),
+    ("tune-export-path-under-file", "zhantune", ["+op=mm", "shape=[4,4,4]", "export.path={x}/t.json"], _file,
+     "export.path=afile/t.json: afile is not a directory", None),
+    ("compare-html-dir", "zhantune.compare", ["html={x}"], _dir, "html=adir: is a directory", None),
+    ("compare-csv-under-file", "zhantune.compare", ["csv={x}/c.csv"], _file,
+     "csv=afile/c.csv: afile is not a directory", None),
+    ("check-json-dir", "zhantune.check", [*MLP, "table={x}", "json=."],
+     lambda t: _table(t, {"template_id": "aten::mm"}), "json=.: is a directory", None),
+    ("collect-out-dir", "zhantune.collect", [*MLP, "out={x}"], _dir, "out=adir: is a directory", None),
+    ("table-deep", "zhantune.check", [*MLP, "table={x}"], _deep, "JSON nested too deeply", None),
+    ("table-dev-zero", "zhantune.check", [*MLP, "table=/dev/zero"], None,
+     "/dev/zero: not a regular file", None),
+    ("table-fifo", "zhantune.check", [*MLP, "table={x}"], _fifo, "fifo.json: not a regular file", None),
+    ("table-unknown-knob", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: _table(t, {"template_id": "zhantune::config", "config_patch": {"cpp.no_such_key": 1}}),
+     "config_patch.cpp.no_such_key: 'cpp.no_such_key' is not a tuning knob zhantune allows on cpu", None),
+    ("table-bad-value", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: _table(t, {"template_id": "zhantune::config", "config_patch": {"cpp.gemm_max_k_slices": -3}}),
+     "cpp.gemm_max_k_slices=-3 is not allowed; expected an integer in [0, 4096]", None),
+    ("table-code-in-template-kwarg", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: _table(t, {"template_id": "triton::mm", "ACC_TYPE": "tl.float32; import os"}),
+     ".ACC_TYPE: ACC_TYPE='tl.float32; import os' is not allowed", None),
+    ("replay-truncated-gzip", "zhantune", ["bench=replay", "bench.path={x}"],
+     lambda t: _kt_file(t, "trunc.json.gz", 4.0, truncate=True), "the compressed file is truncated", None),
+    ("replay-negative-time", "zhantune", ["bench=replay", "bench.path={x}"],
+     lambda t: _kt_file(t, "neg.json.gz", -4.0), "cache.1.time=-4.0; a recorded time is a positive number", None),
+    ("replay-zero-time", "zhantune", ["bench=replay", "bench.path={x}"],
+     lambda t: _kt_file(t, "zero.json.gz", 0), "cache.1.time=0", None),
+    ("bench-target-ms", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.target_ms=-1"], None,
+     "bench.target_ms=-1.0 must be at least 0.001", None),
+    ("bench-warmup-ms", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.warmup_ms=-1"], None,
+     "bench.warmup_ms=-1.0 must be at least 0", None),
+    ("bench-min-reps", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.min_reps=0"], None,
+     "bench.min_reps=0 must be at least 1", None),
+    ("check-bench-target-ms", "zhantune.check", [*MLP, "table={x}", "bench.target_ms=0"],
+     lambda t: _table(t, {"template_id": "aten::mm"}), "bench.target_ms=0.0 must be at least 0.001", None),
+    ("collect-wrong-input-shape", "zhantune.collect", ["model=zhantune.models:mlp", "input_shapes=[[4,7]]"], None,
+     "input_shapes=[[4, 7]]: model='zhantune.models:mlp' cannot take inputs of these shapes", None),
+    ("collect-builtin-factory", "zhantune.collect", ["model=os:system", "input_shapes=[[4,7]]",
+                                                     "model_kwargs={command:'touch pwned'}"], None,
+     "model='os:system': builtin_function_or_method 'system' is not a Python function", None),
+    ("inline-space", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu",
+                                  "+space.evil={branches:{b:{scope:config,fixed:{cpp.march:native}}}}"], None,
+     "override space.evil: branches.b: 'cpp.march' is not a tuning knob zhantune allows on cpu", None),
+    ("space-march-value", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu",
+                                       "+space.evil={branches:{b:{scope:config,fixed:{max_autotune_gemm_backends:'CPP,TRITON'}}}}"],
+     None, "max_autotune_gemm_backends='CPP,TRITON' is not allowed; expected a comma-separated list of ATEN, CPP",
+     None),
+]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _listing(tmp: Path) -> dict[str, str]:
+    """Every file under tmp (Hydra's own output directory aside) with its digest (FIFOs by name)."""
+    out = {}
+    for p in sorted(tmp.rglob("*")):
+        rel = p.relative_to(tmp)
+        if rel.parts[0] == "hydra":
+            continue
+        out[str(rel)] = _digest(p) if p.is_file() else "dir" if p.is_dir() else "other"
+    return out
+
+
+@pytest.fixture
+def existing_db(tmp_path):
+    store = Store(f"sqlite:///{tmp_path}/zhantune.db")
+    store.device_id("some gpu", "some gpu", "cuda", {})
+    store.engine.dispose()
+    return tmp_path / "zhantune.db"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(cli, tmp_path, existing_db, case):
+    _, module, args, setup, message, _db = case
+    x = setup(tmp_path) if setup else ""
+    args = [a.replace("{x}", x) for a in args]
+    before = _listing(tmp_path)
+    r = cli(args + (["progress=false"] if module == "zhantune" else []), cwd=tmp_path, module=module, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("zhantune: "), r.stderr[-3000:]
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in r.stderr + r.stdout
+    # nothing written: every database's bytes, and no new or stray file (no .tmp, no pwned)
+    assert _listing(tmp_path) == before
+
+
+def test_march_table_is_refused_by_check_use_table_and_replay(cli, tmp_path, existing_db):
+    """The shell-running table of issue 16 under a real key: refused before anything compiles."""
+    from zhantune.device import resolve_device
+    from zhantune.errors import TableError
+    from zhantune.inductor.runtime import table_report, use_table
+
+    key = f"{resolve_device('cpu').key}+((torch.float32, [32, 64], [64, 1]), (torch.float32, [128, 64], [1, 128]))+addmm"
+    name = _table(tmp_path, MARCH, "march.json", key)
+    before = _listing(tmp_path)
+    report_before = table_report()
+    with pytest.raises(TableError, match=r"config_patch\.cpp\.march: 'cpp\.march' is not a tuning knob"):
+        use_table(tmp_path / name)
+    with pytest.raises(TableError, match="cpp.march"):
+        use_table(json.loads((tmp_path / name).read_text()), device="cpu")
+    with pytest.raises(TableError, match="max_autotune_gemm_backends='CPP' is not allowed"):  # CUDA: no CPP
+        use_table(json.loads((tmp_path / name).read_text()), device="cuda")
+    assert table_report() is report_before  # nothing was installed
+    for module, args in (("zhantune.check", [*MLP, f"table={name}"]),
+                         ("zhantune.replay", [f"table={name}", "device=cpu"])):
+        r = cli(args, cwd=tmp_path, module=module)
+        assert r.returncode == 2, r.stderr[-3000:]
+        assert r.stderr.strip().startswith("zhantune: march.json: ") and "'cpp.march' is not a tuning knob" in r.stderr
+        assert "Traceback" not in r.stderr
+    assert not (tmp_path / "pwned").exists() and _listing(tmp_path) == before
+
+
+def test_export_skips_entries_a_table_may_not_carry(tmp_path):
+    """A stored row that sets a non-knob (a tf32 backend flag; a merged row) is never exported:
+    the key gets Inductor's default choice instead."""
+    from zhantune.inductor.table import build_table
+
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    dev = store.device_id("gpu0", "gpu0", "cuda", {})
+    prob = store.problem_id("mm[M=32,N=128,K=64]:float32", op="mm", shape={"M": 32, "N": 128, "K": 64, "B": 1},
+                            dtype="float32", activation=None, weight_layout="kn", lookup_op="mm",
+                            lookup_key=KEY, flops=2 * 32 * 128 * 64)
+    study = store.study_id("s", {})
+    store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
+                          template_id=None, params={"cuda.matmul.allow_tf32": True}, median_us=1.0,
+                          config_hash="a", torch_version="2.13.0")
+    assert build_table(store) == {f"gpu0+{KEY}": [{"template_id": "aten::mm"}]}
+    store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
+                          template_id=None, params={"max_fusion_size": 8}, median_us=2.0, config_hash="b",
+                          torch_version="2.13.0")
+    assert build_table(store) == {f"gpu0+{KEY}": [{"template_id": "zhantune::config",
+                                                   "config_patch": {"max_fusion_size": 8}}]}
+
+
+KNOB_ROWS = [  # (device kind, key, value, allowed)
+    ("cpu", "max_autotune_gemm_backends", "CPP", True),
+    ("cpu", "max_autotune_gemm_backends", "aten,cpp", True),
+    ("cpu", "max_autotune_gemm_backends", "TRITON", False),
+    ("cpu", "cpp.gemm_thread_factors", "1,2,1", True),
+    ("cpu", "cpp.gemm_thread_factors", None, True),
+    ("cpu", "cpp.gemm_thread_factors", "1,2", False),
+    ("cpu", "cpp.gemm_thread_factors", "0,2,1", False),
+    ("cpu", "cpp.gemm_cache_blocking", "4,1,16; rm -rf /", False),
+    ("cpu", "cpp.gemm_max_k_slices", 0, True),
+    ("cpu", "cpp.gemm_max_k_slices", True, False),
+    ("cpu", "cpp.gemm_max_k_slices", 2.0, False),
+    ("cpu", "cpp.march", "native", False),
+    ("cpu", "cpp.cxx", ["/bin/sh"], False),
+    ("cpu", "epilogue_fusion", True, False),
+    ("cuda", "epilogue_fusion", True, True),
+    ("cuda", "max_fusion_unique_io_buffers", None, True),
+    ("cuda", "max_fusion_size", 0, False),
+    ("cuda", "triton.cudagraphs", True, False),
+    ("cuda", "max_autotune_gemm_backends", "ATEN,TRITON", True),
+    ("cuda", "max_autotune_gemm_backends", "CUTLASS", False),
+]
+
+
+@pytest.mark.parametrize("kind,key,value,allowed", KNOB_ROWS)
+def test_config_knob_allow_list(kind, key, value, allowed):
+    from zhantune.inductor.knobs import config_knob_problem
+
+    assert (config_knob_problem(key, value, kind) is None) is allowed
+
+
+TEMPLATE_ROWS = [  # (entry, allowed)
+    ({"template_id": "triton::mm", "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4, "num_stages": 3,
+      "GROUP_M": 8, "EVEN_K": True, "ACC_TYPE": "tl.float32", "template_hash": "abc123"}, True),
+    ({"template_id": "decompose_k", "k_split": 4}, True),
+    ({"template_id": "aten::mm"}, True),
+    ({"template_id": "triton::mm", "BLOCK_M": "64"}, False),
+    ({"template_id": "triton::mm", "num_warps": 3}, False),
+    ({"template_id": "triton::mm", "EVEN_K": 1}, False),
+    ({"template_id": "triton::mm", "ACC_TYPE": "tl.float32\nimport os"}, False),
+    ({"template_id": "triton::mm", "prologue": "import os"}, False),
+    ({"template_id": "triton::mm", "template_hash": "x; rm"}, False),
+    ({"template_id": "a b c"}, False),
+]
+
+
+@pytest.mark.parametrize("entry,allowed", TEMPLATE_ROWS)
+def test_template_kwarg_allow_list(entry, allowed):
+    from zhantune.inductor.knobs import template_entry_problem
+
+    assert (template_entry_problem(entry) is None) is allowed
+
+
+PLAIN_CALL = textwrap.dedent("""
+    import gc, json, sys, torch
+    from torch._dynamo.utils import counters
+    import zhantune
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 96),
+                                torch.nn.GELU(), torch.nn.Linear(96, 64)).eval()
+    x = torch.randn(32, 64)
+    zhantune.use_table(sys.argv[1])          # the README's plain call: the result is not kept
+    gc.collect()
+    with torch.no_grad():
+        out = torch.compile(model)(x)
+        err = ((out - model(x)).abs().max() / model(x).abs().max()).item()
+    print(json.dumps({"report": zhantune.table_report().as_dict(), "error": err,
+                      "autotune": counters["inductor"]["select_algorithm_autotune"],
+                      "cpp_kernels": counters["inductor"]["cpp_templated_kernel_counter"]}))
+""")
+
+COLLECT_KEYS = textwrap.dedent("""
+    import json, torch
+    from zhantune.collect import collect
+    from zhantune.device import resolve_device
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 96),
+                                torch.nn.GELU(), torch.nn.Linear(96, 64)).eval()
+    device = resolve_device("cpu")
+    print(json.dumps([f"{device.key}+{p.lookup_key}" for p in collect(model, (torch.randn(32, 64),), device)]))
+""")
+
+
+@pytest.mark.slow
+def test_readme_plain_call_use_table_hits_every_key_in_a_fresh_process(tmp_path):
+    """``zhantune.use_table("t.json")`` without keeping the result, then torch.compile: all three GEMMs
+    hit, no autotuning runs (issue 16: the handler used to be restored when the object was collected)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", COLLECT_KEYS], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    keys = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(keys) == 3
+    # one C++-template GEMM, two ATen ones
+    patches = [{"max_autotune_gemm_backends": "CPP"}, {"max_autotune_gemm_backends": "ATEN"},
+               {"max_autotune_gemm_backends": "ATEN"}]
+    table = {k: [{"template_id": "zhantune::config", "config_patch": p}] for k, p in zip(keys, patches, strict=True)}
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    r = subprocess.run([sys.executable, "-c", PLAIN_CALL, str(tmp_path / "t.json")], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sorted(got["report"]["hits"]) == sorted(keys), got["report"]
+    assert got["report"]["misses"] == {} and got["report"]["coverage"] == 1.0
+    assert got["autotune"] == 0  # one choice per GEMM: the table decided, nothing was benchmarked
+    assert got["cpp_kernels"] == 1
+    assert got["error"] < 1e-4
+
+
+def test_table_report_has_no_coverage_without_lookups(tmp_path):
+    from zhantune.inductor.runtime import use_table
+
+    with use_table({KEY: [{"template_id": "aten::mm"}]}) as installed:
+        report = installed.report
+        assert report.lookups == 0 and report.coverage is None
+        assert report.as_dict()["note"] == "no GEMM lookup seen: served from Inductor's cache or not compiled yet"
