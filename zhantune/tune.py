@@ -190,7 +190,7 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
     names, composed = _space_selection(cfg, device)
     variables = problem_variables(problem, device)
     space = load_space(names, CONF_DIR / "space", variables, set(inductor_template_ids()),
-                       op=problem.lookup_op, composed=composed, template_params=template_params)
+                       op=problem.lookup_op_on(device.kind), composed=composed, template_params=template_params)
     _check_config_keys(space, device)
     check_url(cfg.storage.url)
     return RunSpec(problem, device, space, names, variables, cfg)
@@ -323,7 +323,11 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
 
     # baselines (eager and Inductor's default; the default compile also records the lookup key)
     baselines = bench.baselines()
-    problem_id = store.problem_id(problem.key, lookup_key=bench.lookup_key, **problem.row_fields())
+    fields = problem.row_fields()
+    lookup = getattr(bench, "lookup", None)  # replay has none
+    if lookup is not None:  # the op Inductor looked the GEMM up with (linear_act on a GPU: mm)
+        fields["lookup_op"] = lookup.op_name
+    problem_id = store.problem_id(problem.key, lookup_key=bench.lookup_key, **fields)
     rec = Recorder(store, problem, study_id, device_id, problem_id, None if run.replay is not None else device)
     rows = {kind: rec.add(meas, kind) for kind, meas in baselines}
     result = TuneResult(run.study_name, study_id, rows.get("eager"), rows.get("default"), None)

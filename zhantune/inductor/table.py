@@ -112,6 +112,8 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
     devices share a problem the fastest device's winners are kept (cross-device choices are the
     compare command's job).
     """
+    from zhantune.inductor.heuristics import with_derived_kwargs
+
     defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
     ranked = store.ranked_candidates(device_key, torch_version, max(1, top_k))
     ranked.sort(key=lambda r: r[2][0].median_us)
@@ -131,8 +133,8 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
         if device_agnostic:
             seen.add(problem.id)
         for key, entry in placed:
-            if key:
-                table.setdefault(key, []).append(entry)
+            if key:  # with the kwargs Inductor would otherwise take from another config (EVEN_K)
+                table.setdefault(key, []).append(with_derived_kwargs(entry, problem.shape))
         # every entry under another key (addmm's Triton templates use the expanded bias): the
         # problem's own (ATen) lookup gets "nothing from this lookup", so the GEMM compiles only them
         own = table_key(device.key, problem.lookup_key, None, device_agnostic)
