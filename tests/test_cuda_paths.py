@@ -144,3 +144,78 @@ def test_linear_act_is_benchmarked_under_the_op_inductor_looks_up_on_a_gpu(dtype
     assert default.lookup.op_name == problem.lookup_op_on("cuda")
     assert problem.lookup_op_on("cuda") == ("mm" if dtype == "float32" else "addmm")
     assert problem.lookup_op_on("cpu") == "addmm"
+
+
+def _cuda_space(problem, names: list[str]):
+    from zhantune.device import DeviceInfo
+    from zhantune.inductor.heuristics import template_params
+    from zhantune.inductor.templates import inductor_template_ids
+    from zhantune.search.space import load_space
+    from zhantune.tune import CONF_DIR, problem_variables
+
+    h100 = DeviceInfo("cuda", 0, "NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3",
+                      {"sm_count": 132, "smem_bytes": 232448, "capability": "9.0"})
+    variables = problem_variables(problem, h100)
+    space = load_space(names, CONF_DIR / "space", variables, set(inductor_template_ids()),
+                       op=problem.lookup_op_on("cuda"), template_params=template_params)
+    return space, variables
+
+
+@pytest.mark.parametrize("op, shape", [("mm", [64, 64, 4096]), ("mm", [64, 32, 2048]), ("mm", [64, 64, 512]),
+                                       ("addmm", [64, 64, 4096])])
+def test_a_cuda_branch_has_feasible_points_exactly_when_inductor_offers_its_template(op, shape):
+    """Finding 4: decompose_k is offered only for K >= 32 * max(M, N) and triton::mm disappears at
+    K >= 64 * max(M, N) (mm only): a branch Inductor does not offer would spend the budget on
+    not_applied trials. The offered templates come from Inductor's real mm lowering."""
+    from zhantune.problems import GemmProblem
+    from zhantune.search.study import feasible_size
+
+    problem = GemmProblem.from_config(op, shape, "bfloat16")
+    space, variables = _cuda_space(problem, ["triton_mm", "decompose_k"])
+    sizes = feasible_size(space, variables)
+    m, n, k = shape
+    inputs = [(m, k), (k, n)] if op == "mm" else [(n,), (m, k), (k, n)]
+    with fake_cuda(), inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,TRITON"):
+        offered = set(lower(op, inputs, torch.bfloat16).uids)
+    assert (sizes["triton_mm"][1] > 0) == ("triton::mm" in offered), (sizes, offered)
+    assert (sizes["decompose_k"][1] > 0) == ("decompose_k" in offered), (sizes, offered)
+
+
+def test_the_triton_spaces_bound_accumulators_per_thread_and_keep_inductors_own_configs():
+    """Finding 12: 256x256 tiles with 2 warps hold 1,024 fp32 accumulators per thread (a thread has
+    255 registers); Inductor's own CUDA mm configs stay at 128 or fewer. The Triton spaces admit every
+    config of Inductor's heuristic for the size and no tile above that bound."""
+    from zhantune.inductor.heuristics import triton_mm_configs
+    from zhantune.problems import GemmProblem
+
+    problem = GemmProblem.from_config("mm", [4096, 4096, 4096], "bfloat16")
+    space, variables = _cuda_space(problem, ["triton_mm", "triton_bmm", "triton_persistent_tma"])
+    own = triton_mm_configs(4096, 4096, 4096, 2)
+    for branch in space.branches:
+        names = {p.key: p.name for p in branch.params}
+        feasible = [v for v in branch.all_values() if branch.feasible(v, variables)]
+        assert feasible and all(v["BLOCK_M"] * v["BLOCK_N"] <= 128 * 32 * v["num_warps"] for v in feasible)
+        assert not branch.feasible({"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 32, "num_warps": 4,
+                                    "num_stages": 2, "GROUP_M": 8}, variables)
+        if branch.template_id != "triton::mm_persistent_tma":  # its own heuristic, other ranges
+            roomy = {**variables, "smem_bytes": 1 << 30}  # Inductor drops configs over smem later
+            for c in own:
+                point = {names[k]: c[k] for k in names if k in c}
+                assert branch.feasible(point, roomy), (branch.name, c)
+
+
+@pytest.mark.parametrize("op, inputs", [("mm", [(32, 16), (16, 64)]), ("addmm", [(64,), (32, 16), (16, 64)]),
+                                        ("bmm", [(2, 32, 16), (2, 16, 64)])])
+def test_an_aten_template_winner_is_recognised_as_the_defaults_own_kernel(op, inputs):
+    """Finding 9: Inductor's default compile (no max-autotune) runs exactly one choice, its ATen
+    kernel; an aten::<op> winner on CUDA is that kernel, so its "speedup" over the default is noise
+    and is never claimed (the CPU ``aten`` config was the only one recognised)."""
+    from zhantune.storage import models as orm
+    from zhantune.tune import _is_default_kernel
+
+    with fake_cuda(), inductor_config.patch(max_autotune=False):
+        default = lower(op, inputs, torch.bfloat16)
+    (uid,) = default.uids
+    assert _is_default_kernel(orm.Measurement(template_id=uid, params={}))
+    assert not _is_default_kernel(orm.Measurement(template_id="triton::mm", params=TRITON_PARAMS))
+    assert not _is_default_kernel(orm.Measurement(template_id="aten::bias_addmm", params={}))

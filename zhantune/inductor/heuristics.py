@@ -7,6 +7,8 @@
   (``torch._inductor.utils.get_k_splits``).
 * :func:`template_params`: the kwargs a template takes: the keys Inductor's heuristic yields for it
   plus Triton's launch options; None where zhantune cannot tell (no check then).
+* :func:`offered_templates`: whether Inductor's mm lowering offers decomposeK and the Triton mm
+  templates for a size (the K-to-M/N thresholds of ``tuned_mm``).
 * :func:`derived_kwargs`: the kwargs Inductor derives per config from the problem (``EVEN_K``),
   which a lookup-table entry must carry itself.
 """
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 __all__ = ["triton_mm_configs", "decompose_k_splits", "template_params", "derived_kwargs", "with_derived_kwargs",
+           "offered_templates",
            "LAUNCH_OPTIONS"]
 
 #: Triton launch options a lookup-table entry may carry beside the template's constexprs
@@ -93,3 +96,26 @@ def with_derived_kwargs(entry: dict[str, Any], dims: dict[str, int]) -> dict[str
     """A lookup-table entry (``{"template_id": ..., kwargs}``) with :func:`derived_kwargs` added for
     a problem of ``dims``; entries of other kinds (ATen, config patches) unchanged."""
     return {**entry, **derived_kwargs(entry["template_id"], entry, dims)}
+
+
+def offered_templates(lookup_op: str, m: int, n: int, k: int) -> dict[str, bool]:
+    """Which GEMM templates Inductor's lowering offers for this size, as constraint variables.
+
+    ``tuned_mm`` (torch/_inductor/kernel/mm.py) offers ``decompose_k`` only when
+    ``use_decompose_k_choice(m, n, k)`` holds (K >= ``triton.decompose_k_threshold`` * max(M, N),
+    32 by default) and its heuristic has a split for the size (a lookup entry is merged over the
+    first one, so without one the entry is dropped); it drops ``triton::mm`` (and the persistent
+    TMA template) at twice that threshold unless ``max_autotune_gemm_search_space`` is EXHAUSTIVE.
+    addmm and bmm offer their Triton templates at any K and no decomposeK.
+    Returns ``{"decompose_k_offered": bool, "triton_mm_offered": bool}``.
+    """
+    if lookup_op != "mm":
+        return {"decompose_k_offered": False, "triton_mm_offered": True}
+    from torch._inductor import config
+    from torch._inductor.utils import use_decompose_k_choice
+
+    decompose = _with_graph(lambda: use_decompose_k_choice(m, n, k))
+    dropped = _with_graph(lambda: use_decompose_k_choice(m, n, k, threshold_multiple=2))
+    exhaustive = str(config.max_autotune_gemm_search_space).upper() == "EXHAUSTIVE"
+    return {"decompose_k_offered": bool(decompose and decompose_k_splits(m, n, k)),
+            "triton_mm_offered": bool(exhaustive or not dropped)}
