@@ -32,7 +32,12 @@ from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, ReplayProb
 from zhantune.config import CONF_DIR
 from zhantune.device import DeviceInfo, resolve_device
 from zhantune.errors import ConfigError, SpaceError, StorageError
-from zhantune.inductor.heuristics import decompose_k_splits, offered_templates, template_params, triton_mm_configs
+from zhantune.inductor.heuristics import (
+    decompose_k_splits,
+    offered_templates,
+    template_params,
+    triton_mm_configs,
+)
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
 from zhantune.search.driver import DuplicateTrial, run_search
