@@ -114,8 +114,9 @@ def offered_templates(lookup_op: str, m: int, n: int, k: int) -> dict[str, bool]
     from torch._inductor import config
     from torch._inductor.utils import use_decompose_k_choice
 
-    decompose = _with_graph(lambda: use_decompose_k_choice(m, n, k))
-    dropped = _with_graph(lambda: use_decompose_k_choice(m, n, k, threshold_multiple=2))
+    check = use_decompose_k_choice.__wrapped__  # Inductor's cache would keep our throwaway graph's answer
+    decompose = _with_graph(lambda: check(m, n, k))
+    dropped = _with_graph(lambda: check(m, n, k, threshold_multiple=2))
     exhaustive = str(config.max_autotune_gemm_search_space).upper() == "EXHAUSTIVE"
     return {"decompose_k_offered": bool(decompose and decompose_k_splits(m, n, k)),
             "triton_mm_offered": bool(exhaustive or not dropped)}
