@@ -33,7 +33,12 @@ from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, ReplayProb
 from zhantune.config import CONF_DIR, check_bench
 from zhantune.device import DeviceInfo, resolve_device
 from zhantune.errors import ConfigError, SpaceError, StorageError
-from zhantune.inductor.heuristics import decompose_k_splits, template_params, triton_mm_configs
+from zhantune.inductor.heuristics import (
+    decompose_k_splits,
+    offered_templates,
+    template_params,
+    triton_mm_configs,
+)
 from zhantune.inductor.knobs import config_knob_problem
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
@@ -168,10 +173,14 @@ def _check_config_keys(space: Space, device: DeviceInfo) -> None:
 
 
 def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any]:
-    """Names a constraint may use: M, N, K, B, dtype_bytes, smem_bytes, sm_count, cores, n_threads."""
+    """Names a constraint may use: M, N, K, B, dtype_bytes, smem_bytes, sm_count, cores, n_threads,
+    and whether Inductor offers a template for this size on this device kind, ``decompose_k_offered``
+    and ``triton_mm_offered`` (zhantune.inductor.heuristics.offered_templates)."""
     p = device.properties
+    d = problem.dims
     return {
-        **problem.dims,
+        **d,
+        **offered_templates(problem.lookup_op_on(device.kind), d["M"], d["N"], d["K"]),
         "dtype_bytes": problem.dtype_bytes,
         "smem_bytes": p.get("smem_bytes", 0),
         "sm_count": p.get("sm_count", 0),
@@ -199,7 +208,7 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
     names, composed = _space_selection(cfg, device)
     variables = problem_variables(problem, device)
     space = load_space(names, CONF_DIR / "space", variables, set(inductor_template_ids()),
-                       op=problem.lookup_op, composed=composed, template_params=template_params)
+                       op=problem.lookup_op_on(device.kind), composed=composed, template_params=template_params)
     _check_config_keys(space, device)
     check_url(cfg.storage.url)
     return RunSpec(problem, device, space, names, variables, cfg)
@@ -354,7 +363,11 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
 
     # baselines (eager and Inductor's default; the default compile also records the lookup key)
     baselines = bench.baselines()
-    problem_id = store.problem_id(problem.key, lookup_key=bench.lookup_key, **problem.row_fields())
+    fields = problem.row_fields()
+    lookup = getattr(bench, "lookup", None)  # replay has none
+    if lookup is not None:  # the op Inductor looked the GEMM up with (linear_act on a GPU: mm)
+        fields["lookup_op"] = lookup.op_name
+    problem_id = store.problem_id(problem.key, lookup_key=bench.lookup_key, **fields)
     rec = Recorder(store, problem, study_id, device_id, problem_id, None if run.replay is not None else device)
     rows = {kind: rec.add(meas, kind) for kind, meas in baselines}
     result = TuneResult(run.study_name, study_id, rows.get("eager"), rows.get("default"), None)
@@ -519,11 +532,19 @@ def settle_speedup(run: RunSpec, store: Store, bench: Any, measure_default: Call
             f"{cand.describe()} {winner_us:,.1f} us")
 
 
+#: the template uids of the ATen kernels Inductor's default compile (no max-autotune) runs for a
+#: GEMM (torch/_inductor/kernel/mm.py, bmm.py: aten_mm, aten_addmm, aten_bmm; cuBLAS on CUDA)
+DEFAULT_KERNEL_TEMPLATES = frozenset({"aten::mm", "aten::addmm", "aten::bmm"})
+
+
 def _is_default_kernel(row: orm.Measurement) -> bool:
-    """The ``aten`` config (Inductor's backend list = ATEN only): the very kernel Inductor's default
-    compile runs, so re-measuring it against the default decides nothing."""
+    """The very kernel Inductor's default compile runs, so re-measuring it against the default
+    decides nothing: the ``aten`` config (backend list = ATEN only, the CPU path) or, on CUDA, an
+    ``aten::<op>`` template choice (DEFAULT_KERNEL_TEMPLATES; ``aten::bias_addmm`` is another kernel)."""
+    if row.template_id is not None:
+        return row.template_id in DEFAULT_KERNEL_TEMPLATES
     params = {k: str(v).upper() for k, v in (row.params or {}).items()}
-    return row.template_id is None and params == {"max_autotune_gemm_backends": "ATEN"}
+    return params == {"max_autotune_gemm_backends": "ATEN"}
 
 
 def _best_for_problem(store: Store, device_key: str, problem_id: int) -> orm.Measurement | None:

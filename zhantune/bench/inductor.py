@@ -30,11 +30,12 @@ from zhantune.bench.timing import Timing, time_cpu, time_cuda
 from zhantune.config import BenchConfig
 from zhantune.device import DeviceInfo
 from zhantune.inductor.choices import LookupEvent, recording
+from zhantune.inductor.heuristics import derived_kwargs
 from zhantune.inductor.knobs import BACKEND_FLAGS  # re-exported: the flags a backend branch may set
 from zhantune.problems import GemmProblem
 from zhantune.search.space import Candidate
 
-__all__ = ["InductorBenchmarker", "CPU_BASE_PATCH", "KERNEL_CACHE_PATCH", "BACKEND_FLAGS", "cpu_compile_flags", "backend_flags"]
+__all__ = ["InductorBenchmarker", "template_patch", "candidate_entry", "CPU_BASE_PATCH", "KERNEL_CACHE_PATCH", "BACKEND_FLAGS", "cpu_compile_flags", "backend_flags"]
 
 
 
@@ -91,6 +92,32 @@ def _no_graph_caches(active: bool) -> Iterator[None]:
     with torch._functorch.config.patch(enable_autograd_cache=False), \
             torch._dynamo.config.patch(automatic_dynamic_local_pgo=False):
         yield
+
+
+def template_patch(template_id: str) -> dict[str, Any]:
+    """Inductor config under which a template candidate's compile builds that one choice only.
+
+    ``max_autotune_gemm_backends``: ATEN for an ``aten::*`` template, TRITON for the rest
+    (``triton::*``, ``decompose_k``, ``contiguous_*`` are offered only with TRITON in the list). With
+    both, addmm makes a second lookup (ATen, 1-D bias, torch/_inductor/kernel/mm.py
+    ``tuned_addmm``) that misses and keeps ``aten::addmm`` beside the candidate, or the template
+    lookup misses and keeps every heuristic Triton config: Inductor would then autotune and time the
+    faster of several kernels. ``triton::mm_persistent_tma`` is offered only with
+    ``triton.enable_persistent_tma_matmul`` (``use_triton_tma_template`` in torch/_inductor/utils.py).
+    """
+    patch: dict[str, Any] = {"max_autotune": True,
+                             "max_autotune_gemm_backends": "ATEN" if template_id.startswith("aten::") else "TRITON"}
+    if template_id == "triton::mm_persistent_tma":
+        patch["triton.enable_persistent_tma_matmul"] = True
+    return patch
+
+
+def candidate_entry(candidate: Candidate, dims: dict[str, int]) -> dict[str, Any]:
+    """The one-entry lookup-table entry of a template candidate for a problem of ``dims``: its
+    params plus the kwargs Inductor derives from them (zhantune.inductor.heuristics.derived_kwargs)."""
+    assert candidate.template_id is not None
+    return {"template_id": candidate.template_id, **candidate.params,
+            **derived_kwargs(candidate.template_id, candidate.params, dims)}
 
 
 class InductorBenchmarker:
@@ -172,8 +199,8 @@ class InductorBenchmarker:
             if self.lookup is None or self.lookup.device_key is None:
                 return Measurement("not_applied", error_text="no lookup key recorded for this problem")
             # served under the key Inductor asks with; the event that hits records it
-            entries = [{"template_id": candidate.template_id, **candidate.params}]
-            patch["max_autotune_gemm_backends"] = "ATEN,TRITON"
+            entries = [candidate_entry(candidate, self.problem.dims)]
+            patch.update(template_patch(candidate.template_id))
         else:
             patch.update(candidate.params)
         return self._run(patch, table=None, expect=candidate, any_key=entries, time_it=time_it)
@@ -206,7 +233,10 @@ class InductorBenchmarker:
         compile_s = time.perf_counter() - t0
         if self.on_compiled is not None:
             self.on_compiled()
-        events = [e for e in rec.events if e.op_name == self.problem.lookup_op]
+        # every lookup is this problem's GEMM, under whatever op Inductor lowered it as: on a GPU a
+        # post-grad pass rewrites float32 addmm + pointwise (linear_act) into mm + add
+        # (torch/_inductor/fx_passes/post_grad.py unfuse_bias_add_to_pointwise), so it looks up "mm"
+        events = rec.events
         # the lookup that hit the candidate's template (its key goes into the table); else the first
         # that offered templates (addmm's ATen lookup, the problem's key); else any
         hit = [e for e in events if expect is not None and expect.template_id in e.hit_templates]
@@ -225,8 +255,8 @@ class InductorBenchmarker:
 
     def _not_applied(self, expect: Candidate | None, lookup: LookupEvent | None, templated: int) -> str | None:
         if lookup is None:
-            return (f"Inductor made no {self.problem.lookup_op} lookup while compiling: the GEMM did not "
-                    "reach Inductor's GEMM lowering")
+            return ("Inductor made no GEMM lookup while compiling: the GEMM did not reach Inductor's "
+                    "GEMM lowering")
         if expect is None:
             return None
         if expect.scope == "template":

@@ -7,6 +7,10 @@
   (``torch._inductor.utils.get_k_splits``).
 * :func:`template_params`: the kwargs a template takes: the keys Inductor's heuristic yields for it
   plus Triton's launch options; None where zhantune cannot tell (no check then).
+* :func:`offered_templates`: whether Inductor's mm lowering offers decomposeK and the Triton mm
+  templates for a size (the K-to-M/N thresholds of ``tuned_mm``).
+* :func:`derived_kwargs`: the kwargs Inductor derives per config from the problem (``EVEN_K``),
+  which a lookup-table entry must carry itself.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["triton_mm_configs", "decompose_k_splits", "template_params", "LAUNCH_OPTIONS"]
+__all__ = ["triton_mm_configs", "decompose_k_splits", "template_params", "derived_kwargs", "with_derived_kwargs",
+           "offered_templates",
+           "LAUNCH_OPTIONS"]
 
 #: Triton launch options a lookup-table entry may carry beside the template's constexprs
 LAUNCH_OPTIONS = frozenset({"num_stages", "num_warps"})
@@ -66,3 +72,51 @@ def template_params(template_id: str) -> frozenset[str] | None:
         keys = set(triton_mm_configs(256, 256, 256, 2)[0])
         return frozenset(keys | LAUNCH_OPTIONS)
     return None
+
+
+def derived_kwargs(template_id: str, params: dict[str, Any], dims: dict[str, int]) -> dict[str, Any]:
+    """Kwargs Inductor computes per config from the problem, for a template entry with ``params``.
+
+    Inductor merges a lookup-table entry over the kwargs of its *first* heuristic config
+    (``LookupTableChoices._create_lookup_choices``), and that config's ``EVEN_K`` was computed from
+    its own ``BLOCK_K`` (``MMTemplateConfigMixin._convert_config_to_template_kwargs`` in
+    torch/_inductor/template_heuristics/triton.py: ``EVEN_K = K % BLOCK_K == 0``). An entry without
+    ``EVEN_K`` inherits it: with K=48 a BLOCK_K=32 entry gets ``EVEN_K=True`` from BLOCK_K=16 and
+    its K loop reads past K unmasked. The other kwargs of that config (``ACC_TYPE``,
+    ``USE_FAST_ACCUM``, the TMA options) depend on the op and dtype only, so the first config's are
+    right. ``dims``: the problem's sizes (``K`` is used). Empty for templates without ``BLOCK_K`` and
+    for problems without a ``K``.
+    """
+    if not template_id.startswith("triton::") or "BLOCK_K" not in params or "K" not in dims:
+        return {}
+    return {"EVEN_K": dims["K"] % int(params["BLOCK_K"]) == 0}
+
+
+def with_derived_kwargs(entry: dict[str, Any], dims: dict[str, int]) -> dict[str, Any]:
+    """A lookup-table entry (``{"template_id": ..., kwargs}``) with :func:`derived_kwargs` added for
+    a problem of ``dims``; entries of other kinds (ATen, config patches) unchanged."""
+    return {**entry, **derived_kwargs(entry["template_id"], entry, dims)}
+
+
+def offered_templates(lookup_op: str, m: int, n: int, k: int) -> dict[str, bool]:
+    """Which GEMM templates Inductor's lowering offers for this size, as constraint variables.
+
+    ``tuned_mm`` (torch/_inductor/kernel/mm.py) offers ``decompose_k`` only when
+    ``use_decompose_k_choice(m, n, k)`` holds (K >= ``triton.decompose_k_threshold`` * max(M, N),
+    32 by default) and its heuristic has a split for the size (a lookup entry is merged over the
+    first one, so without one the entry is dropped); it drops ``triton::mm`` (and the persistent
+    TMA template) at twice that threshold unless ``max_autotune_gemm_search_space`` is EXHAUSTIVE.
+    addmm and bmm offer their Triton templates at any K and no decomposeK.
+    Returns ``{"decompose_k_offered": bool, "triton_mm_offered": bool}``.
+    """
+    if lookup_op != "mm":
+        return {"decompose_k_offered": False, "triton_mm_offered": True}
+    from torch._inductor import config
+    from torch._inductor.utils import use_decompose_k_choice
+
+    check = use_decompose_k_choice.__wrapped__  # Inductor's cache would keep our throwaway graph's answer
+    decompose = _with_graph(lambda: check(m, n, k))
+    dropped = _with_graph(lambda: check(m, n, k, threshold_multiple=2))
+    exhaustive = str(config.max_autotune_gemm_search_space).upper() == "EXHAUSTIVE"
+    return {"decompose_k_offered": bool(decompose and decompose_k_splits(m, n, k)),
+            "triton_mm_offered": bool(exhaustive or not dropped)}

@@ -56,6 +56,17 @@ def release(version: str | None) -> str | None:
     return None if version is None else version.split("+")[0]
 
 
+def cuda_table_patch(table: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Inductor config a CUDA table compiles under: max-autotune over ATen and Triton (a miss
+    compiles the ATen kernel, TableChoices), and ``triton.enable_persistent_tma_matmul`` when an
+    entry names ``triton::mm_persistent_tma`` (Inductor offers that template only then:
+    ``use_triton_tma_template`` in torch/_inductor/utils.py)."""
+    patch: dict[str, Any] = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
+    if any(e.get("template_id") == "triton::mm_persistent_tma" for entries in table.values() for e in entries):
+        patch["triton.enable_persistent_tma_matmul"] = True
+    return patch
+
+
 def stale_reason(entry: dict[str, Any], template_hashes: dict[str, str | None]) -> str | None:
     """Why an entry is stale for the templates Inductor offers (uid -> ``src_hash``), or None.
 
@@ -165,10 +176,13 @@ class TableChoices(RecordingChoices):
         if cpu:
             return self._cpu_hit(report_key, fresh, template_choices, kernel_inputs, templates, op_name,
                                  kwarg_overrides)
+        from zhantune.inductor.heuristics import with_derived_kwargs
+
         results: dict[str, list[dict[str, Any]]] = {}
+        k_dim = {"K": int(kernel_inputs.mnk_hinted()[2])} if hasattr(kernel_inputs, "mnk_hinted") else {}
         for e in fresh:
-            if e["template_id"] in hashes:
-                cfg = {k: v for k, v in e.items() if k not in ("template_id", "template_hash")}
+            if e["template_id"] in hashes:  # EVEN_K from the entry's own BLOCK_K, never another config's
+                cfg = {k: v for k, v in with_derived_kwargs(e, k_dim).items() if k not in ("template_id", "template_hash")}
                 results.setdefault(e["template_id"], []).append(cfg)
         if not results:
             self.report.misses[report_key] += 1
@@ -244,8 +258,7 @@ class InstalledTable:
     def __init__(self, tf: TableFile, device: str):
         self.tf = tf
         self.device = device
-        self._patch = inductor_config.patch({**(CPU_TABLE_PATCH if device == "cpu" else
-                                                {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}),
+        self._patch = inductor_config.patch({**(CPU_TABLE_PATCH if device == "cpu" else cuda_table_patch(tf.table)),
                                              "lookup_table.table": tf.table})
         self._patch.__enter__()
         self.handler = TableChoices(tf)  # its per-GEMM baseline is the config under the table's settings

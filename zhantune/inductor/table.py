@@ -116,6 +116,8 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
     devices share a problem the fastest device's winners are kept (cross-device choices are the
     compare command's job).
     """
+    from zhantune.inductor.heuristics import with_derived_kwargs
+
     defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
     # every distinct config, so that rows a table may not carry (e.g. a tf32 backend flag; see
     # zhantune.inductor.knobs) make way for the next ones
@@ -140,8 +142,8 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
         if device_agnostic:
             seen.add(problem.id)
         for key, entry in placed:
-            if key:
-                table.setdefault(key, []).append(entry)
+            if key:  # with the kwargs Inductor would otherwise take from another config (EVEN_K)
+                table.setdefault(key, []).append(with_derived_kwargs(entry, problem.shape))
         # every entry under another key (addmm's Triton templates use the expanded bias): the
         # problem's own (ATen) lookup gets "nothing from this lookup", so the GEMM compiles only them
         own = table_key(device.key, problem.lookup_key, None, device_agnostic)

@@ -145,8 +145,25 @@ class GemmProblem:
 
     @property
     def lookup_op(self) -> str:
-        """The op name Inductor uses in its lookup key for this problem's GEMM."""
+        """The op name Inductor uses in its lookup key for this problem's GEMM on CPU (the op of the
+        graph); :meth:`lookup_op_on` gives it per device kind."""
         return "mm" if self.op == "mm" else "bmm" if self.op == "bmm" else "addmm"
+
+    def lookup_op_on(self, device_kind: str) -> str:
+        """The op name of this problem's GEMM lookup when Inductor compiles it for ``device_kind``.
+
+        On a GPU, Inductor's post-grad pass ``unfuse_bias_add_to_pointwise``
+        (torch/_inductor/fx_passes/post_grad.py) rewrites an addmm whose every use is pointwise
+        (linear_act's activation) into mm + add, except for float16/bfloat16 while
+        ``keep_addmm_fused_for_half_dtypes`` is set (the default): such a GEMM is looked up as "mm".
+        """
+        from torch._inductor import config as inductor_config
+
+        if self.op == "linear_act" and device_kind != "cpu":
+            half = self.torch_dtype in (torch.float16, torch.bfloat16)
+            if not (half and inductor_config.keep_addmm_fused_for_half_dtypes):
+                return "mm"
+        return self.lookup_op
 
     def flops(self) -> int:
         """Floating-point operations of the GEMM: 2*B*M*N*K (the epilogue is not counted)."""
