@@ -62,7 +62,8 @@ def _compile_and_time(model: Any, inputs: tuple, device: Any, bench: Any, patch:
                                    cuda_graph=bench.cuda_graph)
             else:
                 timing = time_cpu(lambda: compiled(*inputs), warmup_ms=bench.warmup_ms, target_ms=bench.target_ms,
-                                  min_reps=bench.min_reps, max_reps=bench.max_reps, flush_cache=bench.flush_cache)
+                                  min_reps=bench.min_reps, max_reps=bench.max_reps, flush_cache=bench.flush_cache,
+                                  nice=getattr(bench, "nice", None))
     finally:
         if installed is not None:
             installed.remove()

@@ -71,6 +71,9 @@ class BenchConfig:
     max_reps: int = 1000
     #: CPU: write a buffer larger than the last-level cache between repetitions
     flush_cache: bool = True
+    #: CPU: niceness of the timed runs (-20 highest; null: normal priority); needs CAP_SYS_NICE or
+    #: root, else the runs keep the normal priority (zhantune.bench.timing.raised_priority)
+    nice: int | None = -10
     #: CUDA: time through a CUDA graph so Python launch overhead is excluded
     cuda_graph: bool = True
     #: compile and time in a worker subprocess (a crash or hang kills the worker, not the study)
@@ -93,7 +96,7 @@ class BenchConfig:
 BENCH_RANGES: dict[str, tuple[float | None, float | None]] = {
     "warmup_ms": (0.0, 600_000.0), "target_ms": (0.001, 600_000.0), "min_reps": (1, None),
     "max_reps": (1, None), "compile_timeout_s": (0.001, None), "run_timeout_s": (0.001, None),
-    "compile_workers": (0, 64), "remeasure_rounds": (0, 1000),
+    "compile_workers": (0, 64), "remeasure_rounds": (0, 1000), "nice": (-20, 19),
 }
 
 

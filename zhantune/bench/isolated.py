@@ -96,6 +96,13 @@ def _worker_main(conn: Any, spec: WorkerSpec) -> None:
     quiet_known_warnings()
     _thread_lock_for_tqdm()
     bench = _build(spec)
+    nice = getattr(getattr(bench, "cfg", None), "nice", None)
+    if nice is not None and not spec.args.get("own_group"):
+        # the timing worker gets the cores first while it times (compile workers stay as they are;
+        # docs/timing.md: the per-trial minimum's CV under four busy loops, 62-72% -> under 1%)
+        from zhantune.bench.timing import renice_threads
+
+        renice_threads(nice)
     conn.send(("ready", None))
     if hasattr(bench, "on_compiled"):
         def compiled() -> None:  # the parent answers "go" once it is ready for the timed runs

@@ -5,6 +5,15 @@ run; derive the repetitions from ``target_ms`` within [min_reps, max_reps]; befo
 write a buffer larger than the last-level cache (``flush_cache``); time each run on its own with
 ``time.perf_counter_ns``; reduce to median, min, max and the 20th/80th percentiles.
 
+On a shared machine the timed runs get the cores first: the timing worker (zhantune.bench.isolated)
+runs at niceness ``bench.nice`` (default -10) for its whole life (:func:`renice_threads`), and an
+in-process timing raises every thread of the process for warmup and timed runs only
+(:func:`raised_priority`; Linux sets niceness per thread, new threads inherit it). Under a
+self-made load of four busy loops on two cores this took the CV of the per-trial minimum from 62-72%
+to under 1% (docs/timing.md). Without the privilege
+(CAP_SYS_NICE or RLIMIT_NICE; root has it) the runs are timed at the normal priority and the
+method says so (no ``:nice`` suffix).
+
 CUDA: Triton's own ``triton.testing.do_bench_cudagraph`` (kernel time without Python launch
 overhead) or ``do_bench`` (L2 flush, per-run CUDA events), asking for every run's time
 (``return_mode="all"``) so that both devices reduce the same way.
@@ -16,15 +25,21 @@ interquartile range (75th - 25th percentile) and the coefficient of variation (s
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["Timing", "summarize_us", "time_cpu", "time_cuda", "is_tie"]
+__all__ = ["Timing", "summarize_us", "time_cpu", "time_cuda", "is_tie", "raised_priority", "renice_threads",
+           "DEFAULT_NICE"]
+
+#: the niceness of the timed runs (lower runs first; -20 is the highest, 0 the normal priority)
+DEFAULT_NICE = -10
 
 #: fallback size of the flush buffer where sysfs does not give the cache sizes
 _DEFAULT_FLUSH_BYTES = 64 * 1024 * 1024
@@ -98,6 +113,61 @@ def is_tie(a: Any, b: Any) -> bool:
     return a.p20_us <= b.p80_us and b.p20_us <= a.p80_us
 
 
+def _thread_ids() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # not Linux: the process as a whole
+        return [0]
+
+
+def renice_threads(nice: int) -> bool:
+    """Every thread of this process at niceness ``nice`` from now on (threads started later inherit
+    it from their creator); False when not permitted (nothing changed then)."""
+    saved = _renice(nice)
+    return saved is not None
+
+
+def _renice(nice: int) -> list[tuple[int, int]] | None:
+    """Set every thread above ``nice`` to it; the (thread, old niceness) pairs changed, or None when
+    not permitted (those changed so far are restored)."""
+    saved: list[tuple[int, int]] = []
+    for tid in _thread_ids():
+        try:
+            before = os.getpriority(os.PRIO_PROCESS, tid)
+            if before <= nice:
+                continue
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+            saved.append((tid, before))
+        except ProcessLookupError:  # the thread ended meanwhile
+            continue
+        except PermissionError:
+            _restore(saved)
+            return None
+    return saved
+
+
+def _restore(saved: list[tuple[int, int]]) -> None:
+    for tid, before in saved:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, before)
+
+
+@contextlib.contextmanager
+def raised_priority(nice: int | None) -> Iterator[bool]:
+    """Every thread of this process at niceness ``nice`` for the block (threads started inside
+    inherit it), each thread's own value restored afterwards; yields whether it took effect.
+    ``None`` or a value not below the current one changes nothing (yields False), and so does a
+    missing privilege (EPERM: only CAP_SYS_NICE or RLIMIT_NICE may lower niceness)."""
+    if nice is None:
+        yield False
+        return
+    saved = _renice(nice)
+    try:
+        yield bool(saved)
+    finally:
+        _restore(saved or [])
+
+
 def _last_level_cache_bytes() -> int | None:
     """Largest CPU cache of cpu0 from sysfs ("32768K"), or None where unreadable."""
     import glob
@@ -133,8 +203,20 @@ _flusher: _CacheFlusher | None = None
 
 
 def time_cpu(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: float = 100.0,
-             min_reps: int = 5, max_reps: int = 1000, flush_cache: bool = True) -> Timing:
-    """Time ``fn`` on the CPU; returns microseconds (median of n runs, each timed alone)."""
+             min_reps: int = 5, max_reps: int = 1000, flush_cache: bool = True,
+             nice: int | None = DEFAULT_NICE) -> Timing:
+    """Time ``fn`` on the CPU; returns microseconds over n runs, each timed alone (median, minimum,
+    ...). Warmup and timed runs at niceness ``nice`` where permitted (:func:`raised_priority`;
+    None: the normal priority); the method ends in ``:nice<N>`` when it took effect."""
+    with raised_priority(nice) as raised:
+        timing = _time_cpu(fn, warmup_ms, target_ms, min_reps, max_reps, flush_cache)
+    if nice is not None and (raised or os.getpriority(os.PRIO_PROCESS, 0) <= nice):
+        timing = Timing(**{**timing.as_dict(), "method": f"{timing.method}:nice{nice}"})
+    return timing
+
+
+def _time_cpu(fn: Callable[[], object], warmup_ms: float, target_ms: float, min_reps: int, max_reps: int,
+              flush_cache: bool) -> Timing:
     global _flusher
     flush = None
     if flush_cache:

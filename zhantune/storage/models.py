@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-__all__ = ["Base", "Claim", "Device", "Environment", "Problem", "Study", "Measurement"]
+__all__ = ["Base", "Claim", "Device", "Environment", "Problem", "Study", "Measurement", "Verdict"]
 
 
 def _now() -> dt.datetime:
@@ -91,6 +91,31 @@ class Claim(Base):
     study_id: Mapped[int] = mapped_column(ForeignKey("zt_study.id"))
     config_hash: Mapped[str] = mapped_column(String(64))
     trial_number: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class Verdict(Base):
+    """A speedup claim of one config over Inductor's default on one (device, problem), settled by
+    paired, interleaved rounds (zhantune.bench.decision.judge_speedup). ``ratio`` is the default's
+    decision statistic over the config's (both: the minimum over the rounds' minimums, microseconds);
+    ``ratio_low``/``ratio_high`` the spread of the per-round ratios; ``contended`` how many of the
+    paired measurements ran under contention. The exporter ships a tuned entry only where the latest
+    verdict for the winning config is ``confirmed``."""
+
+    __tablename__ = "zt_verdict"
+    __table_args__ = (Index("ix_zt_verdict_device_problem", "device_id", "problem_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("zt_study.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("zt_device.id"))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("zt_problem.id"))
+    config_hash: Mapped[str | None] = mapped_column(String(64))
+    ratio: Mapped[float | None] = mapped_column(Float)
+    ratio_low: Mapped[float | None] = mapped_column(Float)
+    ratio_high: Mapped[float | None] = mapped_column(Float)
+    rounds: Mapped[int] = mapped_column(Integer)
+    contended: Mapped[int] = mapped_column(Integer)
+    confirmed: Mapped[bool] = mapped_column()
+    reason: Mapped[str] = mapped_column(String(500))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
