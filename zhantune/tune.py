@@ -12,7 +12,6 @@ import importlib.metadata
 import math
 import os
 import shutil
-import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ from zhantune.search.space import Branch, Candidate, Space, load_space
 from zhantune.search.study import open_study
 from zhantune.storage import Store, check_url
 from zhantune.storage import models as orm
-from zhantune.storage.store import median_row
+from zhantune.storage.store import decision_us
 
 __all__ = ["RunSpec", "TuneResult", "Recorder", "resolve_run", "tune", "software_versions", "CONF_DIR"]
 
@@ -283,6 +282,8 @@ class TuneResult:
     contended: int = 0
     #: set when the winner and the default were re-measured interleaved (settle_speedup)
     speedup_text: str | None = None
+    #: the settled speedup claim over the default (zhantune.bench.decision.SpeedupVerdict); None: not settled
+    claim: Any = None
     #: the winner is the ``aten`` config, the very kernel Inductor's default compile runs: a
     #: difference between the two is noise, never a speedup (the summary says so)
     same_kernel_as_default: bool = False
@@ -403,8 +404,8 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
             raise
         result.measured += 1
         result.statuses[meas.status] += 1
-        if meas.ok and (result.best is None or row.median_us < result.best.median_us):
-            result.best = row
+        if meas.ok and (result.best is None or (decision_us(row), row.id) < (decision_us(result.best), result.best.id)):
+            result.best = row  # as Store.ranked_candidates ranks (one rule for every "best")
         if progress is not None:
             progress.update(result, cand, meas)
         return row.median_us if meas.ok else None
@@ -421,9 +422,10 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
         if progress is not None:
             progress.stop()
     result.infeasible, result.interrupted = stats.infeasible, stats.interrupted
-    if not result.interrupted and run.replay is None and cfg.bench.remeasure_rounds > 0:
-        try:
-            settle_close_call(run, store, bench, rec, problem_id, result)
+    if not result.interrupted and run.replay is None:
+        try:  # the close call first: the speedup is then settled for the config the ranking names
+            if cfg.bench.remeasure_rounds > 0:
+                settle_close_call(run, store, bench, rec, problem_id, result)
             settle_speedup(run, store, bench, bench.measure_default, rec, problem_id, result)
         except KeyboardInterrupt:  # Ctrl-C / SIGTERM while re-measuring: the study itself is complete
             result.interrupted = True
@@ -444,7 +446,8 @@ def settle_close_call(run: RunSpec, store: Store, bench: Any, rec: Recorder, pro
     """If the two fastest configs of this (device, problem) are within each other's noise
     (:func:`zhantune.bench.timing.is_tie`), measure both ``bench.remeasure_rounds`` more times,
     interleaved, and store those rows (kind ``remeasure``); the ranking then uses each config's
-    median row. Sets ``result.verdict`` to "clear" or "tie" with a sentence for the summary."""
+    lowest decision statistic (Store.ranked_candidates). Sets ``result.verdict`` to "clear" or "tie"
+    with a sentence for the summary that names the configs in the ranking's order."""
     from zhantune.bench.timing import is_tie
 
     ranked = next((rows for dev, prob, rows in store.ranked_candidates(run.device.key, top_k=2)
@@ -454,7 +457,7 @@ def settle_close_call(run: RunSpec, store: Store, bench: Any, rec: Recorder, pro
     a, b = ranked
     if not is_tie(a, b):
         result.verdict = "clear"
-        result.verdict_text = (f"clear winner: the runner-up is {b.median_us / a.median_us:.2f}x slower, "
+        result.verdict_text = (f"clear winner: the runner-up is {decision_us(b) / decision_us(a):.2f}x slower, "
                                "outside the noise (20th-80th percentiles do not overlap)")
         return
     cands = []
@@ -472,33 +475,32 @@ def settle_close_call(run: RunSpec, store: Store, bench: Any, rec: Recorder, pro
                 meas = bench.measure(cand)
                 last[cand.config_hash] = rec.add(meas, "remeasure", cand)
                 if meas.ok:
-                    fresh[cand.config_hash].append(meas.timing.median_us)
+                    fresh[cand.config_hash].append(decision_us(last[cand.config_hash]))
     ra, rb = (last.get(c.config_hash) for c in cands)
     ma, mb = (sorted(fresh[c.config_hash]) for c in cands)
     if not ma or not mb or ra is None or rb is None:
         result.verdict, result.verdict_text = "tie", "close call: a re-measurement failed"
         return
-    med_a, med_b = statistics.median(ma), statistics.median(mb)
-    tied = is_tie(ra, rb) and ma[0] <= mb[-1] and mb[0] <= ma[-1]
+    # the two configs in the order the ranking now gives (one rule for every "best")
+    first, second = (0, 1) if min(decision_us(a), ma[0]) <= min(decision_us(b), mb[0]) else (1, 0)
+    best_us = [min(decision_us(a), ma[0]), min(decision_us(b), mb[0])]
+    tied = ma[0] <= mb[-1] and mb[0] <= ma[-1]  # the rounds' minimums overlap
     result.verdict = "tie" if tied else "clear"
-    lead = "first" if med_a <= med_b else "second"
-    result.verdict_text = (f"close call re-measured {run.cfg.bench.remeasure_rounds}x interleaved: "
-                           f"{cands[0].describe()} {med_a:,.1f} us vs {cands[1].describe()} {med_b:,.1f} us "
-                           f"(the {lead} is faster); "
+    result.verdict_text = (f"close call re-measured {run.cfg.bench.remeasure_rounds}x interleaved (minimum of "
+                           f"individually timed runs): {cands[first].describe()} {best_us[first]:,.1f} us is "
+                           f"faster than {cands[second].describe()} {best_us[second]:,.1f} us; "
                            + ("still within the noise: a tie, either is fine" if tied else "now a clear winner"))
 
 
 def settle_speedup(run: RunSpec, store: Store, bench: Any, measure_default: Callable[[], Measurement],
                    rec: Recorder, problem_id: int, result: TuneResult) -> None:
-    """Before a speedup over Inductor's default is claimed (summary) or checked (export's
-    min_speedup): if the winner and the default are within each other's noise
-    (:func:`zhantune.bench.timing.is_tie`), measure the default (``measure_default()``) and the winner
-    ``bench.remeasure_rounds`` more times, interleaved (default first). The default's rows are
-    stored as kind ``default``, the winner's as ``remeasure``; both sides are then represented by
-    their median row (Store.default_times_us, Store.ranked_candidates), so one noisy default
-    measurement neither ships a slower config nor hides a faster one. Sets ``result.default`` to the
-    default's median row and ``result.speedup_text``."""
-    from zhantune.bench.timing import is_tie
+    """Settle the speedup claim of the winner over Inductor's default (always, not only when their
+    times overlap): ``bench.remeasure_rounds`` interleaved rounds of the default and the winner, their
+    order alternating; rows are stored as kinds ``default`` and ``remeasure``. The claim is judged by
+    zhantune.bench.decision.judge_speedup and stored as a Verdict, which the exporter follows:
+    an unconfirmed claim ships Inductor's default. Sets ``result.claim``, ``result.default``
+    (its row with the lowest decision statistic) and ``result.speedup_text``."""
+    from zhantune.bench.decision import Round, SpeedupVerdict, judge_speedup
 
     default = result.default
     ranked = next((rows for dev, prob, rows in store.ranked_candidates(run.device.key, top_k=1)
@@ -506,30 +508,49 @@ def settle_speedup(run: RunSpec, store: Store, bench: Any, measure_default: Call
     if default is None or default.status != "ok" or not ranked:
         return
     (best,) = ranked
-    if not is_tie(best, default) or _is_default_kernel(best):
-        return
     branch = next((br for br in run.space.branches if br.name == best.branch), None)
-    if branch is None:  # the winner was measured by another space (a cached row)
-        return
-    cand = Candidate(best.branch, branch.scope, best.template_id, dict(best.params))
-    defaults, fresh = [default], []
-    with interrupt.interruptible():
-        for _ in range(run.cfg.bench.remeasure_rounds):
-            meas = measure_default()
-            row = rec.add(meas, "default")
-            if meas.ok:
-                defaults.append(row)
-            meas = bench.measure(cand)
-            rec.add(meas, "remeasure", cand)
-            if meas.ok:
-                fresh.append(meas.timing.median_us)
-    result.default = median_row(defaults, key=lambda r: (r.median_us, r.id or 0))
-    if fresh:
-        winner_us = statistics.median([best.median_us, *fresh])
-        result.speedup_text = (
-            f"speedup vs default re-measured {run.cfg.bench.remeasure_rounds}x interleaved (they were within "
-            f"the noise): default {result.default.median_us:,.1f} us (median of {len(defaults)}), "
-            f"{cand.describe()} {winner_us:,.1f} us")
+    if _is_default_kernel(best):
+        verdict = SpeedupVerdict(None, None, None, 0, 0, False,
+                                 "the winner is the kernel Inductor's default compile runs: no speedup to claim")
+    elif run.cfg.bench.remeasure_rounds == 0:
+        verdict = SpeedupVerdict(None, None, None, 0, 0, False,
+                                 "not settled (bench.remeasure_rounds=0): no paired rounds, no claim")
+    elif branch is None:  # the winner was measured by another space (a cached row)
+        verdict = SpeedupVerdict(None, None, None, 0, 0, False,
+                                 "the winner was measured by another study's space: not re-measured, no claim")
+    else:
+        cand = Candidate(best.branch, branch.scope, best.template_id, dict(best.params))
+        rounds, defaults = [], [default]
+        with interrupt.interruptible():
+            for i in range(run.cfg.bench.remeasure_rounds):
+                got: dict[str, Any] = {}
+                order = ("default", "winner") if i % 2 == 0 else ("winner", "default")
+                for side in order:
+                    meas = measure_default() if side == "default" else bench.measure(cand)
+                    row = rec.add(meas, "default" if side == "default" else "remeasure",
+                                  cand if side == "winner" else None)
+                    got[side] = row
+                    if side == "default" and meas.ok:
+                        defaults.append(row)
+                rounds.append(Round(*(decision_us(got[s]) if got.get(s) is not None and got[s].status == "ok"
+                                      else None for s in ("default", "winner")),
+                                    contended=sum(1 for r in got.values() if _contended_unshielded(r))))
+        verdict = judge_speedup(rounds)
+        result.default = min(defaults, key=lambda r: (decision_us(r), r.id or 0))
+        result.speedup_text = (f"speedup vs default, {len(rounds)} paired interleaved round(s) (minimum of "
+                               f"individually timed runs): {verdict.claim_text()}"
+                               + ("" if verdict.confirmed or verdict.ratio is None else f"; {verdict.reason}"))
+    store.add_verdict(study_id=result.study_id, device_id=rec.device_id, problem_id=problem_id,
+                      config_hash=best.config_hash, ratio=verdict.ratio, ratio_low=verdict.ratio_low,
+                      ratio_high=verdict.ratio_high, rounds=verdict.rounds, contended=verdict.contended,
+                      confirmed=verdict.confirmed, reason=verdict.reason)
+    result.claim = verdict
+
+
+def _contended_unshielded(row: orm.Measurement) -> bool:
+    """A timed row taken under contention at the normal priority (a ``:nice`` timing method ran at
+    raised priority, which shields it from other work: zhantune.bench.timing)."""
+    return bool(row.contended) and ":nice" not in (row.timing_method or "")
 
 
 #: the template uids of the ATen kernels Inductor's default compile (no max-autotune) runs for a

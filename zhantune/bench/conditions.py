@@ -4,8 +4,11 @@ CPU: core count, threads torch uses, the frequency governor of cpu0 where sysfs 
 1-minute load average. GPU (NVML through nvidia-ml-py, when installed): SM and memory clocks,
 temperature, utilisation, and the processes on the device other than this one.
 
-A measurement is *contended* when the load average is above the core count (other work competes for
-the cores) or when other processes use the GPU; the tune summary warns about contended rows.
+A measurement is *contended* when the load average is above the core count, when as many other
+tasks as there are cores are runnable right now (``procs_running`` of /proc/stat, this reader
+excluded), or when other processes use the GPU; the tune summary warns about contended rows, and a
+speedup claim needs paired rounds that were not contended at the normal priority
+(zhantune.bench.decision).
 """
 
 from __future__ import annotations
@@ -46,8 +49,20 @@ def _gpu(index: int) -> dict[str, Any] | None:  # pragma: no cover - needs a GPU
         return None
 
 
+def others_running() -> int | None:
+    """Runnable tasks on the machine right now besides the caller (/proc/stat ``procs_running``)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("procs_running "):
+                    return max(0, int(line.split()[1]) - 1)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def conditions(device_kind: str = "cpu", index: int | None = None) -> dict[str, Any]:
-    """A snapshot: {"cores", "threads", "governor", "load_avg_1m"[, "gpu": {...}]}."""
+    """A snapshot: {"cores", "threads", "governor", "load_avg_1m", "others_running"[, "gpu": {...}]}."""
     import torch
 
     cores = os.cpu_count() or 1
@@ -56,16 +71,20 @@ def conditions(device_kind: str = "cpu", index: int | None = None) -> dict[str, 
     except OSError:  # pragma: no cover - not on Linux
         load = None
     out: dict[str, Any] = {"cores": cores, "threads": torch.get_num_threads(), "governor": _governor(),
-                           "load_avg_1m": load}
+                           "load_avg_1m": load, "others_running": others_running()}
     if device_kind == "cuda":  # pragma: no cover - needs a GPU
         out["gpu"] = _gpu(index or 0)
     return out
 
 
 def is_contended(c: dict[str, Any]) -> bool:
-    """Load average above the core count, or other processes on the GPU."""
+    """Load average above the core count, as many other runnable tasks as cores, or other processes
+    on the GPU."""
     load = c.get("load_avg_1m")
     if load is not None and load > c.get("cores", 1):
+        return True
+    running = c.get("others_running")
+    if running is not None and running >= c.get("cores", 1):
         return True
     gpu = c.get("gpu") or {}
     return bool(gpu.get("other_processes"))

@@ -109,16 +109,20 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
     ``top_k`` entries per key, fastest first (1: Inductor compiles that one, no autotuning; more:
     Inductor autotunes among them). Each entry goes under the key of the lookup it hit
     (:func:`table_key`); where none is under the problem's own key, that key maps to ``[]``.
-    ``min_speedup``: where the best candidate is not at least this
-    many times faster than Inductor's default compile (the stored ``default`` baseline; 1.0: not
-    slower), the key gets Inductor's default choice (:func:`default_entry`) instead; None: no check. ``torch_version`` keeps only rows
+    ``min_speedup``: where the best candidate is not at least this many times faster than
+    Inductor's default compile, the key gets Inductor's default choice (:func:`default_entry`)
+    instead; None: no check. Where the tune settled the winner's claim (a Verdict: paired,
+    interleaved rounds, zhantune.bench.decision) the claim must be confirmed with a ratio of at
+    least ``min_speedup``; elsewhere the stored decision statistics (minimum of the runs) decide. ``torch_version`` keeps only rows
     measured with that torch. ``device_agnostic`` keys entries without the device; where several
     devices share a problem the fastest device's winners are kept (cross-device choices are the
     compare command's job).
     """
     from zhantune.inductor.heuristics import with_derived_kwargs
+    from zhantune.storage.store import decision_us
 
     defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
+    verdicts = store.latest_verdicts() if min_speedup is not None and hasattr(store, "latest_verdicts") else {}
     # every distinct config, so that rows a table may not carry (e.g. a tf32 backend flag; see
     # zhantune.inductor.knobs) make way for the next ones
     ranked = [(d, p, [r for r in rows if entry_problem(entry_for(r.template_id, r.params, r.template_hash),
@@ -131,8 +135,14 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
         if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
             continue
         default_us = defaults.get((device.id, problem.id))
-        if not rows or (min_speedup is not None and default_us is not None
-                        and rows[0].median_us * min_speedup > default_us):
+        verdict = verdicts.get((device.id, problem.id))
+        if verdict is not None and rows and verdict.config_hash == rows[0].config_hash:
+            # the tune settled this winner's claim in paired rounds: ship it only when confirmed
+            keep = verdict.confirmed and verdict.ratio is not None and verdict.ratio >= min_speedup
+        else:  # no settled claim (imported data, bench.remeasure_rounds=0): the stored statistics
+            keep = bool(rows) and (default_us is None or decision_us(rows[0]) * min_speedup <= default_us) \
+                if min_speedup is not None else bool(rows)
+        if not keep:
             placed = [(table_key(device.key, problem.lookup_key, None, device_agnostic), default_entry(problem.lookup_op))]
         else:  # each entry under the key its own lookup makes (addmm: templates and ATen differ)
             placed = [(table_key(device.key, problem.lookup_key, r, device_agnostic),

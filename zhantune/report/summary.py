@@ -34,7 +34,9 @@ class TuneProgress:
     def update(self, result: Any, candidate: Any, meas: Any) -> None:
         assert self._progress is not None
         counts = " ".join(f"{k}={v}" for k, v in sorted(result.statuses.items()))
-        best = result.best.median_us if result.best is not None else None
+        from zhantune.storage.store import decision_us
+
+        best = decision_us(result.best) if result.best is not None else None  # the ranking's statistic
         self._progress.update(self._task, completed=result.measured,
                               description=f"best {_us(best)} us | {counts} | cached={result.cached} "
                                           f"infeasible={result.infeasible}")
@@ -48,38 +50,58 @@ class TuneProgress:
 
 
 def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
-    """Baselines vs best (us, TFLOP/s, speedup), the best config, the database and table paths."""
+    """Baselines vs best (us, TFLOP/s, speedup), the best config, the database and table paths.
+
+    Every "best" is the one ranking (zhantune.storage.store: the minimum of individually timed runs,
+    shown as "min us" beside the median); the speedup claim is the settled, paired one
+    (``result.claim``, zhantune.bench.decision): the winner line says "R.RRx faster than inductor
+    default" only for a confirmed claim, else "no candidate beat it" with the reason."""
+    from zhantune.storage.store import decision_us
+
     p = run.problem
     t = Table(title=f"{p.key} on {run.device.name} ({run.device.kind})")
     t.add_column("what")
     t.add_column("status")
     t.add_column("median us", justify="right")
+    t.add_column("min us", justify="right")
     t.add_column("TFLOP/s", justify="right")
     t.add_column("speedup vs default", justify="right")
-    default_us = result.default.median_us if result.default is not None and result.default.status == "ok" else None
+    ok_default = result.default is not None and result.default.status == "ok"
+    default_us = decision_us(result.default) if ok_default else None
     rows = [(label, r) for label, r in (("eager", result.eager), ("inductor default", result.default)) if r is not None]
     if result.best is not None:
         rows.append((f"best candidate: {result.best.branch}", result.best))
     same_kernel = getattr(result, "same_kernel_as_default", False)
+    claim = getattr(result, "claim", None)
     for label, r in rows:
-        speed = f"{default_us / r.median_us:.2f}x" if default_us and r.median_us else "-"
-        if r is result.best and same_kernel and speed != "-":
-            speed += " (noise)"  # the default compile runs this very kernel
+        mine = decision_us(r) if r.status == "ok" else None
+        speed = f"{default_us / mine:.2f}x" if default_us and mine else "-"
+        if r is result.best and speed != "-":
+            if same_kernel:
+                speed += " (noise)"  # the default compile runs this very kernel
+            elif claim is not None and claim.ratio is not None:
+                speed = f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")
+            elif claim is None or not claim.confirmed:
+                speed += " (unconfirmed)"
         tflops = f"{r.tflops:.3f}" if r.tflops is not None else "-"
-        t.add_row(label, r.status, _us(r.median_us), tflops, speed)
+        t.add_row(label, r.status, _us(r.median_us), _us(mine), tflops, speed)
     console.print(t)
     if result.best is not None:
         params = ", ".join(f"{k}={v}" for k, v in sorted(result.best.params.items()))
         console.print(f"best config: {result.best.template_id or result.best.branch} {{{params}}}")
+        best_us = decision_us(result.best)
         if default_us and same_kernel:
             console.print(f"winner: {result.best.branch}, the kernel Inductor's default compile runs too: "
-                          f"its {default_us / result.best.median_us:.2f}x here is measurement noise, not a speedup")
-        elif default_us and result.best.median_us >= default_us:
-            console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it "
-                          f"(best candidate {default_us / result.best.median_us:.2f}x)")
+                          f"its {default_us / best_us:.2f}x here is measurement noise, not a speedup")
+        elif default_us and claim is not None and claim.confirmed:
+            console.print(f"winner: {result.best.branch}, {claim.ratio:.2f}x faster than inductor default")
         elif default_us:
-            console.print(f"winner: {result.best.branch}, {default_us / result.best.median_us:.2f}x "
-                          "faster than inductor default")
+            why = (claim.reason if claim is not None and claim.ratio is not None and claim.ratio > 1
+                   else None if claim is not None else "not settled in paired rounds")
+            console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it"
+                          + (f" (best candidate {default_us / best_us:.2f}x)" if why is None else
+                             f" in a confirmed paired comparison: {result.best.branch} {why}; "
+                             "the table ships Inductor's default"))
     else:
         console.print("[yellow]no candidate measured ok[/yellow]")
     if getattr(result, "speedup_text", None):
@@ -89,8 +111,9 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
                       + ("[/yellow]" if result.verdict == "tie" else ""))
     if getattr(result, "contended", 0):
         console.print(f"[yellow]warning: {result.contended} measurement(s) taken under contention (load average "
-                      "above the core count, or other GPU processes): their times may be inflated; "
-                      "re-run on a quiet machine[/yellow]")
+                      "above the core count, other runnable tasks, or other GPU processes); runs timed at "
+                      "raised priority (bench.nice) are shielded from it, and a speedup is claimed only from "
+                      "paired rounds that were[/yellow]")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"
     console.print(f"trials: {result.measured} measured ({counts}), {result.cached} cached, "
                   f"{result.infeasible} infeasible" + (" [interrupted]" if result.interrupted else ""))

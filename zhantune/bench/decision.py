@@ -1,0 +1,78 @@
+"""Decisions under one-sided noise: is a tuned config really faster than Inductor's default?
+
+Timing noise on a shared machine only adds time (a descheduled thread costs a scheduler slice;
+another process's kernel shares the GPU), so every decision uses the minimum of individually timed
+runs (zhantune.storage.store.decision_us), and a speedup is claimed only from paired, interleaved
+rounds of the two kernels (:func:`judge_speedup`): never from two measurements taken minutes apart.
+
+A claim is **confirmed** when every round measured both sides, the tuned config was faster in every
+round (no flip), and no paired measurement was taken under contention at the normal priority (a
+timed run at raised priority, zhantune.bench.timing, is shielded from other work). Otherwise it is
+unconfirmed, and the exporter ships Inductor's default for that key. (Eager is no plausibility
+bound: at 64x64x64 on CPU the default compile's per-call overhead makes it 3.9x eager's time,
+measured, and that is real.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Round", "SpeedupVerdict", "judge_speedup"]
+
+
+@dataclass(frozen=True)
+class Round:
+    """One interleaved round, microseconds (each side's minimum run; None when it failed).
+    ``contended``: how many of this round's measurements were taken contended at normal priority."""
+
+    default_us: float | None
+    winner_us: float | None
+    contended: int = 0
+
+
+@dataclass(frozen=True)
+class SpeedupVerdict:
+    """The settled claim: ``ratio`` = default / winner (minimum over rounds of each side), with the
+    per-round ratios' range; ``confirmed`` only for a speedup (> 1) that held in every round."""
+
+    ratio: float | None
+    ratio_low: float | None
+    ratio_high: float | None
+    rounds: int
+    contended: int
+    confirmed: bool
+    reason: str
+
+    def claim_text(self) -> str:
+        """"1.23x (rounds 1.18-1.27x, n=3)" or the reason there is no claim."""
+        if self.ratio is None:
+            return self.reason
+        return f"{self.ratio:.2f}x (rounds {self.ratio_low:.2f}-{self.ratio_high:.2f}x, n={self.rounds})"
+
+
+def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
+    """Settle a speedup claim from paired, interleaved rounds (module docstring for the rules)."""
+    n = len(rounds)
+    contended = sum(r.contended for r in rounds)
+    ok = [r for r in rounds if r.default_us and r.winner_us]
+    if not ok:
+        return SpeedupVerdict(None, None, None, n, contended, False, "no round measured both sides")
+    per_round = [r.default_us / r.winner_us for r in ok]
+    default_us = min(r.default_us for r in ok)
+    winner_us = min(r.winner_us for r in ok)
+    ratio = default_us / winner_us
+    low, high = min(per_round), max(per_round)
+
+    def verdict(confirmed: bool, reason: str) -> SpeedupVerdict:
+        return SpeedupVerdict(ratio, low, high, n, contended, confirmed, reason)
+
+    if ratio <= 1.0:
+        return verdict(False, f"not faster than the default ({ratio:.2f}x)")
+    if len(ok) < n:
+        return verdict(False, f"unconfirmed: {n - len(ok)} of {n} rounds failed to measure both sides")
+    if low <= 1.0:
+        return verdict(False, f"unconfirmed: the default was as fast or faster in a round (rounds {low:.2f}-{high:.2f}x)")
+    if contended:
+        return verdict(False, f"unconfirmed: {contended} paired measurement(s) taken under contention "
+                              "at the normal priority")
+    return verdict(True, "confirmed in every round")
