@@ -284,7 +284,8 @@ KNOB_ROWS = [  # (device kind, key, value, allowed)
     ("cpu", "cpp.gemm_max_k_slices", 2.0, False),
     ("cpu", "cpp.march", "native", False),
     ("cpu", "cpp.cxx", ["/bin/sh"], False),
-    ("cpu", "epilogue_fusion", True, False),
+    ("cpu", "epilogue_fusion", True, True),
+    ("cpu", "max_fusion_size", "8", False),
     ("cuda", "epilogue_fusion", True, True),
     ("cuda", "max_fusion_unique_io_buffers", None, True),
     ("cuda", "max_fusion_size", 0, False),
@@ -384,3 +385,30 @@ def test_table_report_has_no_coverage_without_lookups(tmp_path):
         report = installed.report
         assert report.lookups == 0 and report.coverage is None
         assert report.as_dict()["note"] == "no GEMM lookup seen: served from Inductor's cache or not compiled yet"
+
+
+def test_every_shipped_space_sets_only_allow_listed_knobs():
+    """What a tune stores is what a table may ship: every config branch of every op's default spaces
+    (conf/op/*.yaml, per device kind) passes the allow-list with every value it can take."""
+    from omegaconf import OmegaConf
+
+    from zhantune.config import CONF_DIR
+    from zhantune.inductor.knobs import config_knob_problem
+
+    checked = 0
+    for op_file in sorted((CONF_DIR / "op").glob("*.yaml")):
+        spaces = OmegaConf.to_container(OmegaConf.load(op_file)).get("spaces") or {}
+        for kind, names in spaces.items():
+            for name in names:
+                doc = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "space" / f"{name}.yaml"))
+                for bname, branch in doc["branches"].items():
+                    if branch["scope"] != "config":
+                        continue
+                    values = {k: [v] for k, v in (branch.get("fixed") or {}).items()}
+                    for pname, spec in (branch.get("params") or {}).items():
+                        values[spec.get("key", pname)] = spec.get("choices") or list(range(spec["low"], spec["high"] + 1))
+                    for key, choices in values.items():
+                        for v in choices:
+                            assert config_knob_problem(key, v, kind) is None, (op_file.name, kind, name, key, v)
+                            checked += 1
+    assert checked > 20

@@ -9,8 +9,8 @@ with one line naming where it came from and what is allowed.
 - **Config patches** (``zhantune::config`` entries, ``scope: config`` space branches), per device
   kind: on CPU the C++ GEMM template's knobs (``max_autotune_gemm_backends`` from ATEN/CPP,
   ``cpp.gemm_max_k_slices``, ``cpp.gemm_thread_factors``, ``cpp.gemm_cache_blocking``); on CUDA the
-  backend list (ATEN/TRITON) and the fusion limits the shipped ``fusion`` space tunes. Key names
-  and meanings from torch/_inductor/config.py.
+  backend list (ATEN/TRITON); on both, the fusion limits the shipped ``fusion`` space tunes. Key
+  names and meanings from torch/_inductor/config.py.
 - **Template kwargs** (lookup-table entries for ``triton::*`` / ``decompose_k`` / ``aten::*``): the
   ints, bools and accumulator types Inductor's own entries carry (kwargs built in
   torch/_inductor/template_heuristics/triton.py and decompose_k.py).
@@ -71,6 +71,14 @@ def _triple(v: Any) -> str | None:
     return 'null or a string "a,b,c" of three positive integers'
 
 
+#: Inductor's fusion limits, tuned by the shipped ``fusion`` space on both device kinds
+_FUSION_KNOBS: dict[str, Check] = {
+    "epilogue_fusion": _bool,
+    "max_fusion_size": _int(1, 4096),
+    "max_fusion_unique_io_buffers": _int(1, 4096, none_ok=True),
+    "max_epilogue_benchmarked_choices": _int(1, 64),
+}
+
 #: device kind -> Inductor config key -> value check
 CONFIG_KNOBS: dict[str, dict[str, Check]] = {
     "cpu": {
@@ -78,13 +86,11 @@ CONFIG_KNOBS: dict[str, dict[str, Check]] = {
         "cpp.gemm_max_k_slices": _int(0, 4096),
         "cpp.gemm_thread_factors": _triple,
         "cpp.gemm_cache_blocking": _triple,
+        **_FUSION_KNOBS,
     },
     "cuda": {
         "max_autotune_gemm_backends": _backends(("ATEN", "TRITON")),
-        "epilogue_fusion": _bool,
-        "max_fusion_size": _int(1, 4096),
-        "max_fusion_unique_io_buffers": _int(1, 4096, none_ok=True),
-        "max_epilogue_benchmarked_choices": _int(1, 64),
+        **_FUSION_KNOBS,
     },
 }
 
