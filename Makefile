@@ -1,7 +1,8 @@
 # make demo: set up and tune mm 512x512x512 fp32 on this CPU (16 measured trials)
 # make test: set up (Python packages; Debian's chromium and postgresql-15 for the tests) and run the whole
 #            test suite (the slow end-to-end tests included), two tests at a time (pytest-xdist; most
-#            tests wait on single-threaded compiles or subprocesses)
+#            tests wait on single-threaded compiles or subprocesses), then the tests marked `load`
+#            (they start busy loops) alone
 .PHONY: setup system-deps demo test lint
 
 setup:
@@ -14,8 +15,10 @@ system-deps:
 demo: setup
 	.venv/bin/python -m zhantune +op=mm shape=[512,512,512] dtype=float32 device=cpu search.n_trials=16
 
+# the tests that make their own load run alone afterwards: their busy loops would slow the others
 test: setup system-deps
-	.venv/bin/python -m pytest -v -n 2 --durations=15
+	.venv/bin/python -m pytest -v -n 2 --durations=15 -m "not load"
+	.venv/bin/python -m pytest -v --durations=5 -m load
 
 lint: setup
 	.venv/bin/ruff check zhantune tests scripts

@@ -40,6 +40,18 @@ def tune_cfg():
     return _compose
 
 
+@pytest.fixture
+def existing_db(tmp_path):
+    """A zhantune database with one device row, at tmp_path/zhantune.db (the tests check that bad
+    input leaves its bytes unchanged)."""
+    from zhantune.storage import Store
+
+    store = Store(f"sqlite:///{tmp_path}/zhantune.db")
+    store.device_id("some gpu", "some gpu", "cuda", {})
+    store.engine.dispose()
+    return tmp_path / "zhantune.db"
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """A PostgreSQL 15 server for the session (tests/pgserver.py); yields the server, .new_database() -> URL."""

@@ -54,21 +54,22 @@ def _kt_file(tmp: Path, name: str, time: object, truncate: bool = False) -> str:
     return name
 
 
-def _foreign_db(tmp: Path) -> str:
-    con = sqlite3.connect(tmp / "app.db")
-    con.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+def _sql(db: Path, statement: str) -> str:
+    """Run one statement on an SQLite file with plain sqlite3; returns the file's name."""
+    con = sqlite3.connect(db)
+    con.execute(statement)
     con.commit()
     con.close()
-    return "app.db"
+    return db.name
+
+
+def _foreign_db(tmp: Path) -> str:
+    return _sql(tmp / "app.db", "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
 
 
 def _newer_zhantune_db(tmp: Path) -> str:
     Store(f"sqlite:///{tmp}/newer.db").engine.dispose()
-    con = sqlite3.connect(tmp / "newer.db")
-    con.execute("UPDATE zt_alembic_version SET version_num = '9999'")
-    con.commit()
-    con.close()
-    return "newer.db"
+    return _sql(tmp / "newer.db", "UPDATE zt_alembic_version SET version_num = '9999'")
 
 
 def _corrupt_db(tmp: Path) -> str:
@@ -80,11 +81,7 @@ def _corrupt_db(tmp: Path) -> str:
 
 
 def _newer_optuna(tmp: Path) -> str:
-    con = sqlite3.connect(tmp / "zhantune.db")
-    con.execute("UPDATE alembic_version SET version_num = 'v99.0.0.a'")
-    con.commit()
-    con.close()
-    return "zhantune.db"
+    return _sql(tmp / "zhantune.db", "UPDATE alembic_version SET version_num = 'v99.0.0.a'")
 
 
 def _bad_source_db(tmp: Path) -> str:
@@ -196,14 +193,6 @@ def _listing(tmp: Path) -> dict[str, str]:
             continue
         out[str(rel)] = _digest(p) if p.is_file() else "dir" if p.is_dir() else "other"
     return out
-
-
-@pytest.fixture
-def existing_db(tmp_path):
-    store = Store(f"sqlite:///{tmp_path}/zhantune.db")
-    store.device_id("some gpu", "some gpu", "cuda", {})
-    store.engine.dispose()
-    return tmp_path / "zhantune.db"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -401,7 +390,7 @@ def test_every_shipped_space_sets_only_allow_listed_knobs():
         for kind, names in spaces.items():
             for name in names:
                 doc = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "space" / f"{name}.yaml"))
-                for bname, branch in doc["branches"].items():
+                for branch in doc["branches"].values():
                     if branch["scope"] != "config":
                         continue
                     values = {k: [v] for k, v in (branch.get("fixed") or {}).items()}

@@ -6,8 +6,6 @@ import hashlib
 
 import pytest
 
-from zhantune.storage import Store
-
 BAD_INPUTS = [
     (["+op=mm", "shape=[0,1,1]"], "shape=[0,1,1]: M=0 must be a positive integer"),
     (["+op=mm", "shape=[a,b,c]"], "M='a' is not an integer"),
@@ -33,14 +31,6 @@ BAD_INPUTS = [
 
 def _digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture
-def existing_db(tmp_path):
-    store = Store(f"sqlite:///{tmp_path}/zhantune.db")
-    store.device_id("some gpu", "some gpu", "cuda", {})
-    store.engine.dispose()
-    return tmp_path / "zhantune.db"
 
 
 @pytest.mark.parametrize("args,message", BAD_INPUTS)

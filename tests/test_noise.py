@@ -81,6 +81,7 @@ def _claims(stdout: str) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.load
 def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load):
     """Under four busy loops: ten tunes of the default's own kernel (space=[aten]) claim nothing and
     export no tuned entry; full tunes of mm and linear_act at 64x64x64 claim no more than a paired
