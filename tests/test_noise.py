@@ -18,7 +18,7 @@ VERDICTS = [  # (rounds, confirmed, reason contains)
     ([Round(100, 50), Round(55, 60)], False, "as fast or faster in a round"),  # a flip
     ([Round(100, 120), Round(100, 110)], False, "not faster"),
     ([Round(100, 50), Round(None, 50)], False, "rounds failed"),
-    ([Round(100, 50, contended=1), Round(100, 50)], False, "under contention"),
+    ([Round(100, 50, contended=1), Round(100, 50)], False, "under contention without real-time"),
     ([], False, "no round measured both sides"),
 ]
 
@@ -39,7 +39,7 @@ def _nice(tid: int) -> int:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="lowering niceness needs root or CAP_SYS_NICE")
-def test_raised_priority_renices_every_thread_and_restores_each():
+def test_timed_runs_get_the_cores_first_and_every_thread_is_restored():
     from zhantune.bench.timing import raised_priority, time_cpu
 
     stop = threading.Event()
@@ -51,9 +51,17 @@ def test_raised_priority_renices_every_thread_and_restores_each():
         with raised_priority(-5) as raised:
             assert raised and all(_nice(t) == -5 for t in tids)
         assert {t: _nice(t) for t in tids} == before
-        assert time_cpu(lambda: None, warmup_ms=1, target_ms=1, flush_cache=False, nice=-5).method.endswith(":nice-5")
-        assert time_cpu(lambda: None, warmup_ms=1, target_ms=1, flush_cache=False, nice=None).method == "cpu:perf_counter"
+        assert time_cpu(lambda: None, warmup_ms=1, target_ms=1, flush_cache=False, nice=-5,
+                        fifo=False).method.endswith(":nice-5")
+        assert time_cpu(lambda: None, warmup_ms=1, target_ms=1, flush_cache=False, nice=None,
+                        fifo=False).method == "cpu:perf_counter"
         assert {t: _nice(t) for t in tids} == before
+        policies = {t: os.sched_getscheduler(t) for t in tids}
+        seen = []
+        timing = time_cpu(lambda: seen.append(os.sched_getscheduler(worker.native_id)), warmup_ms=1, target_ms=1,
+                          flush_cache=False)
+        assert timing.method.endswith(":fifo") and set(seen) == {os.SCHED_FIFO}  # every thread, while timed
+        assert {t: os.sched_getscheduler(t) for t in tids} == policies  # and restored
     finally:
         stop.set()
         worker.join()
@@ -91,7 +99,7 @@ def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load)
 
     shapes = ",".join(f"[64,64,{k}]" for k in range(64, 64 + 10 * 8, 8))
     r = cli(["-m", "+op=mm", f"shape={shapes}", "device=cpu", "space=[aten]", "search.n_trials=1", "progress=false",
-             "storage.url=sqlite:///aten.db", "export.path=aten.json"], tmp_path, timeout=1200)
+             "bench.isolate=false", "storage.url=sqlite:///aten.db", "export.path=aten.json"], tmp_path, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("the kernel Inductor's default compile runs too") == 10, r.stdout[-3000:]
     assert _claims(r.stdout) == []
@@ -100,16 +108,18 @@ def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load)
 
     tuned = {}
     for op in ("mm", "linear_act"):
-        r = cli([f"+op={op}", "shape=[64,64,64]", "device=cpu", "search.n_trials=6", "progress=false",
+        r = cli([f"+op={op}", "shape=[64,64,64]", "device=cpu", "search.n_trials=4", "progress=false",
                  f"storage.url=sqlite:///{op}.db", f"export.path={op}.json"], tmp_path, timeout=1200)
         assert r.returncode == 0, r.stderr[-3000:]
         tuned[op] = _claims(r.stdout)
+        print(op, "under load:", " ".join(r.stdout.split())[-600:])
     for p in load:
         p.kill()
     for op, claims in tuned.items():
         if not claims:
             continue
         quiet = _quiet_paired_ratio(tmp_path / f"{op}.db", op)
+        print(op, "claimed under load", claims[0], "quiet paired", round(quiet, 3))
         assert claims[0] <= 1.25 * quiet, (op, claims, quiet)
 
 

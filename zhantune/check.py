@@ -63,7 +63,7 @@ def _compile_and_time(model: Any, inputs: tuple, device: Any, bench: Any, patch:
             else:
                 timing = time_cpu(lambda: compiled(*inputs), warmup_ms=bench.warmup_ms, target_ms=bench.target_ms,
                                   min_reps=bench.min_reps, max_reps=bench.max_reps, flush_cache=bench.flush_cache,
-                                  nice=getattr(bench, "nice", None))
+                                  nice=getattr(bench, "nice", None), fifo=getattr(bench, "fifo", False))
     finally:
         if installed is not None:
             installed.remove()

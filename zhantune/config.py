@@ -71,9 +71,12 @@ class BenchConfig:
     max_reps: int = 1000
     #: CPU: write a buffer larger than the last-level cache between repetitions
     flush_cache: bool = True
-    #: CPU: niceness of the timed runs (-20 highest; null: normal priority); needs CAP_SYS_NICE or
+    #: CPU: niceness of the timing worker (-20 highest; null: normal priority); needs CAP_SYS_NICE or
     #: root, else the runs keep the normal priority (zhantune.bench.timing.raised_priority)
     nice: int | None = -10
+    #: CPU: warmup and timed runs under SCHED_FIFO where permitted (zhantune.bench.timing.realtime):
+    #: the only setting found that shields short kernels from other work (docs/timing.md)
+    fifo: bool = True
     #: CUDA: time through a CUDA graph so Python launch overhead is excluded
     cuda_graph: bool = True
     #: compile and time in a worker subprocess (a crash or hang kills the worker, not the study)

@@ -6,8 +6,9 @@ runs (zhantune.storage.store.decision_us), and a speedup is claimed only from pa
 rounds of the two kernels (:func:`judge_speedup`): never from two measurements taken minutes apart.
 
 A claim is **confirmed** when every round measured both sides, the tuned config was faster in every
-round (no flip), and no paired measurement was taken under contention at the normal priority (a
-timed run at raised priority, zhantune.bench.timing, is shielded from other work). Otherwise it is
+round (no flip), and no paired measurement was taken under contention without real-time
+scheduling (a timed run under SCHED_FIFO, zhantune.bench.timing.realtime, is shielded from other
+work; niceness alone is not). Otherwise it is
 unconfirmed, and the exporter ships Inductor's default for that key. (Eager is no plausibility
 bound: at 64x64x64 on CPU the default compile's per-call overhead makes it 3.9x eager's time,
 measured, and that is real.)
@@ -74,5 +75,5 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
         return verdict(False, f"unconfirmed: the default was as fast or faster in a round (rounds {low:.2f}-{high:.2f}x)")
     if contended:
         return verdict(False, f"unconfirmed: {contended} paired measurement(s) taken under contention "
-                              "at the normal priority")
+                              "without real-time scheduling")
     return verdict(True, "confirmed in every round")

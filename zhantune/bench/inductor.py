@@ -295,7 +295,7 @@ class InductorBenchmarker:
             with torch.cuda.device(self.device.index):
                 return time_cuda(fn, warmup_ms=c.warmup_ms, target_ms=c.target_ms, cuda_graph=c.cuda_graph)
         return time_cpu(fn, warmup_ms=c.warmup_ms, target_ms=c.target_ms, min_reps=c.min_reps,
-                        max_reps=c.max_reps, flush_cache=c.flush_cache, nice=getattr(c, "nice", None))
+                        max_reps=c.max_reps, flush_cache=c.flush_cache, nice=getattr(c, "nice", None), fifo=getattr(c, "fifo", False))
 
     def _synchronize(self) -> None:
         if self.device.kind == "cuda":  # pragma: no cover - needs a GPU
