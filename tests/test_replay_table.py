@@ -44,7 +44,7 @@ def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path)
     regret = p.regret[("Remote CPU", local_key)]
     with sqlite3.connect(db) as con:
         (here_us,) = con.execute(
-            "select min(m.median_us) from zt_measurement m join zt_device d on m.device_id = d.id "
+            "select min(m.min_us) from zt_measurement m join zt_device d on m.device_id = d.id "
             "where d.key = ? and m.kind = 'candidate' and m.status = 'ok' and m.config_hash = ?",
             (local_key, remote_winner.config_hash)).fetchone()
     assert regret >= 1.0 and regret == pytest.approx(here_us / p.best_us[local_key])

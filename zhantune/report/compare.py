@@ -25,7 +25,7 @@ from sqlalchemy import select
 from zhantune.errors import UserError
 from zhantune.storage import Store
 from zhantune.storage import models as m
-from zhantune.storage.store import median_row
+from zhantune.storage.store import decision_value
 
 __all__ = ["Choice", "ProblemComparison", "Comparison", "compare", "CompareError"]
 
@@ -123,11 +123,13 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
     with store.session() as s:
         q = (select(m.Measurement.problem_id, m.Measurement.device_id, m.Measurement.kind,
                     m.Measurement.status, m.Measurement.config_hash, m.Measurement.template_id,
-                    m.Measurement.params, m.Measurement.median_us)
+                    m.Measurement.params, m.Measurement.median_us, m.Measurement.min_us,
+                    m.Measurement.timing_method)
              .where(m.Measurement.device_id.in_(ids),
                     m.Measurement.kind.in_(("candidate", "remeasure", "default"))))
-        for pid, did, kind, status, chash, tid, params, median in s.execute(q):
+        for pid, did, kind, status, chash, tid, params, median, low, method in s.execute(q):
             dev = ids[did]
+            median = decision_value(low, median, method)  # the decision statistic, as export ranks
             if kind == "default":
                 if status == "ok" and median is not None:
                     defaults[pid][dev].append(median)
@@ -139,11 +141,12 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
                 times[pid][dev][chash].append(median)
             elif kind == "candidate":
                 failed[pid][dev].add(chash)
-    # a config (or the default) measured several times counts with its median row, the rule of
-    # Store.ranked_candidates and Store.default_times_us, so compare and export agree
-    time = {pid: {dev: {h: median_row(ts) for h, ts in per.items()} for dev, per in by_dev.items()}
+    # each row by the decision statistic and a config (or the default) measured several times by
+    # its lowest: the rule of Store.ranked_candidates and Store.default_times_us, so compare and
+    # export agree (zhantune.storage.store.decision_us)
+    time = {pid: {dev: {h: min(ts) for h, ts in per.items()} for dev, per in by_dev.items()}
             for pid, by_dev in times.items()}
-    default_us = {pid: {dev: median_row(ts) for dev, ts in by_dev.items()} for pid, by_dev in defaults.items()}
+    default_us = {pid: {dev: min(ts) for dev, ts in by_dev.items()} for pid, by_dev in defaults.items()}
     with store.session() as s:
         for p in s.scalars(select(m.Problem).where(m.Problem.id.in_(list(time)))):
             problems[p.id] = p

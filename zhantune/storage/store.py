@@ -25,7 +25,7 @@ from zhantune.errors import StorageError
 from zhantune.storage import models as m
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions, upgrade
 
-__all__ = ["Store", "check_url", "sqlite_path", "make_engine", "OPTUNA_TABLES", "decision_us", "median_row"]
+__all__ = ["Store", "check_url", "sqlite_path", "make_engine", "OPTUNA_TABLES", "decision_us", "decision_value", "median_row"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: database backends zhantune is tested on (SQLite: one machine; PostgreSQL: many)
@@ -426,16 +426,16 @@ class Store:
         (:func:`decision_us`) of its ``ok`` rows, minimum over rows, as Store.ranked_candidates
         represents a config measured several times (zhantune.tune.settle_speedup adds rows)."""
         with self.session() as s:
-            q = (select(m.Measurement.device_id, m.Measurement.problem_id,
-                        func.coalesce(m.Measurement.min_us, m.Measurement.median_us))
+            q = (select(m.Measurement.device_id, m.Measurement.problem_id, m.Measurement.min_us,
+                        m.Measurement.median_us, m.Measurement.timing_method)
                  .where(m.Measurement.kind == "default", m.Measurement.status == "ok",
                         m.Measurement.median_us.is_not(None))
                  .order_by(m.Measurement.median_us, m.Measurement.id))
             if torch_version is not None:
                 q = q.where(m.Measurement.torch_version == torch_version)
             times: dict[tuple[int, int], list[float]] = {}
-            for d, p, t in s.execute(q):
-                times.setdefault((d, p), []).append(t)
+            for d, p, lo, med, method in s.execute(q):
+                times.setdefault((d, p), []).append(decision_value(lo, med, method))
             return {key: min(ts) for key, ts in times.items()}
 
     # -- verdicts ---------------------------------------------------------------------------
@@ -459,8 +459,17 @@ def decision_us(row: Any) -> float:
     minimum of a measurement's individually timed runs (``min_us``; ``median_us`` where a row has no
     minimum). Noise on a shared machine only adds time (a descheduled thread costs a scheduler
     slice), so it cannot make this smaller than the kernel's own time; docs/timing.md has the
-    measurements behind the choice. The median and the other statistics stay for people to read."""
-    return row.min_us if row.min_us is not None else row.median_us
+    measurements behind the choice. The median and the other statistics stay for people to read.
+    Recorded data (a Kernel Tuner file replayed, timing method ``kerneltuner:...``) keeps its own
+    objective, the median of its recorded times (docs/search.md)."""
+    return decision_value(row.min_us, row.median_us, row.timing_method)
+
+
+def decision_value(min_us: float | None, median_us: float | None, method: str | None) -> float | None:
+    """:func:`decision_us` from a row's columns (microseconds)."""
+    if min_us is None or (method or "").startswith("kerneltuner"):
+        return median_us
+    return min_us
 
 
 def median_row(items: list[Any], key: Callable[[Any], Any] | None = None) -> Any:
