@@ -37,6 +37,7 @@ from zhantune.inductor import cpu_gemm
 from zhantune.inductor.choices import LookupEvent, RecordingChoices, recording
 from zhantune.inductor.heuristics import derived_kwargs
 from zhantune.inductor.knobs import BACKEND_FLAGS  # re-exported: the flags a backend branch may set
+from zhantune.inductor.knobs import CONFIG_KNOBS
 from zhantune.problems import GemmProblem
 from zhantune.search.space import Candidate
 
@@ -194,10 +195,13 @@ class InductorBenchmarker:
             from zhantune.inductor.runtime import TableChoices
             from zhantune.inductor.table import TableFile, entry_for
 
-            # served under every key, as use_table serves it: only the GEMM's own lowering changes
-            handler = TableChoices(TableFile({}, source="<candidate>"),
-                                   any_key=[entry_for(None, candidate.params, None)])
-            return self._run(base, table=None, expect=candidate, time_it=time_it, handler=handler)
+            # the GEMM's knobs served under every key, as use_table serves them: only the GEMM's own
+            # lowering changes. Any other config key (a test space's fault injection) is not a table
+            # knob (zhantune.tune checks real spaces) and applies to the whole compile
+            gemm = {k: v for k, v in candidate.params.items() if k in CONFIG_KNOBS["cpu"]}
+            rest = {k: v for k, v in candidate.params.items() if k not in gemm}
+            handler = TableChoices(TableFile({}, source="<candidate>"), any_key=[entry_for(None, gemm, None)])
+            return self._run({**base, **rest}, table=None, expect=candidate, time_it=time_it, handler=handler)
         if candidate.scope == "backend":  # Inductor's default choice under these backend flags
             with backend_flags(candidate.params):
                 return self._run(dict(base), table=None, expect=None, time_it=time_it)
