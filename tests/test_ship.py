@@ -26,6 +26,7 @@ USE_TABLE = textwrap.dedent("""
 
     model = build_model("zhantune.models:mlp", {"d_model": 64, "hidden": 128, "layers": 1})
     x = example_inputs([[32, 64]], torch.float32)
+    torch._inductor.config.freezing = True   # the README's inference compile (the C++ template needs it)
     with zhantune.use_table(sys.argv[1]), torch.no_grad():
         out = torch.compile(model)(*x)
     report = zhantune.table_report()
@@ -132,7 +133,7 @@ KEY = "((torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 8], [8, 1]))+mm"
     ("{not json", "not valid JSON"),
     (json.dumps({"format": FORMAT, "format_version": 2, "table": {}}), "format_version: this zhantune reads version 1, got 2"),
     (json.dumps({"format": FORMAT, "format_version": 1, "table": {KEY: [{"template_id": "triton::mm", "BLOCK_M": [64]}]}}),
-     f'table[{json.dumps(KEY)}][0].BLOCK_M: expected a number'),
+     f'table[{json.dumps(KEY)}][0].BLOCK_M: BLOCK_M=[64] is not allowed; expected an integer'),
     (json.dumps({"format": FORMAT, "format_version": 1, "table": {"mm[64,64,64]": []}}),
      'table["mm[64,64,64]"]: not an Inductor lookup key'),
     (json.dumps({KEY: [{"template_id": 3}]}), "string template_id"),

@@ -79,7 +79,9 @@ def packed_kernel_inputs(target: Any, args: tuple) -> tuple[MMKernelInputs, str]
     whose IR stride is not a dense one (torch/_inductor/codegen/cpp_gemm_template.py); W^T is then
     described as the dense [N, K] weight the pass packed, transposed: size [K, N], stride [1, K].
     """
-    x = args[0]
+    # realized as the lowering itself realizes them (mm_args / the extern kernel's inputs), so that
+    # a fused producer (a gelu feeding the next linear) has the layout the GEMM reads
+    x = ir.ExternKernel.realize_input(args[0])
     if "_mkl_linear" in str(target):
         w_t = L.permute(args[2], [1, 0])
         b = args[3]
@@ -89,6 +91,8 @@ def packed_kernel_inputs(target: Any, args: tuple) -> tuple[MMKernelInputs, str]
         w_t = ir.InputBuffer(name="zhantune_dense_weight",
                              layout=ir.FixedLayout(w.get_device(), w.get_dtype(), [k, n], [1, k]))
         b = args[2]
+    if b is not None:
+        b = ir.ExternKernel.realize_input(b)
     size = x.get_size()
     if len(size) > 2:
         x = L.view(x, [-1, size[-1]])
