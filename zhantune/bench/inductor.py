@@ -36,8 +36,10 @@ from zhantune.device import DeviceInfo
 from zhantune.inductor import cpu_gemm
 from zhantune.inductor.choices import LookupEvent, RecordingChoices, recording
 from zhantune.inductor.heuristics import derived_kwargs
-from zhantune.inductor.knobs import BACKEND_FLAGS  # re-exported: the flags a backend branch may set
-from zhantune.inductor.knobs import CONFIG_KNOBS
+from zhantune.inductor.knobs import (
+    BACKEND_FLAGS,  # re-exported: the flags a backend branch may set
+    CONFIG_KNOBS,
+)
 from zhantune.problems import GemmProblem
 from zhantune.search.space import Candidate
 
