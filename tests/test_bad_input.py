@@ -321,6 +321,7 @@ PLAIN_CALL = textwrap.dedent("""
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 96),
                                 torch.nn.GELU(), torch.nn.Linear(96, 64)).eval()
     x = torch.randn(32, 64)
+    torch._inductor.config.freezing = True   # the README's inference compile (the C++ template needs it)
     zhantune.use_table(sys.argv[1])          # the README's plain call: the result is not kept
     gc.collect()
     with torch.no_grad():

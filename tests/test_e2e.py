@@ -10,7 +10,6 @@ import optuna
 import pytest
 import torch
 
-from zhantune.bench.inductor import cpu_compile_flags
 from zhantune.device import resolve_device
 from zhantune.inductor.choices import recording
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, build_table, load_table
@@ -30,10 +29,10 @@ def _recorded_key(problem: GemmProblem) -> str:
     device = resolve_device("cpu")
     module, inputs = problem.build(device.torch_device)
     torch._dynamo.reset()
-    with torch.no_grad(), recording() as rec, cpu_compile_flags(device), \
+    with torch.no_grad(), recording() as rec, \
             torch._inductor.config.patch({"freezing": True, "force_disable_caches": True}):
         torch.compile(module)(*inputs)
-    keys = [e.device_key for e in rec.events if e.op_name == problem.lookup_op]
+    keys = [e.device_key for e in rec.events if e.op_name == problem.lookup_op and e.offered]
     assert len(keys) == 1
     return keys[0]
 

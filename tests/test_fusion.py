@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from zhantune.bench.inductor import CPU_BASE_PATCH, cpu_compile_flags
+from zhantune.bench.inductor import CPU_BASE_PATCH
 from zhantune.device import resolve_device
 from zhantune.problems import GemmProblem
 
@@ -20,7 +20,7 @@ def _kernels(patch: dict) -> list[str]:
     device = resolve_device("cpu")
     module, inputs = GemmProblem.from_config("linear_act", [64, 64, 64], "float32", "gelu").build(device.torch_device)
     torch._dynamo.reset()
-    with torch.no_grad(), cpu_compile_flags(device), torch._inductor.config.patch(
+    with torch.no_grad(), torch._inductor.config.patch(
             {**CPU_BASE_PATCH, "max_autotune": True, "max_autotune_gemm_backends": "CPP", **patch}):
         out, code = run_and_get_code(torch.compile(module), *inputs)
     torch.testing.assert_close(out, module(*inputs), rtol=1e-4, atol=1e-4)
@@ -33,4 +33,5 @@ def test_fusion_limits_change_the_generated_code():
     for patch in ({"epilogue_fusion": False}, {"max_fusion_size": 1}, {"max_fusion_unique_io_buffers": 1}):
         split = _kernels(patch)
         assert len(split) == 2, (patch, split)  # the GEMM and the gelu epilogue as separate kernels
-        assert any("gelu" in k and "addmm" not in k for k in split), (patch, split)
+        # the GEMM alone, and the gelu epilogue (its kernel's name carries the GEMM node it reads)
+        assert any("gelu" not in k for k in split) and any("gelu" in k for k in split), (patch, split)

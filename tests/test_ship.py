@@ -26,6 +26,7 @@ USE_TABLE = textwrap.dedent("""
 
     model = build_model("zhantune.models:mlp", {"d_model": 64, "hidden": 128, "layers": 1})
     x = example_inputs([[32, 64]], torch.float32)
+    torch._inductor.config.freezing = True   # the README's inference compile (the C++ template needs it)
     with zhantune.use_table(sys.argv[1]), torch.no_grad():
         out = torch.compile(model)(*x)
     report = zhantune.table_report()

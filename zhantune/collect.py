@@ -10,8 +10,10 @@ compiles it). With ``measure=true`` (default) each problem is compiled and timed
 Inductor's default compile, and its ``share`` is count x time over the model's total: the tune of
 the file (``python -m zhantune problems=problems.yaml``) spends its trials in that proportion.
 
-On CPU the compile uses the settings zhantune measures under (freezing, oneDNN off; see
-zhantune.bench.inductor), so the keys are the ones a CPU table is looked up with.
+On CPU the compile is the inference compile a user gets (``freezing=True``, oneDNN on; see
+zhantune.bench.inductor): a GEMM that Inductor's freezing pass prepacks makes no lookup, and the CPU
+lowering hook (zhantune.inductor.cpu_gemm) reports it with Inductor's own key, the one a CPU table
+is looked up with.
 """
 
 from __future__ import annotations
@@ -100,18 +102,18 @@ def collect(model: Any, inputs: tuple, device: Any) -> list[CollectedProblem]:
     import torch
     from torch._inductor import config as inductor_config
 
-    from zhantune.bench.inductor import CPU_BASE_PATCH, CUDA_BASE_PATCH, cpu_compile_flags
+    from zhantune.bench.inductor import CPU_BASE_PATCH, CUDA_BASE_PATCH
     from zhantune.inductor.choices import recording
     from zhantune.problems import DTYPES
 
     dtype_names = {str(t).removeprefix("torch."): name for name, t in DTYPES.items()}
     patch = CPU_BASE_PATCH if device.kind == "cpu" else CUDA_BASE_PATCH
     torch._dynamo.reset()
-    with torch.no_grad(), recording() as rec, inductor_config.patch(patch), cpu_compile_flags(device):
+    with torch.no_grad(), recording() as rec, inductor_config.patch(patch):
         torch.compile(model, fullgraph=False)(*inputs)
     found: dict[str, CollectedProblem] = {}
     for e in rec.events:
-        if not e.template_hashes:  # a pass with nothing to choose (addmm's expanded-bias pass)
+        if not e.offered:  # a pass with nothing to choose (addmm's expanded-bias pass)
             continue
         key = e.agnostic_key or e.device_key
         if key in found:

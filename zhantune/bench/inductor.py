@@ -3,14 +3,17 @@
 CUDA: the candidate is one template choice, installed as a one-entry
 ``torch._inductor.config.lookup_table.table`` under max-autotune; the recording handler must report
 a hit for that template, else the trial is ``not_applied`` (never a silent measurement of the
-default). CPU: the candidate is an Inductor config patch (``max_autotune_gemm_backends``,
-``cpp.gemm_*``), applied to an inference compile with ``freezing=True``; the C++ GEMM template must
-show up in Inductor's ``cpp_templated_kernel_counter`` exactly when the patch selects it.
+default).
 
-CPU compiles run with oneDNN disabled: otherwise Inductor's freezing pass rewrites ``x @ W`` into a
-prepacked mkldnn linear whose lowering never reaches the GEMM lowering where the lookup happens
-(torch/_inductor/fx_passes/mkldnn_fusion.py). The pattern registration is once per process, so every
-compile in the process must agree on this.
+CPU: every compile is the inference compile a user gets: ``freezing=True`` under ``no_grad``, oneDNN
+on, weight prepack on (nothing here changes ``torch.backends.mkldnn``). Inductor's default then runs
+a GEMM with a constant weight as oneDNN's / MKL's prepacked linear: that is the "default" baseline,
+and the ``aten`` config candidate is the same compile. A C++-template candidate is a config patch
+(``max_autotune_gemm_backends``, ``cpp.gemm_*``) served, like a table entry, by
+:class:`zhantune.inductor.runtime.TableChoices` under whatever key the GEMM makes, through the
+per-GEMM lowering hook (zhantune.inductor.cpu_gemm): what is measured is what ``use_table`` compiles.
+The C++ GEMM template must show up in Inductor's ``cpp_templated_kernel_counter`` exactly when the
+patch selects it.
 """
 
 from __future__ import annotations
@@ -24,18 +27,23 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
+from torch._inductor.virtualized import V
 
 from zhantune.bench.measurement import TOLERANCES, Measurement
 from zhantune.bench.timing import Timing, time_cpu, time_cuda
 from zhantune.config import BenchConfig
 from zhantune.device import DeviceInfo
-from zhantune.inductor.choices import LookupEvent, recording
+from zhantune.inductor import cpu_gemm
+from zhantune.inductor.choices import LookupEvent, RecordingChoices, recording
 from zhantune.inductor.heuristics import derived_kwargs
-from zhantune.inductor.knobs import BACKEND_FLAGS  # re-exported: the flags a backend branch may set
+from zhantune.inductor.knobs import (
+    BACKEND_FLAGS,  # re-exported: the flags a backend branch may set
+    CONFIG_KNOBS,
+)
 from zhantune.problems import GemmProblem
 from zhantune.search.space import Candidate
 
-__all__ = ["InductorBenchmarker", "template_patch", "candidate_entry", "CPU_BASE_PATCH", "KERNEL_CACHE_PATCH", "BACKEND_FLAGS", "cpu_compile_flags", "backend_flags"]
+__all__ = ["InductorBenchmarker", "template_patch", "candidate_entry", "CPU_BASE_PATCH", "KERNEL_CACHE_PATCH", "BACKEND_FLAGS", "backend_flags"]
 
 
 
@@ -56,8 +64,9 @@ def backend_flags(flags: dict[str, Any]) -> Iterator[None]:
         for obj, attr, value in reversed(saved):
             setattr(obj, attr, value)
 
-#: every CPU compile: inference with constant weights, no cache reuse between candidates, and no
-#: background pool of compile workers competing with the timed runs for the cores
+#: every CPU compile: inference with constant weights (a user's ``freezing=True`` compile), no cache
+#: reuse between candidates, and no background pool of compile workers competing with the timed
+#: runs for the cores
 CPU_BASE_PATCH: dict[str, Any] = {"freezing": True, "force_disable_caches": True, "compile_threads": 1}
 CUDA_BASE_PATCH: dict[str, Any] = {"force_disable_caches": True}
 #: with compile-ahead (zhantune.bench.isolated.CompilePool) instead of ``force_disable_caches``: the
@@ -72,13 +81,10 @@ KERNEL_CACHE_PATCH: dict[str, Any] = {
 
 
 @contextlib.contextmanager
-def cpu_compile_flags(device: DeviceInfo) -> Iterator[None]:
-    """oneDNN off while compiling on CPU (see the module docstring); nothing on CUDA."""
-    if device.kind == "cpu":
-        with torch.backends.mkldnn.flags(enabled=False):
-            yield
-    else:
-        yield
+def _serving(handler: RecordingChoices) -> Iterator[RecordingChoices]:
+    """``handler`` as Inductor's choices handler, with the CPU lowering hooks, inside the block."""
+    with V.set_choices_handler(handler), cpu_gemm.installed():
+        yield handler
 
 
 @contextlib.contextmanager
@@ -159,7 +165,8 @@ class InductorBenchmarker:
         return self._check_and_time(lambda: self.module(*self.inputs), out, compile_s=0.0, lookup=None)
 
     def inductor_default(self) -> Measurement:
-        """torch.compile with Inductor's defaults (no max-autotune); records the lookup key."""
+        """torch.compile with Inductor's defaults (no max-autotune; on CPU ``freezing=True`` with
+        oneDNN on: the prepacked linear a user's compile runs); records the lookup key."""
         m = self._run(self.base_patch(), table=None, expect=None)
         if m.lookup is not None:
             self.lookup = m.lookup
@@ -187,8 +194,16 @@ class InductorBenchmarker:
             if candidate.scope != "config":
                 return Measurement("invalid", error_text=f"{candidate.describe()}: only config-scope "
                                    "candidates apply on CPU (Inductor's CPU GEMM has no template lookup)")
-            patch = {**base, "max_autotune": True, **candidate.params}
-            return self._run(patch, table=None, expect=candidate, time_it=time_it)
+            from zhantune.inductor.runtime import TableChoices
+            from zhantune.inductor.table import TableFile, entry_for
+
+            # the GEMM's knobs served under every key, as use_table serves them: only the GEMM's own
+            # lowering changes. Any other config key (a test space's fault injection) is not a table
+            # knob (zhantune.tune checks real spaces) and applies to the whole compile
+            gemm = {k: v for k, v in candidate.params.items() if k in CONFIG_KNOBS["cpu"]}
+            rest = {k: v for k, v in candidate.params.items() if k not in gemm}
+            handler = TableChoices(TableFile({}, source="<candidate>"), any_key=[entry_for(None, gemm, None)])
+            return self._run({**base, **rest}, table=None, expect=candidate, time_it=time_it, handler=handler)
         if candidate.scope == "backend":  # Inductor's default choice under these backend flags
             with backend_flags(candidate.params):
                 return self._run(dict(base), table=None, expect=None, time_it=time_it)
@@ -217,14 +232,15 @@ class InductorBenchmarker:
 
     # -- the shared path ---------------------------------------------------------------------
     def _run(self, patch: dict[str, Any], table: dict | None, expect: Candidate | None,
-             any_key: list[dict[str, Any]] | None = None, time_it: bool = True) -> Measurement:
+             any_key: list[dict[str, Any]] | None = None, time_it: bool = True,
+             handler: RecordingChoices | None = None) -> Measurement:
         torch._dynamo.reset()
         templated_before = counters["inductor"]["cpp_templated_kernel_counter"]
+        served = recording(table, any_key) if handler is None else _serving(handler)
         t0 = time.perf_counter()
         try:
-            with torch.no_grad(), recording(table, any_key) as rec, inductor_config.patch(patch), \
-                    _no_graph_caches(self.kernel_cache), \
-                    cpu_compile_flags(self.device):
+            with torch.no_grad(), served as rec, inductor_config.patch(patch), \
+                    _no_graph_caches(self.kernel_cache):
                 compiled = torch.compile(self.module, fullgraph=True, dynamic=False)
                 out = compiled(*self.inputs)
             self._synchronize()
@@ -238,9 +254,9 @@ class InductorBenchmarker:
         # (torch/_inductor/fx_passes/post_grad.py unfuse_bias_add_to_pointwise), so it looks up "mm"
         events = rec.events
         # the lookup that hit the candidate's template (its key goes into the table); else the first
-        # that offered templates (addmm's ATen lookup, the problem's key); else any
+        # that offered something (addmm's ATen lookup or a packed linear: the problem's key); else any
         hit = [e for e in events if expect is not None and expect.template_id in e.hit_templates]
-        offered = [e for e in events if e.template_hashes]
+        offered = [e for e in events if e.offered]
         lookup = (hit or offered or events or [None])[0]
         templated = counters["inductor"]["cpp_templated_kernel_counter"] - templated_before
         why_not = self._not_applied(expect, lookup, templated)

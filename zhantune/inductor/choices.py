@@ -4,7 +4,10 @@ Keys are never built by hand: Inductor's own ``make_lookup_key_variants`` builds
 kernel inputs it lowers (torch/_inductor/lookup_table/choices.py). This handler records, for every
 GEMM lowering, the op name, both key variants, the template uids offered with their ``src_hash``,
 and whether the installed table hit. On CPU, where stock Inductor does no lookup at all, the device
-key is zhantune's CPU key (the CPU model name), so CPU problems get keys of the same form.
+key is zhantune's CPU key (the CPU model name), so CPU problems get keys of the same form. A GEMM
+that Inductor's freezing pass turned into a prepacked linear makes no lookup; the CPU lowering hook
+(zhantune.inductor.cpu_gemm) reports it with Inductor's kernel inputs and the key comes from the
+same ``make_lookup_key_variants``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ class LookupEvent:
 
     ``inputs`` are the kernel inputs the key was made from, as (dtype name, size, stride) in
     Inductor's order (bias first for addmm); ``scalars`` are alpha/beta where the op has them.
+    ``packed`` names the prepacked linear op (``mkl._mkl_linear``, ``mkldnn._linear_pointwise``)
+    when the GEMM reached zhantune through the CPU lowering hook (zhantune.inductor.cpu_gemm)
+    instead of Inductor's GEMM lookup; Inductor's default for it is that packed op.
     """
 
     op_name: str
@@ -38,10 +44,17 @@ class LookupEvent:
     hit_templates: tuple[str, ...] = ()
     inputs: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = ()
     scalars: tuple[tuple[str, float | int], ...] = ()
+    packed: str | None = None
 
     @property
     def hit(self) -> bool:
         return bool(self.hit_templates)
+
+    @property
+    def offered(self) -> bool:
+        """A lookup with something to choose: templates offered, or a packed linear (the C++
+        template or the packed op). addmm's expanded-bias pass without max-autotune offers none."""
+        return bool(self.template_hashes) or self.packed is not None
 
 
 @lru_cache
@@ -83,8 +96,20 @@ class RecordingChoices(LookupTableChoices):
         self.events.append(self.event(kernel_inputs, op_name, template_hash_map, tuple(result)))
         return result
 
+    def cpu_packed_gemm(self, kernel_inputs, op_name: str, packed_op: str) -> dict[str, Any] | None:
+        """A packed linear is being lowered (zhantune.inductor.cpu_gemm): record it; None keeps
+        Inductor's default lowering (the packed op)."""
+        self.events.append(self.event(kernel_inputs, op_name, {}, (), packed=packed_op))
+        return None
+
+    @contextmanager
+    def cpu_gemm_lowering(self) -> Iterator[None]:
+        """Around an unpacked CPU GEMM's lowering (zhantune.inductor.cpu_gemm): nothing to change;
+        its lookup is recorded by :meth:`lookup_template_configs`."""
+        yield
+
     def event(self, kernel_inputs, op_name: str, template_hash_map: dict[str, str | None] | None,
-              hit_templates: tuple[str, ...]) -> LookupEvent:
+              hit_templates: tuple[str, ...], packed: str | None = None) -> LookupEvent:
         """The LookupEvent for one lookup (keys from Inductor's own make_lookup_key_variants)."""
         device_key, agnostic_key = self.make_lookup_key_variants(kernel_inputs, op_name)
         inputs = tuple(
@@ -94,14 +119,16 @@ class RecordingChoices(LookupTableChoices):
         )
         scalars = tuple(sorted((getattr(kernel_inputs, "_scalars", None) or {}).items()))
         return LookupEvent(op_name, device_key, agnostic_key, dict(template_hash_map or {}), hit_templates,
-                           inputs, scalars)
+                           inputs, scalars, packed)
 
 
 @contextmanager
 def recording(table: dict[str, list[dict[str, Any]]] | None = None,
               any_key: list[dict[str, Any]] | None = None) -> Iterator[RecordingChoices]:
     """Install a RecordingChoices handler (serving ``table``, or ``any_key`` entries under every key)
-    for the compiles inside the block."""
+    for the compiles inside the block, with the CPU lowering hooks (packed linears are recorded)."""
+    from zhantune.inductor import cpu_gemm
+
     handler = RecordingChoices(table, any_key)
-    with V.set_choices_handler(handler):
+    with V.set_choices_handler(handler), cpu_gemm.installed():
         yield handler

@@ -16,11 +16,20 @@ table). Every GEMM lowering then goes through the table:
   compiles as a miss.
 
 On CPU (where Inductor itself makes no lookup) the table's entries are config patches of
-Inductor's C++ GEMM template; the handler applies each GEMM's patch while that GEMM is lowered (the
-template reads ``cpp.gemm_*`` when its choice is created, in the same lowering), and the compile
-runs under the settings the measurements were taken with: ``freezing`` (constant weights, so the
-template applies), ``max_autotune`` with ``max_autotune_gemm_backends="ATEN,CPP"``, and oneDNN off
-(zhantune.bench.inductor explains why). The handler is per thread, like Inductor's.
+Inductor's C++ GEMM template, applied per GEMM through Inductor's ``user_lowerings`` hook
+(:mod:`zhantune.inductor.cpu_gemm`), with every global setting left as the user has it: oneDNN stays
+on, and neither ``freezing`` nor ``max_autotune`` is set for the compile. A GEMM that Inductor's
+freezing pass prepacked (``mkl._mkl_linear`` / ``mkldnn._linear_pointwise``: what a user's
+``freezing=True`` compile runs) is lowered, on a hit whose entry selects the C++ template, under
+``max_autotune`` and the entry's ``cpp.gemm_*`` knobs (the template is built, and its blocking fixed,
+in that lowering); on a miss, or an entry that keeps Inductor's default (``aten``), its lowering is
+Inductor's own. An unpacked GEMM (a bmm, a dtype oneDNN does not pack) is lowered under
+max-autotune with ATen and CPP when the table has a C++-template entry, and its lookup picks the
+backend; the values are restored when its lowering returns. The C++ template needs a constant
+weight: users set ``torch._inductor.config.freezing = True`` and compile under ``torch.no_grad()``
+(``options={"freezing": True}`` did not freeze in torch 2.13); without it a C++-template entry
+compiles Inductor's default and is reported stale, saying so. The handler is per thread, like
+Inductor's.
 
 ``table_report()`` returns what was seen since the table was installed. Loading a table never
 executes code from it: it is JSON, checked by :func:`zhantune.inductor.table.read_table`.
@@ -28,8 +37,11 @@ executes code from it: it is JSON, checked by :func:`zhantune.inductor.table.rea
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,14 +49,16 @@ import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.virtualized import V
 
-from zhantune.inductor.choices import RecordingChoices
+from zhantune.inductor import cpu_gemm
+from zhantune.inductor.choices import LookupEvent, RecordingChoices
 from zhantune.inductor.knobs import CONFIG_KNOBS
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, check_table, read_table
 
 __all__ = ["TableChoices", "TableReport", "InstalledTable", "use_table", "table_report", "release", "stale_reason"]
 
-#: CPU compile settings a CPU table's measurements were taken with (zhantune.bench.inductor)
-CPU_TABLE_PATCH: dict[str, Any] = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "ATEN,CPP"}
+#: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
+NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "
+              "compile under torch.no_grad() (in torch 2.13 torch.compile(options={'freezing': True}) does not freeze)")
 #: config keys the CPU handler sets per GEMM (plus any key a table's config_patch names)
 _CPU_GEMM_KEYS = ("max_autotune_gemm_backends", "cpp.gemm_max_k_slices", "cpp.gemm_thread_factors",
                   "cpp.gemm_cache_blocking")
@@ -123,7 +137,7 @@ class TableReport:
 class TableChoices(RecordingChoices):
     """Inductor choices handler serving a zhantune table (see the module docstring)."""
 
-    def __init__(self, tf: TableFile):
+    def __init__(self, tf: TableFile, any_key: list[dict[str, Any]] | None = None):
         super().__init__(table=tf.table)
         self.tf = tf
         self.report = TableReport(tf.source)
@@ -131,11 +145,74 @@ class TableChoices(RecordingChoices):
         if tf.torch_version is not None and release(tf.torch_version) != release(torch.__version__):
             self.version_mismatch = (f"table made with torch {tf.torch_version}, this is torch "
                                      f"{torch.__version__}: lookup keys and templates may differ; re-tune")
+        #: entries served under every key (a one-candidate compile, zhantune.bench.inductor: the
+        #: key is only known when Inductor lowers the GEMM; the event records it)
+        self.any_key = any_key
+        entries = [e for es in tf.table.values() for e in es] + list(any_key or [])
         keys = set(_CPU_GEMM_KEYS)
-        for entries in tf.table.values():
-            for e in entries:
-                keys.update((e.get("config_patch") or {}).keys())
-        self._cpu_baseline = {k: _get_config(k) for k in sorted(keys)}
+        for e in entries:
+            keys.update((e.get("config_patch") or {}).keys())
+        self._cpu_keys = tuple(sorted(keys))
+        #: some entry selects the C++ template: unpacked CPU GEMMs are lowered under max-autotune
+        self._cpu_template = any(_wants_cpp(e) for e in entries)
+        #: the config values at the start of the unpacked CPU GEMM lowering in progress (None: none)
+        self._scope_base: dict[str, Any] | None = None
+
+    def _find(self, event: LookupEvent) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """(key, entries) the table has for a lookup: device key first, then the agnostic one."""
+        if self.any_key is not None:
+            return event.device_key or event.agnostic_key, self.any_key
+        for k in (event.device_key, event.agnostic_key):
+            if k is not None and k in self.tf.table:
+                return k, self.tf.table[k]
+        return None, None
+
+    # -- CPU: the lowering hooks (zhantune.inductor.cpu_gemm) -----------------------------------
+    def cpu_packed_gemm(self, kernel_inputs, op_name: str, packed_op: str) -> dict[str, Any] | None:
+        """A prepacked linear (Inductor's default for a frozen GEMM with oneDNN on): on a hit whose
+        entry selects the C++ template, the config patch to lower it under (max-autotune, the
+        entry's backends and ``cpp.gemm_*`` knobs); anything else (a miss, an ``aten`` entry, a
+        stale table): None, Inductor's own packed lowering."""
+        event = self.event(kernel_inputs, op_name, {}, (), packed=packed_op)
+        key, entries = self._find(event)
+        report_key = key or event.device_key or event.agnostic_key or op_name
+        patch = None
+        if entries is None:
+            self.report.misses[report_key] += 1
+        elif self.version_mismatch:
+            self.report.stale[report_key] = self.version_mismatch
+            self.report.stale_count[report_key] += 1
+        else:
+            self.report.hits[report_key] += 1
+            entry = entries[0] if entries else {}
+            if _wants_cpp(entry):
+                patch = {"max_autotune": True, **entry["config_patch"]}
+                self.report.chosen[report_key] = f"{CONFIG_TEMPLATE_ID} {entry['config_patch']}"
+                event = dataclasses.replace(event, hit_templates=(CONFIG_TEMPLATE_ID,))
+            else:
+                self.report.chosen[report_key] = f"Inductor's default ({packed_op})"
+        self.events.append(event)
+        return patch
+
+    @contextmanager
+    def cpu_gemm_lowering(self) -> Iterator[None]:
+        """Around an unpacked CPU GEMM's lowering: its lookup (below) may set the template's knobs
+        for this GEMM; every value is restored when the lowering returns. When some entry selects the
+        C++ template the lowering runs under max-autotune with ATen and CPP (the template is offered
+        only then) and the lookup restricts the backends to the entry's, or to ATen on a miss; a CPP
+        hit where Inductor would not offer the template (not frozen) compiles the default and is
+        reported stale (NOT_FROZEN)."""
+        base = {k: _get_config(k) for k in self._cpu_keys}
+        extra: dict[str, Any] = {}
+        if self._cpu_template:
+            extra = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,CPP"}
+        outer = self._scope_base
+        with inductor_config.patch({**base, **extra}):
+            self._scope_base = {**base, **extra}
+            try:
+                yield
+            finally:
+                self._scope_base = outer
 
     def _finalize_template_configs(self, template_choices, kernel_inputs, templates, op_name,
                                    kwarg_overrides=None):
@@ -144,11 +221,7 @@ class TableChoices(RecordingChoices):
         hashes = {t.uid: getattr(t, "src_hash", None) for t in templates}
         event = self.event(kernel_inputs, op_name, hashes, ())
         self.events.append(event)
-        key, entries = None, None
-        for k in (event.device_key, event.agnostic_key):
-            if k is not None and k in self.tf.table:
-                key, entries = k, self.tf.table[k]
-                break
+        key, entries = self._find(event)
         report_key = key or event.device_key or event.agnostic_key or op_name
         cpu = kernel_inputs.device().type == "cpu"
         if entries is not None and self.version_mismatch:
@@ -211,6 +284,13 @@ class TableChoices(RecordingChoices):
 
     def _cpu_hit(self, key, entries, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
         entry = entries[0]  # a CPU GEMM compiles one config; top_k > 1 applies on CUDA
+        if _wants_cpp(entry) and not _cpp_template_applies(kernel_inputs, op_name):
+            # Inductor would not offer the template here (a weight that is not a frozen constant,
+            # a dtype it has no micro-kernel for): the default ATen kernel is compiled, and said so
+            self.report.stale[key] = NOT_FROZEN
+            self.report.stale_count[key] += 1
+            self._set_cpu({"max_autotune_gemm_backends": "ATEN"})
+            return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         self.report.hits[key] += 1
         if entry["template_id"] == CONFIG_TEMPLATE_ID:
             patch = dict(entry.get("config_patch") or {})
@@ -228,12 +308,33 @@ class TableChoices(RecordingChoices):
         return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
 
     def _set_cpu(self, values: dict[str, Any]) -> None:
-        for k, base in self._cpu_baseline.items():
-            _set_config(k, values.get(k, base))
+        """This GEMM's knobs, inside cpu_gemm_lowering only (which restores them); outside one (a
+        GEMM lowering zhantune does not hook) nothing is changed."""
+        if self._scope_base is None:
+            return
+        for k in self._cpu_keys:
+            _set_config(k, values.get(k, self._scope_base[k]))
 
-    def restore(self) -> None:
-        for k, v in self._cpu_baseline.items():
-            _set_config(k, v)
+
+def _cpp_template_applies(kernel_inputs: Any, op_name: str) -> bool:
+    """Whether Inductor offers its C++ GEMM (or BMM) template for this GEMM in this lowering: its own
+    ``use_cpp_gemm_template`` / ``use_cpp_bmm_template`` (torch/_inductor/utils.py: max-autotune on,
+    CPP in the backends, a constant second operand, a supported dtype)."""
+    from torch._inductor.utils import use_cpp_bmm_template, use_cpp_gemm_template
+
+    check = use_cpp_bmm_template if op_name == "bmm" else use_cpp_gemm_template
+    try:
+        with inductor_config.patch(max_autotune_gemm_backends="ATEN,CPP"):
+            return bool(check(kernel_inputs.output_layout(), *kernel_inputs.mat1mat2()))
+    except Exception:  # an input Inductor's check does not expect: not offered
+        return False
+
+
+def _wants_cpp(entry: dict[str, Any]) -> bool:
+    """A config entry whose backend list includes Inductor's C++ GEMM template."""
+    if entry.get("template_id") != CONFIG_TEMPLATE_ID:
+        return False
+    return "CPP" in str((entry.get("config_patch") or {}).get("max_autotune_gemm_backends", "")).upper()
 
 
 def _get_config(key: str) -> Any:
@@ -258,13 +359,13 @@ class InstalledTable:
     def __init__(self, tf: TableFile, device: str):
         self.tf = tf
         self.device = device
-        self._patch = inductor_config.patch({**(CPU_TABLE_PATCH if device == "cpu" else cuda_table_patch(tf.table)),
+        # the table in Inductor's config, so that Inductor's FX graph cache keys differ per table;
+        # on CPU nothing else (the hooks act per GEMM), on CUDA the table's compile settings
+        self._patch = inductor_config.patch({**({} if device == "cpu" else cuda_table_patch(tf.table)),
                                              "lookup_table.table": tf.table})
         self._patch.__enter__()
-        self.handler = TableChoices(tf)  # its per-GEMM baseline is the config under the table's settings
-        self._mkldnn = torch.backends.mkldnn.enabled
-        if device == "cpu":
-            torch.backends.mkldnn.enabled = False
+        self.handler = TableChoices(tf)
+        cpu_gemm.install()
         self._choices = V.set_choices_handler(self.handler)
         self._choices.__enter__()
         self._removed = False
@@ -282,8 +383,7 @@ class InstalledTable:
         self._removed = True
         _INSTALLED.remove(self)
         self._choices.__exit__(None, None, None)
-        self.handler.restore()
-        torch.backends.mkldnn.enabled = self._mkldnn
+        cpu_gemm.uninstall()
         self._patch.__exit__(None, None, None)
 
     def __enter__(self) -> InstalledTable:
