@@ -51,7 +51,7 @@ from torch._inductor.virtualized import V
 
 from zhantune.inductor import cpu_gemm
 from zhantune.inductor.choices import LookupEvent, RecordingChoices
-from zhantune.inductor.knobs import CONFIG_KNOBS
+from zhantune.inductor.knobs import CONFIG_KNOBS, config_patch_problem
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, check_table, read_table
 
 __all__ = ["TableChoices", "TableReport", "InstalledTable", "use_table", "table_report", "release", "stale_reason"]
@@ -186,6 +186,10 @@ class TableChoices(RecordingChoices):
             self.report.hits[report_key] += 1
             entry = entries[0] if entries else {}
             if _wants_cpp(entry):
+                # only allow-listed knobs reach Inductor's config (read_table checked them; a bug otherwise)
+                bad = config_patch_problem(entry["config_patch"], "cpu")
+                if bad:
+                    raise ValueError(f"config_patch {bad[0]!r}: {bad[1]}")
                 patch = {"max_autotune": True, **entry["config_patch"]}
                 self.report.chosen[report_key] = f"{CONFIG_TEMPLATE_ID} {entry['config_patch']}"
                 event = dataclasses.replace(event, hit_templates=(CONFIG_TEMPLATE_ID,))
