@@ -108,7 +108,8 @@ def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load)
 
     tuned = {}
     for op in ("mm", "linear_act"):
-        r = cli([f"+op={op}", "shape=[64,64,64]", "device=cpu", "search.n_trials=4", "progress=false",
+        r = cli([f"+op={op}", "shape=[64,64,64]", "device=cpu", "search.n_trials=3", "progress=false",
+                 "bench.remeasure_rounds=2",
                  f"storage.url=sqlite:///{op}.db", f"export.path={op}.json"], tmp_path, timeout=1200)
         assert r.returncode == 0, r.stderr[-3000:]
         tuned[op] = _claims(r.stdout)
