@@ -113,7 +113,7 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
         console.print(f"[yellow]warning: {result.contended} measurement(s) taken under contention (load average "
                       "above the core count, other runnable tasks, or other GPU processes); runs timed under "
                       "SCHED_FIFO (bench.fifo, where permitted) are shielded from it, and a speedup is claimed "
-                      "only from paired rounds that were[/yellow]")
+                      "only from paired rounds that were shielded or uncontended[/yellow]")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"
     console.print(f"trials: {result.measured} measured ({counts}), {result.cached} cached, "
                   f"{result.infeasible} infeasible" + (" [interrupted]" if result.interrupted else ""))
