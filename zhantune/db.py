@@ -25,30 +25,18 @@ _command: list[str] = []
 def _open_engine(url: str, source: str = "storage.url", allow_newer: bool = False):
     """An engine on an existing database that passes SQLite's quick integrity check (SQLite files)
     and is zhantune's or holds only Optuna's tables; raises StorageError (exit code 2) otherwise."""
-    import sqlite3
-
     from sqlalchemy import create_engine, inspect
 
     from zhantune.storage import check_url, make_engine, sqlite_path
-    from zhantune.storage.migrate import current_revision, head_revision, known_revisions
-    from zhantune.storage.store import OPTUNA_TABLES
+    from zhantune.storage.migrate import current_revision
+    from zhantune.storage.store import check_sqlite_integrity, refuse_foreign_or_newer
 
     check_url(url)
     path = sqlite_path(url)
     if path is not None:
         if not path.exists():
             raise StorageError(f"{source}={url}: no database at {path}")
-        try:  # a connection that only reads (read-only ones leave a WAL database's -wal/-shm behind)
-            con = sqlite3.connect(path)
-            try:
-                result = [r[0] for r in con.execute("PRAGMA quick_check").fetchall()]
-            finally:
-                con.close()
-        except sqlite3.DatabaseError as e:
-            result = [str(e)]
-        if result != ["ok"]:
-            raise StorageError(f"{source}={url}: {path} fails SQLite's integrity check ({result[0]}); "
-                               "left untouched, restore it from a backup")
+        check_sqlite_integrity(path, f"{source}={url}")
     # inspected through a plain engine: zhantune's own would switch a SQLite file to WAL mode, a write
     probe = create_engine(url)
     try:
@@ -57,12 +45,8 @@ def _open_engine(url: str, source: str = "storage.url", allow_newer: bool = Fals
             rev = current_revision(conn)
     finally:
         probe.dispose()
-    if rev is None and tables - OPTUNA_TABLES:
-        raise StorageError(f"{source}={url}: not a zhantune database (it has tables "
-                           f"{', '.join(sorted(tables - OPTUNA_TABLES)[:3])}); left untouched")
-    if rev is not None and rev not in known_revisions() and not allow_newer:
-        raise StorageError(f"{source}={url}: schema revision {rev!r} is newer than this zhantune knows "
-                           f"(newest {head_revision()}); use a newer zhantune. Left untouched")
+    if not (allow_newer and rev is not None):  # `current` reports any zhantune revision, newer too
+        refuse_foreign_or_newer(f"{source}={url}", tables, rev)
     return make_engine(url)
 
 

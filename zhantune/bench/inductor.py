@@ -40,6 +40,7 @@ from zhantune.inductor.knobs import (
     BACKEND_FLAGS,  # re-exported: the flags a backend branch may set
     CONFIG_KNOBS,
 )
+from zhantune.inductor.templates import TEMPLATE_CONFIG
 from zhantune.problems import GemmProblem
 from zhantune.search.space import Candidate
 
@@ -113,8 +114,7 @@ def template_patch(template_id: str) -> dict[str, Any]:
     """
     patch: dict[str, Any] = {"max_autotune": True,
                              "max_autotune_gemm_backends": "ATEN" if template_id.startswith("aten::") else "TRITON"}
-    if template_id == "triton::mm_persistent_tma":
-        patch["triton.enable_persistent_tma_matmul"] = True
+    patch.update(TEMPLATE_CONFIG.get(template_id, {}))
     return patch
 
 

@@ -75,9 +75,12 @@ def cuda_table_patch(table: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     compiles the ATen kernel, TableChoices), and ``triton.enable_persistent_tma_matmul`` when an
     entry names ``triton::mm_persistent_tma`` (Inductor offers that template only then:
     ``use_triton_tma_template`` in torch/_inductor/utils.py)."""
+    from zhantune.inductor.templates import TEMPLATE_CONFIG
+
     patch: dict[str, Any] = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
-    if any(e.get("template_id") == "triton::mm_persistent_tma" for entries in table.values() for e in entries):
-        patch["triton.enable_persistent_tma_matmul"] = True
+    for entries in table.values():
+        for e in entries:
+            patch.update(TEMPLATE_CONFIG.get(e.get("template_id"), {}))
     return patch
 
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-__all__ = ["inductor_template_ids"]
+__all__ = ["inductor_template_ids", "TEMPLATE_CONFIG"]
+
+#: template uid -> the Inductor config without which Inductor does not offer that template
+#: (``triton::mm_persistent_tma``: ``use_triton_tma_template`` in torch/_inductor/utils.py)
+TEMPLATE_CONFIG: dict[str, dict[str, object]] = {
+    "triton::mm_persistent_tma": {"triton.enable_persistent_tma_matmul": True},
+}
 
 
 @lru_cache

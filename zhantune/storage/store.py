@@ -99,6 +99,35 @@ def _check_sqlite_file(path: Path, url: str) -> None:
                            "left untouched") from None
 
 
+def check_sqlite_integrity(path: Path, where: str) -> None:
+    """Refuse an SQLite file that fails SQLite's ``PRAGMA quick_check``; raises StorageError naming
+    ``where`` (e.g. ``storage.url=sqlite:///x.db``). Read through a plain connection, as
+    :func:`_check_sqlite_file` explains."""
+    try:
+        con = sqlite3.connect(path)
+        try:
+            result = [r[0] for r in con.execute("PRAGMA quick_check").fetchall()]
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        result = [str(e)]
+    if result != ["ok"]:
+        raise StorageError(f"{where}: {path} fails SQLite's integrity check ({result[0]}); "
+                           "left untouched, restore it from a backup")
+
+
+def refuse_foreign_or_newer(where: str, tables: set[str], rev: str | None) -> None:
+    """Refuse a database that holds tables other than zhantune's and Optuna's but no zhantune
+    schema, or a zhantune schema newer than this zhantune knows; raises StorageError naming
+    ``where``. ``rev`` is zhantune's schema revision (zhantune.storage.migrate.current_revision)."""
+    if rev is None and tables - OPTUNA_TABLES:
+        raise StorageError(f"{where}: not a zhantune database (it has tables "
+                           f"{', '.join(sorted(tables - OPTUNA_TABLES)[:3])}); left untouched")
+    if rev is not None and rev not in known_revisions():
+        raise StorageError(f"{where}: schema revision {rev!r} is newer than this zhantune knows "
+                           f"(newest {head_revision()}); use a newer zhantune. The database was left untouched")
+
+
 def _optuna_script() -> Any:
     """Optuna's own Alembic scripts (optuna/storages/_rdb/alembic), which version its tables."""
     import optuna.storages._rdb as rdb
@@ -160,15 +189,12 @@ class Store:
             self.engine: Engine = make_engine(url)
             with self.schema_lock():
                 self._check_schema()
-        except (SQLAlchemyError, OSError) as e:
+        except BaseException as e:
             if new_file:  # a database that could not be created (disk full) leaves no file behind
                 self.engine.dispose()
                 _remove_sqlite_files(path)
-            raise StorageError(f"storage.url={url}: cannot open the database: {_first_line(e)}") from None
-        except BaseException:
-            if new_file:
-                self.engine.dispose()
-                _remove_sqlite_files(path)
+            if isinstance(e, (SQLAlchemyError, OSError)):
+                raise StorageError(f"storage.url={url}: cannot open the database: {_first_line(e)}") from None
             raise
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
@@ -196,11 +222,8 @@ class Store:
                                f"Optuna ({_optuna_version()}) uses {_optuna_head()!r}; "
                                + ("upgrade them: optuna storage upgrade --storage URL" if optuna_rev in
                                   _optuna_revisions() else "use a newer Optuna") + ". Left untouched")
+        refuse_foreign_or_newer(f"storage.url={self.url}", tables, rev)
         if rev is None:
-            foreign = tables - OPTUNA_TABLES
-            if foreign:
-                raise StorageError(f"storage.url={self.url}: not a zhantune database (it has tables "
-                                   f"{', '.join(sorted(foreign)[:3])}); left untouched")
             upgrade(self.engine)
             if "version_info" not in tables:
                 # Optuna's tables too, now: a database that cannot be created (a full disk) fails
@@ -210,13 +233,10 @@ class Store:
                 storage = optuna.storages.RDBStorage(self.url)
                 storage.remove_session()
                 storage.engine.dispose()
-        elif rev != head:
-            if rev in known_revisions():
-                raise StorageError(f"storage.url={self.url}: the database has schema revision {rev}, this zhantune "
-                                   f"needs {head}; back it up, then run: python -m zhantune.db upgrade "
-                                   f"storage.url={self.url}")
-            raise StorageError(f"storage.url={self.url}: schema revision {rev!r} is newer than this zhantune "
-                               f"knows (newest {head}); use a newer zhantune. The database was left untouched")
+        elif rev != head:  # an older revision (refuse_foreign_or_newer refused a newer one)
+            raise StorageError(f"storage.url={self.url}: the database has schema revision {rev}, this zhantune "
+                               f"needs {head}; back it up, then run: python -m zhantune.db upgrade "
+                               f"storage.url={self.url}")
 
     @contextlib.contextmanager
     def schema_lock(self) -> Iterator[None]:
