@@ -34,6 +34,74 @@ def test_claim_is_the_ratio_of_each_sides_minimum_over_rounds():
     assert v.ratio == pytest.approx(90 / 45) and v.ratio_low == pytest.approx(1.5) and v.ratio_high == pytest.approx(120 / 45)
 
 
+def test_busy_machine_is_waited_for_with_a_doubling_backoff_bounded_by_busy_wait_s(monkeypatch):
+    """The back-off re-reads /proc/stat's runnable count (here answered by a script: busy, busy, idle)
+    at 10 ms, then 20 ms; a machine that stays busy is waited for busy_wait_s at most, then timed
+    anyway and flagged (busy_at_start), which makes the row contended."""
+    import time
+
+    from zhantune.bench import conditions as cond
+
+    cores = os.cpu_count() or 1
+    answers = iter([cores, cores, 0])
+    monkeypatch.setattr(cond, "others_running", lambda: next(answers))
+    got = cond.wait_until_idle(5.0)
+    assert got["busy_at_start"] is False and 0.025 <= got["waited_s"] < 1.0  # 10 + 20 ms, not 5 s
+
+    monkeypatch.setattr(cond, "others_running", lambda: cores)
+    t0 = time.monotonic()
+    got = cond.wait_until_idle(0.2)
+    assert got["busy_at_start"] is True and 0.19 <= got["waited_s"] <= time.monotonic() - t0 < 1.0
+    assert cond.is_contended({"cores": cores, "load_avg_1m": 0.0, **got})
+    assert cond.wait_until_idle(0.0) == {"waited_s": 0.0, "busy_at_start": True}  # 0: never wait
+
+
+def test_contention_count_says_how_many_were_busy_and_what_was_done():
+    from zhantune.bench.conditions import ContentionCount, contention_count
+
+    quiet = contention_count([({"waited_s": 0.0}, False, "cpu:perf_counter:fifo")] * 3)
+    assert quiet == ContentionCount(3, 0, 0.0, 3) and quiet.text() is None  # nothing to warn about
+    busy = quiet + contention_count([({"waited_s": 1.0, "busy_at_start": True}, True, "cpu:perf_counter"),
+                                     (None, True, "cpu:perf_counter:fifo")])
+    assert busy == ContentionCount(5, 2, 1.0, 4)
+    assert busy.text().startswith("2 of 5 timed measurement(s) were taken on a busy machine")
+    assert "waited 1.0 s in all for idle cores (bench.busy_wait_s); 4 of 5 timed under SCHED_FIFO" in busy.text()
+
+
+def test_check_times_its_compiles_in_rotated_interleaved_rounds():
+    """check's three ways: every round times each once, round r starting at way r mod 3; the fastest
+    run per way over the rounds, and the paired ratio with its per-round range."""
+    from types import SimpleNamespace
+
+    from zhantune.check import time_interleaved, versus
+    from zhantune.config import BenchConfig
+    from zhantune.device import resolve_device
+
+    calls: list[str] = []
+
+    def way(name: str, spin: int):
+        def fn() -> None:
+            if not calls or calls[-1] != name:
+                calls.append(name)
+            sum(range(spin))
+        return fn
+
+    bench = SimpleNamespace(**{**BenchConfig().__dict__, "warmup_ms": 1.0, "target_ms": 2.0, "busy_wait_s": 0.0,
+                               "flush_cache": False})
+    fns = {"table": way("table", 2000), "default": way("default", 20000), "max-autotune": way("max-autotune", 2000)}
+    times, contention = time_interleaved(fns, resolve_device("cpu"), bench, rounds=3)
+    assert calls == ["table", "default", "max-autotune", "default", "max-autotune", "table",
+                     "max-autotune", "table", "default"]
+    assert contention.timed == 9
+    for t in times.values():
+        assert len(t["rounds_us"]) == 3 and t["run_us"] == min(t["rounds_us"]) and t["median_us"] >= t["run_us"]
+    v = versus(times["table"], times["default"])
+    assert v["ratio"] == pytest.approx(times["default"]["run_us"] / times["table"]["run_us"])
+    assert v["ratio_low"] <= v["ratio_high"] and v["ratio"] > 1  # 10x the work is slower, every round
+    assert versus(times["default"], times["default"]) == {"ratio": 1.0, "ratio_low": 1.0, "ratio_high": 1.0,
+                                                          "consistent": False}
+
+
 def _nice(tid: int) -> int:
     return os.getpriority(os.PRIO_PROCESS, tid)
 
@@ -124,8 +192,47 @@ def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load)
         assert claims[0] <= 1.25 * quiet, (op, claims, quiet)
 
 
-def _quiet_paired_ratio(db, op: str) -> float:
-    """Default / winner, minimum over 5 interleaved rounds of each, with the load gone."""
+#: a C++ GEMM blocking that is slower than ATen at 256^3 fp32 on this machine's kind: one thread per K
+#: half, tiny cache blocks (measured with FIFO, minimum of 3 paired rounds: 600 us vs ATen's 208 us)
+SLOW_CPP = ("+space.slow={branches:{slow:{scope:config,fixed:{max_autotune_gemm_backends:CPP,"
+            "cpp.gemm_thread_factors:'1,1,2',cpp.gemm_cache_blocking:'1,1,8',cpp.gemm_max_k_slices:1}}}}")
+
+
+@pytest.mark.slow
+@pytest.mark.load
+def test_under_load_a_slower_config_is_never_ranked_above_aten(cli, tmp_path, load):
+    """Under four busy loops: the machine is seen busy and waited for (bounded), and in three tunes of
+    ATen against a C++ GEMM blocking that is >= 1.5x slower (checked once the load is gone, paired)
+    ATen is ranked best, named best and exported every time."""
+    from zhantune.bench.conditions import wait_until_idle
+    from zhantune.storage import Store
+
+    got = wait_until_idle(0.3)
+    assert got["busy_at_start"] is True and got["waited_s"] >= 0.29  # the load is seen, the wait bounded
+    shapes = "[256,256,256],[256,256,248],[248,256,256]"
+    r = cli(["-m", "+op=mm", f"shape={shapes}", "device=cpu", "space=[aten]", SLOW_CPP, "search.n_trials=2",
+             "progress=false", "bench.busy_wait_s=0.2", "storage.url=sqlite:///slow.db", "export.path=slow.json",
+             "export.min_speedup=null"], tmp_path, timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = " ".join(r.stdout.split())
+    assert re.findall(r"best config: (\S+) ", out) == ["aten"] * 3, out[-3000:]
+    assert "timed measurement(s) were taken on a busy machine" in out  # the summary says so
+    for entries in json.loads((tmp_path / "slow.json").read_text())["table"].values():
+        assert entries[0]["config_patch"] == {"max_autotune_gemm_backends": "ATEN"}
+    store = Store(f"sqlite:///{tmp_path / 'slow.db'}")
+    ranked = store.ranked_candidates(top_k=2)
+    assert len(ranked) == 3 and all(best[0].branch == "aten" for _, _, best in ranked)
+    for p in load:
+        p.kill()
+    aten, slow = next(best for _, problem, best in ranked if problem.shape == {"M": 256, "N": 256, "K": 256})
+    quiet = _quiet_paired_ratio(tmp_path / "slow.db", "mm", shape="[256,256,256]", extra=[SLOW_CPP, "space=[aten]"],
+                                pair=(slow, aten))
+    assert quiet >= 1.5, f"the premise: the C++ blocking must be >= 1.5x slower than ATen quietly, got {quiet:.2f}x"
+
+
+def _quiet_paired_ratio(db, op: str, shape: str = "[64,64,64]", extra: tuple = (), pair=None) -> float:
+    """Default / winner (or pair[0] / pair[1]: two stored configs), minimum over 5 interleaved rounds
+    of each, with the load gone."""
     from hydra import compose, initialize_config_module
 
     from zhantune.bench.inductor import InductorBenchmarker
@@ -134,20 +241,26 @@ def _quiet_paired_ratio(db, op: str) -> float:
     from zhantune.storage import Store
     from zhantune.tune import resolve_run
 
-    store = Store(f"sqlite:///{db}")
-    (_, _, (best,)), = store.ranked_candidates(top_k=1)
     register()
     with initialize_config_module("zhantune.conf", version_base="1.3"):
-        cfg = compose("config", overrides=[f"+op={op}", "shape=[64,64,64]", "device=cpu"])
+        cfg = compose("config", overrides=[f"+op={op}", f"shape={shape}", "device=cpu", *extra])
     run = resolve_run(cfg)
-    branch = next(b for b in run.space.branches if b.name == best.branch)
     bench = InductorBenchmarker(run.problem, run.device, cfg.bench)
     bench.inductor_default()
-    cand = Candidate(best.branch, branch.scope, best.template_id, dict(best.params))
+
+    def candidate(row):
+        branch = next(b for b in run.space.branches if b.name == row.branch)
+        cand = Candidate(row.branch, branch.scope, row.template_id, dict(row.params))
+        return lambda: bench.measure(cand)
+
+    if pair is None:
+        (_, _, (best,)), = Store(f"sqlite:///{db}").ranked_candidates(top_k=1)
+        pair = (None, best)
+    first, second = candidate(pair[0]) if pair[0] is not None else bench.measure_default, candidate(pair[1])
     d, w = [], []
     for _ in range(5):
-        d.append(bench.measure_default().timing.min_us)
-        w.append(bench.measure(cand).timing.min_us)
+        d.append(first().timing.min_us)
+        w.append(second().timing.min_us)
     return min(d) / min(w)
 
 

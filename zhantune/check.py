@@ -4,10 +4,13 @@
 
 Compiles the model with the table (zhantune.use_table) and reports every GEMM lookup Inductor made:
 hits, misses (with their keys) and stale entries (template_hash or torch version mismatch). Then it
-times the model three ways, each a cold compile (Inductor's caches off) in this process after one
-untimed warm-up compile: with the table, with Inductor's default compile, and with max-autotune. For each: compile time (seconds, the
-first call) and run time (microseconds, median, zhantune's timing protocol, ``bench.*``), and the
-largest relative error against eager. On CPU all three are the inference compile a user gets
+compiles the model three ways, each a cold compile (Inductor's caches off) of its own copy in this
+process after one untimed warm-up compile: with the table, with Inductor's default compile, and with
+max-autotune; and times the three in ``rounds`` interleaved rounds (zhantune's timing protocol,
+``bench.*``, a busy machine waited for and reported as in a tune). For each: compile time (seconds,
+the first call), run time (microseconds: the fastest run over the rounds, the statistic every
+zhantune decision uses, and the median), the paired ratio to the default with its per-round range,
+and the largest relative error against eager. On CPU all three are the inference compile a user gets
 (``freezing=True`` under ``no_grad``, oneDNN on: "default" runs the prepacked oneDNN / MKL linear);
 the table changes only the GEMMs it covers, max-autotune lets Inductor pick per GEMM.
 
@@ -38,66 +41,118 @@ register()
 COVERAGE_EXIT_CODE = 1
 
 
-def _compile_and_time(model: Any, inputs: tuple, device: Any, bench: Any, patch: dict[str, Any],
-                      table: Any = None) -> dict[str, Any]:
+def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], table: Any = None) -> dict[str, Any]:
+    """Compile a copy of ``model`` under ``patch`` (Inductor's caches off; ``table`` served through
+    use_table while it compiles) and run it once: {"fn", "compile_s", "out", "report"}. Each way
+    compiles its own copy, so that Dynamo keeps one graph per way and calling one never recompiles
+    another."""
+    import copy
+
     import torch
     from torch._inductor import config as inductor_config
 
-    from zhantune.bench.timing import time_cpu, time_cuda
     from zhantune.inductor.runtime import use_table
 
-    torch._dynamo.reset()
+    mine = copy.deepcopy(model)
     installed = use_table(table, device.kind) if table is not None else None
     try:
         with torch.no_grad(), inductor_config.patch({**patch, "force_disable_caches": True}):
-            compiled = torch.compile(model)
+            compiled = torch.compile(mine)
             t0 = time.perf_counter()
             out = compiled(*inputs)
             if device.kind == "cuda":  # pragma: no cover - needs a GPU
                 torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
-            if device.kind == "cuda":  # pragma: no cover - needs a GPU
-                timing = time_cuda(lambda: compiled(*inputs), warmup_ms=bench.warmup_ms, target_ms=bench.target_ms,
-                                   cuda_graph=bench.cuda_graph)
-            else:
-                timing = time_cpu(lambda: compiled(*inputs), warmup_ms=bench.warmup_ms, target_ms=bench.target_ms,
-                                  min_reps=bench.min_reps, max_reps=bench.max_reps, flush_cache=bench.flush_cache,
-                                  nice=getattr(bench, "nice", None), fifo=getattr(bench, "fifo", False))
     finally:
         if installed is not None:
             installed.remove()
-    return {"compile_s": compile_s, "run_us": timing.median_us, "p20_us": timing.p20_us, "p80_us": timing.p80_us,
-            "n": timing.n, "out": out, "report": installed.report if installed is not None else None}
+
+    def fn() -> Any:
+        with torch.no_grad():
+            return compiled(*inputs)
+
+    return {"fn": fn, "compile_s": compile_s, "out": out, "report": installed.report if installed is not None else None}
+
+
+def _time_once(fn: Any, device: Any, bench: Any) -> tuple[Any, dict[str, Any]]:
+    """One timed measurement of ``fn`` (zhantune's protocol, microseconds) after the busy-machine
+    back-off; returns (Timing, the conditions it was taken in)."""
+    from zhantune.bench.conditions import conditions, wait_until_idle
+    from zhantune.bench.timing import time_cpu, time_cuda
+
+    waited = wait_until_idle(getattr(bench, "busy_wait_s", 0.0) or 0.0, device.kind, device.index)
+    if device.kind == "cuda":  # pragma: no cover - needs a GPU
+        timing = time_cuda(fn, warmup_ms=bench.warmup_ms, target_ms=bench.target_ms, cuda_graph=bench.cuda_graph)
+    else:
+        timing = time_cpu(fn, warmup_ms=bench.warmup_ms, target_ms=bench.target_ms, min_reps=bench.min_reps,
+                          max_reps=bench.max_reps, flush_cache=bench.flush_cache,
+                          nice=getattr(bench, "nice", None), fifo=getattr(bench, "fifo", False))
+    return timing, {**conditions(device.kind, device.index), **waited}
+
+
+def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) -> tuple[dict[str, dict[str, Any]], Any]:
+    """Time every way in ``rounds`` interleaved rounds (round r starts at way r mod n, so no way is
+    always first). Per way: ``run_us`` the fastest run over all rounds (the decision statistic, as
+    in a tune: one-sided noise cannot make it smaller), ``median_us`` the median of the per-round
+    medians, ``rounds_us`` each round's fastest run. Returns (per way, ContentionCount)."""
+    import statistics
+
+    from zhantune.bench.conditions import ContentionCount, is_contended
+
+    names = list(fns)
+    timings: dict[str, list[Any]] = {n: [] for n in names}
+    contention = ContentionCount()
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            timing, seen = _time_once(fns[name], device, bench)
+            timings[name].append(timing)
+            contention = contention.add(seen, is_contended(seen), timing.method)
+    out = {}
+    for name, ts in timings.items():
+        out[name] = {"run_us": min(t.min_us for t in ts), "median_us": statistics.median(t.median_us for t in ts),
+                     "rounds_us": [t.min_us for t in ts], "n": sum(t.n for t in ts), "method": ts[0].method}
+    return out, contention
+
+
+def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+    """The paired comparison of a way with the default: ``ratio`` = default / way (each side's
+    fastest run over the rounds; > 1: the way is faster), the per-round ratios' range, and
+    ``consistent``: every round agrees on which is faster (ratios all above or all below 1)."""
+    per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
+    consistent = all(x > 1 for x in per_round) or all(x < 1 for x in per_round)
+    return {"ratio": default["run_us"] / way["run_us"], "ratio_low": min(per_round), "ratio_high": max(per_round),
+            "consistent": consistent}
 
 
 def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
-                max_autotune: bool = True) -> dict[str, Any]:
-    """Compile and time ``model`` with ``table`` (a TableFile), by default, and with max-autotune.
+                max_autotune: bool = True, rounds: int = 5) -> dict[str, Any]:
+    """Compile ``model`` with ``table`` (a TableFile), by default, and with max-autotune, then time
+    the compiled ways in ``rounds`` interleaved rounds (:func:`time_interleaved`).
 
-    Returns {"report": TableReport, "ways": {name: {compile_s, run_us, error, ...}}}; run times in
-    microseconds (median), compile times in seconds; ``error`` is the max relative error vs eager.
+    Returns {"report": TableReport, "ways": {name: {compile_s, run_us, median_us, rounds_us, error,
+    vs_default}}, "contention": ContentionCount}; run times in microseconds (``run_us``: the fastest
+    run), compile times in seconds; ``error`` is the max relative error vs eager.
     """
     import torch
 
     from zhantune.bench.inductor import relative_error
 
+    torch._dynamo.reset()
     with torch.no_grad():
         reference = model(*inputs).double()
     base = {"freezing": True} if device.kind == "cpu" else {}
     # an untimed compile first, so that the process's one-time costs (Dynamo, Inductor's imports,
-    # the C++ toolchain's first run) do not land on whichever way is timed first
-    _compile_and_time(model, inputs, device, bench, base)
-    ways: dict[str, dict[str, Any]] = {}
-    table_run = _compile_and_time(model, inputs, device, bench, base, table)
-    ways["table"] = table_run
-    ways["default"] = _compile_and_time(model, inputs, device, bench, base)
+    # the C++ toolchain's first run) do not land on whichever way compiles first
+    _compile(model, inputs, device, base)
+    compiled = {"table": _compile(model, inputs, device, base, table), "default": _compile(model, inputs, device, base)}
     if max_autotune:
-        ways["max-autotune"] = _compile_and_time(model, inputs, device, bench, {**base, "max_autotune": True})
-    report = table_run["report"]
-    for w in ways.values():
-        w["error"] = relative_error(w.pop("out"), reference)
-        w.pop("report")
-    return {"report": report, "ways": ways}
+        compiled["max-autotune"] = _compile(model, inputs, device, {**base, "max_autotune": True})
+    times, contention = time_interleaved({n: c["fn"] for n, c in compiled.items()}, device, bench, rounds)
+    ways: dict[str, dict[str, Any]] = {}
+    for name, c in compiled.items():
+        ways[name] = {"compile_s": c["compile_s"], **times[name], "error": relative_error(c["out"], reference),
+                      "vs_default": versus(times[name], times["default"])}
+    return {"report": compiled["table"]["report"], "ways": ways, "contention": contention}
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="check")
@@ -118,6 +173,8 @@ def _check_app(cfg: DictConfig) -> None:
             raise ConfigError("no table given; use table=FILE (written by python -m zhantune or zhantune.export)")
         if not 0.0 <= cfg.min_coverage <= 1.0:
             raise ConfigError(f"min_coverage={cfg.min_coverage} must be in [0, 1]")
+        if cfg.rounds < 1:
+            raise ConfigError(f"rounds={cfg.rounds} must be at least 1 (interleaved timing rounds)")
         check_bench(cfg.bench)
         if cfg.json:
             check_output_path(cfg.json, "json")
@@ -128,7 +185,7 @@ def _check_app(cfg: DictConfig) -> None:
     except UserError as e:
         user_error(e)
         return
-    result = check_model(model, inputs, device, tf, cfg.bench, cfg.max_autotune)
+    result = check_model(model, inputs, device, tf, cfg.bench, cfg.max_autotune, cfg.rounds)
     report = result["report"]
 
     console.print(f"table {cfg.table}: {len(tf.table)} key(s)"
@@ -142,17 +199,27 @@ def _check_app(cfg: DictConfig) -> None:
     tol = TOLERANCES[dtype]
     coverage = report.coverage or 0.0  # no lookup at all proves nothing
     t = Table(title=f"{cfg.model} on {device.name}: {report.lookups} GEMM lookup(s), coverage {coverage:.0%}")
-    for col in ("compile", "compile s", "run us (median)", "p20-p80 us", "vs default", "max rel error"):
+    for col in ("compile", "compile s", "min us", "median us", "vs default (rounds)", "max rel error"):
         t.add_column(col, justify="left" if col == "compile" else "right")
-    default_us = result["ways"]["default"]["run_us"]
     for name, w in result["ways"].items():
         ok = w["error"] <= tol
-        t.add_row(name, f"{w['compile_s']:.2f}", f"{w['run_us']:,.1f}", f"{w['p20_us']:,.1f}-{w['p80_us']:,.1f}",
-                  f"{default_us / w['run_us']:.2f}x", f"{w['error']:.2e}" + ("" if ok else " [red]> tol[/red]"))
+        v = w["vs_default"]
+        vs = "1.00x" if name == "default" else (f"{v['ratio']:.2f}x ({v['ratio_low']:.2f}-{v['ratio_high']:.2f})"
+                                                 + ("" if v["consistent"] else " ~"))
+        t.add_row(name, f"{w['compile_s']:.2f}", f"{w['run_us']:,.1f}", f"{w['median_us']:,.1f}", vs,
+                  f"{w['error']:.2e}" + ("" if ok else " [red]> tol[/red]"))
     console.print(t)
+    console.print(f"run times: the fastest of {cfg.rounds} interleaved rounds per compile; vs default: default / "
+                  "this, with the per-round range; ~: the rounds disagree on which is faster (noise, no difference "
+                  "shown)")
+    if result["contention"].text():
+        console.print(f"[yellow]warning: {result['contention'].text()}[/yellow]")
     if cfg.json:
+        c = result["contention"]
         doc = {"table": str(cfg.table), "model": cfg.model, "device": device.key, "report": report.as_dict(),
-               "ways": result["ways"], "tolerance": tol}
+               "ways": result["ways"], "tolerance": tol, "rounds": cfg.rounds,
+               "contention": {"timed": c.timed, "contended": c.contended, "waited_s": c.waited_s,
+                              "shielded": c.shielded}}
         Path(cfg.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     wrong = [n for n, w in result["ways"].items() if not w["error"] <= tol]
     if wrong:

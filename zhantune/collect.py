@@ -7,8 +7,10 @@ The model is compiled once with Inductor's defaults under a recording choices ha
 lookup-table entries, so the keys are Inductor's own. Each distinct key becomes a problem (op,
 shape, dtype, weight layout, scalars, the kernel inputs' sizes and strides, how many times the model
 compiles it). With ``measure=true`` (default) each problem is compiled and timed alone with
-Inductor's default compile, and its ``share`` is count x time over the model's total: the tune of
-the file (``python -m zhantune problems=problems.yaml``) spends its trials in that proportion.
+Inductor's default compile (its fastest timed run, as every decision in zhantune: a busy machine only
+adds time), and its ``share`` is count x time over the model's total: the tune of the file
+(``python -m zhantune problems=problems.yaml``) spends its trials in that proportion. A busy machine
+is waited for and reported as in a tune (zhantune.bench.conditions).
 
 On CPU the compile is the inference compile a user gets (``freezing=True``, oneDNN on; see
 zhantune.bench.inductor): a GEMM that Inductor's freezing pass prepacks makes no lookup, and the CPU
@@ -26,6 +28,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from zhantune.bench.conditions import ContentionCount
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
 from zhantune.errors import ConfigError, UserError
@@ -125,24 +128,32 @@ def collect(model: Any, inputs: tuple, device: Any) -> list[CollectedProblem]:
     return list(found.values())
 
 
-def measure_defaults(problems: list[CollectedProblem], device: Any, bench: Any) -> None:
-    """Time each tunable problem's default compile (microseconds, median) and set ``share``."""
+def measure_defaults(problems: list[CollectedProblem], device: Any, bench: Any) -> ContentionCount:
+    """Time each tunable problem's default compile and set ``default_us`` (microseconds, the decision
+    statistic: the fastest of its individually timed runs, zhantune.storage.store.decision_us, which
+    one-sided noise cannot inflate) and ``share``. Returns how many of the timed measurements were
+    taken on a busy machine (zhantune.bench.conditions)."""
+    from zhantune.bench.conditions import is_contended
     from zhantune.bench.inductor import InductorBenchmarker
 
+    contention = ContentionCount()
     for p in problems:
         if p.problem is None:
             continue
         b = InductorBenchmarker(p.problem, device, bench)
         meas = b.inductor_default()
+        if meas.timing is not None:
+            contention = contention.add(meas.conditions, is_contended(meas.conditions or {}), meas.timing.method)
         if b.lookup_key != p.lookup_key:
             p.reason = f"the problem's own compile makes key {b.lookup_key!r}, not the model's"
             continue
         if meas.ok:
-            p.default_us = meas.timing.median_us
+            p.default_us = meas.timing.min_us
     total = sum(p.count * p.default_us for p in problems if p.default_us)
     for p in problems:
         if p.default_us and total:
             p.share = p.count * p.default_us / total
+    return contention
 
 
 def write_problems(path: str | Path, problems: list[CollectedProblem], header: dict[str, Any]) -> Path:
@@ -244,8 +255,7 @@ def _collect_app(cfg: DictConfig) -> None:
         if not any(p.problem is not None for p in problems):
             raise UserError(f"model={cfg.model}: Inductor compiled no tunable GEMM "
                             f"({len(problems)} lookup(s): {[p.reason for p in problems]})")
-        if cfg.measure:
-            measure_defaults(problems, device, cfg.bench)
+        contention = measure_defaults(problems, device, cfg.bench) if cfg.measure else ContentionCount()
     except UserError as e:
         user_error(e)
         return
@@ -257,14 +267,16 @@ def _collect_app(cfg: DictConfig) -> None:
               **{k: None if v is None else str(v) for k, v in software_versions().items()}, "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     out = write_problems(cfg.out, problems, header)
     t = Table(title=f"GEMM problems of {cfg.model} on {device.name}")
-    for col in ("op", "shape", "weight", "count", "default us", "share", "note"):
-        t.add_column(col, justify="right" if col in ("count", "default us", "share") else "left")
+    for col in ("op", "shape", "weight", "count", "default min us", "share", "note"):
+        t.add_column(col, justify="right" if col in ("count", "default min us", "share") else "left")
     for p in problems:
         g = p.problem
         t.add_row(p.op_name, str(list(g.shape)) if g else "-", g.weight_layout if g else "-", str(p.count),
                   f"{p.default_us:.1f}" if p.default_us else "-", f"{p.share:.0%}" if p.share else "-",
                   p.reason or "")
     console.print(t)
+    if contention.text():
+        console.print(f"[yellow]warning: {contention.text()}[/yellow]")
     n = sum(1 for p in problems if p.problem is not None and p.reason is None)
     console.print(f"wrote {n} problem(s) to {out}; tune them with: python -m zhantune problems={out}")
 

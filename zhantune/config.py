@@ -77,6 +77,10 @@ class BenchConfig:
     #: CPU: warmup and timed runs under SCHED_FIFO where permitted (zhantune.bench.timing.realtime):
     #: the only setting found that shields short kernels from other work (docs/timing.md)
     fifo: bool = True
+    #: before each timed measurement, wait with a doubling back-off for at most this many seconds while
+    #: as many other tasks as cores are runnable (CUDA: other processes on the GPU); then time anyway and
+    #: flag the row contended (zhantune.bench.conditions.wait_until_idle). 0: do not wait
+    busy_wait_s: float = 1.0
     #: CUDA: time through a CUDA graph so Python launch overhead is excluded
     cuda_graph: bool = True
     #: compile and time in a worker subprocess (a crash or hang kills the worker, not the study)
@@ -99,7 +103,7 @@ class BenchConfig:
 BENCH_RANGES: dict[str, tuple[float | None, float | None]] = {
     "warmup_ms": (0.0, 600_000.0), "target_ms": (0.001, 600_000.0), "min_reps": (1, None),
     "max_reps": (1, None), "compile_timeout_s": (0.001, None), "run_timeout_s": (0.001, None),
-    "compile_workers": (0, 64), "remeasure_rounds": (0, 1000), "nice": (-20, 19),
+    "compile_workers": (0, 64), "remeasure_rounds": (0, 1000), "nice": (-20, 19), "busy_wait_s": (0.0, 600.0),
 }
 
 
@@ -211,6 +215,8 @@ class CheckConfig(CollectConfig):
     min_coverage: float = 1.0
     #: also compile and time with max-autotune (slow: Inductor benchmarks every choice)
     max_autotune: bool = True
+    #: interleaved timing rounds: each round times every way once, in a rotated order
+    rounds: int = 5
     #: write the report (hits, misses, stale, timings) as JSON here
     json: str | None = None
 

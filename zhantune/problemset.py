@@ -98,19 +98,40 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
 
 
 def print_problems_summary(console: Console, result: ProblemsResult) -> None:
+    """One row per problem: the default's and the best config's time (microseconds, the decision
+    statistic: fastest run, zhantune.storage.store.decision_us) and the settled, paired speedup claim
+    (zhantune.bench.decision; "unconfirmed" ones ship the default); then the machine's contention
+    over all problems' timed measurements."""
     from rich.table import Table
 
+    from zhantune.bench.conditions import ContentionCount
+    from zhantune.storage.store import decision_us
+
     t = Table(title="problems")
-    for col in ("problem", "count", "trials", "default us", "best us", "speedup"):
+    for col in ("problem", "count", "trials", "default min us", "best min us", "speedup (paired)"):
         t.add_column(col, justify="left" if col == "problem" else "right")
+    contention = ContentionCount()
     for pr in result.runs:
         r = pr.result
         if r is None:
             continue
-        d = r.default.median_us if r.default is not None and r.default.median_us else None
-        b = r.best.median_us if r.best is not None else None
+        d = decision_us(r.default) if r.default is not None and r.default.status == "ok" else None
+        b = decision_us(r.best) if r.best is not None else None
         t.add_row(pr.run.problem.key, str(pr.row.get("count", 1)), str(r.measured),
-                  f"{d:,.1f}" if d else "-", f"{b:,.1f}" if b else "-", f"{d / b:.2f}x" if d and b else "-")
+                  f"{d:,.1f}" if d else "-", f"{b:,.1f}" if b else "-", _claim_cell(r))
+        contention += r.contention
     console.print(t)
+    if contention.text():
+        console.print(f"[yellow]warning: {contention.text()}[/yellow]")
     if result.table_path is not None:
         console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))")
+
+
+def _claim_cell(r: Any) -> str:
+    """The speedup as the tune's summary states it: confirmed ratio, "(unconfirmed)", or "-"."""
+    if getattr(r, "same_kernel_as_default", False):
+        return "- (same kernel)"
+    claim = r.claim
+    if claim is None or claim.ratio is None:
+        return "-"
+    return f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")

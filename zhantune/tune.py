@@ -24,7 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from sqlalchemy.exc import IntegrityError
 
 from zhantune import interrupt
-from zhantune.bench.conditions import conditions, is_contended
+from zhantune.bench.conditions import ContentionCount, conditions, contention_count, is_contended
 from zhantune.bench.inductor import BACKEND_FLAGS, KERNEL_CACHE_PATCH, InductorBenchmarker
 from zhantune.bench.isolated import CompilePool, IsolatedBenchmarker, WorkerSpec, default_compile_workers
 from zhantune.bench.measurement import Measurement
@@ -278,8 +278,8 @@ class TuneResult:
     #: "clear", "tie" (within noise after re-measuring) or None (fewer than two correct configs)
     verdict: str | None = None
     verdict_text: str | None = None
-    #: timed rows taken under contention (zhantune.bench.conditions)
-    contended: int = 0
+    #: timed rows taken on a busy machine, and what was done about it (zhantune.bench.conditions)
+    contention: ContentionCount = field(default_factory=ContentionCount)
     #: set when the winner and the default were re-measured interleaved (settle_speedup)
     speedup_text: str | None = None
     #: the settled speedup claim over the default (zhantune.bench.decision.SpeedupVerdict); None: not settled
@@ -325,7 +325,8 @@ class Recorder:
                           iqr_us=t.iqr_us, cv=t.cv,
                           tflops=self.problem.tflops(t.median_us) if t.median_us > 0 else None)
         if self.device_kind is not None and t is not None:
-            c = conditions(self.device_kind, self.device_index)
+            # as the timing process saw it (with the back-off's wait), else a snapshot here
+            c = meas.conditions or conditions(self.device_kind, self.device_index)
             fields.update(conditions=c, contended=is_contended(c))
         row_id = self.store.add_measurement(**fields)
         return orm.Measurement(id=row_id, **fields)
@@ -430,7 +431,7 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
         except KeyboardInterrupt:  # Ctrl-C / SIGTERM while re-measuring: the study itself is complete
             result.interrupted = True
     store.finish_study(study_id, "interrupted" if result.interrupted else "finished")
-    result.contended = store.contended_count(study_id)
+    result.contention = contention_count(store.timed_conditions(study_id))
     result.best = _best_for_problem(store, device.key, problem_id)
     result.same_kernel_as_default = result.best is not None and _is_default_kernel(result.best)
     if cfg.export.enabled and not result.interrupted and run.replay is None:

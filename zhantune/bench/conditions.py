@@ -9,15 +9,23 @@ tasks as there are cores are runnable right now (``procs_running`` of /proc/stat
 excluded), or when other processes use the GPU; the tune summary warns about contended rows, and a
 speedup claim needs paired rounds that were not contended at the normal priority
 (zhantune.bench.decision).
+
+Before every timed measurement the timing process waits for the machine to be idle
+(:func:`wait_until_idle`): it re-reads the runnable-task count with a doubling back-off (10 ms,
+20 ms, ...) for at most ``bench.busy_wait_s`` seconds, then measures anyway. The seconds waited
+and whether the machine was still busy are stored in the row's ``conditions``
+(``waited_s``, ``busy_at_start``), and a row that started busy is contended.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["conditions", "is_contended"]
+__all__ = ["conditions", "is_contended", "wait_until_idle", "ContentionCount", "contention_count"]
 
 _GOVERNOR = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
 
@@ -78,8 +86,10 @@ def conditions(device_kind: str = "cpu", index: int | None = None) -> dict[str, 
 
 
 def is_contended(c: dict[str, Any]) -> bool:
-    """Load average above the core count, as many other runnable tasks as cores, or other processes
-    on the GPU."""
+    """Still busy when the timed runs began (:func:`wait_until_idle`), load average above the core
+    count, as many other runnable tasks as cores, or other processes on the GPU."""
+    if c.get("busy_at_start"):
+        return True
     load = c.get("load_avg_1m")
     if load is not None and load > c.get("cores", 1):
         return True
@@ -88,3 +98,69 @@ def is_contended(c: dict[str, Any]) -> bool:
         return True
     gpu = c.get("gpu") or {}
     return bool(gpu.get("other_processes"))
+
+
+def _busy(device_kind: str, index: int | None) -> bool:
+    if device_kind == "cuda":  # pragma: no cover - needs a GPU
+        return bool((_gpu(index or 0) or {}).get("other_processes"))
+    running = others_running()
+    return running is not None and running >= (os.cpu_count() or 1)
+
+
+def wait_until_idle(max_wait_s: float, device_kind: str = "cpu", index: int | None = None) -> dict[str, Any]:
+    """Wait, with a doubling back-off from 10 ms, until fewer other tasks than cores are runnable
+    (CPU) or no other process uses the GPU, for at most ``max_wait_s`` seconds (0: do not wait).
+
+    Returns {"waited_s": seconds waited, "busy_at_start": still busy when the wait ended}."""
+    start = time.monotonic()
+    step = 0.01
+    busy = _busy(device_kind, index)
+    while busy and max_wait_s > 0:
+        left = max_wait_s - (time.monotonic() - start)
+        if left <= 0:
+            break
+        time.sleep(min(step, left))
+        step *= 2
+        busy = _busy(device_kind, index)
+    return {"waited_s": round(time.monotonic() - start, 4) if max_wait_s > 0 else 0.0, "busy_at_start": busy}
+
+
+@dataclass(frozen=True)
+class ContentionCount:
+    """How many timed measurements were taken contended, and what was done about it: ``waited_s``
+    seconds of back-off in all (``bench.busy_wait_s`` at most per measurement), ``shielded`` runs timed
+    under SCHED_FIFO (``:fifo`` in the timing method)."""
+
+    timed: int = 0
+    contended: int = 0
+    waited_s: float = 0.0
+    shielded: int = 0
+
+    def add(self, conditions_: dict[str, Any] | None, contended: bool | None, method: str | None) -> ContentionCount:
+        c = conditions_ or {}
+        return ContentionCount(self.timed + 1, self.contended + bool(contended),
+                               self.waited_s + float(c.get("waited_s") or 0.0),
+                               self.shielded + (":fifo" in (method or "")))
+
+    def __add__(self, other: ContentionCount) -> ContentionCount:
+        return ContentionCount(self.timed + other.timed, self.contended + other.contended,
+                               self.waited_s + other.waited_s, self.shielded + other.shielded)
+
+    def text(self) -> str | None:
+        """One sentence for a summary, or None when no timed measurement was contended."""
+        if not self.contended:
+            return None
+        shield = (f"all {self.timed} timed under SCHED_FIFO" if self.shielded == self.timed
+                  else f"{self.shielded} of {self.timed} timed under SCHED_FIFO")
+        return (f"{self.contended} of {self.timed} timed measurement(s) were taken on a busy machine (other "
+                f"runnable tasks or a load average above the core count); waited {self.waited_s:.1f} s in all for "
+                f"idle cores (bench.busy_wait_s); {shield}; rankings use each config's fastest run and a speedup is claimed only from "
+                "paired rounds that were shielded or idle")
+
+
+def contention_count(rows: list[tuple[dict[str, Any] | None, bool | None, str | None]]) -> ContentionCount:
+    """Sum (conditions, contended, timing method) of timed measurements into a ContentionCount."""
+    count = ContentionCount()
+    for c, contended, method in rows:
+        count = count.add(c, contended, method)
+    return count

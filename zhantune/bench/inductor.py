@@ -29,6 +29,7 @@ from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 from torch._inductor.virtualized import V
 
+from zhantune.bench.conditions import conditions, wait_until_idle
 from zhantune.bench.measurement import TOLERANCES, Measurement
 from zhantune.bench.timing import Timing, time_cpu, time_cuda
 from zhantune.config import BenchConfig
@@ -291,19 +292,22 @@ class InductorBenchmarker:
     def _check_and_time(self, fn: Callable[[], torch.Tensor], out: torch.Tensor, compile_s: float,
                         lookup: LookupEvent | None, template_hash: str | None = None) -> Measurement:
         error = relative_error(out, self.reference)
+        # a busy machine first gets up to bench.busy_wait_s to calm down (zhantune.bench.conditions)
+        waited = wait_until_idle(getattr(self.cfg, "busy_wait_s", 0.0) or 0.0, self.device.kind, self.device.index)
         try:
             with torch.no_grad():
                 timing = self._time(fn)
         except Exception as e:
             return Measurement("runtime_error", error=error, error_text=_one_line(e), compile_s=compile_s,
                                template_hash=template_hash, lookup=lookup)
+        seen = {**conditions(self.device.kind, self.device.index), **waited}
         tol = TOLERANCES[self.problem.dtype]
         if not math.isfinite(error) or error > tol:
             return Measurement("incorrect", timing=timing, error=error, compile_s=compile_s,
                                error_text=f"max relative error {error:.3g} > tolerance {tol:g}",
-                               template_hash=template_hash, lookup=lookup)
+                               template_hash=template_hash, lookup=lookup, conditions=seen)
         return Measurement("ok", timing=timing, error=error, compile_s=compile_s,
-                           template_hash=template_hash, lookup=lookup)
+                           template_hash=template_hash, lookup=lookup, conditions=seen)
 
     def _time(self, fn: Callable[[], object]) -> Timing:
         c = self.cfg

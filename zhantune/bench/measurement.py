@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from zhantune.bench.timing import Timing
 from zhantune.inductor.choices import LookupEvent
@@ -32,6 +33,7 @@ class Measurement:
     compile_s: float | None = None
     template_hash: str | None = None
     lookup: LookupEvent | None = None
+    conditions: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -109,11 +109,9 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     if getattr(result, "verdict_text", None):
         console.print(("[yellow]" if result.verdict == "tie" else "") + result.verdict_text
                       + ("[/yellow]" if result.verdict == "tie" else ""))
-    if getattr(result, "contended", 0):
-        console.print(f"[yellow]warning: {result.contended} measurement(s) taken under contention (load average "
-                      "above the core count, other runnable tasks, or other GPU processes); runs timed under "
-                      "SCHED_FIFO (bench.fifo, where permitted) are shielded from it, and a speedup is claimed "
-                      "only from paired rounds that were shielded or uncontended[/yellow]")
+    contention = getattr(result, "contention", None)
+    if contention is not None and contention.text():
+        console.print(f"[yellow]warning: {contention.text()}[/yellow]")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"
     console.print(f"trials: {result.measured} measured ({counts}), {result.cached} cached, "
                   f"{result.infeasible} infeasible" + (" [interrupted]" if result.interrupted else ""))

@@ -435,11 +435,14 @@ class Store:
                 q = q.where(m.Device.key == device_key)
             return list(s.scalars(q))
 
-    def contended_count(self, study_id: int) -> int:
-        """Timed rows of a study measured under contention."""
+    def timed_conditions(self, study_id: int) -> list[tuple[dict[str, Any] | None, bool | None, str | None]]:
+        """(conditions, contended, timing_method) of every timed row of a study, oldest first
+        (zhantune.bench.conditions.ContentionCount sums them)."""
         with self.session() as s:
-            return s.scalar(select(func.count()).select_from(m.Measurement)
-                            .where(m.Measurement.study_id == study_id, m.Measurement.contended.is_(True))) or 0
+            rows = s.execute(select(m.Measurement.conditions, m.Measurement.contended, m.Measurement.timing_method)
+                             .where(m.Measurement.study_id == study_id, m.Measurement.timing_method.is_not(None))
+                             .order_by(m.Measurement.id))
+            return [tuple(r) for r in rows]
 
     def default_times_us(self, torch_version: str | None = None) -> dict[tuple[int, int], float]:
         """(device id, problem id) -> Inductor's default compile time in us: the decision statistic
