@@ -83,6 +83,10 @@ def test_collect_tune_export_then_every_key_hits_in_a_fresh_process(cli, tmp_pat
     assert set(check["ways"]) == {"table", "default", "max-autotune"}
     for way in check["ways"].values():
         assert way["compile_s"] > 0 and way["run_us"] > 0 and way["error"] < 1e-4
+        # timed in interleaved rounds: the fastest run of check's 5 rounds, with the paired ratio
+        assert len(way["rounds_us"]) == check["rounds"] == 5 and way["run_us"] == min(way["rounds_us"])
+        assert way["vs_default"]["ratio_low"] <= way["vs_default"]["ratio"] * 1.0001
+    assert check["contention"]["timed"] == 15
     assert check["report"]["coverage"] == 1.0
     assert "compile s" in r.stdout and "coverage 100%" in r.stdout
 
