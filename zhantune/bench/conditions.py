@@ -122,7 +122,7 @@ def wait_until_idle(max_wait_s: float, device_kind: str = "cpu", index: int | No
         time.sleep(min(step, left))
         step *= 2
         busy = _busy(device_kind, index)
-    return {"waited_s": round(time.monotonic() - start, 4) if max_wait_s > 0 else 0.0, "busy_at_start": busy}
+    return {"waited_s": time.monotonic() - start if max_wait_s > 0 else 0.0, "busy_at_start": busy}
 
 
 @dataclass(frozen=True)
