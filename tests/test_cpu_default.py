@@ -85,6 +85,12 @@ def test_default_baseline_is_the_prepacked_linear_a_user_compiles(dtype):
     # the candidate's key (from the hook) is the key use_table looks up
     assert cpp.lookup.agnostic_key == bench.lookup_key and cpp.lookup.hit_templates == (CONFIG_TEMPLATE_ID,)
     assert not inductor_config.max_autotune and torch.backends.mkldnn.enabled
+    # the baselines: eager, that default, and the default compile without freezing (what a user who
+    # does not set freezing gets: the GEMM as an extern ATen call, nothing packed, no template)
+    measured, seen_all = _counted(bench.baselines)
+    assert [kind for kind, _ in measured] == ["eager", "default", "default_unfrozen"]
+    assert all(m.status == "ok" for _, m in measured), [m.error_text for _, m in measured]
+    assert seen_all["packed_by_freezing"] == 1 and seen_all["extern_mm"] == 1 and seen_all["cpp_template"] == 0
 
 
 def _linear(n: int, k: int, dtype=torch.bfloat16) -> torch.nn.Module:
@@ -135,7 +141,10 @@ def test_use_table_changes_only_the_gemms_it_covers():
 def test_export_ships_the_real_default_where_nothing_beats_it(tune_cfg, tmp_path):
     """A CPU tune's table gets Inductor's default entry where no candidate beats the default; at use
     time that entry compiles the prepacked linear, as without a table."""
+    from rich.console import Console
+
     from zhantune.inductor.table import build_table
+    from zhantune.report.summary import print_summary
     from zhantune.storage import Store
     from zhantune.tune import resolve_run, tune
 
@@ -143,9 +152,18 @@ def test_export_ships_the_real_default_where_nothing_beats_it(tune_cfg, tmp_path
                     "space=[cpp_gemm]", "bench.isolate=false", "bench.target_ms=5", "bench.warmup_ms=1",
                     "bench.remeasure_rounds=0", f"storage.url=sqlite:///{tmp_path}/z.db", "export.enabled=false"])
     store = Store(cfg.storage.url)
-    result = tune(resolve_run(cfg), store)
+    run = resolve_run(cfg)
+    result = tune(run, store)
     assert result.eager is not None and result.default is not None and result.best is not None
     assert result.best.branch == "cpp_gemm"
+    # the summary lists eager, both real defaults (with freezing: what claims are measured against;
+    # without: what a user who does not freeze gets) and the best candidate, each measured and stored
+    assert result.default_unfrozen is not None and result.default_unfrozen.status == "ok"
+    assert result.default_unfrozen.kind == "default_unfrozen" and result.default.kind == "default"
+    console = Console(record=True, width=200)
+    print_summary(console, run, result, cfg.storage.url)
+    labels = [line.split("│")[1].strip() for line in console.export_text().splitlines() if line.count("│") > 2]
+    assert labels[1:] == ["eager", "inductor default", "inductor default, no freezing", "best candidate: cpp_gemm"]
     # a min_speedup no candidate reaches: every key ships Inductor's default
     (key, entries), = build_table(store, min_speedup=1e9).items()
     assert entries == [{"template_id": "aten::addmm"}]

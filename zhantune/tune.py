@@ -284,6 +284,8 @@ class TuneResult:
     speedup_text: str | None = None
     #: the settled speedup claim over the default (zhantune.bench.decision.SpeedupVerdict); None: not settled
     claim: Any = None
+    #: CPU: Inductor's default compile without freezing (shown beside the frozen default)
+    default_unfrozen: orm.Measurement | None = None
     #: the winner is the ``aten`` config, the very kernel Inductor's default compile runs: a
     #: difference between the two is noise, never a speedup (the summary says so)
     same_kernel_as_default: bool = False
@@ -372,7 +374,8 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
     problem_id = store.problem_id(problem.key, lookup_key=bench.lookup_key, **fields)
     rec = Recorder(store, problem, study_id, device_id, problem_id, None if run.replay is not None else device)
     rows = {kind: rec.add(meas, kind) for kind, meas in baselines}
-    result = TuneResult(run.study_name, study_id, rows.get("eager"), rows.get("default"), None)
+    result = TuneResult(run.study_name, study_id, rows.get("eager"), rows.get("default"), None,
+                        default_unfrozen=rows.get("default_unfrozen"))
     if pool is not None:
         pool.lookup = bench.lookup  # template candidates are served under the recorded key
         if device.kind == "cpu":  # no compile shares the cores with a timed run

@@ -151,8 +151,14 @@ class InductorBenchmarker:
 
     # -- baselines ---------------------------------------------------------------------------
     def baselines(self) -> list[tuple[str, Measurement]]:
-        """Eager, then Inductor's default (which records the lookup key): (kind, measurement)."""
-        return [("eager", self.eager()), ("default", self.inductor_default())]
+        """Eager, then Inductor's default (which records the lookup key): (kind, measurement). On
+        CPU also the default compile without freezing (kind ``default_unfrozen``): what a user who
+        does not set ``freezing = True`` gets (no weight prepack, no C++ GEMM template), shown beside
+        the frozen default that every claim and the table are measured against."""
+        out = [("eager", self.eager()), ("default", self.inductor_default())]
+        if self.device.kind == "cpu":
+            out.append(("default_unfrozen", self._run({**self.base_patch(), "freezing": False}, table=None, expect=None)))
+        return out
 
     @property
     def lookup_key(self) -> str | None:

@@ -68,7 +68,9 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     t.add_column("speedup vs default", justify="right")
     ok_default = result.default is not None and result.default.status == "ok"
     default_us = decision_us(result.default) if ok_default else None
-    rows = [(label, r) for label, r in (("eager", result.eager), ("inductor default", result.default)) if r is not None]
+    unfrozen = getattr(result, "default_unfrozen", None)
+    rows = [(label, r) for label, r in (("eager", result.eager), ("inductor default", result.default),
+                                        ("inductor default, no freezing", unfrozen)) if r is not None]
     if result.best is not None:
         rows.append((f"best candidate: {result.best.branch}", result.best))
     same_kernel = getattr(result, "same_kernel_as_default", False)
