@@ -27,7 +27,7 @@ PROFILE = types.SimpleNamespace(
     name="NVIDIA H100 80GB HBM3", gcnArchName="NVIDIA H100 80GB HBM3", major=9, minor=0,
     multi_processor_count=132, shared_memory_per_block_optin=232448, regs_per_multiprocessor=65536,
     max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32,
-    total_memory=80 * 2**30, L2_cache_size=50 * 2**20)
+    total_memory=80 * 2**30, L2_cache_size=50 * 2**20, uuid="5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60")
 
 
 def _clear_caches() -> None:

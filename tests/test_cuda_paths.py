@@ -7,6 +7,9 @@ timing are left out. Each test is one finding of issue 17.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
 from unittest import mock
 
 import pytest
@@ -223,3 +226,164 @@ def test_an_aten_template_winner_is_recognised_as_the_defaults_own_kernel(op, in
     assert _is_default_kernel(orm.Measurement(template_id=uid, params={}))
     assert not _is_default_kernel(orm.Measurement(template_id="triton::mm", params=TRITON_PARAMS))
     assert not _is_default_kernel(orm.Measurement(template_id="aten::bias_addmm", params={}))
+
+
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (float32) rounded to TF32 as the tensor cores read it: 10 explicit mantissa bits,
+    round to nearest even (the low 13 of float32's 23 bits dropped)."""
+    bits = t.contiguous().view(torch.int32)
+    rounded = (bits + 0x0FFF + ((bits >> 13) & 1)) & ~0x1FFF
+    return rounded.view(torch.float32)
+
+
+def test_a_tf32_candidate_is_checked_against_tf32s_own_tolerance(monkeypatch):
+    """Finding 8: a float32 GEMM under ``cuda.matmul.allow_tf32`` rounds its inputs to TF32; checked
+    against float32's 1e-4 it is always "incorrect", so tf32 could never win. The error here is the
+    TF32 GEMM's (inputs rounded exactly as the tensor cores do, float32 accumulation) on the
+    problem's own inputs at K=4096, against its float64 reference."""
+    from zhantune.bench.inductor import InductorBenchmarker, relative_error
+    from zhantune.bench.measurement import TF32_TOLERANCE, TOLERANCES, tolerance
+    from zhantune.config import BenchConfig
+    from zhantune.device import DeviceInfo, resolve_device
+    from zhantune.problems import GemmProblem
+
+    problem = GemmProblem.from_config("mm", [64, 64, 4096], "float32")
+    module, (x,) = problem.build(torch.device("cpu"))
+    reference = problem.reference(module, (x,))
+    emulated = _tf32(x) @ _tf32(module.weight.detach())
+    error = relative_error(emulated, reference)
+    assert TOLERANCES["float32"] < error <= TF32_TOLERANCE, error
+    assert relative_error(x @ module.weight.detach(), reference) <= TOLERANCES["float32"]
+    on, off = {"cuda.matmul.allow_tf32": True}, {"cuda.matmul.allow_tf32": False}
+    assert tolerance("float32", on) == TF32_TOLERANCE and tolerance("float32", off) == TOLERANCES["float32"]
+    assert tolerance("bfloat16", on) == TOLERANCES["bfloat16"]  # TF32 changes float32 GEMMs only
+
+    # the benchmarker checks a backend candidate's output against that tolerance
+    bench = InductorBenchmarker(GemmProblem.from_config("mm", [8, 8, 8], "float32"), resolve_device("cpu"),
+                                BenchConfig(warmup_ms=1, target_ms=2))
+    bench.device = DeviceInfo("cuda", 0, "NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", {})
+    seen = {}
+    monkeypatch.setattr(bench, "_run", lambda *a, **kw: seen.update(kw))
+    bench.measure(Candidate("tf32", "backend", None, on))
+    assert seen["tol"] == TF32_TOLERANCE
+
+
+def test_cuda_graph_timings_are_batch_means_and_ties_compare_per_run_spreads(monkeypatch):
+    """Finding 13: ``do_bench_cudagraph(return_mode="all")`` returns ten replay means of N unrolled
+    calls, not per-run times, so its 20th-80th percentile range is about sqrt(N) times narrower than
+    a per-run range and a close call on CUDA would almost never be a tie. time_cuda records N, and
+    is_tie widens such ranges back to one run's spread. Triton's own functions are called here with
+    a stand-in ``fn`` whose CUDA events report known times (no GPU)."""
+    import random
+    import statistics
+
+    import triton.testing
+
+    from zhantune.bench.timing import Timing, is_tie, run_range_us, runs_per_sample, summarize_us, time_cuda
+
+    # Triton's do_bench_cudagraph, run as is: its events and graph stand in for a GPU whose call
+    # takes 20 us, the graph replaying N of them
+    rng = random.Random(0)
+    per_call_ms, state = 0.02, {"n": 0, "calls": 0}
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = 0.0
+
+        def record(self):
+            self.t = state["calls"] * per_call_ms
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    class Graph:
+        def replay(self):
+            state["calls"] += state["n"]
+
+    class Capture:
+        def __init__(self, g):
+            pass
+
+        def __enter__(self):
+            state["capturing"] = True
+
+        def __exit__(self, *exc):
+            state["capturing"] = False
+
+    def fn():
+        if state.get("capturing"):
+            state["n"] += 1
+        else:
+            state["calls"] += 1
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: None)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(triton.testing, "cuda_graph_without_gc", Capture)
+    t = time_cuda(fn, target_ms=10.0)
+    assert runs_per_sample(t.method) == state["n"] == 500 and t.n == 10
+    assert t.median_us == pytest.approx(20.0)
+
+    # the spread: per-run times ~ N(100, 5) us; samples that are means of 400 runs spread 20x less,
+    # and run_range_us gives back the per-run 20th-80th percentile range
+    runs = [rng.gauss(100.0, 5.0) for _ in range(400 * 2000)]
+    means = [statistics.fmean(runs[i:i + 400]) for i in range(0, len(runs), 400)]
+    per_run = summarize_us(runs[:20000], "cpu")
+    batched = summarize_us(means, "cuda:triton.do_bench_cudagraph:batch=400")
+    width = per_run.p80_us - per_run.p20_us
+    lo, hi = run_range_us(batched)
+    assert batched.p80_us - batched.p20_us < width / 10
+    assert hi - lo == pytest.approx(width, rel=0.15)
+
+    # two configs 2% apart: clearly apart as batch means, within one run's noise per run
+    a = Timing(100.0, 99.5, 100.5, 99.9, 100.1, 10, "cuda:triton.do_bench_cudagraph:batch=400")
+    b = Timing(102.0, 101.5, 102.5, 101.9, 102.1, 10, "cuda:triton.do_bench_cudagraph:batch=400")
+    assert is_tie(a, b)
+    assert not is_tie(dataclasses.replace(a, method="cuda:triton.do_bench"),
+                      dataclasses.replace(b, method="cuda:triton.do_bench"))
+
+
+def test_nvml_readings_match_the_cuda_device_by_uuid_and_leave_out_the_tunes_own_processes(monkeypatch):
+    """Finding 11: NVML numbers every GPU of the machine, CUDA only the visible ones: with
+    CUDA_VISIBLE_DEVICES=3, CUDA device 0 is NVML device 3, and reading NVML's device 0 reads another
+    GPU. And the tune's own processes (this one, its parent, their children: the timing and compile
+    workers hold CUDA contexts) are not "other processes", else every row is contended. NVML is a
+    stand-in module here (no GPU); the process ids are real."""
+    import subprocess
+    import sys
+    import types
+
+    from zhantune.bench.conditions import conditions, is_contended, own_pids, wait_until_idle
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        visible = {"uuid": "GPU-" + "5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60", "index": 3}
+        others = [{"uuid": f"GPU-other-{i}", "index": i} for i in range(3)]
+        procs = {"GPU-5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60": [os.getpid(), os.getppid(), child.pid],
+                 "GPU-other-0": [1]}
+        nvml = types.ModuleType("pynvml")
+        nvml.NVMLError = type("NVMLError", (Exception,), {})
+        nvml.NVML_CLOCK_SM, nvml.NVML_CLOCK_MEM, nvml.NVML_TEMPERATURE_GPU = 1, 2, 0
+        nvml.nvmlInit = lambda: None
+        nvml.nvmlDeviceGetHandleByIndex = lambda i: {3: visible, 0: others[0], 1: others[1], 2: others[2]}[i]
+        nvml.nvmlDeviceGetHandleByUUID = lambda u: next(h for h in [visible] + others if h["uuid"] == u)
+        nvml.nvmlDeviceGetComputeRunningProcesses = lambda h: [types.SimpleNamespace(pid=p) for p in procs.get(h["uuid"], [])]
+        nvml.nvmlDeviceGetClockInfo = lambda h, kind: 1980 if kind == 1 else 2619
+        nvml.nvmlDeviceGetTemperature = lambda h, kind: 41
+        nvml.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=0)
+        monkeypatch.setitem(sys.modules, "pynvml", nvml)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+        with fake_cuda():
+            assert child.pid in own_pids()
+            seen = conditions("cuda", 0)
+            assert seen["gpu"]["other_processes"] == 0 and seen["gpu"]["sm_clock_mhz"] == 1980
+            assert not is_contended({**seen, "load_avg_1m": 0.0, "others_running": 0})
+            assert wait_until_idle(0.05, "cuda", 0)["busy_at_start"] is False
+            procs["GPU-5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60"].append(1)  # another user's job arrives
+            assert conditions("cuda", 0)["gpu"]["other_processes"] == 1
+            assert wait_until_idle(0.05, "cuda", 0)["busy_at_start"] is True
+    finally:
+        child.kill()
+        child.wait()

@@ -378,8 +378,9 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
                         default_unfrozen=rows.get("default_unfrozen"))
     if pool is not None:
         pool.lookup = bench.lookup  # template candidates are served under the recorded key
-        if device.kind == "cpu":  # no compile shares the cores with a timed run
-            bench.phase_hook = pool.phase_hook
+        # no compile shares the cores (CPU) or the GPU (a compile worker runs its candidate once to
+        # check it, on the GPU being timed) with a timed run
+        bench.phase_hook = pool.phase_hook
 
     with store.schema_lock():  # N workers may start on one new database: Optuna creates its tables once
         study = open_study(run.study_name, cfg.storage.url, sampler)

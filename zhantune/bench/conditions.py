@@ -2,7 +2,9 @@
 
 CPU: core count, threads torch uses, the frequency governor of cpu0 where sysfs exposes it, the
 1-minute load average. GPU (NVML through nvidia-ml-py, when installed): SM and memory clocks,
-temperature, utilisation, and the processes on the device other than this one.
+temperature, utilisation, and the compute processes on the device other than this tune's own (its
+timing and compile-ahead workers hold CUDA contexts too); the NVML device is matched to the CUDA
+device by UUID (the indices differ under ``CUDA_VISIBLE_DEVICES``).
 
 A measurement is *contended* when the load average is above the core count, when as many other
 tasks as there are cores are runnable right now (``procs_running`` of /proc/stat, this reader
@@ -37,21 +39,57 @@ def _governor() -> str | None:
         return None
 
 
-def _gpu(index: int) -> dict[str, Any] | None:  # pragma: no cover - needs a GPU and nvidia-ml-py
+def own_pids() -> set[int]:
+    """This process, its parent and both one's children: a tune process, its timing worker and its
+    compile-ahead workers (zhantune.bench.isolated), each of which holds a CUDA context on the GPU
+    it tunes (Linux /proc; this process and its parent elsewhere)."""
+    pids = {os.getpid(), os.getppid()}
+    for parent in (os.getpid(), os.getppid()):
+        for task in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                pids.update(int(pid) for pid in task.read_text(encoding="ascii").split())
+            except (OSError, ValueError):
+                continue
+    return pids
+
+
+def _nvml_handle(pynvml: Any, index: int) -> Any:
+    """NVML's handle of CUDA device ``index``, matched by UUID: NVML numbers every GPU of the
+    machine, CUDA only the visible ones in its own order (``CUDA_VISIBLE_DEVICES``,
+    ``CUDA_DEVICE_ORDER``), so the two indices differ. By index only when torch gives no UUID and
+    nothing narrows CUDA's view; None when the device cannot be matched."""
+    import torch
+
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None:
+        text = str(uuid)
+        return pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}")
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+    return None
+
+
+def _gpu(index: int) -> dict[str, Any] | None:
+    """NVML's view of CUDA device ``index`` (None without nvidia-ml-py, the ``cuda`` extra, or when
+    NVML fails): clocks, temperature, utilisation, and ``other_processes``, the compute processes on
+    it that are not this tune's own (:func:`own_pids`)."""
     try:
         import pynvml
     except ImportError:
         return None
     try:
         pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        h = _nvml_handle(pynvml, index)
+        if h is None:
+            return None
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        mine = own_pids()
         return {
             "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
             "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
             "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
             "utilization_pct": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
-            "other_processes": sum(1 for p in procs if p.pid != os.getpid()),
+            "other_processes": sum(1 for p in procs if p.pid not in mine),
         }
     except pynvml.NVMLError:
         return None
@@ -80,7 +118,7 @@ def conditions(device_kind: str = "cpu", index: int | None = None) -> dict[str, 
         load = None
     out: dict[str, Any] = {"cores": cores, "threads": torch.get_num_threads(), "governor": _governor(),
                            "load_avg_1m": load, "others_running": others_running()}
-    if device_kind == "cuda":  # pragma: no cover - needs a GPU
+    if device_kind == "cuda":
         out["gpu"] = _gpu(index or 0)
     return out
 
@@ -101,7 +139,7 @@ def is_contended(c: dict[str, Any]) -> bool:
 
 
 def _busy(device_kind: str, index: int | None) -> bool:
-    if device_kind == "cuda":  # pragma: no cover - needs a GPU
+    if device_kind == "cuda":
         return bool((_gpu(index or 0) or {}).get("other_processes"))
     running = others_running()
     return running is not None and running >= (os.cpu_count() or 1)

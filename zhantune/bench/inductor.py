@@ -30,7 +30,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.virtualized import V
 
 from zhantune.bench.conditions import conditions, wait_until_idle
-from zhantune.bench.measurement import TOLERANCES, Measurement
+from zhantune.bench.measurement import Measurement, tolerance
 from zhantune.bench.timing import Timing, time_cpu, time_cuda
 from zhantune.config import BenchConfig
 from zhantune.device import DeviceInfo
@@ -212,8 +212,9 @@ class InductorBenchmarker:
             handler = TableChoices(TableFile({}, source="<candidate>"), any_key=[entry_for(None, gemm, None)])
             return self._run({**base, **rest}, table=None, expect=candidate, time_it=time_it, handler=handler)
         if candidate.scope == "backend":  # Inductor's default choice under these backend flags
-            with backend_flags(candidate.params):
-                return self._run(dict(base), table=None, expect=None, time_it=time_it)
+            with backend_flags(candidate.params):  # TF32 rounds float32 inputs: its own tolerance
+                return self._run(dict(base), table=None, expect=None, time_it=time_it,
+                                 tol=tolerance(self.problem.dtype, candidate.params))
         patch = dict(base)
         patch["max_autotune"] = True
         entries = None
@@ -240,7 +241,7 @@ class InductorBenchmarker:
     # -- the shared path ---------------------------------------------------------------------
     def _run(self, patch: dict[str, Any], table: dict | None, expect: Candidate | None,
              any_key: list[dict[str, Any]] | None = None, time_it: bool = True,
-             handler: RecordingChoices | None = None) -> Measurement:
+             handler: RecordingChoices | None = None, tol: float | None = None) -> Measurement:
         torch._dynamo.reset()
         templated_before = counters["inductor"]["cpp_templated_kernel_counter"]
         served = recording(table, any_key) if handler is None else _serving(handler)
@@ -274,7 +275,7 @@ class InductorBenchmarker:
         template_hash = None
         if expect is not None and expect.template_id and lookup is not None:
             template_hash = lookup.template_hashes.get(expect.template_id)
-        return self._check_and_time(lambda: compiled(*self.inputs), out, compile_s, lookup, template_hash)
+        return self._check_and_time(lambda: compiled(*self.inputs), out, compile_s, lookup, template_hash, tol)
 
     def _not_applied(self, expect: Candidate | None, lookup: LookupEvent | None, templated: int) -> str | None:
         if lookup is None:
@@ -296,7 +297,10 @@ class InductorBenchmarker:
         return None
 
     def _check_and_time(self, fn: Callable[[], torch.Tensor], out: torch.Tensor, compile_s: float,
-                        lookup: LookupEvent | None, template_hash: str | None = None) -> Measurement:
+                        lookup: LookupEvent | None, template_hash: str | None = None,
+                        tol: float | None = None) -> Measurement:
+        """Check the output against the reference (max relative error at most ``tol``, default the
+        problem dtype's, zhantune.bench.measurement.tolerance), then time ``fn``."""
         error = relative_error(out, self.reference)
         # a busy machine first gets up to bench.busy_wait_s to calm down (zhantune.bench.conditions)
         waited = wait_until_idle(getattr(self.cfg, "busy_wait_s", 0.0) or 0.0, self.device.kind, self.device.index)
@@ -307,7 +311,7 @@ class InductorBenchmarker:
             return Measurement("runtime_error", error=error, error_text=_one_line(e), compile_s=compile_s,
                                template_hash=template_hash, lookup=lookup)
         seen = {**conditions(self.device.kind, self.device.index), **waited}
-        tol = TOLERANCES[self.problem.dtype]
+        tol = tolerance(self.problem.dtype) if tol is None else tol
         if not math.isfinite(error) or error > tol:
             return Measurement("incorrect", timing=timing, error=error, compile_s=compile_s,
                                error_text=f"max relative error {error:.3g} > tolerance {tol:g}",

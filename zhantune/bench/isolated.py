@@ -327,9 +327,12 @@ class CompilePool:
     C++/Triton compiler; it still lowers the graph, so its lookup and template checks are its own.
     A candidate that fails to compile here (``compile_error``, ``not_applied``) or kills or hangs its
     compile worker (``crashed``, ``timeout``; the worker is replaced) gets that result without
-    reaching the timing worker. On a CPU device the pool is paused (SIGSTOP to each worker's process
-    group, compilers included) while the timing worker runs timed repetitions, so compiles never
-    share the cores with a timing; the compile time limit keeps running meanwhile.
+    reaching the timing worker. The pool is paused (SIGSTOP to each worker's process group,
+    compilers included) while the timing worker runs timed repetitions, so compiles never share the
+    cores with a timing on CPU, and on CUDA no compile worker launches its candidate's kernels (each
+    runs its compile once to check it) on the GPU being timed; the compile time limit keeps running
+    meanwhile. (A kernel a worker launched just before it stopped may still finish on the GPU during
+    the timing worker's warmup.)
     """
 
     def __init__(self, spec: WorkerSpec, size: int, compile_timeout_s: float, run_timeout_s: float):
@@ -390,7 +393,7 @@ class CompilePool:
             return Measurement("crashed", error_text=f"compile-ahead worker: {type(e).__name__}: {e}"[:500])
 
     def phase_hook(self, phase: str) -> None:
-        """IsolatedBenchmarker.phase_hook of the timing worker on a CPU device: pause on "run"."""
+        """IsolatedBenchmarker.phase_hook of the timing worker (CPU and CUDA): pause on "run"."""
         self.pause() if phase == "run" else self.resume()
 
     def pause(self) -> None:

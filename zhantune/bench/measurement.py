@@ -8,7 +8,7 @@ from typing import Any
 from zhantune.bench.timing import Timing
 from zhantune.inductor.choices import LookupEvent
 
-__all__ = ["STATUSES", "Measurement", "TOLERANCES"]
+__all__ = ["STATUSES", "Measurement", "TOLERANCES", "TF32_TOLERANCE", "tolerance"]
 
 #: every status a measurement can have (DESIGN.md "Measurements are data")
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "not_applied", "invalid")
@@ -16,6 +16,24 @@ STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "cra
 #: max |out - ref| / max |ref| allowed per dtype, the reference computed in float64 from the same
 #: inputs. float32 allows accumulation-order differences; bfloat16/float16 allow a few output ulps.
 TOLERANCES = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-3}
+#: a float32 GEMM whose inputs are rounded to TF32 (10 explicit mantissa bits, as float16) on the
+#: tensor cores: float16's tolerance. TF32's unit roundoff is 2**-11 = 4.9e-4, and the error of such a
+#: GEMM against the float64 reference is about 3e-4 at K=4096 (tests/test_cuda_paths.py emulates it),
+#: three times float32's 1e-4, so a TF32 candidate checked against float32's tolerance never passes
+TF32_TOLERANCE = 2e-3
+#: torch.backends flags (zhantune.inductor.knobs.BACKEND_FLAGS) under which float32 GEMMs may round
+#: their inputs below float32: TF32, and fp16/bf16 reduced-precision reductions (half dtypes only)
+_TF32_FLAGS = ("cuda.matmul.allow_tf32",)
+
+
+def tolerance(dtype: str, backend_flags: dict[str, Any] | None = None) -> float:
+    """The max relative error allowed for a GEMM in ``dtype`` (TOLERANCES) computed under
+    ``backend_flags`` (a ``scope: backend`` candidate's params): TF32_TOLERANCE for float32 with
+    ``cuda.matmul.allow_tf32`` true. Raises KeyError for a dtype not in TOLERANCES."""
+    tol = TOLERANCES[dtype]
+    if dtype == "float32" and any((backend_flags or {}).get(flag) is True for flag in _TF32_FLAGS):
+        return max(tol, TF32_TOLERANCE)
+    return tol
 
 
 @dataclass(frozen=True)

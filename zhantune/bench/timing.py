@@ -27,6 +27,7 @@ interquartile range (75th - 25th percentile) and the coefficient of variation (s
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import time
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Timing", "summarize_us", "time_cpu", "time_cuda", "is_tie", "raised_priority", "renice_threads",
+__all__ = ["Timing", "summarize_us", "time_cpu", "time_cuda", "is_tie", "runs_per_sample", "run_range_us", "raised_priority", "renice_threads",
            "realtime", "DEFAULT_NICE"]
 
 #: the niceness of the timed runs (lower runs first; -20 is the highest, 0 the normal priority)
@@ -108,10 +109,33 @@ def summarize_us(times_us: list[float], method: str) -> Timing:
     )
 
 
+def runs_per_sample(method: str | None) -> int:
+    """How many runs each timed sample averages, from a Timing's ``method`` (``...:batch=N``); 1 for
+    per-run times. Triton's ``do_bench_cudagraph`` replays a graph of N unrolled calls and returns
+    one mean per replay (:func:`time_cuda`)."""
+    for part in (method or "").split(":"):
+        if part.startswith("batch="):
+            try:
+                return max(1, int(part.removeprefix("batch=")))
+            except ValueError:
+                return 1
+    return 1
+
+
+def run_range_us(t: Any) -> tuple[float, float]:
+    """The 20th-80th percentile range of one run's time (microseconds) of a Timing or stored row.
+    Samples that are means of N runs (:func:`runs_per_sample`) spread sqrt(N) times less than single
+    runs (independent runs); their range is widened by sqrt(N) about the median, so that a CUDA-graph
+    timing and a per-run timing (CPU, ``do_bench``) describe the same spread."""
+    scale = math.sqrt(runs_per_sample(getattr(t, "method", None) or getattr(t, "timing_method", None)))
+    return t.median_us - (t.median_us - t.p20_us) * scale, t.median_us + (t.p80_us - t.median_us) * scale
+
+
 def is_tie(a: Any, b: Any) -> bool:
     """True when two timings (Timing objects or stored measurement rows, microseconds) are within each
-    other's noise: their 20th-80th percentile ranges overlap."""
-    return a.p20_us <= b.p80_us and b.p20_us <= a.p80_us
+    other's noise: their per-run 20th-80th percentile ranges (:func:`run_range_us`) overlap."""
+    (a20, a80), (b20, b80) = run_range_us(a), run_range_us(b)
+    return a20 <= b80 and b20 <= a80
 
 
 def _to_fifo() -> list[tuple[int, int, int]] | None:
@@ -290,14 +314,24 @@ def _time_cpu(fn: Callable[[], object], warmup_ms: float, target_ms: float, min_
 
 
 def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: float = 100.0,
-              cuda_graph: bool = True) -> Timing:  # pragma: no cover - needs a GPU
-    """Time ``fn`` on the current CUDA device with Triton's protocol; microseconds, every run's time
-    from Triton (``return_mode="all"``) reduced by :func:`summarize_us`."""
+              cuda_graph: bool = True) -> Timing:
+    """Time ``fn`` on the current CUDA device with Triton's protocol; microseconds, reduced by
+    :func:`summarize_us`.
+
+    ``cuda_graph``: ``triton.testing.do_bench_cudagraph`` (no launch overhead). It captures N
+    unrolled calls in one graph (N = ``target_ms`` / a first estimate of one call) and returns, with
+    ``return_mode="all"``, ten replays' means, not per-run times; the method records the N this
+    implies (``cuda:triton.do_bench_cudagraph:batch=N``) so that :func:`is_tie` compares per-run
+    spreads. Else ``triton.testing.do_bench`` (L2 flush, one CUDA event pair per run): per-run times.
+    """
     import triton.testing
 
     if cuda_graph:
         times_ms = triton.testing.do_bench_cudagraph(fn, rep=target_ms, return_mode="all")
-        method = "cuda:triton.do_bench_cudagraph"
+        # Triton's own rule for N: max(1, int(rep / estimate_ms)); the mean replay time per call
+        # stands in for its estimate (taken from five calls before the graph was built)
+        batch = max(1, int(target_ms / max(statistics.fmean(times_ms), 1e-9)))
+        method = f"cuda:triton.do_bench_cudagraph:batch={batch}"
     else:
         times_ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=target_ms, return_mode="all")
         method = "cuda:triton.do_bench"
