@@ -387,3 +387,36 @@ def test_nvml_readings_match_the_cuda_device_by_uuid_and_leave_out_the_tunes_own
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("op, dtype", [("mm", "bfloat16"), ("addmm", "bfloat16"), ("mm", "float32"),
+                                       ("addmm", "float16")])
+def test_the_persistent_tma_space_fits_shared_memory_as_inductor_estimates_it(op, dtype):
+    """Finding 3, the shared-memory term: the persistent TMA template converts the accumulator tile
+    to a blocked layout in shared memory in its epilogue (in float32 for addmm, before the bias), on
+    top of the pipelined A and B tiles. Every point the space keeps fits, and every point it drops
+    does not, by Inductor's own estimate for that template on an H100
+    (get_shared_memory_estimation with get_shared_memory_checker_opts)."""
+    from torch._inductor.template_heuristics.triton import (
+        BaseConfig,
+        CUDAPersistentTMATemplateConfigHeuristic,
+        get_shared_memory_checker_opts,
+    )
+
+    from zhantune.problems import GemmProblem
+
+    problem = GemmProblem.from_config(op, [4096, 4096, 4096], dtype)
+    space, variables = _cuda_space(problem, ["triton_persistent_tma"])
+    (branch,) = space.branches
+    estimate = CUDAPersistentTMATemplateConfigHeuristic().get_shared_memory_estimation
+    opts = get_shared_memory_checker_opts(op, problem.dtype_bytes)
+    smem = variables["smem_bytes"]
+    kept = dropped = 0
+    for v in branch.all_values():
+        if v["BLOCK_M"] * v["BLOCK_N"] > 128 * 32 * v["num_warps"]:
+            continue  # the accumulator bound (finding 12)
+        need = estimate(BaseConfig(v["BLOCK_M"], v["BLOCK_N"], v["BLOCK_K"], v["num_stages"], v["num_warps"]),
+                        problem.dtype_bytes, **opts)
+        assert branch.feasible(v, variables) == (need <= smem), (v, need, smem)
+        kept, dropped = kept + (need <= smem), dropped + (need > smem)
+    assert kept and dropped

@@ -36,6 +36,7 @@ from zhantune.inductor.heuristics import (
     decompose_k_splits,
     offered_templates,
     template_params,
+    tma_epilogue_bytes,
     triton_mm_configs,
 )
 from zhantune.inductor.knobs import config_knob_problem
@@ -173,13 +174,17 @@ def _check_config_keys(space: Space, device: DeviceInfo) -> None:
 
 def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any]:
     """Names a constraint may use: M, N, K, B, dtype_bytes, smem_bytes, sm_count, cores, n_threads,
-    and whether Inductor offers a template for this size on this device kind, ``decompose_k_offered``
-    and ``triton_mm_offered`` (zhantune.inductor.heuristics.offered_templates)."""
+    whether Inductor offers a template for this size on this device kind, ``decompose_k_offered``
+    and ``triton_mm_offered`` (zhantune.inductor.heuristics.offered_templates), and
+    ``tma_epilogue_bytes``, the bytes per element of the persistent TMA template's epilogue layout
+    conversion in shared memory (zhantune.inductor.heuristics.tma_epilogue_bytes)."""
     p = device.properties
     d = problem.dims
+    op = problem.lookup_op_on(device.kind)
     return {
         **d,
-        **offered_templates(problem.lookup_op_on(device.kind), d["M"], d["N"], d["K"]),
+        **offered_templates(op, d["M"], d["N"], d["K"]),
+        "tma_epilogue_bytes": tma_epilogue_bytes(op, problem.dtype_bytes),
         "dtype_bytes": problem.dtype_bytes,
         "smem_bytes": p.get("smem_bytes", 0),
         "sm_count": p.get("sm_count", 0),
