@@ -420,3 +420,122 @@ def test_the_persistent_tma_space_fits_shared_memory_as_inductor_estimates_it(op
         assert branch.feasible(v, variables) == (need <= smem), (v, need, smem)
         kept, dropped = kept + (need <= smem), dropped + (need > smem)
     assert kept and dropped
+
+
+def test_a_config_branch_winner_on_cuda_is_never_shipped_as_if_it_applied(tmp_path):
+    """Finding 7: a fusion-limit (config branch) winner on CUDA was exported as a ``zhantune::config``
+    entry that neither Inductor's handler nor zhantune's applies on CUDA (fusion limits are
+    compile-wide): the table claimed a win it could not deliver. Such a row is not carried: the
+    export ships Inductor's default (the carried runner-up was never paired against the default),
+    the summary says why, and an old table's config entry on CUDA is reported stale, not a miss."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.inductor.runtime import use_table
+    from zhantune.inductor.table import CONFIG_ENTRY_ON_CUDA, CONFIG_TEMPLATE_ID, build_table
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Store
+    from zhantune.tune import Recorder, not_carried_reason
+
+    dev = "NVIDIA H100 80GB HBM3"
+    key = "((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    problem = GemmProblem("mm", (64, 64, 64), "bfloat16")
+    study_id = store.study_id("s", {})
+    rec = Recorder(store, problem, study_id, store.device_id(dev, dev, "cuda", {}),
+                   store.problem_id(problem.key, lookup_key=key, **problem.row_fields()))
+    default = LookupEvent("mm", f"{dev}+{key}", key, {"aten::mm": None}, ())
+    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=default), "default")
+    fusion = Candidate("fusion", "config", None, {"max_fusion_size": 8, "epilogue_fusion": False})
+    tf32 = Candidate("tf32", "backend", None, {"cuda.matmul.allow_tf32": True})
+    triton = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    rows = [rec.add(Measurement("ok", timing=summarize_us([t, t + 1], "t"), lookup=e), "candidate", c, trial_number=i)
+            for i, (c, t, e) in enumerate([(fusion, 10.0, default), (tf32, 11.0, default), (triton, 12.0, hit)])]
+    store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                      config_hash=fusion.config_hash, ratio=2.0, ratio_low=1.9, ratio_high=2.1, rounds=3,
+                      contended=0, confirmed=True, reason="confirmed in every round")
+
+    assert build_table(store, min_speedup=1.0) == {f"{dev}+{key}": [{"template_id": "aten::mm"}]}  # the default
+    # without the speedup check (min_speedup=null: always the tuned entry) the best carried entry
+    (entries,) = build_table(store, min_speedup=None).values()
+    assert [e["template_id"] for e in entries] == ["triton::mm"]
+    assert not_carried_reason(rows[0], "cuda") == CONFIG_ENTRY_ON_CUDA
+    assert "torch.backends.cuda.matmul.allow_tf32 = True" in not_carried_reason(rows[1], "cuda")
+    assert not_carried_reason(rows[2], "cuda") is None and not_carried_reason(rows[0], "cpu") is None
+
+    old = {f"{dev}+{key}": [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": fusion.params}]}
+    with fake_cuda(), use_table(old, device="cuda") as installed:
+        served = lower("mm", [(64, 64), (64, 64)], torch.bfloat16)
+    assert served.uids == ["aten::mm"]
+    assert installed.report.stale == {f"{dev}+{key}": CONFIG_ENTRY_ON_CUDA} and not installed.report.misses
+
+
+def test_an_exported_table_under_stock_inductors_handler_and_under_use_table(tmp_path):
+    """Finding 6: stock Inductor (its own LookupTableChoices, max-autotune, the exported bare table in
+    ``lookup_table.table``) reads ``[]`` as a miss. Each kind of key, exported by build_table from
+    measured rows, lowered by the real mm/addmm lowerings with both handlers: mm keys compile exactly
+    their entry under both; for addmm, use_table compiles exactly the entry while stock Inductor keeps
+    ATen's addmm beside a template entry, and tries its own Triton configs beside a default entry,
+    as stock_inductor_notes says (the export prints those notes for format=inductor)."""
+    from torch._inductor.lookup_table import LookupTableChoices
+    from torch._inductor.virtualized import V
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.runtime import use_table
+    from zhantune.inductor.table import build_table, stock_inductor_notes
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Store
+    from zhantune.tune import Recorder
+
+    dev = "NVIDIA H100 80GB HBM3"
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    study_id = store.study_id("s", {})
+    device_id = store.device_id(dev, dev, "cuda", {})
+    cases = {  # problem -> (inputs of the lowering, the winner: a Triton config or Inductor's ATen kernel)
+        ("mm", (32, 64, 48)): ([(32, 48), (48, 64)], "triton::mm"),
+        ("addmm", (32, 64, 48)): ([(64,), (32, 48), (48, 64)], "triton::mm"),
+        ("addmm", (16, 64, 48)): ([(64,), (16, 48), (48, 64)], "aten::addmm"),
+    }
+    with fake_cuda():
+        for trial, ((op, shape), (inputs, winner)) in enumerate(cases.items()):
+            problem = GemmProblem(op, shape, "bfloat16")
+            with inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,TRITON"), \
+                    recording() as rec:
+                lower(op, inputs, torch.bfloat16)
+            own = next(e for e in rec.events if e.offered)  # the problem's own (ATen) lookup
+            hit = next(e for e in rec.events if winner in e.template_hashes)
+            rec_ = Recorder(store, problem, study_id, device_id,
+                            store.problem_id(problem.key, lookup_key=own.agnostic_key, **problem.row_fields()))
+            rec_.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=own), "default")
+            params = {} if winner.startswith("aten::") else TRITON_PARAMS
+            cand = Candidate("b", "template", winner, params)
+            rec_.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t"), lookup=dataclasses.replace(
+                hit, hit_templates=(winner,))), "candidate", cand, trial_number=trial)
+        table = build_table(store, min_speedup=None)
+        assert sum(1 for entries in table.values() if entries == []) == 1  # the addmm template winner's ATen key
+
+        def lowered(op, inputs, stock):
+            if stock:
+                with inductor_config.patch({"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON",
+                                            "lookup_table.table": table}), V.set_choices_handler(LookupTableChoices()):
+                    return lower(op, inputs, torch.bfloat16)
+            with use_table(table, device="cuda"):
+                return lower(op, inputs, torch.bfloat16)
+
+        for (op, shape), (inputs, winner) in cases.items():
+            mine, stock = lowered(op, inputs, False), lowered(op, inputs, True)
+            assert mine.uids == [winner], (op, shape)
+            if winner == "triton::mm":
+                assert all(mine.kwargs()[k] == v for k, v in TRITON_PARAMS.items())
+                ks = next(i for i, u in enumerate(stock.uids) if u == "triton::mm")
+                assert stock.kwargs(ks)["EVEN_K"] == (shape[2] % TRITON_PARAMS["BLOCK_K"] == 0)
+            if op == "mm":
+                assert stock.uids == [winner]
+            elif winner == "triton::mm":
+                assert sorted(stock.uids) == ["aten::addmm", "triton::mm"]
+            else:
+                assert stock.uids[0] == "aten::addmm" and stock.uids.count("triton::mm") > 1
+    notes = stock_inductor_notes(table)
+    assert len(notes) == 2 and notes[0].startswith("1 addmm template key(s)") and notes[1].startswith("1 addmm default")

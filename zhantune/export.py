@@ -85,6 +85,11 @@ def _export_app(cfg: DictConfig) -> None:
         user_error(e)
         return
     print(f"wrote {len(table)} key(s) to {out} (format {cfg.format}, top_k {cfg.top_k})")
+    if cfg.format == "inductor":
+        from zhantune.inductor.table import stock_inductor_notes
+
+        for note in stock_inductor_notes(table):  # what differs without zhantune.use_table
+            print(f"note: {note}")
 
 
 def main() -> None:

@@ -291,6 +291,9 @@ class TuneResult:
     claim: Any = None
     #: CPU: Inductor's default compile without freezing (shown beside the frozen default)
     default_unfrozen: orm.Measurement | None = None
+    #: why a lookup table cannot carry the best config on this device (a compile-wide setting on
+    #: CUDA: fusion limits, TF32), or None; the summary says so and the table does not ship it
+    not_carried: str | None = None
     #: the winner is the ``aten`` config, the very kernel Inductor's default compile runs: a
     #: difference between the two is noise, never a speedup (the summary says so)
     same_kernel_as_default: bool = False
@@ -443,6 +446,7 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
     result.contention = contention_count(store.timed_conditions(study_id))
     result.best = _best_for_problem(store, device.key, problem_id)
     result.same_kernel_as_default = result.best is not None and _is_default_kernel(result.best)
+    result.not_carried = not_carried_reason(result.best, device.kind)
     if cfg.export.enabled and not result.interrupted and run.replay is None:
         from zhantune.export import export_table
 
@@ -577,6 +581,25 @@ def _is_default_kernel(row: orm.Measurement) -> bool:
         return row.template_id in DEFAULT_KERNEL_TEMPLATES
     params = {k: str(v).upper() for k, v in (row.params or {}).items()}
     return params == {"max_autotune_gemm_backends": "ATEN"}
+
+
+def not_carried_reason(row: orm.Measurement | None, device_kind: str) -> str | None:
+    """Why a lookup table cannot carry this measured config on ``device_kind`` (so the export skips
+    it: zhantune.inductor.table.build_table), or None: a torch.backends flag (TF32) is process-wide,
+    and on CUDA a config patch is compile-wide (zhantune.inductor.table.not_carried)."""
+    from zhantune.inductor.table import entry_for, entry_problem, not_carried
+
+    if row is None:
+        return None
+    if row.template_id is None and row.params and all(k in BACKEND_FLAGS for k in row.params):
+        flags = ", ".join(f"torch.backends.{k} = {v}" for k, v in sorted(row.params.items()))
+        return f"torch.backends flags are process-wide, not a per-GEMM choice a table can carry; set {flags} yourself"
+    entry = entry_for(row.template_id, row.params, row.template_hash)
+    why = not_carried(entry, device_kind)
+    if why is None and entry_problem(entry, device_kind) is not None:
+        name, problem = entry_problem(entry, device_kind)
+        why = f"{name}: {problem}"
+    return why
 
 
 def _best_for_problem(store: Store, device_key: str, problem_id: int) -> orm.Measurement | None:

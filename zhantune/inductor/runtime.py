@@ -12,8 +12,9 @@ table). Every GEMM lowering then goes through the table:
   ``[]`` (zhantune.inductor.table.build_table);
 - **miss**: Inductor's default choice (its ATen kernel), no autotuning, and the key is reported;
 - **stale**: an entry whose ``template_hash`` differs from the template's ``src_hash`` in this torch,
-  or every entry of a table made with another torch release, is dropped, reported, and the GEMM
-  compiles as a miss.
+  every entry of a table made with another torch release, or on CUDA a ``zhantune::config`` entry
+  (compile-wide Inductor config, which a per-GEMM table cannot apply there), is dropped, reported,
+  and the GEMM compiles as a miss.
 
 On CPU (where Inductor itself makes no lookup) the table's entries are config patches of
 Inductor's C++ GEMM template, applied per GEMM through Inductor's ``user_lowerings`` hook
@@ -52,7 +53,7 @@ from torch._inductor.virtualized import V
 from zhantune.inductor import cpu_gemm
 from zhantune.inductor.choices import LookupEvent, RecordingChoices
 from zhantune.inductor.knobs import CONFIG_KNOBS, config_patch_problem
-from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, check_table, read_table
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, check_table, not_carried, read_table
 
 __all__ = ["TableChoices", "TableReport", "InstalledTable", "use_table", "table_report", "release", "stale_reason"]
 
@@ -265,6 +266,10 @@ class TableChoices(RecordingChoices):
                 cfg = {k: v for k, v in with_derived_kwargs(e, k_dim).items() if k not in ("template_id", "template_hash")}
                 results.setdefault(e["template_id"], []).append(cfg)
         if not results:
+            why = next((r for r in (not_carried(e, "cuda") for e in fresh) if r), None)
+            if why:  # a config patch on CUDA: said so, never a silent miss
+                return self._stale(report_key, why, template_choices, kernel_inputs, templates, op_name,
+                                   kwarg_overrides, cpu)
             self.report.misses[report_key] += 1
             return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
         self.report.hits[report_key] += 1

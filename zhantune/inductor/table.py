@@ -36,6 +36,7 @@ from zhantune.inductor.knobs import config_patch_problem, template_entry_problem
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
            "build_table", "table_metadata", "write_table", "read_table", "check_table", "entry_problem",
+           "not_carried", "CONFIG_ENTRY_ON_CUDA", "stock_inductor_notes",
            "load_table",
            "parse_key", "MAX_TABLE_BYTES"]
 
@@ -113,7 +114,9 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
     Inductor's default compile, the key gets Inductor's default choice (:func:`default_entry`)
     instead; None: no check. Where the tune settled the winner's claim (a Verdict: paired,
     interleaved rounds, zhantune.bench.decision) the claim must be confirmed with a ratio of at
-    least ``min_speedup``; elsewhere the stored decision statistics (minimum of the runs) decide. ``torch_version`` keeps only rows
+    least ``min_speedup``; where it settled another config (one a table cannot carry on that device:
+    :func:`not_carried`), the default ships; elsewhere the stored decision statistics (minimum of
+    the runs) decide. ``torch_version`` keeps only rows
     measured with that torch. ``device_agnostic`` keys entries without the device; where several
     devices share a problem the fastest device's winners are kept (cross-device choices are the
     compare command's job).
@@ -123,10 +126,11 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
 
     defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
     verdicts = store.latest_verdicts() if min_speedup is not None and hasattr(store, "latest_verdicts") else {}
-    # every distinct config, so that rows a table may not carry (e.g. a tf32 backend flag; see
-    # zhantune.inductor.knobs) make way for the next ones
-    ranked = [(d, p, [r for r in rows if entry_problem(entry_for(r.template_id, r.params, r.template_hash),
-                                                       d.kind) is None][:max(1, top_k)])
+    settled = {(d, p) for d, p, _ in verdicts}
+    # every distinct config, so that rows a table may not carry (a tf32 backend flag, zhantune.
+    # inductor.knobs; a config patch on CUDA, not_carried) make way for the next ones
+    ranked = [(d, p, [r for r in rows if _carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)]
+                  [:max(1, top_k)])
               for d, p, rows in store.ranked_candidates(device_key, torch_version, 1 << 30)]
     ranked.sort(key=lambda r: r[2][0].median_us if r[2] else float("inf"))
     table: dict[str, list[dict[str, Any]]] = {}
@@ -135,10 +139,14 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
         if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
             continue
         default_us = defaults.get((device.id, problem.id))
-        verdict = verdicts.get((device.id, problem.id))
-        if verdict is not None and rows and verdict.config_hash == rows[0].config_hash:
+        verdict = verdicts.get((device.id, problem.id, rows[0].config_hash)) if rows else None
+        if verdict is not None:
             # the tune settled this winner's claim in paired rounds: ship it only when confirmed
             keep = verdict.confirmed and verdict.ratio is not None and verdict.ratio >= min_speedup
+        elif rows and (device.id, problem.id) in settled:
+            # the tune settled another config (one a table cannot carry, e.g. a fusion limit on
+            # CUDA); this one was never paired against the default: no claim, the default ships
+            keep = False
         else:  # no settled claim (imported data, bench.remeasure_rounds=0): the stored statistics
             keep = bool(rows) and (default_us is None or decision_us(rows[0]) * min_speedup <= default_us) \
                 if min_speedup is not None else bool(rows)
@@ -160,6 +168,35 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
         if own and own not in table and all(key != own for key, _ in placed):
             table[own] = []
     return dict(sorted(table.items()))
+
+
+def stock_inductor_notes(table: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """What stock Inductor (its own ``LookupTableChoices`` with ``lookup_table.table`` set) does
+    differently from :func:`zhantune.use_table` with this table, one sentence per kind of key found
+    (empty: stock Inductor compiles every key's entries as zhantune does). Stock Inductor reads a
+    table only under ``max_autotune``; an empty list is a miss to it (Inductor's default choices for
+    that lookup); it makes no lookup on CPU. Checked against stock Inductor's own handler in
+    tests/test_cuda_paths.py."""
+    counts = {"addmm_template": 0, "addmm_default": 0, "config": 0}
+    for key, entries in table.items():
+        ids = [e.get("template_id") for e in entries]
+        if CONFIG_TEMPLATE_ID in ids:
+            counts["config"] += 1
+        elif key.endswith("+addmm") and ids and all(i.startswith("aten::") for i in ids):
+            counts["addmm_default"] += 1
+        elif key.endswith("+addmm") and ids:
+            counts["addmm_template"] += 1
+    notes = []
+    if counts["addmm_template"]:
+        notes.append(f"{counts['addmm_template']} addmm template key(s): stock Inductor also keeps ATen's addmm (its "
+                     "separate 1-D-bias lookup reads [] as a miss) and autotunes it against the entry when compiling")
+    if counts["addmm_default"]:
+        notes.append(f"{counts['addmm_default']} addmm default key(s): stock Inductor's template lookup (expanded bias) "
+                     "misses, so max-autotune also tries Inductor's own Triton configs")
+    if counts["config"]:
+        notes.append(f"{counts['config']} CPU key(s) ({CONFIG_TEMPLATE_ID} entries): stock Inductor makes no lookup on "
+                     "CPU; they apply through zhantune.use_table only")
+    return notes
 
 
 def table_metadata(store: Any, table: dict[str, list[dict[str, Any]]], options: dict[str, Any],
@@ -307,6 +344,26 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
             if bad:
                 name, why = bad
                 raise TableError(f"{where}: {at}{'.' + name if name else ''}: {why}")
+
+
+#: why a table cannot carry a ``zhantune::config`` entry on CUDA (TableChoices reports it stale)
+CONFIG_ENTRY_ON_CUDA = (f"a {CONFIG_TEMPLATE_ID!r} entry applies on CPU only: on CUDA Inductor's config (fusion "
+                        "limits, backends, TF32) is compile-wide, not a per-GEMM choice a table can carry; "
+                        "set it in the compile (torch._inductor.config / torch.backends) instead")
+
+
+def not_carried(entry: dict[str, Any], device_kind: str | None) -> str | None:
+    """Why an allow-listed entry takes no effect through a table on ``device_kind``, or None:
+    ``zhantune::config`` entries are applied per GEMM on CPU only (zhantune.inductor.runtime); on
+    CUDA the knobs a config branch tunes are compile-wide (CONFIG_ENTRY_ON_CUDA)."""
+    if entry.get("template_id") == CONFIG_TEMPLATE_ID and device_kind == "cuda":
+        return CONFIG_ENTRY_ON_CUDA
+    return None
+
+
+def _carried(entry: dict[str, Any], device_kind: str) -> bool:
+    """An entry a table on ``device_kind`` may carry (allow-listed) and that takes effect there."""
+    return entry_problem(entry, device_kind) is None and not_carried(entry, device_kind) is None
 
 
 def entry_problem(entry: dict[str, Any], device_kind: str | None) -> tuple[str, str] | None:

@@ -91,6 +91,9 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     if result.best is not None:
         params = ", ".join(f"{k}={v}" for k, v in sorted(result.best.params.items()))
         console.print(f"best config: {result.best.template_id or result.best.branch} {{{params}}}")
+        if getattr(result, "not_carried", None):
+            console.print(f"[yellow]not in the lookup table: {result.not_carried}; for this GEMM the table "
+                          "ships Inductor's default unless a config it can carry was confirmed faster[/yellow]")
         best_us = decision_us(result.best)
         if default_us and same_kernel:
             console.print(f"winner: {result.best.branch}, the kernel Inductor's default compile runs too: "

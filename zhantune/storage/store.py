@@ -470,11 +470,12 @@ class Store:
             s.flush()
             return row.id
 
-    def latest_verdicts(self) -> dict[tuple[int, int], m.Verdict]:
-        """(device id, problem id) -> the newest verdict on a speedup over Inductor's default."""
+    def latest_verdicts(self) -> dict[tuple[int, int, str | None], m.Verdict]:
+        """(device id, problem id, config hash) -> the newest verdict on that config's speedup over
+        Inductor's default (a tune settles the config its ranking names best)."""
         with self.session() as s:
             rows = s.scalars(select(m.Verdict).order_by(m.Verdict.id))
-            return {(v.device_id, v.problem_id): v for v in rows}
+            return {(v.device_id, v.problem_id, v.config_hash): v for v in rows}
 
 
 def decision_us(row: Any) -> float:
