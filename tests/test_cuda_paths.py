@@ -154,14 +154,13 @@ def test_linear_act_is_benchmarked_under_the_op_inductor_looks_up_on_a_gpu(dtype
 
 
 def _cuda_space(problem, names: list[str]):
-    from zhantune.device import DeviceInfo
     from zhantune.inductor.heuristics import template_params
+    from zhantune.inductor.simulate import PROFILES
     from zhantune.inductor.templates import inductor_template_ids
     from zhantune.search.space import load_space
     from zhantune.tune import CONF_DIR, problem_variables
 
-    h100 = DeviceInfo("cuda", 0, "NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3",
-                      {"sm_count": 132, "smem_bytes": 232448, "capability": "9.0"})
+    h100 = PROFILES["H100"].device_info()
     variables = problem_variables(problem, h100)
     space = load_space(names, CONF_DIR / "space", variables, set(inductor_template_ids()),
                        op=problem.lookup_op_on("cuda"), template_params=template_params)
@@ -539,3 +538,51 @@ def test_an_exported_table_under_stock_inductors_handler_and_under_use_table(tmp
                 assert stock.uids[0] == "aten::addmm" and stock.uids.count("triton::mm") > 1
     notes = stock_inductor_notes(table)
     assert len(notes) == 2 and notes[0].startswith("1 addmm template key(s)") and notes[1].startswith("1 addmm default")
+
+
+DRY_RUN = {  # op -> (shape, dtype, spaces): a size where decomposeK and Triton mm are both offered for mm
+    "mm": ("[64,128,4096]", "bfloat16", "[aten_template,triton_mm,triton_persistent_tma,decompose_k,tf32,fusion]"),
+    "addmm": ("[256,256,256]", "bfloat16", "[aten_template,triton_mm,triton_persistent_tma,decompose_k]"),
+    "bmm": ("[4,128,128,128]", "bfloat16", "[aten_template,triton_bmm]"),
+    "linear_act": ("[64,128,256]", "float32", "[aten_template,triton_mm,triton_persistent_tma,tf32]"),
+}
+
+
+@pytest.mark.parametrize("name", ["H100", "A100", "MI300X"])
+@pytest.mark.parametrize("op", list(DRY_RUN))
+def test_the_cuda_dry_run_on_a_gpu_profile(tune_cfg, name, op):
+    """Issue 17, "a CUDA dry run without a GPU": ``python -m zhantune.space ... device_profile=NAME``
+    shows every branch's size before and after its constraints and whether Inductor's lowering
+    (run against the profile) offers its template; a branch Inductor does not offer has no feasible
+    point, and one it offers has some. The persistent TMA template needs compute capability 9.0
+    and CUDA (H100 only here); decomposeK only mm at K >= 32 * max(M, N)."""
+    from rich.console import Console
+
+    from zhantune.inductor.simulate import PROFILES
+    from zhantune.space import preview
+
+    shape, dtype, spaces = DRY_RUN[op]
+    cfg = tune_cfg([f"+op={op}", f"shape={shape}", f"dtype={dtype}", f"device_profile={name}", f"space={spaces}"])
+    console = Console(record=True, width=250)
+    preview(cfg, console)
+    text = console.export_text()
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.split("│")[1:-1]]
+                                          for line in text.splitlines() if line.count("│") == 7)}
+    flat = " ".join(text.split())  # the title wraps at the table's width
+    assert f"profile {name}: simulated" in flat and repr(PROFILES[name].gcn_arch_name) in flat
+    assert ("ROCm" in text) == (name == "MI300X")
+    offered = {}
+    for branch, (_, scope, template_id, points, feasible, offer) in rows.items():
+        assert int(points) >= int(feasible) >= 0
+        if scope == "template":
+            offered[template_id] = offer
+            assert (offer == "yes") == (int(feasible) > 0), (branch, offer, feasible)
+        else:
+            assert offer == "-"
+    lookup_op = "mm" if op == "linear_act" else op  # float32 linear_act: mm on a GPU (finding 2)
+    assert offered[f"aten::{lookup_op}"] == "yes"
+    assert offered.get("triton::mm_persistent_tma", "no") == ("yes" if name == "H100" and op != "bmm" else "no")
+    if op in ("mm", "addmm"):
+        assert offered["triton::mm"] == "yes" and offered["decompose_k"] == ("yes" if op == "mm" else "no")
+    if op == "bmm":
+        assert offered["triton::bmm"] == "yes"

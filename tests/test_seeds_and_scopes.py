@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from zhantune.device import DeviceInfo
 from zhantune.errors import SpaceError
 from zhantune.inductor.heuristics import decompose_k_splits, triton_mm_configs
+from zhantune.inductor.simulate import PROFILES
 from zhantune.tune import _check_config_keys, inductor_seeds, problem_variables, resolve_run
 
-H100_LIKE = DeviceInfo("cuda", 0, "sm90", "test CUDA device", {"smem_bytes": 232448, "sm_count": 132})
+H100_LIKE = PROFILES["H100"].device_info()
 
 
 def test_cpu_seeds_are_aten_and_the_cpp_template_at_inductors_defaults(tune_cfg):

@@ -1,7 +1,12 @@
 """``python -m zhantune.space +op=mm shape=[M,N,K] [space=[...]]``: validate and preview a search space.
 
-Prints each branch's size before and after its constraints and a few sample candidates, without
-compiling or benchmarking anything and without touching the database. Same options as the tune app.
+Prints each branch's size before and after its constraints, whether Inductor's lowering offers the
+branch's template for this problem on this device (a template it does not offer can only give
+``not_applied`` trials; the spaces' constraints keep such branches empty), and a few sample
+candidates, without compiling or benchmarking anything and without touching the database. Same
+options as the tune app, plus ``device_profile=H100|A100|MI300X``: the CUDA spaces of that GPU
+without one (its SM count, shared memory, compute capability and device key; Inductor's lowering
+runs against the profile, zhantune.inductor.simulate).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
 from zhantune.errors import UserError
 
-__all__ = ["main"]
+__all__ = ["main", "preview"]
 
 register()
 
@@ -25,23 +30,43 @@ register()
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _space_app(cfg: DictConfig) -> None:
     mark_task_started()
+    try:
+        preview(cfg, Console())
+    except UserError as e:
+        user_error(e)
+
+
+def preview(cfg: DictConfig, console: Console) -> None:
+    """Print the dry run of the tune config ``cfg`` to ``console`` (module docstring); raises a
+    UserError for bad input before printing anything."""
     from zhantune.search.study import feasible_size, random_feasible_point
     from zhantune.tune import resolve_run
 
-    try:
-        run = resolve_run(cfg)
-        sizes = feasible_size(run.space, run.problem_vars)
-    except UserError as e:
-        user_error(e)
-        return
-    console = Console()
-    t = Table(title=f"search space for {run.problem.key} on {run.device.name} ({run.device.kind})")
-    for col in ("branch", "scope", "template_id", "points", "feasible"):
+    run = resolve_run(cfg, preview=True)
+    sizes = feasible_size(run.space, run.problem_vars)
+    offered = None
+    if run.device.kind == "cuda" and run.replay is None:
+        from zhantune.tune import cuda_offered_uids
+
+        offered = cuda_offered_uids(run.problem, run.device)
+    profile = run.device.properties.get("profile")
+    where = f"{run.device.name} ({run.device.kind}" + (f", profile {profile}: simulated)" if profile else ")")
+    t = Table(title=f"search space for {run.problem.key} on {where}")
+    for col in ("branch", "scope", "template_id", "points", "feasible", "offered by Inductor"):
         t.add_column(col)
     for b in run.space.branches:
         total, feasible = sizes[b.name] if sizes else ("> 200000", "?")
-        t.add_row(b.name, b.scope, b.template_id or "-", str(total), str(feasible))
+        offer = "-" if offered is None or b.scope != "template" else ("yes" if b.template_id in offered else "no")
+        t.add_row(b.name, b.scope, b.template_id or "-", str(total), str(feasible), offer)
     console.print(t)
+    if profile:
+        p = run.device.properties
+        console.print(f"profile {profile}: {p['sm_count']} SMs, {p['smem_bytes']:,} B shared memory per block, "
+                      f"compute capability {p['capability']}" + (f", ROCm {p['hip']}" if p.get("hip") else "")
+                      + f"; device key {run.device.key!r}")
+        if p.get("hip"):
+            console.print("note: this torch registered CUDA's template heuristics, so on a ROCm profile which "
+                          "templates Inductor offers is its own, the configs each would try are CUDA's")
     rng = random.Random(cfg.search.seed)
     console.print("sample candidates:")
     shown: set[str] = set()

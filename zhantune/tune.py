@@ -175,7 +175,9 @@ def _check_config_keys(space: Space, device: DeviceInfo) -> None:
 def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any]:
     """Names a constraint may use: M, N, K, B, dtype_bytes, smem_bytes, sm_count, cores, n_threads,
     whether Inductor offers a template for this size on this device kind, ``decompose_k_offered``
-    and ``triton_mm_offered`` (zhantune.inductor.heuristics.offered_templates), and
+    and ``triton_mm_offered`` (zhantune.inductor.heuristics.offered_templates), ``tma_offered``
+    (Inductor's lowering offers the persistent TMA template on this CUDA device for this problem:
+    compute capability 9.0, 16-byte aligned strides; :func:`cuda_offered_uids`), and
     ``tma_epilogue_bytes``, the bytes per element of the persistent TMA template's epilogue layout
     conversion in shared memory (zhantune.inductor.heuristics.tma_epilogue_bytes)."""
     p = device.properties
@@ -184,6 +186,7 @@ def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any
     return {
         **d,
         **offered_templates(op, d["M"], d["N"], d["K"]),
+        "tma_offered": device.kind == "cuda" and "triton::mm_persistent_tma" in cuda_offered_uids(problem, device),
         "tma_epilogue_bytes": tma_epilogue_bytes(op, problem.dtype_bytes),
         "dtype_bytes": problem.dtype_bytes,
         "smem_bytes": p.get("smem_bytes", 0),
@@ -193,10 +196,39 @@ def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any
     }
 
 
-def resolve_run(cfg: DictConfig) -> RunSpec:
-    """Validate the composed config; raises a UserError subclass (exit code 2) on bad input."""
+def cuda_offered_uids(problem: GemmProblem, device: DeviceInfo) -> frozenset[str]:
+    """The template uids Inductor's GEMM lowering offers for ``problem`` on a CUDA ``device``: the
+    real lowering on the real device, or under zhantune.inductor.simulate.simulated_cuda for a
+    profile (``device_profile=``). Where the lowering cannot run (an Inductor change), every GEMM
+    template uid, so that no branch is dropped on a guess (a template not offered then shows as
+    ``not_applied`` trials)."""
+    import logging
+
+    from zhantune.inductor import simulate
+
+    op = problem.lookup_op_on("cuda")
+    try:
+        if device.properties.get("profile"):
+            with simulate.simulated_cuda(simulate.profile(device.properties["profile"])):
+                return simulate.offered_uids(problem, op)
+        return simulate.offered_uids(problem, op, device.index or 0)
+    except Exception as e:  # Inductor's internals: never fail a run on this preview
+        logging.getLogger(__name__).warning("could not run Inductor's lowering to see which templates it offers "
+                                            "(%s: %s); assuming all", type(e).__name__, e)
+        return inductor_template_ids()
+
+
+def resolve_run(cfg: DictConfig, preview: bool = False) -> RunSpec:
+    """Validate the composed config; raises a UserError subclass (exit code 2) on bad input.
+    ``preview``: the dry run (python -m zhantune.space), which also takes ``device_profile=``."""
     _check_search(cfg)
+    profile_name = cfg.get("device_profile")
+    if profile_name and not preview:
+        raise ConfigError(f"device_profile={profile_name} previews a GPU's search spaces in the dry run "
+                          "(python -m zhantune.space); a tune measures a real device: use device=cuda:N")
     if cfg.bench.name == "replay":
+        if profile_name:
+            raise ConfigError(f"device_profile={profile_name}: bench=replay takes its device from the file")
         return _resolve_replay(cfg)
     if OmegaConf.is_missing(cfg, "op"):
         raise ConfigError("no op given; use +op=<name> with a file from conf/op/ (mm, addmm, bmm, linear_act)")
@@ -207,7 +239,7 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
         shape = OmegaConf.to_container(shape)
     problem = GemmProblem.from_config(cfg.op.name, shape, cfg.dtype, cfg.op.activation,
                                       weight_layout=cfg.weight_layout)
-    device = resolve_device(cfg.device)
+    device = _profile_device(profile_name) if profile_name else resolve_device(cfg.device)
     check_fits(problem, device)
     names, composed = _space_selection(cfg, device)
     variables = problem_variables(problem, device)
@@ -216,6 +248,17 @@ def resolve_run(cfg: DictConfig) -> RunSpec:
     _check_config_keys(space, device)
     check_url(cfg.storage.url)
     return RunSpec(problem, device, space, names, variables, cfg)
+
+
+def _profile_device(name: str) -> DeviceInfo:
+    """The DeviceInfo of GPU profile ``name`` (zhantune.inductor.simulate.PROFILES); ConfigError
+    naming the known profiles otherwise."""
+    from zhantune.inductor.simulate import profile
+
+    try:
+        return profile(name).device_info()
+    except KeyError as e:
+        raise ConfigError(f"device_profile={name}: unknown GPU profile; known: {e.args[0].split('known: ')[1]}") from None
 
 
 def device_memory_bytes(device: DeviceInfo) -> int | None:
