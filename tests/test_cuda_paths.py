@@ -586,3 +586,20 @@ def test_the_cuda_dry_run_on_a_gpu_profile(tune_cfg, name, op):
         assert offered["triton::mm"] == "yes" and offered["decompose_k"] == ("yes" if op == "mm" else "no")
     if op == "bmm":
         assert offered["triton::bmm"] == "yes"
+
+
+def test_gpu_check_refuses_a_machine_without_cuda_in_one_line():
+    """scripts/gpu_check.py is for a CUDA machine (it has not run on one yet: the README says so);
+    here it says so in one line and exits 2, and the program it runs in a fresh process compiles."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "no CUDA device" in r.stderr
+    namespace: dict = {}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)  # the module only: main() is not called
+    compile(namespace["LOAD"], "gpu_check LOAD", "exec")
+    assert set(namespace["PROBLEMS"]) == {"mm", "addmm", "bmm", "linear_act"}

@@ -323,6 +323,11 @@ class Store:
             row.finished_at = None
         return self._get_or_create(m.Study, {"name": name}, dict(config=config), reopen)
 
+    def find_study(self, name: str) -> m.Study | None:
+        """The study row named ``name``, or None (reads only)."""
+        with self.session() as s:
+            return s.scalars(select(m.Study).where(m.Study.name == name)).first()
+
     def finish_study(self, study_id: int, status: str = "finished") -> None:
         with self.session() as s:
             row = s.get(m.Study, study_id)
