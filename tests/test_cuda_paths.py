@@ -603,3 +603,51 @@ def test_gpu_check_refuses_a_machine_without_cuda_in_one_line():
     exec(compile(script.read_text(), str(script), "exec"), namespace)  # the module only: main() is not called
     compile(namespace["LOAD"], "gpu_check LOAD", "exec")
     assert set(namespace["PROBLEMS"]) == {"mm", "addmm", "bmm", "linear_act"}
+
+
+def test_compares_portable_table_is_keyed_and_completed_as_the_export_is(tmp_path):
+    """compare's ``table=`` (the portable choice per problem, device-agnostic) wrote entries without
+    EVEN_K (Inductor then merges the first heuristic config's) and put an addmm template entry under
+    the ATen lookup's key, which its template lookup never asks for. It now keys and completes
+    entries as build_table does; the lookups are Inductor's own, recorded on two simulated GPUs."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.simulate import PROFILES
+    from zhantune.inductor.table import portable_table
+    from zhantune.problems import GemmProblem
+    from zhantune.report.compare import compare
+    from zhantune.storage import Store
+    from zhantune.tune import Recorder
+
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    study_id = store.study_id("s", {})
+    cases = {"mm": [(64, 48), (48, 64)], "addmm": [(64,), (64, 48), (48, 64)]}
+    slow = {**TRITON_PARAMS, "BLOCK_M": 64}
+    trial = 0
+    for name in ("H100", "A100"):
+        prof = PROFILES[name]
+        device_id = store.device_id(prof.gcn_arch_name, prof.name, "cuda", {})
+        for op, inputs in cases.items():
+            problem = GemmProblem(op, (64, 64, 48), "bfloat16")
+            with fake_cuda(prof.properties()), recording() as rec, \
+                    inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,TRITON"):
+                lower(op, inputs, torch.bfloat16)
+            own = next(e for e in rec.events if e.offered)
+            hit = next(e for e in rec.events if "triton::mm" in e.template_hashes)
+            r = Recorder(store, problem, study_id, device_id,
+                         store.problem_id(problem.key, lookup_key=own.agnostic_key, **problem.row_fields()))
+            for params, t in ((TRITON_PARAMS, 10.0), (slow, 12.0 if name == "H100" else 9.0)):
+                r.add(Measurement("ok", timing=summarize_us([t, t + 1], "t"), lookup=dataclasses.replace(
+                    hit, hit_templates=("triton::mm",))), "candidate", Candidate("b", "template", "triton::mm", params),
+                    trial_number=trial)
+                trial += 1
+    table = portable_table(compare(store), store)
+    mm_key = "((torch.bfloat16, [64, 48], [48, 1]), (torch.bfloat16, [48, 64], [64, 1]))+mm"
+    aten_key = ("((torch.bfloat16, [64], [1]), (torch.bfloat16, [64, 48], [48, 1]), "
+                "(torch.bfloat16, [48, 64], [64, 1]))+alpha=1&beta=1+addmm")
+    expanded = aten_key.replace("[64], [1]", "[64, 64], [0, 1]")
+    assert set(table) == {mm_key, aten_key, expanded} and table[aten_key] == []
+    for key in (mm_key, expanded):
+        (entry,) = table[key]
+        assert entry["template_id"] == "triton::mm" and entry["EVEN_K"] is False  # 48 % 32
+        assert entry["BLOCK_M"] in (32, 64)

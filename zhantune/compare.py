@@ -20,25 +20,10 @@ from zhantune.errors import ConfigError, StorageError, UserError
 __all__ = ["main"]
 
 
-def _portable_table(cmp, store) -> dict:
-    from sqlalchemy import select
-
-    from zhantune.inductor.table import entry_for
-    from zhantune.storage import models as m
-
-    with store.session() as s:
-        keys = dict(s.execute(select(m.Problem.key, m.Problem.lookup_key)).all())
-    table = {}
-    for p in cmp.problems:
-        if p.portable is not None and keys.get(p.problem_key):
-            table[keys[p.problem_key]] = [entry_for(p.portable.template_id, p.portable.params, None)]
-    return dict(sorted(table.items()))
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="compare")
 def _compare_app(cfg: DictConfig) -> None:
     mark_task_started()
-    from zhantune.inductor.table import write_table
+    from zhantune.inductor.table import portable_table, write_table
     from zhantune.paths import check_output_path
     from zhantune.report.compare import compare
     from zhantune.report.html import write_html_report
@@ -77,7 +62,7 @@ def _compare_app(cfg: DictConfig) -> None:
     if cfg.html:
         console.print(f"html: {write_html_report(cfg.html, cmp, study)}")
     if cfg.table:
-        table = _portable_table(cmp, store)
+        table = portable_table(cmp, store)
         if table:
             console.print(f"lookup table: {write_table(cfg.table, table)} ({len(table)} portable entr(y/ies))")
         else:

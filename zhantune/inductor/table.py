@@ -36,7 +36,7 @@ from zhantune.inductor.knobs import config_patch_problem, template_entry_problem
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
            "build_table", "table_metadata", "write_table", "read_table", "check_table", "entry_problem",
-           "not_carried", "CONFIG_ENTRY_ON_CUDA", "stock_inductor_notes",
+           "not_carried", "CONFIG_ENTRY_ON_CUDA", "stock_inductor_notes", "portable_table",
            "load_table",
            "parse_key", "MAX_TABLE_BYTES"]
 
@@ -197,6 +197,37 @@ def stock_inductor_notes(table: dict[str, list[dict[str, Any]]]) -> list[str]:
         notes.append(f"{counts['config']} CPU key(s) ({CONFIG_TEMPLATE_ID} entries): stock Inductor makes no lookup on "
                      "CPU; they apply through zhantune.use_table only")
     return notes
+
+
+def portable_table(comparison: Any, store: Any) -> dict[str, list[dict[str, Any]]]:
+    """The portable choice of each compared problem (zhantune.report.compare: correct on every
+    device, least worst regret) as device-agnostic lookup-table entries, keyed as :func:`build_table`
+    keys them (a template entry under the key of the lookup its template hit) and with the kwargs
+    Inductor would otherwise take from another config (``EVEN_K``). Problems without an Inductor key
+    (imported or replayed data) and choices a table cannot carry on one of the compared devices
+    (:func:`not_carried`) are left out."""
+    from zhantune.inductor.heuristics import with_derived_kwargs
+
+    problems = store.problems_by_key()
+    kinds = {d.key: d.kind for d in store.devices_with_candidates()}
+    table: dict[str, list[dict[str, Any]]] = {}
+    for p in comparison.problems:
+        problem, choice = problems.get(p.problem_key), p.portable
+        if choice is None or problem is None or not problem.lookup_key:
+            continue
+        entry = with_derived_kwargs(entry_for(choice.template_id, choice.params, None), problem.shape or {})
+        if not all(_carried(entry, kinds.get(dev, "cuda")) for dev in p.best_us):
+            continue
+        key = problem.lookup_key
+        if choice.template_id is not None:
+            found = store.config_lookup(problem.id, choice.config_hash)
+            if found is None:
+                continue
+            key = table_key(found[0].key, problem.lookup_key, found[1], device_agnostic=True)
+            if key != problem.lookup_key:  # addmm: the problem's own (ATen) lookup gets "nothing"
+                table.setdefault(problem.lookup_key, [])
+        table[key] = [entry]
+    return dict(sorted(table.items()))
 
 
 def table_metadata(store: Any, table: dict[str, list[dict[str, Any]]], options: dict[str, Any],

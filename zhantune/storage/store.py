@@ -323,6 +323,21 @@ class Store:
             row.finished_at = None
         return self._get_or_create(m.Study, {"name": name}, dict(config=config), reopen)
 
+    def problems_by_key(self) -> dict[str, m.Problem]:
+        """Every problem row by its key."""
+        with self.session() as s:
+            return {p.key: p for p in s.scalars(select(m.Problem))}
+
+    def config_lookup(self, problem_id: int, config_hash: str) -> tuple[m.Device, m.Measurement] | None:
+        """A correct measurement of this config for this problem that recorded Inductor's lookup
+        key (the key its template hit), with its device; None when there is none."""
+        with self.session() as s:
+            row = s.execute(select(m.Device, m.Measurement).join(m.Device, m.Device.id == m.Measurement.device_id)
+                            .where(m.Measurement.problem_id == problem_id, m.Measurement.config_hash == config_hash,
+                                   m.Measurement.status == "ok", m.Measurement.lookup_key.is_not(None))
+                            .order_by(m.Measurement.id).limit(1)).first()
+            return None if row is None else (row[0], row[1])
+
     def find_study(self, name: str) -> m.Study | None:
         """The study row named ``name``, or None (reads only)."""
         with self.session() as s:
