@@ -26,8 +26,10 @@ are process-wide (``user_lowerings`` is a plain dict) and installed while a zhan
 table needs them (:func:`installed`); what they change is scoped to one GEMM's lowering.
 
 Cost: nothing for a GEMM the handler leaves alone (one dict lookup and one method call per GEMM
-lowering). Limits: ``mkldnn._linear_pointwise.binary`` (a linear with a fused residual add) is not
-hooked, so such a GEMM always compiles Inductor's default; with dynamic M the template reads
+lowering). Limits: ``mkldnn._linear_pointwise.binary`` (a bfloat16 linear with a fused residual
+add) is lowered by the freezing pass's fusion pattern calling Inductor's lowering directly, never
+through ``user_lowerings``: such a GEMM makes no lookup (``collect`` does not list it, ``check`` does
+not count it) and always compiles Inductor's default; with dynamic M the template reads
 ``cpp.gemm_max_k_slices`` again when its code is rendered, after the lowering's patch is gone.
 """
 
