@@ -651,3 +651,33 @@ def test_compares_portable_table_is_keyed_and_completed_as_the_export_is(tmp_pat
         (entry,) = table[key]
         assert entry["template_id"] == "triton::mm" and entry["EVEN_K"] is False  # 48 % 32
         assert entry["BLOCK_M"] in (32, 64)
+
+
+def test_a_problem_tuned_on_cpu_and_on_a_gpu_exports_each_devices_own_key(tmp_path):
+    """Finding 2, the table side: a float32 linear_act is looked up as addmm on CPU and as mm on a
+    GPU, but the problem row keeps the key of the first device that measured it. Each device's
+    entries go under the key its own default compile looked up (stored with its default row)."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.inductor.table import build_table
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Store
+    from zhantune.tune import Recorder
+
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    problem = GemmProblem.from_config("linear_act", [32, 64, 48], "float32", "relu")
+    study_id = store.study_id("s", {})
+    x, w, b = "(torch.float32, [32, 48], [48, 1])", "(torch.float32, [48, 64], [64, 1])", "(torch.float32, [64], [1])"
+    cpu_key, gpu_key = f"({b}, {x}, {w})+alpha=1&beta=1+addmm", f"({x}, {w})+mm"
+    for trial, (dev, kind, key, op) in enumerate([("AMD EPYC", "cpu", cpu_key, "addmm"),
+                                                   ("NVIDIA H100 80GB HBM3", "cuda", gpu_key, "mm")]):
+        rec = Recorder(store, problem, study_id, store.device_id(dev, dev, kind, {}),
+                       store.problem_id(problem.key, lookup_key=key, **problem.row_fields()))
+        own = LookupEvent(op, f"{dev}+{key}", key, {f"aten::{op}": None}, ())
+        rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=own), "default")
+        rec.add(Measurement("ok", timing=summarize_us([19.0, 20.0], "t"), lookup=own), "candidate",
+                Candidate("aten_template", "template", f"aten::{op}", {}), trial_number=trial)
+    table = build_table(store, min_speedup=1e9)  # nothing beats the default: each device's default entry
+    assert table == {f"AMD EPYC+{cpu_key}": [{"template_id": "aten::addmm"}],
+                     f"NVIDIA H100 80GB HBM3+{gpu_key}": [{"template_id": "aten::mm"}]}

@@ -127,6 +127,7 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
     defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
     verdicts = store.latest_verdicts() if min_speedup is not None and hasattr(store, "latest_verdicts") else {}
     settled = {(d, p) for d, p, _ in verdicts}
+    own_keys = store.default_lookup_keys() if hasattr(store, "default_lookup_keys") else {}
     # every distinct config, so that rows a table may not carry (a tf32 backend flag, zhantune.
     # inductor.knobs; a config patch on CUDA, not_carried) make way for the next ones
     ranked = [(d, p, [r for r in rows if _carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)]
@@ -150,10 +151,15 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
         else:  # no settled claim (imported data, bench.remeasure_rounds=0): the stored statistics
             keep = bool(rows) and (default_us is None or decision_us(rows[0]) * min_speedup <= default_us) \
                 if min_speedup is not None else bool(rows)
+        # the problem's own lookup on this device (a float32 linear_act is an addmm on CPU and an mm
+        # on a GPU: the problem row keeps the first device's), from its default compile there
+        own_key = own_keys.get((device.id, problem.id))
+        problem_key = own_key.removeprefix(f"{device.key}+") if own_key else problem.lookup_key
+        lookup_op = (parse_key(problem_key) or {}).get("op") or problem.lookup_op if problem_key else problem.lookup_op
         if not keep:
-            placed = [(table_key(device.key, problem.lookup_key, None, device_agnostic), default_entry(problem.lookup_op))]
+            placed = [(table_key(device.key, problem_key, None, device_agnostic), default_entry(lookup_op))]
         else:  # each entry under the key its own lookup makes (addmm: templates and ATen differ)
-            placed = [(table_key(device.key, problem.lookup_key, r, device_agnostic),
+            placed = [(table_key(device.key, problem_key, r, device_agnostic),
                        entry_for(r.template_id, r.params, r.template_hash)) for r in rows]
         if any(key in table for key, _ in placed if key):
             continue
@@ -164,7 +170,7 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
                 table.setdefault(key, []).append(with_derived_kwargs(entry, problem.shape))
         # every entry under another key (addmm's Triton templates use the expanded bias): the
         # problem's own (ATen) lookup gets "nothing from this lookup", so the GEMM compiles only them
-        own = table_key(device.key, problem.lookup_key, None, device_agnostic)
+        own = table_key(device.key, problem_key, None, device_agnostic)
         if own and own not in table and all(key != own for key, _ in placed):
             table[own] = []
     return dict(sorted(table.items()))

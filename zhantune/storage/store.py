@@ -482,6 +482,15 @@ class Store:
             return {key: min(ts) for key, ts in times.items()}
 
     # -- verdicts ---------------------------------------------------------------------------
+    def default_lookup_keys(self) -> dict[tuple[int, int], str]:
+        """(device id, problem id) -> the device-specific key of the lookup Inductor's default compile
+        made there (newest default row that recorded one): the problem's own key on that device."""
+        with self.session() as s:
+            rows = s.execute(select(m.Measurement.device_id, m.Measurement.problem_id, m.Measurement.lookup_key)
+                             .where(m.Measurement.kind == "default", m.Measurement.lookup_key.is_not(None))
+                             .order_by(m.Measurement.id))
+            return {(d, p): key for d, p, key in rows}
+
     def add_verdict(self, **fields: Any) -> int:
         """Store a settled speedup claim (zhantune.storage.models.Verdict); returns its id."""
         with self.session() as s:
