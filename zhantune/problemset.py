@@ -103,6 +103,8 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
                      + (f" ({share:.0%} of the model's GEMM time)" if share else "")
                      + f": {pr.n_trials} trials; {done}/{total} done overall")
         pr.result = tune(pr.run, store, TuneProgress(console) if cfg.progress else None)
+        if pr.result.transfer_text:
+            console.print(pr.result.transfer_text)
         done += pr.n_trials
         if pr.result.interrupted:
             out.interrupted = True

@@ -12,10 +12,11 @@ point so far (then 2), a published recipe for categorical spaces (trust regions 
 distance, Wan et al. 2021, CASMOPOLITAN), falling back to the global maximum when the neighbourhood is
 exhausted.
 
-Transfer (:meth:`set_prior`, zhantune.search.transfer): with scores of configs measured elsewhere
-(other devices, neighbouring shapes), the first proposals are the best-scored configs, and every
-proposal stays inside the best ``transfer_quantile`` of the scored configs (the *region*) for as
-long as the best point measured here lies inside it; docs/search.md has the measurements.
+Transfer (:meth:`set_prior`, zhantune.search.transfer): with scores for most configs (other
+devices' measurements of this problem), every proposal stays inside the best ``transfer_quantile``
+of the scored configs (the *region*) while the best point measured here lies inside it; with scores
+for a few (a neighbouring shape's short tune), their best configs are proposed first.
+docs/search.md has the measurements.
 
 The sampler needs the space: :func:`zhantune.search.driver.run_search` calls :meth:`bind` before the
 first trial. The study (trials of every worker sharing the storage) is its only state, so several
@@ -135,9 +136,10 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
             self._bind_prior()
 
     def _bind_prior(self) -> None:
-        """Map the prior's scores to feasible rows: the region (the best ``transfer_quantile`` of the
-        scored rows) and, for a partial prior (scores for fewer than half of the feasible set, as a
-        50-trial tune of a neighbouring shape gives), the seeds, with every unscored row in the region."""
+        """Map the prior's scores to feasible rows: for a complete prior (scores for at least half
+        of the feasible set) the region, the best ``transfer_quantile`` of the scored rows; for a
+        partial one (a 16-trial tune of a neighbouring shape) the seeds, its ``transfer_seeds`` best
+        configs, and no region (the whole space)."""
         fs = self._feasible
         self._seed_rows, self._region, self._prior_complete = np.zeros(0, dtype=np.int64), None, False
         if fs is None or not self._prior:
@@ -153,9 +155,9 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         order = scored[np.argsort(score[scored], kind="stable")]  # ties: by row, deterministic
         region = np.zeros(len(fs), dtype=bool)
         region[order[: max(1, int(np.ceil(self.transfer_quantile * len(order))))]] = True
-        if 2 * len(scored) < len(fs):  # partial: seeds, and the region keeps every unscored point
+        if 2 * len(scored) < len(fs):  # partial: its best configs first, then the whole space
             self._seed_rows = order[np.isfinite(score[order])][: self.transfer_seeds]
-            region[np.isnan(score)] = True
+            region[:] = True
         self._region, self._prior_complete = region, 2 * len(scored) >= len(fs)
 
     @property
