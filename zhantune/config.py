@@ -56,6 +56,10 @@ class SearchConfig:
     #: shared in proportion to each problem's share of the model's GEMM time, at least min_trials each
     total_trials: int | None = None
     min_trials: int = 2
+    #: transfer (zhantune.search.transfer, docs/search.md): auto uses what the storage already holds
+    #: about this problem as the sampler's prior (the same problem on other devices, else neighbouring
+    #: shapes on this device); off: a cold start
+    transfer: str = "auto"
 
 
 @dataclass

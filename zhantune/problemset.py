@@ -3,6 +3,8 @@
 One resumable study per problem (the study name is the problem key and the device key, as for a
 single tune), trials shared in proportion to each problem's share of the model's GEMM time
 (``search.total_trials``, at least ``search.min_trials`` each; zhantune.collect.allocate_trials),
+tuned largest share first (so that, with ``search.transfer=auto``, the rest start from their
+neighbouring shapes' winners),
 overall progress on the terminal, one lookup table for all of them at the end.
 """
 
@@ -67,7 +69,23 @@ def resolve_problems(cfg: DictConfig) -> list[ProblemRun]:
     if cfg.search.min_trials < 1:
         raise ConfigError(f"search.min_trials={cfg.search.min_trials} must be at least 1")
     counts = allocate_trials(rows, total, cfg.search.min_trials)
-    return [ProblemRun(row, n, resolve_run(_problem_cfg(cfg, row, n))) for row, n in zip(rows, counts, strict=True)]
+    runs = [ProblemRun(row, n, resolve_run(_problem_cfg(cfg, row, n))) for row, n in zip(rows, counts, strict=True)]
+    # the largest share first: with search.transfer=auto the later, smaller problems start from the
+    # winners of their neighbouring shapes (zhantune.search.transfer); ties keep the file's order
+    weights = _weights(rows)
+    order = sorted(range(len(runs)), key=lambda i: -weights[i])
+    return [runs[i] for i in order]
+
+
+def _weights(rows: list[dict[str, Any]]) -> list[float]:
+    """Each problem's share of the model's GEMM time, as zhantune.collect.allocate_trials weighs
+    them (count x FLOPs for every problem when a share is missing)."""
+    import math
+
+    shares = [r.get("share") for r in rows]
+    if any(w is None for w in shares) or not sum(shares):
+        return [float(r.get("count", 1) * math.prod(r["shape"])) for r in rows]
+    return [float(w) for w in shares]
 
 
 def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: Console) -> ProblemsResult:
@@ -85,6 +103,8 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
                      + (f" ({share:.0%} of the model's GEMM time)" if share else "")
                      + f": {pr.n_trials} trials; {done}/{total} done overall")
         pr.result = tune(pr.run, store, TuneProgress(console) if cfg.progress else None)
+        if pr.result.transfer_text:
+            console.print(pr.result.transfer_text)
         done += pr.n_trials
         if pr.result.interrupted:
             out.interrupted = True

@@ -291,6 +291,10 @@ def _check_search(cfg: DictConfig) -> None:
         raise ConfigError(f"search.n_trials={s.n_trials} must be at least 1")
     if s.timeout_s is not None and s.timeout_s <= 0:
         raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
+    from zhantune.search.transfer import TRANSFER_MODES
+
+    if s.transfer not in TRANSFER_MODES:
+        raise ConfigError(f"search.transfer={s.transfer!r}; allowed: {', '.join(TRANSFER_MODES)}")
     workers = cfg.bench.get("compile_workers")
     if workers is not None and workers < 0:
         raise ConfigError(f"bench.compile_workers={workers} must be 0 (off), a positive count, or null "
@@ -340,6 +344,10 @@ class TuneResult:
     #: the winner is the ``aten`` config, the very kernel Inductor's default compile runs: a
     #: difference between the two is noise, never a speedup (the summary says so)
     same_kernel_as_default: bool = False
+    #: search.transfer: the prior the search started from (zhantune.search.transfer.Prior), None: cold
+    transfer: Any = None
+    #: one line on what transfer did (or why it did nothing), for the summary; None: nothing to say
+    transfer_text: str | None = None
 
 
 class Recorder:
@@ -436,6 +444,7 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
     with store.schema_lock():  # N workers may start on one new database: Optuna creates its tables once
         study = open_study(run.study_name, cfg.storage.url, sampler)
     _enqueue_seeds(study, run)
+    _use_prior(run, store, sampler, result)
 
     def cached(cand: Candidate) -> tuple[bool, float | None]:
         hit = store.cached(device_id, problem_id, cand.config_hash, rec.versions["torch"], rec.versions["triton"])
@@ -478,6 +487,8 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
         if progress is not None:
             progress.stop()
     result.infeasible, result.interrupted = stats.infeasible, stats.interrupted
+    if result.transfer is not None:
+        result.transfer_text = _transfer_text(result.transfer, sampler)
     if not result.interrupted and run.replay is None:
         try:  # the close call first: the speedup is then settled for the config the ranking names
             if cfg.bench.remeasure_rounds > 0:
@@ -496,6 +507,42 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
         result.table_path, table = export_table(store, cfg.storage.url, cfg.export, device.key)
         result.table_keys = list(table)
     return result
+
+
+def _use_prior(run: RunSpec, store: Store, sampler: optuna.samplers.BaseSampler, result: TuneResult) -> None:
+    """search.transfer=auto: hand the sampler what the storage holds about this problem elsewhere
+    (zhantune.search.transfer.load_prior). Samplers without ``set_prior`` (all but the default)
+    start cold; the summary says so."""
+    if run.cfg.search.transfer == "off":
+        return
+    from zhantune.search.transfer import load_prior
+
+    prior = load_prior(store, run.device.key, run.problem)
+    if prior is None:
+        return
+    set_prior = getattr(sampler, "set_prior", None)
+    if not callable(set_prior):
+        result.transfer_text = (f"transfer: not used: search={run.cfg.search.name} takes no prior "
+                                f"({prior.describe()} available; the default search uses them)")
+        return
+    set_prior(prior.scores)
+    result.transfer = prior
+
+
+def _transfer_text(prior: Any, sampler: Any) -> str:
+    """The summary's line on how the prior seeded the search (FeasibleTPESampler's seeds and region)."""
+    region = getattr(sampler, "prior_region_size", None)
+    feasible = len(sampler.feasible_set) if getattr(sampler, "feasible_set", None) is not None else None
+    text = f"transfer: {prior.describe()}"
+    if region is None or feasible is None:
+        return text + "; none of their configs is in this space"
+    seeds = sampler.prior_seed_count
+    if seeds:
+        text += f"; their {seeds} best config(s) were proposed before the sampler's own picks"
+    if region < feasible:
+        text += (f"; proposals stayed within their best {region:,} of {feasible:,} feasible configs "
+                 "while the best point measured here was one of them")
+    return text + " (search.transfer=off: a cold start)"
 
 
 def settle_close_call(run: RunSpec, store: Store, bench: Any, rec: Recorder, problem_id: int,

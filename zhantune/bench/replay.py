@@ -9,7 +9,8 @@ configuration, keyed by the values joined with commas, with ``time`` (millisecon
 product that is absent from ``cache`` violated the kernel's restrictions: it is infeasible.
 
 The search space comes from ``tune_params`` (one branch; single-valued parameters are fixed), the
-device and the problem from the file's ``device_name``, ``kernel_name`` and ``problem_size``.
+device and the problem from the file's ``device_name`` (a file without one is named after its file
+name), ``kernel_name`` and ``problem_size``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,28 @@ class KernelTunerFile:
     param_names: list[str]
     tune_params: dict[str, list[Any]]
     cache: dict[str, dict[str, Any]]
+    #: the device's name given by the user (``devices=[...]`` of the import); None: from the file
+    device_label: str | None = None
+
+    @property
+    def device_named_by(self) -> str:
+        """Where the device's name comes from: ``devices`` (the user), ``device_name`` (the file's
+        key) or ``file name`` (the file records no device_name, as benchmark_hub's dedispersion
+        MI250X file)."""
+        if self.device_label:
+            return "devices"
+        return "device_name" if self.device_name.strip() else "file name"
+
+    @property
+    def device_key(self) -> str:
+        """The device's key and name: ``devices=[...]``'s entry, else the file's ``device_name``,
+        else a name from the file name (:func:`device_from_file_name`); never empty, so two files
+        without a device name never become one device unless their file names agree."""
+        if self.device_label:
+            return self.device_label
+        if self.device_name.strip():
+            return self.device_name
+        return device_from_file_name(self.path, self.kernel_name)
 
     def entry(self, values: dict[str, Any]) -> dict[str, Any] | None:
         """The cache entry of a configuration (param name -> value), None when absent."""
@@ -115,9 +138,12 @@ class KernelTunerFile:
                              constraints=[], source=f"{self.path}: tune_params", members=members)])
 
     def device(self) -> DeviceInfo:
-        """The recorded GPU, keyed by its name (Kernel Tuner files carry no architecture name)."""
-        return DeviceInfo(kind="cuda", index=None, key=self.device_name, name=self.device_name,
-                          properties={"source": "kerneltuner", "file": self.path.name})
+        """The recorded GPU, keyed by its name (Kernel Tuner files carry no architecture name):
+        :attr:`device_key`; ``properties["named_by"]`` says where the name came from."""
+        key = self.device_key
+        return DeviceInfo(kind="cuda", index=None, key=key, name=key,
+                          properties={"source": "kerneltuner", "file": self.path.name,
+                                      "named_by": self.device_named_by})
 
     def problem(self) -> ReplayProblem:
         """The problem; FLOPs per run from the first entry that records GFLOP/s (else 0)."""
@@ -132,6 +158,20 @@ class KernelTunerFile:
     def best_time_us(self) -> float:
         """The file's optimum: the lowest median (microseconds) of a configuration that ran."""
         return min(statistics.median(times) for e in self.cache.values() if (times := entry_times_us(e)))
+
+
+def device_from_file_name(path: Path, kernel_name: str) -> str:
+    """A device name for a file without ``device_name``: the file name without ``.json``/``.json.gz``
+    and without a leading kernel name (``dedispersion_MI250X.json.gz`` of ``dedispersion_kernel``:
+    ``MI250X``; benchmark_hub names its files after the GPU: ``dedispersion_milo/MI250X.json.gz``)."""
+    stem = path.name
+    for suffix in (".gz", ".json"):
+        stem = stem.removesuffix(suffix)
+    base = kernel_name.removesuffix("_kernel")
+    for prefix in (kernel_name + "_", base + "_"):
+        if base and stem.startswith(prefix) and len(stem) > len(prefix):
+            return stem[len(prefix):]
+    return stem
 
 
 def _is_time(t: Any) -> bool:
@@ -165,8 +205,9 @@ def entry_times_us(entry: dict[str, Any]) -> list[float]:
     return [x * 1000.0 for x in times]
 
 
-def load_kerneltuner(path: str | Path, source: str = "bench.path") -> KernelTunerFile:
-    """Read a Kernel Tuner cache file (.json or .json.gz).
+def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str | None = None) -> KernelTunerFile:
+    """Read a Kernel Tuner cache file (.json or .json.gz); ``device`` names its device (else the
+    file's ``device_name``, else its file name: :attr:`KernelTunerFile.device_key`).
 
     Raises ConfigError (exit code 2) naming ``source`` and the file when it is missing, not JSON, or
     lacks a required key; nothing in the file is executed.
@@ -206,8 +247,8 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path") -> KernelTune
                               "milliseconds (or a failure name such as 'CompilationFailedConfig')")
     size = data["problem_size"]
     size = tuple(size) if isinstance(size, list) else (size,)
-    return KernelTunerFile(p, str(data["device_name"]), str(data["kernel_name"]), size, list(names),
-                           {n: list(tune_params[n]) for n in names}, cache)
+    return KernelTunerFile(p, str(data["device_name"] or ""), str(data["kernel_name"]), size, list(names),
+                           {n: list(tune_params[n]) for n in names}, cache, device or None)
 
 
 class ReplayBenchmarker:

@@ -117,6 +117,8 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     contention = getattr(result, "contention", None)
     if contention is not None and contention.text():
         console.print(f"[yellow]warning: {contention.text()}[/yellow]")
+    if getattr(result, "transfer_text", None):
+        console.print(result.transfer_text)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"
     console.print(f"trials: {result.measured} measured ({counts}), {result.cached} cached, "
                   f"{result.infeasible} infeasible" + (" [interrupted]" if result.interrupted else ""))

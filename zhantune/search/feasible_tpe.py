@@ -12,6 +12,12 @@ point so far (then 2), a published recipe for categorical spaces (trust regions 
 distance, Wan et al. 2021, CASMOPOLITAN), falling back to the global maximum when the neighbourhood is
 exhausted.
 
+Transfer (:meth:`set_prior`, zhantune.search.transfer): with scores for most configs (other
+devices' measurements of this problem), every proposal stays inside the best ``transfer_quantile``
+of the scored configs (the *region*) while the best point measured here lies inside it; with scores
+for a few (a neighbouring shape's short tune), their best configs are proposed first.
+docs/search.md has the measurements.
+
 The sampler needs the space: :func:`zhantune.search.driver.run_search` calls :meth:`bind` before the
 first trial. The study (trials of every worker sharing the storage) is its only state, so several
 workers can use one study. Spaces too large to enumerate fall back to Optuna's multivariate TPE.
@@ -51,6 +57,15 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         max_neighbourhood: largest Hamming distance searched around the best point.
         max_scored: most unmeasured points scored per trial (a uniform sample beyond it), which
             bounds the cost of a proposal on large spaces.
+        transfer_quantile: with a prior (:meth:`set_prior`), the share of the scored configs, best
+            first, that proposals stay in while the best point measured here is one of them.
+        transfer_seeds: with a partial prior (scores for fewer than half of the feasible points, as
+            a tune of a neighbouring shape gives), how many of its best-scored configs are proposed
+            first (a complete prior proposes none: measured, seeds pull the search into the other
+            device's basin; docs/search.md).
+        transfer_startup_trials: with a complete prior, the uniform start-up draws (from the region)
+            before the model, instead of ``n_startup_trials``; also how many results inside the
+            region the search waits for before it may leave the region (:meth:`_trust_region`).
         refresh_s: the study's trials are read from the storage at most once per this many
             seconds (every proposal when trials take longer, as real compiles and benchmarks do);
             in between, this process's own results are known from ``after_trial``. 0 reads at every
@@ -59,11 +74,16 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
 
     def __init__(self, seed: int | None = None, n_startup_trials: int = 16, n_model_trials: int = 30,
                  gamma: float = 0.1, kernel_alpha: float = 0.6, max_neighbourhood: int = 1,
-                 max_scored: int = 4096, refresh_s: float = 1.0):
+                 max_scored: int = 4096, refresh_s: float = 1.0, transfer_quantile: float = 0.1,
+                 transfer_seeds: int = 3, transfer_startup_trials: int = 24):
         if not 0 < gamma <= 1:
             raise ValueError(f"gamma={gamma} must be in (0, 1]")
         if not 0 < kernel_alpha < 1:
             raise ValueError(f"kernel_alpha={kernel_alpha} must be in (0, 1)")
+        if not 0 < transfer_quantile <= 1:
+            raise ValueError(f"transfer_quantile={transfer_quantile} must be in (0, 1]")
+        if transfer_seeds < 0:
+            raise ValueError(f"transfer_seeds={transfer_seeds} must be at least 0")
         self._seed = seed
         self._rng = np.random.default_rng(seed)
         self.n_startup_trials = n_startup_trials
@@ -73,6 +93,15 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         self.max_neighbourhood = max_neighbourhood
         self.max_scored = max_scored
         self.refresh_s = refresh_s
+        self.transfer_quantile = transfer_quantile
+        self.transfer_seeds = transfer_seeds
+        self.transfer_startup_trials = transfer_startup_trials
+        #: config hash -> prior score (lower is better; zhantune.search.transfer.Prior.scores)
+        self._prior: dict[str, float] | None = None
+        #: per feasible row, with a prior: the seeds (best-scored rows, best first) and the region
+        self._seed_rows: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._region: np.ndarray | None = None
+        self._prior_complete = False
         self._feasible: FeasibleSet | None = None
         #: the point chosen in before_trial for each running trial of this process, by trial number
         #: (a point asked ahead, with compile ahead, counts as tried before the storage says so)
@@ -96,6 +125,50 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         self._one_hot = None
         if fs is not None and len(fs) * int((fs.sizes + 1).sum()) <= _MAX_ONE_HOT_CELLS:
             self._one_hot = _one_hot(fs.codes, fs.sizes)
+        self._bind_prior()
+
+    def set_prior(self, scores: dict[str, float] | None) -> None:
+        """Scores of configs measured elsewhere, by config hash (lower is better: the mean log
+        regret of zhantune.search.transfer.Prior; inf for a config that failed there); None: none.
+        Takes effect at :meth:`bind` (or at once when already bound)."""
+        self._prior = dict(scores) if scores else None
+        if self._feasible is not None:
+            self._bind_prior()
+
+    def _bind_prior(self) -> None:
+        """Map the prior's scores to feasible rows: for a complete prior (scores for at least half
+        of the feasible set) the region, the best ``transfer_quantile`` of the scored rows; for a
+        partial one (a 16-trial tune of a neighbouring shape) the seeds, its ``transfer_seeds`` best
+        configs, and no region (the whole space)."""
+        fs = self._feasible
+        self._seed_rows, self._region, self._prior_complete = np.zeros(0, dtype=np.int64), None, False
+        if fs is None or not self._prior:
+            return
+        score = np.full(len(fs), np.nan)
+        for row, (branch, values) in enumerate(fs.points):
+            value = self._prior.get(branch.candidate(values).config_hash)
+            if value is not None:
+                score[row] = value
+        scored = np.flatnonzero(~np.isnan(score))
+        if not len(scored):
+            return
+        order = scored[np.argsort(score[scored], kind="stable")]  # ties: by row, deterministic
+        region = np.zeros(len(fs), dtype=bool)
+        region[order[: max(1, int(np.ceil(self.transfer_quantile * len(order))))]] = True
+        if 2 * len(scored) < len(fs):  # partial: its best configs first, then the whole space
+            self._seed_rows = order[np.isfinite(score[order])][: self.transfer_seeds]
+            region[:] = True
+        self._region, self._prior_complete = region, 2 * len(scored) >= len(fs)
+
+    @property
+    def prior_region_size(self) -> int | None:
+        """Feasible points in the transfer region (None without a prior)."""
+        return None if self._region is None else int(self._region.sum())
+
+    @property
+    def prior_seed_count(self) -> int:
+        """How many best-scored configs of the prior are proposed first."""
+        return len(self._seed_rows)
 
     @property
     def feasible_set(self) -> FeasibleSet | None:
@@ -169,7 +242,17 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         unseen[tried] = False
         if not unseen.any():
             return None
-        if len(rows) < self.n_startup_trials:
+        n_startup = self.n_startup_trials
+        for row in self._seed_rows:  # transfer: the best configs elsewhere first
+            if unseen[row]:
+                return int(row)
+        if self._region is not None:  # transfer: stay in the region while it holds the best point
+            if self._prior_complete:
+                n_startup = self.transfer_startup_trials
+            inside = unseen & self._region
+            if inside.any() and self._trust_region(rows, values):
+                unseen = inside
+        if len(rows) < n_startup:
             return int(self._rng.choice(np.flatnonzero(unseen)))
         candidates = unseen
         if len(rows) >= self.n_model_trials:
@@ -186,6 +269,17 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         score = self._log_density_ratio(np.array(rows), np.array(values), idx)
         top = idx[score >= score.max() - 1e-9]  # exact ties (same codes) differ only by rounding
         return int(self._rng.choice(top))
+
+    def _trust_region(self, rows: list[int], values: list[float]) -> bool:
+        """Whether proposals stay in the transfer region: yes until ``transfer_startup_trials``
+        points inside it have results; after that, only while the best result is inside it (a
+        point outside, e.g. one of Inductor's own configs enqueued first, that beats the region's
+        best means the other devices' ranking does not hold here)."""
+        region = self._region
+        inside = [v for r, v in zip(rows, values, strict=True) if region[r]]
+        if len(inside) < self.transfer_startup_trials:
+            return True
+        return min(inside) <= min(values)
 
     def _known_trials(self, study: optuna.Study) -> dict[int, tuple[int, float | None]]:
         """(row, value) of every trial of the study by number, read from the storage at most once per

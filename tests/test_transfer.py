@@ -1,0 +1,291 @@
+"""Transfer (issue 20): other devices' measurements of the same problem, and neighbouring shapes on
+this device, as the search's prior; Kernel Tuner imports with no device name.
+
+Behaviour only: where the search looks (seeds from the other device, proposals in its best tenth),
+what the summary says, which sources are read. How much transfer gains is a benchmark
+(scripts/search_peers.py, docs/search.md), never a timed assertion here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import shutil
+import sqlite3
+import statistics
+from pathlib import Path
+
+import pytest
+
+from zhantune.bench.replay import load_kerneltuner
+from zhantune.kerneltuner import import_kerneltuner
+from zhantune.report.compare import compare
+from zhantune.search.transfer import load_prior, shape_distance
+from zhantune.storage import Store
+
+DATA = Path(__file__).resolve().parent / "data" / "kerneltuner"
+CONV_A100, CONV_A4000 = DATA / "convolution_A100.json.gz", DATA / "convolution_A4000.json.gz"
+DD_A100, DD_MI250X = DATA / "dedispersion_A100.json.gz", DATA / "dedispersion_MI250X.json.gz"
+
+
+def _raw(path: Path) -> dict:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def _best_tenth(path: Path) -> tuple[set[tuple], list[str]]:
+    """The configurations (tuples of the tuned parameters' values) in the best 10% of a file, ranked
+    by the median of their recorded times with failures last, computed from the raw file."""
+    raw = _raw(path)
+    names = [n for n in raw["tune_params_keys"] if len(raw["tune_params"][n]) > 1]
+    ranked = sorted(raw["cache"].values(),
+                    key=lambda e: (isinstance(e["time"], str), 0 if isinstance(e["time"], str) else statistics.median(e["times"])))
+    cut = math.ceil(0.1 * len(ranked))
+    return {tuple(e[n] for n in names) for e in ranked[:cut]}, names
+
+
+def _measured_in_order(db: Path, study_suffix: str) -> list[dict]:
+    con = sqlite3.connect(db)
+    rows = con.execute("select m.params from zt_measurement m join zt_study s on m.study_id = s.id "
+                       "where m.kind = 'candidate' and s.name like ? order by m.trial_number",
+                       (f"%{study_suffix}",)).fetchall()
+    con.close()
+    return [json.loads(p) for (p,) in rows]
+
+
+@pytest.fixture(scope="module")
+def conv_db(tmp_path_factory):
+    """A database holding the A4000's convolution measurements (imported as Kernel Tuner data)."""
+    db = tmp_path_factory.mktemp("conv") / "z.db"
+    store = Store(f"sqlite:///{db}")
+    import_kerneltuner(store, load_kerneltuner(CONV_A4000))
+    store.engine.dispose()  # the last connection closed: SQLite moves the WAL into the file we copy
+    return db
+
+
+def test_replay_on_a_new_device_starts_from_the_other_devices_best_tenth_and_says_so(cli, tmp_path, conv_db):
+    """Acceptance: import A4000, then tune the A100 replay in the same storage."""
+    db = tmp_path / "z.db"
+    shutil.copy(conv_db, db)
+    cold_db = tmp_path / "cold.db"
+    shutil.copy(conv_db, cold_db)
+    region, names = _best_tenth(CONV_A4000)
+    args = ["bench=replay", f"bench.path={CONV_A100}", "search.n_trials=30", "progress=false"]
+
+    r = cli([*args, f"storage.url=sqlite:///{db}"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = " ".join(r.stdout.split())
+    assert "transfer: 4,362 prior measurement(s) of this problem from 1 other device(s): NVIDIA RTX A4000 (4,362)" in out
+    assert "within their best 437 of 4,362 feasible configs" in out
+    measured = _measured_in_order(db, "@NVIDIA A100-PCIE-40GB")
+    assert len(measured) == 30
+    # the first 24 (the start-up draws) all come from the A4000's best tenth, a tenth of the space
+    assert all(tuple(p[n] for n in names) in region for p in measured[:24])
+
+    r = cli([*args, f"storage.url=sqlite:///{cold_db}", "search.transfer=off"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "transfer:" not in r.stdout
+    cold = _measured_in_order(cold_db, "@NVIDIA A100-PCIE-40GB")
+    inside = sum(tuple(p[n] for n in names) in region for p in cold[:24])
+    assert inside < 24  # a cold start draws from the whole space (16 uniform points first)
+
+
+def test_transfer_to_an_unnamed_device_uses_the_other_device_only(tune_cfg, tmp_path):
+    """The dedispersion pair through the tune job: MI250X (no device_name in its file) from the A100."""
+    from zhantune.tune import resolve_run, tune
+
+    url = f"sqlite:///{tmp_path / 'dd.db'}"
+    store = Store(url)
+    import_kerneltuner(store, load_kerneltuner(DD_A100))
+    region, names = _best_tenth(DD_A100)
+    cfg = tune_cfg(["bench=replay", f"bench.path={DD_MI250X}", "bench.isolate=false", "search.n_trials=26",
+                    f"storage.url={url}", "progress=false"])
+    run = resolve_run(cfg)
+    assert run.device.key == "MI250X"
+    result = tune(run, store)
+    assert [(s.kind, s.device_key, s.measured) for s in result.transfer.sources] == \
+        [("device", "NVIDIA A100-PCIE-40GB", 11130)]
+    measured = _measured_in_order(tmp_path / "dd.db", "@MI250X")
+    assert len(measured) == 26
+    assert all(tuple(p[n] for n in names) in region for p in measured[:24])
+
+    off = tune(resolve_run(tune_cfg(["bench=replay", f"bench.path={DD_MI250X}", "bench.isolate=false",
+                                     "search.n_trials=2", f"storage.url={url}", "search.transfer=off",
+                                     "search.study_name=cold", "progress=false"])), store)
+    assert off.transfer is None and off.transfer_text is None
+
+
+def test_unnamed_device_is_named_after_its_file_and_compares_as_its_own_device(tmp_path):
+    assert _raw(DD_MI250X)["device_name"] == ""
+    url = f"sqlite:///{tmp_path / 'dd.db'}"
+    store = Store(url)
+    for path in (DD_A100, DD_MI250X):
+        import_kerneltuner(store, load_kerneltuner(path, source="files"))
+    con = sqlite3.connect(tmp_path / "dd.db")
+    devices = dict(con.execute("select key, properties from zt_device").fetchall())
+    con.close()
+    assert set(devices) == {"NVIDIA A100-PCIE-40GB", "MI250X"}
+    assert json.loads(devices["MI250X"])["named_by"] == "file name"
+    cmp = compare(store)
+    assert sorted(cmp.devices) == ["MI250X", "NVIDIA A100-PCIE-40GB"]
+    (problem,) = cmp.problems
+    assert problem.best_us["MI250X"] == pytest.approx(49.572 * 1000, rel=1e-3)  # the README's best time
+
+
+def _toy(folder: Path, scale: float, device_name: str = "") -> Path:
+    """A small Kernel Tuner file without a device name, ``toy_X.json`` (its device: ``X``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cache = {f"{a},{b}": {"a": a, "b": b, "time": scale * (a + b), "times": [scale * (a + b)] * 3}
+             for a in (1, 2, 3) for b in (1, 2)}
+    doc = {"device_name": device_name, "kernel_name": "toy_kernel", "problem_size": [8],
+           "tune_params_keys": ["a", "b"], "tune_params": {"a": [1, 2, 3], "b": [1, 2]}, "cache": cache}
+    path = folder / "toy_X.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_two_unnamed_files_of_one_problem_are_never_merged(cli, tmp_path):
+    a, b = _toy(tmp_path / "a", 1.0), _toy(tmp_path / "b", 2.0)
+    url = f"storage.url=sqlite:///{tmp_path / 'i.db'}"
+    r = cli([f"files=[{a}]", url], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 0 and "device 'X' (device named by file name)" in r.stdout, r.stderr
+    before = (tmp_path / "i.db").read_bytes()
+
+    r = cli([f"files=[{b}]", url], tmp_path, module="zhantune.kerneltuner")  # same file name, other data
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "gives device 'X', which already holds kerneltuner:toy_kernel[8]" in r.stderr and "devices=[...]" in r.stderr
+    assert (tmp_path / "i.db").read_bytes() == before
+
+    r = cli([f"files=[{a},{b}]", f"storage.url=sqlite:///{tmp_path / 'j.db'}"], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 2 and "both give device 'X'" in r.stderr and not (tmp_path / "j.db").exists()
+
+    r = cli([f"files=[{b}]", "devices=[Y]", url], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 0, r.stderr
+    r = cli([f"files=[{a}]", url], tmp_path, module="zhantune.kerneltuner")  # the same file again: nothing new
+    assert r.returncode == 0 and "already imported" in r.stdout
+    cmp = compare(Store(f"sqlite:///{tmp_path / 'i.db'}"))
+    assert sorted(cmp.devices) == ["X", "Y"]
+    assert cmp.problems[0].best_us == {"X": pytest.approx(2000.0), "Y": pytest.approx(4000.0)}
+
+    r = cli([f"files=[{a}]", "devices=[A,B]", url], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 2 and "one non-empty device name per file" in r.stderr
+
+
+def _gemm_rows(store: Store, device: str, op: str, dims: dict, dtype: str, times: dict[str, float | None]) -> None:
+    """Store candidate rows (config hash -> median us; None: failed) of a GEMM problem on a device."""
+    did = store.device_id(device, device, "cuda", {})
+    shape = ",".join(f"{d}={dims[d]}" for d in ("M", "N", "K"))
+    pid = store.problem_id(f"{op}[{shape}]:{dtype}", lookup_key=None, op=op, shape={**dims, "B": 1}, dtype=dtype,
+                           activation=None, lookup_op=op, flops=2 * dims["M"] * dims["N"] * dims["K"])
+    sid = store.study_id(f"{op}[{shape}]:{dtype}@{device}", {})
+    store.add_measurements([
+        dict(study_id=sid, device_id=did, problem_id=pid, trial_number=i, kind="candidate",
+             status="ok" if t is not None else "compile_error", params={}, config_hash=h, median_us=t,
+             min_us=t, torch_version="t") for i, (h, t) in enumerate(times.items())])
+
+
+def test_shape_prior_reads_the_nearest_shapes_of_the_same_gemm_on_this_device(tmp_path):
+    from zhantune.problems import GemmProblem
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    near = {"M": 64, "N": 64, "K": 128}
+    _gemm_rows(store, "gpu", "mm", near, "float32", {"a": 10.0, "b": 20.0, "c": None})
+    _gemm_rows(store, "gpu", "mm", {"M": 64, "N": 64, "K": 64}, "float32", {"a": 40.0, "b": 10.0})
+    _gemm_rows(store, "gpu", "mm", {"M": 4096, "N": 4096, "K": 4096}, "float32", {"z": 1.0})  # far
+    _gemm_rows(store, "gpu", "mm", near, "bfloat16", {"y": 1.0})                            # other dtype
+    _gemm_rows(store, "gpu", "addmm", near, "float32", {"x": 1.0})                           # other op
+    _gemm_rows(store, "other", "mm", near, "float32", {"w": 1.0})                            # other device
+    target = GemmProblem.from_config("mm", [64, 64, 256], "float32")
+    prior = load_prior(store, "gpu", target)
+    assert [(s.kind, s.problem_key, s.distance) for s in prior.sources] == [
+        ("shape", "mm[M=64,N=64,K=128]:float32", 1.0), ("shape", "mm[M=64,N=64,K=64]:float32", 2.0)]
+    assert set(prior.scores) == {"a", "b", "c"}
+    # the mean of the two shapes' log regrets: a = (ln 1 + ln 4) / 2, b = (ln 2 + ln 1) / 2
+    assert prior.scores["a"] == pytest.approx(math.log(4) / 2)
+    assert prior.scores["b"] == pytest.approx(math.log(2) / 2)
+    assert prior.scores["c"] == math.inf
+    assert shape_distance({"M": 64, "N": 64, "K": 256}, near) == 1.0
+    # the same problem on another device wins over shapes: device transfer first
+    _gemm_rows(store, "other", "mm", {"M": 64, "N": 64, "K": 256}, "float32", {"a": 5.0, "b": 10.0})
+    prior = load_prior(store, "gpu", target)
+    assert [(s.kind, s.device_key) for s in prior.sources] == [("device", "other")]
+    assert prior.scores == {"a": 0.0, "b": pytest.approx(math.log(2))}
+
+
+def test_a_device_with_an_empty_key_is_never_a_source(tmp_path):
+    from zhantune.problems import GemmProblem
+
+    store = Store(f"sqlite:///{tmp_path / 'e.db'}")
+    _gemm_rows(store, "", "mm", {"M": 64, "N": 64, "K": 64}, "float32", {"a": 1.0})
+    assert load_prior(store, "gpu", GemmProblem.from_config("mm", [64, 64, 64], "float32")) is None
+
+
+def test_partial_prior_seeds_the_search_with_its_best_configs():
+    """A prior covering a few points (a neighbouring shape's short tune): its best configs are
+    proposed first, best first; no region."""
+    import optuna
+
+    from zhantune.search import FeasibleTPESampler, run_search
+
+    replay = load_kerneltuner(CONV_A100)
+    space = replay.space()
+    (branch,) = space.branches
+    entries = list(replay.cache.values())[:40]
+    tuned = [p.name for p in branch.params if p.distribution is not None]
+    hashes = [branch.candidate({n: e[n] for n in tuned}).config_hash for e in entries]
+    scores = {h: float(i) for i, h in enumerate(hashes)}  # the first entries best
+    sampler = FeasibleTPESampler(seed=0)
+    sampler.set_prior(scores)
+    order: list[str] = []
+    run_search(optuna.create_study(sampler=sampler), space, {}, lambda c, n: order.append(c.config_hash) or 1.0,
+               n_trials=5)
+    assert order[:3] == hashes[:3] and sampler.prior_seed_count == 3
+    assert sampler.prior_region_size == len(sampler.feasible_set)  # then the whole space, as cold
+
+
+def test_problems_are_tuned_largest_share_first(tune_cfg, tmp_path):
+    from zhantune.problemset import resolve_problems
+
+    (tmp_path / "p.yaml").write_text(
+        "format: zhantune-problems\nproblems:\n"
+        "  - {op: mm, shape: [32, 32, 32], share: 0.2}\n"
+        "  - {op: mm, shape: [64, 64, 64], share: 0.7}\n"
+        "  - {op: mm, shape: [48, 48, 48], share: 0.1}\n")
+    cfg = tune_cfg([f"problems={tmp_path / 'p.yaml'}", "device=cpu", "search.total_trials=10",
+                    f"storage.url=sqlite:///{tmp_path / 'p.db'}"])
+    runs = resolve_problems(cfg)
+    assert [r.row["share"] for r in runs] == [0.7, 0.2, 0.1]
+    assert runs[0].n_trials == max(r.n_trials for r in runs)  # the trials still follow the shares
+
+
+def test_bad_transfer_value_is_a_one_line_error(cli, tmp_path):
+    r = cli(["bench=replay", f"bench.path={CONV_A100}", "search.transfer=always",
+             f"storage.url=sqlite:///{tmp_path / 'b.db'}"], tmp_path)
+    assert r.returncode == 2 and "search.transfer='always'; allowed: auto, off" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "b.db").exists()
+
+
+@pytest.mark.slow
+def test_two_shape_multirun_starts_the_second_shape_from_the_first(cli, tmp_path):
+    """A real CPU tune of two mm shapes (C++ GEMM template space): the second shape's trials after
+    Inductor's own default are the first shape's configs, best first, and its summary says so."""
+    r = cli(["-m", "+op=mm", "shape=[32,32,32],[32,32,64]", "search.n_trials=3", "device=cpu", "space=[cpp_gemm]",
+             "bench.remeasure_rounds=0", "progress=false", "search.seed=${shape.2}", "export.enabled=false",
+             f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = " ".join(r.stdout.split())
+    assert "transfer:" in out and "of 1 neighbouring shape(s) on this device: mm[M=32,N=32,K=32]:float32" in out
+    con = sqlite3.connect(tmp_path / "zhantune.db")
+
+    def trials(shape: str) -> list[tuple[str, str, float | None]]:
+        return con.execute("select m.config_hash, m.status, m.min_us from zt_measurement m "
+                           "join zt_problem p on m.problem_id = p.id where m.kind = 'candidate' and p.key = ? "
+                           "order by m.trial_number", (f"mm[M=32,N=32,K={shape}]:float32",)).fetchall()
+
+    first, second = trials("32"), trials("64")
+    assert len(first) == 3 and len(second) == 3
+    ranked = [h for h, status, t in sorted(first, key=lambda r: (r[1] != "ok", r[2] or 0.0))]
+    # trial 0 of each shape is Inductor's default point of the space (enqueued first); then the seeds
+    assert second[0][0] == first[0][0]
+    assert [h for h, _, _ in second[1:]] == [h for h in ranked if h != first[0][0]][:2]
