@@ -681,3 +681,48 @@ def test_a_problem_tuned_on_cpu_and_on_a_gpu_exports_each_devices_own_key(tmp_pa
     table = build_table(store, min_speedup=1e9)  # nothing beats the default: each device's default entry
     assert table == {f"AMD EPYC+{cpu_key}": [{"template_id": "aten::addmm"}],
                      f"NVIDIA H100 80GB HBM3+{gpu_key}": [{"template_id": "aten::mm"}]}
+
+
+def test_a_confirmed_claim_is_not_hidden_by_a_later_note_or_a_faster_unconfirmed_config(tmp_path):
+    """The export follows paired verdicts per config: a later "no claim made" note on the same config
+    (a cached winner in another study's space, bench.remeasure_rounds=0) does not undo a confirmed
+    claim, and a faster config whose claim failed does not hide a slower one whose claim held."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.inductor.table import build_table
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Store
+    from zhantune.tune import Recorder
+
+    dev = "NVIDIA H100 80GB HBM3"
+    key = "((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    problem = GemmProblem("mm", (64, 64, 64), "bfloat16")
+    study_id = store.study_id("s", {})
+    rec = Recorder(store, problem, study_id, store.device_id(dev, dev, "cuda", {}),
+                   store.problem_id(problem.key, lookup_key=key, **problem.row_fields()))
+    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=hit), "default")
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    y = Candidate("triton_mm", "template", "triton::mm", {**TRITON_PARAMS, "BLOCK_N": 32})
+    for i, (c, t) in enumerate([(x, 12.0), (y, 10.0)]):
+        rec.add(Measurement("ok", timing=summarize_us([t, t + 1], "t"), lookup=hit), "candidate", c, trial_number=i)
+
+    def verdict(c, rounds, confirmed):
+        store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                          config_hash=c.config_hash, ratio=1.6 if rounds else None, ratio_low=None,
+                          ratio_high=None, rounds=rounds, contended=0, confirmed=confirmed, reason="r")
+
+    def shipped():
+        (entries,) = build_table(store, min_speedup=1.0).values()
+        return entries[0].get("BLOCK_N"), entries[0]["template_id"]
+
+    verdict(x, 3, True)
+    assert shipped() == (64, "triton::mm")  # y is faster but never paired: x's confirmed claim ships
+    verdict(x, 0, False)  # a later study's note: "no claim made" for x
+    assert shipped() == (64, "triton::mm")
+    verdict(y, 3, False)  # y paired, and not confirmed
+    assert shipped() == (64, "triton::mm")
+    verdict(y, 3, True)
+    assert shipped() == (32, "triton::mm")

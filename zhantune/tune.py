@@ -336,6 +336,9 @@ class TuneResult:
     speedup_text: str | None = None
     #: the settled speedup claim over the default (zhantune.bench.decision.SpeedupVerdict); None: not settled
     claim: Any = None
+    #: the config the claim is about: the best one a table can carry (``best`` unless that one is
+    #: not carried, ``not_carried``)
+    claimed: orm.Measurement | None = None
     #: CPU: Inductor's default compile without freezing (shown beside the frozen default)
     default_unfrozen: orm.Measurement | None = None
     #: why a lookup table cannot carry the best config on this device (a compile-wide setting on
@@ -607,11 +610,14 @@ def settle_speedup(run: RunSpec, store: Store, bench: Any, measure_default: Call
     from zhantune.bench.decision import Round, SpeedupVerdict, judge_speedup
 
     default = result.default
-    ranked = next((rows for dev, prob, rows in store.ranked_candidates(run.device.key, top_k=1)
+    ranked = next((rows for dev, prob, rows in store.ranked_candidates(run.device.key, top_k=1 << 30)
                    if prob.id == problem_id), [])
-    if default is None or default.status != "ok" or not ranked:
+    # the fastest config a lookup table can carry on this device (a faster compile-wide setting,
+    # a fusion limit or TF32 on CUDA, is reported but never shipped: not_carried_reason)
+    best = next((r for r in ranked if run.replay is not None or not_carried_reason(r, run.device.kind) is None), None)
+    if default is None or default.status != "ok" or best is None:
         return
-    (best,) = ranked
+    result.claimed = best
     branch = next((br for br in run.space.branches if br.name == best.branch), None)
     if _is_default_kernel(best):
         verdict = SpeedupVerdict(None, None, None, 0, 0, False,

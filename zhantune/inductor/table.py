@@ -126,12 +126,12 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
 
     defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
     verdicts = store.latest_verdicts() if min_speedup is not None and hasattr(store, "latest_verdicts") else {}
-    settled = {(d, p) for d, p, _ in verdicts}
+    # settled in paired rounds (a verdict with rounds: one without is a note, "no claim made")
+    settled = {(d, p) for (d, p, _), v in verdicts.items() if v.rounds}
     own_keys = store.default_lookup_keys() if hasattr(store, "default_lookup_keys") else {}
     # every distinct config, so that rows a table may not carry (a tf32 backend flag, zhantune.
     # inductor.knobs; a config patch on CUDA, not_carried) make way for the next ones
-    ranked = [(d, p, [r for r in rows if _carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)]
-                  [:max(1, top_k)])
+    ranked = [(d, p, [r for r in rows if _carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)])
               for d, p, rows in store.ranked_candidates(device_key, torch_version, 1 << 30)]
     ranked.sort(key=lambda r: r[2][0].median_us if r[2] else float("inf"))
     table: dict[str, list[dict[str, Any]]] = {}
@@ -140,17 +140,22 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
         if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
             continue
         default_us = defaults.get((device.id, problem.id))
-        verdict = verdicts.get((device.id, problem.id, rows[0].config_hash)) if rows else None
-        if verdict is not None:
-            # the tune settled this winner's claim in paired rounds: ship it only when confirmed
-            keep = verdict.confirmed and verdict.ratio is not None and verdict.ratio >= min_speedup
+
+        # the fastest carried config whose claim was confirmed in paired rounds (a faster one whose
+        # claim failed, or that was never paired, does not hide it)
+        first = next((i for i, r in enumerate(rows)
+                      if _confirmed(verdicts.get((device.id, problem.id, r.config_hash)), min_speedup)),
+                     None) if min_speedup is not None else None
+        if first is not None:
+            rows, keep = rows[first:], True
         elif rows and (device.id, problem.id) in settled:
-            # the tune settled another config (one a table cannot carry, e.g. a fusion limit on
-            # CUDA); this one was never paired against the default: no claim, the default ships
+            # the tunes settled configs in paired rounds and none was confirmed (or the one settled
+            # cannot be carried, e.g. a fusion limit on CUDA): no claim, the default ships
             keep = False
         else:  # no settled claim (imported data, bench.remeasure_rounds=0): the stored statistics
             keep = bool(rows) and (default_us is None or decision_us(rows[0]) * min_speedup <= default_us) \
                 if min_speedup is not None else bool(rows)
+        rows = rows[:max(1, top_k)]
         # the problem's own lookup on this device (a float32 linear_act is an addmm on CPU and an mm
         # on a GPU: the problem row keeps the first device's), from its default compile there
         own_key = own_keys.get((device.id, problem.id))
@@ -234,6 +239,12 @@ def portable_table(comparison: Any, store: Any) -> dict[str, list[dict[str, Any]
                 table.setdefault(problem.lookup_key, [])
         table[key] = [entry]
     return dict(sorted(table.items()))
+
+
+def _confirmed(verdict: Any, min_speedup: float) -> bool:
+    """A verdict settled in paired rounds, confirmed, with a ratio of at least ``min_speedup``."""
+    return bool(verdict is not None and verdict.rounds and verdict.confirmed and verdict.ratio is not None
+                and verdict.ratio >= min_speedup)
 
 
 def table_metadata(store: Any, table: dict[str, list[dict[str, Any]]], options: dict[str, Any],

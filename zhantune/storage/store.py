@@ -501,10 +501,16 @@ class Store:
 
     def latest_verdicts(self) -> dict[tuple[int, int, str | None], m.Verdict]:
         """(device id, problem id, config hash) -> the newest verdict on that config's speedup over
-        Inductor's default (a tune settles the config its ranking names best)."""
+        Inductor's default (a tune settles the best config a table can carry): the newest settled in
+        paired rounds (``rounds > 0``) where there is one, so that a later "no claim made" (a cached
+        winner, ``bench.remeasure_rounds=0``) never hides a confirmed claim; else the newest."""
         with self.session() as s:
-            rows = s.scalars(select(m.Verdict).order_by(m.Verdict.id))
-            return {(v.device_id, v.problem_id, v.config_hash): v for v in rows}
+            out: dict[tuple[int, int, str | None], m.Verdict] = {}
+            for v in s.scalars(select(m.Verdict).order_by(m.Verdict.id)):
+                key = (v.device_id, v.problem_id, v.config_hash)
+                if v.rounds or key not in out or not out[key].rounds:
+                    out[key] = v
+            return out
 
 
 def decision_us(row: Any) -> float:
