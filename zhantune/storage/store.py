@@ -157,6 +157,30 @@ def _remove_sqlite_files(path: Path) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _file_lock(lock: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``lock`` that leaves no file behind: the holder unlinks the file
+    while it still holds the lock. A process that was waiting on the old file then holds a lock on
+    a file no longer at ``lock``; it sees so (the inode at the path differs or is gone) and retries."""
+    while True:
+        f = open(lock, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                same = os.stat(lock).st_ino == os.fstat(f.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                continue  # the previous holder removed this file: lock the one at the path now
+            try:
+                yield
+            finally:
+                lock.unlink(missing_ok=True)
+            return
+        finally:
+            f.close()  # closing the file releases the lock
+
+
 def make_engine(url: str) -> Engine:
     """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite)."""
     engine = create_engine(url, json_serializer=_canonical_json)
@@ -241,15 +265,15 @@ class Store:
     @contextlib.contextmanager
     def schema_lock(self) -> Iterator[None]:
         """Serialise schema creation between processes: a lock file beside an SQLite database,
-        an advisory lock on PostgreSQL (so N workers can start on one new database at once)."""
+        an advisory lock on PostgreSQL (so N workers can start on one new database at once).
+
+        The lock file (``<database>.zt-lock``) exists only while a process holds or waits for the
+        lock: the holder removes it before it lets go, and a waiter that then gets the lock on the
+        removed file tries again on a fresh one (it compares the file it locked with the path)."""
         path = sqlite_path(self.url)
         if path is not None:
-            with open(f"{path}.zt-lock", "a+") as f:
-                fcntl.flock(f, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    fcntl.flock(f, fcntl.LOCK_UN)
+            with _file_lock(Path(f"{path}.zt-lock")):
+                yield
         elif self.engine.dialect.name == "postgresql":
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
@@ -304,6 +328,12 @@ class Store:
 
     def device_id(self, key: str, name: str, kind: str, properties: dict[str, Any]) -> int:
         return self._get_or_create(m.Device, {"key": key}, dict(name=name, kind=kind, properties=properties))
+
+    def devices(self) -> list[m.Device]:
+        """Every device in the database, by key (the order ``python -m zhantune.export`` numbers
+        them in)."""
+        with self.session() as s:
+            return list(s.scalars(select(m.Device).order_by(m.Device.key)))
 
     def environment_id(self, fields: dict[str, Any]) -> int:
         """The environment row for these fields (torch, triton, cuda, hip, driver, python, zhantune, host)."""
