@@ -22,7 +22,7 @@ __all__ = ["main"]
 register()
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="space_app")
 def _space_app(cfg: DictConfig) -> None:
     mark_task_started()
     from zhantune.search.study import feasible_size, random_feasible_point
