@@ -136,11 +136,13 @@ def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
     import torch
 
     from zhantune.bench.inductor import relative_error
+    from zhantune.quiet import NO_AUTOTUNE_REPORT
 
     torch._dynamo.reset()
     with torch.no_grad():
         reference = model(*inputs).double()
-    base = {"freezing": True} if device.kind == "cpu" else {}
+    # max-autotune's AUTOTUNE tables on stderr off (zhantune prints its own report)
+    base = {"freezing": True, **NO_AUTOTUNE_REPORT} if device.kind == "cpu" else dict(NO_AUTOTUNE_REPORT)
     # an untimed compile first, so that the process's one-time costs (Dynamo, Inductor's imports,
     # the C++ toolchain's first run) do not land on whichever way compiles first
     _compile(model, inputs, device, base)

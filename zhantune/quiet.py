@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["quiet_known_warnings"]
+__all__ = ["quiet_known_warnings", "quiet_optuna", "NO_AUTOTUNE_REPORT"]
+
+#: Inductor config that keeps max-autotune from writing its ``AUTOTUNE mm(...)`` tables and
+#: ``SingleProcess AUTOTUNE benchmarking takes ...`` lines to stderr
+#: (torch/_inductor/select_algorithm.py ``log_results`` returns early when it is 0)
+NO_AUTOTUNE_REPORT = {"autotune_num_choices_displayed": 0}
 
 
 def quiet_known_warnings() -> None:
@@ -13,3 +18,11 @@ def quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=".*dynamo_pgo force disabled.*")
     warnings.filterwarnings("ignore", message="Argument ``group`` is an experimental feature.*")
     warnings.filterwarnings("ignore", message="TypedStorage is deprecated.*")
+
+
+def quiet_optuna() -> None:
+    """Optuna's INFO lines (``[I ...] A new study created in RDB with name: ...``) off: zhantune
+    reports studies itself."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
