@@ -70,6 +70,9 @@ def _import_app(cfg: DictConfig) -> None:
         for f in loaded:
             name, added = import_kerneltuner(store, f)
             print(f"{f.path}: {added} measurement(s) as study {name!r}" + ("" if added else " (already imported)"))
+        if loaded:
+            print(f"its search history: python -m zhantune.compare html=report.html study={loaded[0].path.name} "
+                  "(study= takes a study's name or a part only it has)")
     except UserError as e:
         user_error(e)
 
