@@ -160,7 +160,6 @@ def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
 @hydra.main(version_base="1.3", config_path="conf", config_name="check")
 def _check_app(cfg: DictConfig) -> None:
     mark_task_started()
-    from rich.console import Console
     from rich.table import Table
 
     from zhantune.bench.measurement import TOLERANCES
@@ -168,8 +167,9 @@ def _check_app(cfg: DictConfig) -> None:
     from zhantune.inductor.table import read_table
     from zhantune.models import from_config
     from zhantune.paths import check_output_path
+    from zhantune.report.console import make_console, print_table
 
-    console = Console()
+    console = make_console()
     try:
         if not cfg.table:
             raise ConfigError("no table given; use table=FILE (written by python -m zhantune or zhantune.export)")
@@ -210,7 +210,7 @@ def _check_app(cfg: DictConfig) -> None:
                                                  + ("" if v["consistent"] else " ~"))
         t.add_row(name, f"{w['compile_s']:.2f}", f"{w['run_us']:,.1f}", f"{w['median_us']:,.1f}", vs,
                   f"{w['error']:.2e}" + ("" if ok else " [red]> tol[/red]"))
-    console.print(t)
+    print_table(console, t)
     console.print(f"run times: the fastest of {cfg.rounds} interleaved rounds per compile; vs default: default / "
                   "this, with the per-round range; ~: the rounds disagree on which is faster (noise, no difference "
                   "shown)")

@@ -10,12 +10,12 @@ import random
 
 import hydra
 from omegaconf import DictConfig
-from rich.console import Console
 from rich.table import Table
 
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
 from zhantune.errors import UserError
+from zhantune.report.console import make_console, print_table
 
 __all__ = ["main"]
 
@@ -34,14 +34,14 @@ def _space_app(cfg: DictConfig) -> None:
     except UserError as e:
         user_error(e)
         return
-    console = Console()
+    console = make_console()
     t = Table(title=f"search space for {run.problem.key} on {run.device.name} ({run.device.kind})")
     for col in ("branch", "scope", "template_id", "points", "feasible"):
         t.add_column(col)
     for b in run.space.branches:
         total, feasible = sizes[b.name] if sizes else ("> 200000", "?")
         t.add_row(b.name, b.scope, b.template_id or "-", str(total), str(feasible))
-    console.print(t)
+    print_table(console, t)
     rng = random.Random(cfg.search.seed)
     console.print("sample candidates:")
     shown: set[str] = set()
@@ -51,7 +51,7 @@ def _space_app(cfg: DictConfig) -> None:
             break
         cand = point[0].candidate(point[1])
         shown.add(cand.config_hash)
-        console.print(f"  {cand.describe()}")
+        console.print(f"  {cand.describe()}", soft_wrap=True, highlight=False)
 
 
 def main() -> None:
