@@ -160,17 +160,10 @@ def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
 @hydra.main(version_base="1.3", config_path="conf", config_name="check")
 def _check_app(cfg: DictConfig) -> None:
     mark_task_started()
-    from rich.table import Table
-
-    from zhantune.bench.measurement import TOLERANCES
-    from zhantune.device import resolve_device
-    from zhantune.inductor.table import read_table
-    from zhantune.models import from_config
     from zhantune.paths import check_output_path
-    from zhantune.report.console import make_console, print_table
+    from zhantune.request import check_model_request
 
-    console = make_console()
-    try:
+    try:  # what needs no torch first (importing it takes seconds)
         if not cfg.table:
             raise ConfigError("no table given; use table=FILE (written by python -m zhantune or zhantune.export)")
         if not 0.0 <= cfg.min_coverage <= 1.0:
@@ -180,6 +173,20 @@ def _check_app(cfg: DictConfig) -> None:
         check_bench(cfg.bench)
         if cfg.json:
             check_output_path(cfg.json, "json")
+        check_model_request(cfg)
+    except UserError as e:
+        user_error(e)
+        return
+    from rich.table import Table
+
+    from zhantune.bench.measurement import TOLERANCES
+    from zhantune.device import resolve_device
+    from zhantune.inductor.table import read_table
+    from zhantune.models import from_config
+    from zhantune.report.console import make_console, print_table
+
+    console = make_console()
+    try:
         # a malformed table, or one setting anything but allow-listed knobs, stops here
         tf = read_table(cfg.table, resolve_device(cfg.device).kind)
         req = from_config(cfg)

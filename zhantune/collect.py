@@ -235,6 +235,13 @@ def allocate_trials(rows: list[dict[str, Any]], total: int, min_trials: int) -> 
 @hydra.main(version_base="1.3", config_path="conf", config_name="collect")
 def _collect_app(cfg: DictConfig) -> None:
     mark_task_started()
+    from zhantune.request import check_model_request
+
+    try:  # before torch is imported (seconds)
+        check_model_request(cfg)
+    except UserError as e:
+        user_error(e)
+        return
     import torch
     from rich.table import Table
 

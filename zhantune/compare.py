@@ -37,17 +37,10 @@ def _portable_table(cmp, store) -> dict:
 @hydra.main(version_base="1.3", config_path="conf", config_name="compare")
 def _compare_app(cfg: DictConfig) -> None:
     mark_task_started()
-    from zhantune.inductor.table import write_table
     from zhantune.paths import check_output_path
-    from zhantune.report.compare import compare
-    from zhantune.report.console import make_console
-    from zhantune.report.html import write_html_report
-    from zhantune.report.outputs import print_comparison, write_csv, write_json
-    from zhantune.report.studies import load_report_study, study_names
     from zhantune.storage import Store, sqlite_path
 
-    console = make_console()
-    try:
+    try:  # the command line first: the report's modules (Plotly, Optuna) take a while to import
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={cfg.storage.url}: no database at {path}")
@@ -57,6 +50,17 @@ def _compare_app(cfg: DictConfig) -> None:
         for option in ("csv", "json", "html", "table"):
             if cfg[option]:
                 check_output_path(cfg[option], option)
+    except UserError as e:
+        user_error(e)
+        return
+    from zhantune.report.compare import compare
+    from zhantune.report.console import make_console
+    from zhantune.report.html import write_html_report
+    from zhantune.report.outputs import print_comparison, write_csv, write_json
+    from zhantune.report.studies import load_report_study, study_names
+
+    console = make_console()
+    try:
         store = Store(cfg.storage.url)
         cmp = compare(store, [str(d) for d in devices] if devices else None)
         # a tune's study, or one a Kernel Tuner import printed (by its name or a part only it has)
@@ -74,6 +78,8 @@ def _compare_app(cfg: DictConfig) -> None:
         console.print(f"html: {out}" + (f" (history and importances of study {study.study_name!r})" if study else
                                          " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
     if cfg.table:
+        from zhantune.inductor.table import write_table
+
         table = _portable_table(cmp, store)
         if table:
             console.print(f"lookup table: {write_table(cfg.table, table)} ({len(table)} portable entr(y/ies))")

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
 
-from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, load_kerneltuner
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.errors import ConfigError, UserError
-from zhantune.storage import Store
+
+if TYPE_CHECKING:  # zhantune.bench.replay imports torch: the app checks its input first
+    from zhantune.bench.replay import KernelTunerFile
+    from zhantune.storage import Store
 
 __all__ = ["import_kerneltuner", "main", "IMPORTED_VERSION"]
 
@@ -27,6 +30,7 @@ IMPORTED_VERSION = "kerneltuner"
 
 def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     """Store every configuration of ``file``; returns (study name, rows added; 0 when already there)."""
+    from zhantune.bench.replay import ReplayBenchmarker
     device = file.device()
     problem = file.problem()
     device_id = store.device_id(device.key, device.name, device.kind, device.properties)
@@ -65,6 +69,12 @@ def _import_app(cfg: DictConfig) -> None:
         files = list(cfg.files or [])
         if not files:
             raise ConfigError("no files given; use files=[A.json.gz,B.json.gz] (Kernel Tuner cache files)")
+        for f in files:  # before the heavy imports
+            if not Path(f).exists():
+                raise ConfigError(f"files={f}: no such file")
+        from zhantune.bench.replay import load_kerneltuner
+        from zhantune.storage import Store
+
         loaded = [load_kerneltuner(Path(f), source="files") for f in files]  # all checked before writing
         store = Store(cfg.storage.url)
         for f in loaded:

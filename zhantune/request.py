@@ -17,7 +17,7 @@ from zhantune.config import check_bench
 from zhantune.errors import ConfigError, DeviceError
 
 __all__ = ["OPS", "DTYPE_NAMES", "WEIGHT_LAYOUTS", "ACTIVATIONS", "check_request", "check_search", "check_problem",
-           "check_device_spec"]
+           "check_device_spec", "check_model_request", "check_file"]
 
 #: op name -> dimension names of its ``shape``
 OPS: dict[str, tuple[str, ...]] = {
@@ -60,6 +60,8 @@ def check_request(cfg: Any) -> None:
             shape = OmegaConf.to_container(shape)
         check_problem(cfg.op.name, shape, cfg.dtype, cfg.op.activation, weight_layout=cfg.weight_layout)
         check_device_spec(cfg.device)
+    else:
+        check_file(cfg.problems, "problems")
     check_url(cfg.storage.url)
 
 
@@ -125,6 +127,32 @@ def check_device_spec(spec: object) -> str:
     if not _DEVICE_SPEC.fullmatch(text):
         raise DeviceError(f"unknown device {text!r} (from device); allowed: auto, cpu, cuda, cuda:N")
     return text
+
+
+def check_model_request(cfg: Any) -> None:
+    """The checks of a collect or check config that need no torch (zhantune.models.from_config makes
+    them again and builds the model): a model given, the dtype, the device's spelling, the shapes of
+    the inputs and the factory's keyword arguments."""
+    if not cfg.model:
+        raise ConfigError("no model given; use model=module:factory (e.g. zhantune.models:mlp)")
+    check_device_spec(cfg.device)
+    if cfg.dtype is not None and cfg.dtype not in DTYPE_NAMES:
+        raise ConfigError(f"dtype={cfg.dtype!r}; allowed: {', '.join(DTYPE_NAMES)}")
+    shapes = OmegaConf.to_container(cfg.input_shapes) if isinstance(cfg.input_shapes, ListConfig) else cfg.input_shapes
+    if not isinstance(shapes, list) or not shapes or not all(isinstance(s, list) for s in shapes):
+        raise ConfigError(f"input_shapes={shapes}: expected a list of shapes, e.g. [[64,256]]")
+    kwargs = cfg.model_kwargs
+    if kwargs and not OmegaConf.is_dict(kwargs) and not isinstance(kwargs, dict):
+        raise ConfigError(f"model_kwargs={kwargs}: expected a mapping, e.g. model_kwargs={{d_model:64}}")
+
+
+def check_file(path: object, option: str) -> None:
+    """An input file must exist: ``problems=x.yaml: no such file`` (what else is wrong with it, a
+    directory or a FIFO, its reader says)."""
+    from pathlib import Path
+
+    if not Path(str(path)).exists():
+        raise ConfigError(f"{option}={path}: no such file")
 
 
 def _show(shape: object) -> str:

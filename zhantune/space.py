@@ -25,6 +25,13 @@ register()
 @hydra.main(version_base="1.3", config_path="conf", config_name="space_app")
 def _space_app(cfg: DictConfig) -> None:
     mark_task_started()
+    from zhantune.request import check_request
+
+    try:  # bad input is refused before torch and Inductor are imported
+        check_request(cfg)
+    except UserError as e:
+        user_error(e)
+        return
     from zhantune.search.study import feasible_size, random_feasible_point
     from zhantune.tune import resolve_run
 
