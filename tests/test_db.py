@@ -140,6 +140,36 @@ def _four_workers_on_one_study(url: str, tmp_path: Path) -> None:
 
 def test_four_workers_share_one_study_on_sqlite(tmp_path):
     _four_workers_on_one_study(f"sqlite:///{tmp_path / 'shared.db'}", tmp_path)
+    assert not list(tmp_path.glob("*.zt-lock"))  # the schema lock leaves no file behind
+
+
+def _hold_lock(lock: str, log: str, rounds: int) -> None:
+    from zhantune.storage.store import _file_lock
+
+    for _ in range(rounds):
+        with _file_lock(Path(lock)):
+            with open(log, "a") as f:
+                f.write(f"in {os.getpid()}\n")
+                f.flush()
+                time.sleep(0.005)
+                f.write(f"out {os.getpid()}\n")
+
+
+def test_schema_lock_excludes_other_processes_and_leaves_no_file(tmp_path):
+    import multiprocessing as mp
+
+    lock, log = tmp_path / "x.db.zt-lock", tmp_path / "log"
+    procs = [mp.get_context("fork").Process(target=_hold_lock, args=(str(lock), str(log), 25)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    lines = log.read_text().splitlines()
+    assert len(lines) == 4 * 25 * 2
+    for enter, leave in zip(lines[::2], lines[1::2], strict=True):  # never two holders at once
+        assert enter.startswith("in ") and leave == "out " + enter[3:]
+    assert not lock.exists()
 
 
 def test_four_workers_share_one_study_on_postgresql(tmp_path, postgres):

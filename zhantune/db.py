@@ -107,7 +107,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("--help", "-h"):
         run_app(_db_app)  # Hydra prints conf/db.yaml's help template
         return
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 2 or ("=" in sys.argv[1] and sys.argv[1] not in COMMANDS):  # only overrides
         user_error(f"no command given; {usage()}")
     if sys.argv[1] not in COMMANDS:
         user_error(f"unknown command {sys.argv[1]!r}; {usage()}")
