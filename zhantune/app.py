@@ -61,8 +61,9 @@ def print_finished(console: Console, result: Any) -> None:
     from zhantune.report.console import compact
     from zhantune.storage.store import decision_us
 
-    why = "every feasible point of its space is measured" if result.exhausted else \
-        f"{result.before} of {result.target} trials measured"
+    why = ("every feasible point of its space is measured" if result.exhausted
+           else f"{result.before} of {result.target} trials measured" if result.before <= result.target
+           else f"{result.before} trials measured (search.n_trials={result.target})")
     console.print(f"study {result.study_name!r} is finished: {why}; nothing to measure. "
                   "search.more_trials=N measures N more; python -m zhantune.export writes the table again",
                   highlight=False)

@@ -7,10 +7,11 @@ import warnings
 
 __all__ = ["quiet_known_warnings", "quiet_optuna", "NO_AUTOTUNE_REPORT"]
 
-#: Inductor config that keeps max-autotune from writing its ``AUTOTUNE mm(...)`` tables and
-#: ``SingleProcess AUTOTUNE benchmarking takes ...`` lines to stderr
-#: (torch/_inductor/select_algorithm.py ``log_results`` returns early when it is 0)
-NO_AUTOTUNE_REPORT = {"autotune_num_choices_displayed": 0}
+#: Inductor config that keeps max-autotune from writing its ``AUTOTUNE mm(...)`` tables,
+#: ``SingleProcess AUTOTUNE benchmarking takes ...`` lines and ``Autotune Choices Stats:`` JSON to
+#: stderr (torch/_inductor/select_algorithm.py: ``log_results`` returns early when the first is 0,
+#: ``_log_autotune_choices_stats`` runs only with the second)
+NO_AUTOTUNE_REPORT = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 
 def quiet_known_warnings() -> None:
