@@ -373,13 +373,10 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
 def _finished_result(run: RunSpec, store: Store, row: Any, used: int, target: int) -> TuneResult:
     """The result of a study that has nothing left to measure, from the database alone."""
     versions = software_versions()
-    device = store.devices()
-    dev = next((d for d in device if d.key == run.device.key), None)
+    dev = next((d for d in store.devices() if d.key == run.device.key), None)
     stored = (store.stored_baselines(row.id, dev.id, run.problem.key, versions["torch"], versions["triton"])
               if dev is not None else {})
-    best = None
-    if dev is not None:
-        best = next((m for _, p, m in store.best_candidates(run.device.key) if p.key == run.problem.key), None)
+    best = next((m for _, p, m in store.best_candidates(run.device.key) if p.key == run.problem.key), None)
     return TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), best,
                       default_unfrozen=stored.get("default_unfrozen"), target=target, before=used,
                       already_finished=True, exhausted=row.status == EXHAUSTED, baselines_reused=bool(stored))

@@ -82,7 +82,7 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     rows = [(label, r) for label, r in (("eager", result.eager), ("inductor default", result.default),
                                         ("inductor default, no freezing", unfrozen)) if r is not None]
     if result.best is not None:
-        rows.append((f"best: {result.best.branch}", result.best))
+        rows.append((f"best candidate: {result.best.branch}", result.best))
     same_kernel = getattr(result, "same_kernel_as_default", False)
     claim = getattr(result, "claim", None)
     for label, r in rows:
