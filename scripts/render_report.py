@@ -1,8 +1,10 @@
-"""Open a zhantune HTML report in headless Chromium, check its charts rendered, save a screenshot.
+"""Open a zhantune HTML report in headless Chromium, check its charts drew data, save a screenshot.
 
     python scripts/render_report.py report.html report.png
 
-Prints each chart and whether Plotly drew it; exits 1 when one is missing.
+Prints each chart the report says it holds (its ``zhantune-charts`` meta element, and any other
+Plotly chart in the page) and whether Plotly drew data into it; exits 1 when a chart is missing
+or empty (axes and a title without a trace).
 """
 
 from __future__ import annotations
@@ -12,19 +14,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from zhantune.report.browser import render_dom, rendered_charts, screenshot  # noqa: E402
-from zhantune.report.html import CHART_IDS  # noqa: E402
+from zhantune.report.browser import chart_status, render_dom, screenshot  # noqa: E402
+from zhantune.report.html import charts_in  # noqa: E402
 
 
 def main() -> None:
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     html, png = sys.argv[1], sys.argv[2]
-    drawn = rendered_charts(render_dom(html), CHART_IDS)
-    for chart in CHART_IDS:
-        print(f"{chart:24s} {'rendered' if chart in drawn else 'MISSING'}")
+    declared = charts_in(Path(html).read_text(encoding="utf-8"))
+    dom = render_dom(html)
+    status = chart_status(dom, declared)
+    status.update({c: s for c, s in chart_status(dom).items() if c not in status})
+    for chart, state in status.items():
+        print(f"{chart:24s} {state}")
+    if not status:
+        print("no chart in the report")
     print(f"screenshot: {screenshot(html, png)}")
-    sys.exit(0 if drawn == set(CHART_IDS) else 1)
+    sys.exit(0 if status and all(s == "drawn" for s in status.values()) else 1)
 
 
 if __name__ == "__main__":

@@ -243,7 +243,7 @@ def test_export_skips_entries_a_table_may_not_carry(tmp_path):
     from zhantune.inductor.table import build_table
 
     store = Store(f"sqlite:///{tmp_path}/z.db")
-    dev = store.device_id("gpu0", "gpu0", "cuda", {})
+    dev = store.device_id("gpu0", "gpu0", "cpu", {})  # a config patch a CPU table carries
     prob = store.problem_id("mm[M=32,N=128,K=64]:float32", op="mm", shape={"M": 32, "N": 128, "K": 64, "B": 1},
                             dtype="float32", activation=None, weight_layout="kn", lookup_op="mm",
                             lookup_key=KEY, flops=2 * 32 * 128 * 64)

@@ -79,6 +79,58 @@ def test_space_dry_run_prints_sizes_before_and_after_constraints(cli, tmp_path):
     feasible = n_k * n_cache + len(factors) * n_cache
     row = next(line for line in r.stdout.splitlines() if "cpp_gemm" in line and "config" in line)
     cells = [c.strip() for c in row.strip("│ ").split("│")]
-    assert cells[-2:] == [str(total), str(feasible)]
+    assert cells[-3:] == [str(total), str(feasible), "-"]  # no Inductor template lookup on CPU
     assert "sample candidates:" in r.stdout
     assert not (tmp_path / "zhantune.db").exists()  # a dry run writes nothing
+
+
+# -- help, commands, quoting (issue 21) -----------------------------------------------------------
+APPS = ["zhantune", "zhantune.space", "zhantune.export", "zhantune.compare", "zhantune.collect", "zhantune.check",
+        "zhantune.replay", "zhantune.kerneltuner", "zhantune.db"]
+
+
+@pytest.mark.parametrize("module", APPS)
+def test_help_says_what_the_app_does_with_options_and_an_example(cli, tmp_path, module):
+    from zhantune.config import CONF_DIR
+
+    r = cli(["--help"], tmp_path, module=module)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"python -m {module}")
+    assert "Common options:" in r.stdout and "Example" in r.stdout
+    assert "_schema" not in r.stdout and "powered by Hydra" not in r.stdout.lower()
+    if module in ("zhantune", "zhantune.space"):  # every shipped space, with its description
+        for space in sorted(CONF_DIR.glob("space/*.yaml")):
+            assert f"    {space.stem}:" in r.stdout, space.stem
+        assert "addmm, bmm, linear_act, mm" in r.stdout
+
+
+def test_db_without_a_command_lists_the_commands(cli, tmp_path):
+    from zhantune.db import COMMANDS
+
+    r = cli([], tmp_path, module="zhantune.db")
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("zhantune: no command given; usage: python -m zhantune.db {current|upgrade|merge}")
+    for name, what in COMMANDS.items():
+        assert f"{name}: {what}" in line
+
+
+def test_export_device_by_quoted_key_number_or_kind_and_unknown_lists_them(cli, tmp_path, existing_db):
+    from zhantune.storage import Store
+
+    xeon = "Intel(R) Xeon(R) Processor"
+    Store(f"sqlite:///{existing_db}").device_id(xeon, xeon, "cpu", {})
+    url = f"storage.url=sqlite:///{existing_db}"
+    # the shell took the quotes of device="..." away: Hydra cannot parse it; the message says how to quote
+    r = cli([url, f"device={xeon}"], tmp_path, module="zhantune.export")
+    assert r.returncode == 2
+    assert f"""quote the value inside the shell's quotes: 'device="{xeon}"'""" in r.stderr
+    # quoted as the README shows, by its number in the list, by its kind: the device is found (the
+    # database holds no measurement to export for it)
+    for spec, key in ((f'device="{xeon}"', xeon), ("device=0", xeon), ("device=cpu", xeon), ("device=cuda", "some gpu")):
+        r = cli([url, spec], tmp_path, module="zhantune.export")
+        assert r.returncode == 2 and f"no correct measured candidate for device '{key}'" in r.stderr, (spec, r.stderr)
+    r = cli([url, "device=Xeon"], tmp_path, module="zhantune.export")
+    assert r.returncode == 2
+    assert f"device='Xeon': no such device in sqlite:///{existing_db}; it has 0: '{xeon}' (cpu); 1: 'some gpu' (cuda)" \
+        in r.stderr

@@ -6,6 +6,7 @@ import csv
 import gzip
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -13,9 +14,9 @@ import pytest
 
 from zhantune.bench.replay import load_kerneltuner
 from zhantune.kerneltuner import import_kerneltuner
-from zhantune.report.browser import render_dom, rendered_charts, screenshot
+from zhantune.report.browser import chart_status, render_dom, screenshot
 from zhantune.report.compare import CompareError, compare
-from zhantune.report.html import CHART_IDS, write_html_report
+from zhantune.report.html import charts_in, write_html_report
 from zhantune.storage import Store
 
 DATA = Path(__file__).resolve().parent / "data" / "kerneltuner"
@@ -83,12 +84,25 @@ def test_bad_input_is_a_clear_error(tmp_path, db):
     empty = Store(f"sqlite:///{tmp_path / 'empty.db'}")
     with pytest.raises(CompareError, match="holds no devices"):
         compare(empty)
-    one = Store(f"sqlite:///{tmp_path / 'one.db'}")
-    import_kerneltuner(one, load_kerneltuner(A100))
-    with pytest.raises(CompareError, match="at least two devices; found only 'NVIDIA A100-PCIE-40GB'"):
-        compare(one)
     with pytest.raises(CompareError, match="unknown device 'H100' .from devices.; allowed: 'NVIDIA A100"):
         compare(Store(db), ["H100", A100_KEY])
+
+
+def test_one_device_is_compared_with_itself(tmp_path):
+    one = Store(f"sqlite:///{tmp_path / 'one.db'}")
+    import_kerneltuner(one, load_kerneltuner(A100))
+    (p,) = compare(one).problems
+    a = _times(A100, _median)
+    assert p.best_us[A100_KEY] == pytest.approx(min(a.values()) * 1000)
+    assert ",".join(str(p.winner[A100_KEY].params[n]) for n in load_kerneltuner(A100).param_names) == min(a, key=a.get)
+    assert p.regret == {(A100_KEY, A100_KEY): 1.0}
+
+
+def _charts(path: Path) -> dict[str, str]:
+    """Each chart the report says it holds, and any other Plotly chart in it: drawn, empty or missing."""
+    dom = render_dom(path)
+    status = chart_status(dom, charts_in(path.read_text()))
+    return {**chart_status(dom), **status}
 
 
 def test_cli_writes_csv_json_and_an_html_report_that_renders_in_chromium(cli, tmp_path, db):
@@ -100,15 +114,68 @@ def test_cli_writes_csv_json_and_an_html_report_that_renders_in_chromium(cli, tm
     assert len(rows) == 4
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["problems"][0]["portable"]["worst_regret"] == pytest.approx(compare(Store(db)).problems[0].portable.worst_regret)
-    dom = render_dom(tmp_path / "c.html")
-    assert rendered_charts(dom, CHART_IDS) == set(CHART_IDS)
+    # not a terminal: each winner's config whole on one line, the parameters that differ named
+    (p,) = compare(Store(db)).problems
+    for dev, choice in p.winner.items():
+        full = " ".join(f"{k}={v}" for k, v in sorted(choice.params.items()))
+        assert f"winner of {dev}: {full}\n" in r.stdout
+    assert "params that differ between the winners: block_size_x, block_size_y" in r.stdout
+    # imported data: no Inductor default (no speedup chart), no study chosen (no history): left out
+    assert _charts(tmp_path / "c.html") == {"regret-heatmap": "drawn", "best-time-vs-size": "drawn"}
     png = screenshot(tmp_path / "c.html", tmp_path / "c.png")
     assert png.stat().st_size > 10_000
 
 
+def test_html_report_shows_every_devices_best_config_and_the_portable_choice(tmp_path, db):
+    cmp = compare(Store(db))
+    text = write_html_report(tmp_path / "r.html", cmp).read_text()
+    (p,) = cmp.problems
+    for choice in [*p.winner.values(), p.portable]:
+        full = " ".join(f"{k}={v}" for k, v in sorted(choice.params.items()))
+        assert full in text and "block_size_x=" in full and len(choice.params) == 10
+    assert "best on NVIDIA A100-PCIE-40GB" in text and "portable (min worst regret)" in text
+
+
+def test_render_check_fails_on_an_empty_chart(tmp_path, db):
+    import subprocess
+    import sys
+
+    import plotly.graph_objects as go
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "render_report.py"
+    good = write_html_report(tmp_path / "good.html", compare(Store(db)))
+    r = subprocess.run([sys.executable, str(script), str(good), str(tmp_path / "good.png")], capture_output=True, text=True)
+    assert r.returncode == 0 and "regret-heatmap           drawn" in r.stdout, r.stdout + r.stderr
+    empty = tmp_path / "empty.html"  # axes and a title, no trace: what the report used to draw
+    empty.write_text(go.Figure().update_layout(title="nothing").to_html(include_plotlyjs="inline", div_id="nothing"))
+    r = subprocess.run([sys.executable, str(script), str(empty), str(tmp_path / "empty.png")], capture_output=True, text=True)
+    assert r.returncode == 1 and "nothing                  empty" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("files", [[A100], [A100, A4000]])
+def test_study_name_printed_by_the_import_draws_its_history(cli, tmp_path, files):
+    """One device (compare used to refuse it) and two; the study by the name the import printed and
+    by the part of it that the import's hint gives."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    r = cli([f"files=[{','.join(map(str, files))}]", f"storage.url={url}"], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 0, r.stderr
+    name = re.search(r"as study '([^']+)'", r.stdout).group(1)
+    hint = re.search(r"python -m zhantune.compare html=report.html (study=\S+)", r.stdout).group(1)
+    for i, study in enumerate([f'study="{name}"', hint]):
+        out = tmp_path / f"h{i}.html"
+        r = cli([f"storage.url={url}", f"html={out}", study], tmp_path, module="zhantune.compare")
+        assert r.returncode == 0, r.stderr
+        assert f"history and importances of study {name!r}" in r.stdout
+        charts = _charts(out)
+        assert charts["optuna-history"] == charts["optuna-importance"] == "drawn", charts
+        assert set(charts.values()) == {"drawn"}
+        assert ("regret-heatmap" in charts) == (len(files) > 1)
+
+
 @pytest.mark.parametrize("args, message", [
     (["devices=[H100,A100]"], "unknown device 'H100' (from devices)"),
-    (["study=nope"], "study='nope': no such Optuna study"),
+    (["study=nope"], "study='nope': no such study in sqlite:///"),
+    (["study=kerneltuner"], "study='kerneltuner': 2 studies match"),
 ])
 def test_cli_bad_input(cli, tmp_path, db, args, message):
     r = cli([f"storage.url={db}", *args], tmp_path, module="zhantune.compare")
@@ -119,12 +186,6 @@ def test_cli_no_database(cli, tmp_path):
     r = cli([f"storage.url=sqlite:///{tmp_path}/none.db"], tmp_path, module="zhantune.compare")
     assert r.returncode == 2 and "no database at" in r.stderr
     assert not (tmp_path / "none.db").exists()
-
-
-def test_html_report_without_a_study_still_has_every_chart(tmp_path, db):
-    out = write_html_report(tmp_path / "r.html", compare(Store(db)))
-    drawn = rendered_charts(render_dom(out), CHART_IDS)
-    assert drawn == set(CHART_IDS)
 
 
 @pytest.mark.parametrize("files, message", [

@@ -36,10 +36,13 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _worker(url: str, workdir: Path, n_trials: int, path: Path = A100, seed: int = 0) -> subprocess.Popen:
+def _worker(url: str, workdir: Path, n_trials: int, path: Path = A100, seed: int = 0,
+            more: int | None = None) -> subprocess.Popen:
+    """A replay tune of ``path``: up to ``n_trials`` in the study, or ``more`` trials more than it holds."""
     workdir.mkdir(parents=True, exist_ok=True)
+    budget = f"search.more_trials={more}" if more is not None else f"search.n_trials={n_trials}"
     return subprocess.Popen(
-        [sys.executable, "-m", "zhantune", "bench=replay", f"bench.path={path}", f"search.n_trials={n_trials}",
+        [sys.executable, "-m", "zhantune", "bench=replay", f"bench.path={path}", budget,
          f"search.seed={seed}", f"storage.url={url}", "progress=false", f"hydra.run.dir={workdir}/hydra"],
         cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, PYTHONWARNINGS="ignore"))
@@ -115,7 +118,8 @@ def test_newer_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
 
 # -- many workers ----------------------------------------------------------------------------
 def _four_workers_on_one_study(url: str, tmp_path: Path) -> None:
-    procs = [_worker(url, tmp_path / f"w{i}", 25) for i in range(4)]
+    # search.n_trials is the study's total: four workers share its 100 trials
+    procs = [_worker(url, tmp_path / f"w{i}", 100) for i in range(4)]
     for p in procs:
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
@@ -136,6 +140,36 @@ def _four_workers_on_one_study(url: str, tmp_path: Path) -> None:
 
 def test_four_workers_share_one_study_on_sqlite(tmp_path):
     _four_workers_on_one_study(f"sqlite:///{tmp_path / 'shared.db'}", tmp_path)
+    assert not list(tmp_path.glob("*.zt-lock"))  # the schema lock leaves no file behind
+
+
+def _hold_lock(lock: str, log: str, rounds: int) -> None:
+    from zhantune.storage.store import _file_lock
+
+    for _ in range(rounds):
+        with _file_lock(Path(lock)):
+            with open(log, "a") as f:
+                f.write(f"in {os.getpid()}\n")
+                f.flush()
+                time.sleep(0.005)
+                f.write(f"out {os.getpid()}\n")
+
+
+def test_schema_lock_excludes_other_processes_and_leaves_no_file(tmp_path):
+    import multiprocessing as mp
+
+    lock, log = tmp_path / "x.db.zt-lock", tmp_path / "log"
+    procs = [mp.get_context("fork").Process(target=_hold_lock, args=(str(lock), str(log), 25)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    lines = log.read_text().splitlines()
+    assert len(lines) == 4 * 25 * 2
+    for enter, leave in zip(lines[::2], lines[1::2], strict=True):  # never two holders at once
+        assert enter.startswith("in ") and leave == "out " + enter[3:]
+    assert not lock.exists()
 
 
 def test_four_workers_share_one_study_on_postgresql(tmp_path, postgres):
@@ -176,7 +210,7 @@ def test_sigterm_and_ctrl_c_leave_a_resumable_study(tmp_path, sig):
     measured = {t.number for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
                 and not t.user_attrs.get("zhantune:interrupted")}
     assert {r.trial_number for r in rows} == measured
-    again = _worker(url, tmp_path / "w2", 10, path=GEMM)
+    again = _worker(url, tmp_path / "w2", 0, path=GEMM, more=10)
     assert again.wait(timeout=300) == 0
     after = _candidates(url)
     assert len(after) == len(rows) + 10 and len({r.config_hash for r in after}) == len(after)
@@ -197,7 +231,7 @@ def test_kill_9_loses_at_most_the_in_flight_trial(tmp_path):
     assert told <= stored and len(stored - told) <= 1  # a row whose tell did not happen yet, at most
     running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     assert len(running) <= 1
-    again = _worker(url, tmp_path / "w2", 10, path=GEMM)
+    again = _worker(url, tmp_path / "w2", 0, path=GEMM, more=10)
     assert again.wait(timeout=300) == 0
     after = _candidates(url)
     assert len(after) == len(rows) + 10 and len({r.config_hash for r in after}) == len(after)

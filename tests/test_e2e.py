@@ -85,12 +85,15 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
         assert entry == {"template_id": "aten::mm"}
         assert "no candidate beat it" in r.stdout or "default compile runs too" in r.stdout
 
-    # the same command again resumes the study and answers known candidates from the database
-    r2 = cli(["+op=mm", "shape=[64,48,32]", "search.n_trials=1", "device=cpu", "progress=false",
+    # one trial more resumes the study (known candidates answered from the database) with the
+    # baselines it stored
+    r2 = cli(["+op=mm", "shape=[64,48,32]", "search.more_trials=1", "device=cpu", "progress=false",
               "bench.remeasure_rounds=1", "export.enabled=false"], cwd=tmp_path)
     assert r2.returncode == 0, r2.stderr[-3000:]
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{tmp_path}/zhantune.db")
     assert len(study.trials) > len(done)
+    kinds = [k for (k,) in con.execute("select kind from zt_measurement")]
+    assert kinds.count("candidate") == 4 and kinds.count("eager") == 1
 
 
 def test_incorrect_candidate_is_stored_and_never_exported(tune_cfg, tmp_path):

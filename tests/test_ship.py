@@ -89,6 +89,9 @@ def test_collect_tune_export_then_every_key_hits_in_a_fresh_process(cli, tmp_pat
     assert check["contention"]["timed"] == 15
     assert check["report"]["coverage"] == 1.0
     assert "compile s" in r.stdout and "coverage 100%" in r.stdout
+    # not a terminal: the table's cells whole (no "max-autot..."), no Inductor autotuning report
+    assert "│ max-autotune │" in r.stdout and "…" not in r.stdout
+    assert "AUTOTUNE" not in r.stdout + r.stderr and "Autotune Choices Stats" not in r.stdout + r.stderr
 
     # a table made with another torch release is reported stale, not used; the check fails the gate
     data = json.loads((tmp_path / "table.json").read_text())

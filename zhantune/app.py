@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig
@@ -22,25 +23,53 @@ register()
 def _tune_app(cfg: DictConfig) -> None:
     mark_task_started()
     interrupt.install()  # Ctrl-C and SIGTERM stop the study cleanly (exit code 130)
+    from zhantune.request import check_request
+
+    try:  # bad input is refused before torch and Inductor are imported (seconds)
+        check_request(cfg)
+    except UserError as e:
+        user_error(e)
+        return
     from zhantune.report import TuneProgress, print_summary
+    from zhantune.report.console import make_console
     from zhantune.storage import Store
     from zhantune.tune import resolve_run, tune
 
-    console = Console()
+    console = make_console()
     if cfg.problems:
         _problems(cfg, console)
         return
     try:
         run = resolve_run(cfg)
         store = Store(cfg.storage.url)
-        result = tune(run, store, TuneProgress(console) if cfg.progress else None)
+        result = tune(run, store, TuneProgress(console, run.space) if cfg.progress else None)
     except UserError as e:
         user_error(e)
         return
+    if result.already_finished:
+        print_finished(console, result)
+        return
     print_summary(console, run, result, cfg.storage.url)
     if result.interrupted:
-        console.print("[yellow]interrupted: run the same command again to resume the study[/yellow]")
+        console.print(f"[yellow]interrupted: run the same command again to resume the study (it measures "
+                      f"the {max(0, result.target - result.done)} trial(s) still missing)[/yellow]")
         sys.exit(130)
+
+
+def print_finished(console: Console, result: Any) -> None:
+    """The study had measured its budget before this run: say so, with its best config."""
+    from zhantune.report.console import compact
+    from zhantune.storage.store import decision_us
+
+    why = ("every feasible point of its space is measured" if result.exhausted
+           else f"{result.before} of {result.target} trials measured" if result.before <= result.target
+           else f"{result.before} trials measured (search.n_trials={result.target})")
+    console.print(f"study {result.study_name!r} is finished: {why}; nothing to measure. "
+                  "search.more_trials=N measures N more; python -m zhantune.export writes the table again",
+                  highlight=False)
+    if result.best is not None:
+        console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)} "
+                      f"({decision_us(result.best):,.1f} us)", highlight=False)
 
 
 def _problems(cfg: DictConfig, console: Console) -> None:

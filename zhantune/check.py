@@ -136,11 +136,13 @@ def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
     import torch
 
     from zhantune.bench.inductor import relative_error
+    from zhantune.quiet import NO_AUTOTUNE_REPORT
 
     torch._dynamo.reset()
     with torch.no_grad():
         reference = model(*inputs).double()
-    base = {"freezing": True} if device.kind == "cpu" else {}
+    # max-autotune's AUTOTUNE tables on stderr off (zhantune prints its own report)
+    base = {"freezing": True, **NO_AUTOTUNE_REPORT} if device.kind == "cpu" else dict(NO_AUTOTUNE_REPORT)
     # an untimed compile first, so that the process's one-time costs (Dynamo, Inductor's imports,
     # the C++ toolchain's first run) do not land on whichever way compiles first
     _compile(model, inputs, device, base)
@@ -158,17 +160,10 @@ def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
 @hydra.main(version_base="1.3", config_path="conf", config_name="check")
 def _check_app(cfg: DictConfig) -> None:
     mark_task_started()
-    from rich.console import Console
-    from rich.table import Table
-
-    from zhantune.bench.measurement import TOLERANCES
-    from zhantune.device import resolve_device
-    from zhantune.inductor.table import read_table
-    from zhantune.models import from_config
     from zhantune.paths import check_output_path
+    from zhantune.request import check_model_request
 
-    console = Console()
-    try:
+    try:  # what needs no torch first (importing it takes seconds)
         if not cfg.table:
             raise ConfigError("no table given; use table=FILE (written by python -m zhantune or zhantune.export)")
         if not 0.0 <= cfg.min_coverage <= 1.0:
@@ -178,6 +173,20 @@ def _check_app(cfg: DictConfig) -> None:
         check_bench(cfg.bench)
         if cfg.json:
             check_output_path(cfg.json, "json")
+        check_model_request(cfg)
+    except UserError as e:
+        user_error(e)
+        return
+    from rich.table import Table
+
+    from zhantune.bench.measurement import TOLERANCES
+    from zhantune.device import resolve_device
+    from zhantune.inductor.table import read_table
+    from zhantune.models import from_config
+    from zhantune.report.console import make_console, print_table
+
+    console = make_console()
+    try:
         # a malformed table, or one setting anything but allow-listed knobs, stops here
         tf = read_table(cfg.table, resolve_device(cfg.device).kind)
         req = from_config(cfg)
@@ -208,7 +217,7 @@ def _check_app(cfg: DictConfig) -> None:
                                                  + ("" if v["consistent"] else " ~"))
         t.add_row(name, f"{w['compile_s']:.2f}", f"{w['run_us']:,.1f}", f"{w['median_us']:,.1f}", vs,
                   f"{w['error']:.2e}" + ("" if ok else " [red]> tol[/red]"))
-    console.print(t)
+    print_table(console, t)
     console.print(f"run times: the fastest of {cfg.rounds} interleaved rounds per compile; vs default: default / "
                   "this, with the per-round range; ~: the rounds disagree on which is faster (noise, no difference "
                   "shown)")

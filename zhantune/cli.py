@@ -18,7 +18,7 @@ from zhantune.config import CONF_DIR
 from zhantune.errors import USER_ERROR_EXIT_CODE, UserError
 from zhantune.quiet import quiet_known_warnings
 
-__all__ = ["run_app", "user_error", "check_group_overrides", "one_line"]
+__all__ = ["run_app", "user_error", "check_group_overrides", "one_line", "quoting_hint"]
 
 quiet_known_warnings()
 
@@ -108,6 +108,16 @@ def _unparsable_override(args: list[str]) -> str | None:
     return None
 
 
+def quoting_hint(override: str) -> str:
+    """For an override whose value holds characters Hydra's grammar takes only inside quotes (a
+    space, parentheses, a comma, ...), how to pass it: ``; quote the value inside the shell's quotes:
+    'device="Intel(R) Xeon(R) Processor"'``. Empty for anything else."""
+    key, sep, value = override.partition("=")
+    if not sep or not value or value[0] in "'\"[{" or not any(c in value for c in " ()\\,:=[]{}'\""):
+        return ""
+    return f"; quote the value inside the shell's quotes: '{key}=\"{value}\"'"
+
+
 def run_app(hydra_main: Callable[[], object]) -> None:
     """Run a ``@hydra.main`` function with zhantune's error conventions."""
     msg = check_group_overrides(sys.argv[1:])
@@ -122,7 +132,7 @@ def run_app(hydra_main: Callable[[], object]) -> None:
         text = _release_stderr()
         if e.code == 1 and not _State.task_started:
             bad = _unparsable_override(sys.argv[1:])
-            user_error((f"override {bad}: " if bad else "") + one_line(text))
+            user_error((f"override {bad}: " if bad else "") + one_line(text) + (quoting_hint(bad) if bad else ""))
         sys.stderr.write(text)
         raise
     finally:  # any other way out before the task started: Hydra's text as it was

@@ -235,16 +235,23 @@ def allocate_trials(rows: list[dict[str, Any]], total: int, min_trials: int) -> 
 @hydra.main(version_base="1.3", config_path="conf", config_name="collect")
 def _collect_app(cfg: DictConfig) -> None:
     mark_task_started()
+    from zhantune.request import check_model_request
+
+    try:  # before torch is imported (seconds)
+        check_model_request(cfg)
+    except UserError as e:
+        user_error(e)
+        return
     import torch
-    from rich.console import Console
     from rich.table import Table
 
     from zhantune.config import check_bench
     from zhantune.models import from_config
     from zhantune.paths import check_output_path
+    from zhantune.report.console import make_console, print_table
     from zhantune.tune import software_versions
 
-    console = Console()
+    console = make_console()
     try:
         check_output_path(cfg.out, "out")
         if cfg.measure:
@@ -274,7 +281,7 @@ def _collect_app(cfg: DictConfig) -> None:
         t.add_row(p.op_name, str(list(g.shape)) if g else "-", g.weight_layout if g else "-", str(p.count),
                   f"{p.default_us:.1f}" if p.default_us else "-", f"{p.share:.0%}" if p.share else "-",
                   p.reason or "")
-    console.print(t)
+    print_table(console, t)
     if contention.text():
         console.print(f"[yellow]warning: {contention.text()}[/yellow]")
     n = sum(1 for p in problems if p.problem is not None and p.reason is None)

@@ -2,7 +2,8 @@
 
 Reads every device in ``storage.url`` (or ``devices=[...]``, by key or name) and prints, per problem,
 each device's best config, the regret of each device's winner on the others, and the config that
-loses least everywhere; then the device x device regret matrix. ``csv=``, ``json=``, ``html=`` write
+loses least everywhere; then the device x device regret matrix. One device works too (its winners;
+with ``study=``, the report draws the search history). ``csv=``, ``json=``, ``html=`` write
 the same data; ``table=`` writes the portable choices as device-agnostic lookup-table entries.
 Definitions in :mod:`zhantune.report.compare`.
 """
@@ -10,9 +11,7 @@ Definitions in :mod:`zhantune.report.compare`.
 from __future__ import annotations
 
 import hydra
-import optuna
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
 
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.errors import ConfigError, StorageError, UserError
@@ -23,15 +22,10 @@ __all__ = ["main"]
 @hydra.main(version_base="1.3", config_path="conf", config_name="compare")
 def _compare_app(cfg: DictConfig) -> None:
     mark_task_started()
-    from zhantune.inductor.table import portable_table, write_table
     from zhantune.paths import check_output_path
-    from zhantune.report.compare import compare
-    from zhantune.report.html import write_html_report
-    from zhantune.report.outputs import print_comparison, write_csv, write_json
     from zhantune.storage import Store, sqlite_path
 
-    console = Console()
-    try:
+    try:  # the command line first: the report's modules (Plotly, Optuna) take a while to import
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={cfg.storage.url}: no database at {path}")
@@ -41,27 +35,36 @@ def _compare_app(cfg: DictConfig) -> None:
         for option in ("csv", "json", "html", "table"):
             if cfg[option]:
                 check_output_path(cfg[option], option)
+    except UserError as e:
+        user_error(e)
+        return
+    from zhantune.report.compare import compare
+    from zhantune.report.console import make_console
+    from zhantune.report.html import write_html_report
+    from zhantune.report.outputs import print_comparison, write_csv, write_json
+    from zhantune.report.studies import load_report_study, study_names
+
+    console = make_console()
+    try:
         store = Store(cfg.storage.url)
         cmp = compare(store, [str(d) for d in devices] if devices else None)
-        study = None
-        if cfg.study:
-            try:
-                study = optuna.load_study(study_name=cfg.study, storage=cfg.storage.url)
-            except KeyError:
-                names = [s.study_name for s in optuna.get_all_study_summaries(cfg.storage.url)]
-                raise ConfigError(f"study={cfg.study!r}: no such Optuna study in {cfg.storage.url}; "
-                                  f"allowed: {', '.join(map(repr, names)) or 'none'}") from None
+        # a tune's study, or one a Kernel Tuner import printed (by its name or a part only it has)
+        study = load_report_study(store, str(cfg.study)) if cfg.study else None
     except UserError as e:
         user_error(e)
         return
     print_comparison(console, cmp, cfg.top)
     if cfg.csv:
-        console.print(f"csv: {write_csv(cfg.csv, cmp)}")
+        console.print(f"csv: {write_csv(cfg.csv, cmp)}", soft_wrap=True)
     if cfg.json:
-        console.print(f"json: {write_json(cfg.json, cmp)}")
+        console.print(f"json: {write_json(cfg.json, cmp)}", soft_wrap=True)
     if cfg.html:
-        console.print(f"html: {write_html_report(cfg.html, cmp, study)}")
+        out = write_html_report(cfg.html, cmp, study, studies=study_names(store))
+        console.print(f"html: {out}" + (f" (history and importances of study {study.study_name!r})" if study else
+                                         " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
     if cfg.table:
+        from zhantune.inductor.table import portable_table, write_table
+
         table = portable_table(cmp, store)
         if table:
             console.print(f"lookup table: {write_table(cfg.table, table)} ({len(table)} portable entr(y/ies))")

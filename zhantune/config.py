@@ -17,8 +17,11 @@ from omegaconf import MISSING
 #: the Hydra config tree shipped inside the package (the repository's conf/ links here)
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
-__all__ = ["CONF_DIR", "OpConfig", "SearchConfig", "BenchConfig", "StorageConfig", "ExportConfig", "ExportAppConfig",
-           "TuneConfig", "register"]
+#: search.transfer values (zhantune.search.transfer)
+TRANSFER_MODES = ("auto", "off")
+
+__all__ = ["TRANSFER_MODES", "CONF_DIR", "OpConfig", "SearchConfig", "BenchConfig", "StorageConfig", "ExportConfig", "ExportAppConfig",
+           "TuneConfig", "register", "group_options", "space_descriptions"]
 
 
 @dataclass
@@ -41,8 +44,12 @@ class SearchConfig:
     name: str = "tpe"
     #: Optuna sampler, instantiated from ``_target_`` (allowlist: optuna.samplers.*, zhantune.*)
     sampler: dict[str, Any] = field(default_factory=lambda: {"_target_": "optuna.samplers.TPESampler"})
-    #: measured trials to run (infeasible and cached candidates do not use this budget)
+    #: measured trials in the study, all runs together (infeasible and cached candidates do not use
+    #: this budget): the same command again measures only what is missing, and a finished study exits
+    #: at once. Several workers on one study share it
     n_trials: int = 16
+    #: measure this many trials more than the study holds now (instead of up to ``n_trials``)
+    more_trials: int | None = None
     #: stop starting new trials after this many seconds (None: no limit)
     timeout_s: float | None = None
     seed: int = 0
@@ -101,6 +108,9 @@ class BenchConfig:
     remeasure_rounds: int = 3
     #: bench=replay: the Kernel Tuner cache file (.json or .json.gz) that answers every measurement
     path: str | None = None
+    #: a resumed study re-uses its stored baselines (eager, Inductor's default) when they were measured
+    #: on this device with this torch (and triton) version; true measures them again
+    remeasure_baselines: bool = False
 
 
 #: BenchConfig field -> (lowest, highest) value allowed (None: unbounded), checked by check_bench
@@ -228,14 +238,38 @@ class CheckConfig(CollectConfig):
     json: str | None = None
 
 
+def group_options(group: str) -> str:
+    """The options of config group ``group`` (the files in conf/<group>/), comma-separated; the
+    ``zt_options`` resolver of the ``--help`` templates (``${zt_options:space}``)."""
+    return ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+
+
+def space_descriptions(indent: int = 4, width: int = 100) -> str:
+    """One line per shipped search space, ``name: description`` (its YAML's ``description``); the
+    ``zt_spaces`` resolver of the ``--help`` templates, so that help lists every file in conf/space/."""
+    import textwrap
+
+    from omegaconf import OmegaConf
+
+    lines = []
+    for path in sorted((CONF_DIR / "space").glob("*.yaml")):
+        description = OmegaConf.load(path).get("description", "")
+        head = f"{' ' * indent}{path.stem + ':':24s}"
+        lines += textwrap.wrap(description, width=width, initial_indent=head,
+                               subsequent_indent=" " * len(head)) or [head.rstrip()]
+    return "\n".join(lines)
+
+
 def register() -> None:
-    """Register the schemas in Hydra's ConfigStore (idempotent)."""
+    """Register the schemas in Hydra's ConfigStore and the resolvers of the ``--help`` templates
+    (idempotent). The group options (op, search, bench, storage) are typed by TuneConfig's fields;
+    no schema is registered inside a group, so ``--help`` lists only real options."""
+    from omegaconf import OmegaConf
+
     cs = ConfigStore.instance()
     cs.store(name="tune_schema", node=TuneConfig)
-    cs.store(group="op", name="op_schema", node=OpConfig)
-    cs.store(group="search", name="search_schema", node=SearchConfig)
-    cs.store(group="bench", name="bench_schema", node=BenchConfig)
-    cs.store(group="storage", name="storage_schema", node=StorageConfig)
     cs.store(name="export_schema", node=ExportAppConfig)
     cs.store(name="collect_schema", node=CollectConfig)
     cs.store(name="check_schema", node=CheckConfig)
+    OmegaConf.register_new_resolver("zt_options", group_options, replace=True)
+    OmegaConf.register_new_resolver("zt_spaces", lambda: space_descriptions(), replace=True)

@@ -18,7 +18,12 @@ from zhantune.errors import ConfigError, StorageError, UserError
 
 __all__ = ["main", "COMMANDS"]
 
-COMMANDS = ("current", "upgrade", "merge")
+#: command -> what it does (the usage line of ``python -m zhantune.db`` without a command lists them)
+COMMANDS = {
+    "current": "print the schema revision",
+    "upgrade": "upgrade an older database",
+    "merge": "copy sources=[URL,...] into storage.url",
+}
 _command: list[str] = []
 
 
@@ -92,10 +97,20 @@ def _db_app(cfg: DictConfig) -> None:
         user_error(e)
 
 
+def usage() -> str:
+    """One line: the commands and what each does."""
+    listed = "; ".join(f"{name}: {what}" for name, what in COMMANDS.items())
+    return f"usage: python -m zhantune.db {{{'|'.join(COMMANDS)}}} storage.url=... ({listed}; --help for more)"
+
+
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        got = sys.argv[1] if len(sys.argv) > 1 else "nothing"
-        user_error(f"unknown command {got!r}; usage: python -m zhantune.db {{{'|'.join(COMMANDS)}}} storage.url=...")
+    if len(sys.argv) > 1 and sys.argv[1] in ("--help", "-h"):
+        run_app(_db_app)  # Hydra prints conf/db.yaml's help template
+        return
+    if len(sys.argv) < 2 or ("=" in sys.argv[1] and sys.argv[1] not in COMMANDS):  # only overrides
+        user_error(f"no command given; {usage()}")
+    if sys.argv[1] not in COMMANDS:
+        user_error(f"unknown command {sys.argv[1]!r}; {usage()}")
     _command.append(sys.argv.pop(1))
     run_app(_db_app)
 

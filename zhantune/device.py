@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from zhantune.errors import DeviceError
+from zhantune.request import check_device_spec
 
 __all__ = ["DeviceInfo", "resolve_device", "cpu_model_name"]
 
@@ -80,15 +81,12 @@ def resolve_device(spec: str) -> DeviceInfo:
 
     Raises DeviceError (exit code 2) for an unknown spec or a CUDA device this machine lacks.
     """
-    spec = str(spec).strip().lower()
+    spec = check_device_spec(spec)
     if spec == "auto":
         return _cuda_info(0) if torch.cuda.is_available() else _cpu_info()
     if spec == "cpu":
         return _cpu_info()
-    m = re.fullmatch(r"cuda(?::(\d+))?", spec)
-    if not m:
-        raise DeviceError(f"unknown device {spec!r} (from device); allowed: auto, cpu, cuda, cuda:N")
-    index = int(m.group(1) or 0)
+    index = int(spec.partition(":")[2] or 0)
     if not torch.cuda.is_available():
         raise DeviceError(f"device={spec}: CUDA is not available on this machine; use device=cpu or device=auto")
     if index >= torch.cuda.device_count():

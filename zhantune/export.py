@@ -18,7 +18,7 @@ from zhantune.config import register
 from zhantune.errors import ConfigError, StorageError, UserError
 from zhantune.paths import check_output_path
 
-__all__ = ["main", "export_table", "check_export_options"]
+__all__ = ["main", "export_table", "check_export_options", "resolve_device_key"]
 
 register()
 
@@ -55,6 +55,27 @@ def export_table(store: Any, url: str, opts: Any, device_key: str | None = None)
     return write_table(opts.path, table, meta), table
 
 
+def resolve_device_key(store: Any, spec: Any, option: str = "device") -> str | None:
+    """The key of the database device that ``device=`` names: its key or name, its number in the
+    list of the database's devices (sorted by key, from 0), or its kind (``cpu``, ``cuda``) when
+    exactly one device has it. None for None. Raises ConfigError listing the devices otherwise."""
+    if spec is None:
+        return None
+    want = str(spec).strip()
+    devices = store.devices()
+    for d in devices:
+        if want in (d.key, d.name):
+            return d.key
+    if want.isdigit() and int(want) < len(devices):
+        return devices[int(want)].key
+    of_kind = [d for d in devices if d.kind == want.lower()]
+    if len(of_kind) == 1:
+        return of_kind[0].key
+    listed = "; ".join(f"{i}: {d.key!r} ({d.kind})" for i, d in enumerate(devices)) or "none"
+    raise ConfigError(f"{option}={want!r}: no such device in {store.url}; it has {listed}. Give the number "
+                      f"({option}=0), or the key in quotes inside the shell's: '{option}=\"KEY\"'")
+
+
 def _redact(url: str) -> str:
     """The URL without its password (tables are shipped; credentials are not)."""
     from sqlalchemy.engine import make_url
@@ -76,10 +97,11 @@ def _export_app(cfg: DictConfig) -> None:
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={cfg.storage.url}: no database at {path}")
         store = Store(cfg.storage.url)
-        out, table = export_table(store, cfg.storage.url, cfg, cfg.device)
+        device = resolve_device_key(store, cfg.device)
+        out, table = export_table(store, cfg.storage.url, cfg, device)
         if out is None:
             raise UserError(f"nothing to export from {cfg.storage.url}: no correct measured candidate"
-                            + (f" for device {cfg.device!r}" if cfg.device else "")
+                            + (f" for device {device!r}" if device else "")
                             + (f" with torch {cfg.torch_version}" if cfg.torch_version else ""))
     except UserError as e:
         user_error(e)

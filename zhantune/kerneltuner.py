@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, load_kerneltuner
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.errors import ConfigError, UserError
-from zhantune.storage import Store
-from zhantune.storage import models as m
+
+if TYPE_CHECKING:  # zhantune.bench.replay imports torch: the app checks its input first
+    from zhantune.bench.replay import KernelTunerFile
+    from zhantune.storage import Store
 
 __all__ = ["import_kerneltuner", "main", "IMPORTED_VERSION"]
 
@@ -31,6 +33,7 @@ IMPORTED_VERSION = "kerneltuner"
 
 def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     """Store every configuration of ``file``; returns (study name, rows added; 0 when already there)."""
+    from zhantune.bench.replay import ReplayBenchmarker
     device = file.device()
     problem = file.problem()
     digest = hashlib.sha256(file.path.read_bytes()).hexdigest()
@@ -70,6 +73,8 @@ def _refuse_merge(store: Store, file: KernelTunerFile, digest: str) -> None:
     if file.device_named_by != "file name":
         return
     from sqlalchemy import select
+
+    from zhantune.storage import models as m
 
     with store.session() as s:
         q = (select(m.Study.name, m.Study.config).join(m.Measurement, m.Measurement.study_id == m.Study.id)
@@ -114,7 +119,13 @@ def _import_app(cfg: DictConfig) -> None:
         files = list(cfg.files or [])
         if not files:
             raise ConfigError("no files given; use files=[A.json.gz,B.json.gz] (Kernel Tuner cache files)")
+        for f in files:  # before the heavy imports
+            if not Path(f).exists():
+                raise ConfigError(f"files={f}: no such file")
         devices = _check_devices(files, OmegaConf.to_container(cfg.devices) if cfg.devices is not None else None)
+        from zhantune.bench.replay import load_kerneltuner
+        from zhantune.storage import Store
+
         # all checked before writing
         loaded = [load_kerneltuner(Path(f), source="files", device=d) for f, d in zip(files, devices, strict=True)]
         _check_distinct(loaded)
@@ -124,6 +135,9 @@ def _import_app(cfg: DictConfig) -> None:
             named = "" if f.device_named_by == "device_name" else f" (device named by {f.device_named_by})"
             print(f"{f.path}: {added} measurement(s) of device {f.device_key!r}{named} as study {name!r}"
                   + ("" if added else " (already imported)"))
+        if loaded:
+            print(f"its search history: python -m zhantune.compare html=report.html study={loaded[0].path.name} "
+                  "(study= takes a study's name or a part only it has)")
     except UserError as e:
         user_error(e)
 

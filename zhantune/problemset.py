@@ -102,7 +102,10 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
         console.rule(f"[bold]problem {i}/{len(runs)}[/bold] {pr.run.problem.key} x{pr.row.get('count', 1)}"
                      + (f" ({share:.0%} of the model's GEMM time)" if share else "")
                      + f": {pr.n_trials} trials; {done}/{total} done overall")
-        pr.result = tune(pr.run, store, TuneProgress(console) if cfg.progress else None)
+        pr.result = tune(pr.run, store, TuneProgress(console, pr.run.space) if cfg.progress else None)
+        if pr.result.already_finished:
+            console.print(f"study {pr.result.study_name!r} is finished ({pr.result.before} of "
+                          f"{pr.result.target} trials measured): nothing to measure", highlight=False)
         if pr.result.transfer_text:
             console.print(pr.result.transfer_text)
         done += pr.n_trials
@@ -125,6 +128,7 @@ def print_problems_summary(console: Console, result: ProblemsResult) -> None:
     from rich.table import Table
 
     from zhantune.bench.conditions import ContentionCount
+    from zhantune.report.console import print_table
     from zhantune.storage.store import decision_us
 
     t = Table(title="problems")
@@ -137,10 +141,10 @@ def print_problems_summary(console: Console, result: ProblemsResult) -> None:
             continue
         d = decision_us(r.default) if r.default is not None and r.default.status == "ok" else None
         b = decision_us(r.best) if r.best is not None else None
-        t.add_row(pr.run.problem.key, str(pr.row.get("count", 1)), str(r.measured),
+        t.add_row(pr.run.problem.key, str(pr.row.get("count", 1)), str(r.done),
                   f"{d:,.1f}" if d else "-", f"{b:,.1f}" if b else "-", _claim_cell(r))
         contention += r.contention
-    console.print(t)
+    print_table(console, t)
     if contention.text():
         console.print(f"[yellow]warning: {contention.text()}[/yellow]")
     if result.table_path is not None:

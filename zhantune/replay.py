@@ -59,6 +59,14 @@ def table_candidates(table: dict, problems: dict[str, object], source: str,
 def _replay_app(cfg: DictConfig) -> None:
     mark_task_started()
     interrupt.install()
+    from zhantune.request import check_device_spec, check_file
+
+    try:  # before the heavy imports
+        check_file(cfg.table, "table")
+        check_device_spec(cfg.device)
+    except UserError as e:
+        user_error(e)
+        return
     from sqlalchemy import select
 
     from zhantune.bench.inductor import InductorBenchmarker

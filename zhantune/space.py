@@ -21,17 +21,21 @@ from rich.table import Table
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
 from zhantune.errors import UserError
+from zhantune.report.console import make_console, print_table
 
 __all__ = ["main", "preview"]
 
 register()
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="space_app")
 def _space_app(cfg: DictConfig) -> None:
     mark_task_started()
-    try:
-        preview(cfg, Console())
+    from zhantune.request import check_request
+
+    try:  # bad input is refused before torch and Inductor are imported
+        check_request(cfg)
+        preview(cfg, make_console())
     except UserError as e:
         user_error(e)
 
@@ -58,7 +62,7 @@ def preview(cfg: DictConfig, console: Console) -> None:
         total, feasible = sizes[b.name] if sizes else ("> 200000", "?")
         offer = "-" if offered is None or b.scope != "template" else ("yes" if b.template_id in offered else "no")
         t.add_row(b.name, b.scope, b.template_id or "-", str(total), str(feasible), offer)
-    console.print(t)
+    print_table(console, t)
     if profile:
         p = run.device.properties
         console.print(f"profile {profile}: {p['sm_count']} SMs, {p['smem_bytes']:,} B shared memory per block, "
@@ -76,7 +80,7 @@ def preview(cfg: DictConfig, console: Console) -> None:
             break
         cand = point[0].candidate(point[1])
         shown.add(cand.config_hash)
-        console.print(f"  {cand.describe()}")
+        console.print(f"  {cand.describe()}", soft_wrap=True, highlight=False)
 
 
 def main() -> None:

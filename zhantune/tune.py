@@ -29,7 +29,7 @@ from zhantune.bench.inductor import BACKEND_FLAGS, KERNEL_CACHE_PATCH, InductorB
 from zhantune.bench.isolated import CompilePool, IsolatedBenchmarker, WorkerSpec, default_compile_workers
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, ReplayProblem, load_kerneltuner
-from zhantune.config import CONF_DIR, check_bench
+from zhantune.config import CONF_DIR
 from zhantune.device import DeviceInfo, resolve_device
 from zhantune.errors import ConfigError, SpaceError, StorageError
 from zhantune.inductor.heuristics import (
@@ -42,7 +42,8 @@ from zhantune.inductor.heuristics import (
 from zhantune.inductor.knobs import config_knob_problem
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
-from zhantune.search.driver import DuplicateTrial, run_search
+from zhantune.request import check_request
+from zhantune.search.driver import BudgetSpent, DuplicateTrial, run_search
 from zhantune.search.samplers import make_sampler
 from zhantune.search.space import Branch, Candidate, Space, load_space
 from zhantune.search.study import open_study
@@ -50,7 +51,7 @@ from zhantune.storage import Store, check_url
 from zhantune.storage import models as orm
 from zhantune.storage.store import decision_us
 
-__all__ = ["RunSpec", "TuneResult", "Recorder", "resolve_run", "tune", "software_versions", "CONF_DIR"]
+__all__ = ["RunSpec", "TuneResult", "Recorder", "resolve_run", "tune", "study_budget", "software_versions", "CONF_DIR"]
 
 #: inductor config keys every candidate gets from zhantune itself (a space may not set them)
 _RESERVED_CONFIG_KEYS = {"freezing", "force_disable_caches", "max_autotune", "lookup_table.table", *KERNEL_CACHE_PATCH}
@@ -221,7 +222,7 @@ def cuda_offered_uids(problem: GemmProblem, device: DeviceInfo) -> frozenset[str
 def resolve_run(cfg: DictConfig, preview: bool = False) -> RunSpec:
     """Validate the composed config; raises a UserError subclass (exit code 2) on bad input.
     ``preview``: the dry run (python -m zhantune.space), which also takes ``device_profile=``."""
-    _check_search(cfg)
+    check_request(cfg)  # the command line's own checks (zhantune.request), again: a problems file's rows
     profile_name = cfg.get("device_profile")
     if profile_name and not preview:
         raise ConfigError(f"device_profile={profile_name} previews a GPU's search spaces in the dry run "
@@ -230,10 +231,6 @@ def resolve_run(cfg: DictConfig, preview: bool = False) -> RunSpec:
         if profile_name:
             raise ConfigError(f"device_profile={profile_name}: bench=replay takes its device from the file")
         return _resolve_replay(cfg)
-    if OmegaConf.is_missing(cfg, "op"):
-        raise ConfigError("no op given; use +op=<name> with a file from conf/op/ (mm, addmm, bmm, linear_act)")
-    if OmegaConf.is_missing(cfg, "shape"):
-        raise ConfigError(f"no shape given; use shape=[{','.join(cfg.op.dims)}]")
     shape = cfg.shape
     if isinstance(shape, ListConfig):
         shape = OmegaConf.to_container(shape)
@@ -282,34 +279,9 @@ def check_fits(problem: GemmProblem, device: DeviceInfo) -> None:
                           f"(inputs, output and the float64 reference); {device.name} has {have / 2**30:,.1f} GiB")
 
 
-def _check_search(cfg: DictConfig) -> None:
-    from zhantune.export import check_export_options
-
-    check_export_options(cfg.export, "export.")
-    s = cfg.search
-    if s.n_trials < 1:
-        raise ConfigError(f"search.n_trials={s.n_trials} must be at least 1")
-    if s.timeout_s is not None and s.timeout_s <= 0:
-        raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
-    from zhantune.search.transfer import TRANSFER_MODES
-
-    if s.transfer not in TRANSFER_MODES:
-        raise ConfigError(f"search.transfer={s.transfer!r}; allowed: {', '.join(TRANSFER_MODES)}")
-    workers = cfg.bench.get("compile_workers")
-    if workers is not None and workers < 0:
-        raise ConfigError(f"bench.compile_workers={workers} must be 0 (off), a positive count, or null "
-                          "(sized for the machine)")
-    check_bench(cfg.bench)
-
-
 def _resolve_replay(cfg: DictConfig) -> RunSpec:
     """bench=replay: problem, device and space all come from the Kernel Tuner file."""
-    if not cfg.bench.path:
-        raise ConfigError("bench=replay needs bench.path=FILE (a Kernel Tuner cache file, .json or .json.gz)")
-    if cfg.get("space"):
-        raise ConfigError("bench=replay takes its space from the file's tune_params; drop space=[...]")
-    replay = load_kerneltuner(cfg.bench.path)
-    check_url(cfg.storage.url)
+    replay = load_kerneltuner(cfg.bench.path)  # bench.path and space=[...] were checked (check_request)
     return RunSpec(replay.problem(), replay.device(), replay.space(), ["replay"], {}, cfg, replay)
 
 
@@ -351,6 +323,21 @@ class TuneResult:
     transfer: Any = None
     #: one line on what transfer did (or why it did nothing), for the summary; None: nothing to say
     transfer_text: str | None = None
+    #: the study's budget of measured trials (``search.n_trials``, or what it held plus
+    #: ``search.more_trials``) and how much of it earlier runs had used
+    target: int = 0
+    before: int = 0
+    #: the study had measured its budget (or every feasible point) before: nothing was run
+    already_finished: bool = False
+    #: every feasible point of the space is measured
+    exhausted: bool = False
+    #: the baselines came from the database (measured by an earlier run in this environment)
+    baselines_reused: bool = False
+
+    @property
+    def done(self) -> int:
+        """Measured trials of the study after this run (all runs and workers that used its budget)."""
+        return self.before + self.measured
 
 
 class Recorder:
@@ -396,12 +383,34 @@ class Recorder:
         return orm.Measurement(id=row_id, **fields)
 
 
+#: zt_study.status of a study that ended without an interrupt, and of one whose every feasible
+#: point is measured (more trials cannot measure anything new)
+FINISHED, EXHAUSTED = "finished", "exhausted"
+
+
+def study_budget(run: RunSpec, store: Store) -> tuple[Any, int, int]:
+    """(the study's row or None, trials it has used, its budget): ``search.n_trials`` is the
+    study's total over all runs; ``search.more_trials=N`` makes it what the study holds plus N."""
+    row = store.study(run.study_name)
+    used = store.trials_used(row.id) if row is not None else 0
+    more = run.cfg.search.get("more_trials")
+    return row, used, (used + more if more is not None else run.cfg.search.n_trials)
+
+
 def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
-    """Baselines first, then the Optuna study until ``search.n_trials`` candidates were measured.
+    """Baselines first, then the Optuna study until it holds ``search.n_trials`` measured
+    candidates (all runs together: a rerun measures only what is missing).
 
     Infeasible points (a constraint fails) and cache hits (same candidate, device, problem and
     software versions already measured) do not use the budget. Every trial is committed when it ends.
+    A study that ended with its budget measured (or its space exhausted) is not run again: the result
+    has ``already_finished`` set and nothing is measured or started. A resumed study re-uses the
+    baselines it stored in this environment (Store.stored_baselines) unless
+    ``bench.remeasure_baselines``.
     """
+    row, used, target = study_budget(run, store)
+    if row is not None and row.status in (FINISHED, EXHAUSTED) and (used >= target or row.status == EXHAUSTED):
+        return _finished_result(run, store, row, used, target)
     sampler = make_sampler(OmegaConf.to_container(run.cfg.search.sampler, resolve=True))
     n_compile = run.compile_workers()
     # compile ahead: one kernel cache for this tune, shared by the timing and compile workers
@@ -409,7 +418,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     bench = run.benchmarker(cache_dir)
     pool = run.compile_pool(n_compile, cache_dir) if cache_dir else None
     try:
-        return _tune(run, store, bench, sampler, progress, pool)
+        return _tune(run, store, bench, sampler, progress, pool, target)
     finally:
         for part in (pool, bench):
             close = getattr(part, "close", None)
@@ -419,25 +428,49 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
             shutil.rmtree(cache_dir, ignore_errors=True)
 
 
+def _finished_result(run: RunSpec, store: Store, row: Any, used: int, target: int) -> TuneResult:
+    """The result of a study that has nothing left to measure, from the database alone."""
+    versions = software_versions()
+    dev = next((d for d in store.devices() if d.key == run.device.key), None)
+    stored = (store.stored_baselines(row.id, dev.id, run.problem.key, versions["torch"], versions["triton"])
+              if dev is not None else {})
+    best = next((m for _, p, m in store.best_candidates(run.device.key) if p.key == run.problem.key), None)
+    return TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), best,
+                      default_unfrozen=stored.get("default_unfrozen"), target=target, before=used,
+                      already_finished=True, exhausted=row.status == EXHAUSTED, baselines_reused=bool(stored))
+
+
 def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseSampler,
-          progress: Any, pool: CompilePool | None = None) -> TuneResult:
+          progress: Any, pool: CompilePool | None = None, target: int | None = None) -> TuneResult:
     cfg, problem, device = run.cfg, run.problem, run.device
+    target = cfg.search.n_trials if target is None else target
 
     device_id = store.device_id(device.key, device.name, device.kind, device.properties)
     config_dump = OmegaConf.to_container(cfg, resolve=True)
     study_id = store.study_id(run.study_name, config_dump)
+    before = store.trials_used(study_id)
 
-    # baselines (eager and Inductor's default; the default compile also records the lookup key)
-    baselines = bench.baselines()
-    fields = problem.row_fields()
-    lookup = getattr(bench, "lookup", None)  # replay has none
-    if lookup is not None:  # the op Inductor looked the GEMM up with (linear_act on a GPU: mm)
-        fields["lookup_op"] = lookup.op_name
-    problem_id = store.problem_id(problem.key, lookup_key=bench.lookup_key, **fields)
+    # baselines (eager and Inductor's default; the default compile also records the lookup key):
+    # a resumed study re-uses the ones it stored with this device, torch and triton
+    versions = software_versions()
+    stored = {} if cfg.bench.remeasure_baselines or run.replay is not None else store.stored_baselines(
+        study_id, device_id, problem.key, versions["torch"], versions["triton"])
+    if stored:
+        problem_id = stored["eager"].problem_id
+        if any(b.scope == "template" for b in run.space.branches):
+            bench.record_lookup()  # untimed: template candidates are served under the key it records
+    else:
+        baselines = bench.baselines()
+        fields = problem.row_fields()
+        lookup = getattr(bench, "lookup", None)  # replay has none
+        if lookup is not None:  # the op Inductor looked the GEMM up with (linear_act on a GPU: mm)
+            fields["lookup_op"] = lookup.op_name
+        problem_id = store.problem_id(problem.key, lookup_key=bench.lookup_key, **fields)
     rec = Recorder(store, problem, study_id, device_id, problem_id, None if run.replay is not None else device)
-    rows = {kind: rec.add(meas, kind) for kind, meas in baselines}
+    rows = stored or {kind: rec.add(meas, kind) for kind, meas in baselines}
     result = TuneResult(run.study_name, study_id, rows.get("eager"), rows.get("default"), None,
-                        default_unfrozen=rows.get("default_unfrozen"))
+                        default_unfrozen=rows.get("default_unfrozen"), target=target, before=before,
+                        baselines_reused=bool(stored))
     if pool is not None:
         pool.lookup = bench.lookup  # template candidates are served under the recorded key
         # no compile shares the cores (CPU) or the GPU (a compile worker runs its candidate once to
@@ -478,18 +511,24 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
             progress.update(result, cand, meas)
         return row.median_us if meas.ok else None
 
+    def claim(cand: Candidate, trial_number: int) -> bool:
+        got = store.claim(study_id, cand.config_hash, trial_number, budget=target)
+        if got is None:  # the workers sharing this study measured its budget
+            raise BudgetSpent
+        return got
+
     if progress is not None:
-        progress.start(cfg.search.n_trials)
+        progress.start(target, before)
     try:
-        stats = run_search(study, run.space, run.problem_vars, measure, n_trials=cfg.search.n_trials,
-                           cached=cached, claim=lambda c, n: store.claim(study_id, c.config_hash, n),
+        stats = run_search(study, run.space, run.problem_vars, measure, n_trials=max(0, target - before),
+                           cached=cached, claim=claim,
                            release=lambda c: store.release(study_id, c.config_hash), timeout_s=cfg.search.timeout_s,
                            seed=cfg.search.seed, prepare=pool.submit if pool is not None else None,
                            lookahead=pool.size if pool is not None else 0)
     finally:
         if progress is not None:
             progress.stop()
-    result.infeasible, result.interrupted = stats.infeasible, stats.interrupted
+    result.infeasible, result.interrupted, result.exhausted = stats.infeasible, stats.interrupted, stats.exhausted
     if result.transfer is not None:
         result.transfer_text = _transfer_text(result.transfer, sampler)
     if not result.interrupted and run.replay is None:
@@ -499,7 +538,7 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
             settle_speedup(run, store, bench, bench.measure_default, rec, problem_id, result)
         except KeyboardInterrupt:  # Ctrl-C / SIGTERM while re-measuring: the study itself is complete
             result.interrupted = True
-    store.finish_study(study_id, "interrupted" if result.interrupted else "finished")
+    store.finish_study(study_id, "interrupted" if result.interrupted else EXHAUSTED if result.exhausted else FINISHED)
     result.contention = contention_count(store.timed_conditions(study_id))
     result.best = _best_for_problem(store, device.key, problem_id)
     result.same_kernel_as_default = result.best is not None and _is_default_kernel(result.best)

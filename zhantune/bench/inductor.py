@@ -179,6 +179,15 @@ class InductorBenchmarker:
             self.lookup = m.lookup
         return m
 
+    def record_lookup(self) -> Measurement:
+        """Compile Inductor's default once, untimed, only to record the problem's GEMM lookup (a
+        resumed study that re-uses its stored baselines: template candidates are served under the
+        key it records). ``ok`` without a timing, or the compile's failure."""
+        m = self._run(self.base_patch(), table=None, expect=None, time_it=False)
+        if m.lookup is not None:
+            self.lookup = m.lookup
+        return m
+
     def measure_default(self) -> Measurement:
         """Inductor's default compile again (zhantune.tune.settle_speedup re-measures it)."""
         return self.inductor_default()

@@ -120,6 +120,8 @@ def _worker_main(conn: Any, spec: WorkerSpec) -> None:
             conn.send(("result", (result, getattr(bench, "lookup", None))))
         elif request[0] == "default":
             conn.send(("result", bench.measure_default()))
+        elif request[0] == "lookup":
+            conn.send(("result", (bench.record_lookup(), bench.lookup)))
         elif request[0] == "measure":
             _apply_test_fault(request[1])
             conn.send(("result", bench.measure(request[1])))
@@ -271,6 +273,14 @@ class IsolatedBenchmarker:
             return [("default", Measurement(kind, error_text=payload))]
         baselines, self.lookup = payload
         return baselines
+
+    def record_lookup(self) -> Measurement:
+        """InductorBenchmarker.record_lookup in the worker; keeps the lookup it recorded."""
+        kind, payload = self._request(("lookup",))
+        if kind != "result":
+            return Measurement(kind, error_text=payload)
+        meas, self.lookup = payload
+        return meas
 
     def measure_default(self) -> Measurement:
         kind, payload = self._request(("default",))

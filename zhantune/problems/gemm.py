@@ -13,30 +13,17 @@ from dataclasses import dataclass
 
 import torch
 
-from zhantune.errors import ConfigError
+from zhantune.request import ACTIVATIONS, DTYPE_NAMES, OPS, WEIGHT_LAYOUTS, check_problem
 
-__all__ = ["DTYPES", "OPS", "GemmProblem", "GemmModule"]
+__all__ = ["DTYPES", "OPS", "ACTIVATIONS", "WEIGHT_LAYOUTS", "GemmProblem", "GemmModule"]
 
-#: dtype names accepted on the command line -> torch dtypes
+#: dtype names accepted on the command line (zhantune.request.DTYPE_NAMES) -> torch dtypes
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-
-#: how the second operand is stored: "kn" is W [K, N] row-major (x @ W); "nk" is W [N, K] used as
-#: W.t(), the layout of torch.nn.Linear's weight (its lookup key has strides [1, K])
-WEIGHT_LAYOUTS = ("kn", "nk")
-
-#: op name -> dimension names of its ``shape``
-OPS: dict[str, tuple[str, ...]] = {
-    "mm": ("M", "N", "K"),
-    "addmm": ("M", "N", "K"),
-    "bmm": ("B", "M", "N", "K"),
-    "linear_act": ("M", "N", "K"),
-}
-
-ACTIVATIONS = ("relu", "gelu")
+assert tuple(DTYPES) == DTYPE_NAMES  # one list of names, checked before torch is imported
 
 
 class GemmModule(torch.nn.Module):
@@ -85,37 +72,9 @@ class GemmProblem:
     @classmethod
     def from_config(cls, op: str, shape: object, dtype: str, activation: str | None = None,
                     source: str = "shape", weight_layout: str = "kn") -> GemmProblem:
-        """Validate user input (``shape`` as given on the CLI) and build the problem."""
-        if op not in OPS:
-            raise ConfigError(f"unknown op {op!r} (from +op); allowed: {', '.join(sorted(OPS))}")
-        if weight_layout not in WEIGHT_LAYOUTS or (op == "bmm" and weight_layout != "kn"):
-            allowed = "kn" if op == "bmm" else " | ".join(WEIGHT_LAYOUTS)
-            raise ConfigError(f"weight_layout={weight_layout!r} for op {op}; allowed: {allowed}")
-        dims = OPS[op]
-        if dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype {dtype!r} (from dtype); allowed: {', '.join(DTYPES)}")
-        if not isinstance(shape, (list, tuple)) or len(shape) != len(dims):
-            raise ConfigError(
-                f"{source}={_show(shape)} does not fit op {op}: expected {len(dims)} positive integers "
-                f"[{','.join(dims)}]"
-            )
-        sizes = []
-        for name, v in zip(dims, shape, strict=True):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ConfigError(
-                    f"{source}={_show(shape)}: {name}={v!r} is not an integer; expected [{','.join(dims)}] "
-                    "of positive integers"
-                )
-            if v <= 0:
-                raise ConfigError(f"{source}={_show(shape)}: {name}={v} must be a positive integer")
-            sizes.append(v)
-        if op == "linear_act":
-            if activation not in ACTIVATIONS:
-                raise ConfigError(
-                    f"op linear_act needs op.activation in {list(ACTIVATIONS)}, got {activation!r}"
-                )
-        else:
-            activation = None
+        """Validate user input (``shape`` as given on the CLI; zhantune.request.check_problem) and
+        build the problem."""
+        sizes, activation = check_problem(op, shape, dtype, activation, source, weight_layout)
         return cls(op=op, shape=tuple(sizes), dtype=dtype, activation=activation, weight_layout=weight_layout)
 
     # -- identity ----------------------------------------------------------------------------
@@ -219,9 +178,3 @@ class GemmProblem:
         )
         with torch.no_grad():
             return ref(*(t.double() for t in inputs))
-
-
-def _show(v: object) -> str:
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(str(x) for x in v) + "]"
-    return repr(v)

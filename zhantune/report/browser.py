@@ -12,7 +12,7 @@ import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
 
-__all__ = ["chromium_path", "render_dom", "screenshot", "rendered_charts"]
+__all__ = ["chromium_path", "render_dom", "screenshot", "rendered_charts", "chart_status"]
 
 _FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
           "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -44,23 +44,40 @@ def screenshot(html_path: str | Path, png_path: str | Path, width: int = 1400, h
     return out
 
 
+#: class names of the SVG groups Plotly draws a chart's data into (a scatter, a bar trace, a heatmap)
+_DATA_CLASSES = {"trace", "hm"}
+
+
 class _ChartFinder(HTMLParser):
-    def __init__(self, ids: tuple[str, ...]):
+    def __init__(self, ids: tuple[str, ...] | None):
         super().__init__()
-        self.ids = set(ids)
+        self.ids = set(ids) if ids is not None else None
+        self.seen: set[str] = set()
         self.rendered: set[str] = set()
+        self.with_data: set[str] = set()
         self._open: list[str | None] = []  # chart id of each open div, innermost last
         self._inside: str | None = None
+
+    def _is_chart(self, a: dict) -> bool:
+        if self.ids is not None:
+            return a.get("id") in self.ids
+        return "plotly-graph-div" in (a.get("class") or "").split() and bool(a.get("id"))
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         if tag == "div":
-            cid = a.get("id") if a.get("id") in self.ids else None
+            cid = a.get("id") if self._is_chart(a) else None
             if cid is not None:
                 self._inside = cid
+                self.seen.add(cid)
             self._open.append(cid)
-        if tag == "svg" and self._inside and "main-svg" in (a.get("class") or ""):
+        if self._inside is None:
+            return
+        classes = set((a.get("class") or "").split())
+        if tag == "svg" and "main-svg" in classes:
             self.rendered.add(self._inside)
+        if tag == "g" and classes & _DATA_CLASSES:
+            self.with_data.add(self._inside)
 
     def handle_endtag(self, tag):
         if tag == "div" and self._open:
@@ -73,3 +90,14 @@ def rendered_charts(dom: str, ids: tuple[str, ...]) -> set[str]:
     finder = _ChartFinder(ids)
     finder.feed(dom)
     return finder.rendered
+
+
+def chart_status(dom: str, ids: tuple[str, ...] | list[str] | None = None) -> dict[str, str]:
+    """Per chart: ``drawn`` (a Plotly SVG with at least one trace or heatmap in it), ``empty`` (an
+    SVG without data: axes and a title only) or ``missing`` (no SVG). ``ids``: the charts expected
+    (None: every Plotly chart div in ``dom``)."""
+    finder = _ChartFinder(tuple(ids) if ids is not None else None)
+    finder.feed(dom)
+    names = list(ids) if ids is not None else sorted(finder.seen)
+    return {c: "drawn" if c in finder.with_data and c in finder.rendered else "empty" if c in finder.rendered
+            else "missing" for c in names}

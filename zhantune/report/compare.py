@@ -31,7 +31,7 @@ __all__ = ["Choice", "ProblemComparison", "Comparison", "compare", "CompareError
 
 
 class CompareError(UserError):
-    """Nothing (or not enough) to compare: an empty database, one device, an unknown device."""
+    """Nothing (or not enough) to compare: an empty database, an unknown device, no shared problem."""
 
 
 @dataclass(frozen=True)
@@ -99,17 +99,15 @@ def _pick_devices(store: Store, wanted: list[str] | None) -> list[m.Device]:
             raise CompareError(f"unknown device {unknown[0]!r} (from devices); allowed: "
                                f"{', '.join(repr(d.key) for d in devices)}")
         devices = list({by_name[w].id: by_name[w] for w in wanted}.values())
-    if len(devices) < 2:
-        raise CompareError(f"compare needs at least two devices; found only {devices[0].key!r} "
-                           f"in {store.url}" + (" (after devices=...)" if wanted else ""))
     return devices
 
 
 def compare(store: Store, devices: list[str] | None = None) -> Comparison:
-    """Compare the devices (keys or names; None: all) over every problem measured on two or more.
+    """Compare the devices (keys or names; None: all) over every problem measured on two or more;
+    with one device, over every problem measured on it (its winners; every regret is 1).
 
-    Raises CompareError (exit code 2) for an empty database, fewer than two devices, an unknown
-    device, or no problem measured on two of them.
+    Raises CompareError (exit code 2) for an empty database, an unknown device, or no problem
+    measured on two of the devices (on the device, for one).
     """
     devs = _pick_devices(store, devices)
     ids = {d.id: d.key for d in devs}
@@ -153,11 +151,12 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
     out = []
     for pid in sorted(time, key=lambda i: problems[i].key):
         per_dev = {d: t for d, t in time[pid].items() if t}
-        if len(per_dev) < 2:
+        if len(per_dev) < min(2, len(devs)):
             continue
         out.append(_compare_problem(problems[pid], per_dev, failed[pid], configs, default_us.get(pid, {})))
     if not out:
-        raise CompareError(f"no problem was measured on two of the devices {', '.join(repr(d.key) for d in devs)}")
+        raise CompareError(f"no problem was measured on two of the devices {', '.join(repr(d.key) for d in devs)}"
+                           if len(devs) > 1 else f"no correct measurement on {devs[0].key!r} in {store.url}")
     keys = [d.key for d in devs]
     matrix: dict[tuple[str, str], float | None] = {}
     for a in keys:

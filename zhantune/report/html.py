@@ -1,8 +1,11 @@
 """A self-contained HTML report (Plotly, with plotly.js inlined once): no network needed to open it.
 
-Charts: the device x device regret heatmap; per problem and device, the speedup of the best config
-over Inductor's default (where the default was measured); best time against problem size (FLOPs);
-and, for a chosen Optuna study, its optimisation history and parameter importances.
+Per problem, the configurations: each device's best config and the portable choice, every
+parameter in full. Charts, each only where it has data: the device x device regret heatmap (two
+devices or more); per problem and device, the speedup of the best config over Inductor's default
+(where the default was measured); best time against problem size (FLOPs); and, for a chosen study,
+its optimisation history and parameter importances. The charts the report holds are listed in
+``<meta name="zhantune-charts">`` (scripts/render_report.py checks that each drew data).
 """
 
 from __future__ import annotations
@@ -14,15 +17,17 @@ from pathlib import Path
 import optuna
 import plotly.graph_objects as go
 
-from zhantune.report.compare import Comparison
+from zhantune.report.compare import Choice, Comparison
 
-__all__ = ["write_html_report", "CHART_IDS"]
+__all__ = ["write_html_report", "CHART_IDS", "charts_in"]
 
-#: element id of each chart (a test checks they render)
+#: element id of each chart a report can hold, in the report's order
 CHART_IDS = ("regret-heatmap", "speedup-over-default", "best-time-vs-size", "optuna-history", "optuna-importance")
 
 
-def _regret_heatmap(cmp: Comparison) -> go.Figure:
+def _regret_heatmap(cmp: Comparison) -> go.Figure | None:
+    if len(cmp.devices) < 2:
+        return None  # one device: no cross-device regret
     z = [[cmp.matrix[(a, b)] for b in cmp.devices] for a in cmp.devices]
     text = [["-" if v is None else ("fails" if math.isinf(v) else f"{v:.3f}x") for v in row] for row in z]
     zz = [[None if v is None or math.isinf(v) else v for v in row] for row in z]
@@ -33,63 +38,128 @@ def _regret_heatmap(cmp: Comparison) -> go.Figure:
     return fig
 
 
-def _speedup(cmp: Comparison) -> go.Figure:
+def _speedup(cmp: Comparison) -> go.Figure | None:
     fig = go.Figure()
     for d in cmp.devices:
         probs = [p for p in cmp.problems if d in p.default_us and d in p.best_us]
         if probs:
             fig.add_bar(name=d, x=[p.problem_key for p in probs], y=[p.default_us[d] / p.best_us[d] for p in probs])
-    title = "Speedup of the best config over Inductor's default"
     if not fig.data:
-        title += " (no Inductor default measured for these problems: imported or replayed data)"
-    fig.update_layout(title=title, yaxis_title="speedup (x)", barmode="group", height=420)
+        return None  # no Inductor default measured (imported or replayed data)
+    fig.update_layout(title="Speedup of the best config over Inductor's default", yaxis_title="speedup (x)",
+                      barmode="group", height=420)
     return fig
 
 
-def _best_vs_size(cmp: Comparison) -> go.Figure:
+def _best_vs_size(cmp: Comparison) -> go.Figure | None:
     fig = go.Figure()
     for d in cmp.devices:
         probs = [p for p in cmp.problems if d in p.best_us]
-        fig.add_scatter(name=d, mode="markers", x=[p.flops or None for p in probs],
-                        y=[p.best_us[d] for p in probs], text=[p.problem_key for p in probs])
+        if probs:
+            fig.add_scatter(name=d, mode="markers", x=[p.flops or None for p in probs],
+                            y=[p.best_us[d] for p in probs], text=[p.problem_key for p in probs])
+    if not fig.data:
+        return None
     fig.update_layout(title="Best time against problem size", xaxis_title="FLOPs per run", xaxis_type="log",
-                      yaxis_title="best median time (us)", yaxis_type="log", height=420)
+                      yaxis_title="best time (us)", yaxis_type="log", height=420)
     return fig
 
 
-def _optuna_figures(study: optuna.Study | None) -> list[go.Figure]:
+def _optuna_figures(study: optuna.Study | None) -> tuple[go.Figure | None, go.Figure | None, str | None]:
+    """(history, importances, why importances are missing)."""
     if study is None:
-        note = go.Figure().update_layout(title="No Optuna study chosen (compare.study=NAME)", height=200)
-        return [note, go.Figure().update_layout(title="No Optuna study chosen", height=200)]
+        return None, None, None
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not done:
+        return None, None, f"study {study.study_name}: no completed trial"
     history = optuna.visualization.plot_optimization_history(study)
-    history.update_layout(title=f"Optimisation history: {study.study_name}", height=420)
+    history.update_layout(title=f"Optimisation history: {study.study_name}", yaxis_title="time (us)", height=420)
     try:
         importance = optuna.visualization.plot_param_importances(study)
         importance.update_layout(title=f"Parameter importances: {study.study_name}", height=420)
     except (RuntimeError, ValueError) as e:  # too few completed trials, or a single parameter
-        importance = go.Figure().update_layout(title=f"Parameter importances unavailable: {e}", height=200)
-    return [history, importance]
+        return history, None, f"parameter importances of {study.study_name} unavailable: {e}"
+    if not importance.data:
+        return history, None, f"parameter importances of {study.study_name}: no parameter varies"
+    return history, importance, None
 
 
-def write_html_report(path: str | Path, cmp: Comparison, study: optuna.Study | None = None) -> Path:
-    """Write the report; plotly.js is embedded once so the file opens offline."""
-    figures = [_regret_heatmap(cmp), _speedup(cmp), _best_vs_size(cmp), *_optuna_figures(study)]
+def _params(c: Choice | None) -> str:
+    if c is None:
+        return "-"
+    return " ".join(f"{k}={v}" for k, v in sorted(c.params.items()))
+
+
+def _configs_table(cmp: Comparison) -> str:
+    """Per problem: each device's best config (time, worst regret elsewhere) and the portable choices."""
+    e = html.escape
     parts = []
-    for i, (chart_id, fig) in enumerate(zip(CHART_IDS, figures, strict=True)):
-        parts.append(fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False, div_id=chart_id))
-    rows = "".join(
-        f"<tr><td>{html.escape(p.problem_key)}</td><td>{html.escape(', '.join(sorted(p.best_us)))}</td>"
-        f"<td>{p.disagreement:.3f}x</td><td>{'-' if p.portable is None else f'{p.portable.worst_regret:.3f}x'}</td></tr>"
-        for p in cmp.problems)
-    devices = ", ".join(f"{html.escape(d)} ({html.escape(cmp.device_names[d])})" for d in cmp.devices)
+    for p in cmp.problems:
+        rows = []
+        for d in cmp.devices:
+            if d not in p.best_us:
+                continue
+            w = p.winner[d]
+            elsewhere = [r for other, r in w.regret.items() if other != d]
+            worst = "-" if not elsewhere else ("fails" if math.isinf(max(elsewhere)) else f"{max(elsewhere):.3f}x")
+            rows.append(f"<tr><td>best on {e(d)}</td><td>{p.best_us[d]:,.1f}</td><td>{worst}</td>"
+                        f"<td>{e(w.template_id or '-')}</td><td class=\"config\">{e(_params(w))}</td></tr>")
+        for label, c in (("portable (min worst regret)", p.portable), ("portable (min geomean regret)",
+                                                                       p.portable_geomean)):
+            if len(cmp.devices) < 2:
+                break  # one device: its best is the portable choice
+            if c is None:
+                rows.append(f"<tr><td>{label}</td><td colspan=\"4\">no config was measured correct on every "
+                            "device</td></tr>")
+                continue
+            worst = "fails" if math.isinf(c.worst_regret) else f"{c.worst_regret:.3f}x"
+            rows.append(f"<tr><td>{label}</td><td>-</td><td>{worst}</td><td>{e(c.template_id or '-')}</td>"
+                        f"<td class=\"config\">{e(_params(c))}</td></tr>")
+        parts.append(f"<h3>{e(p.problem_key)}</h3><p>largest regret between devices: {p.disagreement:.3f}x</p>"
+                     "<table><tr><th>config</th><th>best us</th><th>worst regret elsewhere</th>"
+                     f"<th>template_id</th><th>parameters</th></tr>{''.join(rows)}</table>")
+    return "".join(parts)
+
+
+def write_html_report(path: str | Path, cmp: Comparison, study: optuna.Study | None = None,
+                      studies: list[str] | None = None) -> Path:
+    """Write the report; plotly.js is embedded once so the file opens offline. ``studies``: the
+    study names the database holds (listed when no study was chosen)."""
+    history, importance, note = _optuna_figures(study)
+    figures = dict(zip(CHART_IDS, (_regret_heatmap(cmp), _speedup(cmp), _best_vs_size(cmp), history, importance),
+                       strict=True))
+    charts = [(cid, fig) for cid, fig in figures.items() if fig is not None]
+    parts = [fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False, div_id=cid)
+             for i, (cid, fig) in enumerate(charts)]
+    e = html.escape
+    notes = []
+    if figures["speedup-over-default"] is None:
+        notes.append("No speedup chart: no Inductor default was measured for these problems (imported or "
+                     "replayed data).")
+    if study is None:
+        notes.append("No optimisation history: choose a study with study=NAME"
+                     + (f" (this database: {', '.join(e(s) for s in studies)})." if studies else "."))
+    if note:
+        notes.append(e(note) + ".")
+    devices = ", ".join(f"{e(d)} ({e(cmp.device_names[d])})" for d in cmp.devices)
     doc = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>zhantune compare</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px}}</style></head>
+<meta name="zhantune-charts" content="{' '.join(cid for cid, _ in charts)}">
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin-bottom:1em}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}} td.config{{font-family:monospace}}</style></head>
 <body><h1>zhantune: configs across devices</h1><p>Devices: {devices}</p>
-<table><tr><th>problem</th><th>devices</th><th>largest regret</th><th>portable choice, worst regret</th></tr>{rows}</table>
+<h2>Configurations</h2>{_configs_table(cmp)}
+{''.join(f'<p class="note">{n}</p>' for n in notes)}
 {''.join(parts)}
 </body></html>"""
     out = Path(path)
     out.write_text(doc, encoding="utf-8")
     return out
+
+
+def charts_in(html_text: str) -> list[str]:
+    """The chart ids a report says it holds (its ``zhantune-charts`` meta element)."""
+    import re
+
+    m = re.search(r'<meta name="zhantune-charts" content="([^"]*)">', html_text)
+    return m.group(1).split() if m else []

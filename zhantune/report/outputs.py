@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zhantune.report.compare import Choice, Comparison
+from zhantune.report.console import compact, print_table
 
 __all__ = ["print_comparison", "comparison_records", "write_csv", "write_json"]
 
@@ -22,52 +23,63 @@ def _x(v: float | None) -> str:
     return "fails" if math.isinf(v) else f"{v:.3f}x"
 
 
-def _params(c: Choice | None, keys: set[str] | None = None) -> str:
-    if c is None:
-        return "-"
-    return ", ".join(f"{k}={v}" for k, v in sorted(c.params.items()) if keys is None or k in keys)
+def _params(c: Choice | None) -> str:
+    return "-" if c is None else compact(c.params)
 
 
-def _differing(choices: list[Choice]) -> set[str]:
-    """Param names whose values differ between the choices (all of them when there is one)."""
+def _differing(choices: list[Choice]) -> list[str]:
+    """Param names whose values differ between the choices (none when there is one)."""
     names = set().union(*(c.params for c in choices))
-    if len(choices) < 2:
-        return names
-    return {k for k in names if len({repr(c.params.get(k)) for c in choices}) > 1}
+    return sorted(k for k in names if len({repr(c.params.get(k)) for c in choices}) > 1)
 
 
 def print_comparison(console: Console, cmp: Comparison, top: int = 5) -> None:
-    """Per problem: each device's best, its winner's regret elsewhere, the portable choice; the matrix."""
+    """Per problem: each device's best time and its winner's regret elsewhere (a table), each
+    winner's config in full and the portable choice (lines of compact ``k=v``); then the matrix.
+    Off a terminal a table is as wide as its cells and a config line is never wrapped or cut."""
+    several = len(cmp.devices) > 1
     for p in cmp.problems:
         t = Table(title=f"{p.problem_key}")
         t.add_column("device")
         t.add_column("best us", justify="right")
-        for d in cmp.devices:
-            t.add_column(f"winner on {d}", justify="right")
-        t.add_column("winner config (params that differ)")
-        keys = _differing(list(p.winner.values()))
+        if several:
+            for d in cmp.devices:
+                t.add_column(f"winner on {d}", justify="right")
         for a in cmp.devices:
             if a not in p.best_us:
                 continue
-            row = [a, f"{p.best_us[a]:,.1f}"] + [_x(p.regret.get((a, b))) for b in cmp.devices]
-            t.add_row(*row, _params(p.winner[a], keys))
-        console.print(t)
+            row = [a, f"{p.best_us[a]:,.1f}"] + ([_x(p.regret.get((a, b))) for b in cmp.devices] if several else [])
+            t.add_row(*row)
+        print_table(console, t)
+        for a in cmp.devices:
+            if a in p.winner:
+                console.print(f"winner of {a}: {_params(p.winner[a])}", soft_wrap=True, highlight=False)
+        if several:
+            differ = _differing(list(p.winner.values()))
+            console.print("params that differ between the winners: " + (", ".join(differ) or "none"),
+                          soft_wrap=True, highlight=False)
+        else:
+            console.print("one device: no cross-device regret (python -m zhantune.compare "
+                          "html=report.html study=NAME draws a study's search history)")
+            continue
         for label, c in (("portable (min worst regret)", p.portable), ("portable (min geomean regret)", p.portable_geomean)):
             if c is None:
                 console.print(f"{label}: no config was measured correct on every device")
             else:
                 regrets = ", ".join(f"{d} {_x(r)}" for d, r in c.regret.items())
                 console.print(f"{label}: worst {_x(c.worst_regret)}, geomean {_x(c.geomean_regret)} "
-                              f"({regrets}) {{{_params(c)}}}")
+                              f"({regrets}) {_params(c)}", soft_wrap=True, highlight=False)
+    if not several:
+        return
     m = Table(title="geometric-mean regret: winners of (row) run on (column)")
     m.add_column("winners of")
     for d in cmp.devices:
         m.add_column(d, justify="right")
     for a in cmp.devices:
         m.add_row(a, *[_x(cmp.matrix[(a, b)]) for b in cmp.devices])
-    console.print(m)
+    print_table(console, m)
     console.print("most disagreement: " + "; ".join(f"{p.problem_key} {_x(p.disagreement)}"
-                                                     for p in cmp.most_disagreeing(top)))
+                                                     for p in cmp.most_disagreeing(top)), highlight=False)
 
 
 def comparison_records(cmp: Comparison) -> list[dict[str, Any]]:

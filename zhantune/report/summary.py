@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from zhantune.report.console import compact
+
 __all__ = ["TuneProgress", "print_summary"]
 
 
@@ -16,20 +18,23 @@ def _us(v: float | None) -> str:
 
 
 class TuneProgress:
-    """Trial n/N, best so far (us) and counts by status."""
+    """Trial n/N of the study (all runs: a resumed study goes on from what it holds), best so far
+    (us) and counts by status; one line per measured trial, in a terminal above the bar."""
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, space: Any = None):
+        """``space``: the run's Space; a trial line then leaves out each branch's fixed params."""
         self.console = console
+        self._fixed = {b.name: set(b.fixed) for b in space.branches} if space is not None else {}
         self._progress: Progress | None = None
         self._task: Any = None
 
-    def start(self, total: int) -> None:
+    def start(self, total: int, completed: int = 0) -> None:
         self._progress = Progress(
             TextColumn("[bold]trial"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
             TextColumn("{task.description}"), console=self.console, transient=False,
         )
         self._progress.start()
-        self._task = self._progress.add_task("", total=total)
+        self._task = self._progress.add_task("", total=total, completed=completed)
 
     def update(self, result: Any, candidate: Any, meas: Any) -> None:
         assert self._progress is not None
@@ -37,12 +42,17 @@ class TuneProgress:
         from zhantune.storage.store import decision_us
 
         best = decision_us(result.best) if result.best is not None else None  # the ranking's statistic
-        self._progress.update(self._task, completed=result.measured,
+        done = getattr(result, "done", result.measured)
+        self._progress.update(self._task, completed=done,
                               description=f"best {_us(best)} us | {counts} | cached={result.cached} "
                                           f"infeasible={result.infeasible}")
-        self.console.log(f"trial {result.measured}: {candidate.describe()} -> {meas.status}"
-                         + (f" {meas.timing.median_us:,.1f} us" if meas.timing else "")
-                         + (f" ({meas.error_text})" if meas.error_text and not meas.ok else ""))
+        total = self._progress.tasks[0].total
+        line = (f"trial {done}/{total:.0f} {meas.status}"
+                + (f" {meas.timing.median_us:,.1f} us" if meas.timing else "")
+                + f" {candidate.branch}"
+                + (f" {compact(candidate.params, self._fixed.get(candidate.branch, ()))}" if candidate.params else "")
+                + (f" ({meas.error_text})" if meas.error_text and not meas.ok else ""))
+        self.console.print(line.rstrip(), soft_wrap=True, highlight=False, markup=False)
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -71,14 +81,24 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     unfrozen = getattr(result, "default_unfrozen", None)
     rows = [(label, r) for label, r in (("eager", result.eager), ("inductor default", result.default),
                                         ("inductor default, no freezing", unfrozen)) if r is not None]
+    # the claim is about the best config a table can carry (result.claimed; the best unless that one
+    # is a compile-wide setting, result.not_carried)
+    claimed = getattr(result, "claimed", None) or result.best
     if result.best is not None:
         rows.append((f"best candidate: {result.best.branch}", result.best))
+        if claimed is not None and claimed.id != result.best.id:
+            rows.append((f"best in the table: {claimed.branch}", claimed))
+        else:
+            claimed = result.best
     same_kernel = getattr(result, "same_kernel_as_default", False)
     claim = getattr(result, "claim", None)
     for label, r in rows:
         mine = decision_us(r) if r.status == "ok" else None
         speed = f"{default_us / mine:.2f}x" if default_us and mine else "-"
-        if r is result.best and speed != "-":
+        is_claimed = claimed is not None and r.kind != "default" and r.id == claimed.id
+        if not is_claimed and r is result.best and speed != "-":
+            speed += " (unconfirmed)"  # not in the table, not paired against the default
+        elif is_claimed and speed != "-":
             if same_kernel:
                 speed += " (noise)"  # the default compile runs this very kernel
             elif claim is not None and claim.ratio is not None:
@@ -87,25 +107,24 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
                 speed += " (unconfirmed)"
         tflops = f"{r.tflops:.3f}" if r.tflops is not None else "-"
         t.add_row(label, r.status, _us(r.median_us), _us(mine), tflops, speed)
-    console.print(t)
+    console.print(t)  # at most LOG_WIDTH columns off a terminal: cells wrap, nothing is cut
     if result.best is not None:
-        params = ", ".join(f"{k}={v}" for k, v in sorted(result.best.params.items()))
-        console.print(f"best config: {result.best.template_id or result.best.branch} {{{params}}}")
+        console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)}",
+                      highlight=False)
         if getattr(result, "not_carried", None):
-            console.print(f"[yellow]not in the lookup table: {result.not_carried}; for this GEMM the table "
-                          "ships Inductor's default unless a config it can carry was confirmed faster[/yellow]")
+            console.print(f"[yellow]not in the lookup table: {result.not_carried}[/yellow]")
         best_us = decision_us(result.best)
         if default_us and same_kernel:
             console.print(f"winner: {result.best.branch}, the kernel Inductor's default compile runs too: "
                           f"its {default_us / best_us:.2f}x here is measurement noise, not a speedup")
         elif default_us and claim is not None and claim.confirmed:
-            console.print(f"winner: {result.best.branch}, {claim.ratio:.2f}x faster than inductor default")
+            console.print(f"winner: {claimed.branch}, {claim.ratio:.2f}x faster than inductor default")
         elif default_us:
             why = (claim.reason if claim is not None and claim.ratio is not None and claim.ratio > 1
                    else None if claim is not None else "not settled in paired rounds")
             console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it"
                           + (f" (best candidate {default_us / best_us:.2f}x)" if why is None else
-                             f" in a confirmed paired comparison: {result.best.branch} {why}; "
+                             f" in a confirmed paired comparison: {claimed.branch} {why}; "
                              "the table ships Inductor's default"))
     else:
         console.print("[yellow]no candidate measured ok[/yellow]")
@@ -120,8 +139,14 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     if getattr(result, "transfer_text", None):
         console.print(result.transfer_text)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"
+    done, target = getattr(result, "done", result.measured), getattr(result, "target", 0)
     console.print(f"trials: {result.measured} measured ({counts}), {result.cached} cached, "
-                  f"{result.infeasible} infeasible" + (" [interrupted]" if result.interrupted else ""))
+                  f"{result.infeasible} infeasible" + (" [interrupted]" if result.interrupted else "")
+                  + (f"; the study holds {done} of {target}" if target else "")
+                  + (", every feasible point" if getattr(result, "exhausted", False) else ""))
+    if getattr(result, "baselines_reused", False) and result.eager is not None:
+        console.print(f"baselines: stored ones re-used (measured {result.eager.created_at:%Y-%m-%d %H:%M} "
+                      "with this torch; bench.remeasure_baselines=true measures them again)")
     console.print(f"database: {db}  study: {result.study_name}")
     if result.table_path is not None:
         console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))")

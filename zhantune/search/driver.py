@@ -25,12 +25,18 @@ from zhantune.search.study import (
     random_feasible_point,
 )
 
-__all__ = ["SearchStats", "Outcome", "run_search", "bind_sampler", "DuplicateTrial"]
+__all__ = ["SearchStats", "Outcome", "run_search", "bind_sampler", "DuplicateTrial", "BudgetSpent"]
 
 
 class DuplicateTrial(Exception):
     """Raised by ``measure`` when another worker already stored this trial (an enqueued point that
     two workers popped at once: Optuna's SQLite storage cannot lock the row). Not counted."""
+
+
+class BudgetSpent(Exception):
+    """Raised by ``claim`` when the study's budget of measured trials is used up (other workers
+    sharing the study measured the rest): the search stops, the asked point is left unmeasured."""
+
 
 #: the result of measuring (or looking up) one candidate: objective in microseconds, None when failed
 Outcome = float | None
@@ -46,6 +52,8 @@ class SearchStats:
     duplicates: int = 0
     interrupted: bool = False
     exhausted: bool = False
+    #: ``claim`` raised BudgetSpent: the study's budget was used up by all its workers together
+    budget_spent: bool = False
 
 
 def bind_sampler(sampler: optuna.samplers.BaseSampler, space: Space, problem_vars: dict) -> None:
@@ -75,8 +83,9 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
     ``measure(candidate, trial_number)`` returns the objective (microseconds) or None for a failed
     measurement; ``cached(candidate)`` returns (hit, outcome); ``claim(candidate, trial_number)``
     returns False when another worker sharing the study is measuring that candidate (the trial is told
-    PRUNED); ``release(candidate)`` undoes a claim whose measurement was interrupted. A KeyboardInterrupt (Ctrl-C, or SIGTERM
-    routed by :func:`zhantune.interrupt.install`) during a measurement marks that trial
+    PRUNED) and raises BudgetSpent when the study's budget is used up (the search stops);
+    ``release(candidate)`` undoes a claim whose measurement was interrupted. A KeyboardInterrupt
+    (Ctrl-C, or SIGTERM routed by :func:`zhantune.interrupt.install`) during a measurement marks that trial
     interrupted (user attribute ``zhantune:interrupted``, state FAIL) and ends the search with
     ``interrupted`` set.
 
@@ -97,7 +106,7 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
 
     def next_measurable() -> tuple[optuna.trial.Trial, Candidate] | None:
         """Ask until a candidate that must be measured comes up; None when the search must stop."""
-        while stats.asks < max_asks_per_trial * n_trials:
+        while stats.asks < max_asks_per_trial * n_trials and not stats.budget_spent:
             if interrupt.requested():
                 raise KeyboardInterrupt("interrupt requested")
             if deadline is not None and time.monotonic() > deadline:
@@ -125,7 +134,13 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
                         if fresh is not None:
                             study.enqueue_trial(space.trial_params(*fresh))
                     continue
-            if claim is not None and not claim(cand, asked.trial.number):
+            try:
+                mine = claim is None or claim(cand, asked.trial.number)
+            except BudgetSpent:
+                _abandon(study, asked.trial, cand, None)
+                stats.budget_spent = True
+                return None
+            if not mine:
                 study.tell(asked.trial, state=optuna.trial.TrialState.PRUNED)  # another worker measures it
                 stats.duplicates += 1
                 continue

@@ -157,8 +157,9 @@ class Candidate:
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        inner = ", ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
-        return f"{self.template_id or self.branch}({inner})"
+        """``template_id`` (or the branch) and the params as compact ``k=v`` tokens, keys sorted:
+        ``cpp_gemm cpp.gemm_max_k_slices=1 max_autotune_gemm_backends=CPP``."""
+        return " ".join([self.template_id or self.branch, *(f"{k}={v}" for k, v in sorted(self.params.items()))])
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import Any
 
 import optuna
 
+from zhantune.quiet import quiet_optuna
 from zhantune.search.space import Branch, Candidate, Space
 
 __all__ = ["Asked", "optuna_storage", "open_study", "ask", "feasible_size", "random_feasible_point", "INTERRUPTED_ATTR"]
@@ -15,7 +16,7 @@ __all__ = ["Asked", "optuna_storage", "open_study", "ask", "feasible_size", "ran
 #: user attribute of a trial whose measurement was interrupted (Ctrl-C, SIGTERM): not a result
 INTERRUPTED_ATTR = "zhantune:interrupted"
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
+quiet_optuna()
 
 
 def optuna_storage(storage_url: str) -> optuna.storages.BaseStorage:

@@ -25,15 +25,13 @@ from typing import Any
 
 from sqlalchemy import select
 
+from zhantune.config import TRANSFER_MODES  # re-exported: the values search.transfer takes
 from zhantune.storage import Store
 from zhantune.storage import models as m
 from zhantune.storage.store import decision_value
 
 __all__ = ["Source", "Prior", "TRANSFER_MODES", "load_prior", "device_sources", "shape_sources",
            "shape_distance"]
-
-#: search.transfer values: auto (use what the storage holds), off
-TRANSFER_MODES = ("auto", "off")
 
 #: the dims a GEMM problem row's shape holds (zhantune.problems.GemmProblem.dims)
 _GEMM_DIMS = ("M", "N", "K", "B")

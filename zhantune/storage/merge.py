@@ -16,10 +16,13 @@ import optuna
 from sqlalchemy import select
 
 from zhantune.errors import StorageError
+from zhantune.quiet import quiet_optuna
 from zhantune.storage import models as m
 from zhantune.storage.store import Store
 
 __all__ = ["MergeStats", "merge_into", "check_importable"]
+
+quiet_optuna()  # copy_study creates studies: Optuna would log each at INFO
 
 _COPIED = [c.key for c in m.Measurement.__table__.columns
            if c.key not in ("id", "study_id", "device_id", "problem_id", "environment_id")]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, delete, event, func, inspect, select, text
+from sqlalchemy import create_engine, delete, event, func, inspect, select, text, union, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -157,6 +157,30 @@ def _remove_sqlite_files(path: Path) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _file_lock(lock: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``lock`` that leaves no file behind: the holder unlinks the file
+    while it still holds the lock. A process that was waiting on the old file then holds a lock on
+    a file no longer at ``lock``; it sees so (the inode at the path differs or is gone) and retries."""
+    while True:
+        f = open(lock, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                same = os.stat(lock).st_ino == os.fstat(f.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                continue  # the previous holder removed this file: lock the one at the path now
+            try:
+                yield
+            finally:
+                lock.unlink(missing_ok=True)
+            return
+        finally:
+            f.close()  # closing the file releases the lock
+
+
 def make_engine(url: str) -> Engine:
     """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite)."""
     engine = create_engine(url, json_serializer=_canonical_json)
@@ -241,15 +265,15 @@ class Store:
     @contextlib.contextmanager
     def schema_lock(self) -> Iterator[None]:
         """Serialise schema creation between processes: a lock file beside an SQLite database,
-        an advisory lock on PostgreSQL (so N workers can start on one new database at once)."""
+        an advisory lock on PostgreSQL (so N workers can start on one new database at once).
+
+        The lock file (``<database>.zt-lock``) exists only while a process holds or waits for the
+        lock: the holder removes it before it lets go, and a waiter that then gets the lock on the
+        removed file tries again on a fresh one (it compares the file it locked with the path)."""
         path = sqlite_path(self.url)
         if path is not None:
-            with open(f"{path}.zt-lock", "a+") as f:
-                fcntl.flock(f, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    fcntl.flock(f, fcntl.LOCK_UN)
+            with _file_lock(Path(f"{path}.zt-lock")):
+                yield
         elif self.engine.dialect.name == "postgresql":
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
@@ -305,6 +329,12 @@ class Store:
     def device_id(self, key: str, name: str, kind: str, properties: dict[str, Any]) -> int:
         return self._get_or_create(m.Device, {"key": key}, dict(name=name, kind=kind, properties=properties))
 
+    def devices(self) -> list[m.Device]:
+        """Every device in the database, by key (the order ``python -m zhantune.export`` numbers
+        them in)."""
+        with self.session() as s:
+            return list(s.scalars(select(m.Device).order_by(m.Device.key)))
+
     def environment_id(self, fields: dict[str, Any]) -> int:
         """The environment row for these fields (torch, triton, cuda, hip, driver, python, zhantune, host)."""
         fingerprint = hashlib.sha256(_canonical_json(fields).encode()).hexdigest()
@@ -349,11 +379,41 @@ class Store:
             row.status = status
             row.finished_at = dt.datetime.now(dt.timezone.utc)
 
+    def study(self, name: str) -> m.Study | None:
+        """The study row called ``name``, if any (read only: :meth:`study_id` reopens it)."""
+        with self.session() as s:
+            return s.scalar(select(m.Study).where(m.Study.name == name))
+
+    def trials_used(self, study_id: int) -> int:
+        """How much of a study's trial budget is used: the distinct configs that a worker claimed
+        (measured, or being measured now) or that the study holds a candidate measurement of (a
+        merged or imported study has no claims). Interrupted measurements released their claim."""
+        with self.session() as s:
+            return self._trials_used(s, study_id)
+
+    @staticmethod
+    def _trials_used(s: Session, study_id: int) -> int:
+        configs = union(select(m.Claim.config_hash).where(m.Claim.study_id == study_id),
+                        select(m.Measurement.config_hash).where(m.Measurement.study_id == study_id,
+                                                                m.Measurement.kind == "candidate",
+                                                                m.Measurement.config_hash.is_not(None)))
+        return s.scalar(select(func.count()).select_from(configs.subquery())) or 0
+
     # -- claims ---------------------------------------------------------------------------
-    def claim(self, study_id: int, config_hash: str, trial_number: int) -> bool:
-        """Claim a config of a study for measuring; False when another worker holds it."""
+    def claim(self, study_id: int, config_hash: str, trial_number: int, budget: int | None = None) -> bool | None:
+        """Claim a config of a study for measuring; False when another worker holds it.
+
+        With ``budget`` (the study's total of measured trials, ``search.n_trials``) the claim is
+        refused with None once the study has used it (:meth:`trials_used`): N workers sharing one
+        study measure ``budget`` configs in all. The count and the claim are one transaction that
+        first writes the study's row, so claimers of one study take turns (SQLite: the write lock;
+        PostgreSQL: the row lock), and none counts before another's claim is committed."""
         try:
             with self.session() as s:
+                if budget is not None:
+                    s.execute(update(m.Study).where(m.Study.id == study_id).values(status=m.Study.status))
+                    if self._trials_used(s, study_id) >= budget:
+                        return None
                 s.add(m.Claim(study_id=study_id, config_hash=config_hash, trial_number=trial_number))
             return True
         except StorageError as e:
@@ -384,6 +444,31 @@ class Store:
         with self.session() as s:
             return s.scalar(select(func.count()).select_from(m.Measurement)
                             .where(m.Measurement.study_id == study_id)) or 0
+
+    def stored_baselines(self, study_id: int, device_id: int, problem_key: str, torch_version: str,
+                         triton_version: str | None) -> dict[str, m.Measurement]:
+        """The newest baselines a study stored for this device and problem, measured with these
+        torch and triton versions: {kind: row} with the newest ``eager`` row and the first row of
+        each other baseline kind after it (``default``, on CPU ``default_unfrozen``: they are stored
+        together, before any speedup re-measurement of the default). Empty when there is no such
+        set or its eager or default measurement is not ``ok`` (zhantune.tune then measures them)."""
+        with self.session() as s:
+            mine = (select(m.Measurement).join(m.Problem, m.Measurement.problem_id == m.Problem.id)
+                    .where(m.Measurement.study_id == study_id, m.Measurement.device_id == device_id,
+                           m.Problem.key == problem_key, m.Measurement.trial_number.is_(None),
+                           m.Measurement.torch_version == torch_version,
+                           m.Measurement.triton_version.is_not_distinct_from(triton_version)))
+            eager = s.scalar(mine.where(m.Measurement.kind == "eager").order_by(m.Measurement.id.desc()).limit(1))
+            if eager is None:
+                return {}
+            rows = {"eager": eager}
+            later = mine.where(m.Measurement.id > eager.id,
+                               m.Measurement.kind.not_in(("eager", "candidate", "remeasure")))
+            for row in s.scalars(later.order_by(m.Measurement.id)):
+                rows.setdefault(row.kind, row)
+        if rows.get("default") is None or any(r.status != "ok" for r in (rows["eager"], rows["default"])):
+            return {}
+        return rows
 
     def measurements(self, study_id: int | None = None) -> list[m.Measurement]:
         with self.session() as s:

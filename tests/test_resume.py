@@ -1,0 +1,109 @@
+"""Resume: search.n_trials is the study's total; a rerun measures what is missing, re-uses the stored
+baselines, and a finished study exits at once. Also what a tune writes to a log file (stdout not a
+terminal): one line per trial, a summary no wider than 100 columns, no third-party log lines."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from zhantune.report.console import LOG_WIDTH
+
+TUNE = ["+op=mm", "shape=[64,48,32]", "device=cpu", "search.n_trials=6", "bench.target_ms=5", "bench.warmup_ms=2",
+        "bench.remeasure_rounds=0", "bench.busy_wait_s=0"]
+
+
+def _tune(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    return subprocess.Popen([sys.executable, "-m", "zhantune", *TUNE, *extra, f"hydra.run.dir={tmp_path}/hydra"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(env, PYTHONWARNINGS="ignore"))
+
+
+def _kinds(db: Path) -> dict[str, int]:
+    with sqlite3.connect(db) as con:
+        return dict(con.execute("select kind, count(*) from zt_measurement group by kind").fetchall())
+
+
+def _wait_for_candidates(db: Path, n: int, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if _kinds(db).get("candidate", 0) >= n:
+                return
+        except sqlite3.Error:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} candidates after {timeout_s} s")
+
+
+def _trial_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if re.match(r"trial \d+/\d+ \w", line) and "━" not in line]
+
+
+@pytest.mark.slow
+def test_interrupted_study_resumes_to_its_total_with_the_stored_baselines(tmp_path):
+    db = tmp_path / "zhantune.db"
+    first = _tune(tmp_path)
+    _wait_for_candidates(db, 2, first)
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 130, err[-3000:]
+    k = _kinds(db)["candidate"]
+    assert 2 <= k < 6
+    assert [int(re.match(r"trial (\d+)/6", line).group(1)) for line in _trial_lines(out)] == list(range(1, k + 1))
+    baselines = {kind: n for kind, n in _kinds(db).items() if kind != "candidate"}
+    assert baselines == {"eager": 1, "default": 1, "default_unfrozen": 1}
+
+    # the same command again: the trials still missing, numbered on from the study's, no baselines
+    second = _tune(tmp_path)
+    out, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err[-3000:]
+    assert _kinds(db) == {**baselines, "candidate": 6}
+    lines = _trial_lines(out)
+    assert [int(re.match(r"trial (\d+)/6", line).group(1)) for line in lines] == list(range(k + 1, 7))
+    assert "trial 6/6 " in out and "the study holds 6 of 6" in out
+    assert "baselines: stored ones re-used" in " ".join(out.split())
+
+    # a log file: one line per trial (the config whole on it), no Rich log-handler column or time
+    # stamp, a summary no wider than LOG_WIDTH, no Inductor AUTOTUNE or Optuna [I ...] lines
+    for line in lines:
+        assert re.fullmatch(r"trial \d/6 ok [\d,.]+ us (aten|cpp_gemm( \S+=\S+)+)", line), line
+    assert not re.search(r"\.py:\d+|^\[\d\d:\d\d:\d\d\]", out, re.M)
+    summary = out[out.index("mm[M=64,N=48,K=32]:float32 on"):].splitlines()
+    assert max(len(line) for line in summary) <= LOG_WIDTH == 100
+    assert "AUTOTUNE" not in out + err and not re.search(r"^\[I ", out + err, re.M)
+
+    # finished: says so, measures nothing, exit code 0
+    third = _tune(tmp_path)
+    out, err = third.communicate(timeout=300)
+    assert third.returncode == 0, err[-3000:]
+    assert "is finished: 6 of 6 trials measured; nothing to measure" in " ".join(out.split())
+    assert _kinds(db) == {**baselines, "candidate": 6}
+    assert not list(tmp_path.glob("*.zt-lock"))  # no lock file left in the working directory
+
+
+@pytest.mark.slow
+def test_new_environment_or_the_option_measures_the_baselines_again(tmp_path):
+    db = tmp_path / "zhantune.db"
+    p = _tune(tmp_path, "search.n_trials=1")
+    assert p.wait(timeout=300) == 0, p.communicate()
+    assert _kinds(db) == {"eager": 1, "default": 1, "default_unfrozen": 1, "candidate": 1}
+    p = _tune(tmp_path, "search.more_trials=1", "bench.remeasure_baselines=true")
+    assert p.wait(timeout=300) == 0, p.communicate()
+    assert _kinds(db) == {"eager": 2, "default": 2, "default_unfrozen": 2, "candidate": 2}
+    # rows of another torch version are not this environment's baselines
+    with sqlite3.connect(db) as con:
+        con.execute("update zt_measurement set torch_version = '2.0.0' where kind != 'candidate'")
+    p = _tune(tmp_path, "search.more_trials=1")
+    assert p.wait(timeout=300) == 0, p.communicate()
+    assert _kinds(db) == {"eager": 3, "default": 3, "default_unfrozen": 3, "candidate": 3}

@@ -1,0 +1,84 @@
+"""The study a report's history and importance charts show, chosen by name.
+
+A tune keeps an Optuna study beside its zhantune study (same name). A Kernel Tuner import
+(python -m zhantune.kerneltuner) stores measurements only: its study is rebuilt as an in-memory
+Optuna study from them (one trial per configuration, in the file's order; failed configurations
+as failed trials), so that Optuna's own plots draw it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from sqlalchemy import select
+
+from zhantune.errors import ConfigError
+from zhantune.quiet import quiet_optuna
+from zhantune.storage import Store
+from zhantune.storage import models as m
+from zhantune.storage.store import decision_value
+
+__all__ = ["study_names", "load_report_study"]
+
+quiet_optuna()
+
+
+def study_names(store: Store) -> list[str]:
+    """Every study in the database: zhantune's and Optuna's (a tune has both under one name)."""
+    with store.session() as s:
+        names = set(s.scalars(select(m.Study.name)))
+    names |= {x.study_name for x in optuna.get_all_study_summaries(store.url, include_best_trial=False)}
+    return sorted(names)
+
+
+def load_report_study(store: Store, name: str, option: str = "study") -> optuna.Study:
+    """The study called ``name``, or else the one study whose name contains it. Raises ConfigError
+    listing the studies when none or several match."""
+    names = study_names(store)
+    if name not in names:
+        hits = [n for n in names if name in n]
+        if len(hits) != 1:
+            what = "no such study" if not hits else f"{len(hits)} studies match"
+            raise ConfigError(f"{option}={name!r}: {what} in {store.url}; allowed: "
+                              f"{', '.join(map(repr, hits or names)) or 'none'}")
+        name = hits[0]
+    try:
+        return optuna.load_study(study_name=name, storage=store.url)
+    except KeyError:  # a zhantune study without an Optuna study (a Kernel Tuner import)
+        return _study_from_measurements(store, name)
+
+
+def _study_from_measurements(store: Store, name: str) -> optuna.Study:
+    with store.session() as s:
+        rows = list(s.scalars(select(m.Measurement).join(m.Study, m.Measurement.study_id == m.Study.id)
+                              .where(m.Study.name == name, m.Measurement.kind == "candidate")
+                              .order_by(m.Measurement.trial_number, m.Measurement.id)))
+    values: dict[str, set[Any]] = {}
+    for r in rows:
+        for k, v in (r.params or {}).items():
+            values.setdefault(k, set()).add(_choice(v))
+    # a parameter with one value explains nothing (and Optuna's importance needs a spread)
+    dists = {k: optuna.distributions.CategoricalDistribution(_sorted(vs)) for k, vs in values.items() if len(vs) > 1}
+    study = optuna.create_study(study_name=name, direction="minimize")
+    trials = []
+    for r in rows:
+        params = {k: _choice(v) for k, v in (r.params or {}).items() if k in dists}
+        value = decision_value(r.min_us, r.median_us, r.timing_method) if r.status == "ok" else None
+        trials.append(optuna.trial.create_trial(
+            params=params, distributions={k: dists[k] for k in params},
+            value=value, state=optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL))
+    study.add_trials(trials)
+    return study
+
+
+def _choice(v: Any) -> Any:
+    """A value Optuna takes as a categorical choice (None, bool, int, float, str)."""
+    return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+
+
+def _sorted(values: set[Any]) -> list[Any]:
+    try:
+        return sorted(values)
+    except TypeError:  # mixed types
+        return sorted(values, key=repr)

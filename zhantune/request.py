@@ -1,0 +1,163 @@
+"""Check a tune request before the heavy imports: what can be wrong with the command line alone.
+
+torch and Inductor take seconds to import; a mistyped op, shape, dtype, device, option or storage
+URL is refused before that, with the one-line message and exit code 2 of every user error. Nothing
+here imports torch. :func:`zhantune.tune.resolve_run` then checks what needs the machine (the CUDA
+devices, the problem's memory, the search spaces against Inductor's config).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from omegaconf import ListConfig, OmegaConf
+
+from zhantune.config import TRANSFER_MODES, check_bench
+from zhantune.errors import ConfigError, DeviceError
+
+__all__ = ["OPS", "DTYPE_NAMES", "WEIGHT_LAYOUTS", "ACTIVATIONS", "check_request", "check_search", "check_problem",
+           "check_device_spec", "check_model_request", "check_file"]
+
+#: op name -> dimension names of its ``shape``
+OPS: dict[str, tuple[str, ...]] = {
+    "mm": ("M", "N", "K"),
+    "addmm": ("M", "N", "K"),
+    "bmm": ("B", "M", "N", "K"),
+    "linear_act": ("M", "N", "K"),
+}
+
+#: dtype names accepted on the command line (zhantune.problems.gemm.DTYPES maps them to torch dtypes)
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+#: how the second operand is stored: "kn" is W [K, N] row-major (x @ W); "nk" is W [N, K] used as
+#: W.t(), the layout of torch.nn.Linear's weight (its lookup key has strides [1, K])
+WEIGHT_LAYOUTS = ("kn", "nk")
+
+ACTIVATIONS = ("relu", "gelu")
+
+_DEVICE_SPEC = re.compile(r"auto|cpu|cuda(?::\d+)?")
+
+
+def check_request(cfg: Any) -> None:
+    """Every check of a tune app's config that needs neither torch nor the machine; raises a
+    UserError subclass (exit code 2) naming the value and what is allowed."""
+    from zhantune.storage import check_url
+
+    check_search(cfg)
+    if cfg.bench.name == "replay":
+        if not cfg.bench.path:
+            raise ConfigError("bench=replay needs bench.path=FILE (a Kernel Tuner cache file, .json or .json.gz)")
+        if cfg.get("space"):
+            raise ConfigError("bench=replay takes its space from the file's tune_params; drop space=[...]")
+    elif not cfg.get("problems"):
+        if OmegaConf.is_missing(cfg, "op"):
+            raise ConfigError("no op given; use +op=<name> with a file from conf/op/ (mm, addmm, bmm, linear_act)")
+        if OmegaConf.is_missing(cfg, "shape"):
+            raise ConfigError(f"no shape given; use shape=[{','.join(cfg.op.dims)}]")
+        shape = cfg.shape
+        if isinstance(shape, ListConfig):
+            shape = OmegaConf.to_container(shape)
+        check_problem(cfg.op.name, shape, cfg.dtype, cfg.op.activation, weight_layout=cfg.weight_layout)
+        check_device_spec(cfg.device)
+    else:
+        check_file(cfg.problems, "problems")
+    check_url(cfg.storage.url)
+
+
+def check_search(cfg: Any) -> None:
+    """The search, benchmark and export options of a tune (ranges, the table's output path)."""
+    from zhantune.export import check_export_options
+
+    check_export_options(cfg.export, "export.")
+    s = cfg.search
+    if s.n_trials < 1:
+        raise ConfigError(f"search.n_trials={s.n_trials} must be at least 1")
+    more = s.get("more_trials")
+    if more is not None and more < 1:
+        raise ConfigError(f"search.more_trials={more} must be at least 1 (or null: up to search.n_trials)")
+    if s.timeout_s is not None and s.timeout_s <= 0:
+        raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
+    if s.get("transfer", "auto") not in TRANSFER_MODES:
+        raise ConfigError(f"search.transfer={s.transfer!r}; allowed: {', '.join(TRANSFER_MODES)}")
+    workers = cfg.bench.get("compile_workers")
+    if workers is not None and workers < 0:
+        raise ConfigError(f"bench.compile_workers={workers} must be 0 (off), a positive count, or null "
+                          "(sized for the machine)")
+    check_bench(cfg.bench)
+
+
+def check_problem(op: str, shape: object, dtype: str, activation: str | None = None, source: str = "shape",
+                  weight_layout: str = "kn") -> tuple[tuple[int, ...], str | None]:
+    """Validate a problem as given by the user; returns (sizes, the activation that applies).
+    Raises ConfigError for an unknown op or dtype, a wrong arity or a non-positive size."""
+    if op not in OPS:
+        raise ConfigError(f"unknown op {op!r} (from +op); allowed: {', '.join(sorted(OPS))}")
+    if weight_layout not in WEIGHT_LAYOUTS or (op == "bmm" and weight_layout != "kn"):
+        allowed = "kn" if op == "bmm" else " | ".join(WEIGHT_LAYOUTS)
+        raise ConfigError(f"weight_layout={weight_layout!r} for op {op}; allowed: {allowed}")
+    dims = OPS[op]
+    if dtype not in DTYPE_NAMES:
+        raise ConfigError(f"unknown dtype {dtype!r} (from dtype); allowed: {', '.join(DTYPE_NAMES)}")
+    if not isinstance(shape, (list, tuple)) or len(shape) != len(dims):
+        raise ConfigError(
+            f"{source}={_show(shape)} does not fit op {op}: expected {len(dims)} positive integers "
+            f"[{','.join(dims)}]"
+        )
+    sizes = []
+    for name, v in zip(dims, shape, strict=True):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(
+                f"{source}={_show(shape)}: {name}={v!r} is not an integer; expected [{','.join(dims)}] "
+                "of positive integers"
+            )
+        if v <= 0:
+            raise ConfigError(f"{source}={_show(shape)}: {name}={v} must be a positive integer")
+        sizes.append(v)
+    if op == "linear_act":
+        if activation not in ACTIVATIONS:
+            raise ConfigError(f"op linear_act needs op.activation in {list(ACTIVATIONS)}, got {activation!r}")
+    else:
+        activation = None
+    return tuple(sizes), activation
+
+
+def check_device_spec(spec: object) -> str:
+    """``auto | cpu | cuda | cuda:N`` (lower-cased); raises DeviceError for anything else. Whether
+    this machine has that device is zhantune.device.resolve_device's question."""
+    text = str(spec).strip().lower()
+    if not _DEVICE_SPEC.fullmatch(text):
+        raise DeviceError(f"unknown device {text!r} (from device); allowed: auto, cpu, cuda, cuda:N")
+    return text
+
+
+def check_model_request(cfg: Any) -> None:
+    """The checks of a collect or check config that need no torch (zhantune.models.from_config makes
+    them again and builds the model): a model given, the dtype, the device's spelling, the shapes of
+    the inputs and the factory's keyword arguments."""
+    if not cfg.model:
+        raise ConfigError("no model given; use model=module:factory (e.g. zhantune.models:mlp)")
+    check_device_spec(cfg.device)
+    if cfg.dtype is not None and cfg.dtype not in DTYPE_NAMES:
+        raise ConfigError(f"dtype={cfg.dtype!r}; allowed: {', '.join(DTYPE_NAMES)}")
+    shapes = OmegaConf.to_container(cfg.input_shapes) if isinstance(cfg.input_shapes, ListConfig) else cfg.input_shapes
+    if not isinstance(shapes, list) or not shapes or not all(isinstance(s, list) for s in shapes):
+        raise ConfigError(f"input_shapes={shapes}: expected a list of shapes, e.g. [[64,256]]")
+    kwargs = cfg.model_kwargs
+    if kwargs and not OmegaConf.is_dict(kwargs) and not isinstance(kwargs, dict):
+        raise ConfigError(f"model_kwargs={kwargs}: expected a mapping, e.g. model_kwargs={{d_model:64}}")
+
+
+def check_file(path: object, option: str) -> None:
+    """An input file must exist: ``problems=x.yaml: no such file`` (what else is wrong with it, a
+    directory or a FIFO, its reader says)."""
+    from pathlib import Path
+
+    if not Path(str(path)).exists():
+        raise ConfigError(f"{option}={path}: no such file")
+
+
+def _show(shape: object) -> str:
+    if isinstance(shape, (list, tuple)):
+        return "[" + ",".join(str(v) for v in shape) + "]"
+    return repr(shape)
