@@ -36,11 +36,13 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _worker(url: str, workdir: Path, n_trials: int, path: Path = A100, seed: int = 0) -> subprocess.Popen:
+def _worker(url: str, workdir: Path, n_trials: int, path: Path = A100, seed: int = 0,
+            extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """``python -m zhantune`` on a replay file; ``n_trials`` is the study's total (every worker's)."""
     workdir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-m", "zhantune", "bench=replay", f"bench.path={path}", f"search.n_trials={n_trials}",
-         f"search.seed={seed}", f"storage.url={url}", "progress=false", f"hydra.run.dir={workdir}/hydra"],
+         f"search.seed={seed}", f"storage.url={url}", "progress=false", f"hydra.run.dir={workdir}/hydra", *extra],
         cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, PYTHONWARNINGS="ignore"))
 
@@ -115,10 +117,12 @@ def test_newer_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
 
 # -- many workers ----------------------------------------------------------------------------
 def _four_workers_on_one_study(url: str, tmp_path: Path) -> None:
-    procs = [_worker(url, tmp_path / f"w{i}", 25) for i in range(4)]
+    # four workers split the study's total of 100 (search.n_trials counts the study's measurements)
+    procs = [_worker(url, tmp_path / f"w{i}", 100, seed=i) for i in range(4)]
     for p in procs:
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
+        assert "the study has 100 of 100 measured" in out  # each worker's last log line
     rows = _candidates(url)
     assert len(rows) == 100
     assert len({r.trial_number for r in rows}) == 100  # no trial stored twice
@@ -176,7 +180,7 @@ def test_sigterm_and_ctrl_c_leave_a_resumable_study(tmp_path, sig):
     measured = {t.number for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
                 and not t.user_attrs.get("zhantune:interrupted")}
     assert {r.trial_number for r in rows} == measured
-    again = _worker(url, tmp_path / "w2", 10, path=GEMM)
+    again = _worker(url, tmp_path / "w2", len(rows) + 10, path=GEMM)  # the study's total: 10 more
     assert again.wait(timeout=300) == 0
     after = _candidates(url)
     assert len(after) == len(rows) + 10 and len({r.config_hash for r in after}) == len(after)
@@ -184,7 +188,8 @@ def test_sigterm_and_ctrl_c_leave_a_resumable_study(tmp_path, sig):
 
 def test_kill_9_loses_at_most_the_in_flight_trial(tmp_path):
     url = f"sqlite:///{tmp_path / 'kill.db'}"
-    proc = _worker(url, tmp_path / "w", 5000, path=GEMM)
+    beat = ("storage.heartbeat_interval_s=1", "storage.grace_period_s=3")  # a dead trial is retried after 3 s
+    proc = _worker(url, tmp_path / "w", 5000, path=GEMM, extra=beat)
     _wait_for_rows(url, 40, proc)
     proc.kill()
     proc.wait(timeout=60)
@@ -197,10 +202,14 @@ def test_kill_9_loses_at_most_the_in_flight_trial(tmp_path):
     assert told <= stored and len(stored - told) <= 1  # a row whose tell did not happen yet, at most
     running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     assert len(running) <= 1
-    again = _worker(url, tmp_path / "w2", 10, path=GEMM)
+    again = _worker(url, tmp_path / "w2", len(rows) + 10, path=GEMM, extra=beat)
     assert again.wait(timeout=300) == 0
     after = _candidates(url)
     assert len(after) == len(rows) + 10 and len({r.config_hash for r in after}) == len(after)
+    # the killed trial, if it was claimed, was failed once its heartbeat was 3 s old and its point
+    # measured again: every claim is a stored row's
+    with Store(url).session() as s:
+        assert s.scalar(select(func.count()).select_from(m.Claim)) == len(after)
 
 
 # -- merge -----------------------------------------------------------------------------------

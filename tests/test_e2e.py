@@ -83,8 +83,9 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
         assert entry == {"template_id": "aten::mm"}
         assert "no candidate beat it" in r.stdout or "default compile runs too" in r.stdout
 
-    # the same command again resumes the study and answers known candidates from the database
-    r2 = cli(["+op=mm", "shape=[64,48,32]", "search.n_trials=1", "device=cpu", "progress=false",
+    # the same command again, with a larger total, resumes the study (search.n_trials is the study's
+    # total: one more) and answers known candidates from the database
+    r2 = cli(["+op=mm", "shape=[64,48,32]", "search.n_trials=4", "device=cpu", "progress=false",
               "bench.remeasure_rounds=1", "export.enabled=false"], cwd=tmp_path)
     assert r2.returncode == 0, r2.stderr[-3000:]
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{tmp_path}/zhantune.db")

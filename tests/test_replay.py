@@ -140,7 +140,7 @@ def test_cli_replay_stores_100_measurements_and_resumes(cli, tmp_path):
     measured = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
     assert len(measured) == 100
 
-    r = cli([*args[:2], "search.n_trials=20", *args[3:]], tmp_path)  # resume: 20 more, all new
+    r = cli([*args[:2], "search.n_trials=120", *args[3:]], tmp_path)  # resume to a total of 120: 20 more, all new
     assert r.returncode == 0, r.stderr
     con = sqlite3.connect(db)
     hashes = [h for (h,) in con.execute("select config_hash from zt_measurement where kind='candidate'")]

@@ -19,17 +19,18 @@ register()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def _tune_app(cfg: DictConfig) -> None:
+def _tune_app(cfg: DictConfig) -> dict | None:
+    """Returns what the job did (zhantune.multirun.job_record: a multirun's summary reads it)."""
     mark_task_started()
     interrupt.install()  # Ctrl-C and SIGTERM stop the study cleanly (exit code 130)
+    from zhantune.multirun import job_record
     from zhantune.report import TuneProgress, print_summary
     from zhantune.storage import Store
     from zhantune.tune import resolve_run, tune
 
     console = Console()
     if cfg.problems:
-        _problems(cfg, console)
-        return
+        return _problems(cfg, console)
     try:
         run = resolve_run(cfg)
         store = Store(cfg.storage.url)
@@ -41,9 +42,11 @@ def _tune_app(cfg: DictConfig) -> None:
     if result.interrupted:
         console.print("[yellow]interrupted: run the same command again to resume the study[/yellow]")
         sys.exit(130)
+    return job_record([(run, result)], cfg.storage.url)
 
 
-def _problems(cfg: DictConfig, console: Console) -> None:
+def _problems(cfg: DictConfig, console: Console) -> dict | None:
+    from zhantune.multirun import job_record
     from zhantune.problemset import print_problems_summary, resolve_problems, tune_problems
     from zhantune.storage import Store
 
@@ -58,6 +61,7 @@ def _problems(cfg: DictConfig, console: Console) -> None:
     if result.interrupted:
         console.print("[yellow]interrupted: run the same command again to resume[/yellow]")
         sys.exit(130)
+    return job_record([(pr.run, pr.result) for pr in result.runs if pr.result is not None], cfg.storage.url)
 
 
 def main() -> None:
