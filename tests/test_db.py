@@ -212,6 +212,37 @@ def test_kill_9_loses_at_most_the_in_flight_trial(tmp_path):
         assert s.scalar(select(func.count()).select_from(m.Claim)) == len(after)
 
 
+def test_a_claimed_trial_without_heartbeat_is_retried_on_resume(tmp_path):
+    """A worker that ran with heartbeats off and was killed mid-trial leaves a claimed trial RUNNING
+    with no heartbeat: a later run with heartbeats gives it one, fails it once that beat is older
+    than the grace period, and measures its point, instead of waiting for it forever."""
+    url = f"sqlite:///{tmp_path / 'nobeat.db'}"
+    # bench.replay_pace=1: every answer takes the recorded measurement's time (0.48 s or more)
+    proc = _worker(url, tmp_path / "w", 50, path=GEMM, extra=("bench.replay_pace=1", "storage.heartbeat_interval_s=null"))
+    log = tmp_path / "w" / "hydra" / "app.log"
+    deadline = time.monotonic() + 180
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline
+        lines = log.read_text().splitlines() if log.exists() else []
+        if sum(": measuring " in ln for ln in lines) >= 2 and ": measuring " in lines[-1]:
+            proc.kill()
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=60)
+    killed = int(lines[-1].split("trial ")[1].split(":")[0])
+    rows = _candidates(url)
+    again = _worker(url, tmp_path / "w2", len(rows) + 2, path=GEMM,
+                    extra=("storage.heartbeat_interval_s=1", "storage.grace_period_s=2"))
+    assert again.wait(timeout=300) == 0
+    after = _candidates(url)
+    assert len(after) == len(rows) + 2 and len({r.config_hash for r in after}) == len(after)
+    study = optuna.load_study(study_name=GEMM_STUDY, storage=url)
+    trials = {t.number: t for t in study.trials}
+    assert trials[killed].state == optuna.trial.TrialState.FAIL
+    (retry,) = [t for t in study.trials if t.user_attrs.get("zhantune:retry_of") == killed]
+    assert retry.params == trials[killed].params and retry.number in {r.trial_number for r in after}
+
+
 # -- merge -----------------------------------------------------------------------------------
 def test_merge_two_machines_without_duplicates(cli, tmp_path):
     a, b, all_ = (f"sqlite:///{tmp_path / n}" for n in ("a.db", "b.db", "all.db"))

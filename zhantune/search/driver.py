@@ -10,6 +10,7 @@ without one (the offline benchmark) it is this call's own count.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import random
 import time
@@ -148,6 +149,7 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
     pending: deque[tuple[optuna.trial.Trial, Candidate]] = deque()
     heartbeat = shared.heartbeat if shared is not None else None
     last_reap = [-float("inf")]
+    beaten: set[int] = set()  # other workers' claimed trials given one heartbeat (_release_orphans)
 
     def time_up() -> bool:
         return deadline is not None and time.monotonic() > deadline
@@ -229,7 +231,7 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
                 if time_up():
                     return False
                 reap(force=True)
-                _release_orphans(study, shared)
+                _release_orphans(study, shared, beaten)
                 measured, in_flight = shared.counts()
                 stats.study_measured = measured
                 if measured >= n_trials:
@@ -298,18 +300,28 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
     return stats
 
 
-def _release_orphans(study: optuna.Study, shared: SharedStudy) -> None:
+def _release_orphans(study: optuna.Study, shared: SharedStudy, beaten: set[int]) -> None:
     """Claims without a row whose trial is no longer running (its worker died after Optuna failed
     the trial but before the claim was released, or an older zhantune left it): release them. The
     claims are read before the running trials, so a claim made meanwhile is never taken for one;
-    :attr:`SharedStudy.release_trial` keeps a claim whose row was stored meanwhile."""
+    :attr:`SharedStudy.release_trial` keeps a claim whose row was stored meanwhile. A claimed trial
+    running for longer than the grace period gets one heartbeat from here (once; ``beaten``), so that
+    one without heartbeats of its own goes stale and is retried (Heartbeat.beat_once)."""
     claimed = shared.in_flight()
     if not claimed:
         return
-    running = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    running = {t.number: t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    now = datetime.datetime.now()
     for number in claimed:
-        if number not in running and shared.release_trial(number):
-            log.info("study %s: released the claim of trial %d (ended without a measurement)", study.study_name, number)
+        trial = running.get(number)
+        if trial is None:
+            if shared.release_trial(number):
+                log.info("study %s: released the claim of trial %d (ended without a measurement)",
+                         study.study_name, number)
+        elif (shared.heartbeat is not None and number not in beaten and trial.datetime_start is not None
+              and (now - trial.datetime_start).total_seconds() > shared.heartbeat.grace_period_s):
+            beaten.add(number)
+            shared.heartbeat.beat_once(trial)
 
 
 def _abandon(study: optuna.Study, trial: optuna.trial.Trial, cand: Candidate,

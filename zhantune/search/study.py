@@ -131,6 +131,12 @@ class Heartbeat:
         with self._lock:
             self._held[trial.number] = trial._trial_id
 
+    def beat_once(self, trial: FrozenTrial) -> None:
+        """One heartbeat for another worker's trial: a claimed trial that has none (its worker ran with
+        heartbeats off, or an older zhantune, and died) then goes stale after the grace period and is
+        retried like any dead worker's; a live worker's trial only gets one beat more."""
+        self._storage.record_heartbeat(trial._trial_id)
+
     def drop(self, trial: optuna.trial.Trial) -> None:
         with self._lock:
             self._held.pop(trial.number, None)
