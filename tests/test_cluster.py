@@ -59,6 +59,20 @@ def test_claims_split_the_study_budget_and_a_released_claim_stores_nothing(tmp_p
     assert store.claim(study, "c", 5, limit=2) == "spent"
 
 
+def test_a_missing_launcher_names_the_cluster_extra(monkeypatch):
+    import importlib.util
+
+    from zhantune.cli import _launcher_hint
+
+    message = "In 'hydra/config': Could not find 'hydra/launcher/submitit_slurm'"
+    assert _launcher_hint(message) == ""  # installed here (the dev extra includes it)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "hydra_plugins.hydra_submitit_launcher" else real(name, *a))
+    assert "pip install 'zhantune[cluster]'" in _launcher_hint(message)
+    assert _launcher_hint("Could not find 'op/mmm'") == ""
+
+
 def _launch(args: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "zhantune", "-m", "hydra/launcher=submitit_local", *args,
                              "progress=false", f"hydra.sweep.dir={cwd}/sweep"],

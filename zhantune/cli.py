@@ -108,6 +108,17 @@ def _unparsable_override(args: list[str]) -> str | None:
     return None
 
 
+def _launcher_hint(hydra_message: str) -> str:
+    """How to get Hydra's submitit launcher when a command names it and it is not installed."""
+    import importlib.util
+
+    if "Could not find 'hydra/launcher/submitit_" not in hydra_message:
+        return ""
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None:
+        return ""
+    return "; the submitit launcher comes with zhantune's cluster extra: pip install 'zhantune[cluster]' (docs/cluster.md)"
+
+
 def run_app(hydra_main: Callable[[], object]) -> None:
     """Run a ``@hydra.main`` function with zhantune's error conventions."""
     msg = check_group_overrides(sys.argv[1:])
@@ -122,7 +133,7 @@ def run_app(hydra_main: Callable[[], object]) -> None:
         text = _release_stderr()
         if e.code == 1 and not _State.task_started:
             bad = _unparsable_override(sys.argv[1:])
-            user_error((f"override {bad}: " if bad else "") + one_line(text))
+            user_error((f"override {bad}: " if bad else "") + one_line(text) + _launcher_hint(text))
         sys.stderr.write(text)
         raise
     finally:  # any other way out before the task started: Hydra's text as it was
