@@ -30,8 +30,6 @@ RETRIES_ATTR = "zhantune:retries"
 MAX_RETRIES = 3
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-# zhantune drives trials with ask/tell and beats their heartbeats itself (Heartbeat below)
-warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +166,9 @@ class Asked:
 
 def ask(study: optuna.Study, space: Space, problem_vars: dict[str, Any]) -> Asked:
     """Ask the sampler for a point; check the branch's constraints before anything compiles."""
-    trial = study.ask()
+    with warnings.catch_warnings():  # zhantune beats the heartbeat itself (Heartbeat)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        trial = study.ask()
     branch, values = space.suggest(trial)
     cand = branch.candidate(values) if branch.feasible(values, problem_vars) else None
     return Asked(trial, branch, values, cand)
