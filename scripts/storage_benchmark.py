@@ -54,9 +54,10 @@ class _DbClock:
         self.calls += 1
 
 
-def _prepare(url: str, n_trials: int, search: str):
+def _prepare(url: str, n_trials: int, search: str, seed: int = 0):
     register()
     overrides = ["bench=replay", f"bench.path={DATA}", f"search={search}", f"search.n_trials={n_trials}",
+                 f"search.seed={seed}",
                  f"storage.url={url}", "progress=false", "export.enabled=false"]
     with initialize_config_module("zhantune.conf", version_base="1.3"):
         cfg = compose("config", overrides=overrides)
@@ -69,28 +70,28 @@ def _tune_timed(url: str, run, n_trials: int, clock: _DbClock) -> tuple[float, f
     start = time.time()
     result = tune(run, Store(url))
     end = time.time()
-    assert result.measured == n_trials, result
+    assert result.study_measured == n_trials, result  # search.n_trials is the study's total, every worker's
     return start, end, clock.seconds, clock.calls
 
 
-def _worker(url: str, n_trials: int, search: str, barrier, out) -> None:
+def _worker(url: str, n_trials: int, search: str, seed: int, barrier, out) -> None:
     clock = _DbClock()
-    run = _prepare(url, n_trials, search)
+    run = _prepare(url, n_trials, search, seed)
     barrier.wait()  # every worker has imported and resolved its run: the study starts together
     out.put(_tune_timed(url, run, n_trials, clock))
 
 
 def run_one(url: str, n_trials: int, search: str, clock: _DbClock, workers: int = 1) -> None:
     """One study of ``n_trials`` measured trials; with ``workers`` > 1, that many processes started
-    on the same study and storage (n_trials / workers each), timed from the common start."""
+    on the same study and storage (splitting its ``n_trials`` between them), timed from the common start."""
     if workers == 1:
         run = _prepare(url, n_trials, search)
         results = [_tune_timed(url, run, n_trials, clock)]
     else:
         ctx = mp.get_context("spawn")
         barrier, out = ctx.Barrier(workers), ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(url, n_trials // workers, search, barrier, out))
-                 for _ in range(workers)]
+        procs = [ctx.Process(target=_worker, args=(url, n_trials, search, i, barrier, out))
+                 for i in range(workers)]
         for proc in procs:
             proc.start()
         results = [out.get() for _ in procs]
@@ -98,7 +99,7 @@ def run_one(url: str, n_trials: int, search: str, clock: _DbClock, workers: int 
             proc.join()
     wall = max(r[1] for r in results) - min(r[0] for r in results)
     db_share = sum(r[2] for r in results) / sum(r[1] - r[0] for r in results)
-    total = n_trials // workers * workers
+    total = n_trials
     print(f"{url.split(':')[0]:22s} {search:13s} {workers:7d} {total:6d} {wall:8.1f} {total / wall:9.1f} "
           f"{100 * db_share:8.1f}% {sum(r[3] for r in results):9d}", flush=True)
 

@@ -37,13 +37,14 @@ def _digest(path: Path) -> str:
 
 
 def _worker(url: str, workdir: Path, n_trials: int, path: Path = A100, seed: int = 0,
-            more: int | None = None) -> subprocess.Popen:
-    """A replay tune of ``path``: up to ``n_trials`` in the study, or ``more`` trials more than it holds."""
+            more: int | None = None, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """``python -m zhantune`` on a replay file: up to ``n_trials`` in the study (every worker's), or
+    ``more`` trials more than it holds."""
     workdir.mkdir(parents=True, exist_ok=True)
     budget = f"search.more_trials={more}" if more is not None else f"search.n_trials={n_trials}"
     return subprocess.Popen(
         [sys.executable, "-m", "zhantune", "bench=replay", f"bench.path={path}", budget,
-         f"search.seed={seed}", f"storage.url={url}", "progress=false", f"hydra.run.dir={workdir}/hydra"],
+         f"search.seed={seed}", f"storage.url={url}", "progress=false", f"hydra.run.dir={workdir}/hydra", *extra],
         cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, PYTHONWARNINGS="ignore"))
 
@@ -118,11 +119,12 @@ def test_newer_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
 
 # -- many workers ----------------------------------------------------------------------------
 def _four_workers_on_one_study(url: str, tmp_path: Path) -> None:
-    # search.n_trials is the study's total: four workers share its 100 trials
-    procs = [_worker(url, tmp_path / f"w{i}", 100) for i in range(4)]
+    # four workers split the study's total of 100 (search.n_trials counts the study's measurements)
+    procs = [_worker(url, tmp_path / f"w{i}", 100, seed=i) for i in range(4)]
     for p in procs:
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
+        assert "the study has 100 of 100 measured" in out  # each worker's last log line
     rows = _candidates(url)
     assert len(rows) == 100
     assert len({r.trial_number for r in rows}) == 100  # no trial stored twice
@@ -218,7 +220,8 @@ def test_sigterm_and_ctrl_c_leave_a_resumable_study(tmp_path, sig):
 
 def test_kill_9_loses_at_most_the_in_flight_trial(tmp_path):
     url = f"sqlite:///{tmp_path / 'kill.db'}"
-    proc = _worker(url, tmp_path / "w", 5000, path=GEMM)
+    beat = ("storage.heartbeat_interval_s=1", "storage.grace_period_s=3")  # a dead trial is retried after 3 s
+    proc = _worker(url, tmp_path / "w", 5000, path=GEMM, extra=beat)
     _wait_for_rows(url, 40, proc)
     proc.kill()
     proc.wait(timeout=60)
@@ -231,10 +234,45 @@ def test_kill_9_loses_at_most_the_in_flight_trial(tmp_path):
     assert told <= stored and len(stored - told) <= 1  # a row whose tell did not happen yet, at most
     running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     assert len(running) <= 1
-    again = _worker(url, tmp_path / "w2", 0, path=GEMM, more=10)
+    again = _worker(url, tmp_path / "w2", 0, path=GEMM, more=10, extra=beat)
     assert again.wait(timeout=300) == 0
     after = _candidates(url)
     assert len(after) == len(rows) + 10 and len({r.config_hash for r in after}) == len(after)
+    # the killed trial, if it was claimed, was failed once its heartbeat was 3 s old and its point
+    # measured again: every claim is a stored row's
+    with Store(url).session() as s:
+        assert s.scalar(select(func.count()).select_from(m.Claim)) == len(after)
+
+
+def test_a_claimed_trial_without_heartbeat_is_retried_on_resume(tmp_path):
+    """A worker that ran with heartbeats off and was killed mid-trial leaves a claimed trial RUNNING
+    with no heartbeat: a later run with heartbeats gives it one, fails it once that beat is older
+    than the grace period, and measures its point, instead of waiting for it forever."""
+    url = f"sqlite:///{tmp_path / 'nobeat.db'}"
+    # bench.replay_pace=1: every answer takes the recorded measurement's time (0.48 s or more)
+    proc = _worker(url, tmp_path / "w", 50, path=GEMM, extra=("bench.replay_pace=1", "storage.heartbeat_interval_s=null"))
+    log = tmp_path / "w" / "hydra" / "app.log"
+    deadline = time.monotonic() + 180
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline
+        lines = log.read_text().splitlines() if log.exists() else []
+        if sum(": measuring " in ln for ln in lines) >= 2 and ": measuring " in lines[-1]:
+            proc.kill()
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=60)
+    killed = int(lines[-1].split("trial ")[1].split(":")[0])
+    rows = _candidates(url)
+    again = _worker(url, tmp_path / "w2", len(rows) + 2, path=GEMM,
+                    extra=("storage.heartbeat_interval_s=1", "storage.grace_period_s=2"))
+    assert again.wait(timeout=300) == 0
+    after = _candidates(url)
+    assert len(after) == len(rows) + 2 and len({r.config_hash for r in after}) == len(after)
+    study = optuna.load_study(study_name=GEMM_STUDY, storage=url)
+    trials = {t.number: t for t in study.trials}
+    assert trials[killed].state == optuna.trial.TrialState.FAIL
+    (retry,) = [t for t in study.trials if t.user_attrs.get("zhantune:retry_of") == killed]
+    assert retry.params == trials[killed].params and retry.number in {r.trial_number for r in after}
 
 
 # -- merge -----------------------------------------------------------------------------------

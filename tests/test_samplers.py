@@ -15,6 +15,7 @@ from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner
 from zhantune.config import CONF_DIR
 from zhantune.errors import ConfigError
 from zhantune.search import FeasibleTPESampler, run_search
+from zhantune.search.driver import CLAIMED, SPENT, SharedStudy
 from zhantune.search.feasible import enumerate_feasible
 from zhantune.search.samplers import make_sampler
 from zhantune.search.space import Space, load_branches
@@ -121,22 +122,37 @@ def test_feasible_tpe_between_storage_reads_knows_exactly_what_a_storage_read_wo
     assert len({tuple(sorted(p.items())) for p, _, _ in sequences[0]}) == 40  # never a point twice
 
 
+def _shared_in_memory(claimed: list[str], released: list[str], measured: list[str]) -> SharedStudy:
+    """The claims of one study kept in lists (the store keeps them in zt_claim; test_cluster.py)."""
+    def claim(c, n, limit):
+        if len(claimed) - len(released) >= limit:
+            return SPENT
+        claimed.append(c.config_hash)
+        return CLAIMED
+
+    return SharedStudy(claim=claim, release=lambda c: released.append(c.config_hash),
+                       counts=lambda: (len(measured), len(claimed) - len(released) - len(measured)),
+                       in_flight=lambda: [], release_trial=lambda n: False)
+
+
 def test_ask_ahead_prepares_the_next_candidate_before_the_current_one_is_measured():
     """Compile ahead (run_search's lookahead): while trial k is measured, trial k+1 has been asked,
     claimed and prepared; the sampler never proposes a point that is still being measured, even
     between storage reads (refresh_s)."""
     events: list[tuple[str, str]] = []
     claimed: list[str] = []
+    measured_hashes: list[str] = []
 
     def measure(c, n):
         events.append(("measure", c.config_hash))
+        measured_hashes.append(c.config_hash)
         return _objective(c, n)
 
     sampler = FeasibleTPESampler(seed=2, n_startup_trials=4, n_model_trials=10, refresh_s=1e9)
     study = optuna.create_study(sampler=sampler)
     stats = run_search(study, _small_space(), VARS, measure, n_trials=30, lookahead=1,
                        prepare=lambda c: events.append(("prepare", c.config_hash)),
-                       claim=lambda c, n: claimed.append(c.config_hash) or True)
+                       shared=_shared_in_memory(claimed, [], measured_hashes))
     assert stats.measured == 30 and stats.duplicates == 0
     measured = [h for kind, h in events if kind == "measure"]
     prepared = [h for kind, h in events if kind == "prepare"]
@@ -158,7 +174,7 @@ def test_candidates_asked_ahead_but_not_measured_are_released_and_marked_interru
 
     study = optuna.create_study(sampler=FeasibleTPESampler(seed=0, n_startup_trials=4))
     stats = run_search(study, _small_space(), VARS, measure, n_trials=10, lookahead=2,
-                       prepare=lambda c: None, release=lambda c: released.append(c.config_hash))
+                       prepare=lambda c: None, shared=_shared_in_memory([], released, []))
     assert stats.interrupted and stats.measured == 2
     states = [t.state for t in study.trials]
     assert states[:2] == [optuna.trial.TrialState.COMPLETE] * 2

@@ -20,7 +20,8 @@ register()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def _tune_app(cfg: DictConfig) -> None:
+def _tune_app(cfg: DictConfig) -> dict | None:
+    """Returns what the job did (zhantune.multirun.job_record: a multirun's summary reads it)."""
     mark_task_started()
     interrupt.install()  # Ctrl-C and SIGTERM stop the study cleanly (exit code 130)
     from zhantune.request import check_request
@@ -30,6 +31,7 @@ def _tune_app(cfg: DictConfig) -> None:
     except UserError as e:
         user_error(e)
         return
+    from zhantune.multirun import job_record
     from zhantune.report import TuneProgress, print_summary
     from zhantune.report.console import make_console
     from zhantune.storage import Store
@@ -37,8 +39,7 @@ def _tune_app(cfg: DictConfig) -> None:
 
     console = make_console()
     if cfg.problems:
-        _problems(cfg, console)
-        return
+        return _problems(cfg, console)
     try:
         run = resolve_run(cfg)
         store = Store(cfg.storage.url)
@@ -54,6 +55,7 @@ def _tune_app(cfg: DictConfig) -> None:
         console.print(f"[yellow]interrupted: run the same command again to resume the study (it measures "
                       f"the {max(0, result.target - result.done)} trial(s) still missing)[/yellow]")
         sys.exit(130)
+    return job_record([(run, result)], cfg.storage.url)
 
 
 def print_finished(console: Console, result: Any) -> None:
@@ -72,7 +74,8 @@ def print_finished(console: Console, result: Any) -> None:
                       f"({decision_us(result.best):,.1f} us)", highlight=False)
 
 
-def _problems(cfg: DictConfig, console: Console) -> None:
+def _problems(cfg: DictConfig, console: Console) -> dict | None:
+    from zhantune.multirun import job_record
     from zhantune.problemset import print_problems_summary, resolve_problems, tune_problems
     from zhantune.storage import Store
 
@@ -87,6 +90,7 @@ def _problems(cfg: DictConfig, console: Console) -> None:
     if result.interrupted:
         console.print("[yellow]interrupted: run the same command again to resume[/yellow]")
         sys.exit(130)
+    return job_record([(pr.run, pr.result) for pr in result.runs if pr.result is not None], cfg.storage.url)
 
 
 def main() -> None:

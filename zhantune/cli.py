@@ -118,6 +118,17 @@ def quoting_hint(override: str) -> str:
     return f"; quote the value inside the shell's quotes: '{key}=\"{value}\"'"
 
 
+def _launcher_hint(hydra_message: str) -> str:
+    """How to get Hydra's submitit launcher when a command names it and it is not installed."""
+    import importlib.util
+
+    if "Could not find 'hydra/launcher/submitit_" not in hydra_message:
+        return ""
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None:
+        return ""
+    return "; the submitit launcher comes with zhantune's cluster extra: pip install 'zhantune[cluster]' (docs/cluster.md)"
+
+
 def run_app(hydra_main: Callable[[], object]) -> None:
     """Run a ``@hydra.main`` function with zhantune's error conventions."""
     msg = check_group_overrides(sys.argv[1:])
@@ -132,7 +143,8 @@ def run_app(hydra_main: Callable[[], object]) -> None:
         text = _release_stderr()
         if e.code == 1 and not _State.task_started:
             bad = _unparsable_override(sys.argv[1:])
-            user_error((f"override {bad}: " if bad else "") + one_line(text) + (quoting_hint(bad) if bad else ""))
+            user_error((f"override {bad}: " if bad else "") + one_line(text) + (quoting_hint(bad) if bad else "")
+                       + _launcher_hint(text))
         sys.stderr.write(text)
         raise
     finally:  # any other way out before the task started: Hydra's text as it was

@@ -111,6 +111,10 @@ class BenchConfig:
     #: a resumed study re-uses its stored baselines (eager, Inductor's default) when they were measured
     #: on this device with this torch (and triton) version; true measures them again
     remeasure_baselines: bool = False
+    #: bench=replay: each answer takes this many times as long as the recorded measurement took (the
+    #: entry's compile + verification + benchmark time), so a replayed study runs at the real one's
+    #: speed (several jobs on one study, docs/cluster.md); 0: answer at once
+    replay_pace: float = 0.0
 
 
 #: BenchConfig field -> (lowest, highest) value allowed (None: unbounded), checked by check_bench
@@ -118,6 +122,7 @@ BENCH_RANGES: dict[str, tuple[float | None, float | None]] = {
     "warmup_ms": (0.0, 600_000.0), "target_ms": (0.001, 600_000.0), "min_reps": (1, None),
     "max_reps": (1, None), "compile_timeout_s": (0.001, None), "run_timeout_s": (0.001, None),
     "compile_workers": (0, 64), "remeasure_rounds": (0, 1000), "nice": (-20, 19), "busy_wait_s": (0.0, 600.0),
+    "replay_pace": (0.0, 1000.0),
 }
 
 
@@ -144,6 +149,11 @@ class StorageConfig:
     """Where measurements and the Optuna study live: one SQLAlchemy URL."""
 
     url: str = "sqlite:///zhantune.db"
+    #: Optuna's heartbeat of running trials, whole seconds (null: off). A trial whose heartbeat is
+    #: ``grace_period_s`` old (its worker was preempted, killed or lost) is failed by another worker
+    #: of the study, which releases its claim and measures the point again (docs/cluster.md)
+    heartbeat_interval_s: int | None = 10
+    grace_period_s: int = 60
 
 
 @dataclass

@@ -49,7 +49,9 @@ def export_table(store: Any, url: str, opts: Any, device_key: str | None = None)
     if opts.format == "zhantune":
         options = {"top_k": opts.top_k, "min_speedup": opts.min_speedup, "device_agnostic": opts.device_agnostic,
                    "device": device_key, "torch_version": opts.torch_version}
-        meta = table_metadata(store, table, options, _redact(url))
+        from zhantune.storage.store import redact_url
+
+        meta = table_metadata(store, table, options, redact_url(url))
     if not table:
         return None, table
     return write_table(opts.path, table, meta), table
@@ -74,16 +76,6 @@ def resolve_device_key(store: Any, spec: Any, option: str = "device") -> str | N
     listed = "; ".join(f"{i}: {d.key!r} ({d.kind})" for i, d in enumerate(devices)) or "none"
     raise ConfigError(f"{option}={want!r}: no such device in {store.url}; it has {listed}. Give the number "
                       f"({option}=0), or the key in quotes inside the shell's: '{option}=\"KEY\"'")
-
-
-def _redact(url: str) -> str:
-    """The URL without its password (tables are shipped; credentials are not)."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")

@@ -77,10 +77,12 @@ def _refuse_merge(store: Store, file: KernelTunerFile, digest: str) -> None:
     from zhantune.storage import models as m
 
     with store.session() as s:
-        q = (select(m.Study.name, m.Study.config).join(m.Measurement, m.Measurement.study_id == m.Study.id)
-             .join(m.Device, m.Measurement.device_id == m.Device.id)
-             .join(m.Problem, m.Measurement.problem_id == m.Problem.id)
-             .where(m.Device.key == file.device_key, m.Problem.key == file.problem().key).distinct())
+        # the studies with this device's measurements of this problem (a subquery: PostgreSQL has no
+        # DISTINCT over the JSON config column)
+        ids = (select(m.Measurement.study_id).join(m.Device, m.Measurement.device_id == m.Device.id)
+               .join(m.Problem, m.Measurement.problem_id == m.Problem.id)
+               .where(m.Device.key == file.device_key, m.Problem.key == file.problem().key))
+        q = select(m.Study.name, m.Study.config).where(m.Study.id.in_(ids))
         for name, config in s.execute(q):
             if (config or {}).get("sha256") != digest:
                 raise ConfigError(

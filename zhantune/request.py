@@ -80,6 +80,12 @@ def check_search(cfg: Any) -> None:
         raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
     if s.get("transfer", "auto") not in TRANSFER_MODES:
         raise ConfigError(f"search.transfer={s.transfer!r}; allowed: {', '.join(TRANSFER_MODES)}")
+    beat, grace = cfg.storage.get("heartbeat_interval_s"), cfg.storage.get("grace_period_s")
+    if beat is not None and beat < 1:
+        raise ConfigError(f"storage.heartbeat_interval_s={beat} must be at least 1 (whole seconds; null: off)")
+    if beat is not None and (grace is None or grace <= beat):
+        raise ConfigError(f"storage.grace_period_s={grace} must be more than storage.heartbeat_interval_s={beat} "
+                          "(else a live worker's trial would be taken for a dead one's)")
     workers = cfg.bench.get("compile_workers")
     if workers is not None and workers < 0:
         raise ConfigError(f"bench.compile_workers={workers} must be 0 (off), a positive count, or null "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import importlib.metadata
+import logging
 import math
 import os
 import shutil
@@ -43,15 +44,17 @@ from zhantune.inductor.knobs import config_knob_problem
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
 from zhantune.request import check_request
-from zhantune.search.driver import BudgetSpent, DuplicateTrial, run_search
+from zhantune.search.driver import DuplicateTrial, SharedStudy, run_search
 from zhantune.search.samplers import make_sampler
 from zhantune.search.space import Branch, Candidate, Space, load_space
-from zhantune.search.study import open_study
+from zhantune.search.study import MAX_RETRIES, Heartbeat, HeartbeatSettings, open_study, retry_trial
 from zhantune.storage import Store, check_url
 from zhantune.storage import models as orm
-from zhantune.storage.store import decision_us
+from zhantune.storage.store import ClaimLost, decision_us, redact_url
 
 __all__ = ["RunSpec", "TuneResult", "Recorder", "resolve_run", "tune", "study_budget", "software_versions", "CONF_DIR"]
+
+log = logging.getLogger(__name__)
 
 #: inductor config keys every candidate gets from zhantune itself (a space may not set them)
 _RESERVED_CONFIG_KEYS = {"freezing", "force_disable_caches", "max_autotune", "lookup_table.table", *KERNEL_CACHE_PATCH}
@@ -107,7 +110,7 @@ class RunSpec:
 
     def _worker_spec(self, cache_dir: str | None) -> WorkerSpec:
         if self.replay is not None:
-            return WorkerSpec("replay", {"path": str(self.replay.path)})
+            return WorkerSpec("replay", {"path": str(self.replay.path), "pace": float(self.cfg.bench.replay_pace)})
         device = self.device.kind if self.device.index is None else f"{self.device.kind}:{self.device.index}"
         return WorkerSpec("inductor", {"problem": self.problem, "device": device, "seed": self.cfg.search.seed,
                                        "bench": OmegaConf.to_container(self.cfg.bench, resolve=True),
@@ -120,7 +123,7 @@ class RunSpec:
         if b.isolate:
             return IsolatedBenchmarker(self._worker_spec(cache_dir), b.compile_timeout_s, b.run_timeout_s)
         if self.replay is not None:
-            return ReplayBenchmarker(self.replay)
+            return ReplayBenchmarker(self.replay, float(b.replay_pace))
         return InductorBenchmarker(self.problem, self.device, b, seed=self.cfg.search.seed)
 
     def compile_pool(self, size: int, cache_dir: str) -> CompilePool:
@@ -338,6 +341,23 @@ class TuneResult:
     def done(self) -> int:
         """Measured trials of the study after this run (all runs and workers that used its budget)."""
         return self.before + self.measured
+    #: of ``measured``: points of dead workers' trials measured again by this worker
+    retried: int = 0
+    #: dead workers' trials this worker failed (heartbeat older than storage.grace_period_s)
+    reaped: int = 0
+    #: measured candidates of the whole study (every worker) when this worker's search ended
+    study_measured: int = 0
+    #: seconds this worker waited for other workers' trials once every remaining trial was claimed
+    waited_s: float = 0.0
+
+
+def worker_name() -> str:
+    """``host:pid`` of this process (log lines of a launcher's jobs name their worker)."""
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 
 
 class Recorder:
@@ -355,7 +375,9 @@ class Recorder:
         self.environment_id = store.environment_id(environment_fields())
 
     def add(self, meas: Measurement, kind: str, candidate: Candidate | None = None,
-            trial_number: int | None = None) -> orm.Measurement:
+            trial_number: int | None = None, claimed: bool = False) -> orm.Measurement:
+        """Store one row; ``claimed``: a claimed candidate's row, stored only while the claim is still
+        this worker's (zhantune.storage.Store.add_measurement; else ClaimLost)."""
         t = meas.timing
         fields: dict[str, Any] = dict(
             study_id=self.study_id, device_id=self.device_id, problem_id=self.problem_id,
@@ -379,7 +401,7 @@ class Recorder:
             # as the timing process saw it (with the back-off's wait), else a snapshot here
             c = meas.conditions or conditions(self.device_kind, self.device_index)
             fields.update(conditions=c, contended=is_contended(c))
-        row_id = self.store.add_measurement(**fields)
+        row_id = self.store.add_measurement(claimed=claimed, **fields)
         return orm.Measurement(id=row_id, **fields)
 
 
@@ -477,10 +499,28 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
         # check it, on the GPU being timed) with a timed run
         bench.phase_hook = pool.phase_hook
 
+    beat = cfg.storage.get("heartbeat_interval_s")
+    heartbeat = None
+    if beat:
+        def on_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+            """Another worker's trial whose heartbeat stopped: release its claim, queue its point again."""
+            released = store.release_trial(study_id, trial.number)
+            retries = retry_trial(study, trial)
+            result.reaped += 1
+            log.warning("trial %d: its worker stopped beating (no heartbeat for %d s): failed; %s", trial.number,
+                        cfg.storage.grace_period_s,
+                        ("its point is queued again" + (f" (retry {retries})" if retries > 1 else "")
+                         if retries is not None else f"not retried again (retried {MAX_RETRIES} times)")
+                        + ("" if released else "; its measurement was already stored"))
+
+        heartbeat = HeartbeatSettings(int(beat), int(cfg.storage.grace_period_s), on_stale)
     with store.schema_lock():  # N workers may start on one new database: Optuna creates its tables once
-        study = open_study(run.study_name, cfg.storage.url, sampler)
+        study = open_study(run.study_name, cfg.storage.url, sampler, heartbeat)
     _enqueue_seeds(study, run)
     _use_prior(run, store, sampler, result)
+    done_before, _ = store.trial_counts(study_id)
+    log.info("worker %s: study %s in %s: %d of search.n_trials=%d measured so far", worker_name(), run.study_name,
+             redact_url(cfg.storage.url), done_before, target)
 
     def cached(cand: Candidate) -> tuple[bool, float | None]:
         hit = store.cached(device_id, problem_id, cand.config_hash, rec.versions["torch"], rec.versions["triton"])
@@ -498,7 +538,10 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
             if pre is not None:  # the compile's cost is the compile worker's (the kernels came from it)
                 meas = dataclasses.replace(meas, compile_s=pre.compile_s)
         try:
-            row = rec.add(meas, "candidate", cand, trial_number)
+            row = rec.add(meas, "candidate", cand, trial_number, claimed=True)
+        except ClaimLost as e:  # this worker was taken for dead: the point is another worker's now
+            log.warning("trial %d: %s; its measurement is dropped", trial_number, e)
+            raise DuplicateTrial(trial_number) from e
         except StorageError as e:
             if isinstance(e.__cause__, IntegrityError):  # another worker stored this trial first
                 raise DuplicateTrial(trial_number) from e
@@ -509,28 +552,45 @@ def _tune(run: RunSpec, store: Store, bench: Any, sampler: optuna.samplers.BaseS
             result.best = row  # as Store.ranked_candidates ranks (one rule for every "best")
         if progress is not None:
             progress.update(result, cand, meas)
+        else:  # a launcher's job: one log line per trial
+            log.info("trial %d: %s%s", trial_number, meas.status,
+                     f" {meas.timing.median_us:,.1f} us" if meas.timing else f" ({meas.error_text})")
         return row.median_us if meas.ok else None
 
-    def claim(cand: Candidate, trial_number: int) -> bool:
-        got = store.claim(study_id, cand.config_hash, trial_number, budget=target)
-        if got is None:  # the workers sharing this study measured its budget
-            raise BudgetSpent
-        return got
+    def measuring(cand: Candidate, trial_number: int, retry: bool) -> None:
+        if progress is None:
+            log.info("trial %d: measuring %s%s", trial_number, cand.describe(),
+                     " (again: its first worker died)" if retry else "")
 
+    shared = SharedStudy(
+        claim=lambda c, n, limit: store.claim(study_id, c.config_hash, n, limit),
+        release=lambda c: store.release(study_id, c.config_hash),
+        counts=lambda: store.trial_counts(study_id),
+        in_flight=lambda: store.in_flight(study_id),
+        release_trial=lambda n: store.release_trial(study_id, n),
+        poll_s=1.0)
     if progress is not None:
         progress.start(target, before)
     try:
-        stats = run_search(study, run.space, run.problem_vars, measure, n_trials=max(0, target - before),
-                           cached=cached, claim=claim,
-                           release=lambda c: store.release(study_id, c.config_hash), timeout_s=cfg.search.timeout_s,
+        if beat:
+            shared.heartbeat = Heartbeat(study)
+        stats = run_search(study, run.space, run.problem_vars, measure, n_trials=target,
+                           cached=cached, shared=shared, timeout_s=cfg.search.timeout_s,
                            seed=cfg.search.seed, prepare=pool.submit if pool is not None else None,
-                           lookahead=pool.size if pool is not None else 0)
+                           lookahead=pool.size if pool is not None else 0, on_measuring=measuring)
     finally:
+        if shared.heartbeat is not None:
+            shared.heartbeat.close()
         if progress is not None:
             progress.stop()
     result.infeasible, result.interrupted, result.exhausted = stats.infeasible, stats.interrupted, stats.exhausted
     if result.transfer is not None:
         result.transfer_text = _transfer_text(result.transfer, sampler)
+    result.retried, result.study_measured, result.waited_s = stats.retried, stats.study_measured, stats.waited_s
+    log.info("worker %s: study %s: this worker measured %d (%d retried after dead workers, %d cached, %d infeasible)"
+             "%s; the study has %d of %d measured", worker_name(), run.study_name, stats.measured, stats.retried,
+             stats.cached, stats.infeasible, f", waited {stats.waited_s:.0f} s for other workers" if stats.waited_s >= 1
+             else "", stats.study_measured, target)
     if not result.interrupted and run.replay is None:
         try:  # the close call first: the speedup is then settled for the config the ranking names
             if cfg.bench.remeasure_rounds > 0:

@@ -50,7 +50,7 @@ def _build(spec: WorkerSpec) -> Any:
     if spec.kind == "replay":
         from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner
 
-        return ReplayBenchmarker(load_kerneltuner(spec.args["path"]))
+        return ReplayBenchmarker(load_kerneltuner(spec.args["path"]), spec.args.get("pace", 0.0))
     from omegaconf import OmegaConf
 
     from zhantune.bench.inductor import InductorBenchmarker

@@ -19,6 +19,7 @@ import gzip
 import json
 import math
 import statistics
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,8 @@ from zhantune.device import DeviceInfo
 from zhantune.errors import ConfigError
 from zhantune.search.space import Branch, Candidate, Param, Space
 
-__all__ = ["KernelTunerFile", "ReplayProblem", "ReplayBenchmarker", "load_kerneltuner", "entry_times_us", "FAILURE_STATUS"]
+__all__ = ["KernelTunerFile", "ReplayProblem", "ReplayBenchmarker", "load_kerneltuner", "entry_times_us", "FAILURE_STATUS",
+           "recorded_cost_s"]
 
 #: Kernel Tuner's failure markers (the string in ``time``) -> zhantune status
 FAILURE_STATUS = {
@@ -251,17 +253,31 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
                            {n: list(tune_params[n]) for n in names}, cache, device or None)
 
 
+#: the parts of a Kernel Tuner cache entry that a real measurement of it took (milliseconds)
+PACE_FIELDS = ("compile_time", "verification_time", "benchmark_time")
+
+
+def recorded_cost_s(entry: dict[str, Any]) -> float:
+    """Seconds the recorded measurement took: the entry's compile, verification and benchmark times
+    (Kernel Tuner's simulation mode counts the same fields against a time budget); 0 when absent."""
+    return sum(entry[f] for f in PACE_FIELDS if _is_time(entry.get(f))) / 1000.0
+
+
 class ReplayBenchmarker:
     """Answers each candidate from the file: timings are the recorded runs (milliseconds -> us).
 
-    There are no baselines in a Kernel Tuner file, so :meth:`baselines` returns none.
+    There are no baselines in a Kernel Tuner file, so :meth:`baselines` returns none. With ``pace`` > 0
+    each answer takes ``pace`` times as long as the recorded measurement took (:func:`recorded_cost_s`),
+    so a replayed study (several workers on one study, a cluster's throughput) runs at the speed of
+    the real one; 0 answers at once.
     """
 
     name = "replay"
     lookup_key = None
 
-    def __init__(self, file: KernelTunerFile):
+    def __init__(self, file: KernelTunerFile, pace: float = 0.0):
         self.file = file
+        self.pace = pace
 
     def baselines(self) -> list[tuple[str, Measurement]]:
         return []
@@ -270,6 +286,8 @@ class ReplayBenchmarker:
         entry = self.file.entry(cand.params)
         if entry is None:  # the space's members make this unreachable through a search
             return Measurement("invalid", error_text="configuration absent from the replay file")
+        if self.pace > 0:
+            time.sleep(self.pace * recorded_cost_s(entry))
         t = entry["time"]
         if isinstance(t, str):
             return Measurement(FAILURE_STATUS.get(t, "runtime_error"), error_text=t)

@@ -2,12 +2,16 @@
 
 Budget rules: a point that violates a constraint is told PRUNED and never measured; a candidate
 already measured (``cached`` answers it) is told its stored value; neither uses the budget of
-``n_trials`` measured candidates. The study's trials are the only search state, so a resumed study
-or several workers on one storage continue from everything measured so far.
+``n_trials`` measured candidates. ``n_trials`` is the study's total: with a :class:`SharedStudy`
+(the tune job) the count is the study's, read from the storage, so a resumed study and several
+workers on one study (N jobs of a launcher) together measure exactly ``n_trials`` candidates;
+without one (the offline benchmark) it is this call's own count.
 """
 
 from __future__ import annotations
 
+import datetime
+import logging
 import random
 import time
 from collections import deque
@@ -20,22 +24,29 @@ from zhantune import interrupt
 from zhantune.search.space import Candidate, Space
 from zhantune.search.study import (
     INTERRUPTED_ATTR,
+    RETRY_OF_ATTR,
+    Heartbeat,
     ask,
+    fail_stale_trials,
     feasible_size,
     random_feasible_point,
 )
 
-__all__ = ["SearchStats", "Outcome", "run_search", "bind_sampler", "DuplicateTrial", "BudgetSpent"]
+__all__ = ["SearchStats", "Outcome", "run_search", "bind_sampler", "DuplicateTrial", "SharedStudy",
+           "CLAIMED", "TAKEN", "SPENT"]
+
+log = logging.getLogger(__name__)
+
+#: answers of :attr:`SharedStudy.claim`: this worker measures the point; another worker holds it;
+#: the study's ``n_trials`` are all measured or being measured
+CLAIMED, TAKEN, SPENT = "claimed", "taken", "spent"
 
 
 class DuplicateTrial(Exception):
-    """Raised by ``measure`` when another worker already stored this trial (an enqueued point that
-    two workers popped at once: Optuna's SQLite storage cannot lock the row). Not counted."""
-
-
-class BudgetSpent(Exception):
-    """Raised by ``claim`` when the study's budget of measured trials is used up (other workers
-    sharing the study measured the rest): the search stops, the asked point is left unmeasured."""
+    """Raised by ``measure`` when its result must not be stored: another worker already stored this
+    trial (an enqueued point that two workers popped at once: Optuna's SQLite storage cannot lock the
+    row), or this worker's claim was released meanwhile (it stopped beating its heartbeat and another
+    worker retried the point). Not counted."""
 
 
 #: the result of measuring (or looking up) one candidate: objective in microseconds, None when failed
@@ -43,17 +54,47 @@ Outcome = float | None
 
 
 @dataclass
+class SharedStudy:
+    """How the workers of one study share its ``n_trials`` (zhantune.tune builds this over the
+    store's claim rows, zhantune.storage.Store.claim).
+
+    ``claim(candidate, trial_number, n_trials)`` claims a point for this worker, atomically with the
+    budget: CLAIMED, TAKEN (another worker measures it) or SPENT (measured + claimed points of the
+    study reached ``n_trials``). ``release(candidate)`` undoes this worker's own claim (an
+    interrupted measurement). ``counts()`` is (measured, in flight) over every worker: candidates
+    stored, and points claimed but not stored yet. ``in_flight()`` lists the trial numbers of the
+    latter; ``release_trial(number)`` drops the claim of a trial that ended without a row (True when
+    it did). ``heartbeat`` beats this worker's trials (None: heartbeats off; then nothing dead is
+    retried, and a worker stops when the budget is claimed instead of waiting for other workers).
+    ``poll_s``: how often a worker whose budget is claimed looks for dead workers' trials.
+    """
+
+    claim: Callable[[Candidate, int, int], str]
+    release: Callable[[Candidate], None]
+    counts: Callable[[], tuple[int, int]]
+    in_flight: Callable[[], list[int]]
+    release_trial: Callable[[int], bool]
+    heartbeat: Heartbeat | None = None
+    poll_s: float = 1.0
+
+
+@dataclass
 class SearchStats:
+    #: candidates this worker measured
     measured: int = 0
     infeasible: int = 0
     cached: int = 0
     asks: int = 0
     #: points another worker was already measuring (told PRUNED, not measured twice)
     duplicates: int = 0
+    #: of ``measured``: points of dead workers' trials measured again here
+    retried: int = 0
+    #: measured candidates of the whole study when the search ended (every worker; SharedStudy only)
+    study_measured: int = 0
+    #: seconds spent waiting for other workers' trials in flight once the budget was claimed
+    waited_s: float = 0.0
     interrupted: bool = False
     exhausted: bool = False
-    #: ``claim`` raised BudgetSpent: the study's budget was used up by all its workers together
-    budget_spent: bool = False
 
 
 def bind_sampler(sampler: optuna.samplers.BaseSampler, space: Space, problem_vars: dict) -> None:
@@ -74,20 +115,24 @@ def _feasible_total(sampler: optuna.samplers.BaseSampler, space: Space, problem_
 def run_search(study: optuna.Study, space: Space, problem_vars: dict,
                measure: Callable[[Candidate, int], Outcome], *, n_trials: int,
                cached: Callable[[Candidate], tuple[bool, Outcome]] | None = None,
-               claim: Callable[[Candidate, int], bool] | None = None,
-               release: Callable[[Candidate], None] | None = None,
+               shared: SharedStudy | None = None,
                timeout_s: float | None = None, seed: int = 0, max_asks_per_trial: int = 50,
-               prepare: Callable[[Candidate], None] | None = None, lookahead: int = 0) -> SearchStats:
-    """Ask/tell until ``n_trials`` candidates were measured, the space is exhausted or time is up.
+               prepare: Callable[[Candidate], None] | None = None, lookahead: int = 0,
+               on_measuring: Callable[[Candidate, int, bool], None] | None = None) -> SearchStats:
+    """Ask/tell until the study has ``n_trials`` measured candidates, the space is exhausted or time is up.
 
     ``measure(candidate, trial_number)`` returns the objective (microseconds) or None for a failed
-    measurement; ``cached(candidate)`` returns (hit, outcome); ``claim(candidate, trial_number)``
-    returns False when another worker sharing the study is measuring that candidate (the trial is told
-    PRUNED) and raises BudgetSpent when the study's budget is used up (the search stops);
-    ``release(candidate)`` undoes a claim whose measurement was interrupted. A KeyboardInterrupt
-    (Ctrl-C, or SIGTERM routed by :func:`zhantune.interrupt.install`) during a measurement marks that trial
-    interrupted (user attribute ``zhantune:interrupted``, state FAIL) and ends the search with
-    ``interrupted`` set.
+    measurement; ``cached(candidate)`` returns (hit, outcome). With ``shared`` (several workers, or a
+    resumed study) ``n_trials`` counts the study's measured candidates in the storage, every
+    worker's: a point is measured only after :attr:`SharedStudy.claim` answered CLAIMED; a point
+    another worker holds is told PRUNED. Once every remaining trial is claimed, a worker waits for
+    the others' trials in flight, and fails the trials of workers whose heartbeat stopped (their
+    storage callback releases the claim and queues the point again, which this worker then measures),
+    so the study ends with ``n_trials`` measured however many workers ran or died. A KeyboardInterrupt
+    (Ctrl-C, or SIGTERM routed by :func:`zhantune.interrupt.install`) during a measurement marks that
+    trial interrupted (user attribute ``zhantune:interrupted``, state FAIL) and ends the search with
+    ``interrupted`` set. ``on_measuring(candidate, trial_number, retry)`` is called just before a
+    measurement starts (per-trial log lines of a launcher's job).
 
     Compile ahead: with ``lookahead`` n > 0 the loop keeps up to n candidates asked (and claimed)
     beyond the one being measured, and calls ``prepare(candidate)`` (which must return at once: it
@@ -103,17 +148,39 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
     rng = random.Random(seed)
     deadline = time.monotonic() + timeout_s if timeout_s else None
     pending: deque[tuple[optuna.trial.Trial, Candidate]] = deque()
+    heartbeat = shared.heartbeat if shared is not None else None
+    last_reap = [-float("inf")]
+    beaten: set[int] = set()  # other workers' claimed trials given one heartbeat (_release_orphans)
 
-    def next_measurable() -> tuple[optuna.trial.Trial, Candidate] | None:
-        """Ask until a candidate that must be measured comes up; None when the search must stop."""
-        while stats.asks < max_asks_per_trial * n_trials and not stats.budget_spent:
+    def time_up() -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
+    def reap(force: bool = False) -> None:
+        """Fail dead workers' trials (heartbeat older than the grace period), at most once a poll."""
+        if heartbeat is None or (not force and time.monotonic() - last_reap[0] < shared.poll_s):
+            return
+        last_reap[0] = time.monotonic()
+        fail_stale_trials(study)
+
+    def budget_left() -> int:
+        if shared is None:
+            return n_trials - stats.measured - len(pending)
+        measured, in_flight = shared.counts()
+        stats.study_measured = measured
+        return n_trials - measured - in_flight
+
+    def next_measurable() -> tuple[optuna.trial.Trial, Candidate] | str | None:
+        """Ask until a candidate that must be measured comes up; SPENT when the study's budget was
+        claimed meanwhile; None when the search must stop."""
+        while stats.asks < max_asks_per_trial * n_trials:
             if interrupt.requested():
                 raise KeyboardInterrupt("interrupt requested")
-            if deadline is not None and time.monotonic() > deadline:
+            if time_up():
                 return None
             if total is not None and len(seen) >= total:
                 stats.exhausted = True
                 return None
+            reap()
             stats.asks += 1
             asked = ask(study, space, problem_vars)
             cand = asked.candidate
@@ -134,52 +201,128 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
                         if fresh is not None:
                             study.enqueue_trial(space.trial_params(*fresh))
                     continue
-            try:
-                mine = claim is None or claim(cand, asked.trial.number)
-            except BudgetSpent:
-                _abandon(study, asked.trial, cand, None)
-                stats.budget_spent = True
-                return None
-            if not mine:
-                study.tell(asked.trial, state=optuna.trial.TrialState.PRUNED)  # another worker measures it
-                stats.duplicates += 1
-                continue
+            if shared is not None:
+                if heartbeat is not None:  # beating before the claim: a claimed point always has a heartbeat
+                    heartbeat.hold(asked.trial)
+                got = shared.claim(cand, asked.trial.number, n_trials)
+                if got != CLAIMED:
+                    if heartbeat is not None:
+                        heartbeat.drop(asked.trial)
+                    if got == SPENT:  # another worker claimed the last trial first: not a result
+                        _abandon(study, asked.trial, cand, None)
+                        return SPENT
+                    study.tell(asked.trial, state=optuna.trial.TrialState.PRUNED)  # another worker measures it
+                    stats.duplicates += 1
+                    continue
             return asked.trial, cand
         return None
+
+    def wait_for_others() -> bool:
+        """The budget is claimed but not all measured: wait while other workers' trials are in
+        flight, failing dead workers' trials so that their points come back. True when a trial
+        became free for this worker; False when the study is done or the search must stop."""
+        if shared is None or heartbeat is None:
+            return False  # no heartbeat: nothing dead can be told from slow; the others finish theirs
+        said = False
+        start = time.monotonic()
+        try:
+            while True:
+                if interrupt.requested():
+                    raise KeyboardInterrupt("interrupt requested")
+                if time_up():
+                    return False
+                reap(force=True)
+                _release_orphans(study, shared, beaten)
+                measured, in_flight = shared.counts()
+                stats.study_measured = measured
+                if measured >= n_trials:
+                    return False
+                if measured + in_flight < n_trials:
+                    return True
+                if not said:
+                    log.info("study %s: %d of %d measured; waiting for %d trial(s) in flight in other workers "
+                             "(a dead worker's trial is measured again once its heartbeat is %d s old)",
+                             study.study_name, measured, n_trials, in_flight, heartbeat.grace_period_s)
+                    said = True
+                time.sleep(shared.poll_s)
+        finally:
+            stats.waited_s += time.monotonic() - start
 
     try:
         while True:
             stop = False
-            while len(pending) <= lookahead and stats.measured + len(pending) < n_trials:
+            while len(pending) <= lookahead and budget_left() > 0:
                 got = next_measurable()
+                if got == SPENT:
+                    break
                 if got is None:
                     stop = True
                     break
                 if prepare is not None:
                     prepare(got[1])
                 pending.append(got)
-            if not pending or (stop and deadline is not None and time.monotonic() > deadline):
+            if not pending:
+                if stop or not wait_for_others():
+                    break
+                continue
+            if stop and time_up():
                 break
             trial, cand = pending.popleft()
+            retry = trial.user_attrs.get(RETRY_OF_ATTR) is not None
+            if on_measuring is not None:
+                on_measuring(cand, trial.number, retry)
             try:
                 with interrupt.interruptible():
                     outcome = measure(cand, trial.number)
             except DuplicateTrial:
                 stats.duplicates += 1
+                if heartbeat is not None:
+                    heartbeat.drop(trial)
                 continue
             except KeyboardInterrupt:
                 pending.appendleft((trial, cand))
                 raise
             if _tell(study, trial, outcome):
                 stats.measured += 1
+                stats.retried += retry
             else:
                 stats.duplicates += 1
+            if heartbeat is not None:
+                heartbeat.drop(trial)
     except KeyboardInterrupt:
         stats.interrupted = True
     finally:
         for trial, cand in pending:  # asked (and claimed) but not measured
-            _abandon(study, trial, cand, release)
+            _abandon(study, trial, cand, shared.release if shared is not None else None)
+            if heartbeat is not None:
+                heartbeat.drop(trial)
+    if shared is not None:
+        stats.study_measured = shared.counts()[0]
     return stats
+
+
+def _release_orphans(study: optuna.Study, shared: SharedStudy, beaten: set[int]) -> None:
+    """Claims without a row whose trial is no longer running (its worker died after Optuna failed
+    the trial but before the claim was released, or an older zhantune left it): release them. The
+    claims are read before the running trials, so a claim made meanwhile is never taken for one;
+    :attr:`SharedStudy.release_trial` keeps a claim whose row was stored meanwhile. A claimed trial
+    running for longer than the grace period gets one heartbeat from here (once; ``beaten``), so that
+    one without heartbeats of its own goes stale and is retried (Heartbeat.beat_once)."""
+    claimed = shared.in_flight()
+    if not claimed:
+        return
+    running = {t.number: t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    now = datetime.datetime.now()
+    for number in claimed:
+        trial = running.get(number)
+        if trial is None:
+            if shared.release_trial(number):
+                log.info("study %s: released the claim of trial %d (ended without a measurement)",
+                         study.study_name, number)
+        elif (shared.heartbeat is not None and number not in beaten and trial.datetime_start is not None
+              and (now - trial.datetime_start).total_seconds() > shared.heartbeat.grace_period_s):
+            beaten.add(number)
+            shared.heartbeat.beat_once(trial)
 
 
 def _abandon(study: optuna.Study, trial: optuna.trial.Trial, cand: Candidate,

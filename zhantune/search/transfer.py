@@ -151,12 +151,12 @@ def shape_sources(store: Store, device_key: str, problem: Any, max_shapes: int =
         device = s.scalar(select(m.Device).where(m.Device.key == device_key))
         if device is None:
             return []
-        q = (select(m.Problem).join(m.Measurement, m.Measurement.problem_id == m.Problem.id)
-             .where(m.Measurement.device_id == device.id, m.Problem.key != problem.key,
-                    m.Problem.op == fields["op"], m.Problem.dtype == fields["dtype"],
-                    m.Problem.weight_layout == fields["weight_layout"],
-                    m.Measurement.kind.in_(("candidate", "remeasure")))
-             .distinct())
+        # problems with measurements here (a subquery: PostgreSQL has no DISTINCT over a JSON column)
+        measured = select(m.Measurement.problem_id).where(m.Measurement.device_id == device.id,
+                                                          m.Measurement.kind.in_(("candidate", "remeasure")))
+        q = select(m.Problem).where(m.Problem.id.in_(measured), m.Problem.key != problem.key,
+                                    m.Problem.op == fields["op"], m.Problem.dtype == fields["dtype"],
+                                    m.Problem.weight_layout == fields["weight_layout"])
         if fields["activation"] is None:
             q = q.where(m.Problem.activation.is_(None))
         else:

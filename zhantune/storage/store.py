@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, delete, event, func, inspect, select, text, union, update
+from sqlalchemy import create_engine, delete, event, exists, func, inspect, select, text, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,7 +25,7 @@ from zhantune.errors import StorageError
 from zhantune.storage import models as m
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions, upgrade
 
-__all__ = ["Store", "check_url", "sqlite_path", "make_engine", "OPTUNA_TABLES", "decision_us", "decision_value", "median_row"]
+__all__ = ["Store", "ClaimLost", "check_url", "redact_url", "sqlite_path", "make_engine", "OPTUNA_TABLES", "decision_us", "decision_value", "median_row"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: database backends zhantune is tested on (SQLite: one machine; PostgreSQL: many)
@@ -38,6 +38,14 @@ OPTUNA_TABLES = {
     "trial_user_attributes", "trial_system_attributes", "trial_params", "trial_values",
     "trial_intermediate_values", "trial_heartbeats", "version_info", "alembic_version",
 }
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password (for logs and shipped tables; credentials are not shipped)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -199,6 +207,11 @@ def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+class ClaimLost(Exception):
+    """A measurement whose claim this worker no longer holds: another worker failed its trial (no
+    heartbeat for the grace period), released the claim and measures the point itself. Not stored."""
 
 
 class Store:
@@ -385,40 +398,34 @@ class Store:
             return s.scalar(select(m.Study).where(m.Study.name == name))
 
     def trials_used(self, study_id: int) -> int:
-        """How much of a study's trial budget is used: the distinct configs that a worker claimed
-        (measured, or being measured now) or that the study holds a candidate measurement of (a
-        merged or imported study has no claims). Interrupted measurements released their claim."""
-        with self.session() as s:
-            return self._trials_used(s, study_id)
-
-    @staticmethod
-    def _trials_used(s: Session, study_id: int) -> int:
-        configs = union(select(m.Claim.config_hash).where(m.Claim.study_id == study_id),
-                        select(m.Measurement.config_hash).where(m.Measurement.study_id == study_id,
-                                                                m.Measurement.kind == "candidate",
-                                                                m.Measurement.config_hash.is_not(None)))
-        return s.scalar(select(func.count()).select_from(configs.subquery())) or 0
+        """How much of a study's trial budget (``search.n_trials``) is used: its measured plus
+        in-flight candidates, every worker's (:meth:`trial_counts`; the claim checks the same sum)."""
+        return sum(self.trial_counts(study_id))
 
     # -- claims ---------------------------------------------------------------------------
-    def claim(self, study_id: int, config_hash: str, trial_number: int, budget: int | None = None) -> bool | None:
-        """Claim a config of a study for measuring; False when another worker holds it.
-
-        With ``budget`` (the study's total of measured trials, ``search.n_trials``) the claim is
-        refused with None once the study has used it (:meth:`trials_used`): N workers sharing one
-        study measure ``budget`` configs in all. The count and the claim are one transaction that
-        first writes the study's row, so claimers of one study take turns (SQLite: the write lock;
-        PostgreSQL: the row lock), and none counts before another's claim is committed."""
+    # A claim row (study, config) is taken before a point is measured and kept once its row is
+    # stored; a point whose measurement ended without a row (interrupted, its worker dead) has its
+    # claim released. The statements that decide (claim within the budget, store a row under a claim,
+    # release a dead worker's claim) each begin with a write on the row they depend on: SQLite then
+    # holds its write lock for the whole transaction (and waits for it with the busy timeout), and
+    # PostgreSQL holds that row's lock, so each decision reads what the others committed.
+    def claim(self, study_id: int, config_hash: str, trial_number: int, limit: int | None = None) -> str:
+        """Claim a config of a study for measuring. Returns "claimed"; "taken" when another worker holds
+        it; "spent" when ``limit`` is given and the study's measured plus claimed candidates
+        (:meth:`trial_counts`) already reach it (checked and claimed in one transaction, under the
+        study row's lock, so N workers never claim more than ``limit`` between them)."""
         try:
             with self.session() as s:
-                if budget is not None:
+                if limit is not None:
                     s.execute(update(m.Study).where(m.Study.id == study_id).values(status=m.Study.status))
-                    if self._trials_used(s, study_id) >= budget:
-                        return None
+                    measured, in_flight = self._trial_counts(s, study_id)
+                    if measured + in_flight >= limit:
+                        return "spent"
                 s.add(m.Claim(study_id=study_id, config_hash=config_hash, trial_number=trial_number))
-            return True
+            return "claimed"
         except StorageError as e:
             if isinstance(e.__cause__, IntegrityError):
-                return False
+                return "taken"
             raise
 
     def release(self, study_id: int, config_hash: str) -> None:
@@ -426,9 +433,55 @@ class Store:
         with self.session() as s:
             s.execute(delete(m.Claim).where(m.Claim.study_id == study_id, m.Claim.config_hash == config_hash))
 
-    # -- measurements -----------------------------------------------------------------------
-    def add_measurement(self, **fields: Any) -> int:
+    def release_trial(self, study_id: int, trial_number: int) -> bool:
+        """Drop the claim of trial ``trial_number`` unless its measurement row was stored (a dead
+        worker's trial: its point is measured again). True when a claim was dropped."""
         with self.session() as s:
+            held = s.execute(update(m.Claim).where(m.Claim.study_id == study_id, m.Claim.trial_number == trial_number)
+                             .values(trial_number=m.Claim.trial_number)).rowcount
+            if not held or s.scalar(select(exists().where(m.Measurement.study_id == study_id,
+                                                          m.Measurement.trial_number == trial_number))):
+                return False
+            s.execute(delete(m.Claim).where(m.Claim.study_id == study_id, m.Claim.trial_number == trial_number))
+            return True
+
+    def trial_counts(self, study_id: int) -> tuple[int, int]:
+        """(measured, in flight) candidates of a study, every worker's: candidate rows stored for its
+        trials, and claims whose trial has no row yet. ``search.n_trials`` is their total's limit."""
+        with self.session() as s:
+            return self._trial_counts(s, study_id)
+
+    @staticmethod
+    def _trial_counts(s: Session, study_id: int) -> tuple[int, int]:
+        stored = (select(m.Measurement.id).where(m.Measurement.study_id == study_id, m.Measurement.kind == "candidate",
+                                                 m.Measurement.trial_number.is_not(None)))
+        unstored = ~exists().where(m.Measurement.study_id == m.Claim.study_id,
+                                   m.Measurement.trial_number == m.Claim.trial_number)
+        row = s.execute(select(select(func.count()).select_from(stored.subquery()).scalar_subquery(),
+                               select(func.count()).select_from(m.Claim)
+                               .where(m.Claim.study_id == study_id, unstored).scalar_subquery())).one()
+        return int(row[0] or 0), int(row[1] or 0)
+
+    def in_flight(self, study_id: int) -> list[int]:
+        """Trial numbers of the study's claims that have no measurement row yet."""
+        with self.session() as s:
+            return list(s.scalars(select(m.Claim.trial_number).where(
+                m.Claim.study_id == study_id,
+                ~exists().where(m.Measurement.study_id == m.Claim.study_id,
+                                m.Measurement.trial_number == m.Claim.trial_number)).order_by(m.Claim.trial_number)))
+
+    # -- measurements -----------------------------------------------------------------------
+    def add_measurement(self, *, claimed: bool = False, **fields: Any) -> int:
+        """Insert one measurement row; returns its id. ``claimed``: the row of a claimed candidate
+        (``study_id``, ``config_hash``, ``trial_number``), stored only while this worker still holds
+        that claim, else ClaimLost (another worker released it: it measures the point itself)."""
+        with self.session() as s:
+            if claimed:
+                held = s.execute(update(m.Claim).where(
+                    m.Claim.study_id == fields["study_id"], m.Claim.config_hash == fields["config_hash"],
+                    m.Claim.trial_number == fields["trial_number"]).values(trial_number=m.Claim.trial_number)).rowcount
+                if not held:
+                    raise ClaimLost(f"trial {fields['trial_number']}: claim released by another worker")
             row = m.Measurement(**fields)
             s.add(row)
             s.flush()

@@ -1,0 +1,174 @@
+"""Scale-out on Hydra's submitit launcher (its local mode): N jobs on one PostgreSQL study split its
+``search.n_trials``; a job killed with SIGKILL mid-trial has its trial retried by another job once
+its heartbeat is older than the grace period; a problems file swept by jobs gives one table."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from sqlalchemy import select
+
+from zhantune.search.study import RETRY_OF_ATTR
+from zhantune.storage import Store
+from zhantune.storage import models as m
+
+HERE = Path(__file__).resolve().parent
+GEMM = HERE / "data" / "kerneltuner" / "gemm_RTX_3090.json.gz"
+GEMM_STUDY = "kerneltuner:Xgemm[4096x4096]@NVIDIA GeForce RTX 3090"
+HEARTBEAT_S, GRACE_S = 1, 3
+
+
+def test_claims_split_the_study_budget_and_a_released_claim_stores_nothing(tmp_path):
+    """The storage side of N jobs on one study (SQLite here; PostgreSQL in the launcher tests)."""
+    from zhantune.storage.store import ClaimLost
+
+    store = Store(f"sqlite:///{tmp_path / 'c.db'}")
+    study = store.study_id("s", {})
+    dev = store.device_id("d", "d", "cpu", {})
+    prob = store.problem_id("p", op="mm", shape={"M": 4, "N": 4, "K": 4}, dtype="float32", activation=None,
+                            lookup_op="mm", flops=128)
+
+    def row(config: str, trial: int) -> dict:
+        return dict(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok", params={},
+                    config_hash=config, trial_number=trial, median_us=1.0, torch_version="t")
+
+    assert store.claim(study, "a", 0, limit=2) == "claimed"
+    assert store.claim(study, "a", 1, limit=2) == "taken"      # another worker measures it
+    assert store.claim(study, "b", 2, limit=2) == "claimed"
+    assert store.claim(study, "c", 3, limit=2) == "spent"      # 2 of 2 claimed
+    assert store.trial_counts(study) == (0, 2) and store.in_flight(study) == [0, 2]
+    store.add_measurement(claimed=True, **row("a", 0))
+    assert store.trial_counts(study) == (1, 1) and store.in_flight(study) == [2]
+    assert not store.release_trial(study, 0)                    # measured: its claim stays
+    assert store.release_trial(study, 2)                        # a dead worker's trial: released
+    assert store.trial_counts(study) == (1, 0)
+    with pytest.raises(ClaimLost):                              # its worker comes back late: not stored
+        store.add_measurement(claimed=True, **row("b", 2))
+    assert len(_rows(store.url)) == 1
+    assert store.claim(study, "b", 4, limit=2) == "claimed"     # the point is measured again
+    assert store.claim(study, "c", 5, limit=2) == "spent"
+
+
+def test_a_missing_launcher_names_the_cluster_extra(monkeypatch):
+    import importlib.util
+
+    from zhantune.cli import _launcher_hint
+
+    message = "In 'hydra/config': Could not find 'hydra/launcher/submitit_slurm'"
+    assert _launcher_hint(message) == ""  # installed here (the dev extra includes it)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "hydra_plugins.hydra_submitit_launcher" else real(name, *a))
+    assert "pip install 'zhantune[cluster]'" in _launcher_hint(message)
+    assert _launcher_hint("Could not find 'op/mmm'") == ""
+
+
+def _launch(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "zhantune", "-m", "hydra/launcher=submitit_local", *args,
+                             "progress=false", f"hydra.sweep.dir={cwd}/sweep"],
+                            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+
+
+def _rows(url: str) -> list[m.Measurement]:
+    with Store(url).session() as s:
+        return list(s.scalars(select(m.Measurement).where(m.Measurement.kind == "candidate")))
+
+
+def _kill_mid_trial(log: Path, launcher: subprocess.Popen, timeout_s: float = 180) -> tuple[int, int, dt.datetime]:
+    """SIGKILL the job that writes ``log`` while it measures (after its second trial): returns its
+    pid, the trial it was measuring and when it was killed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+        lines = log.read_text().splitlines() if log.exists() else []
+        measuring = [ln for ln in lines if ": measuring " in ln]
+        if len(measuring) >= 3 and ": measuring " in lines[-1]:
+            pid = int(re.search(r"worker [^:]+:(\d+)", lines[0]).group(1))
+            number = int(re.search(r"trial (\d+): measuring", lines[-1]).group(1))
+            os.kill(pid, signal.SIGKILL)
+            return pid, number, dt.datetime.now()
+        time.sleep(0.02)
+    raise AssertionError(f"no trial measured in {log} after {timeout_s} s")
+
+
+def test_two_jobs_split_one_study_and_retry_a_killed_jobs_trial(postgres, tmp_path):
+    url = postgres.new_database()
+    # bench.replay_pace=1: each answer takes as long as the recorded measurement did (0.48 to 3.8 s),
+    # so a job is killed in the middle of a trial
+    launcher = _launch(["bench=replay", f"bench.path={GEMM}", "bench.replay_pace=1", "search.n_trials=20",
+                        "search.seed=0,1", f"storage.url={url}", f"storage.heartbeat_interval_s={HEARTBEAT_S}",
+                        f"storage.grace_period_s={GRACE_S}"], tmp_path)
+    log1 = tmp_path / "sweep" / "1" / "app.log"
+    pid, killed, killed_at = _kill_mid_trial(log1, launcher)
+    out, err = launcher.communicate(timeout=600)
+    # the launcher waits for job 0 (which finishes the study), then reports job 1's death
+    assert launcher.returncode == 1 and "UncompletedJobError" in err, err[-3000:]
+    assert ": measuring " in log1.read_text().splitlines()[-1]  # it died in the middle of that trial
+
+    rows = _rows(url)
+    assert len(rows) == 20                                   # the study's total, over both jobs
+    assert len({r.config_hash for r in rows}) == 20          # no configuration measured twice
+    assert len({r.trial_number for r in rows}) == 20
+    assert killed not in {r.trial_number for r in rows}      # the dead job stored nothing for it
+    study = optuna.load_study(study_name=GEMM_STUDY, storage=url)
+    trials = {t.number: t for t in study.trials}
+    assert trials[killed].state == optuna.trial.TrialState.FAIL
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    # the other job failed the dead trial and measured its point again, exactly once
+    (retry,) = [t for t in study.trials if t.user_attrs.get(RETRY_OF_ATTR) == killed]
+    assert retry.params == trials[killed].params
+    (retry_row,) = [r for r in rows if r.trial_number == retry.number]
+    assert sum(1 for r in rows if r.config_hash == retry_row.config_hash) == 1
+    assert retry.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+    # ... once its heartbeat was older than the grace period (3 s), within a few polls after that
+    waited_s = (retry.datetime_start - killed_at).total_seconds()
+    assert 0 < waited_s <= GRACE_S + 10, waited_s
+    log0 = (tmp_path / "sweep" / "0" / "app.log").read_text()
+    assert f"trial {killed}: its worker stopped beating" in log0
+    assert f"trial {retry.number}: measuring" in log0 and "(again: its first worker died)" in log0
+    assert "the study has 20 of 20 measured" in log0
+    with Store(url).session() as s:  # every claim is a stored row's: none left over
+        assert len(list(s.scalars(select(m.Claim)))) == 20
+
+
+@pytest.mark.slow
+def test_problems_file_swept_by_jobs_into_one_database_then_one_export(postgres, cli, tmp_path):
+    url = postgres.new_database()
+    (tmp_path / "problems.yaml").write_text(
+        "format: zhantune-problems\nproblems:\n"
+        "- {op: mm, shape: [16, 16, 16]}\n- {op: mm, shape: [32, 16, 16]}\n- {op: mm, shape: [16, 32, 16]}\n")
+    # tiny GEMMs, one trial each, short timing: the point is three problems, two jobs, one database
+    launcher = _launch(["problems=problems.yaml", "device=cpu", "search.total_trials=3", "search.min_trials=1",
+                        "search.seed=0,1", "bench.isolate=false", "bench.remeasure_rounds=0", "bench.warmup_ms=1",
+                        "bench.target_ms=2", "bench.busy_wait_s=0", "export.enabled=false", f"storage.url={url}"],
+                       tmp_path)
+    out, err = launcher.communicate(timeout=900)
+    assert launcher.returncode == 0, err[-3000:]
+    # the launcher's summary: both jobs' records, every study at its total
+    assert "zhantune multirun: 2 job record(s)" in out
+    records = [json.loads((tmp_path / "sweep" / str(i) / "zhantune_job.json").read_text()) for i in (0, 1)]
+    assert [len(r["studies"]) for r in records] == [3, 3]
+    for i in range(3):  # each problem's one trial measured by exactly one of the jobs
+        assert sum(r["studies"][i]["measured"] for r in records) == 1
+    rows = _rows(url)
+    assert len(rows) == 3 and len({(r.problem_id, r.config_hash) for r in rows}) == 3
+
+    r = cli(["storage.url=" + url, "path=table.json"], tmp_path, module="zhantune.export")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "wrote 3 key(s)" in r.stdout
+    table = json.loads((tmp_path / "table.json").read_text())["table"]
+    with Store(url).session() as s:  # the keys Inductor looked the three problems up with
+        (device,) = s.scalars(select(m.Device.key))
+        keys = [f"{device}+{p.lookup_key}" for p in s.scalars(select(m.Problem))]
+    assert len(set(keys)) == 3 and sorted(table) == sorted(keys)

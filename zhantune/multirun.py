@@ -1,0 +1,144 @@
+"""Hydra multirun (``python -m zhantune -m ...``, e.g. with the submitit launcher): a record per job and a
+summary in the launcher's log once every job has ended.
+
+:class:`MultirunSummary` is a Hydra callback, listed in the tune app's config (``hydra.callbacks``).
+In each job (on the launcher's machine or a cluster node) it writes what the job did, the tune app's
+return value, to ``zhantune_job.json`` in the job's output directory; in the launcher, after the
+last job, it reads those files from the sweep directory (a shared file system, as the submitit
+launcher needs anyway) and prints one row per job and one per study. A job that died wrote no record:
+its row says so, and its log is in the launcher's folder (``.submitit/<job id>/`` with submitit).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+__all__ = ["MultirunSummary", "job_record", "JOB_RECORD"]
+
+#: the file each job of a multirun writes in its output directory
+JOB_RECORD = "zhantune_job.json"
+
+
+def job_record(runs: list[tuple[Any, Any]], storage_url: str) -> dict[str, Any]:
+    """What a job did, for the launcher's summary: per (RunSpec, TuneResult) the study, the trials this
+    job measured (and how many of them were dead workers' points measured again), the dead workers'
+    trials it failed, the study's measured candidates when it ended, and the best so far."""
+    from zhantune.storage.store import decision_us, redact_url
+    from zhantune.tune import worker_name
+
+    studies = []
+    for run, result in runs:
+        best = result.best
+        studies.append({
+            "study": run.study_name, "n_trials": int(run.cfg.search.n_trials), "measured": result.measured,
+            "retried": result.retried, "reaped": result.reaped, "cached": result.cached,
+            "study_measured": result.study_measured, "waited_s": round(result.waited_s, 1),
+            "interrupted": result.interrupted,
+            "best_us": decision_us(best) if best is not None else None,
+            "best": _describe(best) if best is not None else None,
+        })
+    return {"zhantune_job": 1, "worker": worker_name(), "storage": redact_url(storage_url),
+            "ended_at": dt.datetime.now(dt.timezone.utc).isoformat(), "studies": studies}
+
+
+def _describe(row: Any) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in sorted((row.params or {}).items()))
+    return f"{row.template_id or row.branch} {{{params}}}"
+
+
+class MultirunSummary(Callback):
+    """Hydra callback of the tune app: job records in multirun jobs, a summary in the launcher."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # composition succeeded: from here on a failure (a job's) is reported as Hydra reports it,
+        # not reworded as a one-line user error (zhantune.cli.run_app)
+        from zhantune.cli import mark_task_started
+
+        mark_task_started()
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode != RunMode.MULTIRUN:
+            return
+        try:
+            value = job_return.return_value
+        except Exception:  # the job failed: no record (the launcher's summary says so)
+            return
+        if isinstance(value, dict) and value.get("zhantune_job"):
+            record = {**value, "job": hc.job.num, "overrides": list(hc.overrides.task)}
+            Path(hc.runtime.output_dir, JOB_RECORD).write_text(json.dumps(record, indent=1))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        print_multirun_summary(Path(str(config.hydra.sweep.dir)), _job_count(config))
+
+
+def _job_count(config: DictConfig) -> int | None:
+    """Jobs the sweep launched (Hydra's basic sweeper: the product of the swept values); None if unknown."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+    except Exception:
+        return None
+    n = 1
+    for o in parsed:
+        if o.is_sweep_override():
+            n *= len(list(o.sweep_string_iterator()))
+    return n
+
+
+def read_records(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The job records under a sweep directory, by job number."""
+    records = []
+    for path in sweep_dir.glob(f"*/{JOB_RECORD}"):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(records, key=lambda r: r.get("job", 0))
+
+
+def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
+    """One row per job (what it measured), one per study (its state when its last job ended)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:  # a launcher's log file: wide rows rather than wrapped cells
+        console = Console(width=200)
+    records = read_records(sweep_dir)
+    jobs = Table(title=f"zhantune multirun: {len(records)} job record(s) in {sweep_dir}")
+    for col in ("job", "worker", "study", "measured", "retried", "dead trials failed", "waited s", "study measured"):
+        jobs.add_column(col, justify="left" if col in ("worker", "study") else "right")
+    last: dict[str, dict[str, Any]] = {}
+    for r in records:
+        for s in r["studies"]:
+            jobs.add_row(str(r.get("job")), r["worker"], s["study"], str(s["measured"]), str(s["retried"]),
+                         str(s["reaped"]), f"{s['waited_s']:.0f}",
+                         f"{s['study_measured']}/{s['n_trials']}" + (" (interrupted)" if s["interrupted"] else ""))
+            if s["study"] not in last or r["ended_at"] >= last[s["study"]]["ended_at"]:
+                last[s["study"]] = {**s, "ended_at": r["ended_at"]}
+    console.print(jobs)
+    missing = None if n_jobs is None else n_jobs - len(records)
+    if missing:
+        console.print(f"[yellow]{missing} job(s) wrote no record (failed, killed or interrupted): see their logs "
+                      "(with submitit: .submitit/<job id>/ in the sweep directory)[/yellow]")
+    studies = Table(title="studies (as their last job left them)")
+    for col in ("study", "measured", "best us", "best config"):
+        studies.add_column(col, justify="right" if col in ("measured", "best us") else "left")
+    for name, s in sorted(last.items()):
+        studies.add_row(name, f"{s['study_measured']}/{s['n_trials']}",
+                        f"{s['best_us']:,.1f}" if s["best_us"] is not None else "-", s["best"] or "-")
+    console.print(studies)
+    if records:
+        console.print(f"one table from every problem: python -m zhantune.export storage.url=... "
+                      f"(storage of the jobs: {records[-1]['storage']})")
