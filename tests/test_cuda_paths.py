@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -225,11 +226,16 @@ def test_an_aten_template_winner_is_recognised_as_the_defaults_own_kernel(op, in
     assert _is_default_kernel(orm.Measurement(template_id=uid, params={}))
     assert not _is_default_kernel(orm.Measurement(template_id="triton::mm", params=TRITON_PARAMS))
     assert not _is_default_kernel(orm.Measurement(template_id="aten::bias_addmm", params={}))
+    # the tf32 space's "off" point is the default compile too (torch's default), "on" is not
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert _is_default_kernel(orm.Measurement(template_id=None, params={"cuda.matmul.allow_tf32": False}))
+    assert not _is_default_kernel(orm.Measurement(template_id=None, params={"cuda.matmul.allow_tf32": True}))
 
 
 def _tf32(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (float32) rounded to TF32 as the tensor cores read it: 10 explicit mantissa bits,
-    round to nearest even (the low 13 of float32's 23 bits dropped)."""
+    """``t`` (float32) rounded to TF32: 10 explicit mantissa bits, round to nearest even (the low 13
+    of float32's 23 bits dropped). Hardware that truncates instead gives about 8e-4 at K=4096, still
+    within TF32_TOLERANCE."""
     bits = t.contiguous().view(torch.int32)
     rounded = (bits + 0x0FFF + ((bits >> 13) & 1)) & ~0x1FFF
     return rounded.view(torch.float32)
@@ -238,7 +244,7 @@ def _tf32(t: torch.Tensor) -> torch.Tensor:
 def test_a_tf32_candidate_is_checked_against_tf32s_own_tolerance(monkeypatch):
     """Finding 8: a float32 GEMM under ``cuda.matmul.allow_tf32`` rounds its inputs to TF32; checked
     against float32's 1e-4 it is always "incorrect", so tf32 could never win. The error here is the
-    TF32 GEMM's (inputs rounded exactly as the tensor cores do, float32 accumulation) on the
+    TF32 GEMM's (inputs rounded to TF32, float32 accumulation) on the
     problem's own inputs at K=4096, against its float64 reference."""
     from zhantune.bench.inductor import InductorBenchmarker, relative_error
     from zhantune.bench.measurement import TF32_TOLERANCE, TOLERANCES, tolerance
@@ -320,6 +326,7 @@ def test_cuda_graph_timings_are_batch_means_and_ties_compare_per_run_spreads(mon
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: bool(state.get("capturing")))
     monkeypatch.setattr(triton.testing, "cuda_graph_without_gc", Capture)
     t = time_cuda(fn, target_ms=10.0)
     assert runs_per_sample(t.method) == state["n"] == 500 and t.n == 10
@@ -356,11 +363,23 @@ def test_nvml_readings_match_the_cuda_device_by_uuid_and_leave_out_the_tunes_own
 
     from zhantune.bench.conditions import conditions, is_contended, own_pids, wait_until_idle
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # a worker of the tune (this process) and a compile sidecar below it: both the tune's own
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
     try:
+        import time
+
+        grandchild = None
+        for _ in range(100):
+            kids = Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()
+            if kids:
+                grandchild = int(kids[0])
+                break
+            time.sleep(0.05)
+        assert grandchild is not None
         visible = {"uuid": "GPU-" + "5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60", "index": 3}
         others = [{"uuid": f"GPU-other-{i}", "index": i} for i in range(3)]
-        procs = {"GPU-5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60": [os.getpid(), os.getppid(), child.pid],
+        procs = {"GPU-5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60": [os.getpid(), child.pid, grandchild],
                  "GPU-other-0": [1]}
         nvml = types.ModuleType("pynvml")
         nvml.NVMLError = type("NVMLError", (Exception,), {})
@@ -374,8 +393,9 @@ def test_nvml_readings_match_the_cuda_device_by_uuid_and_leave_out_the_tunes_own
         nvml.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=0)
         monkeypatch.setitem(sys.modules, "pynvml", nvml)
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+        monkeypatch.delenv("ZHANTUNE_TUNE_PID", raising=False)
         with fake_cuda():
-            assert child.pid in own_pids()
+            assert {child.pid, grandchild} <= own_pids()
             seen = conditions("cuda", 0)
             assert seen["gpu"]["other_processes"] == 0 and seen["gpu"]["sm_clock_mhz"] == 1980
             assert not is_contended({**seen, "load_avg_1m": 0.0, "others_running": 0})
@@ -383,9 +403,17 @@ def test_nvml_readings_match_the_cuda_device_by_uuid_and_leave_out_the_tunes_own
             procs["GPU-5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60"].append(1)  # another user's job arrives
             assert conditions("cuda", 0)["gpu"]["other_processes"] == 1
             assert wait_until_idle(0.05, "cuda", 0)["busy_at_start"] is True
+            # inside a container NVML reports the host's pids, none of them ours: unknown, not "busy"
+            procs["GPU-5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60"] = [4000001, 4000002]
+            assert conditions("cuda", 0)["gpu"]["other_processes"] is None
+            # a CUDA row is contended by the GPU's state only (CPU load does not change kernel time)
+            assert not is_contended({"load_avg_1m": 9.0, "cores": 2, "others_running": 5, "gpu": {"other_processes": 0}})
     finally:
         child.kill()
         child.wait()
+        if grandchild:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(grandchild, 9)
 
 
 @pytest.mark.parametrize("op, dtype", [("mm", "bfloat16"), ("addmm", "bfloat16"), ("mm", "float32"),
@@ -520,8 +548,12 @@ def test_an_exported_table_under_stock_inductors_handler_and_under_use_table(tmp
                 with inductor_config.patch({"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON",
                                             "lookup_table.table": table}), V.set_choices_handler(LookupTableChoices()):
                     return lower(op, inputs, torch.bfloat16)
-            with use_table(table, device="cuda"):
-                return lower(op, inputs, torch.bfloat16)
+            with use_table(table, device="cuda") as installed:
+                got = lower(op, inputs, torch.bfloat16)
+            # every GEMM's own lookup hits; addmm's secondary passes (expanded-bias templates under a
+            # default entry, the contiguous rewrite) are no misses
+            assert not installed.report.misses and not installed.report.stale and installed.report.hits
+            return got
 
         for (op, shape), (inputs, winner) in cases.items():
             mine, stock = lowered(op, inputs, False), lowered(op, inputs, True)

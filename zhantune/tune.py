@@ -25,7 +25,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from sqlalchemy.exc import IntegrityError
 
 from zhantune import interrupt
-from zhantune.bench.conditions import ContentionCount, conditions, contention_count, is_contended
+from zhantune.bench.conditions import (
+    ContentionCount,
+    conditions,
+    contention_count,
+    is_contended,
+    mark_tune_root,
+)
 from zhantune.bench.inductor import BACKEND_FLAGS, KERNEL_CACHE_PATCH, InductorBenchmarker
 from zhantune.bench.isolated import CompilePool, IsolatedBenchmarker, WorkerSpec, default_compile_workers
 from zhantune.bench.measurement import Measurement
@@ -215,11 +221,15 @@ def cuda_offered_uids(problem: GemmProblem, device: DeviceInfo) -> frozenset[str
         if device.properties.get("profile"):
             with simulate.simulated_cuda(simulate.profile(device.properties["profile"])):
                 return simulate.offered_uids(problem, op)
-        return simulate.offered_uids(problem, op, device.index or 0)
+        with torch.cuda.device(device.index or 0):  # Inductor's TMA check reads the current device
+            return simulate.offered_uids(problem, op, device.index or 0)
     except Exception as e:  # Inductor's internals: never fail a run on this preview
+        cap = str(device.properties.get("capability") or "0.0").split(".")
+        tma = not device.properties.get("hip") and (int(cap[0]), int(cap[1] or 0)) >= (9, 0)
         logging.getLogger(__name__).warning("could not run Inductor's lowering to see which templates it offers "
-                                            "(%s: %s); assuming all", type(e).__name__, e)
-        return inductor_template_ids()
+                                            "(%s: %s); assuming all%s", type(e).__name__, e,
+                                            "" if tma else " but the persistent TMA one (compute capability < 9.0)")
+        return frozenset(u for u in inductor_template_ids() if tma or u != "triton::mm_persistent_tma")
 
 
 def resolve_run(cfg: DictConfig, preview: bool = False) -> RunSpec:
@@ -433,6 +443,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     row, used, target = study_budget(run, store)
     if row is not None and row.status in (FINISHED, EXHAUSTED) and (used >= target or row.status == EXHAUSTED):
         return _finished_result(run, store, row, used, target)
+    mark_tune_root()  # NVML's "other processes" leave out this tune's workers (conditions.own_pids)
     sampler = make_sampler(OmegaConf.to_container(run.cfg.search.sampler, resolve=True))
     n_compile = run.compile_workers()
     # compile ahead: one kernel cache for this tune, shared by the timing and compile workers
@@ -771,11 +782,22 @@ DEFAULT_KERNEL_TEMPLATES = frozenset({"aten::mm", "aten::addmm", "aten::bmm"})
 def _is_default_kernel(row: orm.Measurement) -> bool:
     """The very kernel Inductor's default compile runs, so re-measuring it against the default
     decides nothing: the ``aten`` config (backend list = ATEN only, the CPU path) or, on CUDA, an
-    ``aten::<op>`` template choice (DEFAULT_KERNEL_TEMPLATES; ``aten::bias_addmm`` is another kernel)."""
+    ``aten::<op>`` template choice (DEFAULT_KERNEL_TEMPLATES; ``aten::bias_addmm`` is another kernel),
+    or backend flags set to what they are anyway (``allow_tf32: false``: the default compile)."""
     if row.template_id is not None:
         return row.template_id in DEFAULT_KERNEL_TEMPLATES
+    if row.params and all(k in BACKEND_FLAGS for k in row.params):  # the default compile under flags
+        return all(_backend_flag(k) == v for k, v in row.params.items())  # ... that are this process's own
     params = {k: str(v).upper() for k, v in (row.params or {}).items()}
     return params == {"max_autotune_gemm_backends": "ATEN"}
+
+
+def _backend_flag(key: str) -> Any:
+    """The current value of a torch.backends flag (zhantune.inductor.knobs.BACKEND_FLAGS)."""
+    obj: Any = torch.backends
+    for part in key.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def not_carried_reason(row: orm.Measurement | None, device_kind: str) -> str | None:

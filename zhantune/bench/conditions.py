@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["conditions", "is_contended", "wait_until_idle", "ContentionCount", "contention_count"]
+__all__ = ["conditions", "is_contended", "wait_until_idle", "ContentionCount", "contention_count", "own_pids",
+           "mark_tune_root", "TUNE_PID_ENV"]
 
 _GOVERNOR = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
 
@@ -39,18 +40,45 @@ def _governor() -> str | None:
         return None
 
 
+#: the tune process's pid, set by the tune (:func:`mark_tune_root`) and inherited by its workers
+TUNE_PID_ENV = "ZHANTUNE_TUNE_PID"
+
+
+def mark_tune_root() -> None:
+    """Make this process the root of :func:`own_pids` for itself and the workers it starts (unless a
+    tune further up already is)."""
+    os.environ.setdefault(TUNE_PID_ENV, str(os.getpid()))
+
+
 def own_pids() -> set[int]:
-    """This process, its parent and both one's children: a tune process, its timing worker and its
-    compile-ahead workers (zhantune.bench.isolated), each of which holds a CUDA context on the GPU
-    it tunes (Linux /proc; this process and its parent elsewhere)."""
-    pids = {os.getpid(), os.getppid()}
-    for parent in (os.getpid(), os.getppid()):
+    """The tune's own processes: the tune process (TUNE_PID_ENV, else this one) and every process
+    below it (its timing worker, compile-ahead workers and their compile sidecars), each of which may
+    hold a CUDA context on the GPU it tunes (Linux /proc; this process alone elsewhere)."""
+    try:
+        root = int(os.environ.get(TUNE_PID_ENV, os.getpid()))
+    except ValueError:
+        root = os.getpid()
+    pids, todo = {os.getpid(), root}, [root]
+    while todo:
+        parent = todo.pop()
         for task in Path(f"/proc/{parent}/task").glob("*/children"):
             try:
-                pids.update(int(pid) for pid in task.read_text(encoding="ascii").split())
+                children = [int(pid) for pid in task.read_text(encoding="ascii").split()]
             except (OSError, ValueError):
                 continue
+            todo += [c for c in children if c not in pids]
+            pids.update(children)
     return pids
+
+
+def _other_processes(nvml_pids: list[int], mine: set[int]) -> int | None:
+    """Compute processes on the GPU that are not the tune's own, or None when that cannot be told:
+    NVML lists processes and none of them is ours although the reader holds a context (the
+    conditions are read right after timing). Inside a container's PID namespace NVML reports the
+    host's pids (NVIDIA/nvidia-docker#1483), which never match ours."""
+    if nvml_pids and not any(p in mine for p in nvml_pids):
+        return None
+    return sum(1 for p in nvml_pids if p not in mine)
 
 
 def _nvml_handle(pynvml: Any, index: int) -> Any:
@@ -63,7 +91,12 @@ def _nvml_handle(pynvml: Any, index: int) -> Any:
     uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
     if uuid is not None:
         text = str(uuid)
-        return pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}")
+        if text.startswith(("GPU-", "MIG-")):
+            return pynvml.nvmlDeviceGetHandleByUUID(text)
+        try:  # torch prints the bare UUID; NVML names a MIG instance "MIG-..."
+            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{text}")
+        except pynvml.NVMLError:
+            return pynvml.nvmlDeviceGetHandleByUUID(f"MIG-{text}")
     if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
         return pynvml.nvmlDeviceGetHandleByIndex(index)
     return None
@@ -83,16 +116,21 @@ def _gpu(index: int) -> dict[str, Any] | None:
         if h is None:
             return None
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-        mine = own_pids()
-        return {
-            "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-            "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
-            "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
-            "utilization_pct": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
-            "other_processes": sum(1 for p in procs if p.pid not in mine),
-        }
     except pynvml.NVMLError:
         return None
+    out: dict[str, Any] = {"other_processes": _other_processes([p.pid for p in procs], own_pids())}
+    readings = {  # each on its own: a MIG instance or an older GPU does not support every one
+        "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+        "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+        "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+        "utilization_pct": lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+    }
+    for name, read in readings.items():
+        try:
+            out[name] = read()
+        except pynvml.NVMLError:
+            out[name] = None
+    return out
 
 
 def others_running() -> int | None:
@@ -124,10 +162,13 @@ def conditions(device_kind: str = "cpu", index: int | None = None) -> dict[str, 
 
 
 def is_contended(c: dict[str, Any]) -> bool:
-    """Still busy when the timed runs began (:func:`wait_until_idle`), load average above the core
-    count, as many other runnable tasks as cores, or other processes on the GPU."""
+    """Still busy when the timed runs began (:func:`wait_until_idle`), or: on CUDA (conditions with a
+    ``gpu`` reading) other processes on the GPU; on CPU a load average above the core count or as
+    many other runnable tasks as cores (a CUDA graph's kernel time does not depend on them)."""
     if c.get("busy_at_start"):
         return True
+    if "gpu" in c:
+        return bool((c.get("gpu") or {}).get("other_processes"))
     load = c.get("load_avg_1m")
     if load is not None and load > c.get("cores", 1):
         return True

@@ -320,18 +320,22 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: f
 
     ``cuda_graph``: ``triton.testing.do_bench_cudagraph`` (no launch overhead). It captures N
     unrolled calls in one graph (N = ``target_ms`` / a first estimate of one call) and returns, with
-    ``return_mode="all"``, ten replays' means, not per-run times; the method records the N this
-    implies (``cuda:triton.do_bench_cudagraph:batch=N``) so that :func:`is_tie` compares per-run
-    spreads. Else ``triton.testing.do_bench`` (L2 flush, one CUDA event pair per run): per-run times.
+    ``return_mode="all"``, ten replays' means, not per-run times; the method records N, counted as
+    the calls made while the graph was captured (``cuda:triton.do_bench_cudagraph:batch=N``), so
+    that :func:`is_tie` compares per-run spreads. Else ``triton.testing.do_bench`` (L2 flush, one CUDA event pair per run): per-run times.
     """
     import triton.testing
 
     if cuda_graph:
-        times_ms = triton.testing.do_bench_cudagraph(fn, rep=target_ms, return_mode="all")
-        # Triton's own rule for N: max(1, int(rep / estimate_ms)); the mean replay time per call
-        # stands in for its estimate (taken from five calls before the graph was built)
-        batch = max(1, int(target_ms / max(statistics.fmean(times_ms), 1e-9)))
-        method = f"cuda:triton.do_bench_cudagraph:batch={batch}"
+        captured = [0]
+
+        def counted() -> object:  # N: the calls captured into the graph (Triton picks it)
+            if torch.cuda.is_current_stream_capturing():
+                captured[0] += 1
+            return fn()
+
+        times_ms = triton.testing.do_bench_cudagraph(counted, rep=target_ms, return_mode="all")
+        method = f"cuda:triton.do_bench_cudagraph:batch={max(1, captured[0])}"
     else:
         times_ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=target_ms, return_mode="all")
         method = "cuda:triton.do_bench"

@@ -232,6 +232,12 @@ class TableChoices(RecordingChoices):
         key, entries = self._find(event)
         report_key = key or event.device_key or event.agnostic_key or op_name
         cpu = kernel_inputs.device().type == "cpu"
+        if not cpu and not any(uid.startswith("aten::") for uid in hashes) \
+                and not any(e.get("template_id") in hashes for e in entries or ()):
+            # a secondary pass of the GEMM's lowering with nothing in the table for it (addmm's
+            # expanded-bias template lookup under a default entry, its contiguous rewrite under the
+            # ATen key): nothing from it; the GEMM's own lookup decides and is the one reported
+            return []
         if entries is not None and self.version_mismatch:
             return self._stale(report_key, self.version_mismatch, template_choices, kernel_inputs,
                                templates, op_name, kwarg_overrides, cpu)
