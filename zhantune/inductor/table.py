@@ -159,7 +159,7 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
         # the problem's own lookup on this device (a float32 linear_act is an addmm on CPU and an mm
         # on a GPU: the problem row keeps the first device's), from its default compile there
         own_key = own_keys.get((device.id, problem.id))
-        problem_key = own_key.removeprefix(f"{device.key}+") if own_key else problem.lookup_key
+        problem_key = _agnostic(own_key) if own_key else problem.lookup_key
         lookup_op = (parse_key(problem_key) or {}).get("op") or problem.lookup_op if problem_key else problem.lookup_op
         if not keep:
             placed = [(table_key(device.key, problem_key, None, device_agnostic), default_entry(lookup_op))]
@@ -239,6 +239,12 @@ def portable_table(comparison: Any, store: Any) -> dict[str, list[dict[str, Any]
                 table.setdefault(problem.lookup_key, [])
         table[key] = [entry]
     return dict(sorted(table.items()))
+
+
+def _agnostic(key: str) -> str:
+    """A lookup key without its device part (``device+inputs+op`` -> ``inputs+op``)."""
+    parsed = parse_key(key)
+    return key[len(parsed["device"]) + 1:] if parsed and parsed.get("device") else key
 
 
 def _confirmed(verdict: Any, min_speedup: float) -> bool:
