@@ -47,7 +47,7 @@ from zhantune.inductor.heuristics import (
     triton_mm_configs,
 )
 from zhantune.inductor.knobs import config_knob_problem
-from zhantune.inductor.templates import inductor_template_ids
+from zhantune.inductor.templates import inductor_template_ids, is_default_kernel
 from zhantune.problems import GemmProblem
 from zhantune.request import check_request
 from zhantune.search.driver import DuplicateTrial, SharedStudy, run_search
@@ -774,30 +774,10 @@ def _contended_unshielded(row: orm.Measurement) -> bool:
     return bool(row.contended) and ":fifo" not in (row.timing_method or "")
 
 
-#: the template uids of the ATen kernels Inductor's default compile (no max-autotune) runs for a
-#: GEMM (torch/_inductor/kernel/mm.py, bmm.py: aten_mm, aten_addmm, aten_bmm; cuBLAS on CUDA)
-DEFAULT_KERNEL_TEMPLATES = frozenset({"aten::mm", "aten::addmm", "aten::bmm"})
-
-
 def _is_default_kernel(row: orm.Measurement) -> bool:
-    """The very kernel Inductor's default compile runs, so re-measuring it against the default
-    decides nothing: the ``aten`` config (backend list = ATEN only, the CPU path) or, on CUDA, an
-    ``aten::<op>`` template choice (DEFAULT_KERNEL_TEMPLATES; ``aten::bias_addmm`` is another kernel),
-    or backend flags set to what they are anyway (``allow_tf32: false``: the default compile)."""
-    if row.template_id is not None:
-        return row.template_id in DEFAULT_KERNEL_TEMPLATES
-    if row.params and all(k in BACKEND_FLAGS for k in row.params):  # the default compile under flags
-        return all(_backend_flag(k) == v for k, v in row.params.items())  # ... that are this process's own
-    params = {k: str(v).upper() for k, v in (row.params or {}).items()}
-    return params == {"max_autotune_gemm_backends": "ATEN"}
-
-
-def _backend_flag(key: str) -> Any:
-    """The current value of a torch.backends flag (zhantune.inductor.knobs.BACKEND_FLAGS)."""
-    obj: Any = torch.backends
-    for part in key.split("."):
-        obj = getattr(obj, part, None)
-    return obj
+    """The very kernel Inductor's default compile runs (zhantune.inductor.templates.is_default_kernel):
+    re-measuring it against the default decides nothing."""
+    return is_default_kernel(row.template_id, row.params)
 
 
 def not_carried_reason(row: orm.Measurement | None, device_kind: str) -> str | None:

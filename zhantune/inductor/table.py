@@ -33,6 +33,7 @@ from typing import Any
 
 from zhantune.errors import TableError
 from zhantune.inductor.knobs import config_patch_problem, template_entry_problem
+from zhantune.inductor.templates import is_default_kernel
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
            "build_table", "table_metadata", "write_table", "read_table", "check_table", "entry_problem",
@@ -156,6 +157,8 @@ def build_table(store: Any, device_key: str | None = None, device_agnostic: bool
             keep = bool(rows) and (default_us is None or decision_us(rows[0]) * min_speedup <= default_us) \
                 if min_speedup is not None else bool(rows)
         rows = rows[:max(1, top_k)]
+        if keep and is_default_kernel(rows[0].template_id, rows[0].params):
+            keep = False  # the default's own kernel: Inductor's default entry, never a "tuned" one
         # the problem's own lookup on this device (a float32 linear_act is an addmm on CPU and an mm
         # on a GPU: the problem row keeps the first device's), from its default compile there
         own_key = own_keys.get((device.id, problem.id))

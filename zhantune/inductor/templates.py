@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
-__all__ = ["inductor_template_ids", "TEMPLATE_CONFIG"]
+__all__ = ["inductor_template_ids", "TEMPLATE_CONFIG", "DEFAULT_KERNEL_TEMPLATES", "is_default_kernel"]
 
 #: template uid -> the Inductor config without which Inductor does not offer that template
 #: (``triton::mm_persistent_tma``: ``use_triton_tma_template`` in torch/_inductor/utils.py)
@@ -27,3 +28,33 @@ def inductor_template_ids() -> frozenset[str]:
             if isinstance(obj, (KernelTemplate, ExternKernelChoice)) and isinstance(obj.uid, str):
                 ids.add(obj.uid)
     return frozenset(ids)
+
+
+#: the template uids of the ATen kernels Inductor's default compile (no max-autotune) runs for a
+#: GEMM (torch/_inductor/kernel/mm.py, bmm.py: aten_mm, aten_addmm, aten_bmm; cuBLAS on CUDA)
+DEFAULT_KERNEL_TEMPLATES = frozenset({"aten::mm", "aten::addmm", "aten::bmm"})
+
+
+def is_default_kernel(template_id: str | None, params: dict[str, Any] | None) -> bool:
+    """A measured config that is the very kernel Inductor's default compile runs: the ``aten`` config
+    (backend list = ATEN only, the CPU path: the prepacked linear), on CUDA an ``aten::<op>`` template
+    choice (DEFAULT_KERNEL_TEMPLATES; ``aten::bias_addmm`` is another kernel), or torch.backends flags
+    set to what they are anyway (``allow_tf32: false``). Its "speedup" over the default is noise, and a
+    table ships Inductor's default entry for it."""
+    from zhantune.inductor.knobs import BACKEND_FLAGS
+
+    if template_id is not None:
+        return template_id in DEFAULT_KERNEL_TEMPLATES
+    if params and all(k in BACKEND_FLAGS for k in params):  # the default compile under flags ...
+        return all(_backend_flag(k) == v for k, v in params.items())  # ... that are this process's own
+    return {k: str(v).upper() for k, v in (params or {}).items()} == {"max_autotune_gemm_backends": "ATEN"}
+
+
+def _backend_flag(key: str) -> Any:
+    """The current value of a torch.backends flag (zhantune.inductor.knobs.BACKEND_FLAGS)."""
+    import torch
+
+    obj: Any = torch.backends
+    for part in key.split("."):
+        obj = getattr(obj, part, None)
+    return obj
