@@ -127,6 +127,7 @@ def test_use_table_on_cuda_offers_the_persistent_tma_template():
     assert served.uids == ["triton::mm_persistent_tma"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, activation", [("float32", "relu"), ("bfloat16", "gelu")])
 def test_linear_act_is_benchmarked_under_the_op_inductor_looks_up_on_a_gpu(dtype, activation):
     """Finding 2: on a GPU, Inductor's post-grad pass unfuse_bias_add_to_pointwise rewrites addmm

@@ -57,6 +57,7 @@ def _process_state(pid: int) -> str:
     return stat[stat.rindex(")") + 2]
 
 
+@pytest.mark.slow
 def test_compile_ahead_fills_the_kernel_cache_that_the_timing_worker_compiles_from(tmp_path, tune_cfg):
     """A compile worker compiles a candidate; the timing worker (another process) then compiles it
     with every C++ kernel found in the shared kernel cache, and still checks and times it itself.

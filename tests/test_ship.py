@@ -171,6 +171,7 @@ def test_replay_measures_a_cpu_default_entry_as_the_aten_config():
     assert cuda.scope == "template" and cuda.template_id == "aten::mm"
 
 
+@pytest.mark.slow
 def test_export_options_on_a_real_cpu_tune(tune_cfg, cli, tmp_path):
     from zhantune.inductor.builder import build_table
     from zhantune.inductor.table import default_entry

@@ -175,6 +175,7 @@ def test_a_winner_slower_than_the_default_is_no_claim(tune_cfg, tmp_path):
     assert not verdict.confirmed
 
 
+@pytest.mark.slow
 def test_an_aten_winner_is_never_reported_as_a_speedup_over_the_default(tune_cfg, tmp_path):
     """The aten config is the kernel Inductor's default compile runs: whatever the two measured,
     the summary calls the difference noise (a real CPU tune)."""
@@ -198,6 +199,7 @@ def test_an_aten_winner_is_never_reported_as_a_speedup_over_the_default(tune_cfg
     assert "x (noise)" in best_row  # the table's speedup cell says so too
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op, shape", [
     ("mm", [64, 48, 1]),     # K = 1
     ("mm", [1, 64, 48]),     # M = 1
@@ -217,6 +219,7 @@ def test_edge_shapes_are_measured_correct_through_inductor(tune_cfg, tmp_path, o
     assert all(r.error is not None and r.error <= 1e-4 for r in rows)
 
 
+@pytest.mark.slow
 def test_a_gemm_inductor_decomposes_is_reported_not_applied(tune_cfg, tmp_path):
     """bmm with K = 1 is rewritten by Inductor's decompositions into a pointwise multiply: no GEMM
     lowering, so no candidate can apply; every trial says so instead of timing something else."""

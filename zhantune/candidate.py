@@ -30,6 +30,8 @@ class Candidate:
 
     @property
     def config_hash(self) -> str:
+        """16 hex digits of the sha256 of the canonical JSON of template_id and params: the key of
+        a config in the store, in a study's claims and across devices."""
         payload = json.dumps({"template_id": self.template_id, "params": self.params}, sort_keys=True,
                              separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]

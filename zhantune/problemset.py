@@ -140,6 +140,8 @@ def allocate_trials(rows: list[dict[str, Any]], total: int, min_trials: int) -> 
 
 @dataclass
 class ProblemRun:
+    """One problem of a problems file: its row, its share of the trials, its RunSpec and result."""
+
     row: dict[str, Any]
     n_trials: int
     run: Any  # RunSpec
@@ -148,6 +150,8 @@ class ProblemRun:
 
 @dataclass
 class ProblemsResult:
+    """Every problem's run, whether the command was interrupted, and the one table written."""
+
     runs: list[ProblemRun] = field(default_factory=list)
     interrupted: bool = False
     table_path: Any = None

@@ -69,6 +69,7 @@ class RunSpec:
 
     @property
     def study_name(self) -> str:
+        """``search.study_name``, else ``<problem key>@<device key>``."""
         return self.search.study_name or f"{self.problem.key}@{self.device.key}"
 
     def compile_workers(self) -> int:

@@ -144,6 +144,8 @@ class _Tune:
         self.progress: Any = None
 
     def run(self, sampler: optuna.samplers.BaseSampler, progress: Any) -> TuneResult:
+        """The tune, step by step: rows of the device and the study, baselines, the Optuna study
+        with its seeds and prior, the search, the settles, the study's end and the export."""
         run, store = self.run_spec, self.store
         self.progress = progress
         self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)

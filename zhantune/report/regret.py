@@ -55,6 +55,9 @@ class Choice:
 
 @dataclass
 class ProblemComparison:
+    """One problem across the devices: best times (us), each device's winner, Inductor's default
+    time where measured, the regrets of the winners elsewhere, and the portable choices."""
+
     problem_key: str
     flops: int
     best_us: dict[str, float]              # device -> best time
@@ -72,6 +75,8 @@ class ProblemComparison:
 
 @dataclass
 class Comparison:
+    """Every compared problem, and the device x device matrix of geometric-mean regrets."""
+
     devices: list[str]
     device_names: dict[str, str]
     problems: list[ProblemComparison]

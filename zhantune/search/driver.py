@@ -325,6 +325,8 @@ class _Search:
             self.heartbeat.drop(trial)
 
     def run(self) -> SearchStats:
+        """Fill the look-ahead, measure the next candidate, until the budget, the space or the time
+        is used up or an interrupt came; candidates asked but not measured are abandoned."""
         try:
             while True:
                 stop = self._fill()

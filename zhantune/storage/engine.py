@@ -247,4 +247,5 @@ def canonical_json(value: Any) -> str:
 
 
 def first_line(e: BaseException) -> str:
+    """The first line of an error's message (its type's name when it has none)."""
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

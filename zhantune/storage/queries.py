@@ -54,6 +54,7 @@ class Queries(ReportQueries):
             return None if row is None else (row[0], row[1])
 
     def count_measurements(self, study_id: int) -> int:
+        """How many measurement rows a study holds (every kind)."""
         with self.session() as s:
             return s.scalar(select(func.count()).select_from(m.MeasurementRow)
                             .where(m.MeasurementRow.study_id == study_id)) or 0
@@ -84,6 +85,7 @@ class Queries(ReportQueries):
         return rows
 
     def measurements(self, study_id: int | None = None) -> list[m.MeasurementRow]:
+        """Every measurement row (of one study), oldest first."""
         with self.session() as s:
             q = select(m.MeasurementRow).order_by(m.MeasurementRow.id)
             if study_id is not None:

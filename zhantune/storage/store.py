@@ -151,6 +151,7 @@ class Store(Queries):
             s.close()
 
     def tables(self) -> list[str]:
+        """The database's table names (zhantune's ``zt_*`` and Optuna's)."""
         return inspect(self.engine).get_table_names()
 
     def _insert(self, model: type) -> Any:
@@ -177,6 +178,7 @@ class Store(Queries):
             return row.id
 
     def device_id(self, key: str, name: str, kind: str, properties: dict[str, Any]) -> int:
+        """The device row's id by its key (CUDA: gcnArchName; CPU: model name), created when absent."""
         return self._get_or_create(m.Device, {"key": key}, dict(name=name, kind=kind, properties=properties))
 
     def environment_id(self, fields: dict[str, Any]) -> int:
@@ -192,12 +194,15 @@ class Store(Queries):
         return self._get_or_create(m.Problem, {"key": key}, fields, fill)
 
     def study_id(self, name: str, config: dict[str, Any]) -> int:
+        """The study row's id by name, created with ``config`` (the composed config) when absent; an
+        existing study is reopened (status ``running``)."""
         def reopen(row: m.Study) -> None:
             row.status = "running"
             row.finished_at = None
         return self._get_or_create(m.Study, {"name": name}, dict(config=config), reopen)
 
     def finish_study(self, study_id: int, status: str = "finished") -> None:
+        """Mark a study ended: ``status`` finished, exhausted or interrupted, with the time (UTC)."""
         with self.session() as s:
             row = s.get(m.Study, study_id)
             row.status = status
