@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from sqlalchemy import func, select  # noqa: E402
 
 from zhantune.storage import Store  # noqa: E402
-from zhantune.storage import models as m  # noqa: E402
+from zhantune.storage import orm as m  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "kerneltuner" / "gemm_RTX_3090.json.gz"
 
@@ -51,9 +51,9 @@ def run_one(url: str, jobs: int, pace: float, n_trials: int) -> None:
     store = Store(url)
     with store.session() as s:
         n, first, last, configs = s.execute(
-            select(func.count(), func.min(m.Measurement.created_at), func.max(m.Measurement.created_at),
-                   func.count(func.distinct(m.Measurement.config_hash)))
-            .where(m.Measurement.kind == "candidate")).one()
+            select(func.count(), func.min(m.MeasurementRow.created_at), func.max(m.MeasurementRow.created_at),
+                   func.count(func.distinct(m.MeasurementRow.config_hash)))
+            .where(m.MeasurementRow.kind == "candidate")).one()
     span = (last - first).total_seconds()
     rate = (n - 1) / span if span > 0 else float("nan")
     print(f"{url.split(':')[0]:22s} {pace:5.1f} {jobs:5d} {n:7d} {configs:8d} {wall:8.1f} {span:8.1f} {rate:9.2f}",

@@ -81,10 +81,10 @@ def zhantune_ratios(model: nn.Module, x: torch.Tensor, rounds: int) -> dict[tupl
     from omegaconf import OmegaConf
 
     from zhantune.bench.inductor import InductorBenchmarker
-    from zhantune.collect import collect
+    from zhantune.candidate import Candidate
     from zhantune.config import BenchConfig
     from zhantune.device import resolve_device
-    from zhantune.search.space import Candidate
+    from zhantune.inductor.gemms import collect
 
     device = resolve_device("cpu")
     bench_cfg = OmegaConf.structured(BenchConfig)

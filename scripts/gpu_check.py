@@ -8,7 +8,7 @@ For mm, addmm, bmm and linear_act (relu) in bfloat16 and float32, at one small s
    (aten_template, triton_mm or triton_bmm, triton_persistent_tma, decompose_k; tf32 for float32),
    ``search.n_trials`` small, into one SQLite database;
 2. **check** the stored trials: no trial of a template branch that Inductor's lowering offers for
-   the problem on this GPU (zhantune.tune.cuda_offered_uids) may be ``not_applied`` (a candidate
+   the problem on this GPU (zhantune.runspec.cuda_offered_uids) may be ``not_applied`` (a candidate
    that did not apply would be a measurement of something else), and every problem has an ``ok``
    default and an ``ok`` best candidate;
 3. **export** the table (``python -m zhantune.export``, both formats);
@@ -108,11 +108,11 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from zhantune.bench.decision import decision_us
     from zhantune.device import resolve_device
     from zhantune.problems import GemmProblem
+    from zhantune.runspec import cuda_offered_uids
     from zhantune.storage import Store
-    from zhantune.storage.store import decision_us
-    from zhantune.tune import cuda_offered_uids
 
     device = resolve_device(args.device)
     out = Path(args.out or tempfile.mkdtemp(prefix="zhantune-gpu-check-")).resolve()
@@ -142,7 +142,7 @@ def main() -> int:
     for p in problems:
         problem = GemmProblem.from_config(p["op"], p["shape"], p["dtype"], p["activation"])
         offered = cuda_offered_uids(problem, device)
-        study = store.find_study(f"gpu_check {p['name']}")
+        study = store.study(f"gpu_check {p['name']}")
         meas = store.measurements(study.id) if study is not None else []
         statuses: dict[str, int] = {}
         for m in meas:

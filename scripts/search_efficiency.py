@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner  # noqa: E402
+from zhantune.bench.recorded import ReplayBenchmarker, load_kerneltuner  # noqa: E402
 from zhantune.config import CONF_DIR  # noqa: E402
 from zhantune.errors import ConfigError  # noqa: E402
 from zhantune.quiet import quiet_known_warnings  # noqa: E402

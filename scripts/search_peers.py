@@ -49,14 +49,14 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from zhantune.bench.replay import KernelTunerFile, ReplayBenchmarker, entry_times_us, load_kerneltuner  # noqa: E402
+from zhantune.bench.recorded import KernelTunerFile, ReplayBenchmarker, entry_times_us, load_kerneltuner  # noqa: E402
 from zhantune.config import CONF_DIR  # noqa: E402
-from zhantune.kerneltuner import import_kerneltuner  # noqa: E402
 from zhantune.quiet import quiet_known_warnings  # noqa: E402
 from zhantune.search.driver import run_search  # noqa: E402
 from zhantune.search.samplers import make_sampler  # noqa: E402
 from zhantune.search.transfer import load_prior  # noqa: E402
 from zhantune.storage import Store  # noqa: E402
+from zhantune.storage.ingest import import_kerneltuner  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "kerneltuner"
 FILES = ["gemm_RTX_3090", "convolution_A100", "convolution_A4000", "dedispersion_A100", "dedispersion_MI250X"]

@@ -240,7 +240,7 @@ def test_march_table_is_refused_by_check_use_table_and_replay(cli, tmp_path, exi
 def test_export_skips_entries_a_table_may_not_carry(tmp_path):
     """A stored row that sets a non-knob (a tf32 backend flag; a merged row) is never exported:
     the key gets Inductor's default choice instead."""
-    from zhantune.inductor.table import build_table
+    from zhantune.inductor.builder import build_table
 
     store = Store(f"sqlite:///{tmp_path}/z.db")
     dev = store.device_id("gpu0", "gpu0", "cpu", {})  # a config patch a CPU table carries
@@ -334,7 +334,7 @@ PLAIN_CALL = textwrap.dedent("""
 
 COLLECT_KEYS = textwrap.dedent("""
     import json, torch
-    from zhantune.collect import collect
+    from zhantune.inductor.gemms import collect
     from zhantune.device import resolve_device
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 96),
                                 torch.nn.GELU(), torch.nn.Linear(96, 64)).eval()

@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 
+#: refused by the tune app's own checks (zhantune.cli.check_group_overrides, then zhantune.app.open_run)
 BAD_INPUTS = [
     (["+op=mm", "shape=[0,1,1]"], "shape=[0,1,1]: M=0 must be a positive integer"),
     (["+op=mm", "shape=[a,b,c]"], "M='a' is not an integer"),
@@ -20,12 +21,14 @@ BAD_INPUTS = [
     (["+op=mm", "shape=[4,4,4]", "space=[nope]"], "unknown space 'nope'"),
     (["+op=mm", "shape=[4,4,4]", "search.n_trials=0"], "search.n_trials=0 must be at least 1"),
     (["+op=mm", "shape=[4,4,4]", "bench.compile_workers=-1"], "bench.compile_workers=-1 must be 0 (off)"),
-    # Hydra's own composition errors, joined into one line
+    (["shape=[4,4,4]"], "no op given; use +op=<name>"),
+]
+#: Hydra's own composition errors, joined into one line by zhantune.cli.run_app (a real process)
+HYDRA_ERRORS = [
     (["+op=mm", "shape=[4,4,4]", "bench.compile_workers=abc"],
      "bench.compile_workers=abc; Value 'abc' of type 'str' could not be converted to Integer"),
     (["+op=mm", "shape=[4,4,4]", "bench.nope=1"], "Key 'nope' not in 'BenchConfig'"),
     (["+op=mm", "shape=[4,4,4]", "search.n_trials=[1"], "override search.n_trials=[1: no viable alternative"),
-    (["shape=[4,4,4]"], "no op given; use +op=<name>"),
 ]
 
 
@@ -34,6 +37,28 @@ def _digest(path):
 
 
 @pytest.mark.parametrize("args,message", BAD_INPUTS)
+def test_bad_input_is_refused_with_its_message(tune_cfg, tmp_path, existing_db, monkeypatch, args, message):
+    """In this process, the checks the tune app makes before anything is written: a UserError (one
+    line, exit code 2 in the app) naming the value; the existing database is unchanged."""
+    from zhantune.app import open_run
+    from zhantune.cli import check_group_overrides
+    from zhantune.errors import UserError
+    from zhantune.request import check_request
+
+    monkeypatch.chdir(tmp_path)  # the default storage.url is relative: the existing database
+    before = _digest(existing_db)
+    said = check_group_overrides(args)
+    if said is None:
+        cfg = tune_cfg(args + ["progress=false"])
+        with pytest.raises(UserError) as e:
+            check_request(cfg)  # the app's first check, before torch is imported
+            open_run(cfg)
+        said = str(e.value)
+    assert message in said and "\n" not in said
+    assert _digest(existing_db) == before
+
+
+@pytest.mark.parametrize("args,message", HYDRA_ERRORS)
 def test_bad_input_is_one_clear_line(cli, tmp_path, existing_db, args, message):
     before = _digest(existing_db)
     r = cli(args + ["progress=false"], cwd=tmp_path)
@@ -65,7 +90,7 @@ def test_space_dry_run_prints_sizes_before_and_after_constraints(cli, tmp_path):
     import torch
     from omegaconf import OmegaConf
 
-    from zhantune.tune import CONF_DIR
+    from zhantune.config import CONF_DIR
 
     r = cli(["+op=mm", "shape=[512,512,512]", "device=cpu"], cwd=tmp_path, module="zhantune.space")
     assert r.returncode == 0, r.stderr

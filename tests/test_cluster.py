@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from zhantune.search.study import RETRY_OF_ATTR
 from zhantune.storage import Store
-from zhantune.storage import models as m
+from zhantune.storage import orm as m
 
 HERE = Path(__file__).resolve().parent
 GEMM = HERE / "data" / "kerneltuner" / "gemm_RTX_3090.json.gz"
@@ -30,7 +30,7 @@ HEARTBEAT_S, GRACE_S = 1, 3
 
 def test_claims_split_the_study_budget_and_a_released_claim_stores_nothing(tmp_path):
     """The storage side of N jobs on one study (SQLite here; PostgreSQL in the launcher tests)."""
-    from zhantune.storage.store import ClaimLost
+    from zhantune.storage import ClaimLost
 
     store = Store(f"sqlite:///{tmp_path / 'c.db'}")
     study = store.study_id("s", {})
@@ -80,9 +80,9 @@ def _launch(args: list[str], cwd: Path) -> subprocess.Popen:
                             env=dict(os.environ, PYTHONWARNINGS="ignore"))
 
 
-def _rows(url: str) -> list[m.Measurement]:
+def _rows(url: str) -> list[m.MeasurementRow]:
     with Store(url).session() as s:
-        return list(s.scalars(select(m.Measurement).where(m.Measurement.kind == "candidate")))
+        return list(s.scalars(select(m.MeasurementRow).where(m.MeasurementRow.kind == "candidate")))
 
 
 def _kill_mid_trial(log: Path, launcher: subprocess.Popen, timeout_s: float = 180) -> tuple[int, int, dt.datetime]:

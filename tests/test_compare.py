@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from zhantune.bench.replay import load_kerneltuner
-from zhantune.kerneltuner import import_kerneltuner
+from zhantune.bench.recorded import load_kerneltuner
 from zhantune.report.browser import chart_status, render_dom, screenshot
-from zhantune.report.compare import CompareError, compare
 from zhantune.report.html import charts_in, write_html_report
+from zhantune.report.regret import CompareError, compare
 from zhantune.storage import Store
+from zhantune.storage.ingest import import_kerneltuner
 
 DATA = Path(__file__).resolve().parent / "data" / "kerneltuner"
 A100, A4000 = DATA / "convolution_A100.json.gz", DATA / "convolution_A4000.json.gz"

@@ -21,13 +21,13 @@ from torch._inductor import lowering
 from torch._inductor.utils import run_and_get_code
 
 from zhantune.bench.inductor import InductorBenchmarker
+from zhantune.candidate import Candidate
 from zhantune.config import BenchConfig
 from zhantune.device import resolve_device
 from zhantune.inductor.choices import recording
 from zhantune.inductor.runtime import use_table
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 from zhantune.problems import GemmProblem
-from zhantune.search.space import Candidate
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +143,7 @@ def test_export_ships_the_real_default_where_nothing_beats_it(tune_cfg, tmp_path
     time that entry compiles the prepacked linear, as without a table."""
     from rich.console import Console
 
-    from zhantune.inductor.table import build_table
+    from zhantune.inductor.builder import build_table
     from zhantune.report.summary import print_summary
     from zhantune.storage import Store
     from zhantune.tune import resolve_run, tune

@@ -18,9 +18,10 @@ import torch
 from fake_cuda import fake_cuda, lower
 from torch._inductor import config as inductor_config
 
-from zhantune.bench.inductor import CUDA_BASE_PATCH, candidate_entry, template_patch
+from zhantune.bench.inductor import candidate_entry
+from zhantune.candidate import Candidate
 from zhantune.inductor.choices import recording
-from zhantune.search.space import Candidate
+from zhantune.inductor.settings import CUDA_BASE_PATCH, template_patch
 
 TRITON_PARAMS = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3, "GROUP_M": 8}
 
@@ -88,12 +89,11 @@ def test_an_exported_and_a_served_entry_carry_even_k(tmp_path):
     runtime derives it for a table made without it, so Inductor never merges another config's."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table
     from zhantune.inductor.choices import LookupEvent
     from zhantune.inductor.runtime import use_table
-    from zhantune.inductor.table import build_table
     from zhantune.problems import GemmProblem
-    from zhantune.storage import Store
-    from zhantune.tune import Recorder
+    from zhantune.storage import Recorder, Store
 
     dev = "NVIDIA H100 80GB HBM3"
     key = "((torch.float32, [64, 48], [48, 1]), (torch.float32, [48, 64], [64, 1]))+mm"
@@ -127,6 +127,7 @@ def test_use_table_on_cuda_offers_the_persistent_tma_template():
     assert served.uids == ["triton::mm_persistent_tma"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, activation", [("float32", "relu"), ("bfloat16", "gelu")])
 def test_linear_act_is_benchmarked_under_the_op_inductor_looks_up_on_a_gpu(dtype, activation):
     """Finding 2: on a GPU, Inductor's post-grad pass unfuse_bias_add_to_pointwise rewrites addmm
@@ -135,10 +136,10 @@ def test_linear_act_is_benchmarked_under_the_op_inductor_looks_up_on_a_gpu(dtype
     yes; the benchmarker must record that lookup, and lookup_op_on("cuda") must predict it."""
     from torch._inductor.fx_passes import post_grad
 
-    from zhantune.bench import inductor
     from zhantune.bench.inductor import InductorBenchmarker
     from zhantune.config import BenchConfig
     from zhantune.device import resolve_device
+    from zhantune.inductor import settings
     from zhantune.problems import GemmProblem
 
     problem = GemmProblem.from_config("linear_act", [32, 64, 48], dtype, activation)
@@ -146,7 +147,7 @@ def test_linear_act_is_benchmarked_under_the_op_inductor_looks_up_on_a_gpu(dtype
     # a GPU compile prepacks nothing; on CPU the frozen weight would be prepacked by oneDNN before
     # the post-grad pass runs, so this CPU stand-in compiles without freezing
     with mock.patch.object(post_grad, "is_gpu", lambda device: True), \
-            mock.patch.dict(inductor.CPU_BASE_PATCH, {"freezing": False}):
+            mock.patch.dict(settings.CPU_BASE_PATCH, {"freezing": False}):
         default = bench.inductor_default()
     assert default.status == "ok", default.error_text
     assert default.lookup.op_name == problem.lookup_op_on("cuda")
@@ -158,8 +159,8 @@ def _cuda_space(problem, names: list[str]):
     from zhantune.inductor.heuristics import template_params
     from zhantune.inductor.simulate import PROFILES
     from zhantune.inductor.templates import inductor_template_ids
-    from zhantune.search.space import load_space
-    from zhantune.tune import CONF_DIR, problem_variables
+    from zhantune.runspec import CONF_DIR, problem_variables
+    from zhantune.search.schema import load_space
 
     h100 = PROFILES["H100"].device_info()
     variables = problem_variables(problem, h100)
@@ -217,19 +218,19 @@ def test_an_aten_template_winner_is_recognised_as_the_defaults_own_kernel(op, in
     """Finding 9: Inductor's default compile (no max-autotune) runs exactly one choice, its ATen
     kernel; an aten::<op> winner on CUDA is that kernel, so its "speedup" over the default is noise
     and is never claimed (the CPU ``aten`` config was the only one recognised)."""
-    from zhantune.storage import models as orm
-    from zhantune.tune import _is_default_kernel
+    from zhantune.bench.settle import is_default_kernel as _is_default_kernel
+    from zhantune.storage import orm as orm
 
     with fake_cuda(), inductor_config.patch(max_autotune=False):
         default = lower(op, inputs, torch.bfloat16)
     (uid,) = default.uids
-    assert _is_default_kernel(orm.Measurement(template_id=uid, params={}))
-    assert not _is_default_kernel(orm.Measurement(template_id="triton::mm", params=TRITON_PARAMS))
-    assert not _is_default_kernel(orm.Measurement(template_id="aten::bias_addmm", params={}))
+    assert _is_default_kernel(orm.MeasurementRow(template_id=uid, params={}))
+    assert not _is_default_kernel(orm.MeasurementRow(template_id="triton::mm", params=TRITON_PARAMS))
+    assert not _is_default_kernel(orm.MeasurementRow(template_id="aten::bias_addmm", params={}))
     # the tf32 space's "off" point is the default compile too (torch's default), "on" is not
     assert torch.backends.cuda.matmul.allow_tf32 is False
-    assert _is_default_kernel(orm.Measurement(template_id=None, params={"cuda.matmul.allow_tf32": False}))
-    assert not _is_default_kernel(orm.Measurement(template_id=None, params={"cuda.matmul.allow_tf32": True}))
+    assert _is_default_kernel(orm.MeasurementRow(template_id=None, params={"cuda.matmul.allow_tf32": False}))
+    assert not _is_default_kernel(orm.MeasurementRow(template_id=None, params={"cuda.matmul.allow_tf32": True}))
 
 
 def _tf32(t: torch.Tensor) -> torch.Tensor:
@@ -457,12 +458,12 @@ def test_a_config_branch_winner_on_cuda_is_never_shipped_as_if_it_applied(tmp_pa
     the summary says why, and an old table's config entry on CUDA is reported stale, not a miss."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table, not_carried_reason
     from zhantune.inductor.choices import LookupEvent
     from zhantune.inductor.runtime import use_table
-    from zhantune.inductor.table import CONFIG_ENTRY_ON_CUDA, CONFIG_TEMPLATE_ID, build_table
+    from zhantune.inductor.table import CONFIG_ENTRY_ON_CUDA, CONFIG_TEMPLATE_ID
     from zhantune.problems import GemmProblem
-    from zhantune.storage import Store
-    from zhantune.tune import Recorder, not_carried_reason
+    from zhantune.storage import Recorder, Store
 
     dev = "NVIDIA H100 80GB HBM3"
     key = "((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
@@ -510,11 +511,11 @@ def test_an_exported_table_under_stock_inductors_handler_and_under_use_table(tmp
 
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table
     from zhantune.inductor.runtime import use_table
-    from zhantune.inductor.table import build_table, stock_inductor_notes
+    from zhantune.inductor.table import stock_inductor_notes
     from zhantune.problems import GemmProblem
-    from zhantune.storage import Store
-    from zhantune.tune import Recorder
+    from zhantune.storage import Recorder, Store
 
     dev = "NVIDIA H100 80GB HBM3"
     store = Store(f"sqlite:///{tmp_path}/z.db")
@@ -644,12 +645,11 @@ def test_compares_portable_table_is_keyed_and_completed_as_the_export_is(tmp_pat
     entries as build_table does; the lookups are Inductor's own, recorded on two simulated GPUs."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import portable_table
     from zhantune.inductor.simulate import PROFILES
-    from zhantune.inductor.table import portable_table
     from zhantune.problems import GemmProblem
-    from zhantune.report.compare import compare
-    from zhantune.storage import Store
-    from zhantune.tune import Recorder
+    from zhantune.report.regret import compare
+    from zhantune.storage import Recorder, Store
 
     store = Store(f"sqlite:///{tmp_path}/z.db")
     study_id = store.study_id("s", {})
@@ -691,11 +691,10 @@ def test_a_problem_tuned_on_cpu_and_on_a_gpu_exports_each_devices_own_key(tmp_pa
     entries go under the key its own default compile looked up (stored with its default row)."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table
     from zhantune.inductor.choices import LookupEvent
-    from zhantune.inductor.table import build_table
     from zhantune.problems import GemmProblem
-    from zhantune.storage import Store
-    from zhantune.tune import Recorder
+    from zhantune.storage import Recorder, Store
 
     store = Store(f"sqlite:///{tmp_path}/z.db")
     problem = GemmProblem.from_config("linear_act", [32, 64, 48], "float32", "relu")
@@ -721,11 +720,10 @@ def test_a_confirmed_claim_is_not_hidden_by_a_later_note_or_a_faster_unconfirmed
     claim, and a faster config whose claim failed does not hide a slower one whose claim held."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table
     from zhantune.inductor.choices import LookupEvent
-    from zhantune.inductor.table import build_table
     from zhantune.problems import GemmProblem
-    from zhantune.storage import Store
-    from zhantune.tune import Recorder
+    from zhantune.storage import Recorder, Store
 
     dev = "NVIDIA H100 80GB HBM3"
     key = "((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"

@@ -20,9 +20,9 @@ from sqlalchemy import create_engine, func, select
 
 from zhantune.errors import StorageError
 from zhantune.storage import Store, make_engine
-from zhantune.storage import models as m
+from zhantune.storage import orm as m
+from zhantune.storage.engine import OPTUNA_TABLES
 from zhantune.storage.migrate import VERSION_TABLE, current_revision, head_revision
-from zhantune.storage.store import OPTUNA_TABLES
 
 HERE = Path(__file__).resolve().parent
 SCHEMA1 = HERE / "data" / "db" / "zhantune_schema1.db"
@@ -49,10 +49,10 @@ def _worker(url: str, workdir: Path, n_trials: int, path: Path = A100, seed: int
         env=dict(os.environ, PYTHONWARNINGS="ignore"))
 
 
-def _candidates(url: str, study: str | None = None) -> list[m.Measurement]:
+def _candidates(url: str, study: str | None = None) -> list[m.MeasurementRow]:
     store = Store(url)
     with store.session() as s:
-        q = select(m.Measurement).where(m.Measurement.kind == "candidate")
+        q = select(m.MeasurementRow).where(m.MeasurementRow.kind == "candidate")
         if study:
             q = q.join(m.Study).where(m.Study.name == study)
         return list(s.scalars(q))
@@ -75,7 +75,7 @@ def test_first_schema_file_is_refused_then_upgraded_with_its_rows_kept(cli, tmp_
     assert f"revision 0001 -> {head_revision()}" in r.stdout
     store = Store(url)
     with store.session() as s:
-        rows = [(x.id, x.config_hash, x.median_us, x.status) for x in s.scalars(select(m.Measurement).order_by(m.Measurement.id))]
+        rows = [(x.id, x.config_hash, x.median_us, x.status) for x in s.scalars(select(m.MeasurementRow).order_by(m.MeasurementRow.id))]
     assert rows == old_rows and len(rows) >= 5
     # the old Optuna study is still there and resumable
     assert optuna.load_study(study_name=optuna.get_all_study_summaries(url)[0].study_name, storage=url).trials
@@ -109,6 +109,11 @@ def test_newer_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
     with pytest.raises(StorageError, match="not a zhantune database .it has tables invoices.; left untouched"):
         Store(f"sqlite:///{foreign}")
     assert _digest(foreign) == digest
+    text = tmp_path / "notes.db"
+    text.write_text("not a database")
+    with pytest.raises(StorageError, match="not an SQLite database"):
+        Store(f"sqlite:///{text}")
+    assert text.read_text() == "not a database"
     corrupt = tmp_path / "corrupt.db"
     corrupt.write_bytes(b"SQLite format 3\x00" + os.urandom(4000))
     digest = _digest(corrupt)
@@ -146,7 +151,7 @@ def test_four_workers_share_one_study_on_sqlite(tmp_path):
 
 
 def _hold_lock(lock: str, log: str, rounds: int) -> None:
-    from zhantune.storage.store import _file_lock
+    from zhantune.storage.engine import file_lock as _file_lock
 
     for _ in range(rounds):
         with _file_lock(Path(lock)):
@@ -186,7 +191,7 @@ def _wait_for_rows(url: str, n: int, proc: subprocess.Popen, timeout_s: float = 
         assert proc.poll() is None, proc.stderr.read()[-2000:]
         try:
             with engine.connect() as conn:
-                if (conn.scalar(select(func.count()).select_from(m.Measurement.__table__)) or 0) >= n:
+                if (conn.scalar(select(func.count()).select_from(m.MeasurementRow.__table__)) or 0) >= n:
                     return
         except Exception:
             pass
@@ -289,7 +294,7 @@ def test_merge_two_machines_without_duplicates(cli, tmp_path):
     with store.session() as s:
         names = sorted(s.scalars(select(m.Study.name)))
         assert names == [A100_STUDY, f"{A100_STUDY} [from {b}]"]
-        assert all(x.environment_id is not None and x.torch_version for x in s.scalars(select(m.Measurement)))
+        assert all(x.environment_id is not None and x.torch_version for x in s.scalars(select(m.MeasurementRow)))
     assert {s.study_name for s in optuna.get_all_study_summaries(all_)} == set(names)
     # the created_at of every source row survives
     src = sorted(str(x.created_at) for x in _candidates(a) + _candidates(b))

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from zhantune.bench.inductor import CPU_BASE_PATCH
 from zhantune.device import resolve_device
+from zhantune.inductor.settings import CPU_BASE_PATCH
 from zhantune.problems import GemmProblem
 
 pytestmark = pytest.mark.slow

@@ -3,31 +3,33 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from faults import faulty_spec
 
-from zhantune.bench.isolated import FAULTS_ENV, default_compile_workers
+from zhantune.bench.compile_pool import CompilePool, default_compile_workers
 
 A100 = Path(__file__).resolve().parent / "data" / "kerneltuner" / "convolution_A100.json.gz"
 
 
-def test_crashing_and_hanging_candidates_are_stored_and_the_study_goes_on(tmp_path):
+def test_crashing_and_hanging_candidates_are_stored_and_the_study_goes_on(tmp_path, tune_cfg, monkeypatch):
+    """A replayed study in worker subprocesses, through a test-only benchmarker (tests/faults.py)
+    that aborts its worker on one kind of candidate and hangs on another."""
+    from zhantune.storage import Store
+    from zhantune.tune import resolve_run, tune
+
     db = tmp_path / "iso.db"
     faults = [{"match": {"use_padding": 1}, "action": "abort"},
               {"match": {"use_padding": 0, "tile_size_x": 4}, "action": "sleep", "seconds": 600}]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", **{FAULTS_ENV: json.dumps(faults)})
-    r = subprocess.run(
-        [sys.executable, "-m", "zhantune", "bench=replay", f"bench.path={A100}", "bench.isolate=true",
-         "bench.compile_timeout_s=3", "bench.run_timeout_s=3", "search=random", "search.n_trials=12",
-         f"storage.url=sqlite:///{db}", "progress=false", f"hydra.run.dir={tmp_path}/h"],
-        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "trials: 12 measured" in r.stdout
+    cfg = tune_cfg(["bench=replay", f"bench.path={A100}", "bench.isolate=true", "bench.compile_timeout_s=3",
+                    "bench.run_timeout_s=3", "search=random", "search.n_trials=12", f"storage.url=sqlite:///{db}"])
+    run = resolve_run(cfg)
+    spec = run.worker_spec(None)
+    monkeypatch.setattr(run, "worker_spec", lambda cache_dir: faulty_spec(spec, faults))
+    result = tune(run, Store(cfg.storage.url))
+    assert result.measured == 12 and not result.interrupted
     con = sqlite3.connect(db)
     rows = con.execute("select status, error_text, params, median_us from zt_measurement where kind='candidate'").fetchall()
     con.close()
@@ -55,6 +57,7 @@ def _process_state(pid: int) -> str:
     return stat[stat.rindex(")") + 2]
 
 
+@pytest.mark.slow
 def test_compile_ahead_fills_the_kernel_cache_that_the_timing_worker_compiles_from(tmp_path, tune_cfg):
     """A compile worker compiles a candidate; the timing worker (another process) then compiles it
     with every C++ kernel found in the shared kernel cache, and still checks and times it itself.
@@ -97,19 +100,25 @@ def test_compile_ahead_fills_the_kernel_cache_that_the_timing_worker_compiles_fr
     assert not pool.pids and not Path(f"/proc/{pid}").exists()
 
 
+@pytest.mark.slow
 def test_a_candidate_that_kills_its_compile_worker_costs_one_trial(tmp_path, tune_cfg, monkeypatch):
-    """Through the tune job: the aten candidate aborts its compile-ahead worker; that trial is
-    ``crashed`` with the cause, never reaches the timing worker, and the other candidates (compiled
-    ahead, then timed) are intact."""
+    """Through the tune job: the aten candidate aborts its compile-ahead worker (a test-only
+    benchmarker, tests/faults.py); that trial is ``crashed`` with the cause, never reaches the timing
+    worker, and the other candidates (compiled ahead, then timed) are intact."""
     from zhantune.storage import Store
     from zhantune.tune import resolve_run, tune
 
-    monkeypatch.setenv(FAULTS_ENV, json.dumps([{"match": {"max_autotune_gemm_backends": "ATEN"}, "action": "abort"}]))
     cfg = tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[aten,cpp_gemm]", "search.n_trials=2",
                     "bench.compile_workers=1", "bench.remeasure_rounds=0", "bench.target_ms=5",
                     "export.enabled=false", f"storage.url=sqlite:///{tmp_path}/z.db"])
+    run = resolve_run(cfg)
+    worker_spec = run.worker_spec
+    faults = [{"match": {"max_autotune_gemm_backends": "ATEN"}, "action": "abort"}]
+    # the compile-ahead workers' spec has the fault; the timing worker's is the real one
+    monkeypatch.setattr(run, "compile_pool", lambda size, cache_dir: CompilePool(
+        faulty_spec(worker_spec(cache_dir), faults), size, cfg.bench.compile_timeout_s, cfg.bench.run_timeout_s))
     store = Store(cfg.storage.url)
-    result = tune(resolve_run(cfg), store)
+    result = tune(run, store)
     assert result.measured == 2 and not result.interrupted
     rows = [r for r in store.measurements(result.study_id) if r.kind == "candidate"]
     assert sorted(r.branch for r in rows) == ["aten", "cpp_gemm"]  # Inductor's own seeds come first

@@ -73,7 +73,7 @@ def test_check_times_its_compiles_in_rotated_interleaved_rounds():
     run per way over the rounds, and the paired ratio with its per-round range."""
     from types import SimpleNamespace
 
-    from zhantune.check import time_interleaved, versus
+    from zhantune.bench.model_check import time_interleaved, versus
     from zhantune.config import BenchConfig
     from zhantune.device import resolve_device
 
@@ -236,8 +236,8 @@ def _quiet_paired_ratio(db, op: str, shape: str = "[64,64,64]", extra: tuple = (
     from hydra import compose, initialize_config_module
 
     from zhantune.bench.inductor import InductorBenchmarker
+    from zhantune.candidate import Candidate
     from zhantune.config import register
-    from zhantune.search.space import Candidate
     from zhantune.storage import Store
     from zhantune.tune import resolve_run
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner
+from zhantune.bench.recorded import ReplayBenchmarker, load_kerneltuner
 from zhantune.errors import ConfigError
 from zhantune.search.feasible import enumerate_feasible
 

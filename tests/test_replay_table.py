@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from zhantune.inductor.table import load_table
-from zhantune.report.compare import compare
+from zhantune.report.regret import compare
 from zhantune.storage import Store
 
 pytestmark = pytest.mark.slow

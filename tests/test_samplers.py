@@ -11,14 +11,14 @@ import optuna
 import pytest
 from omegaconf import OmegaConf
 
-from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner
+from zhantune.bench.recorded import ReplayBenchmarker, load_kerneltuner
 from zhantune.config import CONF_DIR
 from zhantune.errors import ConfigError
 from zhantune.search import FeasibleTPESampler, run_search
 from zhantune.search.driver import CLAIMED, SPENT, SharedStudy
 from zhantune.search.feasible import enumerate_feasible
 from zhantune.search.samplers import make_sampler
-from zhantune.search.space import Space, load_branches
+from zhantune.search.schema import Space, load_branches
 
 DATA = Path(__file__).resolve().parent / "data" / "kerneltuner"
 

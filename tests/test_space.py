@@ -11,7 +11,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from zhantune.errors import SpaceError
 from zhantune.inductor.heuristics import template_params, triton_mm_configs
 from zhantune.inductor.templates import inductor_template_ids
-from zhantune.search.space import load_branches, load_space, param_distribution
+from zhantune.search.schema import load_branches, load_space, param_distribution
 
 CONF = Path(__file__).resolve().parents[1] / "zhantune" / "conf"
 
@@ -112,7 +112,7 @@ def test_template_ids_come_from_inductor():
 @pytest.mark.parametrize("op", ["mm", "addmm", "bmm", "linear_act"])
 def test_every_shipped_space_loads_for_every_op(op):
     names = sorted(p.stem for p in (CONF / "space").glob("*.yaml"))
-    # every template offered (zhantune.tune.problem_variables computes these from Inductor per size)
+    # every template offered (zhantune.runspec.problem_variables computes these from Inductor per size)
     variables = {"M": 256, "N": 256, "K": 256, "B": 2, "dtype_bytes": 4, "smem_bytes": 232448,
                  "sm_count": 132, "cores": 2, "n_threads": 2, "decompose_k_offered": True,
                  "triton_mm_offered": True, "tma_offered": True, "tma_epilogue_bytes": 4}

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from zhantune.bench.conditions import conditions, is_contended
-from zhantune.bench.replay import ReplayBenchmarker, load_kerneltuner
+from zhantune.bench.recorded import ReplayBenchmarker, load_kerneltuner
 from zhantune.bench.timing import is_tie, summarize_us
-from zhantune.storage import Store
-from zhantune.tune import Recorder, TuneResult, resolve_run, settle_close_call, settle_speedup
+from zhantune.storage import Recorder, Store
+from zhantune.tune import TuneResult, resolve_run, settle
 
 DATA = Path(__file__).resolve().parent / "data" / "kerneltuner"
 
@@ -23,6 +23,9 @@ def test_statistics_on_known_inputs():
     assert (t.median_us, t.min_us, t.max_us, t.n) == (5.5, 1.0, 10.0, 10)
     # linear interpolation between order statistics (torch.quantile's default rule)
     assert t.p20_us == pytest.approx(2.8) and t.p80_us == pytest.approx(8.2)
+    expected = torch.quantile(torch.arange(1, 11, dtype=torch.float64), torch.tensor([0.2, 0.8], dtype=torch.float64))
+    assert [t.p20_us, t.p80_us] == pytest.approx(expected.tolist())
+    assert summarize_us([7.0], "one").p20_us == summarize_us([7.0], "one").p80_us == 7.0
     assert t.p25_us == pytest.approx(3.25) and t.p75_us == pytest.approx(7.75)
     assert t.iqr_us == pytest.approx(4.5)
     assert t.mean_us == pytest.approx(5.5)
@@ -90,7 +93,7 @@ def _settle(tune_cfg, tmp_path, path, points):
         cand = branch.candidate(v)
         rec.add(bench.measure(cand), "candidate", cand, trial_number=n)
     result = TuneResult("close-call", study_id, None, None, None)
-    settle_close_call(run, store, bench, rec, problem_id, result)
+    settle(run, store, bench, rec, problem_id, result)  # no default: the close call only
     return run, store, study_id, result
 
 
@@ -136,7 +139,8 @@ def _settle_speedup(tune_cfg, tmp_path, path, default_v, winner_v):
     default_row = rec.add(bench.measure(default_cand), "default")
     rec.add(bench.measure(winner), "candidate", winner, trial_number=0)
     result = TuneResult("speedup", study_id, None, default_row, None)
-    settle_speedup(run, store, bench, lambda: bench.measure(default_cand), rec, problem_id, result)
+    bench.measure_default = lambda: bench.measure(default_cand)
+    settle(run, store, bench, rec, problem_id, result)  # one candidate: the speedup settle only
     return run, store, study_id, problem_id, device_id, result
 
 
@@ -171,6 +175,7 @@ def test_a_winner_slower_than_the_default_is_no_claim(tune_cfg, tmp_path):
     assert not verdict.confirmed
 
 
+@pytest.mark.slow
 def test_an_aten_winner_is_never_reported_as_a_speedup_over_the_default(tune_cfg, tmp_path):
     """The aten config is the kernel Inductor's default compile runs: whatever the two measured,
     the summary calls the difference noise (a real CPU tune)."""
@@ -194,6 +199,7 @@ def test_an_aten_winner_is_never_reported_as_a_speedup_over_the_default(tune_cfg
     assert "x (noise)" in best_row  # the table's speedup cell says so too
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op, shape", [
     ("mm", [64, 48, 1]),     # K = 1
     ("mm", [1, 64, 48]),     # M = 1
@@ -213,6 +219,7 @@ def test_edge_shapes_are_measured_correct_through_inductor(tune_cfg, tmp_path, o
     assert all(r.error is not None and r.error <= 1e-4 for r in rows)
 
 
+@pytest.mark.slow
 def test_a_gemm_inductor_decomposes_is_reported_not_applied(tune_cfg, tmp_path):
     """bmm with K = 1 is rewritten by Inductor's decompositions into a pointwise multiply: no GEMM
     lowering, so no candidate can apply; every trial says so instead of timing something else."""

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from zhantune.bench.replay import load_kerneltuner
-from zhantune.kerneltuner import import_kerneltuner
-from zhantune.report.compare import compare
+from zhantune.bench.recorded import load_kerneltuner
+from zhantune.report.regret import compare
 from zhantune.search.transfer import load_prior, shape_distance
 from zhantune.storage import Store
+from zhantune.storage.ingest import import_kerneltuner
 
 DATA = Path(__file__).resolve().parent / "data" / "kerneltuner"
 CONV_A100, CONV_A4000 = DATA / "convolution_A100.json.gz", DATA / "convolution_A4000.json.gz"

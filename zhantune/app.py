@@ -14,7 +14,7 @@ from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
 from zhantune.errors import UserError
 
-__all__ = ["main"]
+__all__ = ["main", "open_run"]
 
 register()
 
@@ -34,15 +34,13 @@ def _tune_app(cfg: DictConfig) -> dict | None:
     from zhantune.multirun import job_record
     from zhantune.report import TuneProgress, print_summary
     from zhantune.report.console import make_console
-    from zhantune.storage import Store
-    from zhantune.tune import resolve_run, tune
+    from zhantune.tune import tune
 
     console = make_console()
     if cfg.problems:
         return _problems(cfg, console)
     try:
-        run = resolve_run(cfg)
-        store = Store(cfg.storage.url)
+        run, store = open_run(cfg)
         result = tune(run, store, TuneProgress(console, run.space) if cfg.progress else None)
     except UserError as e:
         user_error(e)
@@ -58,10 +56,21 @@ def _tune_app(cfg: DictConfig) -> dict | None:
     return job_record([(run, result)], cfg.storage.url)
 
 
+def open_run(cfg: DictConfig) -> tuple[Any, Any]:
+    """(RunSpec, Store) of a composed tune config: every check of the request
+    (zhantune.runspec.resolve_run), then the database opened (or created). Raises a UserError (the
+    app prints it on one line and exits with code 2) before anything is written."""
+    from zhantune.runspec import resolve_run
+    from zhantune.storage import Store
+
+    run = resolve_run(cfg)
+    return run, Store(cfg.storage.url)
+
+
 def print_finished(console: Console, result: Any) -> None:
     """The study had measured its budget before this run: say so, with its best config."""
+    from zhantune.bench.decision import decision_us
     from zhantune.report.console import compact
-    from zhantune.storage.store import decision_us
 
     why = ("every feasible point of its space is measured" if result.exhausted
            else f"{result.before} of {result.target} trials measured" if result.before <= result.target

@@ -5,7 +5,7 @@ each device's best config, the regret of each device's winner on the others, and
 loses least everywhere; then the device x device regret matrix. One device works too (its winners;
 with ``study=``, the report draws the search history). ``csv=``, ``json=``, ``html=`` write
 the same data; ``table=`` writes the portable choices as device-agnostic lookup-table entries.
-Definitions in :mod:`zhantune.report.compare`.
+Definitions in :mod:`zhantune.report.regret`; the portable table: zhantune.inductor.builder.portable_table.
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from zhantune.cli import mark_task_started, run_app, user_error
+from zhantune.config import register
 from zhantune.errors import ConfigError, StorageError, UserError
 
 __all__ = ["main"]
+
+register()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="compare")
@@ -38,10 +41,10 @@ def _compare_app(cfg: DictConfig) -> None:
     except UserError as e:
         user_error(e)
         return
-    from zhantune.report.compare import compare
     from zhantune.report.console import make_console
     from zhantune.report.html import write_html_report
     from zhantune.report.outputs import print_comparison, write_csv, write_json
+    from zhantune.report.regret import compare
     from zhantune.report.studies import load_report_study, study_names
 
     console = make_console()
@@ -63,7 +66,8 @@ def _compare_app(cfg: DictConfig) -> None:
         console.print(f"html: {out}" + (f" (history and importances of study {study.study_name!r})" if study else
                                          " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
     if cfg.table:
-        from zhantune.inductor.table import portable_table, write_table
+        from zhantune.inductor.builder import portable_table
+        from zhantune.inductor.table import write_table
 
         table = portable_table(cmp, store)
         if table:

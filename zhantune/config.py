@@ -2,7 +2,8 @@
 
 The YAML files under ``conf/`` only fill these schemas in: a misspelt key fails at compose time with
 Hydra's own error. Values whose checks need more than a type (shape, dtype, device) are validated by
-:func:`zhantune.cli.resolve_run` so that the user gets one line naming the value and what is allowed.
+:func:`zhantune.request.check_request` (before torch is imported) and
+:func:`zhantune.runspec.resolve_run`, so that the user gets one line naming the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 #: search.transfer values (zhantune.search.transfer)
 TRANSFER_MODES = ("auto", "off")
 
-__all__ = ["TRANSFER_MODES", "CONF_DIR", "OpConfig", "SearchConfig", "BenchConfig", "StorageConfig", "ExportConfig", "ExportAppConfig",
-           "TuneConfig", "register", "group_options", "space_descriptions"]
+__all__ = ["TRANSFER_MODES", "CONF_DIR", "OpConfig", "SearchConfig", "BenchConfig", "StorageConfig", "ExportConfig",
+           "ExportAppConfig", "TuneConfig", "CollectConfig", "CheckConfig", "CompareConfig", "ReplayConfig",
+           "KernelTunerConfig", "DbConfig", "register", "group_options", "space_descriptions"]
 
 
 @dataclass
@@ -100,7 +102,7 @@ class BenchConfig:
     compile_timeout_s: float = 600.0
     run_timeout_s: float = 300.0
     #: compile ahead: worker subprocesses compiling the next candidates while one is timed
-    #: (zhantune.bench.isolated.CompilePool); null: one per four cores, at most 4 (on CUDA at least
+    #: (zhantune.bench.compile_pool.CompilePool); null: one per four cores, at most 4 (on CUDA at least
     #: 1; on CPU 0 below four cores); 0: off. Needs isolate
     compile_workers: int | None = None
     #: close calls: when the best two configs' 20th-80th percentile ranges overlap, measure both again
@@ -248,6 +250,55 @@ class CheckConfig(CollectConfig):
     json: str | None = None
 
 
+@dataclass
+class CompareConfig:
+    """``python -m zhantune.compare``: per-device winners, regret, portable choices (conf/compare.yaml)."""
+
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    #: device keys or names to compare (a list; checked by the app); None: every device
+    devices: Any = None
+    #: how many of the most-disagreeing problems to list
+    top: int = 5
+    csv: str | None = None
+    json: str | None = None
+    html: str | None = None
+    #: a study's history and importances in the HTML report (its name or a part only it has)
+    study: str | None = None
+    #: write the portable choices as device-agnostic lookup-table entries
+    table: str | None = None
+
+
+@dataclass
+class ReplayConfig:
+    """``python -m zhantune.replay``: measure a table's entries on this device (conf/replay.yaml)."""
+
+    table: str = MISSING
+    device: str = "auto"
+    seed: int = 0
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+
+@dataclass
+class KernelTunerConfig:
+    """``python -m zhantune.kerneltuner``: import Kernel Tuner cache files (conf/kerneltuner.yaml)."""
+
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    #: the cache files (a list; checked by the app)
+    files: Any = field(default_factory=list)
+    #: one device name per file (a list; checked by the app); None: from each file
+    devices: Any = None
+
+
+@dataclass
+class DbConfig:
+    """``python -m zhantune.db``: the results database (conf/db.yaml)."""
+
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    #: merge: the databases to copy into storage.url (a list of URLs)
+    sources: Any = field(default_factory=list)
+
+
 def group_options(group: str) -> str:
     """The options of config group ``group`` (the files in conf/<group>/), comma-separated; the
     ``zt_options`` resolver of the ``--help`` templates (``${zt_options:space}``)."""
@@ -281,5 +332,9 @@ def register() -> None:
     cs.store(name="export_schema", node=ExportAppConfig)
     cs.store(name="collect_schema", node=CollectConfig)
     cs.store(name="check_schema", node=CheckConfig)
+    cs.store(name="compare_schema", node=CompareConfig)
+    cs.store(name="replay_schema", node=ReplayConfig)
+    cs.store(name="kerneltuner_schema", node=KernelTunerConfig)
+    cs.store(name="db_schema", node=DbConfig)
     OmegaConf.register_new_resolver("zt_options", group_options, replace=True)
     OmegaConf.register_new_resolver("zt_spaces", lambda: space_descriptions(), replace=True)

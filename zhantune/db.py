@@ -14,9 +14,12 @@ import hydra
 from omegaconf import DictConfig
 
 from zhantune.cli import mark_task_started, run_app, user_error
+from zhantune.config import register
 from zhantune.errors import ConfigError, StorageError, UserError
 
 __all__ = ["main", "COMMANDS"]
+
+register()
 
 #: command -> what it does (the usage line of ``python -m zhantune.db`` without a command lists them)
 COMMANDS = {
@@ -27,40 +30,13 @@ COMMANDS = {
 _command: list[str] = []
 
 
-def _open_engine(url: str, source: str = "storage.url", allow_newer: bool = False):
-    """An engine on an existing database that passes SQLite's quick integrity check (SQLite files)
-    and is zhantune's or holds only Optuna's tables; raises StorageError (exit code 2) otherwise."""
-    from sqlalchemy import create_engine, inspect
-
-    from zhantune.storage import check_url, make_engine, sqlite_path
-    from zhantune.storage.migrate import current_revision
-    from zhantune.storage.store import check_sqlite_integrity, refuse_foreign_or_newer
-
-    check_url(url)
-    path = sqlite_path(url)
-    if path is not None:
-        if not path.exists():
-            raise StorageError(f"{source}={url}: no database at {path}")
-        check_sqlite_integrity(path, f"{source}={url}")
-    # inspected through a plain engine: zhantune's own would switch a SQLite file to WAL mode, a write
-    probe = create_engine(url)
-    try:
-        with probe.connect() as conn:
-            tables = set(inspect(conn).get_table_names())
-            rev = current_revision(conn)
-    finally:
-        probe.dispose()
-    if not (allow_newer and rev is not None):  # `current` reports any zhantune revision, newer too
-        refuse_foreign_or_newer(f"{source}={url}", tables, rev)
-    return make_engine(url)
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="db")
 def _db_app(cfg: DictConfig) -> None:
     mark_task_started()
     from sqlalchemy.exc import SQLAlchemyError
 
     from zhantune.storage import Store
+    from zhantune.storage.engine import open_existing
     from zhantune.storage.merge import check_importable, merge_into
     from zhantune.storage.migrate import current_revision, head_revision, upgrade
 
@@ -68,10 +44,10 @@ def _db_app(cfg: DictConfig) -> None:
     url = cfg.storage.url
     try:
         if cmd == "current":
-            with _open_engine(url, allow_newer=True).connect() as conn:
+            with open_existing(url, allow_newer=True).connect() as conn:
                 print(f"{url}: revision {current_revision(conn) or 'none (new database)'}; newest {head_revision()}")
         elif cmd == "upgrade":
-            engine = _open_engine(url)
+            engine = open_existing(url)
             try:
                 before, after = upgrade(engine)
             except SQLAlchemyError as e:
@@ -84,7 +60,7 @@ def _db_app(cfg: DictConfig) -> None:
             # database, and its rows set only allow-listed knobs (zhantune.inductor.knobs)
             sources = []
             for i, u in enumerate(cfg.sources):
-                _open_engine(str(u), f"sources[{i}]").dispose()
+                open_existing(str(u), f"sources[{i}]").dispose()
                 src = Store(str(u))
                 check_importable(src, f"sources[{i}]")
                 sources.append(src)

@@ -14,6 +14,7 @@ __all__ = [
     "DeviceError",
     "StorageError",
     "TableError",
+    "StorageInternalError",
     "USER_ERROR_EXIT_CODE",
 ]
 
@@ -42,6 +43,14 @@ class DeviceError(UserError):
 
 class StorageError(UserError):
     """The storage URL cannot be opened or written, or holds something that is not zhantune's."""
+
+
+class StorageInternalError(ZhantuneError):
+    """A database statement failed on a database that was opened (a lost connection, a lock held past
+    the busy timeout, a bug): not bad input, so it keeps its traceback and the exit code is not 2.
+    Raised ``from`` SQLAlchemy's error, as Optuna's ``StorageInternalError``. A unique-constraint
+    violation (a race another worker won) is not wrapped: it reaches the caller as SQLAlchemy's
+    ``IntegrityError``."""
 
 
 class TableError(UserError):

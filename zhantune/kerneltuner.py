@@ -6,12 +6,12 @@ and problem size) and a study named ``kerneltuner:<file name>@<device>`` holding
 configuration (failures keep their status), with the same config hashes a ``bench=replay`` tune of
 that file stores, so ``python -m zhantune.compare`` and transfer (docs/search.md) work on real GPU
 data. Importing the same file again adds nothing. Two different files of one problem are never
-merged into one device named after file names: give them names with ``devices=[...]``.
+merged into one device named after file names: give them names with ``devices=[...]``
+(zhantune.storage.ingest.import_kerneltuner).
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,76 +19,15 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from zhantune.cli import mark_task_started, run_app, user_error
+from zhantune.config import register
 from zhantune.errors import ConfigError, UserError
 
-if TYPE_CHECKING:  # zhantune.bench.replay imports torch: the app checks its input first
-    from zhantune.bench.replay import KernelTunerFile
-    from zhantune.storage import Store
+if TYPE_CHECKING:  # zhantune.bench.recorded imports torch: the app checks its input first
+    from zhantune.bench.recorded import KernelTunerFile
 
-__all__ = ["import_kerneltuner", "main", "IMPORTED_VERSION"]
+__all__ = ["main"]
 
-#: torch_version of imported rows: they were measured by Kernel Tuner, not through torch
-IMPORTED_VERSION = "kerneltuner"
-
-
-def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
-    """Store every configuration of ``file``; returns (study name, rows added; 0 when already there)."""
-    from zhantune.bench.replay import ReplayBenchmarker
-    device = file.device()
-    problem = file.problem()
-    digest = hashlib.sha256(file.path.read_bytes()).hexdigest()
-    _refuse_merge(store, file, digest)
-    device_id = store.device_id(device.key, device.name, device.kind, device.properties)
-    problem_id = store.problem_id(problem.key, lookup_key=None, **problem.row_fields())
-    name = f"kerneltuner:{file.path.name}@{device.key}"
-    study_id = store.study_id(name, {"source": str(file.path), "sha256": digest, "format": "kerneltuner"})
-    if store.count_measurements(study_id):
-        store.finish_study(study_id)
-        return name, 0
-    (branch,) = file.space().branches
-    bench = ReplayBenchmarker(file)
-    tuned = [p.name for p in branch.params if p.distribution is not None]
-    rows = []
-    for number, entry in enumerate(file.cache.values()):
-        cand = branch.candidate({n: entry[n] for n in tuned})
-        meas = bench.measure(cand)
-        t = meas.timing
-        row = dict(study_id=study_id, device_id=device_id, problem_id=problem_id, trial_number=number,
-                   kind="candidate", status=meas.status, branch=branch.name, template_id=branch.template_id,
-                   params=cand.params, config_hash=cand.config_hash, error_text=meas.error_text,
-                   compile_s=meas.compile_s, torch_version=IMPORTED_VERSION, triton_version=None)
-        if t is not None:
-            row.update(median_us=t.median_us, min_us=t.min_us, max_us=t.max_us, p20_us=t.p20_us,
-                       p80_us=t.p80_us, n=t.n, timing_method=t.method, tflops=problem.tflops(t.median_us))
-        rows.append(row)
-    added = store.add_measurements(rows)
-    store.finish_study(study_id)
-    return name, added
-
-
-def _refuse_merge(store: Store, file: KernelTunerFile, digest: str) -> None:
-    """A file whose device is named after its file name (no ``device_name``) may not add its
-    measurements to a device that already holds this problem from another file: the two could be
-    different GPUs. Raises ConfigError naming both files and ``devices=[...]``."""
-    if file.device_named_by != "file name":
-        return
-    from sqlalchemy import select
-
-    from zhantune.storage import models as m
-
-    with store.session() as s:
-        # the studies with this device's measurements of this problem (a subquery: PostgreSQL has no
-        # DISTINCT over the JSON config column)
-        ids = (select(m.Measurement.study_id).join(m.Device, m.Measurement.device_id == m.Device.id)
-               .join(m.Problem, m.Measurement.problem_id == m.Problem.id)
-               .where(m.Device.key == file.device_key, m.Problem.key == file.problem().key))
-        q = select(m.Study.name, m.Study.config).where(m.Study.id.in_(ids))
-        for name, config in s.execute(q):
-            if (config or {}).get("sha256") != digest:
-                raise ConfigError(
-                    f"files={file.path}: records no device_name and its file name gives device "
-                    f"{file.device_key!r}, which already holds {file.problem().key} from study {name!r}; "
-                    "name the devices with devices=[...] (one name per file)")
+register()
 
 
 def _check_devices(files: list[str], devices: object) -> list[str | None]:
@@ -125,8 +64,9 @@ def _import_app(cfg: DictConfig) -> None:
             if not Path(f).exists():
                 raise ConfigError(f"files={f}: no such file")
         devices = _check_devices(files, OmegaConf.to_container(cfg.devices) if cfg.devices is not None else None)
-        from zhantune.bench.replay import load_kerneltuner
+        from zhantune.bench.recorded import load_kerneltuner
         from zhantune.storage import Store
+        from zhantune.storage.ingest import import_kerneltuner
 
         # all checked before writing
         loaded = [load_kerneltuner(Path(f), source="files", device=d) for f, d in zip(files, devices, strict=True)]

@@ -29,14 +29,15 @@ def job_record(runs: list[tuple[Any, Any]], storage_url: str) -> dict[str, Any]:
     """What a job did, for the launcher's summary: per (RunSpec, TuneResult) the study, the trials this
     job measured (and how many of them were dead workers' points measured again), the dead workers'
     trials it failed, the study's measured candidates when it ended, and the best so far."""
-    from zhantune.storage.store import decision_us, redact_url
-    from zhantune.tune import worker_name
+    from zhantune.bench.decision import decision_us
+    from zhantune.provenance import worker_name
+    from zhantune.storage import redact_url
 
     studies = []
     for run, result in runs:
         best = result.best
         studies.append({
-            "study": run.study_name, "n_trials": int(run.cfg.search.n_trials), "measured": result.measured,
+            "study": run.study_name, "n_trials": int(run.search.n_trials), "measured": result.measured,
             "retried": result.retried, "reaped": result.reaped, "cached": result.cached,
             "study_measured": result.study_measured, "waited_s": round(result.waited_s, 1),
             "interrupted": result.interrupted,

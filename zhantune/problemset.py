@@ -1,8 +1,13 @@
-"""``python -m zhantune problems=problems.yaml``: tune every problem of a collected model, then export.
+"""Problems files: a model's GEMMs written by ``python -m zhantune.collect`` (with each one's share
+of the model's GEMM time), read back and tuned by ``python -m zhantune problems=problems.yaml``.
 
-One resumable study per problem (the study name is the problem key and the device key, as for a
-single tune), trials shared in proportion to each problem's share of the model's GEMM time
-(``search.total_trials``, at least ``search.min_trials`` each; zhantune.collect.allocate_trials),
+The file (YAML): ``format: zhantune-problems``, ``format_version: 1``, the model, its inputs, the
+device and versions, ``problems`` (op, shape, dtype, weight_layout, lookup_key, count, inputs,
+scalars, default_us: microseconds, share) and ``skipped`` (with the reason).
+
+Tuning it: one resumable study per problem (the study name is the problem key and the device key,
+as for a single tune), trials shared in proportion to each problem's share of the model's GEMM time
+(``search.total_trials``, at least ``search.min_trials`` each; :func:`allocate_trials`),
 tuned largest share first (so that, with ``search.transfer=auto``, the rest start from their
 neighbouring shapes' winners),
 overall progress on the terminal, one lookup table for all of them at the end.
@@ -12,19 +17,131 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from rich.console import Console
 
+from zhantune.bench.conditions import ContentionCount
 from zhantune.config import CONF_DIR, OpConfig
 from zhantune.errors import ConfigError
 
-__all__ = ["ProblemRun", "resolve_problems", "tune_problems"]
+__all__ = ["ProblemRun", "ProblemsResult", "resolve_problems", "tune_problems", "print_problems_summary",
+           "measure_defaults", "write_problems", "read_problems", "allocate_trials", "PROBLEMS_FORMAT"]
+
+PROBLEMS_FORMAT = "zhantune-problems"
+
+
+def measure_defaults(problems: list[Any], device: Any, bench: Any) -> ContentionCount:
+    """Time each tunable problem's default compile (``problems``: zhantune.inductor.gemms.CollectedProblem)
+    and set ``default_us`` (microseconds, the decision statistic: the fastest of its individually
+    timed runs, zhantune.bench.decision.decision_us, which
+    one-sided noise cannot inflate) and ``share``. Returns how many of the timed measurements were
+    taken on a busy machine (zhantune.bench.conditions)."""
+    from zhantune.bench.conditions import is_contended
+    from zhantune.bench.inductor import InductorBenchmarker
+
+    contention = ContentionCount()
+    for p in problems:
+        if p.problem is None:
+            continue
+        b = InductorBenchmarker(p.problem, device, bench)
+        meas = b.inductor_default()
+        if meas.timing is not None:
+            contention = contention.add(meas.conditions, is_contended(meas.conditions or {}), meas.timing.method)
+        if b.lookup_key != p.lookup_key:
+            p.reason = f"the problem's own compile makes key {b.lookup_key!r}, not the model's"
+            continue
+        if meas.ok:
+            p.default_us = meas.timing.min_us
+    total = sum(p.count * p.default_us for p in problems if p.default_us)
+    for p in problems:
+        if p.default_us and total:
+            p.share = p.count * p.default_us / total
+    return contention
+
+
+def write_problems(path: str | Path, problems: list[Any], header: dict[str, Any]) -> Path:
+    """Write the problems file (YAML); ``header`` names the model, inputs, device and versions."""
+    tunable, skipped = [], []
+    for p in problems:
+        row: dict[str, Any] = {"lookup_key": p.lookup_key, "count": p.count, "inputs": p.inputs}
+        if p.scalars:
+            row["scalars"] = p.scalars
+        if p.problem is not None and p.reason is None:
+            g = p.problem
+            tunable.append({"op": g.op, "shape": list(g.shape), "dtype": g.dtype,
+                            "weight_layout": g.weight_layout, **row, "default_us": p.default_us,
+                            "share": p.share})
+        else:
+            skipped.append({"op": p.op_name, **row, "reason": p.reason})
+    doc = {"format": PROBLEMS_FORMAT, "format_version": 1, **header, "problems": tunable, "skipped": skipped}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(doc)), encoding="utf-8")
+    return path
+
+
+def read_problems(path: str | Path) -> list[dict[str, Any]]:
+    """The tunable problems of a problems file, checked; raises ConfigError naming the file and the
+    key path (``problems.yaml: problems[1].shape: ...``)."""
+    from zhantune.problems import OPS, GemmProblem
+
+    try:
+        doc = OmegaConf.to_container(OmegaConf.load(path))
+    except FileNotFoundError:
+        raise ConfigError(f"problems={path}: no such file") from None
+    except Exception as e:
+        raise ConfigError(f"problems={path}: not a YAML problems file: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc, dict) or doc.get("format") != PROBLEMS_FORMAT:
+        raise ConfigError(f"{path}: format: expected {PROBLEMS_FORMAT!r} (write the file with python -m zhantune.collect)")
+    rows = doc.get("problems")
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError(f"{path}: problems: expected a non-empty list")
+    out = []
+    for i, row in enumerate(rows):
+        at = f"{path}: problems[{i}]"
+        if not isinstance(row, dict):
+            raise ConfigError(f"{at}: expected a mapping")
+        if row.get("op") not in OPS:
+            raise ConfigError(f"{at}.op: {row.get('op')!r}; allowed: {', '.join(sorted(OPS))}")
+        GemmProblem.from_config(row["op"], row.get("shape"), row.get("dtype", "float32"),
+                                source=f"{at}.shape", weight_layout=row.get("weight_layout", "kn"))
+        for name in ("count",):
+            if not isinstance(row.get(name, 1), int) or row.get(name, 1) < 1:
+                raise ConfigError(f"{at}.{name}: {row.get(name)!r} must be a positive integer")
+        share = row.get("share")
+        if share is not None and (not isinstance(share, (int, float)) or not 0 <= share <= 1):
+            raise ConfigError(f"{at}.share: {share!r} must be a number in [0, 1] or null")
+        out.append(row)
+    return out
+
+
+def allocate_trials(rows: list[dict[str, Any]], total: int, min_trials: int) -> list[int]:
+    """Trials per problem: ``total`` in proportion to ``share`` (count x FLOPs where shares are
+    missing), at least ``min_trials`` each (largest remainders get the rounding)."""
+    import math
+
+    weights = [r.get("share") for r in rows]
+    if any(w is None for w in weights) or not sum(weights):
+        weights = [r.get("count", 1) * math.prod(r["shape"]) for r in rows]
+    s = sum(weights)
+    raw = [total * w / s for w in weights]
+    counts = [max(min_trials, math.floor(x)) for x in raw]
+    left = total - sum(counts)
+    for i in sorted(range(len(rows)), key=lambda i: raw[i] - math.floor(raw[i]), reverse=True):
+        if left <= 0:
+            break
+        counts[i] += 1
+        left -= 1
+    return counts
 
 
 @dataclass
 class ProblemRun:
+    """One problem of a problems file: its row, its share of the trials, its RunSpec and result."""
+
     row: dict[str, Any]
     n_trials: int
     run: Any  # RunSpec
@@ -33,6 +150,8 @@ class ProblemRun:
 
 @dataclass
 class ProblemsResult:
+    """Every problem's run, whether the command was interrupted, and the one table written."""
+
     runs: list[ProblemRun] = field(default_factory=list)
     interrupted: bool = False
     table_path: Any = None
@@ -57,8 +176,7 @@ def _problem_cfg(cfg: DictConfig, row: dict[str, Any], n_trials: int) -> DictCon
 def resolve_problems(cfg: DictConfig) -> list[ProblemRun]:
     """Read the problems file, share the trials, and validate every problem's run before any is
     measured (a bad problem stops the command before anything is stored)."""
-    from zhantune.collect import allocate_trials, read_problems
-    from zhantune.tune import resolve_run
+    from zhantune.runspec import resolve_run
 
     rows = read_problems(cfg.problems)
     if not OmegaConf.is_missing(cfg, "shape") or not OmegaConf.is_missing(cfg, "op"):
@@ -78,7 +196,7 @@ def resolve_problems(cfg: DictConfig) -> list[ProblemRun]:
 
 
 def _weights(rows: list[dict[str, Any]]) -> list[float]:
-    """Each problem's share of the model's GEMM time, as zhantune.collect.allocate_trials weighs
+    """Each problem's share of the model's GEMM time, as :func:`allocate_trials` weighs
     them (count x FLOPs for every problem when a share is missing)."""
     import math
 
@@ -113,23 +231,22 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
             out.interrupted = True
             return out
     if cfg.export.enabled:
-        from zhantune.export import export_table
+        from zhantune.inductor.builder import export_table
 
-        out.table_path, table = export_table(store, cfg.storage.url, cfg.export, runs[0].run.device.key)
+        out.table_path, table = export_table(store, cfg.export, runs[0].run.device.key)
         out.table_keys = list(table)
     return out
 
 
 def print_problems_summary(console: Console, result: ProblemsResult) -> None:
     """One row per problem: the default's and the best config's time (microseconds, the decision
-    statistic: fastest run, zhantune.storage.store.decision_us) and the settled, paired speedup claim
+    statistic: fastest run, zhantune.bench.decision.decision_us) and the settled, paired speedup claim
     (zhantune.bench.decision; "unconfirmed" ones ship the default); then the machine's contention
     over all problems' timed measurements."""
     from rich.table import Table
 
-    from zhantune.bench.conditions import ContentionCount
+    from zhantune.bench.decision import decision_us
     from zhantune.report.console import print_table
-    from zhantune.storage.store import decision_us
 
     t = Table(title="problems")
     for col in ("problem", "count", "trials", "default min us", "best min us", "speedup (paired)"):

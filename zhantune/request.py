@@ -2,7 +2,7 @@
 
 torch and Inductor take seconds to import; a mistyped op, shape, dtype, device, option or storage
 URL is refused before that, with the one-line message and exit code 2 of every user error. Nothing
-here imports torch. :func:`zhantune.tune.resolve_run` then checks what needs the machine (the CUDA
+here imports torch. :func:`zhantune.runspec.resolve_run` then checks what needs the machine (the CUDA
 devices, the problem's memory, the search spaces against Inductor's config).
 """
 
@@ -67,7 +67,7 @@ def check_request(cfg: Any) -> None:
 
 def check_search(cfg: Any) -> None:
     """The search, benchmark and export options of a tune (ranges, the table's output path)."""
-    from zhantune.export import check_export_options
+    from zhantune.inductor.builder import check_export_options
 
     check_export_options(cfg.export, "export.")
     s = cfg.search

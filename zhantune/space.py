@@ -43,14 +43,14 @@ def _space_app(cfg: DictConfig) -> None:
 def preview(cfg: DictConfig, console: Console) -> None:
     """Print the dry run of the tune config ``cfg`` to ``console`` (module docstring); raises a
     UserError for bad input before printing anything."""
+    from zhantune.runspec import resolve_run
     from zhantune.search.study import feasible_size, random_feasible_point
-    from zhantune.tune import resolve_run
 
     run = resolve_run(cfg, preview=True)
     sizes = feasible_size(run.space, run.problem_vars)
     offered = None
     if run.device.kind == "cuda" and run.replay is None:
-        from zhantune.tune import cuda_offered_uids
+        from zhantune.runspec import cuda_offered_uids
 
         offered = cuda_offered_uids(run.problem, run.device)
     profile = run.device.properties.get("profile")

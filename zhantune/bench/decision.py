@@ -2,7 +2,7 @@
 
 Timing noise on a shared machine only adds time (a descheduled thread costs a scheduler slice;
 another process's kernel shares the GPU), so every decision uses the minimum of individually timed
-runs (zhantune.storage.store.decision_us), and a speedup is claimed only from paired, interleaved
+runs (:func:`decision_us`), and a speedup is claimed only from paired, interleaved
 rounds of the two kernels (:func:`judge_speedup`): never from two measurements taken minutes apart.
 
 A claim is **confirmed** when every round measured both sides, the tuned config was faster in every
@@ -16,9 +16,49 @@ measured, and that is real.)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Round", "SpeedupVerdict", "judge_speedup"]
+__all__ = ["Round", "SpeedupVerdict", "judge_speedup", "decision_us", "decision_value", "rank_key",
+           "best_per_config"]
+
+
+def decision_us(row: Any) -> float:
+    """The statistic every decision uses (rank, close call, speedup, min_speedup), microseconds: the
+    minimum of a measurement's individually timed runs (``min_us``; ``median_us`` where a row has no
+    minimum). Noise on a shared machine only adds time (a descheduled thread costs a scheduler
+    slice), so it cannot make this smaller than the kernel's own time; docs/timing.md has the
+    measurements behind the choice. The median and the other statistics stay for people to read.
+    Recorded data (a Kernel Tuner file replayed, timing method ``kerneltuner:...``) keeps its own
+    objective, the median of its recorded times (docs/search.md). ``row``: anything with
+    ``min_us``, ``median_us`` and ``timing_method`` (a measurement row or a query's row)."""
+    return decision_value(row.min_us, row.median_us, row.timing_method)
+
+
+def decision_value(min_us: float | None, median_us: float | None, method: str | None) -> float | None:
+    """:func:`decision_us` from a row's columns (microseconds)."""
+    if min_us is None or (method or "").startswith("kerneltuner"):
+        return median_us
+    return min_us
+
+
+def rank_key(row: Any) -> tuple[float, int]:
+    """How rows are ordered for every "best": the decision statistic, then the older row (its id)."""
+    return decision_us(row), row.id or 0
+
+
+def best_per_config(rows: Iterable[Any]) -> list[Any]:
+    """The ranking rule, the one place it is written: each config (``config_hash``) is represented
+    by its row with the lowest :func:`rank_key` (a config measured several times, as close calls and
+    speedup settles re-measure, counts with its fastest row: measuring more never hides a fast run,
+    and one-sided noise never makes a row too fast), and the configs come fastest first."""
+    best: dict[Any, Any] = {}
+    for row in rows:
+        have = best.get(row.config_hash)
+        if have is None or rank_key(row) < rank_key(have):
+            best[row.config_hash] = row
+    return sorted(best.values(), key=rank_key)
 
 
 @dataclass(frozen=True)

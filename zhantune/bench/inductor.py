@@ -10,7 +10,7 @@ on, weight prepack on (nothing here changes ``torch.backends.mkldnn``). Inductor
 a GEMM with a constant weight as oneDNN's / MKL's prepacked linear: that is the "default" baseline,
 and the ``aten`` config candidate is the same compile. A C++-template candidate is a config patch
 (``max_autotune_gemm_backends``, ``cpp.gemm_*``) served, like a table entry, by
-:class:`zhantune.inductor.runtime.TableChoices` under whatever key the GEMM makes, through the
+:class:`zhantune.inductor.table_choices.TableChoices` under whatever key the GEMM makes, through the
 per-GEMM lowering hook (zhantune.inductor.cpu_gemm): what is measured is what ``use_table`` compiles.
 The C++ GEMM template must show up in Inductor's ``cpp_templated_kernel_counter`` exactly when the
 patch selects it.
@@ -32,54 +32,17 @@ from torch._inductor.virtualized import V
 from zhantune.bench.conditions import conditions, wait_until_idle
 from zhantune.bench.measurement import Measurement, tolerance
 from zhantune.bench.timing import Timing, time_cpu, time_cuda
+from zhantune.candidate import Candidate
 from zhantune.config import BenchConfig
 from zhantune.device import DeviceInfo
 from zhantune.inductor import cpu_gemm
 from zhantune.inductor.choices import LookupEvent, RecordingChoices, recording
 from zhantune.inductor.heuristics import derived_kwargs
-from zhantune.inductor.knobs import (
-    BACKEND_FLAGS,  # re-exported: the flags a backend branch may set
-    CONFIG_KNOBS,
-)
-from zhantune.inductor.templates import TEMPLATE_CONFIG
+from zhantune.inductor.knobs import CONFIG_KNOBS
+from zhantune.inductor.settings import backend_flags, base_patch, template_patch
 from zhantune.problems import GemmProblem
-from zhantune.search.space import Candidate
 
-__all__ = ["InductorBenchmarker", "template_patch", "candidate_entry", "CPU_BASE_PATCH", "KERNEL_CACHE_PATCH", "BACKEND_FLAGS", "backend_flags"]
-
-
-
-@contextlib.contextmanager
-def backend_flags(flags: dict[str, Any]) -> Iterator[None]:
-    """Set ``torch.backends.<key>`` for each flag (keys from BACKEND_FLAGS), restored afterwards."""
-    saved = []
-    try:
-        for key, value in flags.items():
-            *path, attr = key.split(".")
-            obj = torch.backends
-            for part in path:
-                obj = getattr(obj, part)
-            saved.append((obj, attr, getattr(obj, attr)))
-            setattr(obj, attr, value)
-        yield
-    finally:
-        for obj, attr, value in reversed(saved):
-            setattr(obj, attr, value)
-
-#: every CPU compile: inference with constant weights (a user's ``freezing=True`` compile), no cache
-#: reuse between candidates, and no background pool of compile workers competing with the timed
-#: runs for the cores
-CPU_BASE_PATCH: dict[str, Any] = {"freezing": True, "force_disable_caches": True, "compile_threads": 1}
-CUDA_BASE_PATCH: dict[str, Any] = {"force_disable_caches": True}
-#: with compile-ahead (zhantune.bench.isolated.CompilePool) instead of ``force_disable_caches``: the
-#: kernel caches stay on (C++ and Triton binaries in TORCHINDUCTOR_CACHE_DIR, keyed by the hash of
-#: their source, so a hit is the identical kernel), every cache that could skip the lowering is off
-#: (FX graph, AOTAutograd), so each compile still makes its GEMM lookup and the checks below see it;
-#: autotuning results are not reused between candidates either
-KERNEL_CACHE_PATCH: dict[str, Any] = {
-    "fx_graph_cache": False, "fx_graph_remote_cache": False,
-    "autotune_local_cache": False, "autotune_remote_cache": False,
-}
+__all__ = ["InductorBenchmarker", "candidate_entry", "relative_error"]
 
 
 @contextlib.contextmanager
@@ -100,23 +63,6 @@ def _no_graph_caches(active: bool) -> Iterator[None]:
     with torch._functorch.config.patch(enable_autograd_cache=False), \
             torch._dynamo.config.patch(automatic_dynamic_local_pgo=False):
         yield
-
-
-def template_patch(template_id: str) -> dict[str, Any]:
-    """Inductor config under which a template candidate's compile builds that one choice only.
-
-    ``max_autotune_gemm_backends``: ATEN for an ``aten::*`` template, TRITON for the rest
-    (``triton::*``, ``decompose_k``, ``contiguous_*`` are offered only with TRITON in the list). With
-    both, addmm makes a second lookup (ATen, 1-D bias, torch/_inductor/kernel/mm.py
-    ``tuned_addmm``) that misses and keeps ``aten::addmm`` beside the candidate, or the template
-    lookup misses and keeps every heuristic Triton config: Inductor would then autotune and time the
-    faster of several kernels. ``triton::mm_persistent_tma`` is offered only with
-    ``triton.enable_persistent_tma_matmul`` (``use_triton_tma_template`` in torch/_inductor/utils.py).
-    """
-    patch: dict[str, Any] = {"max_autotune": True,
-                             "max_autotune_gemm_backends": "ATEN" if template_id.startswith("aten::") else "TRITON"}
-    patch.update(TEMPLATE_CONFIG.get(template_id, {}))
-    return patch
 
 
 def candidate_entry(candidate: Candidate, dims: dict[str, int]) -> dict[str, Any]:
@@ -189,8 +135,11 @@ class InductorBenchmarker:
         return m
 
     def measure_default(self) -> Measurement:
-        """Inductor's default compile again (zhantune.tune.settle_speedup re-measures it)."""
+        """Inductor's default compile again (zhantune.bench.settle.settle_speedup re-measures it)."""
         return self.inductor_default()
+
+    def close(self) -> None:
+        """Nothing to release in this process."""
 
     # -- candidates --------------------------------------------------------------------------
     def measure(self, candidate: Candidate) -> Measurement:
@@ -198,7 +147,7 @@ class InductorBenchmarker:
         return self._candidate(candidate, time_it=True)
 
     def precompile(self, candidate: Candidate) -> Measurement:
-        """Compile only (a compile-ahead worker, zhantune.bench.isolated.CompilePool), so that the
+        """Compile only (a compile-ahead worker, zhantune.bench.compile_pool.CompilePool), so that the
         candidate's kernels are in Inductor's on-disk kernel cache when the timing worker compiles it.
         Status ``ok`` without a timing (and ``compile_s``, seconds) when it compiled and applied;
         else the failure (``compile_error``, ``not_applied``, ``invalid``) as :meth:`measure` gives it."""
@@ -210,8 +159,8 @@ class InductorBenchmarker:
             if candidate.scope != "config":
                 return Measurement("invalid", error_text=f"{candidate.describe()}: only config-scope "
                                    "candidates apply on CPU (Inductor's CPU GEMM has no template lookup)")
-            from zhantune.inductor.runtime import TableChoices
             from zhantune.inductor.table import TableFile, entry_for
+            from zhantune.inductor.table_choices import TableChoices
 
             # the GEMM's knobs served under every key, as use_table serves them: only the GEMM's own
             # lowering changes. Any other config key (a test space's fault injection) is not a table
@@ -238,14 +187,8 @@ class InductorBenchmarker:
         return self._run(patch, table=None, expect=candidate, any_key=entries, time_it=time_it)
 
     def base_patch(self) -> dict[str, Any]:
-        """Inductor config under every compile of this benchmarker: CPU_BASE_PATCH or
-        CUDA_BASE_PATCH, with KERNEL_CACHE_PATCH instead of ``force_disable_caches`` when
-        ``kernel_cache`` is set (compile-ahead: the workers share Inductor's on-disk kernel cache)."""
-        base = dict(CPU_BASE_PATCH if self.device.kind == "cpu" else CUDA_BASE_PATCH)
-        if self.kernel_cache:
-            del base["force_disable_caches"]
-            base.update(KERNEL_CACHE_PATCH)
-        return base
+        """Inductor config under every compile of this benchmarker (zhantune.inductor.settings.base_patch)."""
+        return base_patch(self.device.kind, self.kernel_cache)
 
     # -- the shared path ---------------------------------------------------------------------
     def _run(self, patch: dict[str, Any], table: dict | None, expect: Candidate | None,

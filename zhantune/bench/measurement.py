@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zhantune.bench.timing import Timing
-from zhantune.inductor.choices import LookupEvent
+if TYPE_CHECKING:  # light: zhantune.storage reads this module without importing torch
+    from zhantune.bench.timing import Timing
+    from zhantune.inductor.choices import LookupEvent
 
 __all__ = ["STATUSES", "Measurement", "TOLERANCES", "TF32_TOLERANCE", "tolerance"]
 

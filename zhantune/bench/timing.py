@@ -47,7 +47,6 @@ DEFAULT_NICE = -10
 _DEFAULT_FLUSH_BYTES = 64 * 1024 * 1024
 
 
-
 @dataclass(frozen=True)
 class Timing:
     """Timings of one kernel in microseconds over ``n`` repetitions; ``method`` says how."""
@@ -77,14 +76,13 @@ class Timing:
         return asdict(self)
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated quantile (same rule as torch.quantile's default)."""
-    if len(sorted_values) == 1:
-        return sorted_values[0]
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+def _cut_points(values: list[float], n: int) -> list[float]:
+    """The n-quantiles' cut points of ``values``, interpolated linearly between order statistics
+    (``statistics.quantiles``' inclusive method: torch.quantile's default rule); one value is every
+    cut point of itself."""
+    if len(values) == 1:
+        return values * (n - 1)
+    return statistics.quantiles(values, n=n, method="inclusive")
 
 
 def summarize_us(times_us: list[float], method: str) -> Timing:
@@ -92,13 +90,14 @@ def summarize_us(times_us: list[float], method: str) -> Timing:
     if not times_us:
         raise ValueError("no timings to summarize")
     s = sorted(times_us)
-    p25, p75 = _quantile(s, 0.25), _quantile(s, 0.75)
+    p25, _, p75 = _cut_points(s, 4)
+    p20, _, _, p80 = _cut_points(s, 5)
     return Timing(
         median_us=statistics.median(s),
         min_us=s[0],
         max_us=s[-1],
-        p20_us=_quantile(s, 0.2),
-        p80_us=_quantile(s, 0.8),
+        p20_us=p20,
+        p80_us=p80,
         n=len(s),
         method=method,
         mean_us=statistics.fmean(s),

@@ -17,12 +17,12 @@ The file (``format=zhantune``, the default) wraps the table with its provenance:
      "options": {"top_k": 1, "device_agnostic": false, "min_speedup": 1.0}, "table": {...}}
 
 ``format=inductor`` writes the bare dict. Both load with :func:`read_table`. Tables are JSON, never
-pickle, and loading one never executes code from it.
+pickle, and loading one never executes code from it. Building a table from measurements is
+zhantune.inductor.builder's job.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
@@ -33,13 +33,10 @@ from typing import Any
 
 from zhantune.errors import TableError
 from zhantune.inductor.knobs import config_patch_problem, template_entry_problem
-from zhantune.inductor.templates import is_default_kernel
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
-           "build_table", "table_metadata", "write_table", "read_table", "check_table", "entry_problem",
-           "not_carried", "CONFIG_ENTRY_ON_CUDA", "stock_inductor_notes", "portable_table",
-           "load_table",
-           "parse_key", "MAX_TABLE_BYTES"]
+           "write_table", "read_table", "check_table", "entry_problem", "not_carried", "carried",
+           "CONFIG_ENTRY_ON_CUDA", "stock_inductor_notes", "load_table", "parse_key", "MAX_TABLE_BYTES"]
 
 CONFIG_TEMPLATE_ID = "zhantune::config"
 FORMAT = "zhantune-lookup-table"
@@ -104,86 +101,6 @@ def table_key(device_key: str, problem_key: str | None, best: Any, device_agnost
     return problem_key if device_agnostic else f"{device_key}+{problem_key}"
 
 
-def build_table(store: Any, device_key: str | None = None, device_agnostic: bool = False, top_k: int = 1,
-                min_speedup: float | None = None, torch_version: str | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Best correct candidates per (device, problem) from a Store, as a lookup table.
-
-    ``top_k`` entries per key, fastest first (1: Inductor compiles that one, no autotuning; more:
-    Inductor autotunes among them). Each entry goes under the key of the lookup it hit
-    (:func:`table_key`); where none is under the problem's own key, that key maps to ``[]``.
-    ``min_speedup``: where the best candidate is not at least this many times faster than
-    Inductor's default compile, the key gets Inductor's default choice (:func:`default_entry`)
-    instead; None: no check. Where the tune settled the winner's claim (a Verdict: paired,
-    interleaved rounds, zhantune.bench.decision) the claim must be confirmed with a ratio of at
-    least ``min_speedup``; where it settled another config (one a table cannot carry on that device:
-    :func:`not_carried`), the default ships; elsewhere the stored decision statistics (minimum of
-    the runs) decide. ``torch_version`` keeps only rows
-    measured with that torch. ``device_agnostic`` keys entries without the device; where several
-    devices share a problem the fastest device's winners are kept (cross-device choices are the
-    compare command's job).
-    """
-    from zhantune.inductor.heuristics import with_derived_kwargs
-    from zhantune.storage.store import decision_us
-
-    defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
-    verdicts = store.latest_verdicts() if min_speedup is not None and hasattr(store, "latest_verdicts") else {}
-    # settled in paired rounds (a verdict with rounds: one without is a note, "no claim made")
-    settled = {(d, p) for (d, p, _), v in verdicts.items() if v.rounds}
-    own_keys = store.default_lookup_keys() if hasattr(store, "default_lookup_keys") else {}
-    # every distinct config, so that rows a table may not carry (a tf32 backend flag, zhantune.
-    # inductor.knobs; a config patch on CUDA, not_carried) make way for the next ones
-    ranked = [(d, p, [r for r in rows if _carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)])
-              for d, p, rows in store.ranked_candidates(device_key, torch_version, 1 << 30)]
-    ranked.sort(key=lambda r: r[2][0].median_us if r[2] else float("inf"))
-    table: dict[str, list[dict[str, Any]]] = {}
-    seen: set[int] = set()
-    for device, problem, rows in ranked:
-        if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
-            continue
-        default_us = defaults.get((device.id, problem.id))
-
-        # the fastest carried config whose claim was confirmed in paired rounds (a faster one whose
-        # claim failed, or that was never paired, does not hide it)
-        first = next((i for i, r in enumerate(rows)
-                      if _confirmed(verdicts.get((device.id, problem.id, r.config_hash)), min_speedup)),
-                     None) if min_speedup is not None else None
-        if first is not None:
-            rows, keep = rows[first:], True
-        elif rows and (device.id, problem.id) in settled:
-            # the tunes settled configs in paired rounds and none was confirmed (or the one settled
-            # cannot be carried, e.g. a fusion limit on CUDA): no claim, the default ships
-            keep = False
-        else:  # no settled claim (imported data, bench.remeasure_rounds=0): the stored statistics
-            keep = bool(rows) and (default_us is None or decision_us(rows[0]) * min_speedup <= default_us) \
-                if min_speedup is not None else bool(rows)
-        rows = rows[:max(1, top_k)]
-        if keep and is_default_kernel(rows[0].template_id, rows[0].params):
-            keep = False  # the default's own kernel: Inductor's default entry, never a "tuned" one
-        # the problem's own lookup on this device (a float32 linear_act is an addmm on CPU and an mm
-        # on a GPU: the problem row keeps the first device's), from its default compile there
-        own_key = own_keys.get((device.id, problem.id))
-        problem_key = _agnostic(own_key) if own_key else problem.lookup_key
-        lookup_op = (parse_key(problem_key) or {}).get("op") or problem.lookup_op if problem_key else problem.lookup_op
-        if not keep:
-            placed = [(table_key(device.key, problem_key, None, device_agnostic), default_entry(lookup_op))]
-        else:  # each entry under the key its own lookup makes (addmm: templates and ATen differ)
-            placed = [(table_key(device.key, problem_key, r, device_agnostic),
-                       entry_for(r.template_id, r.params, r.template_hash)) for r in rows]
-        if any(key in table for key, _ in placed if key):
-            continue
-        if device_agnostic:
-            seen.add(problem.id)
-        for key, entry in placed:
-            if key:  # with the kwargs Inductor would otherwise take from another config (EVEN_K)
-                table.setdefault(key, []).append(with_derived_kwargs(entry, problem.shape))
-        # every entry under another key (addmm's Triton templates use the expanded bias): the
-        # problem's own (ATen) lookup gets "nothing from this lookup", so the GEMM compiles only them
-        own = table_key(device.key, problem_key, None, device_agnostic)
-        if own and own not in table and all(key != own for key, _ in placed):
-            table[own] = []
-    return dict(sorted(table.items()))
-
-
 def stock_inductor_notes(table: dict[str, list[dict[str, Any]]]) -> list[str]:
     """What stock Inductor (its own ``LookupTableChoices`` with ``lookup_table.table`` set) does
     differently from :func:`zhantune.use_table` with this table, one sentence per kind of key found
@@ -211,71 +128,6 @@ def stock_inductor_notes(table: dict[str, list[dict[str, Any]]]) -> list[str]:
         notes.append(f"{counts['config']} CPU key(s) ({CONFIG_TEMPLATE_ID} entries): stock Inductor makes no lookup on "
                      "CPU; they apply through zhantune.use_table only")
     return notes
-
-
-def portable_table(comparison: Any, store: Any) -> dict[str, list[dict[str, Any]]]:
-    """The portable choice of each compared problem (zhantune.report.compare: correct on every
-    device, least worst regret) as device-agnostic lookup-table entries, keyed as :func:`build_table`
-    keys them (a template entry under the key of the lookup its template hit) and with the kwargs
-    Inductor would otherwise take from another config (``EVEN_K``). Problems without an Inductor key
-    (imported or replayed data) and choices a table cannot carry on one of the compared devices
-    (:func:`not_carried`) are left out."""
-    from zhantune.inductor.heuristics import with_derived_kwargs
-
-    problems = store.problems_by_key()
-    kinds = {d.key: d.kind for d in store.devices_with_candidates()}
-    table: dict[str, list[dict[str, Any]]] = {}
-    for p in comparison.problems:
-        problem, choice = problems.get(p.problem_key), p.portable
-        if choice is None or problem is None or not problem.lookup_key:
-            continue
-        entry = with_derived_kwargs(entry_for(choice.template_id, choice.params, None), problem.shape or {})
-        if not all(_carried(entry, kinds.get(dev, "cuda")) for dev in p.best_us):
-            continue
-        key = problem.lookup_key
-        if choice.template_id is not None:
-            found = store.config_lookup(problem.id, choice.config_hash)
-            if found is None:
-                continue
-            key = table_key(found[0].key, problem.lookup_key, found[1], device_agnostic=True)
-            if key != problem.lookup_key:  # addmm: the problem's own (ATen) lookup gets "nothing"
-                table.setdefault(problem.lookup_key, [])
-        table[key] = [entry]
-    return dict(sorted(table.items()))
-
-
-def _agnostic(key: str) -> str:
-    """A lookup key without its device part (``device+inputs+op`` -> ``inputs+op``)."""
-    parsed = parse_key(key)
-    return key[len(parsed["device"]) + 1:] if parsed and parsed.get("device") else key
-
-
-def _confirmed(verdict: Any, min_speedup: float) -> bool:
-    """A verdict settled in paired rounds, confirmed, with a ratio of at least ``min_speedup``."""
-    return bool(verdict is not None and verdict.rounds and verdict.confirmed and verdict.ratio is not None
-                and verdict.ratio >= min_speedup)
-
-
-def table_metadata(store: Any, table: dict[str, list[dict[str, Any]]], options: dict[str, Any],
-                   source: str) -> dict[str, Any]:
-    """The wrapper fields for a table built from ``store`` (versions of this process, devices)."""
-    import importlib.metadata
-
-    import torch
-
-    import zhantune
-
-    try:
-        triton = importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        triton = None
-    devices = [{"key": d.key, "name": d.name, "kind": d.kind}
-               for d in store.devices_with_candidates(options.get("device"))]
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "zhantune": zhantune.__version__,
-            "torch": options.get("torch_version") or torch.__version__, "triton": triton,
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "source": source, "devices": devices,
-            "options": options}
 
 
 def write_table(path: str | os.PathLike[str], table: dict[str, list[dict[str, Any]]],
@@ -418,7 +270,7 @@ def not_carried(entry: dict[str, Any], device_kind: str | None) -> str | None:
     return None
 
 
-def _carried(entry: dict[str, Any], device_kind: str) -> bool:
+def carried(entry: dict[str, Any], device_kind: str) -> bool:
     """An entry a table on ``device_kind`` may carry (allow-listed) and that takes effect there."""
     return entry_problem(entry, device_kind) is None and not_carried(entry, device_kind) is None
 

@@ -42,19 +42,10 @@ def is_default_kernel(template_id: str | None, params: dict[str, Any] | None) ->
     set to what they are anyway (``allow_tf32: false``). Its "speedup" over the default is noise, and a
     table ships Inductor's default entry for it."""
     from zhantune.inductor.knobs import BACKEND_FLAGS
+    from zhantune.inductor.settings import backend_flag
 
     if template_id is not None:
         return template_id in DEFAULT_KERNEL_TEMPLATES
     if params and all(k in BACKEND_FLAGS for k in params):  # the default compile under flags ...
-        return all(_backend_flag(k) == v for k, v in params.items())  # ... that are this process's own
+        return all(backend_flag(k) == v for k, v in params.items())  # ... that are this process's own
     return {k: str(v).upper() for k, v in (params or {}).items()} == {"max_autotune_gemm_backends": "ATEN"}
-
-
-def _backend_flag(key: str) -> Any:
-    """The current value of a torch.backends flag (zhantune.inductor.knobs.BACKEND_FLAGS)."""
-    import torch
-
-    obj: Any = torch.backends
-    for part in key.split("."):
-        obj = getattr(obj, part, None)
-    return obj

@@ -137,7 +137,7 @@ class GemmProblem:
         return elems * (self.dtype_bytes + 4 + 8)
 
     def row_fields(self) -> dict[str, object]:
-        """Columns of the problem row (zhantune.storage.models.Problem), lookup key aside."""
+        """Columns of the problem row (zhantune.storage.orm.Problem), lookup key aside."""
         return dict(op=self.op, shape=self.dims, dtype=self.dtype, activation=self.activation,
                     weight_layout=self.weight_layout, lookup_op=self.lookup_op, flops=self.flops())
 

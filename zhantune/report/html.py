@@ -17,7 +17,7 @@ from pathlib import Path
 import optuna
 import plotly.graph_objects as go
 
-from zhantune.report.compare import Choice, Comparison
+from zhantune.report.regret import Choice, Comparison
 
 __all__ = ["write_html_report", "CHART_IDS", "charts_in"]
 

@@ -11,8 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from zhantune.report.compare import Choice, Comparison
 from zhantune.report.console import compact, print_table
+from zhantune.report.regret import Choice, Comparison
 
 __all__ = ["print_comparison", "comparison_records", "write_csv", "write_json"]
 

@@ -11,13 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import optuna
-from sqlalchemy import select
 
+from zhantune.bench.decision import decision_us
 from zhantune.errors import ConfigError
 from zhantune.quiet import quiet_optuna
 from zhantune.storage import Store
-from zhantune.storage import models as m
-from zhantune.storage.store import decision_value
 
 __all__ = ["study_names", "load_report_study"]
 
@@ -26,8 +24,7 @@ quiet_optuna()
 
 def study_names(store: Store) -> list[str]:
     """Every study in the database: zhantune's and Optuna's (a tune has both under one name)."""
-    with store.session() as s:
-        names = set(s.scalars(select(m.Study.name)))
+    names = store.study_names()
     names |= {x.study_name for x in optuna.get_all_study_summaries(store.url, include_best_trial=False)}
     return sorted(names)
 
@@ -50,10 +47,7 @@ def load_report_study(store: Store, name: str, option: str = "study") -> optuna.
 
 
 def _study_from_measurements(store: Store, name: str) -> optuna.Study:
-    with store.session() as s:
-        rows = list(s.scalars(select(m.Measurement).join(m.Study, m.Measurement.study_id == m.Study.id)
-                              .where(m.Study.name == name, m.Measurement.kind == "candidate")
-                              .order_by(m.Measurement.trial_number, m.Measurement.id)))
+    rows = store.study_candidates(name)
     values: dict[str, set[Any]] = {}
     for r in rows:
         for k, v in (r.params or {}).items():
@@ -64,7 +58,7 @@ def _study_from_measurements(store: Store, name: str) -> optuna.Study:
     trials = []
     for r in rows:
         params = {k: _choice(v) for k, v in (r.params or {}).items() if k in dists}
-        value = decision_value(r.min_us, r.median_us, r.timing_method) if r.status == "ok" else None
+        value = decision_us(r) if r.status == "ok" else None
         trials.append(optuna.trial.create_trial(
             params=params, distributions={k: dists[k] for k in params},
             value=value, state=optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL))

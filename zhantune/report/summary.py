@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from zhantune.bench.decision import decision_us
 from zhantune.report.console import compact
 
 __all__ = ["TuneProgress", "print_summary"]
@@ -39,8 +40,6 @@ class TuneProgress:
     def update(self, result: Any, candidate: Any, meas: Any) -> None:
         assert self._progress is not None
         counts = " ".join(f"{k}={v}" for k, v in sorted(result.statuses.items()))
-        from zhantune.storage.store import decision_us
-
         best = decision_us(result.best) if result.best is not None else None  # the ranking's statistic
         done = getattr(result, "done", result.measured)
         self._progress.update(self._task, completed=done,
@@ -62,12 +61,32 @@ class TuneProgress:
 def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     """Baselines vs best (us, TFLOP/s, speedup), the best config, the database and table paths.
 
-    Every "best" is the one ranking (zhantune.storage.store: the minimum of individually timed runs,
-    shown as "min us" beside the median); the speedup claim is the settled, paired one
+    Every "best" is the one ranking (zhantune.bench.decision: the minimum of individually timed
+    runs, shown as "min us" beside the median); the speedup claim is the settled, paired one
     (``result.claim``, zhantune.bench.decision): the winner line says "R.RRx faster than inductor
-    default" only for a confirmed claim, else "no candidate beat it" with the reason."""
-    from zhantune.storage.store import decision_us
+    default" only for a confirmed claim, else "no candidate beat it" with the reason.
+    ``result``: a zhantune.tune.TuneResult; ``db``: the database URL shown."""
+    ok_default = result.default is not None and result.default.status == "ok"
+    default_us = decision_us(result.default) if ok_default else None
+    # the claim is about the best config a table can carry (result.claimed; the best unless that one
+    # is a compile-wide setting, result.not_carried)
+    claimed = getattr(result, "claimed", None) or result.best
+    if result.best is not None and (claimed is None or claimed.id == result.best.id):
+        claimed = result.best
+    console.print(_table(run, result, default_us, claimed))  # at most LOG_WIDTH columns off a terminal
+    if result.best is not None:
+        _print_winner(console, result, default_us, claimed)
+    else:
+        console.print("[yellow]no candidate measured ok[/yellow]")
+    _print_notes(console, result)
+    console.print(f"database: {db}  study: {result.study_name}")
+    if result.table_path is not None:
+        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))")
 
+
+def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Table:
+    """One row per baseline and for the best candidate (and the best a table can carry, where that
+    is another): status, median and minimum (us), TFLOP/s, speedup over the default."""
     p = run.problem
     t = Table(title=f"{p.key} on {run.device.name} ({run.device.kind})")
     t.add_column("what")
@@ -76,20 +95,13 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     t.add_column("min us", justify="right")
     t.add_column("TFLOP/s", justify="right")
     t.add_column("speedup vs default", justify="right")
-    ok_default = result.default is not None and result.default.status == "ok"
-    default_us = decision_us(result.default) if ok_default else None
     unfrozen = getattr(result, "default_unfrozen", None)
     rows = [(label, r) for label, r in (("eager", result.eager), ("inductor default", result.default),
                                         ("inductor default, no freezing", unfrozen)) if r is not None]
-    # the claim is about the best config a table can carry (result.claimed; the best unless that one
-    # is a compile-wide setting, result.not_carried)
-    claimed = getattr(result, "claimed", None) or result.best
     if result.best is not None:
         rows.append((f"best candidate: {result.best.branch}", result.best))
         if claimed is not None and claimed.id != result.best.id:
             rows.append((f"best in the table: {claimed.branch}", claimed))
-        else:
-            claimed = result.best
     same_kernel = getattr(result, "same_kernel_as_default", False)
     claim = getattr(result, "claim", None)
     for label, r in rows:
@@ -107,27 +119,33 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
                 speed += " (unconfirmed)"
         tflops = f"{r.tflops:.3f}" if r.tflops is not None else "-"
         t.add_row(label, r.status, _us(r.median_us), _us(mine), tflops, speed)
-    console.print(t)  # at most LOG_WIDTH columns off a terminal: cells wrap, nothing is cut
-    if result.best is not None:
-        console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)}",
-                      highlight=False)
-        if getattr(result, "not_carried", None):
-            console.print(f"[yellow]not in the lookup table: {result.not_carried}[/yellow]")
-        best_us = decision_us(result.best)
-        if default_us and same_kernel:
-            console.print(f"winner: {result.best.branch}, the kernel Inductor's default compile runs too: "
-                          f"its {default_us / best_us:.2f}x here is measurement noise, not a speedup")
-        elif default_us and claim is not None and claim.confirmed:
-            console.print(f"winner: {claimed.branch}, {claim.ratio:.2f}x faster than inductor default")
-        elif default_us:
-            why = (claim.reason if claim is not None and claim.ratio is not None and claim.ratio > 1
-                   else None if claim is not None else "not settled in paired rounds")
-            console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it"
-                          + (f" (best candidate {default_us / best_us:.2f}x)" if why is None else
-                             f" in a confirmed paired comparison: {claimed.branch} {why}; "
-                             "the table ships Inductor's default"))
-    else:
-        console.print("[yellow]no candidate measured ok[/yellow]")
+    return t
+
+
+def _print_winner(console: Console, result: Any, default_us: float | None, claimed: Any) -> None:
+    """The best config, why a table cannot carry it (if so), and the winner line."""
+    claim = getattr(result, "claim", None)
+    console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)}",
+                  highlight=False)
+    if getattr(result, "not_carried", None):
+        console.print(f"[yellow]not in the lookup table: {result.not_carried}[/yellow]")
+    best_us = decision_us(result.best)
+    if default_us and getattr(result, "same_kernel_as_default", False):
+        console.print(f"winner: {result.best.branch}, the kernel Inductor's default compile runs too: "
+                      f"its {default_us / best_us:.2f}x here is measurement noise, not a speedup")
+    elif default_us and claim is not None and claim.confirmed:
+        console.print(f"winner: {claimed.branch}, {claim.ratio:.2f}x faster than inductor default")
+    elif default_us:
+        why = (claim.reason if claim is not None and claim.ratio is not None and claim.ratio > 1
+               else None if claim is not None else "not settled in paired rounds")
+        console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it"
+                      + (f" (best candidate {default_us / best_us:.2f}x)" if why is None else
+                         f" in a confirmed paired comparison: {claimed.branch} {why}; "
+                         "the table ships Inductor's default"))
+
+
+def _print_notes(console: Console, result: Any) -> None:
+    """The settles' sentences, contention, transfer, the trial counts, re-used baselines."""
     if getattr(result, "speedup_text", None):
         console.print(result.speedup_text)
     if getattr(result, "verdict_text", None):
@@ -147,6 +165,3 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     if getattr(result, "baselines_reused", False) and result.eager is not None:
         console.print(f"baselines: stored ones re-used (measured {result.eager.created_at:%Y-%m-%d %H:%M} "
                       "with this torch; bench.remeasure_baselines=true measures them again)")
-    console.print(f"database: {db}  study: {result.study_name}")
-    if result.table_path is not None:
-        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))")

@@ -17,11 +17,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 
 from zhantune import interrupt
-from zhantune.search.space import Candidate, Space
+from zhantune.candidate import Candidate
+from zhantune.search.schema import Space
 from zhantune.search.study import (
     INTERRUPTED_ATTR,
     RETRY_OF_ATTR,
@@ -141,86 +143,122 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
     (time up, interrupted) are marked interrupted and released, so a resumed study measures them.
     With ``lookahead`` 0 the loop asks one candidate at a time.
     """
-    stats = SearchStats()
-    bind_sampler(study.sampler, space, problem_vars)
-    total = _feasible_total(study.sampler, space, problem_vars)
-    seen: set[str] = set()
-    rng = random.Random(seed)
-    deadline = time.monotonic() + timeout_s if timeout_s else None
-    pending: deque[tuple[optuna.trial.Trial, Candidate]] = deque()
-    heartbeat = shared.heartbeat if shared is not None else None
-    last_reap = [-float("inf")]
-    beaten: set[int] = set()  # other workers' claimed trials given one heartbeat (_release_orphans)
+    search = _Search(study, space, problem_vars, measure, n_trials, cached, shared, timeout_s, seed,
+                     max_asks_per_trial, prepare, lookahead, on_measuring)
+    return search.run()
 
-    def time_up() -> bool:
-        return deadline is not None and time.monotonic() > deadline
 
-    def reap(force: bool = False) -> None:
+class _Search:
+    """The state of one :func:`run_search` call (its arguments, the points seen, the trials asked
+    ahead) and its steps."""
+
+    def __init__(self, study: optuna.Study, space: Space, problem_vars: dict,
+                 measure: Callable[[Candidate, int], Outcome], n_trials: int,
+                 cached: Callable[[Candidate], tuple[bool, Outcome]] | None, shared: SharedStudy | None,
+                 timeout_s: float | None, seed: int, max_asks_per_trial: int,
+                 prepare: Callable[[Candidate], None] | None, lookahead: int,
+                 on_measuring: Callable[[Candidate, int, bool], None] | None):
+        self.study, self.space, self.problem_vars, self.measure = study, space, problem_vars, measure
+        self.n_trials, self.cached, self.shared, self.max_asks = n_trials, cached, shared, max_asks_per_trial
+        self.prepare, self.lookahead, self.on_measuring = prepare, lookahead, on_measuring
+        self.stats = SearchStats()
+        bind_sampler(study.sampler, space, problem_vars)
+        self.total = _feasible_total(study.sampler, space, problem_vars)
+        self.seen: set[str] = set()
+        self.rng = random.Random(seed)
+        self.deadline = time.monotonic() + timeout_s if timeout_s else None
+        self.pending: deque[tuple[optuna.trial.Trial, Candidate]] = deque()
+        self.heartbeat = shared.heartbeat if shared is not None else None
+        self.last_reap = -float("inf")
+        self.beaten: set[int] = set()  # other workers' claimed trials given one heartbeat (_release_orphans)
+
+    def time_up(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def reap(self, force: bool = False) -> None:
         """Fail dead workers' trials (heartbeat older than the grace period), at most once a poll."""
-        if heartbeat is None or (not force and time.monotonic() - last_reap[0] < shared.poll_s):
+        if self.heartbeat is None or (not force and time.monotonic() - self.last_reap < self.shared.poll_s):
             return
-        last_reap[0] = time.monotonic()
-        fail_stale_trials(study)
+        self.last_reap = time.monotonic()
+        fail_stale_trials(self.study)
 
-    def budget_left() -> int:
-        if shared is None:
-            return n_trials - stats.measured - len(pending)
-        measured, in_flight = shared.counts()
-        stats.study_measured = measured
-        return n_trials - measured - in_flight
+    def budget_left(self) -> int:
+        if self.shared is None:
+            return self.n_trials - self.stats.measured - len(self.pending)
+        measured, in_flight = self.shared.counts()
+        self.stats.study_measured = measured
+        return self.n_trials - measured - in_flight
 
-    def next_measurable() -> tuple[optuna.trial.Trial, Candidate] | str | None:
+    def _answered_from_cache(self, asked: Any, cand: Candidate) -> bool:
+        """A candidate measured before is told its stored outcome (True); a sampler that keeps
+        proposing known points would stall, so an unseen one is offered (a feasible-set sampler
+        never proposes a measured point by itself)."""
+        if self.cached is None:
+            return False
+        hit, outcome = self.cached(cand)
+        if not hit:
+            return False
+        self.stats.duplicates += not _tell(self.study, asked.trial, outcome)
+        self.stats.cached += 1
+        if getattr(self.study.sampler, "feasible_set", None) is None:
+            fresh = random_feasible_point(self.space, self.problem_vars, self.rng, exclude=self.seen)
+            if fresh is not None:
+                self.study.enqueue_trial(self.space.trial_params(*fresh))
+        return True
+
+    def _claim(self, asked: Any, cand: Candidate) -> str:
+        """CLAIMED, TAKEN (told PRUNED: another worker measures it) or SPENT (abandoned)."""
+        heartbeat, trial = self.heartbeat, asked.trial
+        if heartbeat is not None:  # beating before the claim: a claimed point always has a heartbeat
+            heartbeat.hold(trial)
+        got = self.shared.claim(cand, trial.number, self.n_trials)
+        if got != CLAIMED:
+            if heartbeat is not None:
+                heartbeat.drop(trial)
+            if got == SPENT:  # another worker claimed the last trial first: not a result
+                _abandon(self.study, trial, cand, None)
+            else:
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)  # another worker measures it
+                self.stats.duplicates += 1
+        return got
+
+    def next_measurable(self) -> tuple[optuna.trial.Trial, Candidate] | str | None:
         """Ask until a candidate that must be measured comes up; SPENT when the study's budget was
         claimed meanwhile; None when the search must stop."""
-        while stats.asks < max_asks_per_trial * n_trials:
+        stats = self.stats
+        while stats.asks < self.max_asks * self.n_trials:
             if interrupt.requested():
                 raise KeyboardInterrupt("interrupt requested")
-            if time_up():
+            if self.time_up():
                 return None
-            if total is not None and len(seen) >= total:
+            if self.total is not None and len(self.seen) >= self.total:
                 stats.exhausted = True
                 return None
-            reap()
+            self.reap()
             stats.asks += 1
-            asked = ask(study, space, problem_vars)
+            asked = ask(self.study, self.space, self.problem_vars)
             cand = asked.candidate
             if cand is None:
-                study.tell(asked.trial, state=optuna.trial.TrialState.PRUNED)
+                self.study.tell(asked.trial, state=optuna.trial.TrialState.PRUNED)
                 stats.infeasible += 1
                 continue
-            seen.add(cand.config_hash)
-            if cached is not None:
-                hit, outcome = cached(cand)
-                if hit:
-                    stats.duplicates += not _tell(study, asked.trial, outcome)
-                    stats.cached += 1
-                    # a sampler that keeps proposing known points would stall: offer an unseen one
-                    # (a feasible-set sampler never proposes a measured point by itself)
-                    if getattr(study.sampler, "feasible_set", None) is None:
-                        fresh = random_feasible_point(space, problem_vars, rng, exclude=seen)
-                        if fresh is not None:
-                            study.enqueue_trial(space.trial_params(*fresh))
-                    continue
-            if shared is not None:
-                if heartbeat is not None:  # beating before the claim: a claimed point always has a heartbeat
-                    heartbeat.hold(asked.trial)
-                got = shared.claim(cand, asked.trial.number, n_trials)
+            self.seen.add(cand.config_hash)
+            if self._answered_from_cache(asked, cand):
+                continue
+            if self.shared is not None:
+                got = self._claim(asked, cand)
+                if got == SPENT:
+                    return SPENT
                 if got != CLAIMED:
-                    if heartbeat is not None:
-                        heartbeat.drop(asked.trial)
-                    if got == SPENT:  # another worker claimed the last trial first: not a result
-                        _abandon(study, asked.trial, cand, None)
-                        return SPENT
-                    study.tell(asked.trial, state=optuna.trial.TrialState.PRUNED)  # another worker measures it
-                    stats.duplicates += 1
                     continue
             return asked.trial, cand
         return None
 
-    def wait_for_others() -> bool:
+    def wait_for_others(self) -> bool:
         """The budget is claimed but not all measured: wait while other workers' trials are in
         flight, failing dead workers' trials so that their points come back. True when a trial
         became free for this worker; False when the study is done or the search must stop."""
+        shared, heartbeat = self.shared, self.heartbeat
         if shared is None or heartbeat is None:
             return False  # no heartbeat: nothing dead can be told from slow; the others finish theirs
         said = False
@@ -229,76 +267,86 @@ def run_search(study: optuna.Study, space: Space, problem_vars: dict,
             while True:
                 if interrupt.requested():
                     raise KeyboardInterrupt("interrupt requested")
-                if time_up():
+                if self.time_up():
                     return False
-                reap(force=True)
-                _release_orphans(study, shared, beaten)
+                self.reap(force=True)
+                _release_orphans(self.study, shared, self.beaten)
                 measured, in_flight = shared.counts()
-                stats.study_measured = measured
-                if measured >= n_trials:
+                self.stats.study_measured = measured
+                if measured >= self.n_trials:
                     return False
-                if measured + in_flight < n_trials:
+                if measured + in_flight < self.n_trials:
                     return True
                 if not said:
                     log.info("study %s: %d of %d measured; waiting for %d trial(s) in flight in other workers "
                              "(a dead worker's trial is measured again once its heartbeat is %d s old)",
-                             study.study_name, measured, n_trials, in_flight, heartbeat.grace_period_s)
+                             self.study.study_name, measured, self.n_trials, in_flight, heartbeat.grace_period_s)
                     said = True
                 time.sleep(shared.poll_s)
         finally:
-            stats.waited_s += time.monotonic() - start
+            self.stats.waited_s += time.monotonic() - start
 
-    try:
-        while True:
-            stop = False
-            while len(pending) <= lookahead and budget_left() > 0:
-                got = next_measurable()
-                if got == SPENT:
+    def _fill(self) -> bool:
+        """Ask (and claim) up to ``lookahead`` candidates beyond the one measured next, starting
+        each one's compile (``prepare``); True when the search must stop."""
+        while len(self.pending) <= self.lookahead and self.budget_left() > 0:
+            got = self.next_measurable()
+            if got == SPENT:
+                return False
+            if got is None:
+                return True
+            if self.prepare is not None:
+                self.prepare(got[1])
+            self.pending.append(got)
+        return False
+
+    def _measure_next(self) -> None:
+        trial, cand = self.pending.popleft()
+        retry = trial.user_attrs.get(RETRY_OF_ATTR) is not None
+        if self.on_measuring is not None:
+            self.on_measuring(cand, trial.number, retry)
+        try:
+            with interrupt.interruptible():
+                outcome = self.measure(cand, trial.number)
+        except DuplicateTrial:
+            self.stats.duplicates += 1
+            if self.heartbeat is not None:
+                self.heartbeat.drop(trial)
+            return
+        except KeyboardInterrupt:
+            self.pending.appendleft((trial, cand))
+            raise
+        if _tell(self.study, trial, outcome):
+            self.stats.measured += 1
+            self.stats.retried += retry
+        else:
+            self.stats.duplicates += 1
+        if self.heartbeat is not None:
+            self.heartbeat.drop(trial)
+
+    def run(self) -> SearchStats:
+        """Fill the look-ahead, measure the next candidate, until the budget, the space or the time
+        is used up or an interrupt came; candidates asked but not measured are abandoned."""
+        try:
+            while True:
+                stop = self._fill()
+                if not self.pending:
+                    if stop or not self.wait_for_others():
+                        break
+                    continue
+                if stop and self.time_up():
                     break
-                if got is None:
-                    stop = True
-                    break
-                if prepare is not None:
-                    prepare(got[1])
-                pending.append(got)
-            if not pending:
-                if stop or not wait_for_others():
-                    break
-                continue
-            if stop and time_up():
-                break
-            trial, cand = pending.popleft()
-            retry = trial.user_attrs.get(RETRY_OF_ATTR) is not None
-            if on_measuring is not None:
-                on_measuring(cand, trial.number, retry)
-            try:
-                with interrupt.interruptible():
-                    outcome = measure(cand, trial.number)
-            except DuplicateTrial:
-                stats.duplicates += 1
-                if heartbeat is not None:
-                    heartbeat.drop(trial)
-                continue
-            except KeyboardInterrupt:
-                pending.appendleft((trial, cand))
-                raise
-            if _tell(study, trial, outcome):
-                stats.measured += 1
-                stats.retried += retry
-            else:
-                stats.duplicates += 1
-            if heartbeat is not None:
-                heartbeat.drop(trial)
-    except KeyboardInterrupt:
-        stats.interrupted = True
-    finally:
-        for trial, cand in pending:  # asked (and claimed) but not measured
-            _abandon(study, trial, cand, shared.release if shared is not None else None)
-            if heartbeat is not None:
-                heartbeat.drop(trial)
-    if shared is not None:
-        stats.study_measured = shared.counts()[0]
-    return stats
+                self._measure_next()
+        except KeyboardInterrupt:
+            self.stats.interrupted = True
+        finally:
+            for trial, cand in self.pending:  # asked (and claimed) but not measured
+                _abandon(self.study, trial, cand, self.shared.release if self.shared is not None else None)
+                if self.heartbeat is not None:
+                    self.heartbeat.drop(trial)
+        if self.shared is not None:
+            self.stats.study_measured = self.shared.counts()[0]
+        return self.stats
 
 
 def _release_orphans(study: optuna.Study, shared: SharedStudy, beaten: set[int]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from zhantune.search.space import Branch, Space
+from zhantune.search.schema import Branch, Space
 
 __all__ = ["FeasibleSet", "enumerate_feasible", "DEFAULT_ENUMERATION_LIMIT"]
 

@@ -34,7 +34,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from zhantune.search.feasible import FeasibleSet, enumerate_feasible
-from zhantune.search.space import Space
+from zhantune.search.schema import Space
 from zhantune.search.study import INTERRUPTED_ATTR
 
 __all__ = ["FeasibleTPESampler"]
@@ -43,6 +43,7 @@ __all__ = ["FeasibleTPESampler"]
 _MAX_BAD_CENTRES = 256
 #: largest one-hot matrix of the feasible set kept in memory (float64 cells: 32 MiB)
 _MAX_ONE_HOT_CELLS = 4_000_000
+
 
 class FeasibleTPESampler(optuna.samplers.BaseSampler):
     """TPE over the feasible set, with a Hamming-neighbourhood local search after the model phase.

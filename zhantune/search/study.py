@@ -14,8 +14,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from zhantune.candidate import Candidate
 from zhantune.quiet import quiet_optuna
-from zhantune.search.space import Branch, Candidate, Space
+from zhantune.search.schema import Branch, Space
 
 __all__ = ["Asked", "HeartbeatSettings", "Heartbeat", "optuna_storage", "open_study", "ask", "feasible_size",
            "random_feasible_point", "fail_stale_trials", "retry_trial", "INTERRUPTED_ATTR", "RETRY_OF_ATTR",
@@ -54,7 +55,7 @@ def optuna_storage(storage_url: str, heartbeat: HeartbeatSettings | None = None)
     from sqlalchemy import event
     from sqlalchemy.engine import make_url
 
-    from zhantune.storage.store import SQLITE_BUSY_TIMEOUT_MS, sqlite_pragmas
+    from zhantune.storage.engine import SQLITE_BUSY_TIMEOUT_MS, sqlite_pragmas
 
     kwargs: dict[str, Any] = {}
     if heartbeat is not None:

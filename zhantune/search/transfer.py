@@ -8,7 +8,7 @@ Two kinds of source, read from the same storage the tune writes to:
   activation and weight layout; the ``max_shapes`` nearest in log2 space of M, N, K and B).
 
 A source's measurements become per-config *log regrets*: ln(time / that source's best time), with
-each config at its lowest decision statistic (zhantune.storage.store.decision_value, as compare and
+each config at its lowest decision statistic (zhantune.bench.decision.best_per_config, as compare and
 export rank); a config that only failed there has an infinite regret. The prior's score of a config
 is the mean log regret over the sources that measured it (the log of its geometric-mean regret, the
 statistic of compare's geometric-mean portable choice). The sampler
@@ -21,17 +21,16 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
-
+from zhantune.bench.decision import best_per_config, decision_us
 from zhantune.config import TRANSFER_MODES  # re-exported: the values search.transfer takes
-from zhantune.storage import Store
-from zhantune.storage import models as m
-from zhantune.storage.store import decision_value
+
+if TYPE_CHECKING:
+    from zhantune.storage import Store
 
 __all__ = ["Source", "Prior", "TRANSFER_MODES", "load_prior", "device_sources", "shape_sources",
-           "shape_distance"]
+           "shape_distance", "transfer_text"]
 
 #: the dims a GEMM problem row's shape holds (zhantune.problems.GemmProblem.dims)
 _GEMM_DIMS = ("M", "N", "K", "B")
@@ -75,61 +74,31 @@ class Prior:
         return f"{self.measurements():,} prior measurement(s) {where}{', '.join(items)}"
 
 
-def _log_regrets(rows: list[tuple[str, str, Any, Any, Any]]) -> dict[str, float]:
-    """(config hash, status, min_us, median_us, timing_method) rows of one (device, problem) ->
-    config hash -> ln(time / best); inf where the config never ran ok there."""
-    best_of: dict[str, float] = {}
-    failed: set[str] = set()
-    for chash, status, low, median, method in rows:
-        value = decision_value(low, median, method)
-        if status == "ok" and value is not None and value > 0:
-            best_of[chash] = min(value, best_of.get(chash, math.inf))
-        else:
-            failed.add(chash)
+def _log_regrets(rows: list[Any]) -> dict[str, float]:
+    """Rows of one (device, problem) (``config_hash``, ``status``, ``min_us``, ``median_us``,
+    ``timing_method``, ``id``) -> config hash -> ln(time / best); inf where the config never ran ok
+    there."""
+    ok = [r for r in rows if r.status == "ok" and (decision_us(r) or 0) > 0]
+    lowest = {r.config_hash: decision_us(r) for r in best_per_config(ok)}
+    best_of = {r.config_hash: lowest[r.config_hash] for r in ok}  # in the rows' order
     if not best_of:
         return {}
     best = min(best_of.values())
     out = {h: math.log(t / best) for h, t in best_of.items()}
-    out.update({h: math.inf for h in failed if h not in out})
-    return out
-
-
-def _measurements(store: Store, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], list[tuple]]:
-    """Candidate and re-measure rows of each (device id, problem id) in ``pairs``."""
-    out: dict[tuple[int, int], list[tuple]] = defaultdict(list)
-    if not pairs:
-        return out
-    devices = {d for d, _ in pairs}
-    problems = {p for _, p in pairs}
-    with store.session() as s:
-        q = (select(m.Measurement.device_id, m.Measurement.problem_id, m.Measurement.config_hash,
-                    m.Measurement.status, m.Measurement.min_us, m.Measurement.median_us,
-                    m.Measurement.timing_method)
-             .where(m.Measurement.device_id.in_(devices), m.Measurement.problem_id.in_(problems),
-                    m.Measurement.kind.in_(("candidate", "remeasure")), m.Measurement.config_hash.is_not(None)))
-        for did, pid, chash, status, low, median, method in s.execute(q):
-            if (did, pid) in pairs:
-                out[(did, pid)].append((chash, status, low, median, method))
+    out.update({r.config_hash: math.inf for r in rows if r.config_hash not in out})
     return out
 
 
 def device_sources(store: Store, device_key: str, problem_key: str) -> list[tuple[Source, dict[str, float]]]:
     """The same problem measured on other devices (devices with an empty key, which an older import
     could make from files without a device name, are never used), by device key."""
-    with store.session() as s:
-        problem = s.scalar(select(m.Problem).where(m.Problem.key == problem_key))
-        if problem is None:
-            return []
-        q = (select(m.Device.id, m.Device.key)
-             .join(m.Measurement, m.Measurement.device_id == m.Device.id)
-             .where(m.Measurement.problem_id == problem.id, m.Device.key != device_key, m.Device.key != "")
-             .distinct().order_by(m.Device.key))
-        devices = list(s.execute(q))
-        pid = problem.id
-    rows = _measurements(store, [(did, pid) for did, _ in devices])
+    pid, devices = store.other_devices(problem_key, device_key)
+    if pid is None:
+        return []
+    rows = store.measured_configs([(did, pid) for did, _ in devices])
     out = []
     for did, key in devices:
-        regrets = _log_regrets(rows[(did, pid)])
+        regrets = _log_regrets(rows.get((did, pid), []))
         if any(math.isfinite(v) for v in regrets.values()):
             out.append((Source("device", key, problem_key, len(regrets)), regrets))
     return out
@@ -146,29 +115,16 @@ def shape_sources(store: Store, device_key: str, problem: Any, max_shapes: int =
     dims = getattr(problem, "dims", None)
     if not isinstance(dims, dict) or max_shapes < 1:
         return []
-    fields = problem.row_fields()
-    with store.session() as s:
-        device = s.scalar(select(m.Device).where(m.Device.key == device_key))
-        if device is None:
-            return []
-        # problems with measurements here (a subquery: PostgreSQL has no DISTINCT over a JSON column)
-        measured = select(m.Measurement.problem_id).where(m.Measurement.device_id == device.id,
-                                                          m.Measurement.kind.in_(("candidate", "remeasure")))
-        q = select(m.Problem).where(m.Problem.id.in_(measured), m.Problem.key != problem.key,
-                                    m.Problem.op == fields["op"], m.Problem.dtype == fields["dtype"],
-                                    m.Problem.weight_layout == fields["weight_layout"])
-        if fields["activation"] is None:
-            q = q.where(m.Problem.activation.is_(None))
-        else:
-            q = q.where(m.Problem.activation == fields["activation"])
-        others = [(shape_distance(dims, p.shape), p.key, p.id) for p in s.scalars(q)
-                  if all(isinstance(p.shape.get(d), int) for d in ("M", "N", "K"))]
-        did = device.id
+    did, problems = store.neighbour_problems(device_key, problem.row_fields(), problem.key)
+    if did is None:
+        return []
+    others = [(shape_distance(dims, p.shape), p.key, p.id) for p in problems
+              if all(isinstance(p.shape.get(d), int) for d in ("M", "N", "K"))]
     others.sort()
-    rows = _measurements(store, [(did, pid) for _, _, pid in others])
+    rows = store.measured_configs([(did, pid) for _, _, pid in others])
     out = []
     for distance, key, pid in others:
-        regrets = _log_regrets(rows[(did, pid)])
+        regrets = _log_regrets(rows.get((did, pid), []))
         if any(math.isfinite(v) for v in regrets.values()):
             out.append((Source("shape", device_key, key, len(regrets), distance), regrets))
         if len(out) == max_shapes:
@@ -189,3 +145,20 @@ def load_prior(store: Store, device_key: str, problem: Any, max_shapes: int = 2)
             sums[chash].append(value)
     scores = {h: (math.inf if any(math.isinf(v) for v in vs) else sum(vs) / len(vs)) for h, vs in sums.items()}
     return Prior(scores, [src for src, _ in found])
+
+
+def transfer_text(prior: Prior, sampler: Any) -> str:
+    """The summary's line on how ``prior`` seeded the search of ``sampler``
+    (zhantune.search.FeasibleTPESampler's seeds and region)."""
+    region = getattr(sampler, "prior_region_size", None)
+    feasible = len(sampler.feasible_set) if getattr(sampler, "feasible_set", None) is not None else None
+    text = f"transfer: {prior.describe()}"
+    if region is None or feasible is None:
+        return text + "; none of their configs is in this space"
+    seeds = sampler.prior_seed_count
+    if seeds:
+        text += f"; their {seeds} best config(s) were proposed before the sampler's own picks"
+    if region < feasible:
+        text += (f"; proposals stayed within their best {region:,} of {feasible:,} feasible configs "
+                 "while the best point measured here was one of them")
+    return text + " (search.transfer=off: a cold start)"

@@ -17,14 +17,14 @@ from sqlalchemy import select
 
 from zhantune.errors import StorageError
 from zhantune.quiet import quiet_optuna
-from zhantune.storage import models as m
+from zhantune.storage import orm as m
 from zhantune.storage.store import Store
 
 __all__ = ["MergeStats", "merge_into", "check_importable"]
 
 quiet_optuna()  # copy_study creates studies: Optuna would log each at INFO
 
-_COPIED = [c.key for c in m.Measurement.__table__.columns
+_COPIED = [c.key for c in m.MeasurementRow.__table__.columns
            if c.key not in ("id", "study_id", "device_id", "problem_id", "environment_id")]
 
 
@@ -53,9 +53,9 @@ def check_importable(source: Store, where: str) -> None:
     from zhantune.problems.gemm import OPS
 
     with source.session() as s:
-        q = (select(m.Measurement.id, m.Measurement.template_id, m.Measurement.params, m.Device.kind)
-             .join(m.Device, m.Measurement.device_id == m.Device.id)
-             .join(m.Problem, m.Measurement.problem_id == m.Problem.id)
+        q = (select(m.MeasurementRow.id, m.MeasurementRow.template_id, m.MeasurementRow.params, m.Device.kind)
+             .join(m.Device, m.MeasurementRow.device_id == m.Device.id)
+             .join(m.Problem, m.MeasurementRow.problem_id == m.Problem.id)
              .where(m.Problem.op.in_(tuple(OPS))))
         for row_id, template_id, params, kind in s.execute(q):
             bad = stored_params_problem(template_id, params, kind)
@@ -73,7 +73,7 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
         envs = {e.id: e for e in s.scalars(select(m.Environment))}
         problems = {p.id: p for p in s.scalars(select(m.Problem))}
         studies = list(s.scalars(select(m.Study).order_by(m.Study.id)))
-        rows = list(s.scalars(select(m.Measurement).order_by(m.Measurement.id)))
+        rows = list(s.scalars(select(m.MeasurementRow).order_by(m.MeasurementRow.id)))
     dev_map = {i: target.device_id(d.key, d.name, d.kind, d.properties) for i, d in devices.items()}
     env_map = {i: target.environment_id({k: getattr(e, k) for k in _ENV_FIELDS}) for i, e in envs.items()}
     prob_map = {i: target.problem_id(p.key, op=p.op, shape=p.shape, dtype=p.dtype, activation=p.activation,
@@ -103,8 +103,8 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
         _copy_optuna_study(source.url, target.url, st.name, name)
     with target.session() as t:
         have = {(sid, n, _as_naive(c), h) for sid, n, c, h in t.execute(
-            select(m.Measurement.study_id, m.Measurement.trial_number, m.Measurement.created_at,
-                   m.Measurement.config_hash))}
+            select(m.MeasurementRow.study_id, m.MeasurementRow.trial_number, m.MeasurementRow.created_at,
+                   m.MeasurementRow.config_hash))}
         taken = {(sid, n) for sid, n, _, _ in have if n is not None}
         for r in rows:
             sid = study_map[r.study_id]
@@ -115,7 +115,7 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
             fields = {k: getattr(r, k) for k in _COPIED}
             if r.trial_number is not None and (sid, r.trial_number) in taken:
                 fields["trial_number"] = None  # the same study diverged on two machines: keep the row
-            t.add(m.Measurement(study_id=sid, device_id=dev_map[r.device_id], problem_id=prob_map[r.problem_id],
+            t.add(m.MeasurementRow(study_id=sid, device_id=dev_map[r.device_id], problem_id=prob_map[r.problem_id],
                                 environment_id=env_map.get(r.environment_id), **fields))
             have.add(key)
             if fields["trial_number"] is not None:

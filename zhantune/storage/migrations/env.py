@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from zhantune.storage.models import Base
+from zhantune.storage.orm import Base
 
 VERSION_TABLE = "zt_alembic_version"
 

@@ -19,17 +19,15 @@ A parameter is exactly one of::
 with an optional ``key`` (the Inductor config key or template kwarg it sets; default: its name).
 Constraints are expressions over the params and the problem/device values (``M``, ``N``, ``K``,
 ``B``, ``dtype_bytes``, ``smem_bytes``, ``sm_count``, ``cores``, ``n_threads``,
-``decompose_k_offered``, ``triton_mm_offered``, ``tma_epilogue_bytes``: zhantune.tune.problem_variables), evaluated with
+``decompose_k_offered``, ``triton_mm_offered``, ``tma_epilogue_bytes``: zhantune.runspec.problem_variables), evaluated with
 simpleeval (never ``eval``). Errors raise SpaceError naming the file and key path.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ import optuna
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from simpleeval import EvalWithCompoundTypes, NameNotDefined
 
+from zhantune.candidate import Candidate  # re-exported: the point a branch makes
 from zhantune.errors import SpaceError
 
 __all__ = [
@@ -135,31 +134,6 @@ def param_distribution(name: str, spec: dict[str, Any], where: str) -> Param:
             raise SpaceError(f"{where}: log and step cannot be combined")
         return Param(name, key, optuna.distributions.IntDistribution(low, high, log=True))
     return Param(name, key, optuna.distributions.IntDistribution(low, high, step=step))
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One point of the space: a template choice or an Inductor config patch.
-
-    ``params`` maps the effective keys (template kwargs or dotted config keys) to values, with the
-    branch's fixed values included. ``config_hash`` is stable across runs and machines.
-    """
-
-    branch: str
-    scope: str
-    template_id: str | None
-    params: dict[str, Any] = field(hash=False)
-
-    @property
-    def config_hash(self) -> str:
-        payload = json.dumps({"template_id": self.template_id, "params": self.params}, sort_keys=True,
-                             separators=(",", ":"))
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-    def describe(self) -> str:
-        """``template_id`` (or the branch) and the params as compact ``k=v`` tokens, keys sorted:
-        ``cpp_gemm cpp.gemm_max_k_slices=1 max_autotune_gemm_backends=CPP``."""
-        return " ".join([self.template_id or self.branch, *(f"{k}={v}" for k, v in sorted(self.params.items()))])
 
 
 @dataclass

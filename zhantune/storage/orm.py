@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-__all__ = ["Base", "Claim", "Device", "Environment", "Problem", "Study", "Measurement", "Verdict"]
+__all__ = ["Base", "Claim", "Device", "Environment", "Problem", "Study", "MeasurementRow", "Verdict"]
 
 
 def _now() -> dt.datetime:
@@ -119,7 +119,7 @@ class Verdict(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
-class Measurement(Base):
+class MeasurementRow(Base):
     """One compiled-and-timed candidate or baseline. Timings in microseconds.
 
     ``kind`` is ``eager``, ``default`` (Inductor's default choice) or ``candidate``;

@@ -1,7 +1,8 @@
 """Compare configs across devices: per-device winners, cross-device regret, portable choices.
 
-Definitions (times are median microseconds; a config measured several times on a device, as close
-calls are, counts with its median measurement there, as in the exported tables):
+Definitions (times are the decision statistic in microseconds, zhantune.bench.decision.decision_us; a
+config measured several times on a device, as close calls are, counts with its lowest measurement
+there, as in the exported tables: zhantune.bench.decision.best_per_config):
 
 * the *winner* of device A for a problem is A's fastest correct config;
 * the *regret* of A's winner on B is time_B(winner_A) / best_B (1.0: no loss). It exists only where
@@ -16,16 +17,16 @@ calls are, counts with its median measurement there, as in the exported tables):
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
-
+from zhantune.bench.decision import best_per_config, decision_us
 from zhantune.errors import UserError
-from zhantune.storage import Store
-from zhantune.storage import models as m
-from zhantune.storage.store import decision_value
+
+if TYPE_CHECKING:
+    from zhantune.storage import Store
 
 __all__ = ["Choice", "ProblemComparison", "Comparison", "compare", "CompareError"]
 
@@ -49,11 +50,14 @@ class Choice:
 
     @property
     def geomean_regret(self) -> float:
-        return _geomean(list(self.regret.values()))
+        return statistics.geometric_mean(self.regret.values())
 
 
 @dataclass
 class ProblemComparison:
+    """One problem across the devices: best times (us), each device's winner, Inductor's default
+    time where measured, the regrets of the winners elsewhere, and the portable choices."""
+
     problem_key: str
     flops: int
     best_us: dict[str, float]              # device -> best time
@@ -71,6 +75,8 @@ class ProblemComparison:
 
 @dataclass
 class Comparison:
+    """Every compared problem, and the device x device matrix of geometric-mean regrets."""
+
     devices: list[str]
     device_names: dict[str, str]
     problems: list[ProblemComparison]
@@ -80,15 +86,8 @@ class Comparison:
         return sorted(self.problems, key=lambda p: -p.disagreement)[:n]
 
 
-def _geomean(values: list[float]) -> float:
-    if any(math.isinf(v) for v in values):
-        return math.inf
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
-def _pick_devices(store: Store, wanted: list[str] | None) -> list[m.Device]:
-    with store.session() as s:
-        devices = list(s.scalars(select(m.Device).order_by(m.Device.key)))
+def _pick_devices(store: Store, wanted: list[str] | None) -> list[Any]:
+    devices = store.devices()
     if not devices:
         raise CompareError(f"storage.url={store.url}: the database holds no devices; tune or import first "
                            "(python -m zhantune ..., python -m zhantune.kerneltuner files=[...])")
@@ -111,43 +110,8 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
     """
     devs = _pick_devices(store, devices)
     ids = {d.id: d.key for d in devs}
-    # times[problem][device][config_hash] = ok medians (candidate and re-measure rows);
-    # failed[problem][device] = config hashes that failed
-    times: dict[int, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    failed: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-    configs: dict[str, tuple[str | None, dict]] = {}
-    defaults: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    problems: dict[int, m.Problem] = {}
-    with store.session() as s:
-        q = (select(m.Measurement.problem_id, m.Measurement.device_id, m.Measurement.kind,
-                    m.Measurement.status, m.Measurement.config_hash, m.Measurement.template_id,
-                    m.Measurement.params, m.Measurement.median_us, m.Measurement.min_us,
-                    m.Measurement.timing_method)
-             .where(m.Measurement.device_id.in_(ids),
-                    m.Measurement.kind.in_(("candidate", "remeasure", "default"))))
-        for pid, did, kind, status, chash, tid, params, median, low, method in s.execute(q):
-            dev = ids[did]
-            median = decision_value(low, median, method)  # the decision statistic, as export ranks
-            if kind == "default":
-                if status == "ok" and median is not None:
-                    defaults[pid][dev].append(median)
-                continue
-            if chash is None:
-                continue
-            configs.setdefault(chash, (tid, params))
-            if status == "ok" and median is not None:
-                times[pid][dev][chash].append(median)
-            elif kind == "candidate":
-                failed[pid][dev].add(chash)
-    # each row by the decision statistic and a config (or the default) measured several times by
-    # its lowest: the rule of Store.ranked_candidates and Store.default_times_us, so compare and
-    # export agree (zhantune.storage.store.decision_us)
-    time = {pid: {dev: {h: min(ts) for h, ts in per.items()} for dev, per in by_dev.items()}
-            for pid, by_dev in times.items()}
-    default_us = {pid: {dev: min(ts) for dev, ts in by_dev.items()} for pid, by_dev in defaults.items()}
-    with store.session() as s:
-        for p in s.scalars(select(m.Problem).where(m.Problem.id.in_(list(time)))):
-            problems[p.id] = p
+    time, failed, configs, default_us = _times(store, ids)
+    problems = store.problems(list(time))
     out = []
     for pid in sorted(time, key=lambda i: problems[i].key):
         per_dev = {d: t for d, t in time[pid].items() if t}
@@ -162,11 +126,40 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
     for a in keys:
         for b in keys:
             regrets = [p.regret[(a, b)] for p in out if (a, b) in p.regret]
-            matrix[(a, b)] = _geomean(regrets) if regrets else None
+            matrix[(a, b)] = statistics.geometric_mean(regrets) if regrets else None
     return Comparison(keys, {d.key: d.name for d in devs}, out, matrix)
 
 
-def _compare_problem(problem: m.Problem, per_dev: dict[str, dict[str, float]], failed: dict[str, set[str]],
+def _times(store: Store, ids: dict[int, str]) -> tuple[dict, dict, dict, dict]:
+    """From the devices' rows (``ids``: device id -> key): time[problem id][device key][config hash]
+    (each config at its lowest decision statistic, the ranking rule of the export), failed[problem
+    id][device key] = config hashes whose candidates failed there, configs[config hash] =
+    (template_id, params), default_us[problem id][device key] (Inductor's default, lowest too)."""
+    ok: dict[int, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
+    defaults: dict[int, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
+    failed: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    configs: dict[str, tuple[str | None, dict]] = {}
+    for row in store.config_rows(list(ids), ("candidate", "remeasure", "default")):
+        dev, good = ids[row.device_id], row.status == "ok" and decision_us(row) is not None
+        if row.kind == "default":
+            if good:
+                defaults[row.problem_id][dev].append(row)
+            continue
+        if row.config_hash is None:
+            continue
+        configs.setdefault(row.config_hash, (row.template_id, row.params))
+        if good:
+            ok[row.problem_id][dev].append(row)
+        elif row.kind == "candidate":
+            failed[row.problem_id][dev].add(row.config_hash)
+    time = {pid: {dev: {r.config_hash: decision_us(r) for r in best_per_config(rows)} for dev, rows in by_dev.items()}
+            for pid, by_dev in ok.items()}
+    default_us = {pid: {dev: decision_us(best_per_config(rows)[0]) for dev, rows in by_dev.items()}
+                  for pid, by_dev in defaults.items()}
+    return time, failed, configs, default_us
+
+
+def _compare_problem(problem: Any, per_dev: dict[str, dict[str, float]], failed: dict[str, set[str]],
                      configs: dict[str, tuple[str | None, dict]], default_us: dict[str, float]) -> ProblemComparison:
     best_us = {d: min(t.values()) for d, t in per_dev.items()}
 

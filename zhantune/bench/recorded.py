@@ -21,6 +21,7 @@ import math
 import statistics
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,10 @@ import optuna
 
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.timing import summarize_us
+from zhantune.candidate import Candidate
 from zhantune.device import DeviceInfo
 from zhantune.errors import ConfigError
-from zhantune.search.space import Branch, Candidate, Param, Space
+from zhantune.search.schema import Branch, Param, Space
 
 __all__ = ["KernelTunerFile", "ReplayProblem", "ReplayBenchmarker", "load_kerneltuner", "entry_times_us", "FAILURE_STATUS",
            "recorded_cost_s"]
@@ -45,6 +47,7 @@ FAILURE_STATUS = {
 
 _REQUIRED_KEYS = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params", "cache")
 TEMPLATE_PREFIX = "kerneltuner::"
+_NO_INDUCTOR = "a Kernel Tuner file records no Inductor compile"
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class ReplayProblem:
         return self.flops_per_run / (time_us * 1e-6) / 1e12 if self.flops_per_run else None
 
     def row_fields(self) -> dict[str, Any]:
-        """Columns of the problem row (zhantune.storage.models.Problem)."""
+        """Columns of the problem row (zhantune.storage.orm.Problem)."""
         return dict(op=self.kernel_name, shape={"problem_size": list(self.problem_size)}, dtype="recorded",
                     activation=None, lookup_op=self.kernel_name, flops=self.flops_per_run)
 
@@ -274,13 +277,26 @@ class ReplayBenchmarker:
 
     name = "replay"
     lookup_key = None
+    lookup = None
 
     def __init__(self, file: KernelTunerFile, pace: float = 0.0):
         self.file = file
         self.pace = pace
+        self.on_compiled: Callable[[], None] | None = None  # nothing compiles here
 
     def baselines(self) -> list[tuple[str, Measurement]]:
         return []
+
+    def record_lookup(self) -> Measurement:
+        """Recorded data made no Inductor lookup: ``invalid``."""
+        return Measurement("invalid", error_text=_NO_INDUCTOR)
+
+    def measure_default(self) -> Measurement:
+        """A Kernel Tuner file holds no Inductor default: ``invalid``."""
+        return Measurement("invalid", error_text=_NO_INDUCTOR)
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     def measure(self, cand: Candidate) -> Measurement:
         entry = self.file.entry(cand.params)

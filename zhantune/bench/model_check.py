@@ -1,0 +1,132 @@
+"""The model check behind ``python -m zhantune.check``: compile a model with a table, with Inductor's
+default and with max-autotune, and time the three ways in interleaved rounds.
+
+Each way is a cold compile (Inductor's caches off) of its own copy in this process, after one
+untimed warm-up compile, under zhantune.inductor.settings.model_patch (on CPU the inference compile a
+user gets: ``freezing=True`` under ``no_grad``, oneDNN on). Timing is zhantune's protocol
+(zhantune.bench.timing), a busy machine waited for and reported as in a tune
+(zhantune.bench.conditions); every run time is the decision statistic (the fastest run).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["check_model", "time_interleaved", "versus"]
+
+
+def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], table: Any = None) -> dict[str, Any]:
+    """Compile a copy of ``model`` under ``patch`` (zhantune.inductor.settings.model_patch: Inductor's
+    caches off; ``table`` served through use_table while it compiles) and run it once: {"fn", "compile_s", "out", "report"}. Each way
+    compiles its own copy, so that Dynamo keeps one graph per way and calling one never recompiles
+    another."""
+    import copy
+
+    import torch
+    from torch._inductor import config as inductor_config
+
+    from zhantune.inductor.runtime import use_table
+
+    mine = copy.deepcopy(model)
+    installed = use_table(table, device.kind) if table is not None else None
+    try:
+        with torch.no_grad(), inductor_config.patch(patch):
+            compiled = torch.compile(mine)
+            t0 = time.perf_counter()
+            out = compiled(*inputs)
+            if device.kind == "cuda":  # pragma: no cover - needs a GPU
+                torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+    finally:
+        if installed is not None:
+            installed.remove()
+
+    def fn() -> Any:
+        with torch.no_grad():
+            return compiled(*inputs)
+
+    return {"fn": fn, "compile_s": compile_s, "out": out, "report": installed.report if installed is not None else None}
+
+
+def _time_once(fn: Any, device: Any, bench: Any) -> tuple[Any, dict[str, Any]]:
+    """One timed measurement of ``fn`` (zhantune's protocol, microseconds) after the busy-machine
+    back-off; returns (Timing, the conditions it was taken in)."""
+    from zhantune.bench.conditions import conditions, wait_until_idle
+    from zhantune.bench.timing import time_cpu, time_cuda
+
+    waited = wait_until_idle(getattr(bench, "busy_wait_s", 0.0) or 0.0, device.kind, device.index)
+    if device.kind == "cuda":  # pragma: no cover - needs a GPU
+        timing = time_cuda(fn, warmup_ms=bench.warmup_ms, target_ms=bench.target_ms, cuda_graph=bench.cuda_graph)
+    else:
+        timing = time_cpu(fn, warmup_ms=bench.warmup_ms, target_ms=bench.target_ms, min_reps=bench.min_reps,
+                          max_reps=bench.max_reps, flush_cache=bench.flush_cache,
+                          nice=getattr(bench, "nice", None), fifo=getattr(bench, "fifo", False))
+    return timing, {**conditions(device.kind, device.index), **waited}
+
+
+def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) -> tuple[dict[str, dict[str, Any]], Any]:
+    """Time every way in ``rounds`` interleaved rounds (round r starts at way r mod n, so no way is
+    always first). Per way: ``run_us`` the fastest run over all rounds (the decision statistic, as
+    in a tune: one-sided noise cannot make it smaller), ``median_us`` the median of the per-round
+    medians, ``rounds_us`` each round's fastest run. Returns (per way, ContentionCount)."""
+    import statistics
+
+    from zhantune.bench.conditions import ContentionCount, is_contended
+
+    names = list(fns)
+    timings: dict[str, list[Any]] = {n: [] for n in names}
+    contention = ContentionCount()
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            timing, seen = _time_once(fns[name], device, bench)
+            timings[name].append(timing)
+            contention = contention.add(seen, is_contended(seen), timing.method)
+    out = {}
+    for name, ts in timings.items():
+        out[name] = {"run_us": min(t.min_us for t in ts), "median_us": statistics.median(t.median_us for t in ts),
+                     "rounds_us": [t.min_us for t in ts], "n": sum(t.n for t in ts), "method": ts[0].method}
+    return out, contention
+
+
+def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+    """The paired comparison of a way with the default: ``ratio`` = default / way (each side's
+    fastest run over the rounds; > 1: the way is faster), the per-round ratios' range, and
+    ``consistent``: every round agrees on which is faster (ratios all above or all below 1)."""
+    per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
+    consistent = all(x > 1 for x in per_round) or all(x < 1 for x in per_round)
+    return {"ratio": default["run_us"] / way["run_us"], "ratio_low": min(per_round), "ratio_high": max(per_round),
+            "consistent": consistent}
+
+
+def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
+                max_autotune: bool = True, rounds: int = 5) -> dict[str, Any]:
+    """Compile ``model`` with ``table`` (a TableFile), by default, and with max-autotune, then time
+    the compiled ways in ``rounds`` interleaved rounds (:func:`time_interleaved`).
+
+    Returns {"report": TableReport, "ways": {name: {compile_s, run_us, median_us, rounds_us, error,
+    vs_default}}, "contention": ContentionCount}; run times in microseconds (``run_us``: the fastest
+    run), compile times in seconds; ``error`` is the max relative error vs eager.
+    """
+    import torch
+
+    from zhantune.bench.inductor import relative_error
+    from zhantune.inductor.settings import model_patch
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        reference = model(*inputs).double()
+    # max-autotune's AUTOTUNE tables on stderr off (zhantune prints its own report)
+    base = model_patch(device.kind)
+    # an untimed compile first, so that the process's one-time costs (Dynamo, Inductor's imports,
+    # the C++ toolchain's first run) do not land on whichever way compiles first
+    _compile(model, inputs, device, base)
+    compiled = {"table": _compile(model, inputs, device, base, table), "default": _compile(model, inputs, device, base)}
+    if max_autotune:
+        compiled["max-autotune"] = _compile(model, inputs, device, model_patch(device.kind, max_autotune=True))
+    times, contention = time_interleaved({n: c["fn"] for n, c in compiled.items()}, device, bench, rounds)
+    ways: dict[str, dict[str, Any]] = {}
+    for name, c in compiled.items():
+        ways[name] = {"compile_s": c["compile_s"], **times[name], "error": relative_error(c["out"], reference),
+                      "vs_default": versus(times[name], times["default"])}
+    return {"report": compiled["table"]["report"], "ways": ways, "contention": contention}

@@ -1,0 +1,146 @@
+"""A tune's settles: re-measure what a decision hangs on, interleaved, before it is reported.
+
+* the **close call** (:func:`settle_close_call`): the two fastest configs within each other's
+  noise are measured again in alternating rounds, and the ranking then uses each config's lowest
+  decision statistic;
+* the **speedup claim** (:func:`settle_speedup`): the winner a table can carry and Inductor's
+  default are measured in paired, interleaved rounds and judged by
+  zhantune.bench.decision.judge_speedup; an unconfirmed claim ships Inductor's default.
+
+The caller (zhantune.tune) reads the ranked rows from the store and stores the new rows through
+``record``; nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from zhantune import interrupt
+from zhantune.bench.decision import Round, SpeedupVerdict, decision_us, judge_speedup, rank_key
+from zhantune.bench.measurement import Measurement
+from zhantune.bench.protocol import Benchmarker
+from zhantune.candidate import Candidate
+from zhantune.inductor.templates import DEFAULT_KERNEL_TEMPLATES  # re-exported
+
+__all__ = ["settle_close_call", "settle_speedup", "SpeedupSettle", "is_default_kernel", "DEFAULT_KERNEL_TEMPLATES",
+           "Record"]
+
+#: stores one re-measurement as a row and returns it: (measurement, kind, candidate or None) -> row
+Record = Callable[[Measurement, str, Candidate | None], Any]
+
+
+
+def _candidate(row: Any, branches: Sequence[Any]) -> Candidate | None:
+    """The candidate a stored row measured, rebuilt from this run's space; None when its branch is
+    not in it (a row another study's space measured)."""
+    branch = next((b for b in branches if b.name == row.branch), None)
+    return None if branch is None else Candidate(row.branch, branch.scope, row.template_id, dict(row.params))
+
+
+def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Benchmarker, record: Record,
+                      rounds: int) -> tuple[str | None, str | None]:
+    """(verdict, sentence) on the two fastest configs ``ranked`` (rows, fastest first, as
+    Store.ranked_candidates gives them): None, None with fewer than two; "clear" when they are not
+    within each other's noise (:func:`zhantune.bench.timing.is_tie`); else both are measured
+    ``rounds`` more times, interleaved, stored through ``record`` (kind ``remeasure``), and the
+    verdict is "tie" (the rounds' minimums still overlap) or "clear", the sentence naming the
+    configs in the order the ranking now gives."""
+    from zhantune.bench.timing import is_tie
+
+    if len(ranked) < 2:
+        return None, None
+    a, b = ranked[:2]
+    if not is_tie(a, b):
+        return "clear", (f"clear winner: the runner-up is {decision_us(b) / decision_us(a):.2f}x slower, "
+                         "outside the noise (20th-80th percentiles do not overlap)")
+    cands = [_candidate(row, branches) for row in (a, b)]
+    if None in cands:  # measured by another space (a cached row): cannot be rebuilt here
+        return "tie", "close call with a config outside this space: not re-measured"
+    fresh: dict[str, list[float]] = {c.config_hash: [] for c in cands}
+    last = {}
+    with interrupt.interruptible():
+        for _ in range(rounds):
+            for cand in cands:
+                meas = bench.measure(cand)
+                last[cand.config_hash] = record(meas, "remeasure", cand)
+                if meas.ok:
+                    fresh[cand.config_hash].append(decision_us(last[cand.config_hash]))
+    ra, rb = (last.get(c.config_hash) for c in cands)
+    ma, mb = (sorted(fresh[c.config_hash]) for c in cands)
+    if not ma or not mb or ra is None or rb is None:
+        return "tie", "close call: a re-measurement failed"
+    # the two configs in the order the ranking now gives (one rule for every "best")
+    best_us = [min(decision_us(a), ma[0]), min(decision_us(b), mb[0])]
+    first, second = (0, 1) if best_us[0] <= best_us[1] else (1, 0)
+    tied = ma[0] <= mb[-1] and mb[0] <= ma[-1]  # the rounds' minimums overlap
+    return ("tie" if tied else "clear"), (
+        f"close call re-measured {rounds}x interleaved (minimum of individually timed runs): "
+        f"{cands[first].describe()} {best_us[first]:,.1f} us is faster than {cands[second].describe()} "
+        f"{best_us[second]:,.1f} us; " + ("still within the noise: a tie, either is fine" if tied else "now a clear winner"))
+
+
+@dataclass
+class SpeedupSettle:
+    """What :func:`settle_speedup` found: the verdict (stored as a zhantune.storage.orm.Verdict),
+    the default's row with the lowest decision statistic, and the summary's sentence (None when no
+    rounds ran)."""
+
+    verdict: SpeedupVerdict
+    default: Any
+    text: str | None = None
+
+
+def _no_claim(default: Any, reason: str) -> SpeedupSettle:
+    return SpeedupSettle(SpeedupVerdict(None, None, None, 0, 0, False, reason), default)
+
+
+def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benchmarker, record: Record,
+                   rounds: int) -> SpeedupSettle:
+    """Settle the speedup claim of ``best`` (the fastest row a table can carry) over Inductor's
+    default (``default``, its ok row; always, not only when their times overlap): ``rounds``
+    interleaved rounds of the default (Benchmarker.measure_default) and the winner, their order
+    alternating; rows are stored through ``record`` as kinds ``default`` and ``remeasure``. No rounds
+    (and no claim) when the winner is the kernel the default compile runs (:func:`is_default_kernel`),
+    when ``rounds`` is 0, or when its branch is not in ``branches`` (a row of another space)."""
+    if is_default_kernel(best):
+        return _no_claim(default, "the winner is the kernel Inductor's default compile runs: no speedup to claim")
+    if rounds == 0:
+        return _no_claim(default, "not settled (bench.remeasure_rounds=0): no paired rounds, no claim")
+    cand = _candidate(best, branches)
+    if cand is None:  # the winner was measured by another space (a cached row)
+        return _no_claim(default, "the winner was measured by another study's space: not re-measured, no claim")
+    paired, defaults = [], [default]
+    with interrupt.interruptible():
+        for i in range(rounds):
+            got: dict[str, Any] = {}
+            for side in (("default", "winner") if i % 2 == 0 else ("winner", "default")):
+                meas = bench.measure_default() if side == "default" else bench.measure(cand)
+                got[side] = record(meas, "default" if side == "default" else "remeasure",
+                                   cand if side == "winner" else None)
+                if side == "default" and meas.ok:
+                    defaults.append(got[side])
+            paired.append(Round(*(decision_us(got[s]) if got.get(s) is not None and got[s].status == "ok"
+                                  else None for s in ("default", "winner")),
+                                contended=sum(1 for r in got.values() if _contended_unshielded(r))))
+    verdict = judge_speedup(paired)
+    text = (f"speedup vs default, {len(paired)} paired interleaved round(s) (minimum of individually timed runs): "
+            f"{verdict.claim_text()}" + ("" if verdict.confirmed or verdict.ratio is None else f"; {verdict.reason}"))
+    return SpeedupSettle(verdict, min(defaults, key=rank_key), text)
+
+
+def _contended_unshielded(row: Any) -> bool:
+    """A timed row taken under contention and not shielded from it: only a ``:fifo`` timing
+    (real-time scheduling, zhantune.bench.timing.realtime) is; niceness alone is not (measured:
+    a 30 us kernel at 13.5 ms under four busy loops at nice -10)."""
+    return bool(row.contended) and ":fifo" not in (row.timing_method or "")
+
+
+def is_default_kernel(row: Any) -> bool:
+    """The very kernel Inductor's default compile runs (a measured row; the rule is
+    zhantune.inductor.templates.is_default_kernel), so re-measuring it against the default decides
+    nothing and a table ships Inductor's default entry for it."""
+    from zhantune.inductor.templates import is_default_kernel as default_kernel
+
+    return default_kernel(row.template_id, row.params)

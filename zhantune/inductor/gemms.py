@@ -1,0 +1,104 @@
+"""A model's GEMMs, as Inductor sees them: compile the model once under a recording choices handler
+and turn each distinct GEMM lookup into a problem to tune (``python -m zhantune.collect``).
+
+Every GEMM lowering asks the handler (zhantune.inductor.choices.RecordingChoices) for its
+lookup-table entries, so the keys are Inductor's own. On CPU the compile is the inference compile a
+user gets (``freezing=True``, oneDNN on; zhantune.inductor.settings): a GEMM that Inductor's freezing
+pass prepacks makes no lookup, and the CPU lowering hook (zhantune.inductor.cpu_gemm) reports it
+with Inductor's own key, the one a CPU table is looked up with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CollectedProblem", "collect", "problem_from_event"]
+
+
+@dataclass
+class CollectedProblem:
+    """One distinct GEMM lookup of a model: the problem to tune, or why it cannot be tuned."""
+
+    lookup_key: str
+    op_name: str
+    inputs: list[list[Any]]
+    scalars: dict[str, Any]
+    count: int
+    problem: Any = None  # GemmProblem, or None when not tunable
+    reason: str | None = None
+    default_us: float | None = None
+    share: float | None = None
+
+
+def problem_from_event(event: Any, dtype_names: dict[str, str]) -> tuple[Any, str | None]:
+    """The GemmProblem whose own compile makes the same lookup key, or (None, why not).
+
+    Tunable: mm / addmm with a contiguous [M, K] activation and a [K, N] weight stored row-major
+    ("kn") or as nn.Linear's [N, K] transposed ("nk"), addmm with a [N] bias and alpha = beta = 1;
+    bmm with contiguous [B, M, K] and [B, K, N].
+    """
+    from zhantune.problems import GemmProblem
+
+    ins = event.inputs
+    dtypes = {d for d, _, _ in ins}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in dtype_names:
+        return None, f"input dtypes {sorted(dtypes)} (tunable: one of {sorted(dtype_names)})"
+    dtype = dtype_names[next(iter(dtypes))]
+    scalars = dict(event.scalars)
+    op = event.op_name
+    if op == "bmm" and len(ins) == 2:
+        (_, (b, m, k), s1), (_, (b2, k2, n), s2) = ins
+        if b == b2 and k == k2 and list(s1) == [m * k, k, 1] and list(s2) == [k * n, n, 1]:
+            return GemmProblem("bmm", (b, m, n, k), dtype), None
+        return None, "bmm operands are not contiguous [B, M, K] and [B, K, N]"
+    if op == "mm" and len(ins) == 2:
+        x, w = ins
+        bias = None
+    elif op == "addmm" and len(ins) == 3:
+        bias, x, w = ins
+        if scalars and (scalars.get("alpha", 1) != 1 or scalars.get("beta", 1) != 1):
+            return None, f"addmm with alpha/beta {scalars} (tunable: 1 and 1)"
+    else:
+        return None, f"op {op} with {len(ins)} inputs is not a GEMM zhantune tunes"
+    (_, (m, k), sx), (_, (k2, n), sw) = x, w
+    if k != k2 or list(sx) != [k, 1]:
+        return None, f"activation [M, K] with strides {list(sx)} (tunable: contiguous)"
+    if list(sw) == [n, 1]:
+        layout = "kn"
+    elif list(sw) == [1, k]:
+        layout = "nk"
+    else:
+        return None, f"weight [K, N] with strides {list(sw)} (tunable: [N, 1] or [1, K])"
+    if bias is not None and (list(bias[1]) != [n] or list(bias[2]) != [1]):
+        return None, f"addmm bias of size {list(bias[1])} (tunable: [N])"
+    return GemmProblem(op, (m, n, k), dtype, weight_layout=layout), None
+
+
+def collect(model: Any, inputs: tuple, device: Any) -> list[CollectedProblem]:
+    """Compile ``model`` on ``device`` (a DeviceInfo) with Inductor's defaults and return its GEMM
+    problems, one per distinct lookup key, in first-seen order."""
+    import torch
+    from torch._inductor import config as inductor_config
+
+    from zhantune.inductor.choices import recording
+    from zhantune.inductor.settings import CPU_BASE_PATCH, CUDA_BASE_PATCH
+    from zhantune.problems import DTYPES
+
+    dtype_names = {str(t).removeprefix("torch."): name for name, t in DTYPES.items()}
+    patch = CPU_BASE_PATCH if device.kind == "cpu" else CUDA_BASE_PATCH
+    torch._dynamo.reset()
+    with torch.no_grad(), recording() as rec, inductor_config.patch(patch):
+        torch.compile(model, fullgraph=False)(*inputs)
+    found: dict[str, CollectedProblem] = {}
+    for e in rec.events:
+        if not e.offered:  # a pass with nothing to choose (addmm's expanded-bias pass)
+            continue
+        key = e.agnostic_key or e.device_key
+        if key in found:
+            found[key].count += 1
+            continue
+        problem, reason = problem_from_event(e, dtype_names)
+        found[key] = CollectedProblem(key, e.op_name, [[d, list(s), list(st)] for d, s, st in e.inputs],
+                                      dict(e.scalars), 1, problem, reason)
+    return list(found.values())

@@ -1,0 +1,142 @@
+"""The Inductor compile settings zhantune compiles under, in one place: the benchmarker's base
+patches, a template candidate's patch, a shipped table's patch on CUDA, the model check's patches,
+and the setters of dotted keys (Inductor config, ``torch.backends`` flags).
+
+CPU: every compile is the inference compile a user gets: ``freezing=True`` under ``no_grad``,
+oneDNN on (nothing here changes ``torch.backends.mkldnn``: without oneDNN bf16 GEMMs are 25x slower).
+CUDA: a template candidate restricts ``max_autotune_gemm_backends`` so that Inductor builds that one
+choice; ``torch.backends`` flags (TF32) are set around a compile and restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from zhantune.inductor.knobs import BACKEND_FLAGS, CONFIG_KNOBS
+from zhantune.inductor.templates import TEMPLATE_CONFIG
+from zhantune.quiet import NO_AUTOTUNE_REPORT
+
+__all__ = ["CPU_BASE_PATCH", "CUDA_BASE_PATCH", "KERNEL_CACHE_PATCH", "BACKEND_FLAGS", "base_patch",
+           "template_patch", "cuda_table_patch", "model_patch", "backend_flags", "backend_flag", "get_config",
+           "set_knob"]
+
+#: every CPU compile of a benchmark: inference with constant weights (a user's ``freezing=True``
+#: compile), no cache reuse between candidates, and no background pool of compile workers competing
+#: with the timed runs for the cores
+CPU_BASE_PATCH: dict[str, Any] = {"freezing": True, "force_disable_caches": True, "compile_threads": 1}
+CUDA_BASE_PATCH: dict[str, Any] = {"force_disable_caches": True}
+#: with compile-ahead (zhantune.bench.compile_pool.CompilePool) instead of ``force_disable_caches``:
+#: the kernel caches stay on (C++ and Triton binaries in TORCHINDUCTOR_CACHE_DIR, keyed by the hash of
+#: their source, so a hit is the identical kernel), every cache that could skip the lowering is off
+#: (FX graph, AOTAutograd), so each compile still makes its GEMM lookup and the benchmarker's checks
+#: see it; autotuning results are not reused between candidates either
+KERNEL_CACHE_PATCH: dict[str, Any] = {
+    "fx_graph_cache": False, "fx_graph_remote_cache": False,
+    "autotune_local_cache": False, "autotune_remote_cache": False,
+}
+
+
+def base_patch(device_kind: str, kernel_cache: bool = False) -> dict[str, Any]:
+    """Inductor config under every benchmark compile on ``device_kind`` ("cpu", "cuda"):
+    CPU_BASE_PATCH or CUDA_BASE_PATCH, with KERNEL_CACHE_PATCH instead of ``force_disable_caches``
+    when ``kernel_cache`` (compile-ahead: the workers share Inductor's on-disk kernel cache)."""
+    base = dict(CPU_BASE_PATCH if device_kind == "cpu" else CUDA_BASE_PATCH)
+    if kernel_cache:
+        del base["force_disable_caches"]
+        base.update(KERNEL_CACHE_PATCH)
+    return base
+
+
+def template_patch(template_id: str) -> dict[str, Any]:
+    """Inductor config under which a template candidate's compile builds that one choice only.
+
+    ``max_autotune_gemm_backends``: ATEN for an ``aten::*`` template, TRITON for the rest
+    (``triton::*``, ``decompose_k``, ``contiguous_*`` are offered only with TRITON in the list). With
+    both, addmm makes a second lookup (ATen, 1-D bias, torch/_inductor/kernel/mm.py
+    ``tuned_addmm``) that misses and keeps ``aten::addmm`` beside the candidate, or the template
+    lookup misses and keeps every heuristic Triton config: Inductor would then autotune and time the
+    faster of several kernels. ``triton::mm_persistent_tma`` is offered only with
+    ``triton.enable_persistent_tma_matmul`` (``use_triton_tma_template`` in torch/_inductor/utils.py).
+    """
+    patch: dict[str, Any] = {"max_autotune": True,
+                             "max_autotune_gemm_backends": "ATEN" if template_id.startswith("aten::") else "TRITON"}
+    patch.update(TEMPLATE_CONFIG.get(template_id, {}))
+    return patch
+
+
+def cuda_table_patch(table: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Inductor config a CUDA table compiles under (zhantune.use_table): max-autotune over ATen and
+    Triton (a miss compiles the ATen kernel, zhantune.inductor.table_choices.TableChoices), and
+    ``triton.enable_persistent_tma_matmul`` when an entry names ``triton::mm_persistent_tma``
+    (Inductor offers that template only then: ``use_triton_tma_template`` in torch/_inductor/utils.py)."""
+    patch: dict[str, Any] = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
+    for entries in table.values():
+        for e in entries:
+            patch.update(TEMPLATE_CONFIG.get(e.get("template_id"), {}))
+    return patch
+
+
+def model_patch(device_kind: str, max_autotune: bool = False) -> dict[str, Any]:
+    """Inductor config of a model compile in ``python -m zhantune.check``: a user's compile (on CPU
+    ``freezing=True``; Inductor's caches off, so each way compiles cold), optionally max-autotune,
+    with max-autotune's stderr tables off (NO_AUTOTUNE_REPORT)."""
+    patch: dict[str, Any] = {"freezing": True} if device_kind == "cpu" else {}
+    patch.update(NO_AUTOTUNE_REPORT)
+    if max_autotune:
+        patch["max_autotune"] = True
+    return {**patch, "force_disable_caches": True}
+
+
+@contextlib.contextmanager
+def backend_flags(flags: dict[str, Any]) -> Iterator[None]:
+    """Set ``torch.backends.<key>`` for each flag (keys from BACKEND_FLAGS, dotted:
+    ``cuda.matmul.allow_tf32``), restored afterwards."""
+    import torch
+
+    saved = []
+    try:
+        for key, value in flags.items():
+            *path, attr = key.split(".")
+            obj: Any = torch.backends
+            for part in path:
+                obj = getattr(obj, part)
+            saved.append((obj, attr, getattr(obj, attr)))
+            setattr(obj, attr, value)
+        yield
+    finally:
+        for obj, attr, value in reversed(saved):
+            setattr(obj, attr, value)
+
+
+def backend_flag(key: str) -> Any:
+    """The current value of a ``torch.backends`` flag (dotted key from BACKEND_FLAGS); None when
+    this torch has no such flag."""
+    import torch
+
+    obj: Any = torch.backends
+    for part in key.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def get_config(key: str) -> Any:
+    """The current value of the Inductor config key ``key`` (dotted: ``cpp.gemm_max_k_slices``)."""
+    from torch._inductor import config as inductor_config
+
+    return inductor_config.get_config_copy().get(key)
+
+
+def set_knob(key: str, value: Any) -> None:
+    """Set an allow-listed Inductor tuning knob (zhantune.inductor.knobs.CONFIG_KNOBS, dotted key);
+    any other key is a bug: ValueError."""
+    from torch._inductor import config as inductor_config
+
+    if not any(key in knobs for knobs in CONFIG_KNOBS.values()):
+        raise ValueError(f"{key!r} is not an allow-listed tuning knob")
+    *path, attr = key.split(".")
+    obj: Any = inductor_config
+    for part in path:
+        obj = getattr(obj, part)
+    setattr(obj, attr, value)

@@ -1,0 +1,306 @@
+"""The choices handler that serves a zhantune lookup table while Inductor compiles
+(:func:`zhantune.use_table` installs it; zhantune.inductor.runtime has the rules: hits, misses,
+stale entries, the CPU per-GEMM knobs), and its report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._inductor import config as inductor_config
+
+from zhantune.inductor.choices import LookupEvent, RecordingChoices
+from zhantune.inductor.knobs import config_patch_problem
+from zhantune.inductor.settings import get_config, set_knob
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried
+
+__all__ = ["TableChoices", "TableReport", "stale_reason", "release", "NOT_FROZEN"]
+
+#: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
+NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "
+              "compile under torch.no_grad() (in torch 2.13 torch.compile(options={'freezing': True}) does not freeze)")
+#: config keys the CPU handler sets per GEMM (plus any key a table's config_patch names)
+_CPU_GEMM_KEYS = ("max_autotune_gemm_backends", "cpp.gemm_max_k_slices", "cpp.gemm_thread_factors",
+                  "cpp.gemm_cache_blocking")
+
+
+def release(version: str | None) -> str | None:
+    """The release part of a torch version ("2.13.0+cpu" -> "2.13.0"): lookup keys and template
+    sources are the same across builds of one release."""
+    return None if version is None else version.split("+")[0]
+
+
+def stale_reason(entry: dict[str, Any], template_hashes: dict[str, str | None]) -> str | None:
+    """Why an entry is stale for the templates Inductor offers (uid -> ``src_hash``), or None.
+
+    Stale: the entry carries a ``template_hash`` and the offered template's source hash differs (the
+    template's code changed since the table was made). Entries without a hash, and templates without
+    one (ATen kernels), are never stale; ``lookup_table.check_src_hash=False`` turns the check off,
+    as it does in Inductor (torch/_inductor/lookup_table/choices.py ``_entry_is_valid``).
+    """
+    tid = entry["template_id"]
+    want, have = entry.get("template_hash"), template_hashes.get(tid)
+    if want and have and want != have and inductor_config.lookup_table.check_src_hash:
+        return f"template_hash of {tid} is {want}, this torch's template has {have}"
+    return None
+
+
+@dataclass
+class TableReport:
+    """What the installed table did: per GEMM lookup Inductor made (one per GEMM lowering).
+
+    ``hits`` / ``misses`` / ``stale`` count lookups by key; ``stale`` also gives the reason per key.
+    ``coverage`` is the share of lookups that hit, None when there was none (``note`` says why:
+    nothing compiled since the table was installed, or a compile served from Inductor's cache).
+    """
+
+    source: str | None
+    hits: Counter = field(default_factory=Counter)
+    misses: Counter = field(default_factory=Counter)
+    stale: dict[str, str] = field(default_factory=dict)
+    stale_count: Counter = field(default_factory=Counter)
+    #: key -> the template_id (or config patch) that was compiled
+    chosen: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def lookups(self) -> int:
+        return sum(self.hits.values()) + sum(self.misses.values()) + sum(self.stale_count.values())
+
+    @property
+    def coverage(self) -> float | None:
+        return sum(self.hits.values()) / self.lookups if self.lookups else None
+
+    @property
+    def note(self) -> str | None:
+        """Why coverage is None, else None."""
+        if self.lookups:
+            return None
+        return "no GEMM lookup seen: served from Inductor's cache or not compiled yet"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "lookups": self.lookups, "coverage": self.coverage, "note": self.note,
+                "hits": dict(self.hits), "misses": dict(self.misses), "stale": dict(self.stale),
+                "chosen": dict(self.chosen)}
+
+
+class TableChoices(RecordingChoices):
+    """Inductor choices handler serving a zhantune table (see the module docstring)."""
+
+    def __init__(self, tf: TableFile, any_key: list[dict[str, Any]] | None = None):
+        super().__init__(table=tf.table)
+        self.tf = tf
+        self.report = TableReport(tf.source)
+        self.version_mismatch: str | None = None
+        if tf.torch_version is not None and release(tf.torch_version) != release(torch.__version__):
+            self.version_mismatch = (f"table made with torch {tf.torch_version}, this is torch "
+                                     f"{torch.__version__}: lookup keys and templates may differ; re-tune")
+        #: entries served under every key (a one-candidate compile, zhantune.bench.inductor: the
+        #: key is only known when Inductor lowers the GEMM; the event records it)
+        self.any_key = any_key
+        entries = [e for es in tf.table.values() for e in es] + list(any_key or [])
+        keys = set(_CPU_GEMM_KEYS)
+        for e in entries:
+            keys.update((e.get("config_patch") or {}).keys())
+        self._cpu_keys = tuple(sorted(keys))
+        #: some entry selects the C++ template: unpacked CPU GEMMs are lowered under max-autotune
+        self._cpu_template = any(_wants_cpp(e) for e in entries)
+        #: the config values at the start of the unpacked CPU GEMM lowering in progress (None: none)
+        self._scope_base: dict[str, Any] | None = None
+
+    def _find(self, event: LookupEvent) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """(key, entries) the table has for a lookup: device key first, then the agnostic one."""
+        if self.any_key is not None:
+            return event.device_key or event.agnostic_key, self.any_key
+        for k in (event.device_key, event.agnostic_key):
+            if k is not None and k in self.tf.table:
+                return k, self.tf.table[k]
+        return None, None
+
+    # -- CPU: the lowering hooks (zhantune.inductor.cpu_gemm) -----------------------------------
+    def cpu_packed_gemm(self, kernel_inputs, op_name: str, packed_op: str) -> dict[str, Any] | None:
+        """A prepacked linear (Inductor's default for a frozen GEMM with oneDNN on): on a hit whose
+        entry selects the C++ template, the config patch to lower it under (max-autotune, the
+        entry's backends and ``cpp.gemm_*`` knobs); anything else (a miss, an ``aten`` entry, a
+        stale table): None, Inductor's own packed lowering."""
+        event = self.event(kernel_inputs, op_name, {}, (), packed=packed_op)
+        key, entries = self._find(event)
+        report_key = key or event.device_key or event.agnostic_key or op_name
+        patch = None
+        if entries is None:
+            self.report.misses[report_key] += 1
+        elif self.version_mismatch:
+            self.report.stale[report_key] = self.version_mismatch
+            self.report.stale_count[report_key] += 1
+        else:
+            self.report.hits[report_key] += 1
+            entry = entries[0] if entries else {}
+            if _wants_cpp(entry):
+                # only allow-listed knobs reach Inductor's config (read_table checked them; a bug otherwise)
+                bad = config_patch_problem(entry["config_patch"], "cpu")
+                if bad:
+                    raise ValueError(f"config_patch {bad[0]!r}: {bad[1]}")
+                patch = {"max_autotune": True, **entry["config_patch"]}
+                self.report.chosen[report_key] = f"{CONFIG_TEMPLATE_ID} {entry['config_patch']}"
+                event = dataclasses.replace(event, hit_templates=(CONFIG_TEMPLATE_ID,))
+            else:
+                self.report.chosen[report_key] = f"Inductor's default ({packed_op})"
+        self.events.append(event)
+        return patch
+
+    @contextmanager
+    def cpu_gemm_lowering(self) -> Iterator[None]:
+        """Around an unpacked CPU GEMM's lowering: its lookup (below) may set the template's knobs
+        for this GEMM; every value is restored when the lowering returns. When some entry selects the
+        C++ template the lowering runs under max-autotune with ATen and CPP (the template is offered
+        only then) and the lookup restricts the backends to the entry's, or to ATen on a miss; a CPP
+        hit where Inductor would not offer the template (not frozen) compiles the default and is
+        reported stale (NOT_FROZEN)."""
+        base = {k: get_config(k) for k in self._cpu_keys}
+        extra: dict[str, Any] = {}
+        if self._cpu_template:
+            extra = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,CPP"}
+        outer = self._scope_base
+        with inductor_config.patch({**base, **extra}):
+            self._scope_base = {**base, **extra}
+            try:
+                yield
+            finally:
+                self._scope_base = outer
+
+    def _finalize_template_configs(self, template_choices, kernel_inputs, templates, op_name,
+                                   kwarg_overrides=None):
+        if not templates:  # a pass with nothing to choose from (addmm's expanded-bias pass)
+            return []
+        hashes = {t.uid: getattr(t, "src_hash", None) for t in templates}
+        event = self.event(kernel_inputs, op_name, hashes, ())
+        self.events.append(event)
+        key, entries = self._find(event)
+        report_key = key or event.device_key or event.agnostic_key or op_name
+        cpu = kernel_inputs.device().type == "cpu"
+        if not cpu and not any(uid.startswith("aten::") for uid in hashes) \
+                and not any(e.get("template_id") in hashes for e in entries or ()):
+            # a secondary pass of the GEMM's lowering with nothing in the table for it (addmm's
+            # expanded-bias template lookup under a default entry, its contiguous rewrite under the
+            # ATen key): nothing from it; the GEMM's own lookup decides and is the one reported
+            return []
+        if entries is not None and self.version_mismatch:
+            return self._stale(report_key, self.version_mismatch, template_choices, kernel_inputs,
+                               templates, op_name, kwarg_overrides, cpu)
+        if entries is None:
+            self.report.misses[report_key] += 1
+            return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
+        if not entries:  # "nothing from this lookup": the GEMM's choice is under its other key (addmm)
+            self.report.hits[report_key] += 1
+            self.report.chosen[report_key] = "(nothing from this lookup)"
+            if cpu:
+                return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
+            return []
+        fresh, why = [], None
+        for e in entries:
+            reason = stale_reason(e, hashes)
+            if reason:
+                why = reason
+                continue
+            fresh.append(e)
+        if not fresh and why:
+            return self._stale(report_key, why, template_choices, kernel_inputs, templates, op_name,
+                               kwarg_overrides, cpu)
+        if cpu:
+            return self._cpu_hit(report_key, fresh, template_choices, kernel_inputs, templates, op_name,
+                                 kwarg_overrides)
+        from zhantune.inductor.heuristics import with_derived_kwargs
+
+        results: dict[str, list[dict[str, Any]]] = {}
+        k_dim = {"K": int(kernel_inputs.mnk_hinted()[2])} if hasattr(kernel_inputs, "mnk_hinted") else {}
+        for e in fresh:
+            if e["template_id"] in hashes:  # EVEN_K from the entry's own BLOCK_K, never another config's
+                cfg = {k: v for k, v in with_derived_kwargs(e, k_dim).items() if k not in ("template_id", "template_hash")}
+                results.setdefault(e["template_id"], []).append(cfg)
+        if not results:
+            why = next((r for r in (not_carried(e, "cuda") for e in fresh) if r), None)
+            if why:  # a config patch on CUDA: said so, never a silent miss
+                return self._stale(report_key, why, template_choices, kernel_inputs, templates, op_name,
+                                   kwarg_overrides, cpu)
+            self.report.misses[report_key] += 1
+            return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
+        self.report.hits[report_key] += 1
+        self.report.chosen[report_key] = ", ".join(results)
+        return self._create_lookup_choices(results, templates, kernel_inputs, op_name)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _stale(self, key, why, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu):
+        self.report.stale[key] = why
+        self.report.stale_count[key] += 1
+        return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
+
+    def _default(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu):
+        """Inductor's default choice: its ATen kernel only (on CPU: no C++ template either)."""
+        if cpu:
+            self._set_cpu({"max_autotune_gemm_backends": "ATEN"})
+        return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+
+    def _aten_only(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
+        """The choices Inductor's own fallback makes from this lookup's ATen templates alone."""
+        aten = [t for t in templates if t.uid.startswith("aten::")]
+        return self._fallback({t.uid: template_choices[t.uid] for t in aten if t.uid in template_choices},
+                              kernel_inputs, aten, op_name, kwarg_overrides)
+
+    def _cpu_hit(self, key, entries, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
+        entry = entries[0]  # a CPU GEMM compiles one config; top_k > 1 applies on CUDA
+        if _wants_cpp(entry) and not _cpp_template_applies(kernel_inputs, op_name):
+            # Inductor would not offer the template here (a weight that is not a frozen constant,
+            # a dtype it has no micro-kernel for): the default ATen kernel is compiled, and said so
+            self.report.stale[key] = NOT_FROZEN
+            self.report.stale_count[key] += 1
+            self._set_cpu({"max_autotune_gemm_backends": "ATEN"})
+            return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+        self.report.hits[key] += 1
+        if entry["template_id"] == CONFIG_TEMPLATE_ID:
+            patch = dict(entry.get("config_patch") or {})
+            backends = str(patch.get("max_autotune_gemm_backends", "ATEN")).upper()
+            self.report.chosen[key] = f"{CONFIG_TEMPLATE_ID} {patch}"
+            if "CPP" in backends:
+                # the C++ template choice is created right after this lookup, under these values;
+                # ATen stays in the backends so that the next GEMM's ATen lookup still happens
+                self._set_cpu({**patch, "max_autotune_gemm_backends": "ATEN,CPP"})
+                return []
+            self._set_cpu({**patch, "max_autotune_gemm_backends": "ATEN"})
+        else:
+            self.report.chosen[key] = entry["template_id"]
+            self._set_cpu({"max_autotune_gemm_backends": "ATEN"})
+        return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+
+    def _set_cpu(self, values: dict[str, Any]) -> None:
+        """This GEMM's knobs, inside cpu_gemm_lowering only (which restores them); outside one (a
+        GEMM lowering zhantune does not hook) nothing is changed."""
+        if self._scope_base is None:
+            return
+        for k in self._cpu_keys:
+            set_knob(k, values.get(k, self._scope_base[k]))
+
+
+def _cpp_template_applies(kernel_inputs: Any, op_name: str) -> bool:
+    """Whether Inductor offers its C++ GEMM (or BMM) template for this GEMM in this lowering: its own
+    ``use_cpp_gemm_template`` / ``use_cpp_bmm_template`` (torch/_inductor/utils.py: max-autotune on,
+    CPP in the backends, a constant second operand, a supported dtype)."""
+    from torch._inductor.utils import use_cpp_bmm_template, use_cpp_gemm_template
+
+    check = use_cpp_bmm_template if op_name == "bmm" else use_cpp_gemm_template
+    try:
+        with inductor_config.patch(max_autotune_gemm_backends="ATEN,CPP"):
+            return bool(check(kernel_inputs.output_layout(), *kernel_inputs.mat1mat2()))
+    except Exception:  # an input Inductor's check does not expect: not offered
+        return False
+
+
+def _wants_cpp(entry: dict[str, Any]) -> bool:
+    """A config entry whose backend list includes Inductor's C++ GEMM template."""
+    if entry.get("template_id") != CONFIG_TEMPLATE_ID:
+        return False
+    return "CPP" in str((entry.get("config_patch") or {}).get("max_autotune_gemm_backends", "")).upper()

@@ -1,0 +1,251 @@
+"""Database engines: URL checks, SQLite settings, schema-creation locks, refusing what is not ours.
+
+Everything here works on a URL or an engine, before (or without) a :class:`zhantune.storage.Store`:
+the checks run before anything is written, so that bad input never touches an existing database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, inspect
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError
+
+from zhantune.errors import StorageError
+from zhantune.storage.migrate import current_revision, head_revision, known_revisions
+
+__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
+           "check_sqlite_integrity", "refuse_foreign_or_newer", "refuse_other_optuna_schema", "make_engine", "sqlite_pragmas", "open_existing",
+           "file_lock", "remove_sqlite_files", "canonical_json", "first_line"]
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: database backends zhantune is tested on (SQLite: one machine; PostgreSQL: many)
+SUPPORTED_BACKENDS = ("sqlite", "postgresql")
+#: the tables Optuna's RDB storage keeps in the same database (optuna/storages/_rdb/models.py)
+OPTUNA_TABLES = {
+    "studies", "study_directions", "study_user_attributes", "study_system_attributes", "trials",
+    "trial_user_attributes", "trial_system_attributes", "trial_params", "trial_values",
+    "trial_intermediate_values", "trial_heartbeats", "version_info", "alembic_version",
+}
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password (for logs and shipped tables; credentials are not shipped)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` URL (None for other engines and in-memory SQLite)."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    return Path(u.database)
+
+
+def check_url(url: str) -> None:
+    """Check a storage URL before anything is written. Raises StorageError (exit code 2).
+
+    SQLite: the directory must exist and be writable, and an existing file must be an SQLite
+    database (a corrupt or foreign file is left untouched).
+    """
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        raise StorageError(f"storage.url={url!r} is not a database URL; e.g. sqlite:///zhantune.db or "
+                           "postgresql+psycopg://user@host/db") from None
+    if u.get_backend_name() not in SUPPORTED_BACKENDS:
+        raise StorageError(f"storage.url={url!r}: the {u.get_backend_name()!r} backend is not supported; "
+                           "use sqlite:///FILE or postgresql+psycopg://user@host/db")
+    if u.get_backend_name() == "postgresql" and u.get_driver_name() != "psycopg":
+        raise StorageError(f"storage.url={url!r}: PostgreSQL through psycopg 3: postgresql+psycopg://user@host/db")
+    if u.get_backend_name() != "sqlite":
+        return
+    path = sqlite_path(url)
+    if path is None:
+        return
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise StorageError(f"storage.url={url}: directory {parent} does not exist")
+    if path.exists():
+        if not path.is_file() or not os.access(path, os.W_OK):
+            raise StorageError(f"storage.url={url}: {path} is not a writable file")
+        _check_sqlite_file(path, url)
+    elif not os.access(parent, os.W_OK):
+        raise StorageError(f"storage.url={url}: directory {parent} is not writable")
+
+
+def _check_sqlite_file(path: Path, url: str) -> None:
+    """Refuse a file that is not a readable SQLite database, through SQLite alone: opening and
+    closing the file with plain I/O would drop the POSIX locks that this process's open connections
+    hold on it (SQLite's "how to corrupt a database", section 2.2), after which another process may
+    checkpoint and remove the WAL under them. The connection only reads; it is not opened read-only
+    because a read-only connection to a WAL database leaves its -wal and -shm files behind."""
+    try:
+        con = sqlite3.connect(path)
+        try:
+            con.execute("PRAGMA schema_version").fetchone()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        if "not a database" in str(e):
+            raise StorageError(f"storage.url={url}: {path} is not an SQLite database; left untouched") from None
+        raise StorageError(f"storage.url={url}: {path} is not a readable SQLite database ({e}); "
+                           "left untouched") from None
+
+
+def check_sqlite_integrity(path: Path, where: str) -> None:
+    """Refuse an SQLite file that fails SQLite's ``PRAGMA quick_check``; raises StorageError naming
+    ``where`` (e.g. ``storage.url=sqlite:///x.db``). Read through a plain connection, as
+    :func:`_check_sqlite_file` explains."""
+    try:
+        con = sqlite3.connect(path)
+        try:
+            result = [r[0] for r in con.execute("PRAGMA quick_check").fetchall()]
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        result = [str(e)]
+    if result != ["ok"]:
+        raise StorageError(f"{where}: {path} fails SQLite's integrity check ({result[0]}); "
+                           "left untouched, restore it from a backup")
+
+
+def refuse_foreign_or_newer(where: str, tables: set[str], rev: str | None) -> None:
+    """Refuse a database that holds tables other than zhantune's and Optuna's but no zhantune
+    schema, or a zhantune schema newer than this zhantune knows; raises StorageError naming
+    ``where``. ``rev`` is zhantune's schema revision (zhantune.storage.migrate.current_revision)."""
+    if rev is None and tables - OPTUNA_TABLES:
+        raise StorageError(f"{where}: not a zhantune database (it has tables "
+                           f"{', '.join(sorted(tables - OPTUNA_TABLES)[:3])}); left untouched")
+    if rev is not None and rev not in known_revisions():
+        raise StorageError(f"{where}: schema revision {rev!r} is newer than this zhantune knows "
+                           f"(newest {head_revision()}); use a newer zhantune. The database was left untouched")
+
+
+def _optuna_script() -> Any:
+    """Optuna's own Alembic scripts (optuna/storages/_rdb/alembic), which version its tables."""
+    import optuna.storages._rdb as rdb
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory(str(Path(rdb.__file__).resolve().parent / "alembic"))
+
+
+def _optuna_head() -> str:
+    return _optuna_script().get_current_head()
+
+
+def _optuna_revisions() -> set[str]:
+    return {r.revision for r in _optuna_script().walk_revisions()}
+
+
+def _optuna_version() -> str:
+    import optuna
+
+    return optuna.__version__
+
+
+def refuse_other_optuna_schema(where: str, optuna_rev: str | None) -> None:
+    """Refuse Optuna tables at another schema revision than this Optuna's (``optuna_rev``: the
+    revision in their ``alembic_version`` table, None: no Optuna tables); raises StorageError naming
+    ``where``. Optuna refuses such a storage only when the study is opened, after a tune has written
+    its study row and baselines: this refuses it before anything is written."""
+    if optuna_rev is not None and optuna_rev != _optuna_head():
+        raise StorageError(f"{where}: Optuna's tables are at schema {optuna_rev!r}, this "
+                           f"Optuna ({_optuna_version()}) uses {_optuna_head()!r}; "
+                           + ("upgrade them: optuna storage upgrade --storage URL" if optuna_rev in
+                              _optuna_revisions() else "use a newer Optuna") + ". Left untouched")
+
+
+def remove_sqlite_files(path: Path) -> None:
+    """Remove an SQLite database this process just failed to create, with its WAL, shared-memory and
+    schema-lock files."""
+    for suffix in ("", "-wal", "-shm", "-journal", ".zt-lock"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def file_lock(lock: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``lock`` that leaves no file behind: the holder unlinks the file
+    while it still holds the lock. A process that was waiting on the old file then holds a lock on
+    a file no longer at ``lock``; it sees so (the inode at the path differs or is gone) and retries."""
+    while True:
+        f = open(lock, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                same = os.stat(lock).st_ino == os.fstat(f.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                continue  # the previous holder removed this file: lock the one at the path now
+            try:
+                yield
+            finally:
+                lock.unlink(missing_ok=True)
+            return
+        finally:
+            f.close()  # closing the file releases the lock
+
+
+def make_engine(url: str) -> Engine:
+    """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite)."""
+    engine = create_engine(url, json_serializer=canonical_json)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", sqlite_pragmas)
+    return engine
+
+
+def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    """WAL (readers never block the writer), a busy timeout (writers wait instead of failing),
+    synchronous=NORMAL (WAL's usual setting: a commit survives a crashed process; only a power cut
+    can lose the last commits, never consistency), foreign keys on."""
+    cur = dbapi_connection.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def open_existing(url: str, source: str = "storage.url", allow_newer: bool = False) -> Engine:
+    """An engine on an existing database that passes SQLite's quick integrity check (SQLite files)
+    and is zhantune's or holds only Optuna's tables (``allow_newer``: a newer zhantune schema too);
+    raises StorageError (exit code 2) naming ``source`` otherwise. Nothing is written."""
+    check_url(url)
+    path = sqlite_path(url)
+    if path is not None:
+        if not path.exists():
+            raise StorageError(f"{source}={url}: no database at {path}")
+        check_sqlite_integrity(path, f"{source}={url}")
+    # inspected through a plain engine: zhantune's own would switch a SQLite file to WAL mode, a write
+    probe = create_engine(url)
+    try:
+        with probe.connect() as conn:
+            tables = set(inspect(conn).get_table_names())
+            rev = current_revision(conn)
+    finally:
+        probe.dispose()
+    if not (allow_newer and rev is not None):  # `current` reports any zhantune revision, newer too
+        refuse_foreign_or_newer(f"{source}={url}", tables, rev)
+    return make_engine(url)
+
+
+def canonical_json(value: Any) -> str:
+    """JSON columns (params, configs) are stored canonically: sorted keys, no spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an error's message (its type's name when it has none)."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

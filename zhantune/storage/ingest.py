@@ -1,0 +1,71 @@
+"""Kernel Tuner cache files into the store: one study of one measurement per configuration.
+
+``python -m zhantune.kerneltuner`` calls :func:`import_kerneltuner` for each file. Rows are mapped
+as every other writer maps them (zhantune.storage.rows.measurement_row), with the config hashes a
+``bench=replay`` tune of the same file stores (the file is answered by
+zhantune.bench.recorded.ReplayBenchmarker), so that compare and transfer work on real GPU data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+from zhantune.errors import ConfigError
+from zhantune.storage.rows import measurement_row
+
+if TYPE_CHECKING:
+    from zhantune.bench.recorded import KernelTunerFile
+    from zhantune.storage.store import Store
+
+__all__ = ["import_kerneltuner", "IMPORTED_VERSION"]
+
+#: torch_version of imported rows: they were measured by Kernel Tuner, not through torch
+IMPORTED_VERSION = "kerneltuner"
+
+
+def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
+    """Store every configuration of ``file`` (a loaded Kernel Tuner cache file) as one study named
+    ``kerneltuner:<file name>@<device key>``; returns (study name, rows added; 0 when the study
+    already holds them). Raises ConfigError when a file without a device name would add a problem to
+    a device that holds it from another file (:func:`refuse_merge`)."""
+    from zhantune.bench.recorded import ReplayBenchmarker
+
+    device = file.device()
+    problem = file.problem()
+    digest = hashlib.sha256(file.path.read_bytes()).hexdigest()
+    refuse_merge(store, file, digest)
+    device_id = store.device_id(device.key, device.name, device.kind, device.properties)
+    problem_id = store.problem_id(problem.key, lookup_key=None, **problem.row_fields())
+    name = f"kerneltuner:{file.path.name}@{device.key}"
+    study_id = store.study_id(name, {"source": str(file.path), "sha256": digest, "format": "kerneltuner"})
+    if store.count_measurements(study_id):
+        store.finish_study(study_id)
+        return name, 0
+    (branch,) = file.space().branches
+    bench = ReplayBenchmarker(file)
+    tuned = [p.name for p in branch.params if p.distribution is not None]
+    rows = []
+    for number, entry in enumerate(file.cache.values()):
+        cand = branch.candidate({n: entry[n] for n in tuned})
+        rows.append(measurement_row(bench.measure(cand), "candidate", cand, study_id=study_id, device_id=device_id,
+                                    problem_id=problem_id, trial_number=number, torch_version=IMPORTED_VERSION,
+                                    triton_version=None, problem=problem))
+    added = store.add_measurements(rows)
+    store.finish_study(study_id)
+    return name, added
+
+
+def refuse_merge(store: Store, file: KernelTunerFile, digest: str) -> None:
+    """A file whose device is named after its file name (no ``device_name``) may not add its
+    measurements to a device that already holds this problem from another file (``digest``: this
+    file's sha256): the two could be different GPUs. Raises ConfigError naming both files and
+    ``devices=[...]``."""
+    if file.device_named_by != "file name":
+        return
+    for name, config in store.studies_holding(file.device_key, file.problem().key):
+        if (config or {}).get("sha256") != digest:
+            raise ConfigError(
+                f"files={file.path}: records no device_name and its file name gives device "
+                f"{file.device_key!r}, which already holds {file.problem().key} from study {name!r}; "
+                "name the devices with devices=[...] (one name per file)")

@@ -1,0 +1,199 @@
+"""The reads behind a tune, an export and a resume: rankings, baselines, cache hits, verdicts.
+
+Mixed into :class:`zhantune.storage.Store`, which gives the session. Every ranking follows one
+rule (zhantune.bench.decision.best_per_config): rows are ranked by the decision statistic and a
+config measured several times counts with its row with the lowest one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from zhantune.bench.decision import best_per_config, decision_us
+from zhantune.storage import orm as m
+from zhantune.storage.reads import ReportQueries
+
+__all__ = ["Queries"]
+
+
+class Queries(ReportQueries):
+    """Read queries of a Store (each in its own session; rows come back detached)."""
+
+    url: str
+    session: Callable[[], AbstractContextManager[Session]]
+
+    def devices(self) -> list[m.Device]:
+        """Every device in the database, by key (the order ``python -m zhantune.export`` numbers
+        them in)."""
+        with self.session() as s:
+            return list(s.scalars(select(m.Device).order_by(m.Device.key)))
+
+    def study(self, name: str) -> m.Study | None:
+        """The study row called ``name``, if any (read only: Store.study_id reopens it)."""
+        with self.session() as s:
+            return s.scalar(select(m.Study).where(m.Study.name == name))
+
+    def problems_by_key(self) -> dict[str, m.Problem]:
+        """Every problem row by its key."""
+        with self.session() as s:
+            return {p.key: p for p in s.scalars(select(m.Problem))}
+
+    def config_lookup(self, problem_id: int, config_hash: str) -> tuple[m.Device, m.MeasurementRow] | None:
+        """A correct measurement of this config for this problem that recorded Inductor's lookup
+        key (the key its template hit), with its device; None when there is none."""
+        with self.session() as s:
+            row = s.execute(select(m.Device, m.MeasurementRow).join(m.Device, m.Device.id == m.MeasurementRow.device_id)
+                            .where(m.MeasurementRow.problem_id == problem_id, m.MeasurementRow.config_hash == config_hash,
+                                   m.MeasurementRow.status == "ok", m.MeasurementRow.lookup_key.is_not(None))
+                            .order_by(m.MeasurementRow.id).limit(1)).first()
+            return None if row is None else (row[0], row[1])
+
+    def count_measurements(self, study_id: int) -> int:
+        """How many measurement rows a study holds (every kind)."""
+        with self.session() as s:
+            return s.scalar(select(func.count()).select_from(m.MeasurementRow)
+                            .where(m.MeasurementRow.study_id == study_id)) or 0
+
+    def stored_baselines(self, study_id: int, device_id: int, problem_key: str, torch_version: str,
+                         triton_version: str | None) -> dict[str, m.MeasurementRow]:
+        """The newest baselines a study stored for this device and problem, measured with these
+        torch and triton versions: {kind: row} with the newest ``eager`` row and the first row of
+        each other baseline kind after it (``default``, on CPU ``default_unfrozen``: they are stored
+        together, before any speedup re-measurement of the default). Empty when there is no such
+        set or its eager or default measurement is not ``ok`` (zhantune.tune then measures them)."""
+        with self.session() as s:
+            mine = (select(m.MeasurementRow).join(m.Problem, m.MeasurementRow.problem_id == m.Problem.id)
+                    .where(m.MeasurementRow.study_id == study_id, m.MeasurementRow.device_id == device_id,
+                           m.Problem.key == problem_key, m.MeasurementRow.trial_number.is_(None),
+                           m.MeasurementRow.torch_version == torch_version,
+                           m.MeasurementRow.triton_version.is_not_distinct_from(triton_version)))
+            eager = s.scalar(mine.where(m.MeasurementRow.kind == "eager").order_by(m.MeasurementRow.id.desc()).limit(1))
+            if eager is None:
+                return {}
+            rows = {"eager": eager}
+            later = mine.where(m.MeasurementRow.id > eager.id,
+                               m.MeasurementRow.kind.not_in(("eager", "candidate", "remeasure")))
+            for row in s.scalars(later.order_by(m.MeasurementRow.id)):
+                rows.setdefault(row.kind, row)
+        if rows.get("default") is None or any(r.status != "ok" for r in (rows["eager"], rows["default"])):
+            return {}
+        return rows
+
+    def measurements(self, study_id: int | None = None) -> list[m.MeasurementRow]:
+        """Every measurement row (of one study), oldest first."""
+        with self.session() as s:
+            q = select(m.MeasurementRow).order_by(m.MeasurementRow.id)
+            if study_id is not None:
+                q = q.where(m.MeasurementRow.study_id == study_id)
+            return list(s.scalars(q))
+
+    def cached(self, device_id: int, problem_id: int, config_hash: str, torch_version: str,
+               triton_version: str | None) -> m.MeasurementRow | None:
+        """A finished measurement of the same candidate, device, problem and software versions."""
+        with self.session() as s:
+            return s.scalar(
+                select(m.MeasurementRow).where(
+                    m.MeasurementRow.device_id == device_id,
+                    m.MeasurementRow.problem_id == problem_id,
+                    m.MeasurementRow.config_hash == config_hash,
+                    m.MeasurementRow.kind == "candidate",
+                    m.MeasurementRow.torch_version == torch_version,
+                    m.MeasurementRow.triton_version == triton_version,
+                ).order_by(m.MeasurementRow.id)
+            )
+
+    def best_candidates(self, device_key: str | None = None) -> list[tuple[m.Device, m.Problem, m.MeasurementRow]]:
+        """Fastest config per (device, problem), ranked as :meth:`ranked_candidates` ranks them."""
+        return [(dev, prob, rows[0]) for dev, prob, rows in self.ranked_candidates(device_key)]
+
+    def ranked_candidates(self, device_key: str | None = None, torch_version: str | None = None,
+                          top_k: int = 1) -> list[tuple[m.Device, m.Problem, list[m.MeasurementRow]]]:
+        """Per (device, problem): the ``top_k`` fastest distinct configs, fastest first.
+
+        Rows are ``ok`` candidates and close-call re-measurements (kind ``remeasure``), ranked by
+        the decision statistic (zhantune.bench.decision.decision_us: the minimum of a measurement's individually
+        timed runs, which one-sided noise cannot make smaller than the truth). A config measured
+        several times is represented by its row with the lowest decision statistic (the minimum over
+        rounds; docs/timing.md). ``torch_version`` keeps only rows measured with that torch version
+        (exact string, e.g. "2.13.0+cpu").
+        """
+        with self.session() as s:
+            q = (select(m.MeasurementRow, m.Device, m.Problem)
+                 .join(m.Device, m.MeasurementRow.device_id == m.Device.id)
+                 .join(m.Problem, m.MeasurementRow.problem_id == m.Problem.id)
+                 .where(m.MeasurementRow.kind.in_(("candidate", "remeasure")), m.MeasurementRow.status == "ok",
+                        m.MeasurementRow.median_us.is_not(None))
+                 .order_by(m.MeasurementRow.median_us, m.MeasurementRow.id))
+            if device_key is not None:
+                q = q.where(m.Device.key == device_key)
+            if torch_version is not None:
+                q = q.where(m.MeasurementRow.torch_version == torch_version)
+            groups: dict[tuple[int, int], tuple[m.Device, m.Problem, list[m.MeasurementRow]]] = {}
+            for meas, dev, prob in s.execute(q):
+                groups.setdefault((dev.id, prob.id), (dev, prob, []))[2].append(meas)
+            return [(dev, prob, best_per_config(rows)[:top_k]) for dev, prob, rows in groups.values()]
+
+    def devices_with_candidates(self, device_key: str | None = None) -> list[m.Device]:
+        """Devices that have at least one ``ok`` candidate (optionally only ``device_key``), by key."""
+        with self.session() as s:
+            has_ok = (select(m.MeasurementRow.id)
+                      .where(m.MeasurementRow.device_id == m.Device.id, m.MeasurementRow.status == "ok",
+                             m.MeasurementRow.kind.in_(("candidate", "remeasure"))).exists())
+            q = select(m.Device).where(has_ok).order_by(m.Device.key)
+            if device_key is not None:
+                q = q.where(m.Device.key == device_key)
+            return list(s.scalars(q))
+
+    def timed_conditions(self, study_id: int) -> list[tuple[dict[str, Any] | None, bool | None, str | None]]:
+        """(conditions, contended, timing_method) of every timed row of a study, oldest first
+        (zhantune.bench.conditions.ContentionCount sums them)."""
+        with self.session() as s:
+            rows = s.execute(select(m.MeasurementRow.conditions, m.MeasurementRow.contended, m.MeasurementRow.timing_method)
+                             .where(m.MeasurementRow.study_id == study_id, m.MeasurementRow.timing_method.is_not(None))
+                             .order_by(m.MeasurementRow.id))
+            return [tuple(r) for r in rows]
+
+    def default_times_us(self, torch_version: str | None = None) -> dict[tuple[int, int], float]:
+        """(device id, problem id) -> Inductor's default compile time in us: the decision statistic
+        (zhantune.bench.decision.decision_us) of its lowest ``ok`` row, as :meth:`ranked_candidates`
+        represents a config measured several times (zhantune.bench.settle.settle_speedup adds rows)."""
+        with self.session() as s:
+            q = (select(m.MeasurementRow.device_id, m.MeasurementRow.problem_id, m.MeasurementRow.min_us,
+                        m.MeasurementRow.median_us, m.MeasurementRow.timing_method, m.MeasurementRow.id,
+                        m.MeasurementRow.config_hash)
+                 .where(m.MeasurementRow.kind == "default", m.MeasurementRow.status == "ok",
+                        m.MeasurementRow.median_us.is_not(None)))
+            if torch_version is not None:
+                q = q.where(m.MeasurementRow.torch_version == torch_version)
+            rows: dict[tuple[int, int], list[Any]] = {}
+            for row in s.execute(q):
+                rows.setdefault((row.device_id, row.problem_id), []).append(row)
+        return {key: decision_us(best_per_config(rs)[0]) for key, rs in rows.items()}
+
+    # -- verdicts ---------------------------------------------------------------------------
+    def default_lookup_keys(self) -> dict[tuple[int, int], str]:
+        """(device id, problem id) -> the device-specific key of the lookup Inductor's default compile
+        made there (newest default row that recorded one): the problem's own key on that device."""
+        with self.session() as s:
+            rows = s.execute(select(m.MeasurementRow.device_id, m.MeasurementRow.problem_id, m.MeasurementRow.lookup_key)
+                             .where(m.MeasurementRow.kind == "default", m.MeasurementRow.lookup_key.is_not(None))
+                             .order_by(m.MeasurementRow.id))
+            return {(d, p): key for d, p, key in rows}
+
+    def latest_verdicts(self) -> dict[tuple[int, int, str | None], m.Verdict]:
+        """(device id, problem id, config hash) -> the newest verdict on that config's speedup over
+        Inductor's default (a tune settles the best config a table can carry): the newest settled in
+        paired rounds (``rounds > 0``) where there is one, so that a later "no claim made" (a cached
+        winner, ``bench.remeasure_rounds=0``) never hides a confirmed claim; else the newest."""
+        with self.session() as s:
+            out: dict[tuple[int, int, str | None], m.Verdict] = {}
+            for v in s.scalars(select(m.Verdict).order_by(m.Verdict.id)):
+                key = (v.device_id, v.problem_id, v.config_hash)
+                if v.rounds or key not in out or not out[key].rounds:
+                    out[key] = v
+            return out

@@ -1,0 +1,124 @@
+"""The reads behind the reports, transfer and the importers: measured configs across devices,
+neighbouring problems, studies by name.
+
+Mixed into :class:`zhantune.storage.Store` (through zhantune.storage.queries.Queries). Rows come
+back as SQLAlchemy rows with named columns (``row.min_us``), which
+zhantune.bench.decision.decision_us and best_per_config read as they read measurement rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlalchemy import Row, select
+from sqlalchemy.orm import Session
+
+from zhantune.storage import orm as m
+
+__all__ = ["ReportQueries", "MEASURED_KINDS"]
+
+#: the measurement kinds that rank configs: search candidates and their re-measurements
+MEASURED_KINDS = ("candidate", "remeasure")
+_M = m.MeasurementRow
+
+
+class ReportQueries:
+    """Read queries for compare, transfer, the report's studies and the importers."""
+
+    url: str
+    session: Callable[[], AbstractContextManager[Session]]
+
+    def config_rows(self, device_ids: list[int], kinds: tuple[str, ...]) -> list[Row[Any]]:
+        """Every measurement of ``kinds`` on the devices ``device_ids``, one row each with
+        ``problem_id``, ``device_id``, ``kind``, ``status``, ``config_hash``, ``template_id``,
+        ``params``, ``median_us``, ``min_us`` (microseconds), ``timing_method`` and ``id``."""
+        with self.session() as s:
+            return list(s.execute(
+                select(_M.problem_id, _M.device_id, _M.kind, _M.status, _M.config_hash, _M.template_id, _M.params,
+                       _M.median_us, _M.min_us, _M.timing_method, _M.id)
+                .where(_M.device_id.in_(device_ids), _M.kind.in_(kinds))))
+
+    def problems(self, ids: list[int]) -> dict[int, m.Problem]:
+        """The problem rows with these ids, by id."""
+        with self.session() as s:
+            return {p.id: p for p in s.scalars(select(m.Problem).where(m.Problem.id.in_(ids)))}
+
+    def problems_by_lookup_key(self) -> dict[str, m.Problem]:
+        """Problem rows that recorded Inductor's device-agnostic lookup key, by that key."""
+        with self.session() as s:
+            return {p.lookup_key: p for p in s.scalars(select(m.Problem)) if p.lookup_key}
+
+    def study_names(self) -> set[str]:
+        """The names of zhantune's studies (Optuna's own are listed by Optuna)."""
+        with self.session() as s:
+            return set(s.scalars(select(m.Study.name)))
+
+    def study_candidates(self, name: str) -> list[m.MeasurementRow]:
+        """The candidate rows of the study called ``name``, by trial number (a Kernel Tuner import:
+        the file's order)."""
+        with self.session() as s:
+            return list(s.scalars(select(_M).join(m.Study, _M.study_id == m.Study.id)
+                                  .where(m.Study.name == name, _M.kind == "candidate")
+                                  .order_by(_M.trial_number, _M.id)))
+
+    def studies_holding(self, device_key: str, problem_key: str) -> list[tuple[str, dict[str, Any] | None]]:
+        """(name, config) of every study with measurements of this problem on this device."""
+        with self.session() as s:
+            # a subquery: PostgreSQL has no DISTINCT over the JSON config column
+            ids = (select(_M.study_id).join(m.Device, _M.device_id == m.Device.id)
+                   .join(m.Problem, _M.problem_id == m.Problem.id)
+                   .where(m.Device.key == device_key, m.Problem.key == problem_key))
+            return [(name, config) for name, config in
+                    s.execute(select(m.Study.name, m.Study.config).where(m.Study.id.in_(ids)))]
+
+    # -- transfer (zhantune.search.transfer) ---------------------------------------------------
+    def measured_configs(self, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], list[Row[Any]]]:
+        """Candidate and re-measure rows with a config of each (device id, problem id) in ``pairs``:
+        ``config_hash``, ``status``, ``min_us``, ``median_us``, ``timing_method``, ``id``."""
+        out: dict[tuple[int, int], list[Row[Any]]] = {}
+        if not pairs:
+            return out
+        wanted = set(pairs)
+        with self.session() as s:
+            q = (select(_M.device_id, _M.problem_id, _M.config_hash, _M.status, _M.min_us, _M.median_us,
+                        _M.timing_method, _M.id)
+                 .where(_M.device_id.in_({d for d, _ in pairs}), _M.problem_id.in_({p for _, p in pairs}),
+                        _M.kind.in_(MEASURED_KINDS), _M.config_hash.is_not(None)))
+            for row in s.execute(q):
+                if (row.device_id, row.problem_id) in wanted:
+                    out.setdefault((row.device_id, row.problem_id), []).append(row)
+        return out
+
+    def other_devices(self, problem_key: str, device_key: str) -> tuple[int | None, list[tuple[int, str]]]:
+        """(the problem's id, [(device id, key), ...] of the other devices that measured it, by key);
+        devices with an empty key (an older import of files without a device name) are left out."""
+        with self.session() as s:
+            problem = s.scalar(select(m.Problem).where(m.Problem.key == problem_key))
+            if problem is None:
+                return None, []
+            q = (select(m.Device.id, m.Device.key)
+                 .join(_M, _M.device_id == m.Device.id)
+                 .where(_M.problem_id == problem.id, m.Device.key != device_key, m.Device.key != "")
+                 .distinct().order_by(m.Device.key))
+            return problem.id, [(did, key) for did, key in s.execute(q)]
+
+    def neighbour_problems(self, device_key: str, fields: dict[str, Any],
+                           problem_key: str) -> tuple[int | None, list[m.Problem]]:
+        """(the device's id, the problems other than ``problem_key`` measured on it with the same op,
+        dtype, weight layout and activation as ``fields``, a problem row's columns)."""
+        with self.session() as s:
+            device = s.scalar(select(m.Device).where(m.Device.key == device_key))
+            if device is None:
+                return None, []
+            # problems with measurements here (a subquery: PostgreSQL has no DISTINCT over a JSON column)
+            measured = select(_M.problem_id).where(_M.device_id == device.id, _M.kind.in_(MEASURED_KINDS))
+            q = select(m.Problem).where(m.Problem.id.in_(measured), m.Problem.key != problem_key,
+                                        m.Problem.op == fields["op"], m.Problem.dtype == fields["dtype"],
+                                        m.Problem.weight_layout == fields["weight_layout"])
+            if fields["activation"] is None:
+                q = q.where(m.Problem.activation.is_(None))
+            else:
+                q = q.where(m.Problem.activation == fields["activation"])
+            return device.id, list(s.scalars(q))

@@ -1,0 +1,55 @@
+"""Measure a lookup table's entries on this device (``python -m zhantune.replay``).
+
+Configs tuned elsewhere (another GPU, a colleague's table) are measured here and stored like any
+candidate, with the same config hashes, so that ``python -m zhantune.compare`` gives their regret on
+this device. Inductor's default is measured too, as the baseline of each problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from zhantune import interrupt
+from zhantune.bench.measurement import Measurement
+from zhantune.candidate import Candidate
+from zhantune.device import DeviceInfo
+from zhantune.storage import Recorder, Store
+
+__all__ = ["measure_table"]
+
+#: called after each measurement: (problem key, candidate or None for Inductor's default, measurement)
+Report = Callable[[str, Candidate | None, Measurement], None]
+
+
+def measure_table(store: Store, device: DeviceInfo, work: list[tuple[Any, list[Candidate]]], bench: Any,
+                  seed: int, study_name: str, config: dict[str, Any], report: Report) -> None:
+    """For each (problem row, candidates) of ``work`` (zhantune.inductor.builder.table_candidates):
+    Inductor's default, then each candidate, compiled and timed on ``device`` (``bench``: a
+    BenchConfig) and stored in the study ``study_name`` (created with ``config``). Ctrl-C or SIGTERM
+    marks the study interrupted and raises SystemExit(130); a finished run marks it finished."""
+    from zhantune.bench.inductor import InductorBenchmarker
+    from zhantune.problems import GemmProblem
+    from zhantune.problems.gemm import OPS
+
+    device_id = store.device_id(device.key, device.name, device.kind, device.properties)
+    study_id = store.study_id(study_name, config)
+    try:
+        for row, cands in work:
+            problem = GemmProblem.from_config(row.op, [row.shape[d] for d in OPS[row.op]], row.dtype, row.activation,
+                                              weight_layout=row.weight_layout)
+            bench_ = InductorBenchmarker(problem, device, bench, seed=seed)
+            rec = Recorder(store, problem, study_id, device_id, row.id, device)
+            with interrupt.interruptible():
+                default = bench_.inductor_default()
+            rec.add(default, "default")
+            report(problem.key, None, default)
+            for cand in cands:
+                with interrupt.interruptible():
+                    meas = bench_.measure(cand)
+                rec.add(meas, "candidate", cand)
+                report(problem.key, cand, meas)
+    except KeyboardInterrupt:
+        store.finish_study(study_id, "interrupted")
+        raise SystemExit(130) from None
+    store.finish_study(study_id)

@@ -1,0 +1,80 @@
+"""What a tune did: :class:`TuneResult`, read by the summary (zhantune.report.summary), a problems
+file's table (zhantune.problemset) and a multirun's job records (zhantune.multirun)."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zhantune.bench.conditions import ContentionCount
+from zhantune.bench.decision import SpeedupVerdict
+from zhantune.search.transfer import Prior
+from zhantune.storage import MeasurementRow
+
+__all__ = ["TuneResult"]
+
+
+@dataclass
+class TuneResult:
+    """What a tune did; rows are measurement rows (zhantune.storage.MeasurementRow), times in us."""
+
+    study_name: str
+    study_id: int
+    eager: MeasurementRow | None
+    default: MeasurementRow | None
+    best: MeasurementRow | None
+    statuses: collections.Counter = field(default_factory=collections.Counter)
+    infeasible: int = 0
+    cached: int = 0
+    measured: int = 0
+    interrupted: bool = False
+    table_path: Path | None = None
+    table_keys: list[str] = field(default_factory=list)
+    #: "clear", "tie" (within noise after re-measuring) or None (fewer than two correct configs)
+    verdict: str | None = None
+    verdict_text: str | None = None
+    #: timed rows taken on a busy machine, and what was done about it (zhantune.bench.conditions)
+    contention: ContentionCount = field(default_factory=ContentionCount)
+    #: set when the winner and the default were re-measured interleaved (zhantune.bench.settle)
+    speedup_text: str | None = None
+    #: the settled speedup claim over the default; None: not settled
+    claim: SpeedupVerdict | None = None
+    #: the config the claim is about: the best one a table can carry (``best`` unless that one is
+    #: not carried, ``not_carried``)
+    claimed: MeasurementRow | None = None
+    #: CPU: Inductor's default compile without freezing (shown beside the frozen default)
+    default_unfrozen: MeasurementRow | None = None
+    #: why a lookup table cannot carry the best config on this device (a compile-wide setting on
+    #: CUDA: fusion limits, TF32), or None; the summary says so and the table does not ship it
+    not_carried: str | None = None
+    #: the winner is the ``aten`` config, the very kernel Inductor's default compile runs: a
+    #: difference between the two is noise, never a speedup (the summary says so)
+    same_kernel_as_default: bool = False
+    #: search.transfer: the prior the search started from; None: a cold start
+    transfer: Prior | None = None
+    #: one line on what transfer did (or why it did nothing), for the summary; None: nothing to say
+    transfer_text: str | None = None
+    #: the study's budget of measured trials (``search.n_trials``, or what it held plus
+    #: ``search.more_trials``) and how much of it earlier runs had used
+    target: int = 0
+    before: int = 0
+    #: the study had measured its budget (or every feasible point) before: nothing was run
+    already_finished: bool = False
+    #: every feasible point of the space is measured
+    exhausted: bool = False
+    #: the baselines came from the database (measured by an earlier run in this environment)
+    baselines_reused: bool = False
+    #: of ``measured``: points of dead workers' trials measured again by this worker
+    retried: int = 0
+    #: dead workers' trials this worker failed (heartbeat older than storage.grace_period_s)
+    reaped: int = 0
+    #: measured candidates of the whole study (every worker) when this worker's search ended
+    study_measured: int = 0
+    #: seconds this worker waited for other workers' trials once every remaining trial was claimed
+    waited_s: float = 0.0
+
+    @property
+    def done(self) -> int:
+        """Measured trials of the study after this run (all runs and workers that used its budget)."""
+        return self.before + self.measured
