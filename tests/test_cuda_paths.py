@@ -450,6 +450,22 @@ def test_the_persistent_tma_space_fits_shared_memory_as_inductor_estimates_it(op
     assert kept and dropped
 
 
+def _h100_bf16_mm_study(tmp_path):
+    """A store with one study of mm 64^3 bfloat16 on an H100: (device key, Inductor's agnostic key,
+    store, study id, a Recorder for it)."""
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Recorder, Store
+
+    dev = "NVIDIA H100 80GB HBM3"
+    key = "((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    problem = GemmProblem("mm", (64, 64, 64), "bfloat16")
+    study_id = store.study_id("s", {})
+    rec = Recorder(store, problem, study_id, store.device_id(dev, dev, "cuda", {}),
+                   store.problem_id(problem.key, lookup_key=key, **problem.row_fields()))
+    return dev, key, store, study_id, rec
+
+
 def test_a_config_branch_winner_on_cuda_is_never_shipped_as_if_it_applied(tmp_path):
     """Finding 7: a fusion-limit (config branch) winner on CUDA was exported as a ``zhantune::config``
     entry that neither Inductor's handler nor zhantune's applies on CUDA (fusion limits are
@@ -462,16 +478,8 @@ def test_a_config_branch_winner_on_cuda_is_never_shipped_as_if_it_applied(tmp_pa
     from zhantune.inductor.choices import LookupEvent
     from zhantune.inductor.runtime import use_table
     from zhantune.inductor.table import CONFIG_ENTRY_ON_CUDA, CONFIG_TEMPLATE_ID
-    from zhantune.problems import GemmProblem
-    from zhantune.storage import Recorder, Store
 
-    dev = "NVIDIA H100 80GB HBM3"
-    key = "((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
-    store = Store(f"sqlite:///{tmp_path}/z.db")
-    problem = GemmProblem("mm", (64, 64, 64), "bfloat16")
-    study_id = store.study_id("s", {})
-    rec = Recorder(store, problem, study_id, store.device_id(dev, dev, "cuda", {}),
-                   store.problem_id(problem.key, lookup_key=key, **problem.row_fields()))
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
     default = LookupEvent("mm", f"{dev}+{key}", key, {"aten::mm": None}, ())
     hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
     rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=default), "default")
@@ -722,16 +730,8 @@ def test_a_confirmed_claim_is_not_hidden_by_a_later_note_or_a_faster_unconfirmed
     from zhantune.bench.timing import summarize_us
     from zhantune.inductor.builder import build_table
     from zhantune.inductor.choices import LookupEvent
-    from zhantune.problems import GemmProblem
-    from zhantune.storage import Recorder, Store
 
-    dev = "NVIDIA H100 80GB HBM3"
-    key = "((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
-    store = Store(f"sqlite:///{tmp_path}/z.db")
-    problem = GemmProblem("mm", (64, 64, 64), "bfloat16")
-    study_id = store.study_id("s", {})
-    rec = Recorder(store, problem, study_id, store.device_id(dev, dev, "cuda", {}),
-                   store.problem_id(problem.key, lookup_key=key, **problem.row_fields()))
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
     hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
     rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=hit), "default")
     x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
