@@ -14,7 +14,7 @@ from zhantune.config import CONF_DIR
 from zhantune.device import resolve_device
 from zhantune.inductor.builder import build_table
 from zhantune.inductor.choices import recording
-from zhantune.inductor.table import CONFIG_TEMPLATE_ID, load_table
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID, default_entry, load_table
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
 from zhantune.search.schema import load_space
@@ -113,7 +113,9 @@ def test_incorrect_candidate_is_stored_and_never_exported(tune_cfg, tmp_path):
     assert rows["aten"].status == "ok"
     table = build_table(store)
     (entries,) = table.values()
-    assert entries == [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": {"max_autotune_gemm_backends": "ATEN"}}]
+    # the only correct config is aten, the kernel the default compile runs: the table ships Inductor's
+    # own default entry for it (inductor.templates.is_default_kernel), never the incorrect template
+    assert entries == [default_entry("addmm")]
     # the tune's export applies export.min_speedup=1.0: the tuned entry only where not slower than default
     assert load_table(tmp_path / "t.json") == build_table(store, min_speedup=1.0)
 
