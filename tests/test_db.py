@@ -312,3 +312,39 @@ def test_merge_into_postgresql(tmp_path, postgres):
 
     stats = merge_into(Store(target), Store(a), label="a")
     assert stats.measurements_added == 10 and len(_candidates(target)) == 10
+
+
+def test_merge_keeps_the_settled_claims_so_the_merged_export_ships_what_the_source_did(cli, tmp_path):
+    """A tune's paired rounds did not confirm its best config's speedup (verdict), so its database
+    exports Inductor's default although the config's stored time is lower. The merged database
+    must export the same: without the verdicts it fell back on the unpaired statistics and shipped
+    the config as a tuned entry."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.candidate import Candidate
+    from zhantune.inductor.builder import build_table
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Recorder
+
+    src, merged = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'merged.db'}"
+    store, problem = Store(src), GemmProblem("mm", (64, 64, 64), "float32")
+    key = "((torch.float32, [64, 64], [64, 1]), (torch.float32, [64, 64], [64, 1]))+mm"
+    study_id = store.study_id("s", {})
+    rec = Recorder(store, problem, study_id, store.device_id("cpu-x", "cpu-x", "cpu", {}),
+                   store.problem_id(problem.key, lookup_key=key, **problem.row_fields()))
+    lookup = LookupEvent("mm", f"cpu-x+{key}", key, {"aten::mm": None}, ())
+    cpp = Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP"})
+    rec.add(Measurement("ok", timing=summarize_us([100.0, 101.0], "t"), lookup=lookup), "default")
+    rec.add(Measurement("ok", timing=summarize_us([50.0, 51.0], "t"), lookup=lookup), "candidate", cpp, trial_number=0)
+    store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                      config_hash=cpp.config_hash, ratio=1.01, ratio_low=0.6, ratio_high=1.9, rounds=3,
+                      contended=2, confirmed=False, reason="not faster in every round")
+    shipped = build_table(store, min_speedup=1.0)
+    assert shipped == {f"cpu-x+{key}": [{"template_id": "aten::mm"}]}
+
+    r = cli(["merge", f"sources=[{src}]", f"storage.url={merged}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0 and "1 verdict(s)" in r.stdout, r.stdout + r.stderr
+    assert build_table(Store(merged), min_speedup=1.0) == shipped
+    r = cli(["merge", f"sources=[{src}]", f"storage.url={merged}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0 and "0 verdict(s)" in r.stdout  # merged twice: nothing copied again

@@ -68,7 +68,8 @@ def _db_app(cfg: DictConfig) -> None:
             for src in sources:
                 stats = merge_into(target, src, label=src.url)
                 print(f"{src.url}: +{stats.measurements_added} measurement(s), {stats.measurements_skipped} "
-                      f"already there; {stats.studies_new} new stud(y/ies), {stats.studies_renamed} renamed")
+                      f"already there; {stats.verdicts_added} verdict(s); {stats.studies_new} new stud(y/ies), "
+                      f"{stats.studies_renamed} renamed")
     except UserError as e:
         user_error(e)
 

@@ -5,7 +5,8 @@ Rows are matched by their natural keys: device by ``key``, environment by ``fing
 that shared it), measurement by (study, trial number, created_at, config hash). A study of the same
 name that started elsewhere is a different run: it is kept under ``<name> [from <source>]``, with its
 Optuna study copied under that name. Every copied measurement keeps its created_at, versions and
-environment.
+environment; every settled speedup claim (verdict, matched by study, device, problem, config hash and
+created_at) is copied too, so that the merged database exports what each source would.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ quiet_optuna()  # copy_study creates studies: Optuna would log each at INFO
 
 _COPIED = [c.key for c in m.MeasurementRow.__table__.columns
            if c.key not in ("id", "study_id", "device_id", "problem_id", "environment_id")]
+_VERDICT_COPIED = [c.key for c in m.Verdict.__table__.columns
+                   if c.key not in ("id", "study_id", "device_id", "problem_id")]
 
 
 #: the environment columns its fingerprint is computed from (all but id, fingerprint, created_at)
@@ -38,6 +41,7 @@ class MergeStats:
     studies_renamed: int = 0
     measurements_added: int = 0
     measurements_skipped: int = 0
+    verdicts_added: int = 0
 
 
 def _as_naive(t):
@@ -74,6 +78,7 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
         problems = {p.id: p for p in s.scalars(select(m.Problem))}
         studies = list(s.scalars(select(m.Study).order_by(m.Study.id)))
         rows = list(s.scalars(select(m.MeasurementRow).order_by(m.MeasurementRow.id)))
+        verdicts = list(s.scalars(select(m.Verdict).order_by(m.Verdict.id)))
     dev_map = {i: target.device_id(d.key, d.name, d.kind, d.properties) for i, d in devices.items()}
     env_map = {i: target.environment_id({k: getattr(e, k) for k in _ENV_FIELDS}) for i, e in envs.items()}
     prob_map = {i: target.problem_id(p.key, op=p.op, shape=p.shape, dtype=p.dtype, activation=p.activation,
@@ -121,7 +126,27 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
             if fields["trial_number"] is not None:
                 taken.add((sid, fields["trial_number"]))
             stats.measurements_added += 1
+    _copy_verdicts(target, verdicts, study_map, dev_map, prob_map, stats)
     return stats
+
+
+def _copy_verdicts(target: Store, verdicts: list, study_map: dict[int, int], dev_map: dict[int, int],
+                   prob_map: dict[int, int], stats: MergeStats) -> None:
+    """The source's settled claims (the exporter ships a tuned entry only where one is confirmed:
+    without them a merged database would fall back on unpaired statistics)."""
+    with target.session() as t:
+        have = {(sid, d, p, h, _as_naive(c)) for sid, d, p, h, c in t.execute(
+            select(m.Verdict.study_id, m.Verdict.device_id, m.Verdict.problem_id, m.Verdict.config_hash,
+                   m.Verdict.created_at))}
+        for v in verdicts:
+            ids = (study_map[v.study_id], dev_map[v.device_id], prob_map[v.problem_id])
+            key = (*ids, v.config_hash, _as_naive(v.created_at))
+            if key in have:
+                continue
+            t.add(m.Verdict(study_id=ids[0], device_id=ids[1], problem_id=ids[2],
+                            **{k: getattr(v, k) for k in _VERDICT_COPIED}))
+            have.add(key)
+            stats.verdicts_added += 1
 
 
 def _copy_optuna_study(source_url: str, target_url: str, name: str, new_name: str) -> None:
