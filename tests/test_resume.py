@@ -107,3 +107,23 @@ def test_new_environment_or_the_option_measures_the_baselines_again(tmp_path):
     p = _tune(tmp_path, "search.more_trials=1")
     assert p.wait(timeout=300) == 0, p.communicate()
     assert _kinds(db) == {"eager": 3, "default": 3, "default_unfrozen": 3, "candidate": 3}
+
+
+@pytest.mark.slow
+def test_an_exhausted_study_exits_at_once_for_its_space_and_measures_another_space(tmp_path):
+    """space=[aten] has one point: the study is exhausted, and the same command exits at once. A run
+    of the same problem with more spaces is not "exhausted": it measures their points."""
+    db = tmp_path / "zhantune.db"
+
+    def tune(*extra: str) -> str:
+        p = _tune(tmp_path, "search.n_trials=3", *extra)
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        return " ".join(out.split())
+
+    tune("space=[aten]")
+    assert _kinds(db)["candidate"] == 1
+    assert "every feasible point" in tune("space=[aten]")
+    assert _kinds(db)["candidate"] == 1
+    out = tune("space=[aten,cpp_gemm]")
+    assert "every feasible point" not in out and _kinds(db)["candidate"] == 3, out[-2000:]

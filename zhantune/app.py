@@ -75,9 +75,9 @@ def print_finished(console: Console, result: Any) -> None:
     why = ("every feasible point of its space is measured" if result.exhausted
            else f"{result.before} of {result.target} trials measured" if result.before <= result.target
            else f"{result.before} trials measured (search.n_trials={result.target})")
+    more = "space=[...] with other spaces measures theirs" if result.exhausted else "search.more_trials=N measures N more"
     console.print(f"study {result.study_name!r} is finished: {why}; nothing to measure. "
-                  "search.more_trials=N measures N more; python -m zhantune.export writes the table again",
-                  highlight=False)
+                  f"{more}; python -m zhantune.export writes the table again", highlight=False)
     if result.best is not None:
         console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)} "
                       f"({decision_us(result.best):,.1f} us)", highlight=False)

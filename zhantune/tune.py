@@ -59,14 +59,15 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
 
     Infeasible points (a constraint fails) and cache hits (same candidate, device, problem and
     software versions already measured) do not use the budget. Every trial is committed when it ends.
-    A study that ended with its budget measured (or its space exhausted) is not run again: the result
-    has ``already_finished`` set and nothing is measured or started. A resumed study re-uses the
+    A study that ended with its budget measured (or the same space exhausted) is not run again: the
+    result has ``already_finished`` set and nothing is measured or started. A resumed study re-uses the
     baselines it stored in this environment (Store.stored_baselines) unless
     ``bench.remeasure_baselines``. ``progress``: a zhantune.report.TuneProgress, or None for a log
     line per trial.
     """
     row, used, target = study_budget(run, store)
-    if row is not None and row.status in (FINISHED, EXHAUSTED) and (used >= target or row.status == EXHAUSTED):
+    if row is not None and (row.status == FINISHED and used >= target or row.status == EXHAUSTED
+                            and _same_space(row.config, run)):
         return _finished_result(run, store, row, used, target)
     mark_tune_root()  # NVML's "other processes" leave out this tune's workers (conditions.own_pids)
     sampler = make_sampler(run.search.sampler)
@@ -83,6 +84,13 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
         bench.close()
         if cache_dir:
             shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:
+    """Whether the run that exhausted a study searched this run's space (the ``space=`` files' contents,
+    the op's default spaces): another space has points the study never measured."""
+    now = OmegaConf.to_container(run.cfg, resolve=True)
+    return stored is not None and all(stored.get(k) == now.get(k) for k in ("space", "op"))
 
 
 def _finished_result(run: RunSpec, store: Store, row: Any, used: int, target: int) -> TuneResult:

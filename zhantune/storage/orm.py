@@ -122,7 +122,8 @@ class Verdict(Base):
 class MeasurementRow(Base):
     """One compiled-and-timed candidate or baseline. Timings in microseconds.
 
-    ``kind`` is ``eager``, ``default`` (Inductor's default choice) or ``candidate``;
+    ``kind`` is ``eager``, ``default`` (Inductor's default choice), ``default_unfrozen`` (the default
+    compiled without freezing, CPU), ``candidate`` or ``remeasure`` (a paired round's measurement);
     ``trial_number`` is the Optuna trial (None for baselines).
     """
 

@@ -195,10 +195,12 @@ class Store(Queries):
 
     def study_id(self, name: str, config: dict[str, Any]) -> int:
         """The study row's id by name, created with ``config`` (the composed config) when absent; an
-        existing study is reopened (status ``running``)."""
+        existing study is reopened (status ``running``) with ``config``, the latest run's (so that
+        its ``space`` is the one an ``exhausted`` status refers to)."""
         def reopen(row: m.Study) -> None:
             row.status = "running"
             row.finished_at = None
+            row.config = config
         return self._get_or_create(m.Study, {"name": name}, dict(config=config), reopen)
 
     def finish_study(self, study_id: int, status: str = "finished") -> None:
