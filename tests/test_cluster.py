@@ -172,3 +172,21 @@ def test_problems_file_swept_by_jobs_into_one_database_then_one_export(postgres,
         (device,) = s.scalars(select(m.Device.key))
         keys = [f"{device}+{p.lookup_key}" for p in s.scalars(select(m.Problem))]
     assert len(set(keys)) == 3 and sorted(table) == sorted(keys)
+
+
+def test_a_job_that_finds_its_study_finished_is_reported_done_not_failed(tmp_path):
+    """A late job of a sweep (the study measured its total before it started) writes its record:
+    the launcher's summary lists it as finished before the job, never as a job that wrote no record."""
+    url = f"sqlite:///{tmp_path / 'z.db'}"
+    r = subprocess.run([sys.executable, "-m", "zhantune", "-m", "bench=replay", f"bench.path={GEMM}",
+                        "search.n_trials=3", "search.seed=0,1", "progress=false", f"storage.url={url}",
+                        f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = " ".join(r.stdout.split())
+    assert "zhantune multirun: 2 job record(s)" in out and "wrote no record" not in out, out[-3000:]
+    records = [json.loads((tmp_path / "sweep" / str(i) / "zhantune_job.json").read_text()) for i in (0, 1)]
+    first, late = (rec["studies"][0] for rec in records)
+    assert (first["measured"], first["already_finished"]) == (3, False)
+    assert (late["measured"], late["study_measured"], late["already_finished"]) == (0, 3, True)
+    assert "3/3 (finished before the job)" in out

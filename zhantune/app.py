@@ -47,7 +47,7 @@ def _tune_app(cfg: DictConfig) -> dict | None:
         return
     if result.already_finished:
         print_finished(console, result)
-        return
+        return job_record([(run, result)], cfg.storage.url)  # a multirun's summary: done, not failed
     print_summary(console, run, result, cfg.storage.url)
     if result.interrupted:
         console.print(f"[yellow]interrupted: run the same command again to resume the study (it measures "

@@ -26,9 +26,11 @@ JOB_RECORD = "zhantune_job.json"
 
 
 def job_record(runs: list[tuple[Any, Any]], storage_url: str) -> dict[str, Any]:
-    """What a job did, for the launcher's summary: per (RunSpec, TuneResult) the study, the trials this
-    job measured (and how many of them were dead workers' points measured again), the dead workers'
-    trials it failed, the study's measured candidates when it ended, and the best so far."""
+    """What a job did, for the launcher's summary: per (RunSpec, TuneResult) the study, its total
+    (``search.n_trials``, or what ``search.more_trials`` made it), the trials this job measured (and
+    how many of them were dead workers' points measured again), the dead workers' trials it failed,
+    the study's measured candidates when it ended, whether the study was finished before the job
+    started (a late job of a sweep: nothing to do, not a failure), and the best so far."""
     from zhantune.bench.decision import decision_us
     from zhantune.provenance import worker_name
     from zhantune.storage import redact_url
@@ -36,11 +38,12 @@ def job_record(runs: list[tuple[Any, Any]], storage_url: str) -> dict[str, Any]:
     studies = []
     for run, result in runs:
         best = result.best
+        finished = bool(getattr(result, "already_finished", False))  # nothing left when this job started
         studies.append({
-            "study": run.study_name, "n_trials": int(run.search.n_trials), "measured": result.measured,
+            "study": run.study_name, "n_trials": int(result.target or run.search.n_trials), "measured": result.measured,
             "retried": result.retried, "reaped": result.reaped, "cached": result.cached,
-            "study_measured": result.study_measured, "waited_s": round(result.waited_s, 1),
-            "interrupted": result.interrupted,
+            "study_measured": result.before if finished else result.study_measured,
+            "waited_s": round(result.waited_s, 1), "interrupted": result.interrupted, "already_finished": finished,
             "best_us": decision_us(best) if best is not None else None,
             "best": _describe(best) if best is not None else None,
         })
@@ -125,7 +128,8 @@ def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
         for s in r["studies"]:
             jobs.add_row(str(r.get("job")), r["worker"], s["study"], str(s["measured"]), str(s["retried"]),
                          str(s["reaped"]), f"{s['waited_s']:.0f}",
-                         f"{s['study_measured']}/{s['n_trials']}" + (" (interrupted)" if s["interrupted"] else ""))
+                         f"{s['study_measured']}/{s['n_trials']}" + (" (interrupted)" if s["interrupted"] else "")
+                         + (" (finished before the job)" if s.get("already_finished") else ""))
             if s["study"] not in last or r["ended_at"] >= last[s["study"]]["ended_at"]:
                 last[s["study"]] = {**s, "ended_at": r["ended_at"]}
     console.print(jobs)
