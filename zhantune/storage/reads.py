@@ -57,11 +57,11 @@ class ReportQueries:
 
     def study_candidates(self, name: str) -> list[m.MeasurementRow]:
         """The candidate rows of the study called ``name``, by trial number (a Kernel Tuner import:
-        the file's order)."""
+        the file's order), rows without one (merged from a diverged study) last on every database."""
         with self.session() as s:
             return list(s.scalars(select(_M).join(m.Study, _M.study_id == m.Study.id)
                                   .where(m.Study.name == name, _M.kind == "candidate")
-                                  .order_by(_M.trial_number, _M.id)))
+                                  .order_by(_M.trial_number.is_(None), _M.trial_number, _M.id)))
 
     def studies_holding(self, device_key: str, problem_key: str) -> list[tuple[str, dict[str, Any] | None]]:
         """(name, config) of every study with measurements of this problem on this device."""
