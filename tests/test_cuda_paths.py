@@ -756,3 +756,22 @@ def test_a_confirmed_claim_is_not_hidden_by_a_later_note_or_a_faster_unconfirmed
     assert shipped() == (64, "triton::mm")
     verdict(y, 3, True)
     assert shipped() == (32, "triton::mm")
+
+
+def test_a_renamed_devices_template_rows_go_under_the_key_of_the_device_exported(tmp_path):
+    """Rows measured under another device key (a database whose device was renamed, e.g. merged from
+    a replay on another machine) still carry the old device in their stored lookup key: the table
+    keys every entry, templates too, with the exported device (or none, device-agnostic)."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table
+    from zhantune.inductor.choices import LookupEvent
+
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
+    hit = LookupEvent("mm", f"NVIDIA H100 PCIe+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=hit), "default")
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    rec.add(Measurement("ok", timing=summarize_us([12.0, 13.0], "t"), lookup=hit), "candidate", x, trial_number=0)
+    (entries,) = build_table(store, min_speedup=None).values()
+    assert list(build_table(store, min_speedup=None)) == [f"{dev}+{key}"] and entries[0]["template_id"] == "triton::mm"
+    assert list(build_table(store, device_agnostic=True, min_speedup=None)) == [key]

@@ -17,6 +17,7 @@ from zhantune.inductor.table import (
     CONFIG_TEMPLATE_ID,
     FORMAT,
     FORMAT_VERSION,
+    agnostic_key,
     carried,
     default_entry,
     entry_for,
@@ -148,13 +149,6 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str,
     return out
 
 
-def _agnostic(key: str) -> str:
-    """A lookup key without its device part (``device+inputs+op`` -> ``inputs+op``); the stored key of
-    a database renamed on another machine still names the device it was measured on."""
-    parsed = parse_key(key)
-    return key[len(parsed["device"]) + 1:] if parsed and parsed.get("device") else key
-
-
 def build_table(store: Store, device_key: str | None = None, device_agnostic: bool = False, top_k: int = 1,
                 min_speedup: float | None = None, torch_version: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """Best correct candidates per (device, problem) from a Store, as a lookup table.
@@ -212,7 +206,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
         # the problem's own lookup on this device (a float32 linear_act is an addmm on CPU and an mm
         # on a GPU: the problem row keeps the first device's), from its default compile there
         own_key = own_keys.get((device.id, problem.id))
-        problem_key = _agnostic(own_key) if own_key else problem.lookup_key
+        problem_key = agnostic_key(own_key) if own_key else problem.lookup_key
         lookup_op = (parse_key(problem_key) or {}).get("op") or problem.lookup_op if problem_key else problem.lookup_op
         if not keep:
             placed = [(table_key(device.key, problem_key, None, device_agnostic), default_entry(lookup_op))]

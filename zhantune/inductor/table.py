@@ -35,7 +35,7 @@ from zhantune.errors import TableError
 from zhantune.inductor.knobs import config_patch_problem, template_entry_problem
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
-           "write_table", "read_table", "check_table", "entry_problem", "not_carried", "carried",
+           "agnostic_key", "write_table", "read_table", "check_table", "entry_problem", "not_carried", "carried",
            "CONFIG_ENTRY_ON_CUDA", "stock_inductor_notes", "load_table", "parse_key", "MAX_TABLE_BYTES"]
 
 CONFIG_TEMPLATE_ID = "zhantune::config"
@@ -69,6 +69,13 @@ def parse_key(key: str) -> dict[str, str | None] | None:
     return m.groupdict() if m else None
 
 
+def agnostic_key(key: str) -> str:
+    """A lookup key without its device part (``device+inputs+op`` -> ``inputs+op``); the stored key of
+    a database renamed on another machine still names the device it was measured on."""
+    parsed = parse_key(key)
+    return key[len(parsed["device"]) + 1:] if parsed and parsed.get("device") else key
+
+
 def entry_for(template_id: str | None, params: dict[str, Any], template_hash: str | None) -> dict[str, Any]:
     """The lookup-table entry for one measured candidate."""
     if template_id is None:
@@ -93,9 +100,8 @@ def table_key(device_key: str, problem_key: str | None, best: Any, device_agnost
     device-specific form is Inductor's join, ``device_key + "+" + agnostic key`` (make_lookup_key).
     """
     if best is not None and best.template_id is not None and best.lookup_key:
-        if not device_agnostic:
-            return best.lookup_key
-        return best.lookup_key.removeprefix(f"{device_key}+")
+        hit = agnostic_key(best.lookup_key)  # a renamed device's rows still name the old device
+        return hit if device_agnostic else f"{device_key}+{hit}"
     if problem_key is None:
         return None
     return problem_key if device_agnostic else f"{device_key}+{problem_key}"
