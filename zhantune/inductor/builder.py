@@ -178,7 +178,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     # inductor.knobs; a config patch on CUDA, not_carried) make way for the next ones
     ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)])
               for d, p, rows in store.ranked_candidates(device_key, torch_version, 1 << 30)]
-    ranked.sort(key=lambda r: r[2][0].median_us if r[2] else float("inf"))
+    ranked.sort(key=lambda r: decision_us(r[2][0]) if r[2] else float("inf"))  # the ranking rule's statistic
     table: dict[str, list[dict[str, Any]]] = {}
     seen: set[int] = set()
     for device, problem, rows in ranked:
