@@ -348,3 +348,40 @@ def test_merge_keeps_the_settled_claims_so_the_merged_export_ships_what_the_sour
     assert build_table(Store(merged), min_speedup=1.0) == shipped
     r = cli(["merge", f"sources=[{src}]", f"storage.url={merged}"], tmp_path, module="zhantune.db")
     assert r.returncode == 0 and "0 verdict(s)" in r.stdout  # merged twice: nothing copied again
+
+
+def test_a_worker_interrupted_while_waiting_to_create_never_removes_the_database_another_created(tmp_path):
+    """Two workers start on one new SQLite file: the second saw no file, waits for the schema lock
+    while the first creates the database, and is interrupted (Ctrl-C) while it waits. The database
+    the first created, rows included, is left as it is (it used to be removed as "half-created")."""
+    from zhantune.storage.engine import file_lock
+
+    db = tmp_path / "new.db"
+    url = f"sqlite:///{db}"
+    waiter_code = "import sys; from zhantune.storage import Store; Store(sys.argv[1])"
+    with file_lock(Path(f"{db}.zt-lock")):  # this test is the first worker, creating the database
+        waiter = subprocess.Popen([sys.executable, "-c", waiter_code, url], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not _has_open(waiter.pid, f"{db}.zt-lock"):
+            assert waiter.poll() is None, waiter.communicate()
+            time.sleep(0.1)  # until the waiter has opened the lock file: it waits for the lock
+        time.sleep(0.5)
+        assert waiter.poll() is None and _has_open(waiter.pid, f"{db}.zt-lock")
+        src = tmp_path / "made.db"
+        made = Store(f"sqlite:///{src}")
+        made.device_id("cpu-x", "cpu-x", "cpu", {})  # a database with one row
+        made.engine.dispose()  # the WAL checkpointed into the file
+        shutil.copy(src, db)
+        waiter.send_signal(signal.SIGINT)
+        waiter.communicate(timeout=60)
+    assert waiter.returncode != 0  # interrupted, not finished
+    assert db.exists() and [d.key for d in Store(url).devices()] == ["cpu-x"]
+
+
+def _has_open(pid: int, path: str) -> bool:
+    """Whether process ``pid`` has ``path`` open (/proc/PID/fd)."""
+    try:
+        return any(os.readlink(fd) == path for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False

@@ -57,13 +57,16 @@ class Store(Queries):
         check_url(url)
         self.url = url
         path = sqlite_path(url)
-        new_file = path is not None and not path.exists()
+        #: set under the schema lock when this process found no database there: the file is its own
+        self._creating = False
         try:
             self.engine: Engine = make_engine(url)
             with self.schema_lock():
                 self._check_schema()
         except BaseException as e:
-            if new_file:  # a database that could not be created (disk full) leaves no file behind
+            # a database this process could not create (disk full) leaves no file behind; one that
+            # another process created while this one waited for the lock is never touched
+            if self._creating:
                 self.engine.dispose()
                 remove_sqlite_files(path)
             if isinstance(e, (SQLAlchemyError, OSError)):
@@ -75,6 +78,7 @@ class Store(Queries):
         """Create a new database at the newest revision; refuse older, newer or foreign ones."""
         head = head_revision()
         path = sqlite_path(self.url)
+        self._creating = path is not None and not path.exists()  # under the lock: no one else is creating it
         # an existing SQLite file is read through a plain connection first (zhantune's engine would
         # switch it to WAL mode, a write); it only reads
         probe = (create_engine(f"sqlite:///{path}")
