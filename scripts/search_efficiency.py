@@ -64,27 +64,32 @@ def sampler_for(strategy: str, seed: int, overrides: dict) -> optuna.samplers.Ba
     return make_sampler(spec)
 
 
+class ReplayObjective:
+    """run_search's ``measure`` over a replayed file: a config's recorded median (us), None for a
+    failed one; ``best`` is the lowest returned so far."""
+
+    def __init__(self, replay) -> None:
+        self.bench = ReplayBenchmarker(replay)
+        self.best = float("inf")
+
+    def __call__(self, cand, _number):
+        meas = self.bench.measure(cand)
+        if not meas.ok:
+            return None
+        self.best = min(self.best, meas.timing.median_us)
+        return meas.timing.median_us
+
+
 def one_run(path: Path, strategy: str, seed: int, n_trials: int, overrides: dict,
             fixed: dict | None = None) -> float:
     """Best median (us) found by one search of ``n_trials`` measured trials (over the slice where the
     parameters in ``fixed`` take the given values, when set)."""
     replay = load_kerneltuner(path)
-    bench = ReplayBenchmarker(replay)
-    space = replay.space(fixed)
-    best = float("inf")
-
-    def measure(cand, _number):
-        nonlocal best
-        meas = bench.measure(cand)
-        if not meas.ok:
-            return None
-        best = min(best, meas.timing.median_us)
-        return meas.timing.median_us
-
+    measure = ReplayObjective(replay)
     study = optuna.create_study(sampler=sampler_for(strategy, seed, overrides), direction="minimize")
-    stats = run_search(study, space, {}, measure, n_trials=n_trials, seed=seed)
+    stats = run_search(study, replay.space(fixed), {}, measure, n_trials=n_trials, seed=seed)
     assert stats.measured == n_trials, (strategy, seed, stats)
-    return best
+    return measure.best
 
 
 def parse_overrides(items: list[str]) -> dict:

@@ -44,16 +44,15 @@ from pathlib import Path
 
 import numpy as np
 import optuna
-from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from zhantune.bench.recorded import KernelTunerFile, ReplayBenchmarker, entry_times_us, load_kerneltuner  # noqa: E402
-from zhantune.config import CONF_DIR  # noqa: E402
+from search_efficiency import ReplayObjective, sampler_for  # noqa: E402  (scripts/, this script's folder)
+
+from zhantune.bench.recorded import KernelTunerFile, entry_times_us, load_kerneltuner  # noqa: E402
 from zhantune.quiet import quiet_known_warnings  # noqa: E402
 from zhantune.search.driver import run_search  # noqa: E402
-from zhantune.search.samplers import make_sampler  # noqa: E402
 from zhantune.search.transfer import load_prior  # noqa: E402
 from zhantune.storage import Store  # noqa: E402
 from zhantune.storage.ingest import import_kerneltuner  # noqa: E402
@@ -66,42 +65,16 @@ KT_STRATEGIES = ["random_sample", "genetic_algorithm", "pso", "diff_evo", "firef
 STRATEGIES = ["zhantune", "zhantune+transfer", "tpe", "random"] + [f"kt:{s}" for s in KT_STRATEGIES]
 
 
-def conf_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
-    spec = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "search" / f"{name}.yaml").sampler, resolve=False)
-    spec["seed"] = seed
-    return make_sampler(spec)
-
-
-def default_search() -> str:
-    cfg = OmegaConf.load(CONF_DIR / "config.yaml")
-    return str(next(d for d in cfg.defaults if OmegaConf.is_dict(d) and "search" in d)["search"])
-
-
 def zhantune_run(replay: KernelTunerFile, strategy: str, seed: int, trials: int, prior_scores: dict | None) -> float:
     """Best objective (us) of one search through zhantune's loop."""
-    bench = ReplayBenchmarker(replay)
-    best = float("inf")
-
-    def measure(cand, _number):
-        nonlocal best
-        meas = bench.measure(cand)
-        if not meas.ok:
-            return None
-        best = min(best, meas.timing.median_us)
-        return meas.timing.median_us
-
-    if strategy == "tpe":
-        sampler = optuna.samplers.TPESampler(seed=seed)
-    elif strategy == "random":
-        sampler = conf_sampler("random", seed)
-    else:
-        sampler = conf_sampler(default_search(), seed)
-        if prior_scores is not None:
-            sampler.set_prior(prior_scores)
+    measure = ReplayObjective(replay)
+    sampler = sampler_for(strategy if strategy in ("tpe", "random") else "default", seed, {})
+    if strategy not in ("tpe", "random") and prior_scores is not None:
+        sampler.set_prior(prior_scores)
     study = optuna.create_study(sampler=sampler, direction="minimize")
     stats = run_search(study, replay.space(), {}, measure, n_trials=trials, seed=seed)
     assert stats.measured == trials, (strategy, seed, stats)
-    return best
+    return measure.best
 
 
 def median_cache(replay: KernelTunerFile, folder: Path) -> Path:
