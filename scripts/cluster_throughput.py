@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from pgserver import FreshDatabases  # noqa: E402  (tests/pgserver.py)
 from sqlalchemy import func, select  # noqa: E402
 
 from zhantune.storage import Store  # noqa: E402
@@ -70,24 +71,15 @@ def main() -> None:
     args = ap.parse_args()
     print(f"{'backend':22s} {'pace':>5s} {'jobs':>5s} {'trials':>7s} {'configs':>8s} {'wall s':>8s} "
           f"{'span s':>8s} {'trials/s':>9s}   (span: first to last measurement row)")
-    server = None
+    databases = FreshDatabases("zt-cluster-db-")
     try:
         for backend in args.backends.split(","):
             for pace in map(float, args.pace.split(",")):
                 n_trials = args.trials or (60 if pace > 0 else 400)
                 for jobs in map(int, args.jobs.split(",")):
-                    if backend == "sqlite":
-                        url = f"sqlite:///{tempfile.mkdtemp(prefix='zt-cluster-db-')}/cluster.db"
-                    else:
-                        if server is None:
-                            from pgserver import PostgresServer
-
-                            server = PostgresServer()
-                        url = server.new_database()
-                    run_one(url, jobs, pace, n_trials)
+                    run_one(databases.new(backend), jobs, pace, n_trials)
     finally:
-        if server is not None:
-            server.stop()
+        databases.close()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from hydra import compose, initialize_config_module  # noqa: E402
+from pgserver import FreshDatabases  # noqa: E402  (tests/pgserver.py)
 
 from zhantune.config import register  # noqa: E402
 from zhantune.storage import Store  # noqa: E402
@@ -114,23 +114,14 @@ def main() -> None:
     clock = _DbClock()
     print(f"{'backend':22s} {'search':13s} {'workers':>7s} {'trials':>6s} {'wall s':>8s} {'trials/s':>9s} "
           f"{'in db':>9s} {'db calls':>9s}")
-    server = None
+    databases = FreshDatabases()
     try:
         for backend in args.backends.split(","):
             for search in args.search.split(","):
                 for workers in map(int, args.workers.split(",")):
-                    if backend == "sqlite":
-                        url = f"sqlite:///{tempfile.mkdtemp(prefix='zt-bench-')}/bench.db"
-                    else:
-                        if server is None:
-                            from pgserver import PostgresServer
-
-                            server = PostgresServer()
-                        url = server.new_database()
-                    run_one(url, args.trials, search, clock, workers)
+                    run_one(databases.new(backend), args.trials, search, clock, workers)
     finally:
-        if server is not None:
-            server.stop()
+        databases.close()
 
 
 if __name__ == "__main__":

@@ -58,3 +58,24 @@ class PostgresServer:
         finally:
             time.sleep(0.2)
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+class FreshDatabases:
+    """For the benchmark scripts: ``new(backend)`` is the URL of a fresh, empty database, ``sqlite``
+    (a file in a new temporary folder) or ``postgresql`` (a database on one PostgreSQL server,
+    started at the first such call); ``close()`` stops that server."""
+
+    def __init__(self, prefix: str = "zt-bench-") -> None:
+        self.prefix = prefix
+        self.server: PostgresServer | None = None
+
+    def new(self, backend: str) -> str:
+        if backend == "sqlite":
+            return f"sqlite:///{tempfile.mkdtemp(prefix=self.prefix)}/bench.db"
+        if self.server is None:
+            self.server = PostgresServer()
+        return self.server.new_database()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
