@@ -23,7 +23,6 @@ from zhantune.bench.decision import rank_key
 from zhantune.bench.protocol import Benchmarker
 from zhantune.bench.settle import is_default_kernel, settle_close_call, settle_speedup
 from zhantune.candidate import Candidate
-from zhantune.config import CONF_DIR
 from zhantune.inductor.builder import export_table, not_carried_reason
 from zhantune.provenance import software_versions, worker_name
 from zhantune.runspec import RunSpec, resolve_run
@@ -35,7 +34,7 @@ from zhantune.search.transfer import load_prior, transfer_text
 from zhantune.storage import ClaimLost, MeasurementRow, Recorder, Store, redact_url
 from zhantune.tune_result import TuneResult
 
-__all__ = ["TuneResult", "tune", "settle", "study_budget", "RunSpec", "resolve_run", "FINISHED", "EXHAUSTED", "CONF_DIR"]
+__all__ = ["TuneResult", "tune", "settle", "study_budget", "RunSpec", "resolve_run", "FINISHED", "EXHAUSTED"]
 
 log = logging.getLogger(__name__)
 

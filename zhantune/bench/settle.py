@@ -22,10 +22,9 @@ from zhantune.bench.decision import Round, SpeedupVerdict, decision_us, judge_sp
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.protocol import Benchmarker
 from zhantune.candidate import Candidate
-from zhantune.inductor.templates import DEFAULT_KERNEL_TEMPLATES  # re-exported
+from zhantune.inductor.templates import is_default_kernel as default_kernel
 
-__all__ = ["settle_close_call", "settle_speedup", "SpeedupSettle", "is_default_kernel", "DEFAULT_KERNEL_TEMPLATES",
-           "Record"]
+__all__ = ["settle_close_call", "settle_speedup", "SpeedupSettle", "is_default_kernel", "Record"]
 
 #: stores one re-measurement as a row and returns it: (measurement, kind, candidate or None) -> row
 Record = Callable[[Measurement, str, Candidate | None], Any]
@@ -141,6 +140,4 @@ def is_default_kernel(row: Any) -> bool:
     """The very kernel Inductor's default compile runs (a measured row; the rule is
     zhantune.inductor.templates.is_default_kernel), so re-measuring it against the default decides
     nothing and a table ships Inductor's default entry for it."""
-    from zhantune.inductor.templates import is_default_kernel as default_kernel
-
     return default_kernel(row.template_id, row.params)
