@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -98,6 +99,40 @@ def test_compile_ahead_fills_the_kernel_cache_that_the_timing_worker_compiles_fr
         pool.close()
         bench.close()
     assert not pool.pids and not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.slow
+def test_a_cuda_tune_pauses_its_compile_workers_while_it_times(tmp_path, tune_cfg, monkeypatch):
+    """Issue 17, finding 10: on CUDA a compile-ahead worker runs its candidate once to check it, on
+    the GPU being timed, so the tune pauses the pool during timed runs there too (it used to, on CPU
+    only). The tune job decides by the run's device kind: a CPU GEMM whose run is labelled ``cuda``
+    (the workers still compile and time on this CPU) gets the CUDA default of one compile worker,
+    and the real pool is stopped, as process groups, whenever the timing worker times."""
+    from zhantune.storage import Store
+    from zhantune.tune import resolve_run, tune
+
+    cfg = tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[aten,cpp_gemm]", "search.n_trials=2",
+                    "bench.remeasure_rounds=0", "bench.target_ms=5", "export.enabled=false",
+                    f"storage.url=sqlite:///{tmp_path}/z.db"])
+    run = resolve_run(cfg)
+    # the workers' spec stays the CPU run's: they compile and time on this CPU
+    monkeypatch.setattr(run, "worker_spec", dataclasses.replace(run).worker_spec)
+    run.device = dataclasses.replace(run.device, kind="cuda")
+    assert run.compile_workers() == 1  # bench.compile_workers=null: at least one on CUDA
+
+    stopped: list[list[str]] = []
+    real_pause = CompilePool.pause
+
+    def pause(pool: CompilePool) -> None:
+        real_pause(pool)
+        stopped.append([_process_state(pid) for pid in pool.pids])
+
+    monkeypatch.setattr(CompilePool, "pause", pause)
+    result = tune(run, Store(cfg.storage.url))
+    assert result.measured == 2 and not result.interrupted
+    # both candidates were timed with every compile worker stopped (the baselines are timed before
+    # the pool has anything to compile)
+    assert len(stopped) >= 2 and all(states == ["T"] for states in stopped), stopped
 
 
 @pytest.mark.slow
