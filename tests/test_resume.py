@@ -127,3 +127,47 @@ def test_an_exhausted_study_exits_at_once_for_its_space_and_measures_another_spa
     assert _kinds(db)["candidate"] == 1
     out = tune("space=[aten,cpp_gemm]")
     assert "every feasible point" not in out and _kinds(db)["candidate"] == 3, out[-2000:]
+
+
+A100 = Path(__file__).resolve().parent / "data" / "kerneltuner" / "convolution_A100.json.gz"
+
+
+def _in_flight(db: Path) -> int:
+    with sqlite3.connect(db) as con:
+        return con.execute("select count(*) from zt_claim c where not exists (select 1 from zt_measurement m "
+                           "where m.study_id = c.study_id and m.trial_number = c.trial_number)").fetchone()[0]
+
+
+@pytest.mark.slow
+def test_a_killed_tunes_orphaned_trial_is_not_counted_as_measured(tmp_path):
+    """A tune killed with SIGKILL mid-trial leaves a claim without a measurement. The rerun retries
+    that point once its heartbeat is stale, and every count it prints is of measured trials: the
+    trial lines number on to n_trials, never past it, and the study holds what the database holds."""
+    db = tmp_path / "k.db"
+    args = ["bench=replay", f"bench.path={A100}", "bench.replay_pace=1", "search.n_trials=6", "search.transfer=off",
+            f"storage.url=sqlite:///{db}", "storage.heartbeat_interval_s=1", "storage.grace_period_s=3"]
+    env = dict({k: v for k, v in os.environ.items() if k != "COLUMNS"}, PYTHONWARNINGS="ignore")
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "zhantune", *args, f"hydra.run.dir={tmp_path}/hydra"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    first = start()
+    _wait_for_candidates(db, 2, first)
+    deadline = time.monotonic() + 120
+    while _in_flight(db) == 0:  # a trial is being measured: its claim has no row yet
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.05)
+    first.kill()
+    first.communicate(timeout=60)
+    measured = _kinds(db)["candidate"]
+    assert _in_flight(db) == 1 and measured < 6
+
+    time.sleep(3)  # the orphan's heartbeat is stale by now
+    second = start()
+    out, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err[-3000:]
+    assert _kinds(db)["candidate"] == 6 and _in_flight(db) == 0
+    numbers = [int(re.match(r"trial (\d+)/6", line).group(1)) for line in _trial_lines(out)]
+    assert numbers == list(range(measured + 1, 7)), out
+    assert "the study holds 6 of 6" in " ".join(out.split()), out

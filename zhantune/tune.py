@@ -67,7 +67,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     row, used, target = study_budget(run, store)
     if row is not None and (row.status == FINISHED and used >= target or row.status == EXHAUSTED
                             and _same_space(row.config, run)):
-        return _finished_result(run, store, row, used, target)
+        return _finished_result(run, store, row, target)
     mark_tune_root()  # NVML's "other processes" leave out this tune's workers (conditions.own_pids)
     sampler = make_sampler(run.search.sampler)
     n_compile = run.compile_workers()
@@ -92,7 +92,7 @@ def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:
     return stored is not None and all(stored.get(k) == now.get(k) for k in ("space", "op"))
 
 
-def _finished_result(run: RunSpec, store: Store, row: Any, used: int, target: int) -> TuneResult:
+def _finished_result(run: RunSpec, store: Store, row: Any, target: int) -> TuneResult:
     """The result of a study that has nothing left to measure, from the database alone."""
     versions = software_versions()
     dev = next((d for d in store.devices() if d.key == run.device.key), None)
@@ -100,7 +100,8 @@ def _finished_result(run: RunSpec, store: Store, row: Any, used: int, target: in
               if dev is not None else {})
     best = next((m for _, p, m in store.best_candidates(run.device.key) if p.key == run.problem.key), None)
     return TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), best,
-                      default_unfrozen=stored.get("default_unfrozen"), target=target, before=used,
+                      default_unfrozen=stored.get("default_unfrozen"), target=target,
+                      before=store.trial_counts(row.id)[0],
                       already_finished=True, exhausted=row.status == EXHAUSTED, baselines_reused=bool(stored))
 
 
@@ -157,7 +158,7 @@ class _Tune:
         self.progress = progress
         self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
         self.study_id = store.study_id(run.study_name, OmegaConf.to_container(run.cfg, resolve=True))
-        before = store.trials_used(self.study_id)
+        before, _ = store.trial_counts(self.study_id)  # measured: a dead worker's claim is not
         rows, reused = self._baselines()
         self.result = TuneResult(run.study_name, self.study_id, rows.get("eager"), rows.get("default"), None,
                                  default_unfrozen=rows.get("default_unfrozen"), target=self.target,

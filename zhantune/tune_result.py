@@ -56,7 +56,7 @@ class TuneResult:
     #: one line on what transfer did (or why it did nothing), for the summary; None: nothing to say
     transfer_text: str | None = None
     #: the study's budget of measured trials (``search.n_trials``, or what it held plus
-    #: ``search.more_trials``) and how much of it earlier runs had used
+    #: ``search.more_trials``) and the trials earlier runs had measured
     target: int = 0
     before: int = 0
     #: the study had measured its budget (or every feasible point) before: nothing was run
@@ -76,5 +76,6 @@ class TuneResult:
 
     @property
     def done(self) -> int:
-        """Measured trials of the study after this run (all runs and workers that used its budget)."""
-        return self.before + self.measured
+        """Measured trials of the study after this run (all runs and workers that used its budget;
+        a claim whose trial has no measurement, a killed worker's, is not one)."""
+        return max(self.before + self.measured, self.study_measured)
