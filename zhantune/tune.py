@@ -328,7 +328,8 @@ class _Tune:
         result.best = next((meas for _, prob, meas in store.best_candidates(run.device.key)
                             if prob.id == self.problem_id), None)
         result.same_kernel_as_default = result.best is not None and is_default_kernel(result.best)
-        result.not_carried = not_carried_reason(result.best, run.device.kind)
+        # a Kernel Tuner replay has no lookup table to carry its configs: nothing to say
+        result.not_carried = not_carried_reason(result.best, run.device.kind) if run.replay is None else None
         if run.export.enabled and not result.interrupted and run.replay is None:
             result.table_path, table = export_table(store, run.export, run.device.key)
             result.table_keys = list(table)
