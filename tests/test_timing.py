@@ -3,6 +3,7 @@ conditions, and correctness on edge shapes."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 
@@ -197,6 +198,10 @@ def test_an_aten_winner_is_never_reported_as_a_speedup_over_the_default(tune_cfg
     assert "faster than inductor default" not in text and "no candidate beat it" not in text
     best_row = next(line for line in text.splitlines() if "best candidate: aten" in line)
     assert "x (noise)" in best_row  # the table's speedup cell says so too
+    # eager and the unfrozen default were never paired against the default: their ratios say so
+    for label in ("eager", "inductor default, no freezing"):
+        row = next(line for line in text.splitlines() if line.startswith(f"│ {label} "))
+        assert re.search(r"\d\.\d\dx \(unconfirmed\)", row), row
 
 
 @pytest.mark.slow

@@ -108,8 +108,9 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
         mine = decision_us(r) if r.status == "ok" else None
         speed = f"{default_us / mine:.2f}x" if default_us and mine else "-"
         is_claimed = claimed is not None and r.kind != "default" and r.id == claimed.id
-        if not is_claimed and r is result.best and speed != "-":
-            speed += " (unconfirmed)"  # not in the table, not paired against the default
+        if not is_claimed and r.kind != "default" and speed != "-":
+            # eager, the unfrozen default, a best config not in the table: never paired against the default
+            speed += " (unconfirmed)"
         elif is_claimed and speed != "-":
             if same_kernel:
                 speed += " (noise)"  # the default compile runs this very kernel
