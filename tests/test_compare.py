@@ -196,3 +196,45 @@ def test_import_cli_bad_input(cli, tmp_path, files, message):
     r = cli([files, f"storage.url=sqlite:///{tmp_path}/i.db"], tmp_path, module="zhantune.kerneltuner")
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "i.db").exists()
+
+
+def test_the_speedup_chart_shows_paired_claims_and_marks_the_rest_unconfirmed(tmp_path):
+    """The report's speedup over Inductor's default is the verdict's ratio where a paired claim was
+    confirmed (not the unpaired ratio of the fastest runs, which noise can make), and where none was
+    it is drawn hatched and named unconfirmed; compare's JSON carries the confirmed ratio too."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.candidate import Candidate
+    from zhantune.problems import GemmProblem
+    from zhantune.report.html import _speedup
+    from zhantune.report.outputs import write_json
+    from zhantune.storage import Recorder
+
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    dev = "NVIDIA H100 80GB HBM3"
+    device_id = store.device_id(dev, dev, "cuda", {})
+    study_id = store.study_id("s", {})
+    cand = Candidate("triton_mm", "template", "triton::mm",
+                     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3, "GROUP_M": 8})
+    for trial, (size, confirmed) in enumerate(((64, True), (128, False))):
+        problem = GemmProblem("mm", (size, size, size), "bfloat16")
+        rec = Recorder(store, problem, study_id, device_id, store.problem_id(problem.key, **problem.row_fields()))
+        rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t")), "default")
+        rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t")), "candidate", cand, trial_number=trial)
+        store.add_verdict(study_id=study_id, device_id=device_id, problem_id=rec.problem_id,
+                          config_hash=cand.config_hash, ratio=1.6 if confirmed else 1.9, ratio_low=1.5,
+                          ratio_high=2.1, rounds=3, contended=0, confirmed=confirmed, reason="r")
+    cmp = compare(store)
+    by_key = {p.problem_key: p for p in cmp.problems}
+    small, large = (GemmProblem("mm", (s, s, s), "bfloat16").key for s in (64, 128))
+    assert by_key[small].confirmed_speedup == {dev: pytest.approx(1.6)} and by_key[large].confirmed_speedup == {}
+
+    bars = {bar.name: dict(zip(bar.x, bar.y, strict=True)) for bar in _speedup(cmp).data}
+    assert bars == {f"{dev}: confirmed in paired rounds": {small: pytest.approx(1.6)},
+                    f"{dev}: unconfirmed (unpaired fastest runs)": {large: pytest.approx(2.0)}}
+    unconfirmed = next(b for b in _speedup(cmp).data if "unconfirmed" in b.name)
+    assert unconfirmed.marker.pattern.shape == "/"
+    doc = json.loads(write_json(tmp_path / "c.json", cmp).read_text())
+    assert {p["problem"]: p["confirmed_speedup"] for p in doc["problems"]} == {small: {dev: 1.6}, large: {}}
+    write_html_report(tmp_path / "r.html", cmp)
+    assert _charts(tmp_path / "r.html")["speedup-over-default"] == "drawn"

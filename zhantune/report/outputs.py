@@ -127,6 +127,7 @@ def write_json(path: str | Path, cmp: Comparison) -> Path:
                    for (a, b), v in cmp.matrix.items()],
         "problems": [{
             "problem": p.problem_key, "flops": p.flops, "best_us": p.best_us, "default_us": p.default_us,
+            "confirmed_speedup": p.confirmed_speedup,
             "winners": {d: _choice(c) for d, c in p.winner.items()},
             "portable": _choice(p.portable), "portable_geomean": _choice(p.portable_geomean),
             "disagreement": p.disagreement if math.isfinite(p.disagreement) else "inf",

@@ -66,6 +66,9 @@ class ProblemComparison:
     regret: dict[tuple[str, str], float]   # (A, B) -> regret of A's winner on B
     portable: Choice | None                # min worst regret
     portable_geomean: Choice | None        # min geometric-mean regret
+    #: device -> the largest speedup over Inductor's default confirmed in paired, interleaved rounds
+    #: (the newest verdict of each config, Store.latest_verdicts); a device without one has no claim
+    confirmed_speedup: dict[str, float] = field(default_factory=dict)
 
     @property
     def disagreement(self) -> float:
@@ -112,12 +115,18 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
     ids = {d.id: d.key for d in devs}
     time, failed, configs, default_us = _times(store, ids)
     problems = store.problems(list(time))
+    claims: dict[int, dict[str, float]] = defaultdict(dict)
+    for (dev_id, pid, _), v in store.latest_verdicts().items():
+        if dev_id in ids and v.confirmed and v.ratio is not None:
+            claims[pid][ids[dev_id]] = max(v.ratio, claims[pid].get(ids[dev_id], 0.0))
     out = []
     for pid in sorted(time, key=lambda i: problems[i].key):
         per_dev = {d: t for d, t in time[pid].items() if t}
         if len(per_dev) < min(2, len(devs)):
             continue
-        out.append(_compare_problem(problems[pid], per_dev, failed[pid], configs, default_us.get(pid, {})))
+        p = _compare_problem(problems[pid], per_dev, failed[pid], configs, default_us.get(pid, {}))
+        p.confirmed_speedup = dict(claims.get(pid, {}))
+        out.append(p)
     if not out:
         raise CompareError(f"no problem was measured on two of the devices {', '.join(repr(d.key) for d in devs)}"
                            if len(devs) > 1 else f"no correct measurement on {devs[0].key!r} in {store.url}")
