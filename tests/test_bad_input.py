@@ -34,6 +34,11 @@ def _table(tmp: Path, entry: dict, name: str = "t.json", key: str = KEY) -> str:
     return name
 
 
+def _raw(tmp: Path, text: str) -> str:
+    (tmp / "raw.json").write_text(text)
+    return "raw.json"
+
+
 def _deep(tmp: Path) -> str:
     (tmp / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     return "deep.json"
@@ -142,6 +147,14 @@ CASES = [
     ("table-dev-zero", "zhantune.check", [*MLP, "table=/dev/zero"], None,
      "/dev/zero: not a regular file", None),
     ("table-fifo", "zhantune.check", [*MLP, "table={x}"], _fifo, "fifo.json: not a regular file", None),
+    ("table-dir", "zhantune.check", [*MLP, "table={x}"], _dir, "adir: not a regular file", None),
+    ("table-huge-int", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: _raw(t, f'{{"{KEY}": [{{"template_id": "triton::mm", "BLOCK_M": {"1" * 5000}}}]}}'),
+     "raw.json: not a table: Exceeds the limit (4300 digits)", None),
+    ("table-duplicate-key", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: _raw(t, f'{{"{KEY}": [{{"template_id": "zhantune::config", "config_patch": {{"cpp.march": "native"}}, '
+                    '"config_patch": {}}]}'),
+     'raw.json: key "config_patch" appears twice in one JSON object', None),
     ("table-unknown-knob", "zhantune.check", [*MLP, "table={x}"],
      lambda t: _table(t, {"template_id": "zhantune::config", "config_patch": {"cpp.no_such_key": 1}}),
      "config_patch.cpp.no_such_key: 'cpp.no_such_key' is not a tuning knob zhantune allows on cpu", None),

@@ -200,21 +200,35 @@ def _read_json(where: str) -> Any:
         fd = os.open(where, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise TableError(f"{where}: cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory itself
+        os.close(fd)
+        raise TableError(f"{where}: not a regular file (a table is a JSON file)")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TableError(f"{where}: not a regular file (a table is a JSON file)")
         raw = f.read(MAX_TABLE_BYTES + 1)
     if len(raw) > MAX_TABLE_BYTES:
         raise TableError(f"{where}: larger than {MAX_TABLE_BYTES >> 20} MiB; a lookup table is far smaller")
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        """An object whose keys are all different: with a duplicate, which one counts depends on
+        the reader (Python's json keeps the last), so a reviewer may read another table than the one loaded."""
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            seen: set[str] = set()
+            dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+            raise TableError(f"{where}: key {json.dumps(dup)} appears twice in one JSON object; "
+                             "a table names each key once")
+        return obj
+
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=unique)
     except UnicodeDecodeError:
         raise TableError(f"{where}: not a UTF-8 text file") from None
     except json.JSONDecodeError as e:
         raise TableError(f"{where}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
         raise TableError(f"{where}: JSON nested too deeply; a table is key -> list of flat entries") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise TableError(f"{where}: not a table: {str(e).split(';')[0]}") from None
 
 
 def load_table(path: str | os.PathLike[str], device_kind: str | None = None) -> dict[str, list[dict[str, Any]]]:
