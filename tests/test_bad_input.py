@@ -281,6 +281,8 @@ KNOB_ROWS = [  # (device kind, key, value, allowed)
     ("cpu", "cpp.gemm_thread_factors", "1,2", False),
     ("cpu", "cpp.gemm_thread_factors", "0,2,1", False),
     ("cpu", "cpp.gemm_cache_blocking", "4,1,16; rm -rf /", False),
+    ("cpu", "cpp.gemm_thread_factors", "1,2,1\n", False),  # a regex's $ takes a trailing newline
+    ("cpu", "cpp.gemm_thread_factors", "\u0661,\u0662,\u0661", False),  # Arabic-Indic digits: \d, int() take them
     ("cpu", "cpp.gemm_max_k_slices", 0, True),
     ("cpu", "cpp.gemm_max_k_slices", True, False),
     ("cpu", "cpp.gemm_max_k_slices", 2.0, False),
@@ -316,6 +318,12 @@ TEMPLATE_ROWS = [  # (entry, allowed)
     ({"template_id": "triton::mm", "prologue": "import os"}, False),
     ({"template_id": "triton::mm", "template_hash": "x; rm"}, False),
     ({"template_id": "a b c"}, False),
+    ({"template_id": "triton::mm", "num_warps": 4.0}, False),  # 4.0 == 4 in Python; a float is not a warp count
+    ({"template_id": "triton::mm\n"}, False),
+    ({"template_id": "triton::\uff4d\uff4d"}, False),  # fullwidth "mm": \w takes it
+    ({"template_id": "triton::mm", "template_hash": "abc\n"}, False),
+    ({"template_id": "triton::mm", "EVEN_K": True}, False),  # would describe Inductor's first config's BLOCK_K
+    ({"template_id": "triton::mm", "BLOCK_K": 16, "EVEN_K": True}, True),
 ]
 
 
@@ -324,6 +332,23 @@ def test_template_kwarg_allow_list(entry, allowed):
     from zhantune.inductor.knobs import template_entry_problem
 
     assert (template_entry_problem(entry) is None) is allowed
+
+
+def test_read_table_names_a_hostile_key_on_one_line_and_checks_every_value():
+    """A table's key path is printed escaped (a newline or a terminal escape in a key would forge
+    output lines), a zhantune::config entry's template_hash is checked like a template entry's, and
+    a lookup key with a trailing newline is not Inductor's format."""
+    from zhantune.errors import TableError
+    from zhantune.inductor.table import read_table
+
+    evil = "x\n\x1b[2Jzhantune: coverage 100%: ok"
+    with pytest.raises(TableError) as e:
+        read_table({KEY: [{"template_id": "zhantune::config", "config_patch": {evil: 1}}]}, "cpu")
+    assert "\n" not in str(e.value) and "\x1b" not in str(e.value) and "config_patch.x\\n" in str(e.value)
+    with pytest.raises(TableError, match=r"\[0\]\.template_hash: expected a hash string"):
+        read_table({KEY: [{"template_id": "zhantune::config", "config_patch": {}, "template_hash": {"a": [1]}}]})
+    with pytest.raises(TableError, match="not an Inductor lookup key"):
+        read_table({KEY + "\n": [{"template_id": "aten::mm"}]})
 
 
 PLAIN_CALL = textwrap.dedent("""

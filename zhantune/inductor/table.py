@@ -65,7 +65,7 @@ class TableFile:
 
 def parse_key(key: str) -> dict[str, str | None] | None:
     """Split an Inductor lookup key into device, inputs, scalars and op; None when it is not one."""
-    m = _KEY.match(key)
+    m = _KEY.fullmatch(key)  # not match: its ``$`` lets a trailing newline through
     return m.groupdict() if m else None
 
 
@@ -272,6 +272,8 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
             bad = entry_problem(entry, device_kind)
             if bad:
                 name, why = bad
+                if not name.isprintable():  # one line, no terminal escapes: the key as JSON writes it
+                    name = json.dumps(name)
                 raise TableError(f"{where}: {at}{'.' + name if name else ''}: {why}")
 
 
@@ -302,6 +304,10 @@ def entry_problem(entry: dict[str, Any], device_kind: str | None) -> tuple[str, 
         extra = sorted(set(entry) - {"template_id", "config_patch", "template_hash"})
         if extra:
             return extra[0], f"a {CONFIG_TEMPLATE_ID!r} entry has only template_id and config_patch"
+        if "template_hash" in entry:  # checked as in a template entry, never an unread blob
+            bad = template_entry_problem({"template_id": CONFIG_TEMPLATE_ID, "template_hash": entry["template_hash"]})
+            if bad:
+                return bad
         bad = config_patch_problem(entry.get("config_patch"), device_kind)
         if bad:
             name, why = bad
