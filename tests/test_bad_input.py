@@ -351,6 +351,23 @@ def test_read_table_names_a_hostile_key_on_one_line_and_checks_every_value():
         read_table({KEY + "\n": [{"template_id": "aten::mm"}]})
 
 
+def test_use_table_of_a_bad_table_file_object_changes_no_inductor_config():
+    """A TableFile whose wrapper fields are wrong (a torch version that is not a string) is refused
+    like a file, and nothing is left installed: Inductor's config is as before (it kept the table
+    in lookup_table.table when the handler failed after the config patch)."""
+    from torch._inductor import config as inductor_config
+
+    from zhantune.errors import TableError
+    from zhantune.inductor.runtime import table_report, use_table
+    from zhantune.inductor.table import FORMAT, TableFile
+
+    before, report_before = inductor_config.save_config_portable(), table_report()
+    bad = TableFile({KEY: [{"template_id": "aten::mm"}]}, {"format": FORMAT, "format_version": 1, "torch": 2})
+    with pytest.raises(TableError, match="torch: expected a string or null"):
+        use_table(bad)
+    assert inductor_config.save_config_portable() == before and table_report() is report_before
+
+
 PLAIN_CALL = textwrap.dedent("""
     import gc, json, sys, torch
     from torch._dynamo.utils import counters

@@ -35,7 +35,7 @@ from zhantune.errors import TableError
 from zhantune.inductor.knobs import config_patch_problem, template_entry_problem
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
-           "agnostic_key", "write_table", "read_table", "check_table", "entry_problem", "not_carried", "carried",
+           "agnostic_key", "write_table", "read_table", "check_table", "check_meta", "entry_problem", "not_carried", "carried",
            "CONFIG_ENTRY_ON_CUDA", "stock_inductor_notes", "load_table", "parse_key", "MAX_TABLE_BYTES"]
 
 CONFIG_TEMPLATE_ID = "zhantune::config"
@@ -179,7 +179,7 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
     prefix = ""
     if "format" in data or "format_version" in data or "table" in data:
         meta = {k: v for k, v in data.items() if k != "table"}
-        _check_meta(where, meta)
+        check_meta(where, meta)
         table = data.get("table")
         prefix = "table"
         if not isinstance(table, dict):
@@ -236,7 +236,8 @@ def load_table(path: str | os.PathLike[str], device_kind: str | None = None) -> 
     return read_table(path, device_kind).table
 
 
-def _check_meta(where: str, meta: dict[str, Any]) -> None:
+def check_meta(where: str, meta: dict[str, Any]) -> None:
+    """Check a wrapped table's fields besides ``table`` (format, versions, devices, options); raises TableError."""
     if meta.get("format") != FORMAT:
         raise TableError(f"{where}: format: expected {FORMAT!r}, got {meta.get('format')!r}")
     version = meta.get("format_version")
