@@ -12,9 +12,10 @@ table). Every GEMM lowering then goes through the table:
   ``[]`` (zhantune.inductor.builder.build_table);
 - **miss**: Inductor's default choice (its ATen kernel), no autotuning, and the key is reported;
 - **stale**: an entry whose ``template_hash`` differs from the template's ``src_hash`` in this torch,
-  every entry of a table made with another torch release, or on CUDA a ``zhantune::config`` entry
-  (compile-wide Inductor config, which a per-GEMM table cannot apply there), is dropped, reported,
-  and the GEMM compiles as a miss.
+  every entry of a table made with another torch release, on CUDA a ``zhantune::config`` entry
+  (compile-wide Inductor config, which a per-GEMM table cannot apply there), or on CPU a GPU
+  template entry (``triton::mm``, ``decompose_k``, ...), is dropped, reported, and the GEMM compiles
+  as a miss.
 
 On CPU (where Inductor itself makes no lookup) the table's entries are config patches of
 Inductor's C++ GEMM template, applied per GEMM through Inductor's ``user_lowerings`` hook
