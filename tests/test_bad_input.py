@@ -155,6 +155,11 @@ CASES = [
      lambda t: _raw(t, f'{{"{KEY}": [{{"template_id": "zhantune::config", "config_patch": {{"cpp.march": "native"}}, '
                     '"config_patch": {}}]}'),
      'raw.json: key "config_patch" appears twice in one JSON object', None),
+    ("table-torch-forges-lines", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: _raw(t, json.dumps({"format": "zhantune-lookup-table", "format_version": 1,
+                                   "torch": "2.13.0\n[green]hit[/green] x1\ncoverage 100%: ok\x1b[8m",
+                                   "table": {KEY: [{"template_id": "aten::mm"}]}})),
+     "raw.json: torch: expected a version such as '2.13.0+cpu'", None),
     ("table-unknown-knob", "zhantune.check", [*MLP, "table={x}"],
      lambda t: _table(t, {"template_id": "zhantune::config", "config_patch": {"cpp.no_such_key": 1}}),
      "config_patch.cpp.no_such_key: 'cpp.no_such_key' is not a tuning knob zhantune allows on cpu", None),

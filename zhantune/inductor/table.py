@@ -45,6 +45,8 @@ FORMAT_VERSION = 1
 #: Inductor's key: "[device+]((dtype, size, stride), ...)[+alpha=1&beta=1]+op"
 #: (torch/_inductor/lookup_table/choices.py make_lookup_key)
 _KEY = re.compile(r"^(?:(?P<device>[^+]+)\+)?(?P<inputs>\(\(.*\),?\))(?:\+(?P<scalars>[^+]*))?\+(?P<op>[A-Za-z_][\w]*)$")
+#: a version string in the wrapper (PEP 440 with a local part: "2.13.0+cpu", "2.13.0a0+git1234abc")
+_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}", re.ASCII)
 #: the largest table file read (tables hold a few entries per GEMM; this is thousands of models' worth)
 MAX_TABLE_BYTES = 64 << 20
 
@@ -246,6 +248,14 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
     for name in ("zhantune", "torch", "triton", "created_at", "source"):
         if name in meta and not isinstance(meta[name], (str, type(None))):
             raise TableError(f"{where}: {name}: expected a string or null, got {type(meta[name]).__name__}")
+    # printed by check and in stale reasons: a version, never lines or markup of its own
+    for name in ("zhantune", "torch", "triton"):
+        if meta.get(name) is not None and not _VERSION.fullmatch(meta[name]):
+            raise TableError(f"{where}: {name}: expected a version such as '2.13.0+cpu' (letters, digits, . + _ -), "
+                             f"got {json.dumps(meta[name])[:80]}")
+    for name in ("created_at", "source"):
+        if meta.get(name) is not None and not (meta[name].isprintable() and len(meta[name]) <= 1024):
+            raise TableError(f"{where}: {name}: expected one line of printable text, got {json.dumps(meta[name])[:80]}")
     devices = meta.get("devices", [])
     if not isinstance(devices, list) or not all(isinstance(d, dict) and isinstance(d.get("key"), str) for d in devices):
         raise TableError(f"{where}: devices: expected a list of objects with a string key")
