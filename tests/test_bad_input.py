@@ -34,6 +34,11 @@ def _table(tmp: Path, entry: dict, name: str = "t.json", key: str = KEY) -> str:
     return name
 
 
+def _raw(tmp: Path, text: str) -> str:
+    (tmp / "raw.json").write_text(text)
+    return "raw.json"
+
+
 def _deep(tmp: Path) -> str:
     (tmp / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     return "deep.json"
@@ -142,6 +147,19 @@ CASES = [
     ("table-dev-zero", "zhantune.check", [*MLP, "table=/dev/zero"], None,
      "/dev/zero: not a regular file", None),
     ("table-fifo", "zhantune.check", [*MLP, "table={x}"], _fifo, "fifo.json: not a regular file", None),
+    ("table-dir", "zhantune.check", [*MLP, "table={x}"], _dir, "adir: not a regular file", None),
+    ("table-huge-int", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: _raw(t, f'{{"{KEY}": [{{"template_id": "triton::mm", "BLOCK_M": {"1" * 5000}}}]}}'),
+     "raw.json: not a table: Exceeds the limit (4300 digits)", None),
+    ("table-duplicate-key", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: _raw(t, f'{{"{KEY}": [{{"template_id": "zhantune::config", "config_patch": {{"cpp.march": "native"}}, '
+                    '"config_patch": {}}]}'),
+     'raw.json: key "config_patch" appears twice in one JSON object', None),
+    ("table-torch-forges-lines", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: _raw(t, json.dumps({"format": "zhantune-lookup-table", "format_version": 1,
+                                   "torch": "2.13.0\n[green]hit[/green] x1\ncoverage 100%: ok\x1b[8m",
+                                   "table": {KEY: [{"template_id": "aten::mm"}]}})),
+     "raw.json: torch: expected a version such as '2.13.0+cpu'", None),
     ("table-unknown-knob", "zhantune.check", [*MLP, "table={x}"],
      lambda t: _table(t, {"template_id": "zhantune::config", "config_patch": {"cpp.no_such_key": 1}}),
      "config_patch.cpp.no_such_key: 'cpp.no_such_key' is not a tuning knob zhantune allows on cpu", None),
@@ -268,6 +286,8 @@ KNOB_ROWS = [  # (device kind, key, value, allowed)
     ("cpu", "cpp.gemm_thread_factors", "1,2", False),
     ("cpu", "cpp.gemm_thread_factors", "0,2,1", False),
     ("cpu", "cpp.gemm_cache_blocking", "4,1,16; rm -rf /", False),
+    ("cpu", "cpp.gemm_thread_factors", "1,2,1\n", False),  # a regex's $ takes a trailing newline
+    ("cpu", "cpp.gemm_thread_factors", "\u0661,\u0662,\u0661", False),  # Arabic-Indic digits: \d, int() take them
     ("cpu", "cpp.gemm_max_k_slices", 0, True),
     ("cpu", "cpp.gemm_max_k_slices", True, False),
     ("cpu", "cpp.gemm_max_k_slices", 2.0, False),
@@ -303,6 +323,12 @@ TEMPLATE_ROWS = [  # (entry, allowed)
     ({"template_id": "triton::mm", "prologue": "import os"}, False),
     ({"template_id": "triton::mm", "template_hash": "x; rm"}, False),
     ({"template_id": "a b c"}, False),
+    ({"template_id": "triton::mm", "num_warps": 4.0}, False),  # 4.0 == 4 in Python; a float is not a warp count
+    ({"template_id": "triton::mm\n"}, False),
+    ({"template_id": "triton::\uff4d\uff4d"}, False),  # fullwidth "mm": \w takes it
+    ({"template_id": "triton::mm", "template_hash": "abc\n"}, False),
+    ({"template_id": "triton::mm", "EVEN_K": True}, False),  # would describe Inductor's first config's BLOCK_K
+    ({"template_id": "triton::mm", "BLOCK_K": 16, "EVEN_K": True}, True),
 ]
 
 
@@ -311,6 +337,40 @@ def test_template_kwarg_allow_list(entry, allowed):
     from zhantune.inductor.knobs import template_entry_problem
 
     assert (template_entry_problem(entry) is None) is allowed
+
+
+def test_read_table_names_a_hostile_key_on_one_line_and_checks_every_value():
+    """A table's key path is printed escaped (a newline or a terminal escape in a key would forge
+    output lines), a zhantune::config entry's template_hash is checked like a template entry's, and
+    a lookup key with a trailing newline is not Inductor's format."""
+    from zhantune.errors import TableError
+    from zhantune.inductor.table import read_table
+
+    evil = "x\n\x1b[2Jzhantune: coverage 100%: ok"
+    with pytest.raises(TableError) as e:
+        read_table({KEY: [{"template_id": "zhantune::config", "config_patch": {evil: 1}}]}, "cpu")
+    assert "\n" not in str(e.value) and "\x1b" not in str(e.value) and "config_patch.x\\n" in str(e.value)
+    with pytest.raises(TableError, match=r"\[0\]\.template_hash: expected a hash string"):
+        read_table({KEY: [{"template_id": "zhantune::config", "config_patch": {}, "template_hash": {"a": [1]}}]})
+    with pytest.raises(TableError, match="not an Inductor lookup key"):
+        read_table({KEY + "\n": [{"template_id": "aten::mm"}]})
+
+
+def test_use_table_of_a_bad_table_file_object_changes_no_inductor_config():
+    """A TableFile whose wrapper fields are wrong (a torch version that is not a string) is refused
+    like a file, and nothing is left installed: Inductor's config is as before (it kept the table
+    in lookup_table.table when the handler failed after the config patch)."""
+    from torch._inductor import config as inductor_config
+
+    from zhantune.errors import TableError
+    from zhantune.inductor.runtime import table_report, use_table
+    from zhantune.inductor.table import FORMAT, TableFile
+
+    before, report_before = inductor_config.save_config_portable(), table_report()
+    bad = TableFile({KEY: [{"template_id": "aten::mm"}]}, {"format": FORMAT, "format_version": 1, "torch": 2})
+    with pytest.raises(TableError, match="torch: expected a string or null"):
+        use_table(bad)
+    assert inductor_config.save_config_portable() == before and table_report() is report_before
 
 
 PLAIN_CALL = textwrap.dedent("""

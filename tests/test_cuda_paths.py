@@ -758,6 +758,30 @@ def test_a_confirmed_claim_is_not_hidden_by_a_later_note_or_a_faster_unconfirmed
     assert shipped() == (32, "triton::mm")
 
 
+def test_a_tune_that_made_no_claim_exports_the_default(tmp_path):
+    """A tune with bench.remeasure_rounds=0 stores a note ("not settled: no paired rounds, no
+    claim") and its summary says no candidate beat the default: the export ships the default too,
+    even where the stored minimums favour the candidate (it shipped the candidate: 1.17x
+    "(unconfirmed)" in the summary, the tuned entry in the table). Without any verdict (imported
+    data) the stored statistics still decide."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table
+    from zhantune.inductor.choices import LookupEvent
+
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
+    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=hit), "default")
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t"), lookup=hit), "candidate", x, trial_number=0)
+    ((entry,),) = build_table(store, min_speedup=1.0).values()
+    assert entry["template_id"] == "triton::mm"  # no verdict: 10 us against 20 us
+    store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                      config_hash=x.config_hash, ratio=None, ratio_low=None, ratio_high=None, rounds=0,
+                      contended=0, confirmed=False, reason="not settled (bench.remeasure_rounds=0): no paired rounds, no claim")
+    assert build_table(store, min_speedup=1.0) == {f"{dev}+{key}": [{"template_id": "aten::mm"}]}
+
+
 def test_a_renamed_devices_template_rows_go_under_the_key_of_the_device_exported(tmp_path):
     """Rows measured under another device key (a database whose device was renamed, e.g. merged from
     a replay on another machine) still carry the old device in their stored lookup key: the table

@@ -240,3 +240,38 @@ def test_addmm_template_winner_goes_under_the_key_its_template_hit(tmp_path):
                                                  "BLOCK_K": 16, "template_hash": "abc", "EVEN_K": True}],
                      f"{dev}+{aten_key}": []}
     assert read_table(table).table == table
+
+
+def test_a_gpu_template_entry_on_cpu_is_stale_not_a_hit():
+    """A table made on a GPU (device-agnostic keys, triton::mm entries) used on CPU: Inductor's CPU
+    GEMM cannot run the entry, so the lookup is stale (it was a hit at 100% coverage, with
+    Inductor's default compiled), for a prepacked linear and for an unpacked bmm alike."""
+    from zhantune.inductor.runtime import use_table
+
+    w, b1, b2 = torch.randn(48, 32), torch.randn(2, 16, 24), torch.randn(2, 24, 8)
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(w)
+
+        def forward(self, x, a, b):
+            return x @ self.w, torch.bmm(a, b)
+
+    def compile_with(table):
+        torch._dynamo.reset()
+        with use_table(table) as installed, torch.no_grad(), \
+                torch._inductor.config.patch(freezing=True, force_disable_caches=True):
+            out = torch.compile(Two())(torch.ones(16, 48), b1, b2)
+        assert torch.allclose(out[0], torch.ones(16, 48) @ w, rtol=1e-4, atol=1e-4)
+        return installed.report
+
+    keys = list(compile_with({}).misses)  # the keys Inductor asks with, device-agnostic
+    assert len(keys) == 2
+    gpu = {k.split("+", 1)[1] if not k.startswith("((") else k:
+           [{"template_id": "triton::mm", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4,
+             "num_stages": 2, "EVEN_K": True}] for k in keys}
+    report = compile_with(gpu)
+    assert report.hits == {} and report.coverage == 0.0, report.as_dict()
+    assert sorted(report.stale_count.values()) == [1, 1]
+    assert all(why.startswith("triton::mm is a GPU template") for why in report.stale.values())

@@ -161,8 +161,9 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     instead; None: no check. Where the tune settled the winner's claim (a Verdict: paired,
     interleaved rounds, zhantune.bench.decision) the claim must be confirmed with a ratio of at
     least ``min_speedup``; where it settled another config (one a table cannot carry on that device:
-    :func:`not_carried`), the default ships; elsewhere the stored decision statistics (minimum of
-    the runs) decide. ``torch_version`` keeps only rows
+    :func:`not_carried`) or made no claim (a verdict without rounds: ``bench.remeasure_rounds=0``),
+    the default ships; where no tune left a verdict (imported data) the stored decision statistics
+    (minimum of the runs) decide. ``torch_version`` keeps only rows
     measured with that torch. ``device_agnostic`` keys entries without the device; where several
     devices share a problem the fastest device's winners are kept (cross-device choices are the
     compare command's job).
@@ -171,8 +172,9 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
 
     defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
     verdicts = store.latest_verdicts() if min_speedup is not None else {}
-    # settled in paired rounds (a verdict with rounds: one without is a note, "no claim made")
-    settled = {(d, p) for (d, p, _), v in verdicts.items() if v.rounds}
+    # problems a tune settled: in paired rounds, or with a note that it made no claim (rounds 0:
+    # bench.remeasure_rounds=0, a winner from another space); its summary said so, the default ships
+    settled = {(d, p) for (d, p, _) in verdicts}
     own_keys = store.default_lookup_keys()
     # every distinct config, so that rows a table may not carry (a tf32 backend flag, zhantune.
     # inductor.knobs; a config patch on CUDA, not_carried) make way for the next ones
@@ -194,10 +196,10 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
         if first is not None:
             rows, keep = rows[first:], True
         elif rows and (device.id, problem.id) in settled:
-            # the tunes settled configs in paired rounds and none was confirmed (or the one settled
-            # cannot be carried, e.g. a fusion limit on CUDA): no claim, the default ships
+            # the tunes settled configs and none was confirmed (no paired rounds, a claim that failed,
+            # or the one settled cannot be carried, e.g. a fusion limit on CUDA): no claim, the default ships
             keep = False
-        else:  # no settled claim (imported data, bench.remeasure_rounds=0): the stored statistics
+        else:  # no verdict at all (imported data, a database from before verdicts): the stored statistics
             keep = bool(rows) and (default_us is None or decision_us(rows[0]) * min_speedup <= default_us) \
                 if min_speedup is not None else bool(rows)
         rows = rows[:max(1, top_k)]

@@ -26,9 +26,11 @@ __all__ = ["DEVICE_KINDS", "CONFIG_KNOBS", "TEMPLATE_KWARGS", "BACKEND_FLAGS", "
            "config_patch_problem", "template_entry_problem", "stored_params_problem", "allowed_config_keys"]
 
 DEVICE_KINDS = ("cpu", "cuda")
-_TEMPLATE_ID = re.compile(r"^[A-Za-z_][\w:.]{0,127}$")
-_HASH = re.compile(r"^[0-9A-Za-z_]{1,128}$")
-_TRIPLE = re.compile(r"^\d{1,4},\d{1,4},\d{1,4}$")
+# matched whole (fullmatch: ``$`` would let a trailing newline through) and ASCII only (``\d``, ``\w``
+# would take other scripts' digits and letters, "١,٢,٣")
+_TEMPLATE_ID = re.compile(r"[A-Za-z_][\w:.]{0,127}", re.ASCII)
+_HASH = re.compile(r"[0-9A-Za-z_]{1,128}", re.ASCII)
+_TRIPLE = re.compile(r"\d{1,4},\d{1,4},\d{1,4}", re.ASCII)
 
 Check = Callable[[Any], str | None]
 
@@ -45,7 +47,7 @@ def _int(low: int, high: int, none_ok: bool = False) -> Check:
 
 def _one_of(values: tuple[Any, ...]) -> Check:
     def check(v: Any) -> str | None:
-        if isinstance(v, bool) != isinstance(values[0], bool) or v not in values:
+        if type(v) is not type(values[0]) or v not in values:  # 4.0 == 4, and True == 1, in Python
             return "one of " + ", ".join(map(repr, values))
         return None
     return check
@@ -66,7 +68,7 @@ def _backends(allowed: tuple[str, ...]) -> Check:
 
 def _triple(v: Any) -> str | None:
     """Thread factors / cache blocking: null (Inductor chooses) or "a,b,c" of positive integers."""
-    if v is None or (isinstance(v, str) and _TRIPLE.match(v) and all(int(x) > 0 for x in v.split(","))):
+    if v is None or (isinstance(v, str) and _TRIPLE.fullmatch(v) and all(int(x) > 0 for x in v.split(","))):
         return None
     return 'null or a string "a,b,c" of three positive integers'
 
@@ -156,13 +158,13 @@ def template_entry_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
     ``template_hash`` a hash string, and every other key is a template kwarg from TEMPLATE_KWARGS.
     """
     tid = entry.get("template_id")
-    if not isinstance(tid, str) or not _TEMPLATE_ID.match(tid):
+    if not isinstance(tid, str) or not _TEMPLATE_ID.fullmatch(tid):
         return "template_id", f"{tid!r} is not an Inductor template uid (e.g. 'triton::mm', 'decompose_k')"
     for key, value in entry.items():
         if key == "template_id":
             continue
         if key == "template_hash":
-            if value is not None and not (isinstance(value, str) and _HASH.match(value)):
+            if value is not None and not (isinstance(value, str) and _HASH.fullmatch(value)):
                 return key, "expected a hash string of letters and digits"
             continue
         check = TEMPLATE_KWARGS.get(key)
@@ -172,6 +174,10 @@ def template_entry_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
         why = check(value)
         if why:
             return key, f"{key}={value!r} is not allowed; expected {why}"
+    if "EVEN_K" in entry and "BLOCK_K" not in entry:
+        # Inductor merges an entry over its first heuristic config: this EVEN_K would then describe
+        # another config's BLOCK_K (True there: the K loop reads past K unmasked)
+        return "EVEN_K", "EVEN_K is K % BLOCK_K == 0 of the entry's own BLOCK_K: an entry that sets it sets BLOCK_K"
     return None
 
 

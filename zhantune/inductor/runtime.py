@@ -12,9 +12,10 @@ table). Every GEMM lowering then goes through the table:
   ``[]`` (zhantune.inductor.builder.build_table);
 - **miss**: Inductor's default choice (its ATen kernel), no autotuning, and the key is reported;
 - **stale**: an entry whose ``template_hash`` differs from the template's ``src_hash`` in this torch,
-  every entry of a table made with another torch release, or on CUDA a ``zhantune::config`` entry
-  (compile-wide Inductor config, which a per-GEMM table cannot apply there), is dropped, reported,
-  and the GEMM compiles as a miss.
+  every entry of a table made with another torch release, on CUDA a ``zhantune::config`` entry
+  (compile-wide Inductor config, which a per-GEMM table cannot apply there), or on CPU a GPU
+  template entry (``triton::mm``, ``decompose_k``, ...), is dropped, reported, and the GEMM compiles
+  as a miss.
 
 On CPU (where Inductor itself makes no lookup) the table's entries are config patches of
 Inductor's C++ GEMM template, applied per GEMM through Inductor's ``user_lowerings`` hook
@@ -46,7 +47,7 @@ from torch._inductor.virtualized import V
 
 from zhantune.inductor import cpu_gemm
 from zhantune.inductor.settings import cuda_table_patch
-from zhantune.inductor.table import TableFile, check_table, read_table
+from zhantune.inductor.table import TableFile, check_meta, check_table, read_table
 from zhantune.inductor.table_choices import TableChoices, TableReport
 
 __all__ = ["InstalledTable", "use_table", "table_report", "TableChoices", "TableReport"]
@@ -61,13 +62,21 @@ class InstalledTable:
         self.device = device
         # the table in Inductor's config, so that Inductor's FX graph cache keys differ per table;
         # on CPU nothing else (the hooks act per GEMM), on CUDA the table's compile settings
+        self.handler = TableChoices(tf)  # first: a handler that cannot be made leaves nothing set
         self._patch = inductor_config.patch({**({} if device == "cpu" else cuda_table_patch(tf.table)),
                                              "lookup_table.table": tf.table})
         self._patch.__enter__()
-        self.handler = TableChoices(tf)
-        cpu_gemm.install()
-        self._choices = V.set_choices_handler(self.handler)
-        self._choices.__enter__()
+        try:
+            cpu_gemm.install()
+            try:
+                self._choices = V.set_choices_handler(self.handler)
+                self._choices.__enter__()
+            except BaseException:
+                cpu_gemm.uninstall()
+                raise
+        except BaseException:
+            self._patch.__exit__(None, None, None)
+            raise
         self._removed = False
         # installed until remove(), whether or not the caller keeps this object: the handler's
         # context manager is a generator that would restore the previous handler when collected
@@ -112,6 +121,8 @@ def use_table(table: str | os.PathLike[str] | dict[str, Any] | TableFile, device
         raise ValueError(f"device={device!r}; allowed: cpu, cuda")
     if isinstance(table, TableFile):
         check_table(table.table, table.source or "<table>", device)
+        if table.meta:  # the wrapper's fields too (its torch version decides staleness)
+            check_meta(table.source or "<table>", table.meta)
     else:
         table = read_table(table, device)
     installed = InstalledTable(table, device)

@@ -35,7 +35,7 @@ from zhantune.errors import TableError
 from zhantune.inductor.knobs import config_patch_problem, template_entry_problem
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
-           "agnostic_key", "write_table", "read_table", "check_table", "entry_problem", "not_carried", "carried",
+           "agnostic_key", "write_table", "read_table", "check_table", "check_meta", "entry_problem", "not_carried", "carried",
            "CONFIG_ENTRY_ON_CUDA", "stock_inductor_notes", "load_table", "parse_key", "MAX_TABLE_BYTES"]
 
 CONFIG_TEMPLATE_ID = "zhantune::config"
@@ -45,6 +45,8 @@ FORMAT_VERSION = 1
 #: Inductor's key: "[device+]((dtype, size, stride), ...)[+alpha=1&beta=1]+op"
 #: (torch/_inductor/lookup_table/choices.py make_lookup_key)
 _KEY = re.compile(r"^(?:(?P<device>[^+]+)\+)?(?P<inputs>\(\(.*\),?\))(?:\+(?P<scalars>[^+]*))?\+(?P<op>[A-Za-z_][\w]*)$")
+#: a version string in the wrapper (PEP 440 with a local part: "2.13.0+cpu", "2.13.0a0+git1234abc")
+_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}", re.ASCII)
 #: the largest table file read (tables hold a few entries per GEMM; this is thousands of models' worth)
 MAX_TABLE_BYTES = 64 << 20
 
@@ -65,7 +67,7 @@ class TableFile:
 
 def parse_key(key: str) -> dict[str, str | None] | None:
     """Split an Inductor lookup key into device, inputs, scalars and op; None when it is not one."""
-    m = _KEY.match(key)
+    m = _KEY.fullmatch(key)  # not match: its ``$`` lets a trailing newline through
     return m.groupdict() if m else None
 
 
@@ -179,7 +181,7 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
     prefix = ""
     if "format" in data or "format_version" in data or "table" in data:
         meta = {k: v for k, v in data.items() if k != "table"}
-        _check_meta(where, meta)
+        check_meta(where, meta)
         table = data.get("table")
         prefix = "table"
         if not isinstance(table, dict):
@@ -200,21 +202,35 @@ def _read_json(where: str) -> Any:
         fd = os.open(where, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise TableError(f"{where}: cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory itself
+        os.close(fd)
+        raise TableError(f"{where}: not a regular file (a table is a JSON file)")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TableError(f"{where}: not a regular file (a table is a JSON file)")
         raw = f.read(MAX_TABLE_BYTES + 1)
     if len(raw) > MAX_TABLE_BYTES:
         raise TableError(f"{where}: larger than {MAX_TABLE_BYTES >> 20} MiB; a lookup table is far smaller")
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        """An object whose keys are all different: with a duplicate, which one counts depends on
+        the reader (Python's json keeps the last), so a reviewer may read another table than the one loaded."""
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            seen: set[str] = set()
+            dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+            raise TableError(f"{where}: key {json.dumps(dup)} appears twice in one JSON object; "
+                             "a table names each key once")
+        return obj
+
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=unique)
     except UnicodeDecodeError:
         raise TableError(f"{where}: not a UTF-8 text file") from None
     except json.JSONDecodeError as e:
         raise TableError(f"{where}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
         raise TableError(f"{where}: JSON nested too deeply; a table is key -> list of flat entries") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise TableError(f"{where}: not a table: {str(e).split(';')[0]}") from None
 
 
 def load_table(path: str | os.PathLike[str], device_kind: str | None = None) -> dict[str, list[dict[str, Any]]]:
@@ -222,7 +238,8 @@ def load_table(path: str | os.PathLike[str], device_kind: str | None = None) -> 
     return read_table(path, device_kind).table
 
 
-def _check_meta(where: str, meta: dict[str, Any]) -> None:
+def check_meta(where: str, meta: dict[str, Any]) -> None:
+    """Check a wrapped table's fields besides ``table`` (format, versions, devices, options); raises TableError."""
     if meta.get("format") != FORMAT:
         raise TableError(f"{where}: format: expected {FORMAT!r}, got {meta.get('format')!r}")
     version = meta.get("format_version")
@@ -231,6 +248,14 @@ def _check_meta(where: str, meta: dict[str, Any]) -> None:
     for name in ("zhantune", "torch", "triton", "created_at", "source"):
         if name in meta and not isinstance(meta[name], (str, type(None))):
             raise TableError(f"{where}: {name}: expected a string or null, got {type(meta[name]).__name__}")
+    # printed by check and in stale reasons: a version, never lines or markup of its own
+    for name in ("zhantune", "torch", "triton"):
+        if meta.get(name) is not None and not _VERSION.fullmatch(meta[name]):
+            raise TableError(f"{where}: {name}: expected a version such as '2.13.0+cpu' (letters, digits, . + _ -), "
+                             f"got {json.dumps(meta[name])[:80]}")
+    for name in ("created_at", "source"):
+        if meta.get(name) is not None and not (meta[name].isprintable() and len(meta[name]) <= 1024):
+            raise TableError(f"{where}: {name}: expected one line of printable text, got {json.dumps(meta[name])[:80]}")
     devices = meta.get("devices", [])
     if not isinstance(devices, list) or not all(isinstance(d, dict) and isinstance(d.get("key"), str) for d in devices):
         raise TableError(f"{where}: devices: expected a list of objects with a string key")
@@ -258,6 +283,8 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
             bad = entry_problem(entry, device_kind)
             if bad:
                 name, why = bad
+                if not name.isprintable():  # one line, no terminal escapes: the key as JSON writes it
+                    name = json.dumps(name)
                 raise TableError(f"{where}: {at}{'.' + name if name else ''}: {why}")
 
 
@@ -288,6 +315,10 @@ def entry_problem(entry: dict[str, Any], device_kind: str | None) -> tuple[str, 
         extra = sorted(set(entry) - {"template_id", "config_patch", "template_hash"})
         if extra:
             return extra[0], f"a {CONFIG_TEMPLATE_ID!r} entry has only template_id and config_patch"
+        if "template_hash" in entry:  # checked as in a template entry, never an unread blob
+            bad = template_entry_problem({"template_id": CONFIG_TEMPLATE_ID, "template_hash": entry["template_hash"]})
+            if bad:
+                return bad
         bad = config_patch_problem(entry.get("config_patch"), device_kind)
         if bad:
             name, why = bad

@@ -20,11 +20,14 @@ from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried
 
-__all__ = ["TableChoices", "TableReport", "stale_reason", "release", "NOT_FROZEN"]
+__all__ = ["TableChoices", "TableReport", "stale_reason", "release", "NOT_FROZEN", "GPU_ENTRY_ON_CPU"]
 
 #: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
 NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "
               "compile under torch.no_grad() (in torch 2.13 torch.compile(options={'freezing': True}) does not freeze)")
+#: why a GPU template entry (triton::*, decompose_k, ...) compiled Inductor's default on CPU (TableReport.stale)
+GPU_ENTRY_ON_CPU = ("{tid} is a GPU template: Inductor's CPU GEMM offers ATen and its C++ template only "
+                    f"({CONFIG_TEMPLATE_ID} entries); Inductor's default compiled")
 #: config keys the CPU handler sets per GEMM (plus any key a table's config_patch names)
 _CPU_GEMM_KEYS = ("max_autotune_gemm_backends", "cpp.gemm_max_k_slices", "cpp.gemm_thread_factors",
                   "cpp.gemm_cache_blocking")
@@ -136,6 +139,9 @@ class TableChoices(RecordingChoices):
             self.report.misses[report_key] += 1
         elif self.version_mismatch:
             self.report.stale[report_key] = self.version_mismatch
+            self.report.stale_count[report_key] += 1
+        elif entries and not _cpu_entry(entries[0]):
+            self.report.stale[report_key] = GPU_ENTRY_ON_CPU.format(tid=entries[0]["template_id"])
             self.report.stale_count[report_key] += 1
         else:
             self.report.hits[report_key] += 1
@@ -253,6 +259,9 @@ class TableChoices(RecordingChoices):
 
     def _cpu_hit(self, key, entries, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
         entry = entries[0]  # a CPU GEMM compiles one config; top_k > 1 applies on CUDA
+        if not _cpu_entry(entry):  # a table made on a GPU: it covers nothing here, said so
+            return self._stale(key, GPU_ENTRY_ON_CPU.format(tid=entry["template_id"]), template_choices,
+                               kernel_inputs, templates, op_name, kwarg_overrides, True)
         if _wants_cpp(entry) and not _cpp_template_applies(kernel_inputs, op_name):
             # Inductor would not offer the template here (a weight that is not a frozen constant,
             # a dtype it has no micro-kernel for): the default ATen kernel is compiled, and said so
@@ -297,6 +306,11 @@ def _cpp_template_applies(kernel_inputs: Any, op_name: str) -> bool:
             return bool(check(kernel_inputs.output_layout(), *kernel_inputs.mat1mat2()))
     except Exception:  # an input Inductor's check does not expect: not offered
         return False
+
+
+def _cpu_entry(entry: dict[str, Any]) -> bool:
+    """An entry that can take effect on CPU: a config patch or an ATen kernel (Inductor's default)."""
+    return entry["template_id"] == CONFIG_TEMPLATE_ID or entry["template_id"].startswith("aten::")
 
 
 def _wants_cpp(entry: dict[str, Any]) -> bool:
