@@ -304,6 +304,23 @@ def test_merge_two_machines_without_duplicates(cli, tmp_path):
     assert len(_candidates(all_)) == 30
 
 
+@pytest.mark.parametrize("sources, message", [
+    ("sources=sqlite:///{d}/a.db", "sources=sqlite:///{d}/a.db: expected a list of database URLs"),
+    ("sources=[sqlite:///{d}/notes.db]", "sources[0]=sqlite:///{d}/notes.db: {d}/notes.db is not an SQLite database"),
+    ("sources=[sqlite:///{d}/a.db,bogus:///x]", "sources[1]='bogus:///x': the 'bogus' backend is not supported"),
+])
+def test_merge_names_the_bad_source_and_leaves_the_target_untouched(cli, tmp_path, existing_db, sources, message):
+    """A bad source is named by its place in sources=[...] (not as storage.url, which is fine)."""
+    Store(f"sqlite:///{tmp_path / 'a.db'}")
+    (tmp_path / "notes.db").write_text("not a database")
+    before = _digest(existing_db)
+    r = cli(["merge", sources.format(d=tmp_path), f"storage.url=sqlite:///{existing_db}"], tmp_path,
+            module="zhantune.db")
+    assert r.returncode == 2 and message.format(d=tmp_path) in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert _digest(existing_db) == before
+
+
 def test_merge_into_postgresql(tmp_path, postgres):
     a = f"sqlite:///{tmp_path / 'a.db'}"
     assert _worker(a, tmp_path / "m", 10).wait(timeout=300) == 0
