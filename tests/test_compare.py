@@ -176,6 +176,7 @@ def test_study_name_printed_by_the_import_draws_its_history(cli, tmp_path, files
     (["devices=[H100,A100]"], "unknown device 'H100' (from devices)"),
     (["study=nope"], "study='nope': no such study in sqlite:///"),
     (["study=kerneltuner"], "study='kerneltuner': 2 studies match"),
+    (["devices=cpu"], "devices='cpu' must be a list of device keys or names"),
 ])
 def test_cli_bad_input(cli, tmp_path, db, args, message):
     r = cli([f"storage.url={db}", *args], tmp_path, module="zhantune.compare")
@@ -191,8 +192,11 @@ def test_cli_no_database(cli, tmp_path):
 @pytest.mark.parametrize("files, message", [
     ("files=[]", "no files given"),
     ("files=[/nonexistent.json.gz]", "files=/nonexistent.json.gz: no such file"),
+    (f"files={A100}", f"files={A100}: expected a list of Kernel Tuner cache files"),
+    (f"files=[{A100}] devices=A100", "devices='A100': expected one non-empty device name per file"),
 ])
 def test_import_cli_bad_input(cli, tmp_path, files, message):
-    r = cli([files, f"storage.url=sqlite:///{tmp_path}/i.db"], tmp_path, module="zhantune.kerneltuner")
+    r = cli([*files.split(" "), f"storage.url=sqlite:///{tmp_path}/i.db"], tmp_path, module="zhantune.kerneltuner")
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "i.db").exists()
+
