@@ -200,3 +200,25 @@ def test_import_cli_bad_input(cli, tmp_path, files, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "i.db").exists()
 
+
+@pytest.mark.parametrize("where, message", [
+    ("tune_params", "tune_params.block_size_x holds [16, 1]; a parameter's values are numbers"),
+    ("cache", "block_size_x={value}; a parameter's value is a number"),
+])
+def test_import_refuses_a_parameter_value_that_is_not_a_scalar(cli, tmp_path, where, message):
+    """A list as a parameter value (Optuna's categorical choices and the config hash take scalars)
+    is one line naming the key path, before any database is created."""
+    with gzip.open(A100, "rt") as f:
+        data = json.load(f)
+    if where == "tune_params":
+        data["tune_params"]["block_size_x"] = [[v, 1] for v in data["tune_params"]["block_size_x"]]
+    else:
+        key = next(iter(data["cache"]))
+        data["cache"][key]["block_size_x"] = value = [data["cache"][key]["block_size_x"], 1]
+        message = f"cache.{key}." + message.format(value=value)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    r = cli([f"files=[{bad}]", f"storage.url=sqlite:///{tmp_path}/i.db"], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "i.db").exists()

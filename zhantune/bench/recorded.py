@@ -183,6 +183,11 @@ def _is_time(t: Any) -> bool:
     return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
 
 
+def _is_scalar(v: Any) -> bool:
+    """A JSON scalar: what an Optuna categorical choice and a config hash can hold."""
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
 def _bad_time(entry: dict[str, Any]) -> str | None:
     """``time=...`` / ``times[i]=...`` when an entry records a time that is not positive, else None
     (a string ``time`` is a failure, e.g. CompilationFailedConfig)."""
@@ -240,12 +245,20 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
     if not isinstance(tune_params, dict) or not isinstance(cache, dict) or not isinstance(names, list):
         raise ConfigError(f"{source}={path}: tune_params and cache must be objects, tune_params_keys a list")
     for n in names:
-        values = tune_params.get(n)
+        values = tune_params.get(n) if isinstance(n, str) else None
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{source}={path}: tune_params.{n} must be a non-empty list")
+        bad = next((v for v in values if not _is_scalar(v)), None)
+        if bad is not None:
+            raise ConfigError(f"{source}={path}: tune_params.{n} holds {bad!r}; a parameter's values are "
+                              "numbers, strings, booleans or null")
     for key, entry in cache.items():
         if not isinstance(entry, dict) or "time" not in entry or any(n not in entry for n in names):
             raise ConfigError(f"{source}={path}: cache.{key} lacks 'time' or a parameter of tune_params_keys")
+        bad = next((n for n in names if not _is_scalar(entry[n])), None)
+        if bad is not None:
+            raise ConfigError(f"{source}={path}: cache.{key}.{bad}={entry[bad]!r}; a parameter's value is a "
+                              "number, a string, a boolean or null")
         bad = _bad_time(entry)
         if bad:
             raise ConfigError(f"{source}={path}: cache.{key}.{bad}; a recorded time is a positive number of "
