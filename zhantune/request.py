@@ -63,6 +63,24 @@ def check_request(cfg: Any) -> None:
     else:
         check_file(cfg.problems, "problems")
     check_url(cfg.storage.url)
+    _check_export_path_is_not_the_database(cfg)
+
+
+def _check_export_path_is_not_the_database(cfg: Any) -> None:
+    """export.path must not name the SQLite database of storage.url (nor its -wal, -shm or -journal
+    file), which may not exist yet: the export at the end of the tune would replace it."""
+    from pathlib import Path
+
+    from zhantune.storage import sqlite_path
+
+    db = sqlite_path(cfg.storage.url)
+    if db is None or not cfg.export.enabled or not cfg.export.path:
+        return
+    out = Path(cfg.export.path).resolve()
+    if out in {Path(f"{db}{suffix}").resolve() for suffix in ("", "-wal", "-shm", "-journal")}:
+        raise ConfigError(f"export.path={cfg.export.path} is the database of storage.url={cfg.storage.url} "
+                          "(or its -wal, -shm or -journal file); "
+                          "the table would replace it: give another file name")
 
 
 def check_search(cfg: Any) -> None:
