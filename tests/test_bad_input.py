@@ -99,6 +99,21 @@ def _bad_source_db(tmp: Path) -> str:
     return "evil.db"
 
 
+def _other_problems_study(tmp: Path) -> str:
+    """The existing database with a study named 'other' that measured mm 8x8x8."""
+    store = Store(f"sqlite:///{tmp}/zhantune.db")
+    dev = store.device_id("cpu0", "cpu0", "cpu", {})
+    prob = store.problem_id("mm[M=8,N=8,K=8]:float32", op="mm", shape={"M": 8, "N": 8, "K": 8, "B": 1},
+                            dtype="float32", activation=None, weight_layout="kn", lookup_op="mm",
+                            lookup_key=None, flops=1024)
+    study = store.study_id("other", {})
+    store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
+                          template_id=None, params={"max_autotune_gemm_backends": "ATEN"}, median_us=1.0,
+                          torch_version="2.13.0", trial_number=0)
+    store.engine.dispose()
+    return "other"
+
+
 def _file(tmp: Path) -> str:
     (tmp / "afile").write_text("x")
     return "afile"
@@ -145,6 +160,12 @@ CASES = [
     ("tune-export-path-is-the-wal", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu",
                                                  "export.path=zhantune.db-wal"], None,
      "export.path=zhantune.db-wal is the database of storage.url=sqlite:///zhantune.db", None),
+    # one study tunes one problem: another problem's study is not resumed, counted or fed to the sampler
+    ("study-name-of-another-problem", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", "search.study_name={x}",
+                                                   "search.n_trials=1", "export.enabled=false"], _other_problems_study,
+     "search.study_name='other' is the study of mm[M=8,N=8,K=8]:float32, not of mm[M=4,N=4,K=4]:float32", None),
+    ("problems-with-study-name", "zhantune", ["problems={x}", "search.study_name=s"], _file,
+     "search.study_name='s' names one study; problems= tunes one study per problem", None),
     ("compare-html-dir", "zhantune.compare", ["html={x}"], _dir, "html=adir: is a directory", None),
     ("compare-csv-under-file", "zhantune.compare", ["csv={x}/c.csv"], _file,
      "csv=afile/c.csv: afile is not a directory", None),

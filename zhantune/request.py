@@ -62,6 +62,9 @@ def check_request(cfg: Any) -> None:
         check_device_spec(cfg.device)
     else:
         check_file(cfg.problems, "problems")
+        if cfg.search.get("study_name"):
+            raise ConfigError(f"search.study_name={cfg.search.study_name!r} names one study; problems= tunes one "
+                              "study per problem: drop search.study_name")
     check_url(cfg.storage.url)
     _check_export_path_is_not_the_database(cfg)
 
