@@ -57,8 +57,9 @@ def check_url(url: str, source: str = "storage.url") -> None:
     """Check a storage URL before anything is written. Raises StorageError (exit code 2) naming
     ``source`` (the option the URL came from, e.g. ``sources[0]`` of a merge).
 
-    SQLite: the directory must exist and be writable, and an existing file must be an SQLite
-    database (a corrupt or foreign file is left untouched).
+    SQLite: a file (an in-memory database is refused: it keeps nothing), whose directory must exist
+    and be writable, and an existing file must be an SQLite database (a corrupt or foreign file is
+    left untouched).
     """
     try:
         u = make_url(url)
@@ -73,8 +74,8 @@ def check_url(url: str, source: str = "storage.url") -> None:
     if u.get_backend_name() != "sqlite":
         return
     path = sqlite_path(url)
-    if path is None:
-        return
+    if path is None:  # sqlite:// and sqlite:///:memory: hold nothing after the process ends
+        raise StorageError(f"{source}={url!r}: an in-memory SQLite database keeps nothing; give a file: sqlite:///FILE")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise StorageError(f"{source}={url}: directory {parent} does not exist")
