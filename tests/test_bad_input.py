@@ -199,6 +199,8 @@ CASES = [
      lambda t: _kt_file(t, "zero.json.gz", 0), "cache.1.time=0", None),
     ("bench-target-ms", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.target_ms=-1"], None,
      "bench.target_ms=-1.0 must be at least 0.001", None),
+    ("search-seed-negative", "zhantune", ["+op=mm", "shape=[4,4,4]", "search.seed=-1", "storage.url=sqlite:///s.db"],
+     None, "search.seed=-1 must be in [0, 4294967295]", None),
     ("bench-warmup-ms", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.warmup_ms=-1"], None,
      "bench.warmup_ms=-1.0 must be at least 0", None),
     ("bench-min-reps", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.min_reps=0"], None,

@@ -97,6 +97,8 @@ def check_search(cfg: Any) -> None:
     more = s.get("more_trials")
     if more is not None and more < 1:
         raise ConfigError(f"search.more_trials={more} must be at least 1 (or null: up to search.n_trials)")
+    if not 0 <= s.seed < 2**32:
+        raise ConfigError(f"search.seed={s.seed} must be in [0, {2**32 - 1}] (the samplers' random seed)")
     if s.timeout_s is not None and s.timeout_s <= 0:
         raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
     if s.get("transfer", "auto") not in TRANSFER_MODES:
