@@ -270,9 +270,12 @@ def test_a_claimed_trial_without_heartbeat_is_retried_on_resume(tmp_path):
     rows = _candidates(url)
     again = _worker(url, tmp_path / "w2", len(rows) + 2, path=GEMM,
                     extra=("storage.heartbeat_interval_s=1", "storage.grace_period_s=2"))
-    assert again.wait(timeout=300) == 0
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-2000:]
     after = _candidates(url)
     assert len(after) == len(rows) + 2 and len({r.config_hash for r in after}) == len(after)
+    # the summary counts the retried trial once (it was in flight before and measured now)
+    assert f"the study holds {len(after)} of {len(rows) + 2}" in " ".join(out.split()), out[-1500:]
     study = optuna.load_study(study_name=GEMM_STUDY, storage=url)
     trials = {t.number: t for t in study.trials}
     assert trials[killed].state == optuna.trial.TrialState.FAIL

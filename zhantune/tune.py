@@ -163,10 +163,11 @@ class _Tune:
         self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
         self.study_id = store.study_id(run.study_name, OmegaConf.to_container(run.cfg, resolve=True))
         before = store.trials_used(self.study_id)
+        before_measured, _ = store.trial_counts(self.study_id)
         rows, reused = self._baselines()
         self.result = TuneResult(run.study_name, self.study_id, rows.get("eager"), rows.get("default"), None,
                                  default_unfrozen=rows.get("default_unfrozen"), target=self.target,
-                                 before=before, baselines_reused=reused)
+                                 before=before, before_measured=before_measured, baselines_reused=reused)
         if self.pool is not None:
             self.pool.lookup = self.bench.lookup  # template candidates are served under the recorded key
             # no compile shares the cores (CPU) or the GPU (a compile worker runs its candidate once to

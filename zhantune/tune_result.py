@@ -59,6 +59,8 @@ class TuneResult:
     #: ``search.more_trials``) and how much of it earlier runs had used
     target: int = 0
     before: int = 0
+    #: of ``before``: the trials measured (not in flight) when this run started
+    before_measured: int = 0
     #: the study had measured its budget (or every feasible point) before: nothing was run
     already_finished: bool = False
     #: every feasible point of the space is measured
@@ -76,5 +78,7 @@ class TuneResult:
 
     @property
     def done(self) -> int:
-        """Measured trials of the study after this run (all runs and workers that used its budget)."""
-        return self.before + self.measured
+        """Measured trials of the study so far: those measured before this run plus this run's
+        (``before`` also counts trials in flight, and a dead worker's trial in flight is measured
+        again by this run: it would count twice)."""
+        return self.before if self.already_finished else self.before_measured + self.measured
