@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, OperationalError
 
 from zhantune.errors import StorageError
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
@@ -236,6 +236,8 @@ def open_existing(url: str, source: str = "storage.url", allow_newer: bool = Fal
         with probe.connect() as conn:
             tables = set(inspect(conn).get_table_names())
             rev = current_revision(conn)
+    except OperationalError as e:  # a server that cannot be reached, a login refused
+        raise StorageError(f"{source}={url}: cannot open the database: {first_line(e)}") from None
     finally:
         probe.dispose()
     if not (allow_newer and rev is not None):  # `current` reports any zhantune revision, newer too
