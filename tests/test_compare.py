@@ -223,3 +223,21 @@ def test_import_refuses_a_parameter_value_that_is_not_a_scalar(cli, tmp_path, wh
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "i.db").exists()
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("device_name", {"a": 1}, "device_name={'a': 1}; expected a string"),
+    ("kernel_name", None, "kernel_name=None; expected the kernel's name"),
+    ("problem_size", "big", "problem_size='big'; expected an integer or a list of integers"),
+])
+def test_import_refuses_a_header_value_of_the_wrong_type(cli, tmp_path, key, value, message):
+    """A device name, kernel name or problem size of the wrong type is refused (it was imported as a
+    device named "{'a': 1}" or a kernel named 'None')."""
+    with gzip.open(A100, "rt") as f:
+        data = json.load(f)
+    data[key] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    r = cli([f"files=[{bad}]", f"storage.url=sqlite:///{tmp_path}/i.db"], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 2 and f"files={bad}: {message}" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "i.db").exists()

@@ -263,8 +263,15 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
         if bad:
             raise ConfigError(f"{source}={path}: cache.{key}.{bad}; a recorded time is a positive number of "
                               "milliseconds (or a failure name such as 'CompilationFailedConfig')")
+    if data["device_name"] is not None and not isinstance(data["device_name"], str):
+        raise ConfigError(f"{source}={path}: device_name={data['device_name']!r}; expected a string (may be empty)")
+    if not isinstance(data["kernel_name"], str) or not data["kernel_name"].strip():
+        raise ConfigError(f"{source}={path}: kernel_name={data['kernel_name']!r}; expected the kernel's name")
     size = data["problem_size"]
     size = tuple(size) if isinstance(size, list) else (size,)
+    if not size or not all(isinstance(x, int) and not isinstance(x, bool) for x in size):
+        raise ConfigError(f"{source}={path}: problem_size={data['problem_size']!r}; expected an integer "
+                          "or a list of integers")
     return KernelTunerFile(p, str(data["device_name"] or ""), str(data["kernel_name"]), size, list(names),
                            {n: list(tune_params[n]) for n in names}, cache, device or None)
 
