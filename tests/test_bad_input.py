@@ -104,6 +104,21 @@ def _bad_source_db(tmp: Path) -> str:
     return "evil.db"
 
 
+def _other_problems_study(tmp: Path) -> str:
+    """The existing database with a study named 'other' that measured mm 8x8x8."""
+    store = Store(f"sqlite:///{tmp}/zhantune.db")
+    dev = store.device_id("cpu0", "cpu0", "cpu", {})
+    prob = store.problem_id("mm[M=8,N=8,K=8]:float32", op="mm", shape={"M": 8, "N": 8, "K": 8, "B": 1},
+                            dtype="float32", activation=None, weight_layout="kn", lookup_op="mm",
+                            lookup_key=None, flops=1024)
+    study = store.study_id("other", {})
+    store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
+                          template_id=None, params={"max_autotune_gemm_backends": "ATEN"}, median_us=1.0,
+                          torch_version="2.13.0", trial_number=0)
+    store.engine.dispose()
+    return "other"
+
+
 def _file(tmp: Path) -> str:
     (tmp / "afile").write_text("x")
     return "afile"
@@ -120,6 +135,16 @@ CASES = [
      "shape=[1000000000,1000000000,1000000000]: mm in float32 needs at least", None),
     ("mysql", "zhantune", ["+op=mm", "shape=[4,4,4]", "storage.url=mysql://u@localhost/db"], None,
      "the 'mysql' backend is not supported; use sqlite:///FILE or postgresql+psycopg", None),
+    ("in-memory-export", "zhantune.export", ["storage.url=sqlite://"], None,
+     "storage.url='sqlite://': an in-memory SQLite database keeps nothing", None),
+    ("in-memory-compare", "zhantune.compare", ["storage.url=sqlite:///:memory:"], None,
+     "storage.url='sqlite:///:memory:': an in-memory SQLite database keeps nothing", None),
+    ("in-memory-merge-source", "zhantune.db", ["merge", "sources=[sqlite://]"], None,
+     "sources[0]='sqlite://': an in-memory SQLite database keeps nothing", None),
+    ("db-current-unreachable-server", "zhantune.db", ["current", "storage.url=postgresql+psycopg://u@127.0.0.1:1/db"],
+     None, "storage.url=postgresql+psycopg://u@127.0.0.1:1/db: cannot open the database", None),
+    ("merge-unreachable-source", "zhantune.db", ["merge", "sources=[postgresql+psycopg://u@127.0.0.1:1/db]"], None,
+     "sources[0]=postgresql+psycopg://u@127.0.0.1:1/db: cannot open the database", None),
     ("optuna-schema-newer", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu"], _newer_optuna,
      "Optuna's tables are at schema 'v99.0.0.a'", "{x}"),
     ("upgrade-foreign", "zhantune.db", ["upgrade", "storage.url=sqlite:///{x}"], _foreign_db,
@@ -137,6 +162,25 @@ CASES = [
     ("export-path-dir", "zhantune.export", ["path={x}"], _dir, "path=adir: is a directory", None),
     ("tune-export-path-under-file", "zhantune", ["+op=mm", "shape=[4,4,4]", "export.path={x}/t.json"], _file,
      "export.path=afile/t.json: afile is not a directory", None),
+    # an output file never replaces a database (issue: export path=zhantune.db wrote JSON over it)
+    ("export-path-is-the-database", "zhantune.export", ["path=zhantune.db"], None,
+     "path=zhantune.db: zhantune.db is an SQLite database", None),
+    ("compare-csv-is-the-database", "zhantune.compare", ["csv=zhantune.db"], None,
+     "csv=zhantune.db: zhantune.db is an SQLite database", None),
+    ("collect-out-is-a-database", "zhantune.collect", [*MLP, "out=zhantune.db"], None,
+     "out=zhantune.db: zhantune.db is an SQLite database", None),
+    ("tune-export-path-is-the-new-database", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu",
+                                                          "storage.url=sqlite:///new.db", "export.path=new.db"], None,
+     "export.path=new.db is the database of storage.url=sqlite:///new.db", None),
+    ("tune-export-path-is-the-wal", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu",
+                                                 "export.path=zhantune.db-wal"], None,
+     "export.path=zhantune.db-wal is the database of storage.url=sqlite:///zhantune.db", None),
+    # one study tunes one problem: another problem's study is not resumed, counted or fed to the sampler
+    ("study-name-of-another-problem", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", "search.study_name={x}",
+                                                   "search.n_trials=1", "export.enabled=false"], _other_problems_study,
+     "search.study_name='other' is the study of mm[M=8,N=8,K=8]:float32, not of mm[M=4,N=4,K=4]:float32", None),
+    ("problems-with-study-name", "zhantune", ["problems={x}", "search.study_name=s"], _file,
+     "search.study_name='s' names one study; problems= tunes one study per problem", None),
     ("compare-html-dir", "zhantune.compare", ["html={x}"], _dir, "html=adir: is a directory", None),
     ("compare-csv-under-file", "zhantune.compare", ["csv={x}/c.csv"], _file,
      "csv=afile/c.csv: afile is not a directory", None),
@@ -177,6 +221,8 @@ CASES = [
      lambda t: _kt_file(t, "zero.json.gz", 0), "cache.1.time=0", None),
     ("bench-target-ms", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.target_ms=-1"], None,
      "bench.target_ms=-1.0 must be at least 0.001", None),
+    ("search-seed-negative", "zhantune", ["+op=mm", "shape=[4,4,4]", "search.seed=-1", "storage.url=sqlite:///s.db"],
+     None, "search.seed=-1 must be in [0, 4294967295]", None),
     ("bench-warmup-ms", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.warmup_ms=-1"], None,
      "bench.warmup_ms=-1.0 must be at least 0", None),
     ("bench-min-reps", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.min_reps=0"], None,

@@ -176,6 +176,8 @@ def test_study_name_printed_by_the_import_draws_its_history(cli, tmp_path, files
     (["devices=[H100,A100]"], "unknown device 'H100' (from devices)"),
     (["study=nope"], "study='nope': no such study in sqlite:///"),
     (["study=kerneltuner"], "study='kerneltuner': 2 studies match"),
+    (["devices=cpu"], "devices='cpu' must be a list of device keys or names"),
+    (["top=-1"], "top=-1 must be at least 0"),
 ])
 def test_cli_bad_input(cli, tmp_path, db, args, message):
     r = cli([f"storage.url={db}", *args], tmp_path, module="zhantune.compare")
@@ -191,9 +193,11 @@ def test_cli_no_database(cli, tmp_path):
 @pytest.mark.parametrize("files, message", [
     ("files=[]", "no files given"),
     ("files=[/nonexistent.json.gz]", "files=/nonexistent.json.gz: no such file"),
+    (f"files={A100}", f"files={A100}: expected a list of Kernel Tuner cache files"),
+    (f"files=[{A100}] devices=A100", "devices='A100': expected one non-empty device name per file"),
 ])
 def test_import_cli_bad_input(cli, tmp_path, files, message):
-    r = cli([files, f"storage.url=sqlite:///{tmp_path}/i.db"], tmp_path, module="zhantune.kerneltuner")
+    r = cli([*files.split(" "), f"storage.url=sqlite:///{tmp_path}/i.db"], tmp_path, module="zhantune.kerneltuner")
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "i.db").exists()
 
@@ -238,3 +242,44 @@ def test_the_speedup_chart_shows_paired_claims_and_marks_the_rest_unconfirmed(tm
     assert {p["problem"]: p["confirmed_speedup"] for p in doc["problems"]} == {small: {dev: 1.6}, large: {}}
     write_html_report(tmp_path / "r.html", cmp)
     assert _charts(tmp_path / "r.html")["speedup-over-default"] == "drawn"
+
+
+@pytest.mark.parametrize("where, message", [
+    ("tune_params", "tune_params.block_size_x holds [16, 1]; a parameter's values are numbers"),
+    ("cache", "block_size_x={value}; a parameter's value is a number"),
+])
+def test_import_refuses_a_parameter_value_that_is_not_a_scalar(cli, tmp_path, where, message):
+    """A list as a parameter value (Optuna's categorical choices and the config hash take scalars)
+    is one line naming the key path, before any database is created."""
+    with gzip.open(A100, "rt") as f:
+        data = json.load(f)
+    if where == "tune_params":
+        data["tune_params"]["block_size_x"] = [[v, 1] for v in data["tune_params"]["block_size_x"]]
+    else:
+        key = next(iter(data["cache"]))
+        data["cache"][key]["block_size_x"] = value = [data["cache"][key]["block_size_x"], 1]
+        message = f"cache.{key}." + message.format(value=value)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    r = cli([f"files=[{bad}]", f"storage.url=sqlite:///{tmp_path}/i.db"], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "i.db").exists()
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("device_name", {"a": 1}, "device_name={'a': 1}; expected a string"),
+    ("kernel_name", None, "kernel_name=None; expected the kernel's name"),
+    ("problem_size", "big", "problem_size='big'; expected an integer or a list of integers"),
+])
+def test_import_refuses_a_header_value_of_the_wrong_type(cli, tmp_path, key, value, message):
+    """A device name, kernel name or problem size of the wrong type is refused (it was imported as a
+    device named "{'a': 1}" or a kernel named 'None')."""
+    with gzip.open(A100, "rt") as f:
+        data = json.load(f)
+    data[key] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    r = cli([f"files=[{bad}]", f"storage.url=sqlite:///{tmp_path}/i.db"], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 2 and f"files={bad}: {message}" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "i.db").exists()

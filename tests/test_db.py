@@ -270,9 +270,12 @@ def test_a_claimed_trial_without_heartbeat_is_retried_on_resume(tmp_path):
     rows = _candidates(url)
     again = _worker(url, tmp_path / "w2", len(rows) + 2, path=GEMM,
                     extra=("storage.heartbeat_interval_s=1", "storage.grace_period_s=2"))
-    assert again.wait(timeout=300) == 0
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-2000:]
     after = _candidates(url)
     assert len(after) == len(rows) + 2 and len({r.config_hash for r in after}) == len(after)
+    # the summary counts the retried trial once (it was in flight before and measured now)
+    assert f"the study holds {len(after)} of {len(rows) + 2}" in " ".join(out.split()), out[-1500:]
     study = optuna.load_study(study_name=GEMM_STUDY, storage=url)
     trials = {t.number: t for t in study.trials}
     assert trials[killed].state == optuna.trial.TrialState.FAIL
@@ -302,6 +305,23 @@ def test_merge_two_machines_without_duplicates(cli, tmp_path):
     r = cli(["merge", f"sources=[{a},{b}]", f"storage.url={all_}"], tmp_path, module="zhantune.db")
     assert r.returncode == 0 and "+0 measurement(s), 15 already there" in r.stdout
     assert len(_candidates(all_)) == 30
+
+
+@pytest.mark.parametrize("sources, message", [
+    ("sources=sqlite:///{d}/a.db", "sources=sqlite:///{d}/a.db: expected a list of database URLs"),
+    ("sources=[sqlite:///{d}/notes.db]", "sources[0]=sqlite:///{d}/notes.db: {d}/notes.db is not an SQLite database"),
+    ("sources=[sqlite:///{d}/a.db,bogus:///x]", "sources[1]='bogus:///x': the 'bogus' backend is not supported"),
+])
+def test_merge_names_the_bad_source_and_leaves_the_target_untouched(cli, tmp_path, existing_db, sources, message):
+    """A bad source is named by its place in sources=[...] (not as storage.url, which is fine)."""
+    Store(f"sqlite:///{tmp_path / 'a.db'}")
+    (tmp_path / "notes.db").write_text("not a database")
+    before = _digest(existing_db)
+    r = cli(["merge", sources.format(d=tmp_path), f"storage.url=sqlite:///{existing_db}"], tmp_path,
+            module="zhantune.db")
+    assert r.returncode == 2 and message.format(d=tmp_path) in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert _digest(existing_db) == before
 
 
 def test_merge_into_postgresql(tmp_path, postgres):

@@ -148,6 +148,30 @@ def test_malformed_table_is_one_line_exit_2_naming_file_and_key_path(cli, tmp_pa
     assert "bad.json" in r.stderr and message in r.stderr
 
 
+@pytest.mark.parametrize("edit, message", [
+    ({"format_version": 9}, "format_version: this zhantune reads version 1, got 9"),
+    ({"dtype": "int8"}, "problems[0].dtype: 'int8'; allowed: float32, bfloat16, float16"),
+    ({"weight_layout": "zz"}, "problems[0].weight_layout: 'zz' for op addmm; allowed: kn, nk"),
+])
+def test_malformed_problems_file_is_one_line_naming_file_and_key_path(cli, tmp_path, existing_db, edit, message):
+    """A problems file of another format version, or a problem whose dtype or layout is not allowed,
+    is refused naming the file and the key; the database is left as it was."""
+    row = {"op": "addmm", "shape": [64, 64, 64], "dtype": "float32", "weight_layout": "nk", "count": 1}
+    doc = {"format": "zhantune-problems", "format_version": 1, "problems": [row]}
+    if "format_version" in edit:
+        doc.update(edit)
+    else:
+        row.update(edit)
+    path = tmp_path / "problems.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    before = existing_db.read_bytes()
+    r = cli([f"problems={path}", f"storage.url=sqlite:///{existing_db}", "search.total_trials=2",
+             "export.enabled=false"], tmp_path)
+    assert r.returncode == 2 and f"{path}: {message}" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert existing_db.read_bytes() == before
+
+
 def test_allocate_trials_follows_shares_with_a_floor():
     rows = [{"shape": [8, 8, 8], "share": 0.7}, {"shape": [8, 8, 8], "share": 0.2}, {"shape": [8, 8, 8], "share": 0.1}]
     assert allocate_trials(rows, 20, 2) == [14, 4, 2]

@@ -32,9 +32,11 @@ def _compare_app(cfg: DictConfig) -> None:
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={cfg.storage.url}: no database at {path}")
-        devices = OmegaConf.to_container(cfg.devices) if cfg.devices is not None else None
-        if devices is not None and not isinstance(devices, list):
+        if cfg.top < 0:
+            raise ConfigError(f"top={cfg.top} must be at least 0 (how many of the most-disagreeing problems to list)")
+        if cfg.devices is not None and not OmegaConf.is_list(cfg.devices):
             raise ConfigError(f"devices={cfg.devices!r} must be a list of device keys or names, e.g. devices=[A,B]")
+        devices = OmegaConf.to_container(cfg.devices) if cfg.devices is not None else None
         for option in ("csv", "json", "html", "table"):
             if cfg[option]:
                 check_output_path(cfg[option], option)

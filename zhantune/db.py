@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
@@ -56,6 +56,8 @@ def _db_app(cfg: DictConfig) -> None:
         else:
             if not cfg.sources:
                 raise ConfigError("merge needs sources=[URL,...] (databases to copy into storage.url)")
+            if not OmegaConf.is_list(cfg.sources):
+                raise ConfigError(f"sources={cfg.sources}: expected a list of database URLs, e.g. sources=[{cfg.sources}]")
             # every source checked before anything is written: it exists, is a sound zhantune
             # database, and its rows set only allow-listed knobs (zhantune.inductor.knobs)
             sources = []

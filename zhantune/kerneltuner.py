@@ -57,13 +57,16 @@ def _check_distinct(loaded: list[KernelTunerFile]) -> None:
 def _import_app(cfg: DictConfig) -> None:
     mark_task_started()
     try:
+        if cfg.files and not OmegaConf.is_list(cfg.files):
+            raise ConfigError(f"files={cfg.files}: expected a list of Kernel Tuner cache files, e.g. files=[{cfg.files}]")
         files = list(cfg.files or [])
         if not files:
             raise ConfigError("no files given; use files=[A.json.gz,B.json.gz] (Kernel Tuner cache files)")
         for f in files:  # before the heavy imports
             if not Path(f).exists():
                 raise ConfigError(f"files={f}: no such file")
-        devices = _check_devices(files, OmegaConf.to_container(cfg.devices) if cfg.devices is not None else None)
+        devices = _check_devices(files, OmegaConf.to_container(cfg.devices) if OmegaConf.is_list(cfg.devices)
+                                 else cfg.devices)
         from zhantune.bench.recorded import load_kerneltuner
         from zhantune.storage import Store
         from zhantune.storage.ingest import import_kerneltuner

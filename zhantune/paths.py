@@ -14,8 +14,9 @@ __all__ = ["check_output_path"]
 def check_output_path(path: str | os.PathLike[str], option: str) -> Path:
     """Check that ``path`` can be written as a file; returns it as a Path.
 
-    Allowed: an existing writable regular file (replaced), or a new file whose nearest existing
-    ancestor is a writable directory (missing directories are created when it is written). Raises
+    Allowed: an existing writable regular file (replaced) that is not an SQLite database (nor its
+    -wal, -shm or -journal file), or a new file whose nearest existing ancestor is a writable
+    directory (missing directories are created when it is written). Raises
     ConfigError naming the option, e.g. ``export.path=/: is a directory; give a file name``.
     """
     p = Path(path)
@@ -27,6 +28,10 @@ def check_output_path(path: str | os.PathLike[str], option: str) -> Path:
     if p.exists():
         if not p.is_file():
             raise ConfigError(f"{where}: exists and is not a regular file")
+        db = _sqlite_database_at(p)
+        if db is not None:
+            raise ConfigError(f"{where}: {db} is an SQLite database (a results database?); writing there "
+                              "would destroy it: give another file name")
         if not os.access(p, os.W_OK) or not os.access(p.parent, os.W_OK | os.X_OK):
             raise ConfigError(f"{where}: not writable")
         return p
@@ -38,3 +43,26 @@ def check_output_path(path: str | os.PathLike[str], option: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{where}: directory {parent} is not writable")
     return p
+
+
+#: the first 16 bytes of every SQLite database file (https://www.sqlite.org/fileformat.html)
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _sqlite_database_at(p: Path) -> Path | None:
+    """The SQLite database that writing ``p`` would destroy: ``p`` itself, or the database of a
+    ``-wal`` / ``-shm`` / ``-journal`` file beside one; None otherwise."""
+    for suffix in ("-wal", "-shm", "-journal"):
+        if p.name.endswith(suffix):
+            main = p.with_name(p.name[: -len(suffix)])
+            if _is_sqlite(main):
+                return main
+    return p if _is_sqlite(p) else None
+
+
+def _is_sqlite(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            return f.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
+    except OSError:
+        return False

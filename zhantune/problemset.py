@@ -87,6 +87,7 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
     """The tunable problems of a problems file, checked; raises ConfigError naming the file and the
     key path (``problems.yaml: problems[1].shape: ...``)."""
     from zhantune.problems import OPS, GemmProblem
+    from zhantune.request import DTYPE_NAMES, WEIGHT_LAYOUTS
 
     try:
         doc = OmegaConf.to_container(OmegaConf.load(path))
@@ -96,6 +97,8 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
         raise ConfigError(f"problems={path}: not a YAML problems file: {str(e).splitlines()[0]}") from None
     if not isinstance(doc, dict) or doc.get("format") != PROBLEMS_FORMAT:
         raise ConfigError(f"{path}: format: expected {PROBLEMS_FORMAT!r} (write the file with python -m zhantune.collect)")
+    if doc.get("format_version") != 1:
+        raise ConfigError(f"{path}: format_version: this zhantune reads version 1, got {doc.get('format_version')!r}")
     rows = doc.get("problems")
     if not isinstance(rows, list) or not rows:
         raise ConfigError(f"{path}: problems: expected a non-empty list")
@@ -106,6 +109,12 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
             raise ConfigError(f"{at}: expected a mapping")
         if row.get("op") not in OPS:
             raise ConfigError(f"{at}.op: {row.get('op')!r}; allowed: {', '.join(sorted(OPS))}")
+        if row.get("dtype", "float32") not in DTYPE_NAMES:
+            raise ConfigError(f"{at}.dtype: {row.get('dtype')!r}; allowed: {', '.join(DTYPE_NAMES)}")
+        layouts = ("kn",) if row["op"] == "bmm" else WEIGHT_LAYOUTS
+        if row.get("weight_layout", "kn") not in layouts:
+            raise ConfigError(f"{at}.weight_layout: {row.get('weight_layout')!r} for op {row['op']}; "
+                              f"allowed: {', '.join(layouts)}")
         GemmProblem.from_config(row["op"], row.get("shape"), row.get("dtype", "float32"),
                                 source=f"{at}.shape", weight_layout=row.get("weight_layout", "kn"))
         for name in ("count",):

@@ -62,7 +62,28 @@ def check_request(cfg: Any) -> None:
         check_device_spec(cfg.device)
     else:
         check_file(cfg.problems, "problems")
+        if cfg.search.get("study_name"):
+            raise ConfigError(f"search.study_name={cfg.search.study_name!r} names one study; problems= tunes one "
+                              "study per problem: drop search.study_name")
     check_url(cfg.storage.url)
+    _check_export_path_is_not_the_database(cfg)
+
+
+def _check_export_path_is_not_the_database(cfg: Any) -> None:
+    """export.path must not name the SQLite database of storage.url (nor its -wal, -shm or -journal
+    file), which may not exist yet: the export at the end of the tune would replace it."""
+    from pathlib import Path
+
+    from zhantune.storage import sqlite_path
+
+    db = sqlite_path(cfg.storage.url)
+    if db is None or not cfg.export.enabled or not cfg.export.path:
+        return
+    out = Path(cfg.export.path).resolve()
+    if out in {Path(f"{db}{suffix}").resolve() for suffix in ("", "-wal", "-shm", "-journal")}:
+        raise ConfigError(f"export.path={cfg.export.path} is the database of storage.url={cfg.storage.url} "
+                          "(or its -wal, -shm or -journal file); "
+                          "the table would replace it: give another file name")
 
 
 def check_search(cfg: Any) -> None:
@@ -76,6 +97,8 @@ def check_search(cfg: Any) -> None:
     more = s.get("more_trials")
     if more is not None and more < 1:
         raise ConfigError(f"search.more_trials={more} must be at least 1 (or null: up to search.n_trials)")
+    if not 0 <= s.seed < 2**32:
+        raise ConfigError(f"search.seed={s.seed} must be in [0, {2**32 - 1}] (the samplers' random seed)")
     if s.timeout_s is not None and s.timeout_s <= 0:
         raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
     if s.get("transfer", "auto") not in TRANSFER_MODES:

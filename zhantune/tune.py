@@ -23,6 +23,7 @@ from zhantune.bench.decision import rank_key
 from zhantune.bench.protocol import Benchmarker
 from zhantune.bench.settle import is_default_kernel, settle_close_call, settle_speedup
 from zhantune.candidate import Candidate
+from zhantune.errors import ConfigError
 from zhantune.inductor.builder import export_table, not_carried_reason
 from zhantune.provenance import software_versions, worker_name
 from zhantune.runspec import RunSpec, resolve_run
@@ -65,6 +66,10 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     line per trial.
     """
     row, used, target = study_budget(run, store)
+    others = sorted(store.study_problem_keys(row.id) - {run.problem.key}) if row is not None else []
+    if others:
+        raise ConfigError(f"search.study_name={run.study_name!r} is the study of {others[0]}, not of "
+                          f"{run.problem.key}: one study tunes one problem; choose another name or drop it")
     if row is not None and (row.status == FINISHED and used >= target or row.status == EXHAUSTED
                             and _same_space(row.config, run)):
         return _finished_result(run, store, row, target)

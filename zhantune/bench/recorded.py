@@ -183,6 +183,11 @@ def _is_time(t: Any) -> bool:
     return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
 
 
+def _is_scalar(v: Any) -> bool:
+    """A JSON scalar: what an Optuna categorical choice and a config hash can hold."""
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
 def _bad_time(entry: dict[str, Any]) -> str | None:
     """``time=...`` / ``times[i]=...`` when an entry records a time that is not positive, else None
     (a string ``time`` is a failure, e.g. CompilationFailedConfig)."""
@@ -240,18 +245,33 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
     if not isinstance(tune_params, dict) or not isinstance(cache, dict) or not isinstance(names, list):
         raise ConfigError(f"{source}={path}: tune_params and cache must be objects, tune_params_keys a list")
     for n in names:
-        values = tune_params.get(n)
+        values = tune_params.get(n) if isinstance(n, str) else None
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{source}={path}: tune_params.{n} must be a non-empty list")
+        bad = next((v for v in values if not _is_scalar(v)), None)
+        if bad is not None:
+            raise ConfigError(f"{source}={path}: tune_params.{n} holds {bad!r}; a parameter's values are "
+                              "numbers, strings, booleans or null")
     for key, entry in cache.items():
         if not isinstance(entry, dict) or "time" not in entry or any(n not in entry for n in names):
             raise ConfigError(f"{source}={path}: cache.{key} lacks 'time' or a parameter of tune_params_keys")
+        bad = next((n for n in names if not _is_scalar(entry[n])), None)
+        if bad is not None:
+            raise ConfigError(f"{source}={path}: cache.{key}.{bad}={entry[bad]!r}; a parameter's value is a "
+                              "number, a string, a boolean or null")
         bad = _bad_time(entry)
         if bad:
             raise ConfigError(f"{source}={path}: cache.{key}.{bad}; a recorded time is a positive number of "
                               "milliseconds (or a failure name such as 'CompilationFailedConfig')")
+    if data["device_name"] is not None and not isinstance(data["device_name"], str):
+        raise ConfigError(f"{source}={path}: device_name={data['device_name']!r}; expected a string (may be empty)")
+    if not isinstance(data["kernel_name"], str) or not data["kernel_name"].strip():
+        raise ConfigError(f"{source}={path}: kernel_name={data['kernel_name']!r}; expected the kernel's name")
     size = data["problem_size"]
     size = tuple(size) if isinstance(size, list) else (size,)
+    if not size or not all(isinstance(x, int) and not isinstance(x, bool) for x in size):
+        raise ConfigError(f"{source}={path}: problem_size={data['problem_size']!r}; expected an integer "
+                          "or a list of integers")
     return KernelTunerFile(p, str(data["device_name"] or ""), str(data["kernel_name"]), size, list(names),
                            {n: list(tune_params[n]) for n in names}, cache, device or None)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, OperationalError
 
 from zhantune.errors import StorageError
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
@@ -53,39 +53,41 @@ def sqlite_path(url: str) -> Path | None:
     return Path(u.database)
 
 
-def check_url(url: str) -> None:
-    """Check a storage URL before anything is written. Raises StorageError (exit code 2).
+def check_url(url: str, source: str = "storage.url") -> None:
+    """Check a storage URL before anything is written. Raises StorageError (exit code 2) naming
+    ``source`` (the option the URL came from, e.g. ``sources[0]`` of a merge).
 
-    SQLite: the directory must exist and be writable, and an existing file must be an SQLite
-    database (a corrupt or foreign file is left untouched).
+    SQLite: a file (an in-memory database is refused: it keeps nothing), whose directory must exist
+    and be writable, and an existing file must be an SQLite database (a corrupt or foreign file is
+    left untouched).
     """
     try:
         u = make_url(url)
     except ArgumentError:
-        raise StorageError(f"storage.url={url!r} is not a database URL; e.g. sqlite:///zhantune.db or "
+        raise StorageError(f"{source}={url!r} is not a database URL; e.g. sqlite:///zhantune.db or "
                            "postgresql+psycopg://user@host/db") from None
     if u.get_backend_name() not in SUPPORTED_BACKENDS:
-        raise StorageError(f"storage.url={url!r}: the {u.get_backend_name()!r} backend is not supported; "
+        raise StorageError(f"{source}={url!r}: the {u.get_backend_name()!r} backend is not supported; "
                            "use sqlite:///FILE or postgresql+psycopg://user@host/db")
     if u.get_backend_name() == "postgresql" and u.get_driver_name() != "psycopg":
-        raise StorageError(f"storage.url={url!r}: PostgreSQL through psycopg 3: postgresql+psycopg://user@host/db")
+        raise StorageError(f"{source}={url!r}: PostgreSQL through psycopg 3: postgresql+psycopg://user@host/db")
     if u.get_backend_name() != "sqlite":
         return
     path = sqlite_path(url)
-    if path is None:
-        return
+    if path is None:  # sqlite:// and sqlite:///:memory: hold nothing after the process ends
+        raise StorageError(f"{source}={url!r}: an in-memory SQLite database keeps nothing; give a file: sqlite:///FILE")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise StorageError(f"storage.url={url}: directory {parent} does not exist")
+        raise StorageError(f"{source}={url}: directory {parent} does not exist")
     if path.exists():
         if not path.is_file() or not os.access(path, os.W_OK):
-            raise StorageError(f"storage.url={url}: {path} is not a writable file")
-        _check_sqlite_file(path, url)
+            raise StorageError(f"{source}={url}: {path} is not a writable file")
+        _check_sqlite_file(path, url, source)
     elif not os.access(parent, os.W_OK):
-        raise StorageError(f"storage.url={url}: directory {parent} is not writable")
+        raise StorageError(f"{source}={url}: directory {parent} is not writable")
 
 
-def _check_sqlite_file(path: Path, url: str) -> None:
+def _check_sqlite_file(path: Path, url: str, source: str = "storage.url") -> None:
     """Refuse a file that is not a readable SQLite database, through SQLite alone: opening and
     closing the file with plain I/O would drop the POSIX locks that this process's open connections
     hold on it (SQLite's "how to corrupt a database", section 2.2), after which another process may
@@ -99,8 +101,8 @@ def _check_sqlite_file(path: Path, url: str) -> None:
             con.close()
     except sqlite3.DatabaseError as e:
         if "not a database" in str(e):
-            raise StorageError(f"storage.url={url}: {path} is not an SQLite database; left untouched") from None
-        raise StorageError(f"storage.url={url}: {path} is not a readable SQLite database ({e}); "
+            raise StorageError(f"{source}={url}: {path} is not an SQLite database; left untouched") from None
+        raise StorageError(f"{source}={url}: {path} is not a readable SQLite database ({e}); "
                            "left untouched") from None
 
 
@@ -222,7 +224,7 @@ def open_existing(url: str, source: str = "storage.url", allow_newer: bool = Fal
     """An engine on an existing database that passes SQLite's quick integrity check (SQLite files)
     and is zhantune's or holds only Optuna's tables (``allow_newer``: a newer zhantune schema too);
     raises StorageError (exit code 2) naming ``source`` otherwise. Nothing is written."""
-    check_url(url)
+    check_url(url, source)
     path = sqlite_path(url)
     if path is not None:
         if not path.exists():
@@ -234,6 +236,8 @@ def open_existing(url: str, source: str = "storage.url", allow_newer: bool = Fal
         with probe.connect() as conn:
             tables = set(inspect(conn).get_table_names())
             rev = current_revision(conn)
+    except OperationalError as e:  # a server that cannot be reached, a login refused
+        raise StorageError(f"{source}={url}: cannot open the database: {first_line(e)}") from None
     finally:
         probe.dispose()
     if not (allow_newer and rev is not None):  # `current` reports any zhantune revision, newer too

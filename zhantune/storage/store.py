@@ -255,6 +255,12 @@ class Store(Queries):
             s.execute(delete(m.Claim).where(m.Claim.study_id == study_id, m.Claim.trial_number == trial_number))
             return True
 
+    def study_problem_keys(self, study_id: int) -> set[str]:
+        """The keys of the problems a study's rows measured (one, for a study zhantune made)."""
+        with self.session() as s:
+            return set(s.scalars(select(m.Problem.key).join(m.MeasurementRow, m.MeasurementRow.problem_id == m.Problem.id)
+                                 .where(m.MeasurementRow.study_id == study_id).distinct()))
+
     def trials_used(self, study_id: int) -> int:
         """How much of a study's trial budget (``search.n_trials``) is used: its measured plus
         in-flight candidates, every worker's (:meth:`trial_counts`; the claim checks the same sum)."""
