@@ -141,10 +141,15 @@ CASES = [
      "storage.url='sqlite:///:memory:': an in-memory SQLite database keeps nothing", None),
     ("in-memory-merge-source", "zhantune.db", ["merge", "sources=[sqlite://]"], None,
      "sources[0]='sqlite://': an in-memory SQLite database keeps nothing", None),
-    ("db-current-unreachable-server", "zhantune.db", ["current", "storage.url=postgresql+psycopg://u@127.0.0.1:1/db"],
-     None, "storage.url=postgresql+psycopg://u@127.0.0.1:1/db: cannot open the database", None),
-    ("merge-unreachable-source", "zhantune.db", ["merge", "sources=[postgresql+psycopg://u@127.0.0.1:1/db]"], None,
-     "sources[0]=postgresql+psycopg://u@127.0.0.1:1/db: cannot open the database", None),
+    # a password is never printed (the generic test also checks that "s3cret" appears nowhere)
+    ("db-current-unreachable-server", "zhantune.db", ["current", "storage.url=postgresql+psycopg://u:s3cret@127.0.0.1:1/db"],
+     None, "storage.url=postgresql+psycopg://u:***@127.0.0.1:1/db: cannot open the database", None),
+    ("merge-unreachable-source", "zhantune.db", ["merge", "sources=[postgresql+psycopg://u:s3cret@127.0.0.1:1/db]"], None,
+     "sources[0]=postgresql+psycopg://u:***@127.0.0.1:1/db: cannot open the database", None),
+    ("export-unreachable-server", "zhantune.export", ["storage.url=postgresql+psycopg://u:s3cret@127.0.0.1:1/db"], None,
+     "storage.url=postgresql+psycopg://u:***@127.0.0.1:1/db: cannot open the database", None),
+    ("compare-unreachable-server", "zhantune.compare", ["storage.url=postgresql://u:s3cret@127.0.0.1:1/db"], None,
+     "storage.url=postgresql://u:***@127.0.0.1:1/db: cannot open the database", None),
     ("optuna-schema-newer", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu"], _newer_optuna,
      "Optuna's tables are at schema 'v99.0.0.a'", "{x}"),
     ("upgrade-foreign", "zhantune.db", ["upgrade", "storage.url=sqlite:///{x}"], _foreign_db,
@@ -270,7 +275,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(cli, tmp_path, existin
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("zhantune: "), r.stderr[-3000:]
     assert message in lines[0], lines[0]
-    assert "Traceback" not in r.stderr + r.stdout
+    assert "Traceback" not in r.stderr + r.stdout and "s3cret" not in r.stderr + r.stdout
     # nothing written: every database's bytes, and no new or stray file (no .tmp, no pwned)
     assert _listing(tmp_path) == before
 

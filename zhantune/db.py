@@ -36,7 +36,7 @@ def _db_app(cfg: DictConfig) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from zhantune.storage import Store
-    from zhantune.storage.engine import open_existing
+    from zhantune.storage.engine import open_existing, redact_url
     from zhantune.storage.merge import check_importable, merge_into
     from zhantune.storage.migrate import current_revision, head_revision, upgrade
 
@@ -45,14 +45,14 @@ def _db_app(cfg: DictConfig) -> None:
     try:
         if cmd == "current":
             with open_existing(url, allow_newer=True).connect() as conn:
-                print(f"{url}: revision {current_revision(conn) or 'none (new database)'}; newest {head_revision()}")
+                print(f"{redact_url(url)}: revision {current_revision(conn) or 'none (new database)'}; newest {head_revision()}")
         elif cmd == "upgrade":
             engine = open_existing(url)
             try:
                 before, after = upgrade(engine)
             except SQLAlchemyError as e:
-                raise StorageError(f"storage.url={url}: upgrade failed, nothing changed: {str(e).splitlines()[0]}") from None
-            print(f"{url}: revision {before or 'none'} -> {after}")
+                raise StorageError(f"storage.url={redact_url(url)}: upgrade failed, nothing changed: {str(e).splitlines()[0]}") from None
+            print(f"{redact_url(url)}: revision {before or 'none'} -> {after}")
         else:
             if not cfg.sources:
                 raise ConfigError("merge needs sources=[URL,...] (databases to copy into storage.url)")

@@ -90,9 +90,11 @@ class Comparison:
 
 
 def _pick_devices(store: Store, wanted: list[str] | None) -> list[Any]:
+    from zhantune.storage.engine import redact_url
+
     devices = store.devices()
     if not devices:
-        raise CompareError(f"storage.url={store.url}: the database holds no devices; tune or import first "
+        raise CompareError(f"storage.url={redact_url(store.url)}: the database holds no devices; tune or import first "
                            "(python -m zhantune ..., python -m zhantune.kerneltuner files=[...])")
     if wanted:
         by_name = {d.key: d for d in devices} | {d.name: d for d in devices}

@@ -67,10 +67,10 @@ def check_url(url: str, source: str = "storage.url") -> None:
         raise StorageError(f"{source}={url!r} is not a database URL; e.g. sqlite:///zhantune.db or "
                            "postgresql+psycopg://user@host/db") from None
     if u.get_backend_name() not in SUPPORTED_BACKENDS:
-        raise StorageError(f"{source}={url!r}: the {u.get_backend_name()!r} backend is not supported; "
+        raise StorageError(f"{source}={redact_url(url)!r}: the {u.get_backend_name()!r} backend is not supported; "
                            "use sqlite:///FILE or postgresql+psycopg://user@host/db")
     if u.get_backend_name() == "postgresql" and u.get_driver_name() != "psycopg":
-        raise StorageError(f"{source}={url!r}: PostgreSQL through psycopg 3: postgresql+psycopg://user@host/db")
+        raise StorageError(f"{source}={redact_url(url)!r}: PostgreSQL through psycopg 3: postgresql+psycopg://user@host/db")
     if u.get_backend_name() != "sqlite":
         return
     path = sqlite_path(url)
@@ -237,7 +237,7 @@ def open_existing(url: str, source: str = "storage.url", allow_newer: bool = Fal
             tables = set(inspect(conn).get_table_names())
             rev = current_revision(conn)
     except OperationalError as e:  # a server that cannot be reached, a login refused
-        raise StorageError(f"{source}={url}: cannot open the database: {first_line(e)}") from None
+        raise StorageError(f"{source}={redact_url(url)}: cannot open the database: {first_line(e)}") from None
     finally:
         probe.dispose()
     if not (allow_newer and rev is not None):  # `current` reports any zhantune revision, newer too

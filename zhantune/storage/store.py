@@ -28,6 +28,7 @@ from zhantune.storage.engine import (
     file_lock,
     first_line,
     make_engine,
+    redact_url,
     refuse_foreign_or_newer,
     refuse_other_optuna_schema,
     remove_sqlite_files,
@@ -70,7 +71,7 @@ class Store(Queries):
                 self.engine.dispose()
                 remove_sqlite_files(path)
             if isinstance(e, (SQLAlchemyError, OSError)):
-                raise StorageError(f"storage.url={url}: cannot open the database: {first_line(e)}") from None
+                raise StorageError(f"storage.url={redact_url(url)}: cannot open the database: {first_line(e)}") from None
             raise
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
@@ -105,7 +106,7 @@ class Store(Queries):
                 storage.remove_session()
                 storage.engine.dispose()
         elif rev != head:  # an older revision (refuse_foreign_or_newer refused a newer one)
-            raise StorageError(f"storage.url={self.url}: the database has schema revision {rev}, this zhantune "
+            raise StorageError(f"storage.url={redact_url(self.url)}: the database has schema revision {rev}, this zhantune "
                                f"needs {head}; back it up, then run: python -m zhantune.db upgrade "
                                f"storage.url={self.url}")
 
@@ -147,7 +148,7 @@ class Store(Queries):
             raise
         except SQLAlchemyError as e:
             s.rollback()
-            raise StorageInternalError(f"storage.url={self.url}: {first_line(e)}") from e
+            raise StorageInternalError(f"storage.url={redact_url(self.url)}: {first_line(e)}") from e
         except BaseException:
             s.rollback()
             raise
