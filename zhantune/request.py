@@ -97,6 +97,9 @@ def check_search(cfg: Any) -> None:
     more = s.get("more_trials")
     if more is not None and more < 1:
         raise ConfigError(f"search.more_trials={more} must be at least 1 (or null: up to search.n_trials)")
+    if s.get("max_seeds") is not None and s.max_seeds < 0:
+        raise ConfigError(f"search.max_seeds={s.max_seeds} must be 0 (no seeds) or a positive count of "
+                          "Inductor's own configs to measure first")
     if not 0 <= s.seed < 2**32:
         raise ConfigError(f"search.seed={s.seed} must be in [0, {2**32 - 1}] (the samplers' random seed)")
     if s.timeout_s is not None and s.timeout_s <= 0:
