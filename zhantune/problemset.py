@@ -97,8 +97,9 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
         raise ConfigError(f"problems={path}: not a YAML problems file: {str(e).splitlines()[0]}") from None
     if not isinstance(doc, dict) or doc.get("format") != PROBLEMS_FORMAT:
         raise ConfigError(f"{path}: format: expected {PROBLEMS_FORMAT!r} (write the file with python -m zhantune.collect)")
-    if doc.get("format_version") != 1:
-        raise ConfigError(f"{path}: format_version: this zhantune reads version 1, got {doc.get('format_version')!r}")
+    version = doc.get("format_version", 1)  # a hand-written file may leave it out: version 1
+    if type(version) is not int or version != 1:
+        raise ConfigError(f"{path}: format_version: this zhantune reads version 1, got {version!r}")
     rows = doc.get("problems")
     if not isinstance(rows, list) or not rows:
         raise ConfigError(f"{path}: problems: expected a non-empty list")
