@@ -89,33 +89,27 @@ def _newer_optuna(tmp: Path) -> str:
     return _sql(tmp / "zhantune.db", "UPDATE alembic_version SET version_num = 'v99.0.0.a'")
 
 
+def _one_row_db(path: Path, study: str, size: int, params: dict, lookup_key: str | None, **row) -> None:
+    """A zhantune database at ``path`` with one ok candidate of mm size^3 on a CPU 'cpu0' in ``study``."""
+    store = Store(f"sqlite:///{path}")
+    dev = store.device_id("cpu0", "cpu0", "cpu", {})
+    prob = store.problem_id(f"mm[M={size},N={size},K={size}]:float32", op="mm",
+                            shape={"M": size, "N": size, "K": size, "B": 1}, dtype="float32", activation=None,
+                            weight_layout="kn", lookup_op="mm", lookup_key=lookup_key, flops=2 * size ** 3)
+    store.add_measurement(study_id=store.study_id(study, {}), device_id=dev, problem_id=prob, kind="candidate",
+                          status="ok", template_id=None, params=params, median_us=1.0, torch_version="2.13.0", **row)
+    store.engine.dispose()
+
+
 def _bad_source_db(tmp: Path) -> str:
     """A zhantune database whose one measurement sets cpp.march: db merge must not import it."""
-    store = Store(f"sqlite:///{tmp}/evil.db")
-    dev = store.device_id("cpu0", "cpu0", "cpu", {})
-    prob = store.problem_id("mm[M=4,N=4,K=4]:float32", op="mm", shape={"M": 4, "N": 4, "K": 4, "B": 1},
-                            dtype="float32", activation=None, weight_layout="kn", lookup_op="mm",
-                            lookup_key=KEY, flops=128)
-    study = store.study_id("evil", {})
-    store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
-                          template_id=None, params={"cpp.march": "native"}, median_us=1.0,
-                          torch_version="2.13.0")
-    store.engine.dispose()
+    _one_row_db(tmp / "evil.db", "evil", 4, {"cpp.march": "native"}, KEY)
     return "evil.db"
 
 
 def _other_problems_study(tmp: Path) -> str:
     """The existing database with a study named 'other' that measured mm 8x8x8."""
-    store = Store(f"sqlite:///{tmp}/zhantune.db")
-    dev = store.device_id("cpu0", "cpu0", "cpu", {})
-    prob = store.problem_id("mm[M=8,N=8,K=8]:float32", op="mm", shape={"M": 8, "N": 8, "K": 8, "B": 1},
-                            dtype="float32", activation=None, weight_layout="kn", lookup_op="mm",
-                            lookup_key=None, flops=1024)
-    study = store.study_id("other", {})
-    store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
-                          template_id=None, params={"max_autotune_gemm_backends": "ATEN"}, median_us=1.0,
-                          torch_version="2.13.0", trial_number=0)
-    store.engine.dispose()
+    _one_row_db(tmp / "zhantune.db", "other", 8, {"max_autotune_gemm_backends": "ATEN"}, None, trial_number=0)
     return "other"
 
 
