@@ -3,9 +3,10 @@
 Per problem, the configurations: each device's best config and the portable choice, every
 parameter in full. Charts, each only where it has data: the device x device regret heatmap (two
 devices or more); per problem and device, the speedup of the best config over Inductor's default
-(where the default was measured: a claim confirmed in paired rounds, else hatched, unconfirmed); best time against problem size (FLOPs); and, for a chosen study,
-its optimisation history and parameter importances. The charts the report holds are listed in
-``<meta name="zhantune-charts">`` (scripts/render_report.py checks that each drew data).
+(where the default was measured: a claim confirmed in paired rounds, else hatched, unconfirmed);
+best time against problem size (FLOPs); and, for a chosen study, its optimisation history and
+parameter importances. The charts the report holds are listed in ``<meta name="zhantune-charts">``
+(scripts/render_report.py checks that each drew data).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from zhantune.bench.decision import best_per_config, decision_us
 from zhantune.errors import UserError
+from zhantune.storage.engine import redact_url
 
 if TYPE_CHECKING:
     from zhantune.storage import Store
@@ -90,8 +91,6 @@ class Comparison:
 
 
 def _pick_devices(store: Store, wanted: list[str] | None) -> list[Any]:
-    from zhantune.storage.engine import redact_url
-
     devices = store.devices()
     if not devices:
         raise CompareError(f"storage.url={redact_url(store.url)}: the database holds no devices; tune or import first "
@@ -131,7 +130,7 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
         out.append(p)
     if not out:
         raise CompareError(f"no problem was measured on two of the devices {', '.join(repr(d.key) for d in devs)}"
-                           if len(devs) > 1 else f"no correct measurement on {devs[0].key!r} in {store.url}")
+                           if len(devs) > 1 else f"no correct measurement on {devs[0].key!r} in {redact_url(store.url)}")
     keys = [d.key for d in devs]
     matrix: dict[tuple[str, str], float | None] = {}
     for a in keys:
