@@ -8,7 +8,10 @@ from pathlib import Path
 
 from zhantune.errors import ConfigError
 
-__all__ = ["check_output_path"]
+__all__ = ["check_output_path", "SQLITE_SIDE_FILES"]
+
+#: the files SQLite keeps beside a database ``X`` while it is open: ``X-wal``, ``X-shm``, ``X-journal``
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
 def check_output_path(path: str | os.PathLike[str], option: str) -> Path:
@@ -52,7 +55,7 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 def _sqlite_database_at(p: Path) -> Path | None:
     """The SQLite database that writing ``p`` would destroy: ``p`` itself, or the database of a
     ``-wal`` / ``-shm`` / ``-journal`` file beside one; None otherwise."""
-    for suffix in ("-wal", "-shm", "-journal"):
+    for suffix in SQLITE_SIDE_FILES:
         if p.name.endswith(suffix):
             main = p.with_name(p.name[: -len(suffix)])
             if _is_sqlite(main):

@@ -39,6 +39,7 @@ executes code from it: it is JSON, checked by :func:`zhantune.inductor.table.rea
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -65,18 +66,14 @@ class InstalledTable:
         self.handler = TableChoices(tf)  # first: a handler that cannot be made leaves nothing set
         self._patch = inductor_config.patch({**({} if device == "cpu" else cuda_table_patch(tf.table)),
                                              "lookup_table.table": tf.table})
-        self._patch.__enter__()
-        try:
+        with contextlib.ExitStack() as undo:  # an install that fails part-way undoes what it did
+            self._patch.__enter__()
+            undo.callback(self._patch.__exit__, None, None, None)
             cpu_gemm.install()
-            try:
-                self._choices = V.set_choices_handler(self.handler)
-                self._choices.__enter__()
-            except BaseException:
-                cpu_gemm.uninstall()
-                raise
-        except BaseException:
-            self._patch.__exit__(None, None, None)
-            raise
+            undo.callback(cpu_gemm.uninstall)
+            self._choices = V.set_choices_handler(self.handler)
+            self._choices.__enter__()
+            undo.pop_all()
         self._removed = False
         # installed until remove(), whether or not the caller keeps this object: the handler's
         # context manager is a generator that would restore the previous handler when collected

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
 from zhantune.errors import StorageError
+from zhantune.paths import SQLITE_SIDE_FILES
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
@@ -172,7 +173,7 @@ def refuse_other_optuna_schema(where: str, optuna_rev: str | None) -> None:
 def remove_sqlite_files(path: Path) -> None:
     """Remove an SQLite database this process just failed to create, with its WAL, shared-memory and
     schema-lock files."""
-    for suffix in ("", "-wal", "-shm", "-journal", ".zt-lock"):
+    for suffix in ("", *SQLITE_SIDE_FILES, ".zt-lock"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 

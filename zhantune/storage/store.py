@@ -108,7 +108,7 @@ class Store(Queries):
         elif rev != head:  # an older revision (refuse_foreign_or_newer refused a newer one)
             raise StorageError(f"storage.url={redact_url(self.url)}: the database has schema revision {rev}, this zhantune "
                                f"needs {head}; back it up, then run: python -m zhantune.db upgrade "
-                               f"storage.url={self.url}")
+                               f"storage.url={redact_url(self.url)}")
 
     @contextlib.contextmanager
     def schema_lock(self) -> Iterator[None]:
