@@ -30,7 +30,6 @@ __all__ = ["settle_close_call", "settle_speedup", "SpeedupSettle", "is_default_k
 Record = Callable[[Measurement, str, Candidate | None], Any]
 
 
-
 def _candidate(row: Any, branches: Sequence[Any]) -> Candidate | None:
     """The candidate a stored row measured, rebuilt from this run's space; None when its branch is
     not in it (a row another study's space measured)."""
