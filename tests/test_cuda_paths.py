@@ -169,9 +169,13 @@ def _cuda_space(problem, names: list[str]):
     return space, variables
 
 
-@pytest.mark.parametrize("op, shape", [("mm", [64, 64, 4096]), ("mm", [64, 32, 2048]), ("mm", [64, 64, 512]),
-                                       ("addmm", [64, 64, 4096])])
-def test_a_cuda_branch_has_feasible_points_exactly_when_inductor_offers_its_template(op, shape):
+@pytest.mark.parametrize("op, shape, search_space", [
+    ("mm", [64, 64, 4096], "DEFAULT"), ("mm", [64, 32, 2048], "DEFAULT"), ("mm", [64, 64, 512], "DEFAULT"),
+    ("addmm", [64, 64, 4096], "DEFAULT"),
+    # TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_SEARCH_SPACE=EXHAUSTIVE: config.py upper-cases it and tuned_mm
+    # compares it with "exhaustive", so Inductor still drops triton::mm at K >= 64 * max(M, N)
+    ("mm", [64, 64, 4096], "EXHAUSTIVE"), ("mm", [16, 16, 4096], "EXHAUSTIVE")])
+def test_a_cuda_branch_has_feasible_points_exactly_when_inductor_offers_its_template(op, shape, search_space):
     """Finding 4: decompose_k is offered only for K >= 32 * max(M, N) and triton::mm disappears at
     K >= 64 * max(M, N) (mm only): a branch Inductor does not offer would spend the budget on
     not_applied trials. The offered templates come from Inductor's real mm lowering."""
@@ -179,11 +183,13 @@ def test_a_cuda_branch_has_feasible_points_exactly_when_inductor_offers_its_temp
     from zhantune.search.study import feasible_size
 
     problem = GemmProblem.from_config(op, shape, "bfloat16")
-    space, variables = _cuda_space(problem, ["triton_mm", "decompose_k"])
+    with inductor_config.patch(max_autotune_gemm_search_space=search_space):
+        space, variables = _cuda_space(problem, ["triton_mm", "decompose_k"])
     sizes = feasible_size(space, variables)
     m, n, k = shape
     inputs = [(m, k), (k, n)] if op == "mm" else [(n,), (m, k), (k, n)]
-    with fake_cuda(), inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,TRITON"):
+    with fake_cuda(), inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,TRITON",
+                                            max_autotune_gemm_search_space=search_space):
         offered = set(lower(op, inputs, torch.bfloat16).uids)
     assert (sizes["triton_mm"][1] > 0) == ("triton::mm" in offered), (sizes, offered)
     assert (sizes["decompose_k"][1] > 0) == ("decompose_k" in offered), (sizes, offered)

@@ -107,7 +107,9 @@ def offered_templates(lookup_op: str, m: int, n: int, k: int) -> dict[str, bool]
     ``use_decompose_k_choice(m, n, k)`` holds (K >= ``triton.decompose_k_threshold`` * max(M, N),
     32 by default) and its heuristic has a split for the size (a lookup entry is merged over the
     first one, so without one the entry is dropped); it drops ``triton::mm`` (and the persistent
-    TMA template) at twice that threshold unless ``max_autotune_gemm_search_space`` is EXHAUSTIVE.
+    TMA template) at twice that threshold unless ``max_autotune_gemm_search_space == "exhaustive"``,
+    compared as Inductor compares it (kernel/mm.py): config.py upper-cases the setting, so in torch
+    2.13 the exception never holds, ``EXHAUSTIVE`` included.
     addmm and bmm offer their Triton templates at any K and no decomposeK.
     Returns ``{"decompose_k_offered": bool, "triton_mm_offered": bool}``.
     """
@@ -119,7 +121,7 @@ def offered_templates(lookup_op: str, m: int, n: int, k: int) -> dict[str, bool]
     check = use_decompose_k_choice.__wrapped__  # Inductor's cache would keep our throwaway graph's answer
     decompose = _with_graph(lambda: check(m, n, k))
     dropped = _with_graph(lambda: check(m, n, k, threshold_multiple=2))
-    exhaustive = str(config.max_autotune_gemm_search_space).upper() == "EXHAUSTIVE"
+    exhaustive = config.max_autotune_gemm_search_space == "exhaustive"  # verbatim tuned_mm's test
     return {"decompose_k_offered": bool(decompose and decompose_k_splits(m, n, k)),
             "triton_mm_offered": bool(exhaustive or not dropped)}
 
