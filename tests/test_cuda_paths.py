@@ -127,6 +127,51 @@ def test_use_table_on_cuda_offers_the_persistent_tma_template():
     assert served.uids == ["triton::mm_persistent_tma"]
 
 
+def _lower_mm_and_its_subgraphs(m: int, n: int, k: int, dtype: torch.dtype) -> list[tuple[str, list[str]]]:
+    """Inductor's real tuned_mm on fake cuda:0 buffers, the single choice it builds lowered for
+    real (decompose_k's subgraph included, with its inner bmm): (op, choice names) per selection."""
+    from torch._inductor import ir
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.kernel import bmm, mm
+    from torch._inductor.virtualized import V
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    seen: list[tuple[str, list[str]]] = []
+    graph = GraphLowering(torch.fx.symbolic_trace(torch.nn.Identity()))
+    with V.set_graph_handler(graph), V.set_fake_mode(FakeTensorMode()):
+        nodes = []
+        for i, size in enumerate([(m, k), (k, n)]):
+            layout = ir.FixedLayout(torch.device("cuda", 0), dtype, list(size), list(torch.empty(size, device="meta").stride()))
+            graph.graph_inputs[f"arg{i}"] = ir.TensorBox.create(ir.InputBuffer(name=f"arg{i}", layout=layout))
+            nodes.append(graph.graph_inputs[f"arg{i}"])
+
+        def select(name, choices, *args, **kwargs):
+            seen.append((name, [c.name for c in choices]))
+            return choices[0].output_node(), choices[0]
+
+        with mock.patch.object(mm, "autotune_select_algorithm", select), \
+                mock.patch.object(bmm, "autotune_select_algorithm", select):
+            mm.tuned_mm(*nodes)
+    return seen
+
+
+def test_use_table_does_not_count_decompose_ks_inner_bmm_as_a_miss():
+    """decompose_k lowers its bmm in a subgraph under max_autotune=False and ATen only
+    (torch/_inductor/ir.py SubgraphBuffer); that bmm still asks the choices handler. No table can
+    change it: use_table reported it as a missed key (coverage 50%, and gpu_check failed a
+    decompose_k winner for it)."""
+    from zhantune.inductor.runtime import use_table
+
+    m, n, k = 64, 64, 2048
+    key = f"NVIDIA H100 80GB HBM3+((torch.bfloat16, [{m}, {k}], [{k}, 1]), (torch.bfloat16, [{k}, {n}], [{n}, 1]))+mm"
+    with fake_cuda(), use_table({key: [{"template_id": "decompose_k", "k_split": 4}]}, device="cuda") as installed:
+        seen = _lower_mm_and_its_subgraphs(m, n, k, torch.bfloat16)
+    assert [op for op, _ in seen] == ["mm", "bmm"]  # the subgraph's bmm was lowered and looked up
+    assert seen[0][1][0].startswith("decompose_k") and seen[1][1] == ["bmm_dtype"]
+    assert installed.report.hits == {key: 1}
+    assert not installed.report.misses and installed.report.coverage == 1.0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, activation", [("float32", "relu"), ("bfloat16", "gelu")])
 def test_linear_act_is_benchmarked_under_the_op_inductor_looks_up_on_a_gpu(dtype, activation):

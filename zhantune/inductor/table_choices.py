@@ -189,6 +189,11 @@ class TableChoices(RecordingChoices):
         key, entries = self._find(event)
         report_key = key or event.device_key or event.agnostic_key or op_name
         cpu = kernel_inputs.device().type == "cpu"
+        if not cpu and _no_choice(hashes):
+            # a GEMM Inductor lowers without max-autotune and with ATen only, e.g. decompose_k's
+            # inner bmm (its subgraph is lowered under max_autotune=False, backends ATEN: ir.py
+            # SubgraphBuffer): no table can change it, so it is neither a hit nor a miss
+            return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         if not cpu and not any(uid.startswith("aten::") for uid in hashes) \
                 and not any(e.get("template_id") in hashes for e in entries or ()):
             # a secondary pass of the GEMM's lowering with nothing in the table for it (addmm's
@@ -311,6 +316,14 @@ def _cpp_template_applies(kernel_inputs: Any, op_name: str) -> bool:
 def _cpu_entry(entry: dict[str, Any]) -> bool:
     """An entry that can take effect on CPU: a config patch or an ATen kernel (Inductor's default)."""
     return entry["template_id"] == CONFIG_TEMPLATE_ID or entry["template_id"].startswith("aten::")
+
+
+def _no_choice(template_hashes: dict[str, str | None]) -> bool:
+    """Whether a CUDA lookup is one Inductor makes with nothing to choose: max-autotune off
+    (``max_autotune`` and ``max_autotune_gemm``, as torch/_inductor/utils.py tests them) and only
+    ATen kernels offered."""
+    return (not (inductor_config.max_autotune or inductor_config.max_autotune_gemm)
+            and all(uid.startswith("aten::") for uid in template_hashes))
 
 
 def _wants_cpp(entry: dict[str, Any]) -> bool:
