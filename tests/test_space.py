@@ -115,7 +115,7 @@ def test_every_shipped_space_loads_for_every_op(op):
     # every template offered (zhantune.runspec.problem_variables computes these from Inductor per size)
     variables = {"M": 256, "N": 256, "K": 256, "B": 2, "dtype_bytes": 4, "smem_bytes": 232448,
                  "sm_count": 132, "cores": 2, "n_threads": 2, "decompose_k_offered": True,
-                 "triton_mm_offered": True, "tma_offered": True, "tma_epilogue_bytes": 4}
+                 "triton_mm_offered": True, "tma_offered": True}
     lookup_op = {"linear_act": "addmm"}.get(op, op)
     space = load_space(names, CONF / "space", variables, set(inductor_template_ids()), op=lookup_op,
                        template_params=template_params)

@@ -23,7 +23,7 @@ from zhantune.bench.recorded import KernelTunerFile, ReplayProblem, load_kernelt
 from zhantune.config import CONF_DIR, BenchConfig, ExportConfig, SearchConfig, StorageConfig
 from zhantune.device import DeviceInfo, resolve_device
 from zhantune.errors import ConfigError, SpaceError
-from zhantune.inductor.heuristics import offered_templates, template_params, tma_epilogue_bytes
+from zhantune.inductor.heuristics import offered_templates, template_params
 from zhantune.inductor.knobs import BACKEND_FLAGS, config_knob_problem
 from zhantune.inductor.settings import KERNEL_CACHE_PATCH
 from zhantune.inductor.templates import inductor_template_ids
@@ -167,9 +167,7 @@ def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any
     whether Inductor offers a template for this size on this device kind, ``decompose_k_offered``
     and ``triton_mm_offered`` (zhantune.inductor.heuristics.offered_templates), ``tma_offered``
     (Inductor's lowering offers the persistent TMA template on this CUDA device for this problem:
-    compute capability 9.0, 16-byte aligned strides; :func:`cuda_offered_uids`), and
-    ``tma_epilogue_bytes``, the bytes per element of the persistent TMA template's epilogue layout
-    conversion in shared memory (zhantune.inductor.heuristics.tma_epilogue_bytes)."""
+    compute capability 9.0, 16-byte aligned strides; :func:`cuda_offered_uids`)."""
     p = device.properties
     d = problem.dims
     op = problem.lookup_op_on(device.kind)
@@ -177,7 +175,6 @@ def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any
         **d,
         **offered_templates(op, d["M"], d["N"], d["K"]),
         "tma_offered": device.kind == "cuda" and "triton::mm_persistent_tma" in cuda_offered_uids(problem, device),
-        "tma_epilogue_bytes": tma_epilogue_bytes(op, problem.dtype_bytes),
         "dtype_bytes": problem.dtype_bytes,
         "smem_bytes": p.get("smem_bytes", 0),
         "sm_count": p.get("sm_count", 0),

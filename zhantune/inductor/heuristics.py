@@ -11,8 +11,6 @@
   templates for a size (the K-to-M/N thresholds of ``tuned_mm``).
 * :func:`derived_kwargs`: the kwargs Inductor derives per config from the problem (``EVEN_K``),
   which a lookup-table entry must carry itself.
-* :func:`tma_epilogue_bytes`: the element size of the persistent TMA template's epilogue layout
-  conversion, a term of its shared-memory use.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from typing import Any
 import torch
 
 __all__ = ["triton_mm_configs", "decompose_k_splits", "template_params", "derived_kwargs", "with_derived_kwargs",
-           "offered_templates", "tma_epilogue_bytes",
+           "offered_templates",
            "LAUNCH_OPTIONS"]
 
 #: Triton launch options a lookup-table entry may carry beside the template's constexprs
@@ -124,13 +122,3 @@ def offered_templates(lookup_op: str, m: int, n: int, k: int) -> dict[str, bool]
     exhaustive = config.max_autotune_gemm_search_space == "exhaustive"  # verbatim tuned_mm's test
     return {"decompose_k_offered": bool(decompose and decompose_k_splits(m, n, k)),
             "triton_mm_offered": bool(exhaustive or not dropped)}
-
-
-def tma_epilogue_bytes(lookup_op: str, dtype_bytes: int) -> int:
-    """Bytes per element of the persistent TMA template's epilogue layout conversion (mma -> blocked
-    layout, a BLOCK_M x BLOCK_N tile in shared memory while the next loads are prefetched): the
-    accumulator's 4 for addmm (the bias is added after it), the output dtype's for mm. Inductor's own
-    value (``get_shared_memory_checker_opts`` in torch/_inductor/template_heuristics/triton.py)."""
-    from torch._inductor.template_heuristics.triton import get_shared_memory_checker_opts
-
-    return int(get_shared_memory_checker_opts(lookup_op, dtype_bytes)["layout_conversion_byte_size"])
