@@ -14,7 +14,7 @@ For mm, addmm, bmm and linear_act (relu) in bfloat16 and float32, at one small s
 3. **export** the table (``python -m zhantune.export``, both formats);
 4. **load** it in a fresh process: each problem compiled with ``zhantune.use_table(device="cuda")``
    (every key hit, the output correct) and with stock Inductor (its own ``LookupTableChoices``,
-   ``max_autotune=True``, ``lookup_table.table`` set: the keys it looks up are found, the output
+   ``max_autotune_gemm=True``, ``lookup_table.table`` set: the keys it looks up are found, the output
    correct).
 
 Prints one row per problem (trials by status, best config, the settled speedup claim, use_table
@@ -74,7 +74,7 @@ LOAD = textwrap.dedent("""
                 else:  # stock Inductor's lookup semantics on the format=inductor file (RecordingChoices only
                     # records the lookups); TMA entries need the flag set, as a stock user would
                     handler = RecordingChoices()
-                    with ic.patch({"max_autotune": True, "lookup_table.table": stock_table,
+                    with ic.patch({"max_autotune_gemm": True, "lookup_table.table": stock_table,
                                    "triton.enable_persistent_tma_matmul": True}), V.set_choices_handler(handler):
                         got = torch.compile(module)(*inputs)
                     looked = [e for e in handler.events if e.offered]

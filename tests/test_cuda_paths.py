@@ -128,6 +128,34 @@ def test_use_table_on_cuda_offers_the_persistent_tma_template():
     assert served.uids == ["triton::mm_persistent_tma"]
 
 
+def test_a_cuda_candidate_or_table_compile_autotunes_the_gemm_only():
+    """C1 of the second review: with ``max_autotune=True`` Inductor also autotunes every pointwise
+    and reduction kernel (runtime/triton_heuristics.py reads ``max_autotune`` from each kernel's
+    inductor_meta): a linear_act candidate was timed with an autotuned activation kernel against a
+    default without one, and use_table autotuned a user's whole model. The GEMM switch alone
+    (``max_autotune_gemm``) still serves the candidate and the table (the tests above compile under
+    these same patches); the kernels' meta, from Inductor's own codegen, has autotuning off."""
+    import torch.utils._triton as triton_utils
+    from torch._inductor.codegen.triton import TritonKernel
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    from zhantune.inductor.runtime import use_table
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    key = "NVIDIA H100 80GB HBM3+((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
+    with fake_cuda(), mock.patch.object(triton_utils, "triton_backend", lambda: backend):
+        for tid in ("triton::mm", "decompose_k", "aten::mm", "triton::mm_persistent_tma"):
+            with inductor_config.patch({**CUDA_BASE_PATCH, **template_patch(tid)}):
+                meta = TritonKernel.inductor_meta_common()
+                assert inductor_config.max_autotune_gemm
+            assert not meta["max_autotune"] and not meta["max_autotune_pointwise"], tid
+        with use_table({key: [{"template_id": "triton::mm", **TRITON_PARAMS}]}, device="cuda"):
+            meta = TritonKernel.inductor_meta_common()
+            assert inductor_config.max_autotune_gemm
+        assert not meta["max_autotune"] and not meta["max_autotune_pointwise"]
+
+
 def _lower_mm_and_its_subgraphs(m: int, n: int, k: int, dtype: torch.dtype) -> list[tuple[str, list[str]]]:
     """Inductor's real tuned_mm on fake cuda:0 buffers, the single choice it builds lowered for
     real (decompose_k's subgraph included, with its inner bmm): (op, choice names) per selection."""

@@ -39,7 +39,7 @@ from zhantune.inductor import cpu_gemm
 from zhantune.inductor.choices import LookupEvent, RecordingChoices, recording
 from zhantune.inductor.heuristics import derived_kwargs
 from zhantune.inductor.knobs import CONFIG_KNOBS
-from zhantune.inductor.settings import backend_flags, base_patch, template_patch
+from zhantune.inductor.settings import MAX_AUTOTUNE, backend_flags, base_patch, template_patch
 from zhantune.problems import GemmProblem
 
 __all__ = ["InductorBenchmarker", "candidate_entry", "relative_error"]
@@ -174,14 +174,14 @@ class InductorBenchmarker:
                 return self._run(dict(base), table=None, expect=None, time_it=time_it,
                                  tol=tolerance(self.problem.dtype, candidate.params))
         patch = dict(base)
-        patch["max_autotune"] = True
+        patch[MAX_AUTOTUNE[self.device.kind]] = True  # the GEMM's choices; on CUDA nothing else autotuned
         entries = None
         if candidate.scope == "template":
             if self.lookup is None or self.lookup.device_key is None:
                 return Measurement("not_applied", error_text="no lookup key recorded for this problem")
             # served under the key Inductor asks with; the event that hits records it
             entries = [candidate_entry(candidate, self.problem.dims)]
-            patch.update(template_patch(candidate.template_id))
+            patch.update(template_patch(candidate.template_id, self.device.kind))
         else:
             patch.update(candidate.params)
         return self._run(patch, table=None, expect=candidate, any_key=entries, time_it=time_it)

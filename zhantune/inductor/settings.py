@@ -19,7 +19,7 @@ from zhantune.inductor.templates import TEMPLATE_CONFIG
 from zhantune.quiet import NO_AUTOTUNE_REPORT
 
 __all__ = ["CPU_BASE_PATCH", "CUDA_BASE_PATCH", "KERNEL_CACHE_PATCH", "BACKEND_FLAGS", "base_patch",
-           "template_patch", "cuda_table_patch", "model_patch", "backend_flags", "backend_flag", "get_config",
+           "MAX_AUTOTUNE", "template_patch", "cuda_table_patch", "model_patch", "backend_flags", "backend_flag", "get_config",
            "set_knob"]
 
 #: every CPU compile of a benchmark: inference with constant weights (a user's ``freezing=True``
@@ -49,7 +49,17 @@ def base_patch(device_kind: str, kernel_cache: bool = False) -> dict[str, Any]:
     return base
 
 
-def template_patch(template_id: str) -> dict[str, Any]:
+#: the max-autotune switch of a GEMM compile per device kind. On CUDA ``max_autotune_gemm``: every
+#: GEMM decision in Inductor reads ``max_autotune or max_autotune_gemm`` (torch/_inductor/utils.py
+#: ``use_triton_template``, kernel/mm.py, scheduler.py), while ``max_autotune`` also autotunes every
+#: pointwise and reduction kernel's launch config (runtime/triton_heuristics.py reads it from
+#: inductor_meta): a candidate would be timed with autotuned epilogue kernels against a default
+#: without them, and a table would autotune a user's whole model. On CPU ``max_autotune`` (the C++
+#: GEMM template's path; Inductor's CPU kernels are not autotuned)
+MAX_AUTOTUNE = {"cuda": "max_autotune_gemm", "cpu": "max_autotune"}
+
+
+def template_patch(template_id: str, device_kind: str = "cuda") -> dict[str, Any]:
     """Inductor config under which a template candidate's compile builds that one choice only.
 
     ``max_autotune_gemm_backends``: ATEN for an ``aten::*`` template, TRITON for the rest
@@ -60,18 +70,19 @@ def template_patch(template_id: str) -> dict[str, Any]:
     faster of several kernels. ``triton::mm_persistent_tma`` is offered only with
     ``triton.enable_persistent_tma_matmul`` (``use_triton_tma_template`` in torch/_inductor/utils.py).
     """
-    patch: dict[str, Any] = {"max_autotune": True,
+    patch: dict[str, Any] = {MAX_AUTOTUNE[device_kind]: True,
                              "max_autotune_gemm_backends": "ATEN" if template_id.startswith("aten::") else "TRITON"}
     patch.update(TEMPLATE_CONFIG.get(template_id, {}))
     return patch
 
 
 def cuda_table_patch(table: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Inductor config a CUDA table compiles under (zhantune.use_table): max-autotune over ATen and
-    Triton (a miss compiles the ATen kernel, zhantune.inductor.table_choices.TableChoices), and
+    """Inductor config a CUDA table compiles under (zhantune.use_table): GEMM max-autotune
+    (``max_autotune_gemm``, MAX_AUTOTUNE: the model's other kernels compile as without the table)
+    over ATen and Triton (a miss compiles the ATen kernel, zhantune.inductor.table_choices.TableChoices), and
     ``triton.enable_persistent_tma_matmul`` when an entry names ``triton::mm_persistent_tma``
     (Inductor offers that template only then: ``use_triton_tma_template`` in torch/_inductor/utils.py)."""
-    patch: dict[str, Any] = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
+    patch: dict[str, Any] = {MAX_AUTOTUNE["cuda"]: True, "max_autotune_gemm_backends": "ATEN,TRITON"}
     for entries in table.values():
         for e in entries:
             patch.update(TEMPLATE_CONFIG.get(e.get("template_id"), {}))
