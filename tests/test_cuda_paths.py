@@ -392,6 +392,7 @@ def test_cuda_graph_timings_are_batch_means_and_ties_compare_per_run_spreads(mon
 
         def __enter__(self):
             state["capturing"] = True
+            state.setdefault("calls_before_capture", state["calls"])
 
         def __exit__(self, *exc):
             state["capturing"] = False
@@ -409,9 +410,11 @@ def test_cuda_graph_timings_are_batch_means_and_ties_compare_per_run_spreads(mon
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: bool(state.get("capturing")))
     monkeypatch.setattr(triton.testing, "cuda_graph_without_gc", Capture)
-    t = time_cuda(fn, target_ms=10.0)
+    t = time_cuda(fn, warmup_ms=25.0, target_ms=10.0)
     assert runs_per_sample(t.method) == state["n"] == 500 and t.n == 10
     assert t.median_us == pytest.approx(20.0)
+    # warmup_ms of calls before the graph is captured (Triton's function makes only a handful)
+    assert state["calls_before_capture"] * per_call_ms >= 25.0
 
     # the spread: per-run times ~ N(100, 5) us; samples that are means of 400 runs spread 20x less,
     # and run_range_us gives back the per-run 20th-80th percentile range

@@ -317,7 +317,9 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: f
     """Time ``fn`` on the current CUDA device with Triton's protocol; microseconds, reduced by
     :func:`summarize_us`.
 
-    ``cuda_graph``: ``triton.testing.do_bench_cudagraph`` (no launch overhead). It captures N
+    ``cuda_graph``: ``triton.testing.do_bench_cudagraph`` (no launch overhead), after ``warmup_ms``
+    of calls (:func:`_warm_up_cuda`: Triton's function runs ``fn`` only a handful of times before it
+    captures, so the GPU's clocks could still be ramping up). It captures N
     unrolled calls in one graph (N = ``target_ms`` / a first estimate of one call) and returns, with
     ``return_mode="all"``, ten replays' means, not per-run times; the method records N, counted as
     the calls made while the graph was captured (``cuda:triton.do_bench_cudagraph:batch=N``), so
@@ -333,9 +335,25 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: f
                 captured[0] += 1
             return fn()
 
+        _warm_up_cuda(fn, warmup_ms)
         times_ms = triton.testing.do_bench_cudagraph(counted, rep=target_ms, return_mode="all")
         method = f"cuda:triton.do_bench_cudagraph:batch={max(1, captured[0])}"
     else:
         times_ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=target_ms, return_mode="all")
         method = "cuda:triton.do_bench"
     return summarize_us([t * 1e3 for t in times_ms], method)
+
+
+def _warm_up_cuda(fn: Callable[[], object], warmup_ms: float) -> None:
+    """Call ``fn`` for about ``warmup_ms`` of GPU time, as ``triton.testing.do_bench`` warms up: the
+    time of 5 calls (one CUDA event pair) gives the estimate, then warmup_ms / estimate calls."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate_ms = max(start.elapsed_time(end) / 5, 1e-6)
+    for _ in range(min(max(1, int(warmup_ms / estimate_ms)), 1_000_000)):
+        fn()
+    torch.cuda.synchronize()
