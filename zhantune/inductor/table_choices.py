@@ -275,6 +275,10 @@ class TableChoices(RecordingChoices):
             self._set_cpu({"max_autotune_gemm_backends": "ATEN"})
             return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         self.report.hits[key] += 1
+        # this lookup's event (appended by _finalize_template_configs) records the hit, as a packed
+        # GEMM's does (cpu_packed_gemm): where oneDNN does not pack the dtype (bf16 without AVX-512)
+        # the C++-template candidate is served here
+        self.events[-1] = dataclasses.replace(self.events[-1], hit_templates=(entry["template_id"],))
         if entry["template_id"] == CONFIG_TEMPLATE_ID:
             patch = dict(entry.get("config_patch") or {})
             backends = str(patch.get("max_autotune_gemm_backends", "ATEN")).upper()
