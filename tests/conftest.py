@@ -60,3 +60,13 @@ def postgres():
     server = PostgresServer()
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_table_outlives_its_test():
+    """A test that fails between a plain ``use_table(...)`` call and its ``remove()`` would leave the
+    handler installed for every later test of the same xdist worker: remove what is left, newest first."""
+    yield
+    runtime = sys.modules.get("zhantune.inductor.runtime")  # never imported: nothing was installed
+    for installed in reversed(list(runtime._INSTALLED if runtime else [])):
+        installed.remove()
