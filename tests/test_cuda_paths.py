@@ -509,8 +509,8 @@ def _triton_shared_bytes(op: str, size: int, entries: list[dict] | None) -> dict
     configs. Keyed by (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)."""
     import importlib.util
 
-    import triton
     import torch.utils._triton as triton_utils
+    import triton
     from torch._inductor import ir
     from torch._inductor.graph import GraphLowering
     from torch._inductor.kernel import mm

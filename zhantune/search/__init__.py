@@ -3,6 +3,7 @@
 - schema.py: a YAML space -> branches, params as Optuna distributions, constraints (simpleeval);
   feasible.py: the feasible set; samplers.py, feasible_tpe.py: the samplers by name;
 - seeds.py: what Inductor itself would try, proposed first; transfer.py: a prior from the storage;
+  surrogate.py: the transfer model the default sampler proposes from with a complete prior;
 - study.py: the Optuna study in the shared storage, heartbeats; driver.py: the ask/tell loop
   (run_search) shared by the tune and the offline strategy benchmark.
 """

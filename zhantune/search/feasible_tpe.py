@@ -13,10 +13,12 @@ distance, Wan et al. 2021, CASMOPOLITAN), falling back to the global maximum whe
 exhausted.
 
 Transfer (:meth:`set_prior`, zhantune.search.transfer): with scores for most configs (other
-devices' measurements of this problem), every proposal stays inside the best ``transfer_quantile``
-of the scored configs (the *region*) while the best point measured here lies inside it; with scores
-for a few (a neighbouring shape's short tune), their best configs are proposed first.
-docs/search.md has the measurements.
+devices' measurements of this problem), two of every three proposals come from the transfer model
+(zhantune.search.surrogate.TransferModel: this device's log time as the other devices' score plus
+per-value effects, Thompson sampling) and the third from TPE's density ratio inside the best
+``transfer_quantile`` of the scored configs (the *region*, while the best point measured here lies
+inside it), with its local search; with scores for a few (a neighbouring shape's short tune), their
+best configs are proposed first, then the cold search. docs/search.md has the measurements.
 
 The sampler needs the space: :func:`zhantune.search.driver.run_search` calls :meth:`bind` before the
 first trial. The study (trials of every worker sharing the storage) is its only state, so several
@@ -36,6 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 from zhantune.search.feasible import FeasibleSet, enumerate_feasible
 from zhantune.search.schema import Space
 from zhantune.search.study import INTERRUPTED_ATTR
+from zhantune.search.surrogate import TransferModel
 
 __all__ = ["FeasibleTPESampler"]
 
@@ -58,15 +61,18 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         max_neighbourhood: largest Hamming distance searched around the best point.
         max_scored: most unmeasured points scored per trial (a uniform sample beyond it), which
             bounds the cost of a proposal on large spaces.
-        transfer_quantile: with a prior (:meth:`set_prior`), the share of the scored configs, best
-            first, that proposals stay in while the best point measured here is one of them.
         transfer_seeds: with a partial prior (scores for fewer than half of the feasible points, as
             a tune of a neighbouring shape gives), how many of its best-scored configs are proposed
             first (a complete prior proposes none: measured, seeds pull the search into the other
             device's basin; docs/search.md).
-        transfer_startup_trials: with a complete prior, the uniform start-up draws (from the region)
-            before the model, instead of ``n_startup_trials``; also how many results inside the
-            region the search waits for before it may leave the region (:meth:`_trust_region`).
+        transfer_tpe_every: with a complete prior, one proposal in this many comes from TPE in the
+            region, the others from the transfer model (0: all from the model).
+        transfer_quantile: the region: this share of the scored configs, best first.
+        transfer_startup_trials: with a complete prior, TPE draws uniformly from the region while
+            fewer results than this are in (not ``n_startup_trials``), and stays in the region until
+            this many of its points have results (:meth:`_trust_region`).
+        transfer_slope_sd, transfer_effect_sd, transfer_noise_sd: the transfer model's prior sds
+            (zhantune.search.surrogate.TransferModel, log time).
         refresh_s: the study's trials are read from the storage at most once per this many
             seconds (every proposal when trials take longer, as real compiles and benchmarks do);
             in between, this process's own results are known from ``after_trial``. 0 reads at every
@@ -75,16 +81,19 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
 
     def __init__(self, seed: int | None = None, n_startup_trials: int = 16, n_model_trials: int = 30,
                  gamma: float = 0.1, kernel_alpha: float = 0.6, max_neighbourhood: int = 1,
-                 max_scored: int = 4096, refresh_s: float = 1.0, transfer_quantile: float = 0.1,
-                 transfer_seeds: int = 3, transfer_startup_trials: int = 24):
+                 max_scored: int = 4096, refresh_s: float = 1.0, transfer_seeds: int = 3,
+                 transfer_tpe_every: int = 3, transfer_quantile: float = 0.1, transfer_startup_trials: int = 24,
+                 transfer_slope_sd: float = 0.3, transfer_effect_sd: float = 0.3, transfer_noise_sd: float = 0.1):
         if not 0 < gamma <= 1:
             raise ValueError(f"gamma={gamma} must be in (0, 1]")
         if not 0 < kernel_alpha < 1:
             raise ValueError(f"kernel_alpha={kernel_alpha} must be in (0, 1)")
-        if not 0 < transfer_quantile <= 1:
-            raise ValueError(f"transfer_quantile={transfer_quantile} must be in (0, 1]")
         if transfer_seeds < 0:
             raise ValueError(f"transfer_seeds={transfer_seeds} must be at least 0")
+        if transfer_tpe_every < 0:
+            raise ValueError(f"transfer_tpe_every={transfer_tpe_every} must be at least 0")
+        if not 0 < transfer_quantile <= 1:
+            raise ValueError(f"transfer_quantile={transfer_quantile} must be in (0, 1]")
         self._seed = seed
         self._rng = np.random.default_rng(seed)
         self.n_startup_trials = n_startup_trials
@@ -94,13 +103,18 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         self.max_neighbourhood = max_neighbourhood
         self.max_scored = max_scored
         self.refresh_s = refresh_s
-        self.transfer_quantile = transfer_quantile
         self.transfer_seeds = transfer_seeds
+        self.transfer_tpe_every = transfer_tpe_every
+        self.transfer_quantile = transfer_quantile
         self.transfer_startup_trials = transfer_startup_trials
+        self._model = TransferModel(transfer_slope_sd, transfer_effect_sd, transfer_noise_sd)
         #: config hash -> prior score (lower is better; zhantune.search.transfer.Prior.scores)
         self._prior: dict[str, float] | None = None
-        #: per feasible row, with a prior: the seeds (best-scored rows, best first) and the region
+        #: with a partial prior: the seeds (best-scored feasible rows, best first)
         self._seed_rows: np.ndarray = np.zeros(0, dtype=np.int64)
+        #: with a prior: its score per feasible row (nan: not scored, inf: only failed there)
+        self._score: np.ndarray | None = None
+        #: with a complete prior: the region, the best ``transfer_quantile`` of the scored rows
         self._region: np.ndarray | None = None
         self._prior_complete = False
         self._feasible: FeasibleSet | None = None
@@ -137,12 +151,13 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
             self._bind_prior()
 
     def _bind_prior(self) -> None:
-        """Map the prior's scores to feasible rows: for a complete prior (scores for at least half
-        of the feasible set) the region, the best ``transfer_quantile`` of the scored rows; for a
-        partial one (a 16-trial tune of a neighbouring shape) the seeds, its ``transfer_seeds`` best
-        configs, and no region (the whole space)."""
+        """Map the prior's scores to feasible rows. A complete prior (scores for at least half of
+        the feasible set) drives the proposals (the transfer model's and TPE's in the region, the
+        best ``transfer_quantile`` of the scored rows); a partial one (a 16-trial tune of a
+        neighbouring shape) gives the seeds, its ``transfer_seeds`` best configs, proposed first."""
         fs = self._feasible
-        self._seed_rows, self._region, self._prior_complete = np.zeros(0, dtype=np.int64), None, False
+        self._seed_rows, self._score, self._region = np.zeros(0, dtype=np.int64), None, None
+        self._prior_complete = False
         if fs is None or not self._prior:
             return
         score = np.full(len(fs), np.nan)
@@ -153,18 +168,29 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         scored = np.flatnonzero(~np.isnan(score))
         if not len(scored):
             return
+        self._score, self._prior_complete = score, 2 * len(scored) >= len(fs)
         order = scored[np.argsort(score[scored], kind="stable")]  # ties: by row, deterministic
-        region = np.zeros(len(fs), dtype=bool)
-        region[order[: max(1, int(np.ceil(self.transfer_quantile * len(order))))]] = True
-        if 2 * len(scored) < len(fs):  # partial: its best configs first, then the whole space
+        if self._prior_complete:
+            self._region = np.zeros(len(fs), dtype=bool)
+            self._region[order[: max(1, int(np.ceil(self.transfer_quantile * len(order))))]] = True
+        else:  # partial: its best configs first, then the whole space
             self._seed_rows = order[np.isfinite(score[order])][: self.transfer_seeds]
-            region[:] = True
-        self._region, self._prior_complete = region, 2 * len(scored) >= len(fs)
+
+    @property
+    def prior_scored(self) -> int | None:
+        """Feasible points the prior scores (None without a prior or with none scored)."""
+        return None if self._score is None else int((~np.isnan(self._score)).sum())
 
     @property
     def prior_region_size(self) -> int | None:
-        """Feasible points in the transfer region (None without a prior)."""
+        """Feasible points in the transfer region (None without a complete prior)."""
         return None if self._region is None else int(self._region.sum())
+
+    @property
+    def prior_complete(self) -> bool:
+        """Whether the prior scores at least half of the feasible set: the transfer model and TPE in
+        the region propose."""
+        return self._prior_complete
 
     @property
     def prior_seed_count(self) -> int:
@@ -247,9 +273,12 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         for row in self._seed_rows:  # transfer: the best configs elsewhere first
             if unseen[row]:
                 return int(row)
-        if self._region is not None:  # transfer: stay in the region while it holds the best point
-            if self._prior_complete:
-                n_startup = self.transfer_startup_trials
+        if self._prior_complete:
+            every = self.transfer_tpe_every
+            if not every or len(rows) % every != every - 1:
+                return self._transfer_row(np.array(rows, dtype=np.int64), np.array(values), unseen)
+            # TPE's turn: the density ratio (after uniform draws) inside the region while it holds the best
+            n_startup = self.transfer_startup_trials
             inside = unseen & self._region
             if inside.any() and self._trust_region(rows, values):
                 unseen = inside
@@ -272,15 +301,29 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         return int(self._rng.choice(top))
 
     def _trust_region(self, rows: list[int], values: list[float]) -> bool:
-        """Whether proposals stay in the transfer region: yes until ``transfer_startup_trials``
-        points inside it have results; after that, only while the best result is inside it (a
-        point outside, e.g. one of Inductor's own configs enqueued first, that beats the region's
-        best means the other devices' ranking does not hold here)."""
+        """Whether TPE's proposals stay in the transfer region: until ``transfer_startup_trials`` of
+        its points have results, then while the best result is in it (a better point outside, one of
+        Inductor's own configs or the model's, means the other devices' ranking does not hold here)."""
         region = self._region
         inside = [v for r, v in zip(rows, values, strict=True) if region[r]]
         if len(inside) < self.transfer_startup_trials:
             return True
         return min(inside) <= min(values)
+
+    def _transfer_row(self, rows: np.ndarray, values: np.ndarray, unseen: np.ndarray) -> int:
+        """With a complete prior: the unmeasured point best under one posterior draw of the transfer
+        model (zhantune.search.surrogate.TransferModel), fitted to every result here (Inductor's own
+        seeds included). A config that only failed on the other devices is proposed only when no
+        other is left; one they did not measure counts as their average."""
+        score, filled = self._score, self._model.filled(self._score)
+        pool = unseen & ~np.isinf(score)
+        idx = np.flatnonzero(pool if pool.any() else unseen)
+        if self._one_hot is None and len(idx) > self.max_scored:  # a huge space: score a uniform sample
+            idx = self._rng.choice(idx, size=self.max_scored, replace=False)
+        weights = self._model.sample_weights(self._model.design(filled[rows], self._one_hot_rows(rows)), values,
+                                             self._rng)
+        predicted = self._model.design(filled[idx], self._one_hot_rows(idx)) @ weights
+        return int(idx[int(np.argmin(predicted))])
 
     def _known_trials(self, study: optuna.Study) -> dict[int, tuple[int, float | None]]:
         """(row, value) of every trial of the study by number, read from the storage at most once per

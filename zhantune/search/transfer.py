@@ -12,8 +12,8 @@ each config at its lowest decision statistic (zhantune.bench.decision.best_per_c
 export rank); a config that only failed there has an infinite regret. The prior's score of a config
 is the mean log regret over the sources that measured it (the log of its geometric-mean regret, the
 statistic of compare's geometric-mean portable choice). The sampler
-(zhantune.search.FeasibleTPESampler.set_prior) turns the scores into seeds and a search region
-(docs/search.md, "Transfer").
+(zhantune.search.FeasibleTPESampler.set_prior) turns the scores into seeds (a partial prior) or
+the transfer model's feature (zhantune.search.surrogate; docs/search.md, "Transfer").
 """
 
 from __future__ import annotations
@@ -149,16 +149,17 @@ def load_prior(store: Store, device_key: str, problem: Any, max_shapes: int = 2)
 
 def transfer_text(prior: Prior, sampler: Any) -> str:
     """The summary's line on how ``prior`` seeded the search of ``sampler``
-    (zhantune.search.FeasibleTPESampler's seeds and region)."""
-    region = getattr(sampler, "prior_region_size", None)
+    (zhantune.search.FeasibleTPESampler's seeds, or its transfer model)."""
+    scored = getattr(sampler, "prior_scored", None)
     feasible = len(sampler.feasible_set) if getattr(sampler, "feasible_set", None) is not None else None
     text = f"transfer: {prior.describe()}"
-    if region is None or feasible is None:
+    if scored is None or feasible is None:
         return text + "; none of their configs is in this space"
     seeds = sampler.prior_seed_count
     if seeds:
         text += f"; their {seeds} best config(s) were proposed before the sampler's own picks"
-    if region < feasible:
-        text += (f"; proposals stayed within their best {region:,} of {feasible:,} feasible configs "
-                 "while the best point measured here was one of them")
+    if sampler.prior_complete:
+        text += (f"; with their scores for {scored:,} of {feasible:,} feasible configs, proposals came from a "
+                 "model of this device's times as their ranking plus per-parameter-value effects, fitted to "
+                 f"the results here, and from TPE within their best {sampler.prior_region_size:,}")
     return text + " (search.transfer=off: a cold start)"
