@@ -386,3 +386,23 @@ def test_the_transfer_model_recovers_a_linear_log_time_and_ranks_failures_last()
     for bad in ({"slope_sd": 0}, {"effect_sd": -1}, {"noise_sd": float("nan")}):
         with pytest.raises(ValueError):
             TransferModel(**bad)
+
+
+def test_a_huge_space_scores_the_top_of_the_prior_and_a_sample_of_the_rest():
+    """Where the one-hot codes are not precomputed (spaces over ~60,000 points) the model scores
+    ``limit`` candidates: half the best by prior score, half a uniform sample. A uniform sample
+    alone would rarely hold the other devices' best config; here it is always proposed first."""
+    import numpy as np
+
+    from zhantune.search.surrogate import TransferModel
+
+    n = 5000
+    filled = np.full(n, 5.0)
+    filled[1234] = 0.0  # the other devices' best by far
+    one_hot = np.eye(2)[np.arange(n) % 2]
+    order = np.argsort(filled, kind="stable")
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        row = TransferModel().pick(filled, order, np.ones(n, dtype=bool), np.zeros(0, dtype=np.int64), np.zeros(0),
+                                   lambda rows: one_hot[rows], rng, limit=16)
+        assert row == 1234

@@ -114,8 +114,10 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         self._seed_rows: np.ndarray = np.zeros(0, dtype=np.int64)
         #: with a prior: its score per feasible row (nan: not scored, inf: only failed there)
         self._score: np.ndarray | None = None
-        #: with a complete prior: the region, the best ``transfer_quantile`` of the scored rows
+        #: with a complete prior: the region (the best ``transfer_quantile`` of the scored rows), and
+        #: the scores filled in (TransferModel.filled) with the rows in their order, best first
         self._region: np.ndarray | None = None
+        self._filled = self._order = np.zeros(0)
         self._prior_complete = False
         self._feasible: FeasibleSet | None = None
         #: the point chosen in before_trial for each running trial of this process, by trial number
@@ -171,6 +173,8 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         self._score, self._prior_complete = score, 2 * len(scored) >= len(fs)
         order = scored[np.argsort(score[scored], kind="stable")]  # ties: by row, deterministic
         if self._prior_complete:
+            self._filled = self._model.filled(score)
+            self._order = np.argsort(self._filled, kind="stable")
             self._region = np.zeros(len(fs), dtype=bool)
             self._region[order[: max(1, int(np.ceil(self.transfer_quantile * len(order))))]] = True
         else:  # partial: its best configs first, then the whole space
@@ -275,7 +279,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
                 return int(row)
         if self._prior_complete:
             every = self.transfer_tpe_every
-            if not every or len(rows) % every != every - 1:
+            if not every or len(tried) % every != every - 1:  # counted over every point asked, pending too
                 return self._transfer_row(np.array(rows, dtype=np.int64), np.array(values), unseen)
             # TPE's turn: the density ratio (after uniform draws) inside the region while it holds the best
             n_startup = self.transfer_startup_trials
@@ -315,15 +319,10 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         model (zhantune.search.surrogate.TransferModel), fitted to every result here (Inductor's own
         seeds included). A config that only failed on the other devices is proposed only when no
         other is left; one they did not measure counts as their average."""
-        score, filled = self._score, self._model.filled(self._score)
-        pool = unseen & ~np.isinf(score)
-        idx = np.flatnonzero(pool if pool.any() else unseen)
-        if self._one_hot is None and len(idx) > self.max_scored:  # a huge space: score a uniform sample
-            idx = self._rng.choice(idx, size=self.max_scored, replace=False)
-        weights = self._model.sample_weights(self._model.design(filled[rows], self._one_hot_rows(rows)), values,
-                                             self._rng)
-        predicted = self._model.design(filled[idx], self._one_hot_rows(idx)) @ weights
-        return int(idx[int(np.argmin(predicted))])
+        pool = unseen & ~np.isinf(self._score)
+        limit = None if self._one_hot is not None else self.max_scored  # a huge space: score a subset
+        return self._model.pick(self._filled, self._order, pool if pool.any() else unseen, rows, values,
+                                self._one_hot_rows, self._rng, limit)
 
     def _known_trials(self, study: optuna.Study) -> dict[int, tuple[int, float | None]]:
         """(row, value) of every trial of the study by number, read from the storage at most once per

@@ -161,5 +161,7 @@ def transfer_text(prior: Prior, sampler: Any) -> str:
     if sampler.prior_complete:
         text += (f"; with their scores for {scored:,} of {feasible:,} feasible configs, proposals came from a "
                  "model of this device's times as their ranking plus per-parameter-value effects, fitted to "
-                 f"the results here, and from TPE within their best {sampler.prior_region_size:,}")
+                 "the results here")
+        if getattr(sampler, "transfer_tpe_every", 0):
+            text += f", and from TPE within their best {sampler.prior_region_size:,}"
     return text + " (search.transfer=off: a cold start)"
