@@ -40,7 +40,8 @@ __all__ = ["RunSpec", "resolve_run", "problem_variables", "cuda_offered_uids", "
            "CONF_DIR"]
 
 #: inductor config keys every candidate gets from zhantune itself (a space may not set them)
-_RESERVED_CONFIG_KEYS = {"freezing", "force_disable_caches", "max_autotune", "lookup_table.table", *KERNEL_CACHE_PATCH}
+_RESERVED_CONFIG_KEYS = {"freezing", "force_disable_caches", "max_autotune", "max_autotune_gemm", "lookup_table.table",
+                         *KERNEL_CACHE_PATCH}
 
 
 @dataclass

@@ -106,8 +106,8 @@ def offered_templates(lookup_op: str, m: int, n: int, k: int) -> dict[str, bool]
     32 by default) and its heuristic has a split for the size (a lookup entry is merged over the
     first one, so without one the entry is dropped); it drops ``triton::mm`` (and the persistent
     TMA template) at twice that threshold unless ``max_autotune_gemm_search_space == "exhaustive"``,
-    compared as Inductor compares it (kernel/mm.py): config.py upper-cases the setting, so in torch
-    2.13 the exception never holds, ``EXHAUSTIVE`` included.
+    compared as Inductor compares it (kernel/mm.py): config.py upper-cases the environment's
+    setting, so ``EXHAUSTIVE`` never keeps them (only a config patched in lower case does).
     addmm and bmm offer their Triton templates at any K and no decomposeK.
     Returns ``{"decompose_k_offered": bool, "triton_mm_offered": bool}``.
     """

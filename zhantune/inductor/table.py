@@ -113,7 +113,7 @@ def stock_inductor_notes(table: dict[str, list[dict[str, Any]]]) -> list[str]:
     """What stock Inductor (its own ``LookupTableChoices`` with ``lookup_table.table`` set) does
     differently from :func:`zhantune.use_table` with this table, one sentence per kind of key found
     (empty: stock Inductor compiles every key's entries as zhantune does). Stock Inductor reads a
-    table only under ``max_autotune``; an empty list is a miss to it (Inductor's default choices for
+    table only under max-autotune (``max_autotune`` or ``max_autotune_gemm``); an empty list is a miss to it (Inductor's default choices for
     that lookup); it makes no lookup on CPU. Checked against stock Inductor's own handler in
     tests/test_cuda_paths.py."""
     counts = {"addmm_template": 0, "addmm_default": 0, "config": 0}

@@ -223,7 +223,7 @@ class TableChoices(RecordingChoices):
             return self._stale(report_key, why, template_choices, kernel_inputs, templates, op_name,
                                kwarg_overrides, cpu)
         if cpu:
-            return self._cpu_hit(report_key, fresh, template_choices, kernel_inputs, templates, op_name,
+            return self._cpu_hit(report_key, event, fresh, template_choices, kernel_inputs, templates, op_name,
                                  kwarg_overrides)
         from zhantune.inductor.heuristics import with_derived_kwargs
 
@@ -262,7 +262,7 @@ class TableChoices(RecordingChoices):
         return self._fallback({t.uid: template_choices[t.uid] for t in aten if t.uid in template_choices},
                               kernel_inputs, aten, op_name, kwarg_overrides)
 
-    def _cpu_hit(self, key, entries, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
+    def _cpu_hit(self, key, event, entries, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
         entry = entries[0]  # a CPU GEMM compiles one config; top_k > 1 applies on CUDA
         if not _cpu_entry(entry):  # a table made on a GPU: it covers nothing here, said so
             return self._stale(key, GPU_ENTRY_ON_CPU.format(tid=entry["template_id"]), template_choices,
@@ -275,10 +275,10 @@ class TableChoices(RecordingChoices):
             self._set_cpu({"max_autotune_gemm_backends": "ATEN"})
             return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         self.report.hits[key] += 1
-        # this lookup's event (appended by _finalize_template_configs) records the hit, as a packed
-        # GEMM's does (cpu_packed_gemm): where oneDNN does not pack the dtype (bf16 without AVX-512)
-        # the C++-template candidate is served here
-        self.events[-1] = dataclasses.replace(self.events[-1], hit_templates=(entry["template_id"],))
+        # this lookup's event records the hit, as a packed GEMM's does (cpu_packed_gemm): where oneDNN
+        # does not pack the dtype (bf16 without AVX-512) the C++-template candidate is served here
+        at = next(i for i in range(len(self.events) - 1, -1, -1) if self.events[i] is event)
+        self.events[at] = dataclasses.replace(event, hit_templates=(entry["template_id"],))
         if entry["template_id"] == CONFIG_TEMPLATE_ID:
             patch = dict(entry.get("config_patch") or {})
             backends = str(patch.get("max_autotune_gemm_backends", "ATEN")).upper()
