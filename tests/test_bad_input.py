@@ -225,6 +225,11 @@ CASES = [
     ("search-max-seeds-negative", "zhantune", ["+op=mm", "shape=[4,4,4]", "search.max_seeds=-2",
                                                "storage.url=sqlite:///s.db"],
      None, "search.max_seeds=-2 must be 0 (no seeds) or a positive count", None),
+    # a sampler argument its constructor refuses: the constructor's own words, before the database exists
+    ("search-sampler-argument", "zhantune", ["+op=mm", "shape=[4,4,4]", "search.sampler.transfer_tpe_every=-1",
+                                             "storage.url=sqlite:///s.db"],
+     None, "search.sampler: cannot instantiate 'zhantune.search.FeasibleTPESampler': transfer_tpe_every=-1 must be at least 0",
+     None),
     ("bench-warmup-ms", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.warmup_ms=-1"], None,
      "bench.warmup_ms=-1.0 must be at least 0", None),
     ("bench-min-reps", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.min_reps=0"], None,

@@ -29,6 +29,7 @@ from zhantune.inductor.settings import KERNEL_CACHE_PATCH
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
 from zhantune.request import check_request
+from zhantune.search.samplers import make_sampler
 from zhantune.search.schema import Space, load_space
 from zhantune.storage import check_url
 
@@ -214,6 +215,7 @@ def resolve_run(cfg: DictConfig, preview: bool = False) -> RunSpec:
     """Validate the composed config; raises a UserError subclass (exit code 2) on bad input.
     ``preview``: the dry run (python -m zhantune.space), which also takes ``device_profile=``."""
     check_request(cfg)  # the command line's own checks (zhantune.request), again: a problems file's rows
+    make_sampler(OmegaConf.to_container(cfg.search.sampler, resolve=True))  # its arguments, before anything is written
     profile_name = cfg.get("device_profile")
     if profile_name and not preview:
         raise ConfigError(f"device_profile={profile_name} previews a GPU's search spaces in the dry run "

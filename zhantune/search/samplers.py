@@ -34,7 +34,11 @@ def instantiate_allowed(spec: dict[str, Any], where: str) -> Any:
     try:
         return instantiate(spec)
     except Exception as e:
-        raise ConfigError(f"{where}: cannot instantiate {spec.get('_target_')!r}: {str(e).splitlines()[0]}") from None
+        root = e  # Hydra wraps the target's own error (e.g. FeasibleTPESampler's ValueError naming the value)
+        while root.__cause__ is not None or (root.__context__ is not None and not root.__suppress_context__):
+            root = root.__cause__ or root.__context__
+        text = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
+        raise ConfigError(f"{where}: cannot instantiate {spec.get('_target_')!r}: {text}") from None
 
 
 def make_sampler(spec: dict[str, Any]) -> optuna.samplers.BaseSampler:
