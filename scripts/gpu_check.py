@@ -1,6 +1,7 @@
 """The CUDA path end to end, on a machine with a GPU: one command, one table.
 
     .venv/bin/python scripts/gpu_check.py [--trials 6] [--device cuda:0] [--out gpu_check]
+        [--problems mm:bfloat16,addmm:float32,...] [--budget-s SECONDS]
 
 For mm, addmm, bmm and linear_act (relu) in bfloat16 and float32, at one small size each:
 
@@ -19,8 +20,10 @@ For mm, addmm, bmm and linear_act (relu) in bfloat16 and float32, at one small s
 
 Prints one row per problem (trials by status, best config, the settled speedup claim, use_table
 and stock Inductor hits) and exits 1 when a check fails, 2 without a CUDA device. Record its output
-in the README's "Which paths have run on a GPU". Written against the CUDA path's APIs on a machine
-without a GPU: it has not run yet.
+in the README's "Which paths have run on a GPU". It has run twice, on an H200 whose image had torch
+2.11 (docs/gpu_runs/: its output; README: what ran, what failed and why); it needs torch >= 2.13
+(zhantune.torch_support) and exits 2 on an older one. ``--problems`` and ``--budget-s`` fit it to
+a short GPU lease.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 #: op -> (shape, spaces besides aten_template); small sizes where Inductor offers every branch listed
@@ -97,10 +101,30 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=6, help="measured trials per problem (default 6)")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--out", default=None, help="directory for the database and tables (default: a temporary one)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no further tune after this many seconds (export and load still run on what was "
+                         "tuned; the skipped problems fail the check); default: no limit")
+    ap.add_argument("--problems", default=None,
+                    help="comma-separated op:dtype pairs to check, in this order (default: every op in "
+                         f"{', '.join(PROBLEMS)} with each of {', '.join(DTYPES)})")
     args = ap.parse_args()
+    every = [(op, dtype) for op in PROBLEMS for dtype in DTYPES]
+    selected = every if args.problems is None else [tuple(x.split(":", 1)) for x in args.problems.split(",") if x]
+    bad = [":".join(x) for x in selected if x not in every]
+    if bad or not selected:
+        print(f"gpu_check: --problems {args.problems!r}: {', '.join(bad) or 'empty'} not allowed; allowed op:dtype "
+              f"with op in {', '.join(PROBLEMS)} and dtype in {', '.join(DTYPES)}", file=sys.stderr)
+        return 2
 
     import torch
 
+    from zhantune.torch_support import UnsupportedTorchError, check_torch
+
+    try:  # before any GPU work: an older Inductor reads the tables differently (zhantune.torch_support)
+        check_torch(what="scripts/gpu_check.py")
+    except UnsupportedTorchError as e:
+        print(f"gpu_check: {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); run it on a machine with a GPU",
               file=sys.stderr)
@@ -121,27 +145,39 @@ def main() -> int:
     console = Console()
     console.print(f"gpu_check on {device.name} ({device.key}), torch {torch.__version__}, results in {out}")
     problems, failures = [], []
-    for op, (shape, spaces) in PROBLEMS.items():
-        for dtype in DTYPES:
-            name = f"{op} {dtype}"
-            space = ["aten_template", *spaces] + (["tf32"] if dtype == "float32" else [])
-            cmd = [sys.executable, "-m", "zhantune", f"+op={op}", f"shape=[{','.join(map(str, shape))}]",
-                   f"dtype={dtype}", f"device={args.device}", f"space=[{','.join(space)}]",
-                   f"search.n_trials={args.trials}", f"storage.url={url}", "export.enabled=false", "progress=false",
-                   f"search.study_name=gpu_check {name}"]
-            console.print(f"tuning {name} ...")
-            r = _run(cmd, out)
-            if r.returncode != 0:
-                failures.append(f"{name}: the tune exited {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
-            problems.append({"name": name, "op": op, "shape": shape, "dtype": dtype,
-                             "activation": "relu" if op == "linear_act" else None})
+    start = time.monotonic()
+    for op, dtype in selected:
+        shape, spaces = PROBLEMS[op]
+        name = f"{op} {dtype}"
+        if args.budget_s is not None and time.monotonic() - start > args.budget_s:
+            failures.append(f"{name}: not tuned (--budget-s {args.budget_s:g} spent)")
+            continue
+        space = ["aten_template", *spaces] + (["tf32"] if dtype == "float32" else [])
+        cmd = [sys.executable, "-m", "zhantune", f"+op={op}", f"shape=[{','.join(map(str, shape))}]",
+               f"dtype={dtype}", f"device={args.device}", f"space=[{','.join(space)}]",
+               f"search.n_trials={args.trials}", f"storage.url={url}", "export.enabled=false", "progress=false",
+               f"search.study_name=gpu_check {name}"]
+        console.print(f"tuning {name} ...")
+        t0 = time.monotonic()
+        r = _run(cmd, out)
+        console.print(f"  exit {r.returncode} after {time.monotonic() - t0:.0f} s; the tune's last lines:")
+        console.print(textwrap.indent("\n".join((r.stdout + r.stderr).strip().splitlines()[-12:]), "  | "),
+                      markup=False, highlight=False)
+        if r.returncode != 0:
+            failures.append(f"{name}: the tune exited {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
+        problems.append({"name": name, "op": op, "shape": shape, "dtype": dtype,
+                         "activation": "relu" if op == "linear_act" else None})
 
     store = Store(url)
     verdicts = store.latest_verdicts()
     rows = []
     for p in problems:
         problem = GemmProblem.from_config(p["op"], p["shape"], p["dtype"], p["activation"])
-        offered = cuda_offered_uids(problem, device)
+        try:
+            offered = cuda_offered_uids(problem, device)
+        except Exception as e:  # noqa: BLE001 - a check that cannot run is a failed check, not the end of the run
+            failures.append(f"{p['name']}: Inductor's offers could not be read: {type(e).__name__}: {e}")
+            offered = set()
         study = store.study(f"gpu_check {p['name']}")
         meas = store.measurements(study.id) if study is not None else []
         statuses: dict[str, int] = {}

@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -536,3 +537,59 @@ def test_disk_full_while_creating_the_database_is_one_line_and_leaves_no_file(cl
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "database or disk is full" in lines[0] and "Traceback" not in r.stderr
     assert list(tiny_disk.iterdir()) == []  # the half-created database and its lock file are gone
+
+
+OLD_TORCH = textwrap.dedent("""
+    import runpy, sys, torch
+    torch.__version__ = torch.torch_version.TorchVersion("2.11.0+cu130")  # the H200 image's torch
+    target, sys.argv = sys.argv[1], sys.argv[1:]
+    if target.endswith(".py"):
+        runpy.run_path(target, run_name="__main__")
+    else:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+""")
+
+
+def test_an_older_torch_is_refused_in_one_line_before_anything_compiles_or_is_written(tmp_path, existing_db):
+    """torch 2.11 (the lent H200's image) compiled every Triton entry into a compile_error and looked
+    addmm up under another key (zhantune.torch_support): tuning, the dry run, collect, check,
+    use_table and gpu_check refuse it, naming the version, with nothing written."""
+    from zhantune.inductor.runtime import table_report, use_table
+    from zhantune.torch_support import UnsupportedTorchError, check_torch
+
+    for ok in ("2.13.0+cpu", "2.13.0a0+git1234abc", "2.14.1", "3.0.0"):
+        check_torch(ok)
+    for old in ("2.11.0+cu130", "2.12.1", "1.13.1"):
+        with pytest.raises(UnsupportedTorchError, match=re.escape(f"needs torch>=2.13; this environment has torch {old}:")):
+            check_torch(old)
+
+    name = _table(tmp_path, {"template_id": "aten::mm"})
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    before = _listing(tmp_path)
+    for target, args in (("zhantune", ["+op=mm", "shape=[32,32,32]", "search.n_trials=1", "progress=false",
+                                       f"storage.url=sqlite:///{existing_db}"]),
+                         ("zhantune", ["+op=mm", "shape=[32,32,32]", "progress=false"]),  # would create zhantune.db
+                         ("zhantune.space", ["+op=addmm", "shape=[32,32,32]", "device_profile=H100"]),
+                         ("zhantune.collect", [*MLP, "out=problems.yaml"]),
+                         ("zhantune.check", [*MLP, f"table={name}"]),
+                         (str(script), ["--trials", "1"])):
+        hydra_dir = [] if target.endswith(".py") else [f"hydra.run.dir={tmp_path}/hydra"]
+        r = subprocess.run([sys.executable, "-c", OLD_TORCH, target, *args, *hydra_dir], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and len(lines) == 1, (target, r.stdout[-2000:], r.stderr[-3000:])
+        assert "needs torch>=2.13; this environment has torch 2.11.0+cu130" in lines[0], (target, lines[0])
+        assert "Traceback" not in r.stderr + r.stdout
+    assert _listing(tmp_path) == before  # no database, problems file or table written or changed
+
+    import torch
+
+    report_before = table_report()
+    real = torch.__version__
+    try:
+        torch.__version__ = torch.torch_version.TorchVersion("2.11.0+cu130")
+        with pytest.raises(UnsupportedTorchError, match="zhantune.use_table needs torch>=2.13"):
+            use_table(tmp_path / name)
+    finally:
+        torch.__version__ = real
+    assert table_report() is report_before  # nothing was installed

@@ -71,9 +71,11 @@ def _check_app(cfg: DictConfig) -> None:
     from zhantune.inductor.table import read_table
     from zhantune.models import from_config
     from zhantune.report.console import make_console
+    from zhantune.torch_support import check_torch
 
     console = make_console()
     try:
+        check_torch(what="zhantune.check")
         # a malformed table, or one setting anything but allow-listed knobs, stops here
         tf = read_table(cfg.table, resolve_device(cfg.device).kind)
         req = from_config(cfg)

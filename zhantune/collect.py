@@ -55,9 +55,11 @@ def _collect_app(cfg: DictConfig) -> None:
     from zhantune.problemset import measure_defaults, write_problems
     from zhantune.provenance import software_versions
     from zhantune.report.console import make_console
+    from zhantune.torch_support import check_torch
 
     console = make_console()
     try:
+        check_torch(what="zhantune.collect")
         check_output_path(cfg.out, "out")
         if cfg.measure:
             check_bench(cfg.bench)

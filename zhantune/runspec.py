@@ -224,6 +224,9 @@ def resolve_run(cfg: DictConfig, preview: bool = False) -> RunSpec:
         if profile_name:
             raise ConfigError(f"device_profile={profile_name}: bench=replay takes its device from the file")
         return _resolve_replay(cfg)
+    from zhantune.torch_support import check_torch
+
+    check_torch(what="the zhantune.space dry run" if preview else "tuning with Inductor (bench=inductor)")
     shape = cfg.shape
     if isinstance(shape, ListConfig):
         shape = OmegaConf.to_container(shape)

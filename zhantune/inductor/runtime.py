@@ -50,6 +50,7 @@ from zhantune.inductor import cpu_gemm
 from zhantune.inductor.settings import cuda_table_patch
 from zhantune.inductor.table import TableFile, check_meta, check_table, read_table
 from zhantune.inductor.table_choices import TableChoices, TableReport
+from zhantune.torch_support import check_torch
 
 __all__ = ["InstalledTable", "use_table", "table_report", "TableChoices", "TableReport"]
 
@@ -112,10 +113,12 @@ def use_table(table: str | os.PathLike[str] | dict[str, Any] | TableFile, device
     ``.remove()``) or as a context manager. ``device`` is the kind the model compiles for ("cpu" or
     "cuda"): it picks the compile settings (module docstring) and the allow-list of tuning knobs the
     table may set (zhantune.inductor.knobs). Raises TableError (a UserError) for a malformed table
-    or one that sets anything else, naming the file and the key path; nothing is installed then.
+    or one that sets anything else, naming the file and the key path, and UnsupportedTorchError (a
+    UserError) under torch older than 2.13 (zhantune.torch_support); nothing is installed then.
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device={device!r}; allowed: cpu, cuda")
+    check_torch(what="zhantune.use_table")
     if isinstance(table, TableFile):
         check_table(table.table, table.source or "<table>", device)
         if table.meta:  # the wrapper's fields too (its torch version decides staleness)
