@@ -552,29 +552,33 @@ OLD_TORCH = textwrap.dedent("""
 
 def test_an_older_torch_is_refused_in_one_line_before_anything_compiles_or_is_written(tmp_path, existing_db):
     """torch 2.11 (the lent H200's image) compiled every Triton entry into a compile_error and looked
-    addmm up under another key (zhantune.torch_support): tuning, the dry run, collect, check,
+    addmm up under another key (zhantune.torch_support): tuning, the dry run, collect, check, replay,
     use_table and gpu_check refuse it, naming the version, with nothing written."""
     from zhantune.inductor.runtime import table_report, use_table
     from zhantune.torch_support import UnsupportedTorchError, check_torch
 
     for ok in ("2.13.0+cpu", "2.13.0a0+git1234abc", "2.14.1", "3.0.0"):
         check_torch(ok)
-    for old in ("2.11.0+cu130", "2.12.1", "1.13.1"):
+    check_torch("a build without a version")  # nothing to refuse on
+    for old in ("2.11.0+cu130", "2.12.1", "1.13.1", "2.11.0-custom"):
         with pytest.raises(UnsupportedTorchError, match=re.escape(f"needs torch>=2.13; this environment has torch {old}:")):
             check_torch(old)
 
     name = _table(tmp_path, {"template_id": "aten::mm"})
     script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    (tmp_path / "empty").mkdir()
     before = _listing(tmp_path)
-    for target, args in (("zhantune", ["+op=mm", "shape=[32,32,32]", "search.n_trials=1", "progress=false",
-                                       f"storage.url=sqlite:///{existing_db}"]),
-                         ("zhantune", ["+op=mm", "shape=[32,32,32]", "progress=false"]),  # would create zhantune.db
-                         ("zhantune.space", ["+op=addmm", "shape=[32,32,32]", "device_profile=H100"]),
-                         ("zhantune.collect", [*MLP, "out=problems.yaml"]),
-                         ("zhantune.check", [*MLP, f"table={name}"]),
-                         (str(script), ["--trials", "1"])):
+    for target, args, cwd in (
+            ("zhantune", ["+op=mm", "shape=[32,32,32]", "search.n_trials=1", "progress=false",
+                          f"storage.url=sqlite:///{existing_db}"], tmp_path),
+            ("zhantune", ["+op=mm", "shape=[32,32,32]", "progress=false"], tmp_path / "empty"),  # would create zhantune.db
+            ("zhantune.space", ["+op=addmm", "shape=[32,32,32]", "device_profile=H100"], tmp_path),
+            ("zhantune.collect", [*MLP, "out=problems.yaml"], tmp_path),
+            ("zhantune.check", [*MLP, f"table={name}"], tmp_path),
+            ("zhantune.replay", [f"table={name}", "device=cpu", f"storage.url=sqlite:///{existing_db}"], tmp_path),
+            (str(script), ["--trials", "1"], tmp_path)):
         hydra_dir = [] if target.endswith(".py") else [f"hydra.run.dir={tmp_path}/hydra"]
-        r = subprocess.run([sys.executable, "-c", OLD_TORCH, target, *args, *hydra_dir], cwd=tmp_path, capture_output=True,
+        r = subprocess.run([sys.executable, "-c", OLD_TORCH, target, *args, *hydra_dir], cwd=cwd, capture_output=True,
                            text=True, timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert r.returncode == 2 and len(lines) == 1, (target, r.stdout[-2000:], r.stderr[-3000:])

@@ -44,8 +44,10 @@ def _replay_app(cfg: DictConfig) -> None:
     from zhantune.inductor.table import load_table
     from zhantune.storage import Store, sqlite_path
     from zhantune.table_replay import measure_table
+    from zhantune.torch_support import check_torch
 
     try:
+        check_torch(what="zhantune.replay")  # it compiles each entry with Inductor
         check_bench(cfg.bench)
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():

@@ -147,8 +147,8 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
         else:  # seen on an H200 under torch 2.11: aten::addmm compiled with the expanded bias, 0.63x
             console.print(f"[yellow]winner: {result.best.branch}, the kernel Inductor's default compile runs too: "
                           f"its {ratio:.2f}x here is not a speedup, and a gap this large says the candidate's "
-                          "compile did not run what the default runs (or the timing was disturbed); the table "
-                          "ships Inductor's default[/yellow]")
+                          "compile may not run what the default runs (or the timing was disturbed); an exported "
+                          "table ships Inductor's default[/yellow]")
     elif default_us and claim is not None and claim.confirmed:
         console.print(f"winner: {claimed.branch}, {claim.ratio:.2f}x faster than inductor default")
     elif default_us:
