@@ -141,14 +141,13 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
     best_us = decision_us(result.best)
     if default_us and getattr(result, "same_kernel_as_default", False):
         ratio = default_us / best_us
+        line = f"winner: {result.best.branch}, the kernel Inductor's default compile runs too: its {ratio:.2f}x here is "
         if _within_noise(ratio):
-            console.print(f"winner: {result.best.branch}, the kernel Inductor's default compile runs too: "
-                          f"its {ratio:.2f}x here is measurement noise, not a speedup")
+            console.print(line + "measurement noise, not a speedup")
         else:  # seen on an H200 under torch 2.11: aten::addmm compiled with the expanded bias, 0.63x
-            console.print(f"[yellow]winner: {result.best.branch}, the kernel Inductor's default compile runs too: "
-                          f"its {ratio:.2f}x here is not a speedup, and a gap this large says the candidate's "
-                          "compile may not run what the default runs (or the timing was disturbed); an exported "
-                          "table ships Inductor's default[/yellow]")
+            console.print(f"[yellow]{line}not a speedup, and a gap this large says the candidate's compile may not "
+                          "run what the default runs (or the timing was disturbed); an exported table ships "
+                          "Inductor's default[/yellow]")
     elif default_us and claim is not None and claim.confirmed:
         console.print(f"winner: {claimed.branch}, {claim.ratio:.2f}x faster than inductor default")
     elif default_us:
