@@ -236,17 +236,25 @@ ACCEPTANCE = textwrap.dedent("""
     code = "\\n".join(code)
     report = zhantune.table_report().as_dict()
     # interleaved rounds: without a table, then after a plain use_table call (removed again so
-    # that the next round is without), same noise on both sides
+    # that the next round is without), same noise on both sides. Each side's timed calls run under
+    # SCHED_FIFO where permitted, as zhantune's own timings do: on the shared 2-core CI machine a
+    # busy neighbour (the other pytest worker) made one side's minimum 1.4x the other's at normal
+    # priority, either way round. Noise only adds time, so more rounds (up to 24) are taken while
+    # the sides differ by over 1.2x: a real slowdown (oneDNN off: 25x) stays in every round.
+    from zhantune.bench.timing import realtime
     installed.remove()
-    before, after = [], []
-    for _ in range(8):
-        before.append(fastest_call_us())
+    before, after, fifo = [], [], True
+    while len(before) < 8 or (min(after) > 1.2 * min(before) and len(before) < 24):
+        with realtime(True) as rt:
+            before.append(fastest_call_us())
         installed = zhantune.use_table(table)
-        after.append(fastest_call_us())
+        with realtime(True) as rt_after:
+            after.append(fastest_call_us())
+        fifo = fifo and rt and rt_after
         installed.remove()
     zhantune.use_table(table)
     print(json.dumps({"flag_before": flag, "flag_after": torch.backends.mkldnn.enabled,
-                      "before_us": min(before), "after_us": min(after),
+                      "before_us": min(before), "after_us": min(after), "rounds": len(before), "fifo": fifo,
                       "packed": counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"] - packs,
                       "templated": counters["inductor"]["cpp_templated_kernel_counter"] - templated,
                       "packed_calls": len(re.findall(r"torch\\.ops\\.mkldnn\\._linear_pointwise", code)),
@@ -257,7 +265,8 @@ ACCEPTANCE = textwrap.dedent("""
 def test_acceptance_bf16_linear_as_fast_after_a_plain_use_table_call(tmp_path):
     """Issue 18's acceptance, in a fresh process: a bf16 nn.Linear the table does not cover runs as
     fast after ``zhantune.use_table(...)`` (plain call, a C++-template entry for another GEMM) as
-    before (within 1.2x, the minimum of several rounds on each side; oneDNN off made it 25x slower),
+    before (within 1.2x, the minimum of interleaved rounds on each side, timed under SCHED_FIFO where
+    permitted; oneDNN off made it 25x slower),
     oneDNN stays on, and compiled it is still oneDNN's prepacked linear (where oneDNN has bf16 on this CPU;
     elsewhere Inductor's default, the extern ATen GEMM, as without the table)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
