@@ -394,9 +394,26 @@ def test_a_worker_interrupted_while_waiting_to_create_never_removes_the_database
         made.engine.dispose()  # the WAL checkpointed into the file
         shutil.copy(src, db)
         waiter.send_signal(signal.SIGINT)
-        waiter.communicate(timeout=60)
+        try:
+            waiter.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # seen once in a local -n 2 run: say where the waiter was
+            state = _proc_state(waiter.pid)
+            waiter.kill()
+            raise AssertionError(f"the interrupted waiter did not exit in 120 s: {state}") from None
     assert waiter.returncode != 0  # interrupted, not finished
     assert db.exists() and [d.key for d in Store(url).devices()] == ["cpu-x"]
+
+
+def _proc_state(pid: int) -> str:
+    """A stuck process's scheduling state, signal masks and kernel wait channel (/proc/PID)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        keep = [line for line in status if line.split(":")[0] in ("State", "Threads", "SigPnd", "ShdPnd",
+                                                                   "SigBlk", "SigIgn", "SigCgt")]
+        return "; ".join(keep + [f"wchan {Path(f'/proc/{pid}/wchan').read_text()}",
+                                 f"policy {os.sched_getscheduler(pid)}"])
+    except OSError as e:
+        return f"unreadable: {e}"
 
 
 def _has_open(pid: int, path: str) -> bool:

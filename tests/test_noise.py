@@ -7,6 +7,8 @@ import json
 import multiprocessing
 import os
 import re
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -133,6 +135,39 @@ def test_timed_runs_get_the_cores_first_and_every_thread_is_restored():
     finally:
         stop.set()
         worker.join()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="real-time scheduling needs root or CAP_SYS_NICE")
+def test_a_thread_started_while_timed_does_not_keep_the_raised_priority():
+    """A thread started inside a timed block (libgomp starts its pool at the first parallel GEMM)
+    inherits FIFO and the raised niceness from its creator; it leaves the block at the calling
+    thread's old values, as a fresh OpenMP pool started by a first timed GEMM (checked in a fresh
+    process: this one's pool exists already)."""
+    from zhantune.bench.timing import raised_priority, realtime
+
+    stop = threading.Event()
+    started = []
+    try:
+        for block in (realtime(True), raised_priority(-5)):
+            with block as took:
+                assert took
+                t = threading.Thread(target=stop.wait)
+                t.start()
+                started.append(t)
+                assert os.sched_getscheduler(t.native_id) == os.SCHED_FIFO or _nice(t.native_id) == -5
+            assert os.sched_getscheduler(t.native_id) == os.sched_getscheduler(0)
+            assert _nice(t.native_id) == _nice(threading.get_native_id())
+    finally:
+        stop.set()
+        for t in started:
+            t.join()
+    code = ("import os, torch; from zhantune.bench.timing import realtime\n"
+            "torch.set_num_threads(2); a = torch.randn(256, 256)\n"
+            "with realtime(True): a @ a\n"
+            "print(sorted({os.sched_getscheduler(int(t)) for t in os.listdir('/proc/self/task')}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == [f"[{os.SCHED_OTHER}]"], r.stdout
 
 
 def _busy() -> None:

@@ -30,6 +30,7 @@ import contextlib
 import math
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -158,23 +159,35 @@ def _to_fifo() -> list[tuple[int, int, int]] | None:
     return saved
 
 
-def _from_fifo(saved: list[tuple[int, int, int]]) -> None:
+def _from_fifo(saved: list[tuple[int, int, int]], known: set[int] | None = None) -> None:
+    """Restore each saved thread; a thread started inside the block (not in ``known``, the threads
+    at its start) inherited FIFO from its creator and gets the calling thread's old policy (an
+    OpenMP pool started by the first timed GEMM would otherwise stay real-time for good)."""
     for tid, policy, prio in saved:
         with contextlib.suppress(OSError):
             os.sched_setscheduler(tid, policy, os.sched_param(prio))
+    mine = next(((policy, prio) for tid, policy, prio in saved if tid == threading.get_native_id()), None)
+    if known is None or mine is None:
+        return
+    for tid in set(_thread_ids()) - known:
+        with contextlib.suppress(OSError):
+            if os.sched_getscheduler(tid) == os.SCHED_FIFO:
+                os.sched_setscheduler(tid, mine[0], os.sched_param(mine[1]))
 
 
 @contextlib.contextmanager
 def realtime(enabled: bool) -> Iterator[bool]:
     """The block's threads run under SCHED_FIFO (priority 1) where permitted (root or
-    CAP_SYS_NICE with an RLIMIT_RTPRIO), each thread's policy restored afterwards; yields whether it
-    took effect. Only for short timed runs: the kernel's real-time throttling still leaves other
-    tasks 5% of each second, and a hung run is ended by the worker's run time limit."""
+    CAP_SYS_NICE with an RLIMIT_RTPRIO), each thread's policy restored afterwards, and threads
+    started inside the block (they inherit FIFO) put back to the calling thread's old policy; yields
+    whether it took effect. Only for short timed runs: the kernel's real-time throttling still leaves
+    other tasks 5% of each second, and a hung run is ended by the worker's run time limit."""
+    known = set(_thread_ids())
     saved = _to_fifo() if enabled else None
     try:
         yield bool(saved)
     finally:
-        _from_fifo(saved or [])
+        _from_fifo(saved or [], known)
 
 
 def _thread_ids() -> list[int]:
@@ -210,26 +223,37 @@ def _renice(nice: int) -> list[tuple[int, int]] | None:
     return saved
 
 
-def _restore(saved: list[tuple[int, int]]) -> None:
+def _restore(saved: list[tuple[int, int]], known: set[int] | None = None) -> None:
+    """Each saved thread back to its old niceness; threads started since (not in ``known``)
+    inherited the raised value from their creator and get the calling thread's old value."""
     for tid, before in saved:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, tid, before)
+    mine = next((before for tid, before in saved if tid == threading.get_native_id()), None)
+    if known is None or mine is None:
+        return
+    for tid in set(_thread_ids()) - known:
+        with contextlib.suppress(OSError):
+            if os.getpriority(os.PRIO_PROCESS, tid) < mine:
+                os.setpriority(os.PRIO_PROCESS, tid, mine)
 
 
 @contextlib.contextmanager
 def raised_priority(nice: int | None) -> Iterator[bool]:
-    """Every thread of this process at niceness ``nice`` for the block (threads started inside
-    inherit it), each thread's own value restored afterwards; yields whether it took effect.
+    """Every thread of this process at niceness ``nice`` for the block, each thread's own value
+    restored afterwards (threads started inside inherit ``nice``: they get the calling thread's old
+    value back); yields whether it took effect.
     ``None`` or a value not below the current one changes nothing (yields False), and so does a
     missing privilege (EPERM: only CAP_SYS_NICE or RLIMIT_NICE may lower niceness)."""
     if nice is None:
         yield False
         return
+    known = set(_thread_ids())
     saved = _renice(nice)
     try:
         yield bool(saved)
     finally:
-        _restore(saved or [])
+        _restore(saved or [], known)
 
 
 def _last_level_cache_bytes() -> int | None:
