@@ -380,7 +380,7 @@ def test_a_worker_interrupted_while_waiting_to_create_never_removes_the_database
     url = f"sqlite:///{db}"
     waiter_code = "import sys; from zhantune.storage import Store; Store(sys.argv[1])"
     with file_lock(Path(f"{db}.zt-lock")):  # this test is the first worker, creating the database
-        waiter = subprocess.Popen([sys.executable, "-c", waiter_code, url], stdout=subprocess.PIPE,
+        waiter = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", waiter_code, url], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not _has_open(waiter.pid, f"{db}.zt-lock"):
@@ -398,8 +398,10 @@ def test_a_worker_interrupted_while_waiting_to_create_never_removes_the_database
             waiter.communicate(timeout=120)
         except subprocess.TimeoutExpired:  # seen once in a local -n 2 run: say where the waiter was
             state = _proc_state(waiter.pid)
-            waiter.kill()
-            raise AssertionError(f"the interrupted waiter did not exit in 120 s: {state}") from None
+            waiter.send_signal(signal.SIGABRT)  # faulthandler writes its Python stack to stderr
+            _, err = waiter.communicate(timeout=60)
+            raise AssertionError(f"the interrupted waiter did not exit in 120 s: {state}; "
+                                 f"its stack: {err[-2000:]}") from None
     assert waiter.returncode != 0  # interrupted, not finished
     assert db.exists() and [d.key for d in Store(url).devices()] == ["cpu-x"]
 

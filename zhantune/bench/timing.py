@@ -167,8 +167,8 @@ def _from_fifo(saved: list[tuple[int, int, int]], known: set[int] | None = None)
         with contextlib.suppress(OSError):
             os.sched_setscheduler(tid, policy, os.sched_param(prio))
     mine = next(((policy, prio) for tid, policy, prio in saved if tid == threading.get_native_id()), None)
-    if known is None or mine is None:
-        return
+    if known is None or mine is None or len(saved) < len(known):
+        return  # a thread that was FIFO already (or is gone) may have started the new ones: left as they are
     for tid in set(_thread_ids()) - known:
         with contextlib.suppress(OSError):
             if os.sched_getscheduler(tid) == os.SCHED_FIFO:
@@ -223,18 +223,19 @@ def _renice(nice: int) -> list[tuple[int, int]] | None:
     return saved
 
 
-def _restore(saved: list[tuple[int, int]], known: set[int] | None = None) -> None:
-    """Each saved thread back to its old niceness; threads started since (not in ``known``)
-    inherited the raised value from their creator and get the calling thread's old value."""
+def _restore(saved: list[tuple[int, int]], known: set[int] | None = None, nice: int | None = None) -> None:
+    """Each saved thread back to its old niceness; threads started since (not in ``known``) at
+    exactly the raised ``nice`` inherited it from a raised creator and get the calling thread's old
+    value (one started by a thread that was higher already keeps its creator's value)."""
     for tid, before in saved:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, tid, before)
     mine = next((before for tid, before in saved if tid == threading.get_native_id()), None)
-    if known is None or mine is None:
+    if known is None or mine is None or nice is None:
         return
     for tid in set(_thread_ids()) - known:
         with contextlib.suppress(OSError):
-            if os.getpriority(os.PRIO_PROCESS, tid) < mine:
+            if os.getpriority(os.PRIO_PROCESS, tid) == nice:
                 os.setpriority(os.PRIO_PROCESS, tid, mine)
 
 
@@ -253,7 +254,7 @@ def raised_priority(nice: int | None) -> Iterator[bool]:
     try:
         yield bool(saved)
     finally:
-        _restore(saved or [], known)
+        _restore(saved or [], known, nice)
 
 
 def _last_level_cache_bytes() -> int | None:
