@@ -19,9 +19,14 @@ patch selects it.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
 import math
 import time
+import types
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -65,6 +70,37 @@ def _no_graph_caches(active: bool) -> Iterator[None]:
         yield
 
 
+#: compiles kept for re-measurement: the two sides of a paired round (the default and the winner)
+#: or of a close call; an older compile is dropped (its Dynamo cache entry with it)
+KEEP_COMPILED = 2
+#: Dynamo's global state is reset (and every kept compile dropped) after this many compiles
+RESET_EVERY = 32
+
+_entry_names = itertools.count()
+
+
+def _own_entry(module: torch.nn.Module) -> Callable[..., Any]:
+    """A function calling ``module`` whose code object is its own: Dynamo keeps compiled code per
+    code object, so each compile (its own Inductor config) gets its own cache entry, and a kept
+    compile stays valid while other configs compile (no ``torch._dynamo.reset()`` between them)."""
+    def call(*xs: Any) -> Any:
+        return module(*xs)
+
+    code = call.__code__.replace(co_name=f"zhantune_compile_{next(_entry_names)}")
+    return types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
+
+
+@dataclass
+class _Kept:
+    """A compile kept for re-measurement (what its first measurement found out at compile time)."""
+
+    fn: Callable[[], Any]
+    code: types.CodeType
+    compile_s: float
+    lookup: LookupEvent | None
+    template_hash: str | None
+
+
 def candidate_entry(candidate: Candidate, dims: dict[str, int]) -> dict[str, Any]:
     """The one-entry lookup-table entry of a template candidate for a problem of ``dims``: its
     params plus the kwargs Inductor derives from them (zhantune.inductor.heuristics.derived_kwargs)."""
@@ -94,6 +130,10 @@ class InductorBenchmarker:
         self.kernel_cache = False
         #: called once a candidate compiled (zhantune.bench.isolated switches to the run time limit)
         self.on_compiled: Callable[[], None] | None = None
+        #: the last KEEP_COMPILED compiles that measured ok, by what was compiled: a re-measurement
+        #: (close call, paired round) times the same compiled code again instead of compiling anew
+        self._kept: OrderedDict[str, _Kept] = OrderedDict()
+        self._compiles = 0
 
     # -- baselines ---------------------------------------------------------------------------
     def baselines(self) -> list[tuple[str, Measurement]]:
@@ -139,7 +179,8 @@ class InductorBenchmarker:
         return self.inductor_default()
 
     def close(self) -> None:
-        """Nothing to release in this process."""
+        """Drop the kept compiles (their Dynamo cache entries)."""
+        self._drop_kept()
 
     # -- candidates --------------------------------------------------------------------------
     def measure(self, candidate: Candidate) -> Measurement:
@@ -194,17 +235,37 @@ class InductorBenchmarker:
     def _run(self, patch: dict[str, Any], table: dict | None, expect: Candidate | None,
              any_key: list[dict[str, Any]] | None = None, time_it: bool = True,
              handler: RecordingChoices | None = None, tol: float | None = None) -> Measurement:
-        torch._dynamo.reset()
+        key = self._compile_key(patch, table, expect, any_key, tol)
+        kept = self._kept.get(key) if time_it else None
+        if kept is not None:  # compiled before, unchanged: time the same code again
+            try:  # a compile now would be under no config: after a torch._dynamo.reset() elsewhere
+                with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
+                    out = kept.fn()
+                self._synchronize()
+            except Exception:  # its compiled code is gone (or its guards fail): compile anew
+                self._drop(key)
+            else:
+                self._kept.move_to_end(key)
+                if self.on_compiled is not None:
+                    self.on_compiled()
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    return self._check_and_time(kept.fn, out, kept.compile_s, kept.lookup, kept.template_hash, tol)
+        self._compiles += 1
+        if self._compiles % RESET_EVERY == 1:  # Dynamo's global state bounded: the kept compiles go too
+            self._drop_kept()
+            torch._dynamo.reset()
         templated_before = counters["inductor"]["cpp_templated_kernel_counter"]
         served = recording(table, any_key) if handler is None else _serving(handler)
+        entry = _own_entry(self.module)
         t0 = time.perf_counter()
         try:
             with torch.no_grad(), served as rec, inductor_config.patch(patch), \
                     _no_graph_caches(self.kernel_cache):
-                compiled = torch.compile(self.module, fullgraph=True, dynamic=False)
+                compiled = torch.compile(entry, fullgraph=True, dynamic=False)
                 out = compiled(*self.inputs)
             self._synchronize()
         except Exception as e:  # Inductor raises many types; the text is stored with the trial
+            torch._C._dynamo.eval_frame.reset_code(entry.__code__)
             return Measurement("compile_error", error_text=_one_line(e), compile_s=time.perf_counter() - t0)
         compile_s = time.perf_counter() - t0
         if self.on_compiled is not None:
@@ -220,14 +281,41 @@ class InductorBenchmarker:
         lookup = (hit or offered or events or [None])[0]
         templated = counters["inductor"]["cpp_templated_kernel_counter"] - templated_before
         why_not = self._not_applied(expect, lookup, templated)
-        if why_not:
-            return Measurement("not_applied", error_text=why_not, compile_s=compile_s, lookup=lookup)
-        if not time_it:
+        if why_not or not time_it:
+            torch._C._dynamo.eval_frame.reset_code(entry.__code__)
+            if why_not:
+                return Measurement("not_applied", error_text=why_not, compile_s=compile_s, lookup=lookup)
             return Measurement("ok", compile_s=compile_s, lookup=lookup)
         template_hash = None
         if expect is not None and expect.template_id and lookup is not None:
             template_hash = lookup.template_hashes.get(expect.template_id)
-        return self._check_and_time(lambda: compiled(*self.inputs), out, compile_s, lookup, template_hash, tol)
+        inputs = self.inputs
+        meas = self._check_and_time(lambda: compiled(*inputs), out, compile_s, lookup, template_hash, tol)
+        if meas.status == "ok":
+            self._kept[key] = _Kept(lambda: compiled(*inputs), entry.__code__, compile_s, lookup, template_hash)
+            while len(self._kept) > KEEP_COMPILED:
+                self._drop(next(iter(self._kept)))
+        else:
+            torch._C._dynamo.eval_frame.reset_code(entry.__code__)
+        return meas
+
+    @staticmethod
+    def _compile_key(patch: dict[str, Any], table: dict | None, expect: Candidate | None,
+                     any_key: list[dict[str, Any]] | None, tol: float | None) -> str:
+        """What a compile depends on besides the problem: the config patch, the table, the candidate
+        (its template and params: they decide the choices handler's entry and the backend flags)."""
+        return json.dumps({"patch": patch, "table": table, "any_key": any_key, "tol": tol,
+                           "candidate": None if expect is None else
+                           [expect.scope, expect.template_id, expect.config_hash]},
+                          sort_keys=True, default=repr)
+
+    def _drop(self, key: str) -> None:
+        kept = self._kept.pop(key)
+        torch._C._dynamo.eval_frame.reset_code(kept.code)
+
+    def _drop_kept(self) -> None:
+        for key in list(self._kept):
+            self._drop(key)
 
     def _not_applied(self, expect: Candidate | None, lookup: LookupEvent | None, templated: int) -> str | None:
         if lookup is None:
