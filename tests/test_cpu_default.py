@@ -330,3 +330,17 @@ def test_a_re_measurement_times_the_kept_compile_of_its_own_config():
     again, graphs, packs, templated = _compiles(bench.measure_default)
     assert again.status == "ok" and (graphs, packs, templated) == (1, 1, 0)
     bench.close()
+
+
+def test_the_kept_compile_key_tells_backend_flags_apart():
+    """A backend-scope candidate (CUDA's TF32 flags) compiles with the default's patch and no
+    candidate entry, under its torch.backends flags: those are part of what a kept compile is
+    looked up by, so two flag settings never share (or evict each other's) kept compile."""
+    from zhantune.inductor.settings import backend_flags
+
+    key = InductorBenchmarker._compile_key
+    base = {"force_disable_caches": True}
+    plain = key(base, None, None, None, None)
+    with backend_flags({"cuda.matmul.allow_tf32": not torch.backends.cuda.matmul.allow_tf32}):
+        flipped = key(base, None, None, None, None)
+    assert plain != flipped and key(base, None, None, None, None) == plain
