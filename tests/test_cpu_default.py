@@ -336,9 +336,9 @@ def test_the_kept_compile_key_tells_backend_flags_apart():
     """A backend-scope candidate (CUDA's TF32 flags) compiles with the default's patch and no
     candidate entry, under its torch.backends flags: those are part of what a kept compile is
     looked up by, so two flag settings never share (or evict each other's) kept compile."""
+    from zhantune.bench.kept import compile_key as key
     from zhantune.inductor.settings import backend_flags
 
-    key = InductorBenchmarker._compile_key
     base = {"force_disable_caches": True}
     plain = key(base, None, None, None, None)
     with backend_flags({"cuda.matmul.allow_tf32": not torch.backends.cuda.matmul.allow_tf32}):

@@ -378,7 +378,10 @@ def test_a_worker_interrupted_while_waiting_to_create_never_removes_the_database
 
     db = tmp_path / "new.db"
     url = f"sqlite:///{db}"
-    waiter_code = "import sys; from zhantune.storage import Store; Store(sys.argv[1])"
+    # Ctrl-C as in a terminal: a shell's background job (nohup ... &) starts with SIGINT ignored, and
+    # this process's children inherit that (seen: the waiter slept on in flock, SIGINT in SigIgn)
+    waiter_code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                   "from zhantune.storage import Store; Store(sys.argv[1])")
     with file_lock(Path(f"{db}.zt-lock")):  # this test is the first worker, creating the database
         waiter = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", waiter_code, url], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)

@@ -19,15 +19,9 @@ patch selects it.
 from __future__ import annotations
 
 import contextlib
-import copy
-import itertools
-import json
 import math
 import time
-import types
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +30,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.virtualized import V
 
 from zhantune.bench.conditions import conditions, wait_until_idle
+from zhantune.bench.kept import RESET_EVERY, Kept, KeptCompiles, compile_key, forget, own_entry
 from zhantune.bench.measurement import Measurement, tolerance
 from zhantune.bench.timing import Timing, time_cpu, time_cuda
 from zhantune.candidate import Candidate
@@ -46,9 +41,7 @@ from zhantune.inductor.choices import LookupEvent, RecordingChoices, recording
 from zhantune.inductor.heuristics import derived_kwargs
 from zhantune.inductor.knobs import CONFIG_KNOBS
 from zhantune.inductor.settings import (
-    BACKEND_FLAGS,
     MAX_AUTOTUNE,
-    backend_flag,
     backend_flags,
     base_patch,
     template_patch,
@@ -76,41 +69,6 @@ def _no_graph_caches(active: bool) -> Iterator[None]:
     with torch._functorch.config.patch(enable_autograd_cache=False), \
             torch._dynamo.config.patch(automatic_dynamic_local_pgo=False):
         yield
-
-
-#: compiles kept for re-measurement: the two sides of a paired round (the default and the winner)
-#: or of a close call; an older compile is dropped (its Dynamo cache entry with it)
-KEEP_COMPILED = 2
-#: Dynamo's global state is reset (and every kept compile dropped) after this many compiles
-RESET_EVERY = 32
-
-_entry_names = itertools.count()
-
-
-def _own_entry(module: torch.nn.Module) -> torch.nn.Module:
-    """A shallow copy of ``module`` (the same parameters) whose ``forward`` has a code object of its
-    own: Dynamo keeps compiled code per code object, so each compile (its own Inductor config) gets
-    its own cache entry, and a kept compile stays valid while other configs compile (no
-    ``torch._dynamo.reset()`` between them). Still an ``nn.Module`` compiled as one, so each call
-    pays what a user's ``torch.compile(model)`` call pays (a compiled plain function calling the
-    module skipped two module-call layers: 12-14 us less per call, measured at 64x64x64)."""
-    forward = type(module).forward
-    code = forward.__code__.replace(co_name=f"zhantune_compile_{next(_entry_names)}")
-    own = types.FunctionType(code, forward.__globals__, code.co_name, forward.__defaults__, forward.__closure__)
-    entry = copy.copy(module)
-    entry.forward = types.MethodType(own, entry)
-    return entry
-
-
-@dataclass
-class _Kept:
-    """A compile kept for re-measurement (what its first measurement found out at compile time)."""
-
-    fn: Callable[[], Any]
-    code: types.CodeType
-    compile_s: float
-    lookup: LookupEvent | None
-    template_hash: str | None
 
 
 def candidate_entry(candidate: Candidate, dims: dict[str, int]) -> dict[str, Any]:
@@ -142,9 +100,9 @@ class InductorBenchmarker:
         self.kernel_cache = False
         #: called once a candidate compiled (zhantune.bench.isolated switches to the run time limit)
         self.on_compiled: Callable[[], None] | None = None
-        #: the last KEEP_COMPILED compiles that measured ok, by what was compiled: a re-measurement
-        #: (close call, paired round) times the same compiled code again instead of compiling anew
-        self._kept: OrderedDict[str, _Kept] = OrderedDict()
+        #: the last compiles that measured ok: a re-measurement (close call, paired round) times the
+        #: same compiled code again instead of compiling anew (zhantune.bench.kept)
+        self._kept = KeptCompiles()
         self._compiles = 0
 
     # -- baselines ---------------------------------------------------------------------------
@@ -192,7 +150,7 @@ class InductorBenchmarker:
 
     def close(self) -> None:
         """Drop the kept compiles (their Dynamo cache entries)."""
-        self._drop_kept()
+        self._kept.clear()
 
     # -- candidates --------------------------------------------------------------------------
     def measure(self, candidate: Candidate) -> Measurement:
@@ -247,7 +205,7 @@ class InductorBenchmarker:
     def _run(self, patch: dict[str, Any], table: dict | None, expect: Candidate | None,
              any_key: list[dict[str, Any]] | None = None, time_it: bool = True,
              handler: RecordingChoices | None = None, tol: float | None = None) -> Measurement:
-        key = self._compile_key(patch, table, expect, any_key, tol)
+        key = compile_key(patch, table, expect, any_key, tol)
         kept = self._kept.get(key) if time_it else None
         if kept is not None:  # compiled before, unchanged: time the same code again
             # the first call may not compile: a compile now would be under no config (after a
@@ -258,19 +216,18 @@ class InductorBenchmarker:
                     out = kept.fn()
                 self._synchronize()
             except Exception:  # its compiled code is gone (or its guards fail): compile anew
-                self._drop(key)
+                self._kept.drop(key)
             else:
-                self._kept.move_to_end(key)
                 if self.on_compiled is not None:
                     self.on_compiled()
                 return self._check_and_time(kept.fn, out, kept.compile_s, kept.lookup, kept.template_hash, tol)
         self._compiles += 1
         if self._compiles % RESET_EVERY == 1:  # Dynamo's global state bounded: the kept compiles go too
-            self._drop_kept()
+            self._kept.clear()
             torch._dynamo.reset()
         templated_before = counters["inductor"]["cpp_templated_kernel_counter"]
         served = recording(table, any_key) if handler is None else _serving(handler)
-        entry = _own_entry(self.module)
+        entry = own_entry(self.module)
         t0 = time.perf_counter()
         try:
             with torch.no_grad(), served as rec, inductor_config.patch(patch), \
@@ -279,7 +236,7 @@ class InductorBenchmarker:
                 out = compiled(*self.inputs)
             self._synchronize()
         except Exception as e:  # Inductor raises many types; the text is stored with the trial
-            torch._C._dynamo.eval_frame.reset_code(entry.forward.__code__)
+            forget(entry)
             return Measurement("compile_error", error_text=_one_line(e), compile_s=time.perf_counter() - t0)
         compile_s = time.perf_counter() - t0
         if self.on_compiled is not None:
@@ -296,7 +253,7 @@ class InductorBenchmarker:
         templated = counters["inductor"]["cpp_templated_kernel_counter"] - templated_before
         why_not = self._not_applied(expect, lookup, templated)
         if why_not or not time_it:
-            torch._C._dynamo.eval_frame.reset_code(entry.forward.__code__)
+            forget(entry)
             if why_not:
                 return Measurement("not_applied", error_text=why_not, compile_s=compile_s, lookup=lookup)
             return Measurement("ok", compile_s=compile_s, lookup=lookup)
@@ -306,32 +263,10 @@ class InductorBenchmarker:
         inputs = self.inputs
         meas = self._check_and_time(lambda: compiled(*inputs), out, compile_s, lookup, template_hash, tol)
         if meas.status == "ok":
-            self._kept[key] = _Kept(lambda: compiled(*inputs), entry.forward.__code__, compile_s, lookup, template_hash)
-            while len(self._kept) > KEEP_COMPILED:
-                self._drop(next(iter(self._kept)))
+            self._kept.put(key, Kept(lambda: compiled(*inputs), entry, compile_s, lookup, template_hash))
         else:
-            torch._C._dynamo.eval_frame.reset_code(entry.forward.__code__)
+            forget(entry)
         return meas
-
-    @staticmethod
-    def _compile_key(patch: dict[str, Any], table: dict | None, expect: Candidate | None,
-                     any_key: list[dict[str, Any]] | None, tol: float | None) -> str:
-        """What a compile depends on besides the problem: the config patch, the table, the candidate
-        (its template and params: they decide the choices handler's entry), and the torch.backends
-        flags a backend-scope candidate sets around the compile (BACKEND_FLAGS, current values)."""
-        return json.dumps({"patch": patch, "table": table, "any_key": any_key, "tol": tol,
-                           "flags": {flag: backend_flag(flag) for flag in BACKEND_FLAGS},
-                           "candidate": None if expect is None else
-                           [expect.scope, expect.template_id, expect.config_hash]},
-                          sort_keys=True, default=repr)
-
-    def _drop(self, key: str) -> None:
-        kept = self._kept.pop(key)
-        torch._C._dynamo.eval_frame.reset_code(kept.code)
-
-    def _drop_kept(self) -> None:
-        for key in list(self._kept):
-            self._drop(key)
 
     def _not_applied(self, expect: Candidate | None, lookup: LookupEvent | None, templated: int) -> str | None:
         if lookup is None:
