@@ -40,12 +40,7 @@ from zhantune.inductor import cpu_gemm
 from zhantune.inductor.choices import LookupEvent, RecordingChoices, recording
 from zhantune.inductor.heuristics import derived_kwargs
 from zhantune.inductor.knobs import CONFIG_KNOBS
-from zhantune.inductor.settings import (
-    MAX_AUTOTUNE,
-    backend_flags,
-    base_patch,
-    template_patch,
-)
+from zhantune.inductor.settings import MAX_AUTOTUNE, backend_flags, base_patch, template_patch
 from zhantune.problems import GemmProblem
 
 __all__ = ["InductorBenchmarker", "candidate_entry", "relative_error"]
@@ -261,9 +256,13 @@ class InductorBenchmarker:
         if expect is not None and expect.template_id and lookup is not None:
             template_hash = lookup.template_hashes.get(expect.template_id)
         inputs = self.inputs
-        meas = self._check_and_time(lambda: compiled(*inputs), out, compile_s, lookup, template_hash, tol)
+
+        def run() -> Any:
+            return compiled(*inputs)
+
+        meas = self._check_and_time(run, out, compile_s, lookup, template_hash, tol)
         if meas.status == "ok":
-            self._kept.put(key, Kept(lambda: compiled(*inputs), entry, compile_s, lookup, template_hash))
+            self._kept.put(key, Kept(run, entry, compile_s, lookup, template_hash))
         else:
             forget(entry)
         return meas
