@@ -399,7 +399,7 @@ def test_a_worker_interrupted_while_waiting_to_create_never_removes_the_database
         waiter.send_signal(signal.SIGINT)
         try:
             waiter.communicate(timeout=120)
-        except subprocess.TimeoutExpired:  # seen once in a local -n 2 run: say where the waiter was
+        except subprocess.TimeoutExpired:  # say where the waiter was (this is how SigIgn showed up)
             state = _proc_state(waiter.pid)
             waiter.send_signal(signal.SIGABRT)  # faulthandler writes its Python stack to stderr
             _, err = waiter.communicate(timeout=60)
