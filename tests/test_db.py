@@ -239,10 +239,15 @@ def test_kill_9_loses_at_most_the_in_flight_trial(tmp_path):
     assert told <= stored and len(stored - told) <= 1  # a row whose tell did not happen yet, at most
     running = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     assert len(running) <= 1
+    with Store(url).session() as s:  # a trial claimed and not stored: the study holds it (more_trials counts it)
+        study_id = s.scalar(select(m.Study.id).where(m.Study.name == GEMM_STUDY))
+    measured, in_flight = Store(url).trial_counts(study_id)
+    assert measured == len(rows) and in_flight <= len(running)
     again = _worker(url, tmp_path / "w2", 0, path=GEMM, more=10, extra=beat)
     assert again.wait(timeout=300) == 0
     after = _candidates(url)
-    assert len(after) == len(rows) + 10 and len({r.config_hash for r in after}) == len(after)
+    # the killed claim's point is measured again, on top of the 10 more
+    assert len(after) == len(rows) + in_flight + 10 and len({r.config_hash for r in after}) == len(after)
     # the killed trial, if it was claimed, was failed once its heartbeat was 3 s old and its point
     # measured again: every claim is a stored row's
     with Store(url).session() as s:
