@@ -23,13 +23,13 @@ def inductor_seeds(space: Space, problem: Any, problem_vars: dict[str, Any],
     ``seed_inductor`` the Triton configs of Inductor's own heuristic for this size and its decomposeK
     splits. Only points that are feasible members of the space; none for a problem that is not a
     GEMM (a replayed file's)."""
-    from torch._inductor import config as inductor_config
-
-    from zhantune.inductor.heuristics import decompose_k_splits, triton_mm_configs
     from zhantune.problems import GemmProblem
 
     if not isinstance(problem, GemmProblem):
-        return []
+        return []  # before Inductor's import (2.3 s): a replay never needs it
+    from torch._inductor import config as inductor_config
+
+    from zhantune.inductor.heuristics import decompose_k_splits, triton_mm_configs
     dims = problem.dims
     seeds: list[tuple[Branch, dict[str, Any]]] = []
     heuristic: list[dict[str, Any]] | None = None
