@@ -10,9 +10,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_cli(args: list[str], cwd: Path, module: str = "zhantune", timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m <module> ARGS`` in ``cwd`` (Hydra's output dir inside cwd)."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+def run_cli(args: list[str], cwd: Path, module: str = "zhantune", timeout: int = 600,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m <module> ARGS`` in ``cwd`` (Hydra's output dir inside cwd); ``env``: variables
+    set on top of this process's environment."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", module, *args, f"hydra.run.dir={cwd}/hydra"],
         cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,

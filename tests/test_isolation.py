@@ -29,7 +29,7 @@ def test_crashing_and_hanging_candidates_are_stored_and_the_study_goes_on(tmp_pa
                     "bench.run_timeout_s=3", "search=random", "search.n_trials=12", f"storage.url=sqlite:///{db}"])
     run = resolve_run(cfg)
     spec = run.worker_spec(None)
-    monkeypatch.setattr(run, "worker_spec", lambda cache_dir: faulty_spec(spec, faults))
+    monkeypatch.setattr(run, "worker_spec", lambda cache_dir=None: faulty_spec(spec, faults))
     result = tune(run, Store(cfg.storage.url))
     assert result.measured == 12 and not result.interrupted
     con = sqlite3.connect(db)
@@ -161,7 +161,7 @@ def test_a_candidate_that_kills_its_compile_worker_costs_one_trial(tmp_path, tun
     worker_spec = run.worker_spec
     faults = [{"match": {"max_autotune_gemm_backends": "ATEN"}, "action": "abort"}]
     # the compile-ahead workers' spec has the fault; the timing worker's is the real one
-    monkeypatch.setattr(run, "compile_pool", lambda size, cache_dir: CompilePool(
+    monkeypatch.setattr(run, "compile_pool", lambda size, cache_dir=None: CompilePool(
         faulty_spec(worker_spec(cache_dir), faults), size, cfg.bench.compile_timeout_s, cfg.bench.run_timeout_s))
     store = Store(cfg.storage.url)
     result = tune(run, store)

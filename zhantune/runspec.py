@@ -85,7 +85,7 @@ class RunSpec:
             return default_compile_workers(self.device.kind)
         return int(b.compile_workers)
 
-    def worker_spec(self, cache_dir: str | None) -> WorkerSpec:
+    def worker_spec(self, cache_dir: str | None = None) -> WorkerSpec:
         """How a benchmark worker builds this run's benchmarker (zhantune.bench.isolated.WorkerSpec)."""
         if self.replay is not None:
             return WorkerSpec("replay", {"path": str(self.replay.path), "pace": float(self.bench.replay_pace)})
@@ -97,8 +97,8 @@ class RunSpec:
     def benchmarker(self, cache_dir: str | None = None) -> Benchmarker:
         """In a worker subprocess when ``bench.isolate`` (zhantune.bench.isolated.IsolatedBenchmarker,
         built from :meth:`worker_spec`), else in-process (InductorBenchmarker, or ReplayBenchmarker
-        for a Kernel Tuner file). ``cache_dir``: Inductor's kernel cache shared with a compile-ahead
-        pool (None: caches off)."""
+        for a Kernel Tuner file). ``cache_dir``: the worker's kernel cache directory (None: Inductor's
+        own, TORCHINDUCTOR_CACHE_DIR or its default; zhantune.inductor.settings.KERNEL_CACHE_PATCH)."""
         b = self.bench
         if b.isolate:
             from zhantune.bench.isolated import IsolatedBenchmarker
@@ -112,8 +112,9 @@ class RunSpec:
 
         return InductorBenchmarker(self.problem, self.device, b, seed=self.search.seed)
 
-    def compile_pool(self, size: int, cache_dir: str) -> CompilePool:
-        """``size`` compile-ahead workers sharing ``cache_dir`` with the timing worker."""
+    def compile_pool(self, size: int, cache_dir: str | None = None) -> CompilePool:
+        """``size`` compile-ahead workers sharing a kernel cache directory with the timing worker
+        (``cache_dir``, None: Inductor's own)."""
         from zhantune.bench.compile_pool import CompilePool
 
         b = self.bench

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
-import tempfile
 from typing import Any
 
 import optuna
@@ -76,18 +74,15 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     mark_tune_root()  # NVML's "other processes" leave out this tune's workers (conditions.own_pids)
     sampler = make_sampler(run.search.sampler)
     n_compile = run.compile_workers()
-    # compile ahead: one kernel cache for this tune, shared by the timing and compile workers
-    cache_dir = tempfile.mkdtemp(prefix="zhantune-kernels-") if n_compile else None
-    bench = run.benchmarker(cache_dir)
-    pool = run.compile_pool(n_compile, cache_dir) if cache_dir else None
+    # compile ahead: the timing and compile workers share Inductor's own kernel cache directory
+    bench = run.benchmarker()
+    pool = run.compile_pool(n_compile) if n_compile else None
     try:
         return _Tune(run, store, bench, pool, target).run(sampler, progress)
     finally:
         if pool is not None:
             pool.close()
         bench.close()
-        if cache_dir:
-            shutil.rmtree(cache_dir, ignore_errors=True)
 
 
 def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:

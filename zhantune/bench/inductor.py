@@ -54,13 +54,10 @@ def _serving(handler: RecordingChoices) -> Iterator[RecordingChoices]:
 
 
 @contextlib.contextmanager
-def _no_graph_caches(active: bool) -> Iterator[None]:
-    """With the kernel cache on: AOTAutograd's cache (a hit skips the lowering) and Dynamo's
-    profile-guided dynamic shapes (state kept in the cache directory) off, as
-    ``force_disable_caches`` does."""
-    if not active:
-        yield
-        return
+def _no_graph_caches() -> Iterator[None]:
+    """With the kernel cache on (zhantune.inductor.settings.KERNEL_CACHE_PATCH): AOTAutograd's cache
+    (a hit skips the lowering) and Dynamo's profile-guided dynamic shapes (state kept in the cache
+    directory) off, as ``force_disable_caches`` does."""
     with torch._functorch.config.patch(enable_autograd_cache=False), \
             torch._dynamo.config.patch(automatic_dynamic_local_pgo=False):
         yield
@@ -90,9 +87,6 @@ class InductorBenchmarker:
         self.module, self.inputs = problem.build(device.torch_device, seed=seed)
         self.reference = problem.reference(self.module, self.inputs)
         self.lookup: LookupEvent | None = None
-        #: compile-ahead: keep Inductor's on-disk kernel cache (TORCHINDUCTOR_CACHE_DIR, shared with
-        #: the compile workers) instead of ``force_disable_caches``; see KERNEL_CACHE_PATCH
-        self.kernel_cache = False
         #: called once a candidate compiled (zhantune.bench.isolated switches to the run time limit)
         self.on_compiled: Callable[[], None] | None = None
         #: the last compiles that measured ok: a re-measurement (close call, paired round) times the
@@ -194,7 +188,7 @@ class InductorBenchmarker:
 
     def base_patch(self) -> dict[str, Any]:
         """Inductor config under every compile of this benchmarker (zhantune.inductor.settings.base_patch)."""
-        return base_patch(self.device.kind, self.kernel_cache)
+        return base_patch(self.device.kind)
 
     # -- the shared path ---------------------------------------------------------------------
     def _run(self, patch: dict[str, Any], table: dict | None, expect: Candidate | None,
@@ -226,7 +220,7 @@ class InductorBenchmarker:
         t0 = time.perf_counter()
         try:
             with torch.no_grad(), served as rec, inductor_config.patch(patch), \
-                    _no_graph_caches(self.kernel_cache):
+                    _no_graph_caches():
                 compiled = torch.compile(entry, fullgraph=True, dynamic=False)
                 out = compiled(*self.inputs)
             self._synchronize()

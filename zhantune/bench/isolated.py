@@ -41,7 +41,7 @@ class WorkerSpec:
 def build(spec: WorkerSpec) -> Benchmarker:
     """The benchmarker ``spec`` describes, built in this process (the worker calls it first)."""
     cache_dir = spec.args.get("cache_dir")
-    if cache_dir:  # compile-ahead: Inductor's (and Triton's) on-disk kernel cache, shared by the workers
+    if cache_dir:  # a kernel cache of the caller's (a test's) instead of Inductor's own directory
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
         os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
     if spec.kind == "replay":
@@ -58,7 +58,6 @@ def build(spec: WorkerSpec) -> Benchmarker:
     cfg = BenchConfig(**spec.args["bench"])
     bench = InductorBenchmarker(spec.args["problem"], resolve_device(spec.args["device"]), cfg, seed=spec.args["seed"])
     bench.lookup = spec.args.get("lookup")
-    bench.kernel_cache = bool(cache_dir)
     return bench
 
 

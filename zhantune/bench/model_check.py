@@ -1,7 +1,8 @@
 """The model check behind ``python -m zhantune.check``: compile a model with a table, with Inductor's
 default and with max-autotune, and time the three ways in interleaved rounds.
 
-Each way is a cold compile (Inductor's caches off) of its own copy in this process, after one
+Each way is a cold compile (Inductor's caches off, in a temporary cache directory deleted at the
+end: ``force_disable_caches`` leaves a directory per compile there) of its own copy in this process, after one
 untimed warm-up compile, under zhantune.inductor.settings.model_patch (on CPU the inference compile a
 user gets: ``freezing=True`` under ``no_grad``, oneDNN on). Timing is zhantune's protocol
 (zhantune.bench.timing), a busy machine waited for and reported as in a tune
@@ -10,7 +11,12 @@ user gets: ``freezing=True`` under ``no_grad``, oneDNN on). Timing is zhantune's
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["check_model", "time_interleaved", "versus"]
@@ -99,6 +105,26 @@ def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
             "consistent": consistent}
 
 
+@contextlib.contextmanager
+def _scratch_cache_dir() -> Iterator[None]:
+    """Inductor's and Triton's cache directories (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) in a
+    temporary directory, deleted afterwards with what ``force_disable_caches`` compiles left there
+    (a directory per compile: ``fresh_cache(delete=False)`` in torch/_inductor/compile_fx.py)."""
+    scratch = tempfile.mkdtemp(prefix="zhantune-check-")
+    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(scratch, "triton")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
                 max_autotune: bool = True, rounds: int = 5) -> dict[str, Any]:
     """Compile ``model`` with ``table`` (a TableFile), by default, and with max-autotune, then time
@@ -106,8 +132,15 @@ def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
 
     Returns {"report": TableReport, "ways": {name: {compile_s, run_us, median_us, rounds_us, error,
     vs_default}}, "contention": ContentionCount}; run times in microseconds (``run_us``: the fastest
-    run), compile times in seconds; ``error`` is the max relative error vs eager.
+    run), compile times in seconds; ``error`` is the max relative error vs eager. Compiles in a
+    temporary cache directory (:func:`_scratch_cache_dir`).
     """
+    with _scratch_cache_dir():
+        return _check_model(model, inputs, device, table, bench, max_autotune, rounds)
+
+
+def _check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
+                 max_autotune: bool, rounds: int) -> dict[str, Any]:
     import torch
 
     from zhantune.bench.inductor import relative_error
