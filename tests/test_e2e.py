@@ -42,15 +42,18 @@ def _recorded_key(problem: GemmProblem) -> str:
 def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     # one re-measure round (close call, speedup over the default) keeps this test short; the rounds
     # themselves are tested in test_timing.py
-    cache = tmp_path / "inductor_cache"
+    cache, tmp = tmp_path / "inductor_cache", tmp_path / "tmp"
+    tmp.mkdir()
     r = cli(["+op=mm", "shape=[64,48,32]", "search.n_trials=3", "device=cpu", "progress=false",
              "bench.remeasure_rounds=1", "export.path=table.json"], cwd=tmp_path,
-            env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+            env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "TMPDIR": str(tmp)})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "inductor default" in r.stdout and "best config:" in r.stdout
-    # Inductor's kernel cache kept the kernels; no compile left a temporary directory behind
-    # (force_disable_caches did: fresh_cache(delete=False), one per compile)
-    assert list(cache.glob("*/*.so")) and not list(cache.glob("tmp*"))
+    # the tune compiled in its own kernel cache and deleted it: nothing in the user's Inductor cache
+    # (force_disable_caches left a directory per compile there), and none of its own left in TMPDIR
+    # (Inductor keeps its precompiled headers in its default directory there whatever the cache directory)
+    assert not list(cache.rglob("*.so")) and not list(cache.glob("tmp*"))
+    assert all(p.name.startswith("torchinductor_") for p in tmp.iterdir()) and not list(tmp.rglob("*.so"))
 
     con = sqlite3.connect(tmp_path / "zhantune.db")
     rows = con.execute("select kind, trial_number, status, median_us, n, params, lookup_key, min_us "

@@ -23,6 +23,7 @@ from zhantune.bench.settle import is_default_kernel, settle_close_call, settle_s
 from zhantune.candidate import Candidate
 from zhantune.errors import ConfigError
 from zhantune.inductor.builder import export_table, not_carried_reason
+from zhantune.inductor.settings import scratch_cache_dir
 from zhantune.provenance import software_versions, worker_name
 from zhantune.runspec import RunSpec, resolve_run
 from zhantune.search.driver import DuplicateTrial, SharedStudy, run_search
@@ -74,15 +75,16 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     mark_tune_root()  # NVML's "other processes" leave out this tune's workers (conditions.own_pids)
     sampler = make_sampler(run.search.sampler)
     n_compile = run.compile_workers()
-    # compile ahead: the timing and compile workers share Inductor's own kernel cache directory
-    bench = run.benchmarker()
-    pool = run.compile_pool(n_compile) if n_compile else None
-    try:
-        return _Tune(run, store, bench, pool, target).run(sampler, progress)
-    finally:
-        if pool is not None:
-            pool.close()
-        bench.close()
+    # one kernel cache for this tune, shared by the timing and compile-ahead workers, deleted at its end
+    with scratch_cache_dir() as cache_dir:
+        bench = run.benchmarker(cache_dir)
+        pool = run.compile_pool(n_compile, cache_dir) if n_compile else None
+        try:
+            return _Tune(run, store, bench, pool, target).run(sampler, progress)
+        finally:
+            if pool is not None:
+                pool.close()
+            bench.close()
 
 
 def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:

@@ -48,7 +48,8 @@ class CompilePool:
     the current one (Inductor's own idea: precompile the choices in parallel, benchmark serially).
 
     Every worker (the timing worker included) has Inductor's on-disk kernel cache in one directory
-    (``cache_dir`` in the worker spec; zhantune.inductor.settings.KERNEL_CACHE_PATCH), so the timing
+    (``cache_dir`` in the worker spec: the tune's, zhantune.inductor.settings.scratch_cache_dir and
+    KERNEL_CACHE_PATCH), so the timing
     worker's compile of a precompiled candidate finds its C++ or Triton binaries there and skips the
     C++/Triton compiler; it still lowers the graph, so its lookup and template checks are its own.
     A candidate that fails to compile here (``compile_error``, ``not_applied``) or kills or hangs its

@@ -11,12 +11,7 @@ user gets: ``freezing=True`` under ``no_grad``, oneDNN on). Timing is zhantune's
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["check_model", "time_interleaved", "versus"]
@@ -105,26 +100,6 @@ def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
             "consistent": consistent}
 
 
-@contextlib.contextmanager
-def _scratch_cache_dir() -> Iterator[None]:
-    """Inductor's and Triton's cache directories (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) in a
-    temporary directory, deleted afterwards with what ``force_disable_caches`` compiles left there
-    (a directory per compile: ``fresh_cache(delete=False)`` in torch/_inductor/compile_fx.py)."""
-    scratch = tempfile.mkdtemp(prefix="zhantune-check-")
-    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(scratch, "triton")
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
 def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
                 max_autotune: bool = True, rounds: int = 5) -> dict[str, Any]:
     """Compile ``model`` with ``table`` (a TableFile), by default, and with max-autotune, then time
@@ -133,9 +108,11 @@ def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
     Returns {"report": TableReport, "ways": {name: {compile_s, run_us, median_us, rounds_us, error,
     vs_default}}, "contention": ContentionCount}; run times in microseconds (``run_us``: the fastest
     run), compile times in seconds; ``error`` is the max relative error vs eager. Compiles in a
-    temporary cache directory (:func:`_scratch_cache_dir`).
+    temporary cache directory (zhantune.inductor.settings.scratch_cache_dir).
     """
-    with _scratch_cache_dir():
+    from zhantune.inductor.settings import scratch_cache_dir
+
+    with scratch_cache_dir("zhantune-check-"):
         return _check_model(model, inputs, device, table, bench, max_autotune, rounds)
 
 

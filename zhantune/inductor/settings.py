@@ -11,6 +11,9 @@ choice; ``torch.backends`` flags (TF32) are set around a compile and restored.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,10 +23,10 @@ from zhantune.quiet import NO_AUTOTUNE_REPORT
 
 __all__ = ["CPU_BASE_PATCH", "CUDA_BASE_PATCH", "KERNEL_CACHE_PATCH", "BACKEND_FLAGS", "base_patch",
            "MAX_AUTOTUNE", "template_patch", "cuda_table_patch", "model_patch", "backend_flags", "backend_flag", "get_config",
-           "set_knob"]
+           "set_knob", "scratch_cache_dir"]
 
 #: under every benchmark compile: Inductor's kernel caches stay on (C++ and Triton binaries in
-#: TORCHINDUCTOR_CACHE_DIR, Inductor's own directory unless a compile-ahead test names one; keyed by
+#: TORCHINDUCTOR_CACHE_DIR, a tune's own temporary directory: :func:`scratch_cache_dir`; keyed by
 #: the hash of their source and compiler command, so a hit is the identical kernel), every cache that
 #: could skip the lowering is off (FX graph here, AOTAutograd and Dynamo's profile-guided shapes in
 #: zhantune.bench.inductor), so each compile still makes its GEMM lookup and the benchmarker's checks
@@ -39,6 +42,29 @@ KERNEL_CACHE_PATCH: dict[str, Any] = {
 #: compile), no background pool of compile workers competing with the timed runs for the cores
 CPU_BASE_PATCH: dict[str, Any] = {"freezing": True, "compile_threads": 1, **KERNEL_CACHE_PATCH}
 CUDA_BASE_PATCH: dict[str, Any] = dict(KERNEL_CACHE_PATCH)
+
+
+@contextlib.contextmanager
+def scratch_cache_dir(prefix: str = "zhantune-kernels-") -> Iterator[str]:
+    """Inductor's and Triton's cache directories (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR; read
+    by Inductor at every use, inherited by worker processes) in a new temporary directory, yielded,
+    restored and deleted afterwards with everything compiled there. A tune kills workers in the middle
+    of a compile (a timeout, the compile-ahead compiles abandoned at its end): a half-written binary
+    stays in this directory, never in the user's cache, where Inductor would load it by its name
+    (``_worker_compile_cpp`` in torch/_inductor/codecache.py builds only a missing file)."""
+    scratch = tempfile.mkdtemp(prefix=prefix)
+    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(scratch, "triton")
+    try:
+        yield scratch
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def base_patch(device_kind: str) -> dict[str, Any]:
