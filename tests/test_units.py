@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,3 +147,26 @@ def test_the_defaults_own_kernel_is_called_noise_only_within_1_2x(best_us, withi
     assert f"{ratio} (noise)" in text if within else f"{ratio} (same kernel: differs)" in text
     assert ("measurement noise" in text) == within and ("a gap this large" in text) != within
     assert "faster than inductor default" not in text and "not a speedup" in text
+
+
+def test_scratch_cache_dir_is_used_inside_then_deleted_and_inductor_points_back(tmp_path, monkeypatch):
+    """A tune's kernel cache (zhantune.inductor.settings.scratch_cache_dir): Inductor's cache paths
+    point into it inside, back to the user's afterwards (its in-memory path caches cleared both ways),
+    and it is deleted with what was written there."""
+    from torch._inductor.codecache import CacheBase
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    from torch._inductor.utils import clear_caches
+
+    from zhantune.inductor.settings import scratch_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    users = CacheBase.get_local_cache_path()  # cached by Inductor (functools.cache)
+    with scratch_cache_dir() as scratch:
+        assert cache_dir() == scratch and os.environ["TRITON_CACHE_DIR"] == os.path.join(scratch, "triton")
+        assert str(CacheBase.get_local_cache_path()).startswith(scratch + os.sep)
+        (Path(scratch) / "kernel.so").write_bytes(b"x")
+    assert not os.path.exists(scratch) and "TRITON_CACHE_DIR" not in os.environ
+    assert cache_dir() == str(tmp_path / "users") and CacheBase.get_local_cache_path() == users
+    monkeypatch.undo()  # later tests of this process: Inductor's paths back to its own directory
+    clear_caches()

@@ -56,6 +56,7 @@ def scratch_cache_dir(prefix: str = "zhantune-kernels-") -> Iterator[str]:
     saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch
     os.environ["TRITON_CACHE_DIR"] = os.path.join(scratch, "triton")
+    _clear_inductor_path_caches()
     try:
         yield scratch
     finally:
@@ -64,7 +65,20 @@ def scratch_cache_dir(prefix: str = "zhantune-kernels-") -> Iterator[str]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        _clear_inductor_path_caches()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _clear_inductor_path_caches() -> None:
+    """Inductor's in-memory caches that ``fresh_cache`` clears (paths under the cache directory such
+    as ``CacheBase.get_local_cache_path``, loaded code by key), where Inductor is imported already:
+    a compile in this process after :func:`scratch_cache_dir` must not write into its deleted
+    directory (torch/_inductor/utils.py ``clear_on_fresh_cache``)."""
+    import sys
+
+    utils = sys.modules.get("torch._inductor.utils")
+    if utils is not None and callable(getattr(utils, "clear_caches", None)):
+        utils.clear_caches()
 
 
 def base_patch(device_kind: str) -> dict[str, Any]:
