@@ -41,7 +41,7 @@ class WorkerSpec:
 def build(spec: WorkerSpec) -> Benchmarker:
     """The benchmarker ``spec`` describes, built in this process (the worker calls it first)."""
     cache_dir = spec.args.get("cache_dir")
-    if cache_dir:  # a kernel cache of the caller's (a test's) instead of Inductor's own directory
+    if cache_dir:  # the tune's kernel cache (zhantune.inductor.settings.scratch_cache_dir), shared by its workers
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
         os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
     if spec.kind == "replay":
