@@ -42,8 +42,9 @@ def build(spec: WorkerSpec) -> Benchmarker:
     """The benchmarker ``spec`` describes, built in this process (the worker calls it first)."""
     cache_dir = spec.args.get("cache_dir")
     if cache_dir:  # the tune's kernel cache (zhantune.inductor.settings.scratch_cache_dir), shared by its workers
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
+        from zhantune.inductor.settings import cache_dir_env
+
+        os.environ.update(cache_dir_env(cache_dir))
     if spec.kind == "replay":
         from zhantune.bench.recorded import ReplayBenchmarker, load_kerneltuner
 

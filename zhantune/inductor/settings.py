@@ -23,7 +23,7 @@ from zhantune.quiet import NO_AUTOTUNE_REPORT
 
 __all__ = ["CPU_BASE_PATCH", "CUDA_BASE_PATCH", "KERNEL_CACHE_PATCH", "BACKEND_FLAGS", "base_patch",
            "MAX_AUTOTUNE", "template_patch", "cuda_table_patch", "model_patch", "backend_flags", "backend_flag", "get_config",
-           "set_knob", "scratch_cache_dir"]
+           "set_knob", "scratch_cache_dir", "cache_dir_env"]
 
 #: under every benchmark compile: Inductor's kernel caches stay on (C++ and Triton binaries in
 #: TORCHINDUCTOR_CACHE_DIR, a tune's own temporary directory: :func:`scratch_cache_dir`; keyed by
@@ -44,6 +44,12 @@ CPU_BASE_PATCH: dict[str, Any] = {"freezing": True, "compile_threads": 1, **KERN
 CUDA_BASE_PATCH: dict[str, Any] = dict(KERNEL_CACHE_PATCH)
 
 
+def cache_dir_env(cache_dir: str) -> dict[str, str]:
+    """The environment variables that put Inductor's and Triton's on-disk caches in ``cache_dir``
+    (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR under it)."""
+    return {"TORCHINDUCTOR_CACHE_DIR": cache_dir, "TRITON_CACHE_DIR": os.path.join(cache_dir, "triton")}
+
+
 @contextlib.contextmanager
 def scratch_cache_dir(prefix: str = "zhantune-kernels-") -> Iterator[str]:
     """Inductor's and Triton's cache directories (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR; read
@@ -53,9 +59,9 @@ def scratch_cache_dir(prefix: str = "zhantune-kernels-") -> Iterator[str]:
     stays in this directory, never in the user's cache, where Inductor would load it by its name
     (``_worker_compile_cpp`` in torch/_inductor/codecache.py builds only a missing file)."""
     scratch = tempfile.mkdtemp(prefix=prefix)
-    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(scratch, "triton")
+    env = cache_dir_env(scratch)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     _clear_inductor_path_caches()
     try:
         yield scratch
