@@ -31,9 +31,16 @@ def test_judge_speedup(rounds, confirmed, reason):
     assert v.confirmed is confirmed and reason in v.reason
 
 
-def test_claim_is_the_ratio_of_each_sides_minimum_over_rounds():
-    v = judge_speedup([Round(100, 50), Round(90, 60), Round(120, 45)])
-    assert v.ratio == pytest.approx(90 / 45) and v.ratio_low == pytest.approx(1.5) and v.ratio_high == pytest.approx(120 / 45)
+def test_claim_is_the_median_of_the_per_round_ratios():
+    """Each round's two sides are measured back to back. The machine's slow phases (the whole VM
+    1.25x slower for seconds, measured on this machine's kind) inflate both sides of a round alike;
+    a phase that ended inside the first round (slow default 125 us, fast winner 75 us), then slow
+    rounds (a true 1.33x): the ratio of each side's minimum over the rounds would claim 125 / 75 =
+    1.67x."""
+    v = judge_speedup([Round(125, 75), Round(125, 93.75), Round(125, 93.75)])
+    assert v.ratio == pytest.approx(4 / 3) and v.ratio_low == pytest.approx(4 / 3)
+    assert v.ratio_high == pytest.approx(5 / 3) and v.confirmed
+    assert judge_speedup([Round(100, 50), Round(90, 60), Round(120, 45)]).ratio == pytest.approx(2.0)
 
 
 def test_busy_machine_is_waited_for_with_a_doubling_backoff_bounded_by_busy_wait_s(monkeypatch):
@@ -72,7 +79,8 @@ def test_contention_count_says_how_many_were_busy_and_what_was_done():
 
 def test_check_times_its_compiles_in_rotated_interleaved_rounds():
     """check's three ways: every round times each once, round r starting at way r mod 3; the fastest
-    run per way over the rounds, and the paired ratio with its per-round range."""
+    run per way over the rounds, and the paired ratio (the median of the per-round ratios) with its
+    per-round range."""
     from types import SimpleNamespace
 
     from zhantune.bench.model_check import time_interleaved, versus
@@ -98,7 +106,8 @@ def test_check_times_its_compiles_in_rotated_interleaved_rounds():
     for t in times.values():
         assert len(t["rounds_us"]) == 3 and t["run_us"] == min(t["rounds_us"]) and t["median_us"] >= t["run_us"]
     v = versus(times["table"], times["default"])
-    assert v["ratio"] == pytest.approx(times["default"]["run_us"] / times["table"]["run_us"])
+    per_round = [d / t for d, t in zip(times["default"]["rounds_us"], times["table"]["rounds_us"], strict=True)]
+    assert v["ratio"] == pytest.approx(sorted(per_round)[1])  # the median of the three rounds
     assert v["ratio_low"] <= v["ratio_high"] and v["ratio"] > 1  # 10x the work is slower, every round
     assert versus(times["default"], times["default"]) == {"ratio": 1.0, "ratio_low": 1.0, "ratio_high": 1.0,
                                                           "consistent": False}
@@ -222,7 +231,8 @@ def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load)
                  f"storage.url=sqlite:///{op}.db", f"export.path={op}.json"], tmp_path, timeout=1200)
         assert r.returncode == 0, r.stderr[-3000:]
         tuned[op] = _claims(r.stdout)
-        print(op, "under load:", " ".join(r.stdout.split())[-600:])
+        out = " ".join(r.stdout.split())
+        print(op, "under load:", re.findall(r"speedup vs default, .*?n=\d+\)", out) or out[-600:])
     for p in load:
         p.kill()
     for op, claims in tuned.items():
@@ -275,8 +285,14 @@ def test_under_load_a_slower_config_is_never_ranked_above_aten(cli, tmp_path, lo
 
 
 def _quiet_paired_ratio(db, op: str, shape: str = "[64,64,64]", extra: tuple = (), pair=None) -> float:
-    """Default / winner (or pair[0] / pair[1]: two stored configs), minimum over 5 interleaved rounds
-    of each, with the load gone."""
+    """Default / winner (or pair[0] / pair[1]: two stored configs) with the load gone, at the
+    machine's best: each compiled and timed once first (never a compile between two timings), then 6
+    rounds, their order alternating; the ratio of each side's fastest run over the rounds. This VM's
+    slow phases (seconds long, one vCPU at a time: a 2-thread kernel waits for the slow one, a
+    1-thread one may not; docs/timing.md) move a single round's ratio either way; the fastest run of
+    each side is from rounds without them. The rounds are printed."""
+    import statistics
+
     from hydra import compose, initialize_config_module
 
     from zhantune.bench.inductor import InductorBenchmarker
@@ -290,7 +306,6 @@ def _quiet_paired_ratio(db, op: str, shape: str = "[64,64,64]", extra: tuple = (
         cfg = compose("config", overrides=[f"+op={op}", f"shape={shape}", "device=cpu", *extra])
     run = resolve_run(cfg)
     bench = InductorBenchmarker(run.problem, run.device, cfg.bench)
-    bench.inductor_default()
 
     def candidate(row):
         branch = next(b for b in run.space.branches if b.name == row.branch)
@@ -300,12 +315,17 @@ def _quiet_paired_ratio(db, op: str, shape: str = "[64,64,64]", extra: tuple = (
     if pair is None:
         (_, _, (best,)), = Store(f"sqlite:///{db}").ranked_candidates(top_k=1)
         pair = (None, best)
-    first, second = candidate(pair[0]) if pair[0] is not None else bench.measure_default, candidate(pair[1])
-    d, w = [], []
-    for _ in range(5):
-        d.append(first().timing.min_us)
-        w.append(second().timing.min_us)
-    return min(d) / min(w)
+    sides = [candidate(pair[0]) if pair[0] is not None else bench.inductor_default, candidate(pair[1])]
+    for side in sides:  # compiled (and kept) before the rounds
+        assert side().status == "ok"
+    rounds = []
+    for i in range(6):
+        got = {j: sides[j]().timing.min_us for j in ((0, 1) if i % 2 == 0 else (1, 0))}
+        rounds.append((round(got[0], 1), round(got[1], 1)))
+    ratio = min(a for a, _ in rounds) / min(b for _, b in rounds)
+    print(op, "quiet rounds (us):", rounds, "ratio of the fastest", round(ratio, 3),
+          "median of the rounds", round(statistics.median(a / b for a, b in rounds), 3))
+    return ratio
 
 
 @pytest.mark.slow

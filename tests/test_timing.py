@@ -146,9 +146,10 @@ def _settle_speedup(tune_cfg, tmp_path, path, default_v, winner_v):
 
 
 def test_a_speedup_is_always_settled_in_paired_alternating_rounds(tune_cfg, tmp_path):
-    """Even a clear winner is measured against the default in paired rounds (default first, then the
-    winner first, ...); the claim is the ratio of each side's minimum, stored as a verdict; replay
-    data answers identically every round, so the winner is faster in every round: confirmed."""
+    """Even a clear winner is measured against the default in paired rounds (each side once first,
+    not judged; then default first, then the winner first, ...); the claim is the median per-round
+    ratio, stored as a verdict; replay data answers identically every round, so the winner is faster
+    in every round: confirmed."""
     path = DATA / "gemm_RTX_3090.json.gz"
     measured = _measured_configs(path)
     win_t, win_v = measured[0]
@@ -156,7 +157,7 @@ def test_a_speedup_is_always_settled_in_paired_alternating_rounds(tune_cfg, tmp_
     run, store, study_id, problem_id, device_id, result = _settle_speedup(tune_cfg, tmp_path, path, def_v, win_v)
     rounds = run.cfg.bench.remeasure_rounds
     kinds = [r.kind for r in store.measurements(study_id)]
-    assert kinds == ["default", "candidate"] + [k for i in range(rounds) for k in
+    assert kinds == ["default", "candidate", "default", "remeasure"] + [k for i in range(rounds) for k in
                                                 (("default", "remeasure") if i % 2 == 0 else ("remeasure", "default"))]
     assert result.claim.confirmed and result.claim.ratio == pytest.approx(def_t.median_us / win_t.median_us)
     assert store.default_times_us()[(device_id, problem_id)] == result.default.median_us == def_t.median_us

@@ -4,6 +4,10 @@ Timing noise on a shared machine only adds time (a descheduled thread costs a sc
 another process's kernel shares the GPU), so every decision uses the minimum of individually timed
 runs (:func:`decision_us`), and a speedup is claimed only from paired, interleaved
 rounds of the two kernels (:func:`judge_speedup`): never from two measurements taken minutes apart.
+The claim is the median of the per-round ratios, each round's two measurements taken back to back:
+this machine also has slow phases (the whole VM, or one vCPU, slower for seconds at a time,
+docs/timing.md), which a round's two back-to-back sides share, but which a ratio of minimums taken
+from different rounds would turn into a fast-phase default over a slow-phase winner (or the reverse).
 
 A claim is **confirmed** when every round measured both sides, the tuned config was faster in every
 round (no flip), and no paired measurement was taken under contention without real-time
@@ -16,6 +20,7 @@ measured, and that is real.)
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -73,8 +78,9 @@ class Round:
 
 @dataclass(frozen=True)
 class SpeedupVerdict:
-    """The settled claim: ``ratio`` = default / winner (minimum over rounds of each side), with the
-    per-round ratios' range; ``confirmed`` only for a speedup (> 1) that held in every round."""
+    """The settled claim: ``ratio`` = the median of the per-round ratios default / winner (each
+    round's two sides measured back to back), with their range (``ratio_low``, ``ratio_high``);
+    ``confirmed`` only for a speedup (> 1) that held in every round."""
 
     ratio: float | None
     ratio_low: float | None
@@ -99,9 +105,7 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
     if not ok:
         return SpeedupVerdict(None, None, None, n, contended, False, "no round measured both sides")
     per_round = [r.default_us / r.winner_us for r in ok]
-    default_us = min(r.default_us for r in ok)
-    winner_us = min(r.winner_us for r in ok)
-    ratio = default_us / winner_us
+    ratio = statistics.median(per_round)
     low, high = min(per_round), max(per_round)
 
     def verdict(confirmed: bool, reason: str) -> SpeedupVerdict:

@@ -97,9 +97,11 @@ def _no_claim(default: Any, reason: str) -> SpeedupSettle:
 def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benchmarker, record: Record,
                    rounds: int) -> SpeedupSettle:
     """Settle the speedup claim of ``best`` (the fastest row a table can carry) over Inductor's
-    default (``default``, its ok row; always, not only when their times overlap): ``rounds``
+    default (``default``, its ok row; always, not only when their times overlap): one measurement of
+    each first (it compiles what is not kept compiled; stored, not judged), then ``rounds``
     interleaved rounds of the default (Benchmarker.measure_default) and the winner, their order
-    alternating; rows are stored through ``record`` as kinds ``default`` and ``remeasure``. No rounds
+    alternating, judged by zhantune.bench.decision.judge_speedup; rows are stored through
+    ``record`` as kinds ``default`` and ``remeasure``. No rounds
     (and no claim) when the winner is the kernel the default compile runs (:func:`is_default_kernel`),
     when ``rounds`` is 0, or when its branch is not in ``branches`` (a row of another space)."""
     if is_default_kernel(best):
@@ -111,6 +113,13 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
         return _no_claim(default, "the winner was measured by another study's space: not re-measured, no claim")
     paired, defaults = [], [default]
     with interrupt.interruptible():
+        # round 0, not judged: both sides compiled (and kept, zhantune.bench.kept), so that each
+        # round's two timings run back to back, never with a compile between them
+        for side in ("default", "winner"):
+            meas = bench.measure_default() if side == "default" else bench.measure(cand)
+            row = record(meas, "default" if side == "default" else "remeasure", cand if side == "winner" else None)
+            if side == "default" and meas.ok:
+                defaults.append(row)
         for i in range(rounds):
             got: dict[str, Any] = {}
             for side in (("default", "winner") if i % 2 == 0 else ("winner", "default")):
@@ -123,7 +132,8 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
                                   else None for s in ("default", "winner")),
                                 contended=sum(1 for r in got.values() if _contended_unshielded(r))))
     verdict = judge_speedup(paired)
-    text = (f"speedup vs default, {len(paired)} paired interleaved round(s) (minimum of individually timed runs): "
+    text = (f"speedup vs default, median of {len(paired)} paired interleaved round(s) (each side's fastest run, "
+            "back to back): "
             f"{verdict.claim_text()}" + ("" if verdict.confirmed or verdict.ratio is None else f"; {verdict.reason}"))
     return SpeedupSettle(verdict, min(defaults, key=rank_key), text)
 
