@@ -131,7 +131,7 @@ def test_the_defaults_own_kernel_is_called_noise_only_within_1_2x(best_us, withi
     from zhantune.report.summary import _print_winner, _table
 
     def row(kind, us, id_):
-        return SimpleNamespace(kind=kind, status="ok", id=id_, min_us=us, median_us=us, timing_method="cuda:t",
+        return SimpleNamespace(kind=kind, status="ok", id=id_, config_hash=f"h{id_}", min_us=us, median_us=us, timing_method="cuda:t",
                                tflops=None, branch="aten_template", template_id="aten::addmm", params={})
 
     default, best = row("default", 2.95, 1), row("candidate", best_us, 2)

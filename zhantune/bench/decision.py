@@ -4,7 +4,8 @@ Timing noise on a shared machine only adds time (a descheduled thread costs a sc
 another process's kernel shares the GPU), so every decision uses the minimum of individually timed
 runs (:func:`decision_us`), and a speedup is claimed only from paired, interleaved
 rounds of the two kernels (:func:`judge_speedup`): never from two measurements taken minutes apart.
-The claim is the median of the per-round ratios, each round's two measurements taken back to back:
+The claim is the median of the per-round ratios (the lower middle one of an even number of rounds),
+each round's two measurements taken back to back:
 this machine also has slow phases (the whole VM, or one vCPU, slower for seconds at a time,
 docs/timing.md), which a round's two back-to-back sides share, but which a ratio of minimums taken
 from different rounds would turn into a fast-phase default over a slow-phase winner (or the reverse).
@@ -79,7 +80,7 @@ class Round:
 @dataclass(frozen=True)
 class SpeedupVerdict:
     """The settled claim: ``ratio`` = the median of the per-round ratios default / winner (each
-    round's two sides measured back to back), with their range (``ratio_low``, ``ratio_high``);
+    round's two sides measured back to back; the lower middle one of an even number), with their range (``ratio_low``, ``ratio_high``);
     ``confirmed`` only for a speedup (> 1) that held in every round."""
 
     ratio: float | None
@@ -105,7 +106,7 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
     if not ok:
         return SpeedupVerdict(None, None, None, n, contended, False, "no round measured both sides")
     per_round = [r.default_us / r.winner_us for r in ok]
-    ratio = statistics.median(per_round)
+    ratio = statistics.median_low(per_round)  # of two middle rounds the lower: never half an odd round
     low, high = min(per_round), max(per_round)
 
     def verdict(confirmed: bool, reason: str) -> SpeedupVerdict:

@@ -93,14 +93,14 @@ def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) 
 def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     """The paired comparison of a way with the default: ``ratio`` = the median over the rounds of
     default / way (each side's fastest run in the round; > 1: the way is faster; one round's ways
-    run back to back, so a slow phase of the machine inflates both alike, as in a tune's claim:
+    run one after another, so a slow phase of the machine inflates them alike, as in a tune's claim:
     zhantune.bench.decision.judge_speedup), the per-round ratios' range, and ``consistent``: every
     round agrees on which is faster (ratios all above or all below 1)."""
     import statistics
 
     per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
     consistent = all(x > 1 for x in per_round) or all(x < 1 for x in per_round)
-    return {"ratio": statistics.median(per_round), "ratio_low": min(per_round), "ratio_high": max(per_round),
+    return {"ratio": statistics.median_low(per_round), "ratio_low": min(per_round), "ratio_high": max(per_round),
             "consistent": consistent}
 
 

@@ -100,14 +100,15 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
                                         ("inductor default, no freezing", unfrozen)) if r is not None]
     if result.best is not None:
         rows.append((f"best candidate: {result.best.branch}", result.best))
-        if claimed is not None and claimed.id != result.best.id:
+        if claimed is not None and claimed.config_hash != result.best.config_hash:
             rows.append((f"best in the table: {claimed.branch}", claimed))
     same_kernel = getattr(result, "same_kernel_as_default", False)
     claim = getattr(result, "claim", None)
     for label, r in rows:
         mine = decision_us(r) if r.status == "ok" else None
         speed = f"{default_us / mine:.2f}x" if default_us and mine else "-"
-        is_claimed = claimed is not None and r.kind != "default" and r.id == claimed.id
+        # the claimed config's row (its fastest may be a later re-measurement: the same config)
+        is_claimed = claimed is not None and r.kind != "default" and r.config_hash == claimed.config_hash
         if not is_claimed and r.kind != "default" and speed != "-":
             # eager, the unfrozen default, a best config not in the table: never paired against the default
             speed += " (unconfirmed)"
@@ -151,12 +152,12 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
     elif default_us and claim is not None and claim.confirmed:
         console.print(f"winner: {claimed.branch}, {claim.ratio:.2f}x faster than inductor default")
     elif default_us:
-        why = (claim.reason if claim is not None and claim.ratio is not None and claim.ratio > 1
-               else None if claim is not None else "not settled in paired rounds")
-        console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it"
-                      + (f" (best candidate {default_us / best_us:.2f}x)" if why is None else
-                         f" in a confirmed paired comparison: {claimed.branch} {why}; "
-                         "the table ships Inductor's default"))
+        # the reason from the paired rounds when there were any (never the unpaired ratio of the
+        # fastest runs as if it were a speedup: the rounds may say the opposite)
+        why = claim.reason if claim is not None else "not settled in paired rounds"
+        console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it in a confirmed "
+                      f"paired comparison: {claimed.branch if claimed is not None else result.best.branch} {why}; "
+                      "the table ships Inductor's default")
 
 
 def _print_notes(console: Console, result: Any) -> None:
