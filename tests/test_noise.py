@@ -17,7 +17,7 @@ from zhantune.bench.decision import Round, judge_speedup
 
 VERDICTS = [  # (rounds, confirmed, reason contains)
     ([Round(100, 50), Round(110, 52), Round(105, 51)], True, "confirmed in every round"),
-    ([Round(100, 50), Round(55, 60)], False, "as fast or faster in a round"),  # a flip
+    ([Round(100, 50), Round(110, 52), Round(55, 60)], False, "as fast or faster in a round"),  # a flip
     ([Round(100, 120), Round(100, 110)], False, "not faster"),
     ([Round(100, 50), Round(None, 50)], False, "rounds failed"),
     ([Round(100, 50, contended=1), Round(100, 50)], False, "under contention without real-time"),
