@@ -121,8 +121,8 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
                   f"{w['error']:.2e}" + ("" if w["error"] <= tol else " [red]> tol[/red]"))
     print_table(console, t)
     console.print(f"run times: the fastest of {cfg.rounds} interleaved rounds per compile; vs default: default / "
-                  "this, the median of the rounds (a round's ways one after another), with the per-round range; ~: the rounds disagree on which is faster (noise, no difference "
-                  "shown)")
+                  "this, the median of the rounds (a round's ways one after another), with the per-round range; "
+                  "~: the rounds disagree on which is faster (noise, no difference shown)")
     if result["contention"].text():
         console.print(f"[yellow]warning: {result['contention'].text()}[/yellow]")
 

@@ -80,8 +80,9 @@ class Round:
 @dataclass(frozen=True)
 class SpeedupVerdict:
     """The settled claim: ``ratio`` = the median of the per-round ratios default / winner (each
-    round's two sides measured back to back; the lower middle one of an even number), with their range (``ratio_low``, ``ratio_high``);
-    ``confirmed`` only for a speedup (> 1) that held in every round."""
+    round's two sides measured back to back; the lower middle one of an even number), with their
+    range (``ratio_low``, ``ratio_high``); ``confirmed`` only for a speedup (> 1) that held in every
+    round."""
 
     ratio: float | None
     ratio_low: float | None

@@ -98,8 +98,8 @@ class Verdict(Base):
     """A speedup claim of one config over Inductor's default on one (device, problem), settled by
     paired, interleaved rounds (zhantune.bench.decision.judge_speedup). ``ratio`` is the median over
     the rounds of the default's decision statistic over the config's (each round's two measured back
-    to back); ``ratio_low``/``ratio_high`` the spread of the per-round ratios; ``contended`` how many of the
-    paired measurements ran under contention. The exporter ships a tuned entry only where the latest
+    to back); ``ratio_low``/``ratio_high`` the spread of the per-round ratios; ``contended`` how
+    many of the paired measurements ran under contention. The exporter ships a tuned entry only where the latest
     verdict for the winning config is ``confirmed``."""
 
     __tablename__ = "zt_verdict"
