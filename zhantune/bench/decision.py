@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Round", "SpeedupVerdict", "judge_speedup", "decision_us", "decision_value", "rank_key",
+__all__ = ["Round", "SpeedupVerdict", "judge_speedup", "paired_ratio", "decision_us", "decision_value", "rank_key",
            "best_per_config"]
 
 
@@ -99,6 +99,13 @@ class SpeedupVerdict:
         return f"{self.ratio:.2f}x (rounds {self.ratio_low:.2f}-{self.ratio_high:.2f}x, n={self.rounds})"
 
 
+def paired_ratio(per_round: Iterable[float]) -> float:
+    """The one rule for a paired comparison's ratio (a tune's claim, check's "vs default"): the
+    median of the per-round ratios, of two middle rounds the lower (never half an odd round).
+    Raises statistics.StatisticsError on no rounds."""
+    return statistics.median_low(per_round)
+
+
 def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
     """Settle a speedup claim from paired, interleaved rounds (module docstring for the rules)."""
     n = len(rounds)
@@ -107,7 +114,7 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
     if not ok:
         return SpeedupVerdict(None, None, None, n, contended, False, "no round measured both sides")
     per_round = [r.default_us / r.winner_us for r in ok]
-    ratio = statistics.median_low(per_round)  # of two middle rounds the lower: never half an odd round
+    ratio = paired_ratio(per_round)
     low, high = min(per_round), max(per_round)
 
     def verdict(confirmed: bool, reason: str) -> SpeedupVerdict:

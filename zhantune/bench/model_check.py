@@ -96,11 +96,11 @@ def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     run one after another, so a slow phase of the machine inflates them alike, as in a tune's claim:
     zhantune.bench.decision.judge_speedup), the per-round ratios' range, and ``consistent``: every
     round agrees on which is faster (ratios all above or all below 1)."""
-    import statistics
+    from zhantune.bench.decision import paired_ratio
 
     per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
     consistent = all(x > 1 for x in per_round) or all(x < 1 for x in per_round)
-    return {"ratio": statistics.median_low(per_round), "ratio_low": min(per_round), "ratio_high": max(per_round),
+    return {"ratio": paired_ratio(per_round), "ratio_low": min(per_round), "ratio_high": max(per_round),
             "consistent": consistent}
 
 
