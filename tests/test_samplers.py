@@ -92,25 +92,29 @@ def test_feasible_tpe_measures_every_feasible_point_once_then_stops():
 @pytest.mark.parametrize("cold_model_every", [0, 3])
 def test_feasible_tpe_searches_next_to_the_best_point_after_the_model_phase(cold_model_every):
     """After the model phase TPE's proposals are Hamming neighbours of the best point; with
-    cold_model_every=3 every third proposal (counted over the points tried) is the per-value model's,
-    anywhere in the space."""
+    cold_model_every=3 every third proposal (counted over the points tried) is the per-value model's
+    instead, and only those."""
     sampler = FeasibleTPESampler(seed=1, n_startup_trials=4, n_model_trials=8, cold_model_every=cold_model_every)
+    model_turns = []
+    model_row = sampler._cold_model_row
+    sampler._cold_model_row = lambda rows, values, unseen: model_turns.append(len(rows)) or model_row(rows, values, unseen)
     study = optuna.create_study(sampler=sampler)
     run_search(study, _small_space(), VARS, _objective, n_trials=8)
+    # the model's turns among the first 8 (after the 4 uniform draws): the 6th point tried (5 before it)
+    assert model_turns == ([5] if cold_model_every else [])
     fs = sampler.feasible_set
-    far = 0
     for _ in range(9):
         rows = [fs.row_of(t.params) for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         best = rows[int(np.argmin([t.value for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]))]
+        del model_turns[:]
         nxt = sampler.next_row(study)
-        distance = int((fs.codes[nxt] != fs.codes[best]).sum())
-        unseen_near = [r for r in range(len(fs)) if r not in rows and (fs.codes[r] != fs.codes[best]).sum() == 1]
-        if cold_model_every and len(rows) % cold_model_every == cold_model_every - 1:
-            far += distance > 1
-        else:
+        model_turn = bool(cold_model_every) and len(rows) % cold_model_every == cold_model_every - 1
+        assert model_turns == ([len(rows)] if model_turn else [])
+        if not model_turn:
+            distance = int((fs.codes[nxt] != fs.codes[best]).sum())
+            unseen_near = [r for r in range(len(fs)) if r not in rows and (fs.codes[r] != fs.codes[best]).sum() == 1]
             assert distance == 1 if unseen_near else distance >= 1
         run_search(study, _small_space(), VARS, _objective, n_trials=1)
-    assert far >= 1 if cold_model_every else far == 0  # the model's turns left the neighbourhood
 
 
 def test_the_cold_models_turn_proposes_a_best_point_of_a_log_additive_objective():
@@ -193,6 +197,23 @@ def test_ask_ahead_prepares_the_next_candidate_before_the_current_one_is_measure
     for k, h in enumerate(measured[:-1]):  # the next one was prepared before this one was measured
         assert events.index(("prepare", measured[k + 1])) < events.index(("measure", h))
     assert events[-1] == ("measure", measured[-1])  # nothing asked beyond the budget
+
+
+def test_points_asked_ahead_are_counted_once_whether_or_not_the_storage_was_read():
+    """With compile ahead (lookahead=2) a point asked ahead is in the storage (RUNNING, its params
+    set) and in the sampler's own pending list: read back or not (refresh_s 0 or never), it counts
+    once, so the model's turns and the points proposed are the same."""
+    runs = []
+    for refresh_s in (0.0, 1e9):
+        sampler = FeasibleTPESampler(seed=3, n_startup_trials=4, n_model_trials=10, refresh_s=refresh_s)
+        turns = []
+        model_row = sampler._cold_model_row
+        sampler._cold_model_row = lambda rows, values, unseen, m=model_row, t=turns: t.append(len(rows)) or m(rows, values, unseen)
+        study = optuna.create_study(sampler=sampler)
+        run_search(study, _small_space(), VARS, _objective, n_trials=40, lookahead=2, prepare=lambda c: None)
+        runs.append((turns, [t.params for t in study.trials]))
+    assert runs[0] == runs[1]
+    assert len(runs[0][0]) >= 10  # one proposal in three after the 4 uniform draws
 
 
 def test_candidates_asked_ahead_but_not_measured_are_released_and_marked_interrupted():

@@ -14,7 +14,8 @@ exhausted. From the first model trial on, every ``cold_model_every``-th proposal
 from a Bayesian linear model of log time on one-hot parameter values (the transfer model below with
 no source), by Thompson sampling over every unmeasured point: TPE's density ratio keeps a seed in the
 basin of its first good points, the per-value model proposes what its posterior draw says is best
-anywhere (docs/search.md, "Cold start": 71% to 81% of runs within 1.10x of the optimum).
+anywhere (docs/search.md, "Cold start": on the replayed GPU files, 429 against 486 of 600 runs within
+1.10x of the optimum, 71.5% and 81%).
 
 Transfer (:meth:`set_prior`, zhantune.search.transfer): with scores for most configs (other
 devices' measurements of this problem), two of every three proposals come from the transfer model
@@ -64,8 +65,9 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         kernel_alpha: Aitchison-Aitken smoothing: a kernel gives 1 - alpha (+ alpha / n_values) to
             its own value and alpha / n_values to each other value of a dim.
         max_neighbourhood: largest Hamming distance searched around the best point.
-        max_scored: most unmeasured points scored per trial (a uniform sample beyond it), which
-            bounds the cost of a proposal on large spaces.
+        max_scored: most unmeasured points scored per TPE proposal (a uniform sample beyond it),
+            which bounds the cost of a proposal on large spaces; the models' turns score every
+            unmeasured point, or this many where the space's one-hot codes are too large to keep.
         transfer_seeds: with a partial prior (scores for fewer than half of the feasible points, as
             a tune of a neighbouring shape gives), how many of its best-scored configs are proposed
             first (a complete prior proposes none: measured, seeds pull the search into the other
@@ -79,11 +81,12 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         transfer_slope_sd, transfer_effect_sd, transfer_noise_sd: the transfer model's prior sds
             (zhantune.search.surrogate.TransferModel, log time).
         cold_model_every: without a complete prior (a cold start, or a partial prior once its seeds
-            are measured), after the ``n_startup_trials`` uniform draws one proposal in this many
-            comes from the transfer model with no source (per-value effects alone, Thompson
-            sampling, over every unmeasured point), the others from TPE and its local search; it
-            pulls seeds out of a basin TPE's density ratio keeps them in (docs/search.md, "Cold
-            start"). 0: TPE alone.
+            are tried), after the ``n_startup_trials`` uniform draws one proposal in this many
+            (counted over every point tried or asked ahead) comes from the transfer model with no
+            source (per-value effects alone, Thompson sampling, over every unmeasured point: see
+            ``max_scored``), the others from TPE and its local search; it pulls seeds out of a
+            basin TPE's density ratio keeps them in (docs/search.md, "Cold start"). 0: TPE alone.
+            Spaces too large to enumerate use Optuna's TPE and ignore it.
         refresh_s: the study's trials are read from the storage at most once per this many
             seconds (every proposal when trials take longer, as real compiles and benchmarks do);
             in between, this process's own results are known from ``after_trial``. 0 reads at every
@@ -283,7 +286,9 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
             if value is not None:
                 rows.append(row)
                 values.append(value)
-        tried.extend(fs.row_of(params) for params in self._pending.values())
+        # points asked ahead and not yet in the storage's answer (one read after its ask is, with
+        # its params: counted once)
+        tried.extend(fs.row_of(params) for number, params in self._pending.items() if known.get(number, (-1,))[0] < 0)
         unseen = np.ones(len(fs), dtype=bool)
         unseen[tried] = False
         if not unseen.any():
@@ -345,7 +350,8 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
     def _cold_model_row(self, rows: np.ndarray, values: np.ndarray, unseen: np.ndarray) -> int:
         """Without a complete prior: the unmeasured point best under one posterior draw of the transfer
         model with no source (every prior score 0: log time = intercept + per-value effects, Thompson
-        sampling), among at most ``max_scored`` unmeasured points (a uniform sample beyond that)."""
+        sampling), among every unmeasured point; where the one-hot codes are not kept (a space over
+        _MAX_ONE_HOT_CELLS), among a uniform sample of ``max_scored`` of them."""
         idx = np.flatnonzero(unseen)
         if self._one_hot is None and len(idx) > self.max_scored:  # a huge space: score a uniform sample
             unseen = np.zeros_like(unseen)
