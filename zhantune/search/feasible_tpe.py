@@ -41,14 +41,13 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from zhantune.search.feasible import FeasibleSet, enumerate_feasible
+from zhantune.search.parzen import log_density_ratio, one_hot
 from zhantune.search.schema import Space
 from zhantune.search.study import INTERRUPTED_ATTR
 from zhantune.search.surrogate import TransferModel
 
 __all__ = ["FeasibleTPESampler"]
 
-#: most "bad" trials used as centres of g(x) per proposal (a uniform sample beyond it)
-_MAX_BAD_CENTRES = 256
 #: largest one-hot matrix of the feasible set kept in memory (float64 cells: 32 MiB)
 _MAX_ONE_HOT_CELLS = 4_000_000
 
@@ -159,7 +158,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         self._finished, self._known, self._last_read_s = {}, {}, -float("inf")
         self._one_hot = None
         if fs is not None and len(fs) * int((fs.sizes + 1).sum()) <= _MAX_ONE_HOT_CELLS:
-            self._one_hot = _one_hot(fs.codes, fs.sizes)
+            self._one_hot = one_hot(fs.codes, fs.sizes)
         self._bind_prior()
 
     def set_prior(self, scores: dict[str, float] | None) -> None:
@@ -323,7 +322,8 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         idx = np.flatnonzero(candidates)
         if len(idx) > self.max_scored:  # like TPE's n_ei_candidates: score a uniform sample
             idx = self._rng.choice(idx, size=self.max_scored, replace=False)
-        score = self._log_density_ratio(np.array(rows), np.array(values), idx)
+        score = log_density_ratio(np.array(rows), np.array(values), idx, gamma=self.gamma, alpha=self.kernel_alpha,
+                                  sizes=fs.sizes, one_hot_rows=self._one_hot_rows, rng=self._rng)
         top = idx[score >= score.max() - 1e-9]  # exact ties (same codes) differ only by rounding
         return int(self._rng.choice(top))
 
@@ -390,45 +390,8 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
             return row, np.inf
         return row, None
 
-    def _log_density_ratio(self, rows: np.ndarray, values: np.ndarray, points: np.ndarray) -> np.ndarray:
-        """log l(x) - log g(x) at the feasible rows ``points``, multivariate product kernels."""
-        order = np.argsort(values, kind="stable")
-        n_good = max(1, int(np.ceil(self.gamma * len(values))))
-        good, bad = rows[order[:n_good]], rows[order[n_good:]]
-        if len(bad) > _MAX_BAD_CENTRES:  # bound the cost on long studies: a uniform sample of g's centres
-            bad = self._rng.choice(bad, size=_MAX_BAD_CENTRES, replace=False)
-        at = self._one_hot_rows(points)
-        log_l = self._log_mixture(at, good)
-        log_g = self._log_mixture(at, bad) if len(bad) else np.zeros(len(points))
-        return log_l - log_g
-
     def _one_hot_rows(self, rows: np.ndarray) -> np.ndarray:
         """One-hot codes of feasible rows (precomputed at bind for spaces of moderate size)."""
         if self._one_hot is not None:
             return self._one_hot[rows]
-        return _one_hot(self._feasible.codes[rows], self._feasible.sizes)
-
-    def _log_mixture(self, points: np.ndarray, centres: np.ndarray) -> np.ndarray:
-        """log of the mean over the feasible rows ``centres`` of the product over dims of
-        Aitchison-Aitken kernels, at ``points`` (one-hot codes).
-
-        Per dim, log k = log(a/n) + [same value] * (log(1 - a + a/n) - log(a/n)); summed over dims this
-        is a constant plus a matrix product of one-hot codes, one BLAS call for every (point, centre).
-        """
-        sizes = self._feasible.sizes
-        a = self.kernel_alpha
-        n_values = np.maximum(sizes, 1).astype(np.float64)
-        off = np.log(a / n_values)
-        weight = np.repeat(np.log(1 - a + a / n_values) - off, sizes + 1)  # per one-hot column
-        log_k = points @ (self._one_hot_rows(centres) * weight).T + off.sum()
-        peak = log_k.max(axis=1, keepdims=True)
-        return (peak + np.log(np.exp(log_k - peak).mean(axis=1, keepdims=True)))[:, 0]
-
-
-def _one_hot(codes: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """(n, sum(sizes + 1)) float64: one column per (dim, value index), value -1 (a param the branch
-    lacks) in the first column of its dim."""
-    offset = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]])
-    out = np.zeros((len(codes), int((sizes + 1).sum())))
-    out[np.repeat(np.arange(len(codes)), codes.shape[1]), (codes + 1 + offset[None, :]).ravel()] = 1.0
-    return out
+        return one_hot(self._feasible.codes[rows], self._feasible.sizes)
