@@ -112,22 +112,24 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
     if cand is None:  # the winner was measured by another space (a cached row)
         return _no_claim(default, "the winner was measured by another study's space: not re-measured, no claim")
     paired, defaults = [], [default]
+
+    def measure(side: str) -> Any:
+        """One measurement of ``side`` (default or winner), stored; an ok default row is kept."""
+        if side == "default":
+            meas = bench.measure_default()
+            row = record(meas, "default", None)
+            if meas.ok:
+                defaults.append(row)
+            return row
+        return record(bench.measure(cand), "remeasure", cand)
+
     with interrupt.interruptible():
         # round 0, not judged: both sides compiled (and kept, zhantune.bench.kept), so that each
         # round's two timings run back to back, never with a compile between them
         for side in ("default", "winner"):
-            meas = bench.measure_default() if side == "default" else bench.measure(cand)
-            row = record(meas, "default" if side == "default" else "remeasure", cand if side == "winner" else None)
-            if side == "default" and meas.ok:
-                defaults.append(row)
+            measure(side)
         for i in range(rounds):
-            got: dict[str, Any] = {}
-            for side in (("default", "winner") if i % 2 == 0 else ("winner", "default")):
-                meas = bench.measure_default() if side == "default" else bench.measure(cand)
-                got[side] = record(meas, "default" if side == "default" else "remeasure",
-                                   cand if side == "winner" else None)
-                if side == "default" and meas.ok:
-                    defaults.append(got[side])
+            got = {side: measure(side) for side in (("default", "winner") if i % 2 == 0 else ("winner", "default"))}
             paired.append(Round(*(decision_us(got[s]) if got.get(s) is not None and got[s].status == "ok"
                                   else None for s in ("default", "winner")),
                                 contended=sum(1 for r in got.values() if _contended_unshielded(r))))
