@@ -173,3 +173,45 @@ def test_a_killed_tunes_orphaned_trial_is_not_counted_as_measured(tmp_path):
     assert "the study holds 6 of 6" in " ".join(out.split()), out
     # a Kernel Tuner replay has no lookup table: its summary does not explain why a config is not in one
     assert "not in the lookup table" not in out, out
+
+
+@pytest.mark.slow
+def test_a_rerun_at_once_after_a_kill_waits_for_the_dead_claim_before_calling_the_space_exhausted(tmp_path):
+    """A space smaller than search.n_trials, its tune killed mid-trial and rerun at once (the dead
+    claim's heartbeat not stale yet): the rerun measures every other point, then waits for that claim
+    instead of ending "every feasible point" with one point never measured (the study was marked
+    exhausted, and later runs said it was finished)."""
+    import gzip
+    import json
+
+    cache = {f"{a},{b}": {"a": a, "b": b, "time": float(a + b), "times": [float(a + b)] * 3, "compile_time": 400.0}
+             for a in (1, 2, 3) for b in (1, 2)}
+    doc = {"device_name": "GPU-T", "kernel_name": "toy_kernel", "problem_size": [8], "tune_params_keys": ["a", "b"],
+           "tune_params": {"a": [1, 2, 3], "b": [1, 2]}, "cache": cache}
+    toy = tmp_path / "toy.json.gz"
+    with gzip.open(toy, "wt") as f:
+        json.dump(doc, f)
+    db = tmp_path / "t.db"
+    args = ["bench=replay", f"bench.path={toy}", "search.n_trials=20", f"storage.url=sqlite:///{db}",
+            "storage.heartbeat_interval_s=1", "storage.grace_period_s=15"]
+    env = dict({k: v for k, v in os.environ.items() if k != "COLUMNS"}, PYTHONWARNINGS="ignore")
+
+    def start(*extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "zhantune", *args, *extra, f"hydra.run.dir={tmp_path}/hydra"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    first = start("bench.replay_pace=1")  # each answer takes its compile time (0.4 s) and runs
+    _wait_for_candidates(db, 1, first)
+    deadline = time.monotonic() + 120
+    while _in_flight(db) == 0:
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.05)
+    first.kill()
+    first.communicate(timeout=60)
+    assert _in_flight(db) == 1
+
+    second = start()  # at once: the dead trial's heartbeat is not 15 s old yet
+    out, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err[-3000:]
+    assert _kinds(db)["candidate"] == 6 and _in_flight(db) == 0, out[-2000:]
+    assert "the study holds 6 of 20, every feasible point" in " ".join(out.split()), out[-2000:]

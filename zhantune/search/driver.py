@@ -10,7 +10,6 @@ without one (the offline benchmark) it is this call's own count.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import random
 import time
@@ -32,6 +31,7 @@ from zhantune.search.study import (
     fail_stale_trials,
     feasible_size,
     random_feasible_point,
+    release_orphan_claims,
 )
 
 __all__ = ["SearchStats", "Outcome", "run_search", "bind_sampler", "DuplicateTrial", "SharedStudy",
@@ -165,12 +165,17 @@ class _Search:
         bind_sampler(study.sampler, space, problem_vars)
         self.total = _feasible_total(study.sampler, space, problem_vars)
         self.seen: set[str] = set()
+        #: points seen only as held by another worker (told PRUNED): seen again once that worker's
+        #: claim is measured or released (a dead worker's, after its heartbeat's grace period)
+        self.taken: set[str] = set()
+        #: every point is seen but some are held by other workers: wait for them before "exhausted"
+        self.space_held = False
         self.rng = random.Random(seed)
         self.deadline = time.monotonic() + timeout_s if timeout_s else None
         self.pending: deque[tuple[optuna.trial.Trial, Candidate]] = deque()
         self.heartbeat = shared.heartbeat if shared is not None else None
         self.last_reap = -float("inf")
-        self.beaten: set[int] = set()  # other workers' claimed trials given one heartbeat (_release_orphans)
+        self.beaten: set[int] = set()  # other workers' claimed trials given one heartbeat (release_orphan_claims)
 
     def time_up(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -220,11 +225,14 @@ class _Search:
             else:
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)  # another worker measures it
                 self.stats.duplicates += 1
+                self.taken.add(cand.config_hash)
         return got
 
     def next_measurable(self) -> tuple[optuna.trial.Trial, Candidate] | str | None:
         """Ask until a candidate that must be measured comes up; SPENT when the study's budget was
-        claimed meanwhile; None when the search must stop."""
+        claimed meanwhile, or when every point is seen but other workers hold some (alive or dead:
+        :meth:`wait_for_others` waits for them); None when the search must stop (``exhausted`` set
+        when every feasible point is measured or failed)."""
         stats = self.stats
         while stats.asks < self.max_asks * self.n_trials:
             if interrupt.requested():
@@ -232,6 +240,9 @@ class _Search:
             if self.time_up():
                 return None
             if self.total is not None and len(self.seen) >= self.total:
+                if self.taken and self.shared is not None and self.heartbeat is not None:
+                    self.space_held = True  # a point held elsewhere may come back (its worker died)
+                    return SPENT
                 stats.exhausted = True
                 return None
             self.reap()
@@ -255,9 +266,12 @@ class _Search:
         return None
 
     def wait_for_others(self) -> bool:
-        """The budget is claimed but not all measured: wait while other workers' trials are in
-        flight, failing dead workers' trials so that their points come back. True when a trial
-        became free for this worker; False when the study is done or the search must stop."""
+        """The budget is claimed but not all measured (or every point is seen and other workers
+        hold some, ``space_held``): wait while other workers' trials are in flight, failing dead
+        workers' trials so that their points come back. True when a trial became free for this
+        worker (with ``space_held``: when no other worker holds a claim, and the points they held
+        are asked again: measured ones are answered from the storage, released ones measured here);
+        False when the study is done or the search must stop."""
         shared, heartbeat = self.shared, self.heartbeat
         if shared is None or heartbeat is None:
             return False  # no heartbeat: nothing dead can be told from slow; the others finish theirs
@@ -270,12 +284,17 @@ class _Search:
                 if self.time_up():
                     return False
                 self.reap(force=True)
-                _release_orphans(self.study, shared, self.beaten)
+                release_orphan_claims(self.study, shared, self.beaten)
                 measured, in_flight = shared.counts()
                 self.stats.study_measured = measured
                 if measured >= self.n_trials:
                     return False
-                if measured + in_flight < self.n_trials:
+                if self.space_held and not in_flight:
+                    self.seen -= self.taken
+                    self.taken.clear()
+                    self.space_held = False
+                    return True
+                if not self.space_held and measured + in_flight < self.n_trials:
                     return True
                 if not said:
                     log.info("study %s: %d of %d measured; waiting for %d trial(s) in flight in other workers "
@@ -347,30 +366,6 @@ class _Search:
         if self.shared is not None:
             self.stats.study_measured = self.shared.counts()[0]
         return self.stats
-
-
-def _release_orphans(study: optuna.Study, shared: SharedStudy, beaten: set[int]) -> None:
-    """Claims without a row whose trial is no longer running (its worker died after Optuna failed
-    the trial but before the claim was released, or an older zhantune left it): release them. The
-    claims are read before the running trials, so a claim made meanwhile is never taken for one;
-    :attr:`SharedStudy.release_trial` keeps a claim whose row was stored meanwhile. A claimed trial
-    running for longer than the grace period gets one heartbeat from here (once; ``beaten``), so that
-    one without heartbeats of its own goes stale and is retried (Heartbeat.beat_once)."""
-    claimed = shared.in_flight()
-    if not claimed:
-        return
-    running = {t.number: t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
-    now = datetime.datetime.now()
-    for number in claimed:
-        trial = running.get(number)
-        if trial is None:
-            if shared.release_trial(number):
-                log.info("study %s: released the claim of trial %d (ended without a measurement)",
-                         study.study_name, number)
-        elif (shared.heartbeat is not None and number not in beaten and trial.datetime_start is not None
-              and (now - trial.datetime_start).total_seconds() > shared.heartbeat.grace_period_s):
-            beaten.add(number)
-            shared.heartbeat.beat_once(trial)
 
 
 def _abandon(study: optuna.Study, trial: optuna.trial.Trial, cand: Candidate,

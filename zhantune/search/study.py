@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import random
@@ -19,8 +20,8 @@ from zhantune.quiet import quiet_optuna
 from zhantune.search.schema import Branch, Space
 
 __all__ = ["Asked", "HeartbeatSettings", "Heartbeat", "optuna_storage", "open_study", "ask", "feasible_size",
-           "random_feasible_point", "fail_stale_trials", "retry_trial", "INTERRUPTED_ATTR", "RETRY_OF_ATTR",
-           "MAX_RETRIES"]
+           "random_feasible_point", "fail_stale_trials", "release_orphan_claims", "retry_trial", "INTERRUPTED_ATTR",
+           "RETRY_OF_ATTR", "MAX_RETRIES"]
 
 #: user attribute of a trial whose measurement was interrupted (Ctrl-C, SIGTERM): not a result
 INTERRUPTED_ATTR = "zhantune:interrupted"
@@ -199,3 +200,28 @@ def random_feasible_point(space: Space, problem_vars: dict[str, Any], rng: rando
         if b.feasible(values, problem_vars) and b.candidate(values).config_hash not in exclude:
             return b, values
     return None
+
+
+def release_orphan_claims(study: optuna.Study, shared: Any, beaten: set[int]) -> None:
+    """Claims without a row whose trial is no longer running (its worker died after Optuna failed
+    the trial but before the claim was released, or an older zhantune left it): release them. The
+    claims are read before the running trials, so a claim made meanwhile is never taken for one;
+    :attr:`SharedStudy.release_trial` keeps a claim whose row was stored meanwhile. A claimed trial
+    running for longer than the grace period gets one heartbeat from here (once; ``beaten``), so that
+    one without heartbeats of its own goes stale and is retried (Heartbeat.beat_once).
+    ``shared``: the search's zhantune.search.driver.SharedStudy."""
+    claimed = shared.in_flight()
+    if not claimed:
+        return
+    running = {t.number: t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+    now = datetime.datetime.now()
+    for number in claimed:
+        trial = running.get(number)
+        if trial is None:
+            if shared.release_trial(number):
+                log.info("study %s: released the claim of trial %d (ended without a measurement)",
+                         study.study_name, number)
+        elif (shared.heartbeat is not None and number not in beaten and trial.datetime_start is not None
+              and (now - trial.datetime_start).total_seconds() > shared.heartbeat.grace_period_s):
+            beaten.add(number)
+            shared.heartbeat.beat_once(trial)
