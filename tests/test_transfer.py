@@ -191,6 +191,26 @@ def test_two_unnamed_files_of_one_problem_are_never_merged(cli, tmp_path):
     assert r.returncode == 2 and "one non-empty device name per file" in r.stderr
 
 
+def test_another_file_of_the_same_name_is_imported_as_its_own_study_and_leaves_the_first_as_it_was(tmp_path):
+    """Two different files named toy_X.json (two folders, as benchmark_hub's <kernel>/<GPU>.json.gz
+    layout gives) of one named device: the second is not dropped as "already imported" under the
+    first's study, nor does it overwrite that study's provenance."""
+    store = Store(f"sqlite:///{tmp_path / 'n.db'}")
+    a, b = _toy(tmp_path / "a", 1.0, device_name="GPU-N"), _toy(tmp_path / "b", 2.0, device_name="GPU-N")
+    first, added = import_kerneltuner(store, load_kerneltuner(a, source="files"))
+    assert (first, added) == ("kerneltuner:toy_X.json@GPU-N", 6)
+    second, added = import_kerneltuner(store, load_kerneltuner(b, source="files"))
+    assert added == 6 and second != first and second.startswith("kerneltuner:toy_X.json[sha256:")
+    assert store.study_config(first)["source"] == str(a) and store.study_config(second)["source"] == str(b)
+    # each file again: nothing new, under its own study
+    assert import_kerneltuner(store, load_kerneltuner(b, source="files")) == (second, 0)
+    assert import_kerneltuner(store, load_kerneltuner(a, source="files")) == (first, 0)
+    with sqlite3.connect(tmp_path / "n.db") as con:
+        per_study = dict(con.execute("select s.name, count(*) from zt_measurement m join zt_study s "
+                                     "on s.id = m.study_id group by s.name").fetchall())
+    assert per_study == {first: 6, second: 6}
+
+
 def _gemm_rows(store: Store, device: str, op: str, dims: dict, dtype: str, times: dict[str, float | None]) -> None:
     """Store candidate rows (config hash -> median us; None: failed) of a GEMM problem on a device."""
     did = store.device_id(device, device, "cuda", {})

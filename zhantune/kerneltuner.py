@@ -5,7 +5,9 @@ them instead; a file without a ``device_name`` is named after its file name), a 
 and problem size) and a study named ``kerneltuner:<file name>@<device>`` holding one measurement per
 configuration (failures keep their status), with the same config hashes a ``bench=replay`` tune of
 that file stores, so ``python -m zhantune.compare`` and transfer (docs/search.md) work on real GPU
-data. Importing the same file again adds nothing. Two different files of one problem are never
+data. Importing the same file again adds nothing; another file of the same file name (another
+folder) gets its own study, ``kerneltuner:<file name>[sha256:<12 hex digits>]@<device>``. Two
+different files of one problem are never
 merged into one device named after file names: give them names with ``devices=[...]``
 (zhantune.storage.ingest.import_kerneltuner).
 """

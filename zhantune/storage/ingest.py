@@ -26,8 +26,9 @@ IMPORTED_VERSION = "kerneltuner"
 
 def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     """Store every configuration of ``file`` (a loaded Kernel Tuner cache file) as one study named
-    ``kerneltuner:<file name>@<device key>``; returns (study name, rows added; 0 when the study
-    already holds them). Raises ConfigError when a file without a device name would add a problem to
+    ``kerneltuner:<file name>@<device key>`` (``<file name>[sha256:<first 12 hex digits>]`` when a
+    study of that name holds another file's data: never merged into it nor overwriting its
+    provenance); returns (study name, rows added; 0 when the study already holds this file's). Raises ConfigError when a file without a device name would add a problem to
     a device that holds it from another file (:func:`refuse_merge`)."""
     from zhantune.bench.recorded import ReplayBenchmarker
 
@@ -38,6 +39,9 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     device_id = store.device_id(device.key, device.name, device.kind, device.properties)
     problem_id = store.problem_id(problem.key, lookup_key=None, **problem.row_fields())
     name = f"kerneltuner:{file.path.name}@{device.key}"
+    held = store.study_config(name)
+    if held is not None and held.get("sha256") != digest:  # another file of that name (another folder)
+        name = f"kerneltuner:{file.path.name}[sha256:{digest[:12]}]@{device.key}"
     study_id = store.study_id(name, {"source": str(file.path), "sha256": digest, "format": "kerneltuner"})
     if store.count_measurements(study_id):
         store.finish_study(study_id)

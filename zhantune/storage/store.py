@@ -208,6 +208,12 @@ class Store(Queries):
             row.config = config
         return self._get_or_create(m.Study, {"name": name}, dict(config=config), reopen)
 
+    def study_config(self, name: str) -> dict[str, Any] | None:
+        """The config stored with the study of this name ({} when it has none); None when no such study."""
+        with self.session() as s:
+            row = s.scalars(select(m.Study).where(m.Study.name == name)).one_or_none()
+            return None if row is None else dict(row.config or {})
+
     def finish_study(self, study_id: int, status: str = "finished") -> None:
         """Mark a study ended: ``status`` finished, exhausted or interrupted, with the time (UTC)."""
         with self.session() as s:
