@@ -7,9 +7,8 @@ configuration (failures keep their status), with the same config hashes a ``benc
 that file stores, so ``python -m zhantune.compare`` and transfer (docs/search.md) work on real GPU
 data. Importing the same file again adds nothing; another file of the same file name (another
 folder) gets its own study, ``kerneltuner:<file name>[sha256:<12 hex digits>]@<device>``. Two
-different files of one problem are never
-merged into one device named after file names: give them names with ``devices=[...]``
-(zhantune.storage.ingest.import_kerneltuner).
+different files of one problem are never merged into one device named after file names: give them
+names with ``devices=[...]`` (zhantune.storage.ingest.import_kerneltuner).
 """
 
 from __future__ import annotations
