@@ -216,7 +216,15 @@ CASES = [
     ("replay-truncated-gzip", "zhantune", ["bench=replay", "bench.path={x}"],
      lambda t: _kt_file(t, "trunc.json.gz", 4.0, truncate=True), "the compressed file is truncated", None),
     ("replay-negative-time", "zhantune", ["bench=replay", "bench.path={x}"],
-     lambda t: _kt_file(t, "neg.json.gz", -4.0), "cache.1.time=-4.0; a recorded time is a positive number", None),
+     lambda t: _kt_file(t, "neg.json.gz", -4.0), "cache.1.time=-4.0; a recorded time is a positive, finite number",
+     None),
+    # numbers no float holds or no measurement takes: one line, not an OverflowError (nothing written)
+    ("import-huge-time", "zhantune.kerneltuner", ["files=[{x}]"],
+     lambda t: _kt_file(t, "huge.json.gz", 1e306), "cache.1.time=1e+306; a recorded time is a positive, finite "
+     "number of milliseconds up to 1e+09", None),
+    ("import-400-digit-time", "zhantune.kerneltuner", ["files=[{x}]"],
+     lambda t: _kt_file(t, "digits.json.gz", 10**400), "cache.1.time=100000000000000000000000000000... (401 "
+     "characters)", None),
     ("replay-zero-time", "zhantune", ["bench=replay", "bench.path={x}"],
      lambda t: _kt_file(t, "zero.json.gz", 0), "cache.1.time=0", None),
     ("bench-target-ms", "zhantune", ["+op=mm", "shape=[4,4,4]", "bench.target_ms=-1"], None,

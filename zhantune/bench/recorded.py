@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import statistics
 import time
 import zlib
@@ -155,9 +154,11 @@ class KernelTunerFile:
         flops = 0
         for e in self.cache.values():
             t, gflops = e.get("time"), e.get("GFLOP/s")
-            if isinstance(t, (int, float)) and isinstance(gflops, (int, float)) and t > 0 and gflops > 0:
+            if _is_time(t) and _is_time(gflops) and t > 0 and gflops > 0:  # both finite and bounded
                 flops = round(gflops * 1e9 * t * 1e-3)
-                break
+                if flops < 2**63:  # fits the databases' BIGINT; else the next entry's (0: unknown)
+                    break
+                flops = 0
         return ReplayProblem(self.kernel_name, self.problem_size, flops)
 
     def best_time_us(self) -> float:
@@ -179,8 +180,28 @@ def device_from_file_name(path: Path, kernel_name: str) -> str:
     return stem
 
 
+#: the longest time (milliseconds: 11.6 days) read as a measurement; a longer or non-finite number
+#: is refused in ``time``/``times`` and ignored in the pace fields (``time.sleep`` cannot take it)
+MAX_TIME_MS = 1e9
+
+
+def _is_number(t: Any) -> bool:
+    return isinstance(t, (int, float)) and not isinstance(t, bool)
+
+
 def _is_time(t: Any) -> bool:
-    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+    """A finite number of milliseconds of at most MAX_TIME_MS (sign not checked: _bad_time)."""
+    if not _is_number(t):
+        return False
+    try:
+        return abs(float(t)) <= MAX_TIME_MS  # False for nan and inf; a huge int overflows float()
+    except OverflowError:
+        return False
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else f"{r[:30]}... ({len(r)} characters)"
 
 
 def _is_scalar(v: Any) -> bool:
@@ -194,13 +215,13 @@ def _bad_time(entry: dict[str, Any]) -> str | None:
     t = entry["time"]
     if isinstance(t, str):
         return None
-    if _is_time(t) and t <= 0:
-        return f"time={t!r}"
+    if _is_number(t) and (not _is_time(t) or t <= 0):
+        return f"time={_short(t)}"
     times = entry.get("times")
     if _is_time(t) and isinstance(times, list):
         for i, x in enumerate(times):
-            if _is_time(x) and x <= 0:
-                return f"times[{i}]={x!r}"
+            if _is_number(x) and (not _is_time(x) or x <= 0):
+                return f"times[{i}]={_short(x)}"
     return None
 
 
@@ -261,8 +282,9 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
                               "number, a string, a boolean or null")
         bad = _bad_time(entry)
         if bad:
-            raise ConfigError(f"{source}={path}: cache.{key}.{bad}; a recorded time is a positive number of "
-                              "milliseconds (or a failure name such as 'CompilationFailedConfig')")
+            raise ConfigError(f"{source}={path}: cache.{key}.{bad}; a recorded time is a positive, finite "
+                              f"number of milliseconds up to {MAX_TIME_MS:g} (or a failure name such as "
+                              "'CompilationFailedConfig')")
     if data["device_name"] is not None and not isinstance(data["device_name"], str):
         raise ConfigError(f"{source}={path}: device_name={data['device_name']!r}; expected a string (may be empty)")
     if not isinstance(data["kernel_name"], str) or not data["kernel_name"].strip():
