@@ -175,6 +175,11 @@ def test_two_unnamed_files_of_one_problem_are_never_merged(cli, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "gives device 'X', which already holds kerneltuner:toy_kernel[8]" in r.stderr and "devices=[...]" in r.stderr
     assert (tmp_path / "i.db").read_bytes() == before
+    # with a good file before it in one import: refused before either is written
+    c = _toy(tmp_path / "c", 3.0, device_name="GPU-C")
+    r = cli([f"files=[{c},{b}]", url], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 2 and "gives device 'X', which already holds" in r.stderr, r.stdout + r.stderr
+    assert (tmp_path / "i.db").read_bytes() == before
 
     r = cli([f"files=[{a},{b}]", f"storage.url=sqlite:///{tmp_path / 'j.db'}"], tmp_path, module="zhantune.kerneltuner")
     assert r.returncode == 2 and "both give device 'X'" in r.stderr and not (tmp_path / "j.db").exists()

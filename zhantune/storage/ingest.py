@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from zhantune.bench.recorded import KernelTunerFile
     from zhantune.storage.store import Store
 
-__all__ = ["import_kerneltuner", "IMPORTED_VERSION"]
+__all__ = ["import_kerneltuner", "check_import", "IMPORTED_VERSION"]
 
 #: torch_version of imported rows: they were measured by Kernel Tuner, not through torch
 IMPORTED_VERSION = "kerneltuner"
@@ -58,6 +58,12 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     added = store.add_measurements(rows)
     store.finish_study(study_id)
     return name, added
+
+
+def check_import(store: Store, file: KernelTunerFile) -> None:
+    """What :func:`import_kerneltuner` refuses (ConfigError), checked without writing: run it for
+    every file of an import before the first is written."""
+    refuse_merge(store, file, hashlib.sha256(file.path.read_bytes()).hexdigest())
 
 
 def refuse_merge(store: Store, file: KernelTunerFile, digest: str) -> None:
