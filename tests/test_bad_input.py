@@ -50,9 +50,10 @@ def _fifo(tmp: Path) -> str:
     return "fifo.json"
 
 
-def _kt_file(tmp: Path, name: str, time: object, truncate: bool = False) -> str:
+def _kt_file(tmp: Path, name: str, time: object, truncate: bool = False, kernel_name: str = "k",
+             device_name: str = "GPU") -> str:
     """A small Kernel Tuner cache file with one entry of the given time."""
-    doc = {"device_name": "GPU", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+    doc = {"device_name": device_name, "kernel_name": kernel_name, "problem_size": [64], "tune_params_keys": ["x"],
            "tune_params": {"x": [1, 2]}, "objective": "time",
            "cache": {"1": {"x": 1, "time": time, "times": [time, time]}, "2": {"x": 2, "time": 5.0, "times": [5.0]}}}
     raw = gzip.compress(json.dumps(doc).encode())
@@ -222,6 +223,13 @@ CASES = [
     ("import-huge-time", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "huge.json.gz", 1e306), "cache.1.time=1e+306; a recorded time is a positive, finite "
      "number of milliseconds up to 1e+09", None),
+    # names the database's columns do not hold (PostgreSQL refused them with a traceback, SQLite not)
+    ("import-long-kernel-name", "zhantune.kerneltuner", ["files=[{x}]"],
+     lambda t: _kt_file(t, "k35.json.gz", 4.0, kernel_name="convolution_kernel_shared_mem_tiled"),
+     "kernel_name 'convolution_kernel_shared_mem_tiled' (35 characters); the database holds names of at most 32", None),
+    ("import-nul-in-device-name", "zhantune.kerneltuner", ["files=[{x}]"],
+     lambda t: _kt_file(t, "nul.json.gz", 4.0, device_name="GPU\x00X"),
+     "device name (from device_name) 'GPU\\x00X' (5 characters)", None),
     ("import-400-digit-time", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "digits.json.gz", 10**400), "cache.1.time=100000000000000000000000000000... (401 "
      "characters)", None),

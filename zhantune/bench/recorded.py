@@ -294,8 +294,27 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
     if not size or not all(isinstance(x, int) and not isinstance(x, bool) for x in size):
         raise ConfigError(f"{source}={path}: problem_size={data['problem_size']!r}; expected an integer "
                           "or a list of integers")
-    return KernelTunerFile(p, str(data["device_name"] or ""), str(data["kernel_name"]), size, list(names),
-                           {n: list(tune_params[n]) for n in names}, cache, device or None)
+    loaded = KernelTunerFile(p, str(data["device_name"] or ""), str(data["kernel_name"]), size, list(names),
+                             {n: list(tune_params[n]) for n in names}, cache, device or None)
+    _check_fits(loaded, f"{source}={path}")
+    return loaded
+
+
+#: the longest kernel name and device name the database's columns hold (zhantune/storage/orm.py:
+#: Problem.op, Device.key; PostgreSQL enforces them, SQLite does not, so a merge would fail later)
+MAX_KERNEL_NAME, MAX_DEVICE_NAME = 32, 256
+
+
+def _check_fits(f: KernelTunerFile, where: str) -> None:
+    """ConfigError when the kernel or device name does not fit the database (length, or a control
+    character such as NUL, which PostgreSQL's text cannot hold)."""
+    for what, value, limit in (("kernel_name", f.kernel_name, MAX_KERNEL_NAME),
+                               (f"device name (from {f.device_named_by})", f.device_key, MAX_DEVICE_NAME)):
+        if len(value) > limit or any(ord(c) < 32 for c in value):
+            shown = repr(value) if len(value) <= 40 else repr(value[:30]) + "..."
+            raise ConfigError(f"{where}: {what} {shown} ({len(value)} characters); the database holds "
+                              f"names of at most {limit} characters without control characters"
+                              + ("; name the device with devices=[...]" if "device" in what else ""))
 
 
 #: the parts of a Kernel Tuner cache entry that a real measurement of it took (milliseconds)
