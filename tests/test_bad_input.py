@@ -51,11 +51,12 @@ def _fifo(tmp: Path) -> str:
 
 
 def _kt_file(tmp: Path, name: str, time: object, truncate: bool = False, kernel_name: str = "k",
-             device_name: str = "GPU") -> str:
-    """A small Kernel Tuner cache file with one entry of the given time."""
+             device_name: str = "GPU", first: tuple[str, object] = ("1", 1)) -> str:
+    """A small Kernel Tuner cache file with one entry of the given time (``first``: that entry's cache
+    key and value of its parameter x)."""
     doc = {"device_name": device_name, "kernel_name": kernel_name, "problem_size": [64], "tune_params_keys": ["x"],
            "tune_params": {"x": [1, 2]}, "objective": "time",
-           "cache": {"1": {"x": 1, "time": time, "times": [time, time]}, "2": {"x": 2, "time": 5.0, "times": [5.0]}}}
+           "cache": {first[0]: {"x": first[1], "time": time, "times": [time, time]}, "2": {"x": 2, "time": 5.0, "times": [5.0]}}}
     raw = gzip.compress(json.dumps(doc).encode())
     (tmp / name).write_bytes(raw[: len(raw) // 2] if truncate else raw)
     return name
@@ -230,6 +231,13 @@ CASES = [
     ("import-nul-in-device-name", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "nul.json.gz", 4.0, device_name="GPU\x00X"),
      "device name (from device_name) 'GPU\\x00X' (5 characters)", None),
+    # an entry whose key or values the replay would not find: import and replay must not disagree
+    ("import-key-not-its-values", "zhantune.kerneltuner", ["files=[{x}]"],
+     lambda t: _kt_file(t, "key.json.gz", 4.0, first=("9", 1)),
+     "cache.'9' holds the configuration '1'; a cache key is its entry's values of tune_params_keys", None),
+    ("import-value-not-in-tune-params", "zhantune.kerneltuner", ["files=[{x}]"],
+     lambda t: _kt_file(t, "val.json.gz", 4.0, first=("1", "1")),
+     "cache.'1'.x='1' is not one of tune_params.x [1, 2]", None),
     ("import-400-digit-time", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "digits.json.gz", 10**400), "cache.1.time=100000000000000000000000000000... (401 "
      "characters)", None),

@@ -280,6 +280,14 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
         if bad is not None:
             raise ConfigError(f"{source}={path}: cache.{key}.{bad}={entry[bad]!r}; a parameter's value is a "
                               "number, a string, a boolean or null")
+        bad = next((n for n in names if entry[n] not in tune_params[n]), None)
+        if bad is not None:
+            raise ConfigError(f"{source}={path}: cache.{_short(key)}.{bad}={_short(entry[bad])} is not one of "
+                              f"tune_params.{bad} {_short(tune_params[bad])}")
+        own = ",".join(str(entry[n]) for n in names)  # Kernel Tuner's key: the values in tune_params_keys order
+        if key != own:
+            raise ConfigError(f"{source}={path}: cache.{_short(key)} holds the configuration {_short(own)}; a cache "
+                              "key is its entry's values of tune_params_keys, joined by commas")
         bad = _bad_time(entry)
         if bad:
             raise ConfigError(f"{source}={path}: cache.{key}.{bad}; a recorded time is a positive, finite "
