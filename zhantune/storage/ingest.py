@@ -28,8 +28,9 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     """Store every configuration of ``file`` (a loaded Kernel Tuner cache file) as one study named
     ``kerneltuner:<file name>@<device key>`` (``<file name>[sha256:<first 12 hex digits>]`` when a
     study of that name holds another file's data: never merged into it nor overwriting its
-    provenance); returns (study name, rows added; 0 when the study already holds this file's). Raises ConfigError when a file without a device name would add a problem to
-    a device that holds it from another file (:func:`refuse_merge`)."""
+    provenance); returns (study name, rows added; 0 when the study already holds this file's).
+    Raises ConfigError when a file without a device name would add a problem to a device that holds
+    it from another file (:func:`refuse_merge`)."""
     from zhantune.bench.recorded import ReplayBenchmarker
 
     device = file.device()
