@@ -240,9 +240,13 @@ def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load)
     for op, claims in tuned.items():
         if not claims:
             continue
-        quiet = _quiet_paired_ratio(tmp_path / f"{op}.db", op)
-        print(op, "claimed under load", claims[0], "quiet paired", round(quiet, 3))
-        assert claims[0] <= 1.25 * quiet, (op, claims, quiet)
+        # the quiet ratio two ways: each side's fastest run over the rounds (robust to a slow phase),
+        # and the median of the rounds' ratios (the claim's own estimator; robust to one lucky run:
+        # CI once saw a default's single 92 us run among 112-121 us make the first 1.16x and the
+        # second 1.39x); a claim the load made would exceed both
+        fastest, median = _quiet_paired_ratio(tmp_path / f"{op}.db", op)
+        print(op, "claimed under load", claims[0], "quiet paired", round(fastest, 3), round(median, 3))
+        assert claims[0] <= 1.25 * max(fastest, median), (op, claims, fastest, median)
 
 
 #: a C++ GEMM blocking that is slower than ATen at 256^3 fp32 on this machine's kind: one thread per K
@@ -281,18 +285,20 @@ def test_under_load_a_slower_config_is_never_ranked_above_aten(cli, tmp_path, lo
     for p in load:
         p.kill()
     aten, slow = next(best for _, problem, best in ranked if "M=256,N=256,K=256" in problem.key)
-    quiet = _quiet_paired_ratio(tmp_path / "slow.db", "mm", shape="[256,256,256]", extra=[SLOW_CPP, "space=[aten]"],
+    quiet, _ = _quiet_paired_ratio(tmp_path / "slow.db", "mm", shape="[256,256,256]", extra=[SLOW_CPP, "space=[aten]"],
                                 pair=(slow, aten))
     assert quiet >= 1.5, f"the premise: the C++ blocking must be >= 1.5x slower than ATen quietly, got {quiet:.2f}x"
 
 
-def _quiet_paired_ratio(db, op: str, shape: str = "[64,64,64]", extra: tuple = (), pair=None) -> float:
+def _quiet_paired_ratio(db, op: str, shape: str = "[64,64,64]", extra: tuple = (),
+                        pair=None) -> tuple[float, float]:
     """Default / winner (or pair[0] / pair[1]: two stored configs) with the load gone, at the
     machine's best: each compiled and timed once first (never a compile between two timings), then 6
-    rounds, their order alternating; the ratio of each side's fastest run over the rounds. This VM's
-    slow phases (seconds long, one vCPU at a time: a 2-thread kernel waits for the slow one, a
-    1-thread one may not; docs/timing.md) move a single round's ratio either way; the fastest run of
-    each side is from rounds without them. The rounds are printed."""
+    rounds, their order alternating; returns the ratio of each side's fastest run over the rounds and
+    the median of the rounds' ratios. This VM's slow phases (seconds long, one vCPU at a time: a
+    2-thread kernel waits for the slow one, a 1-thread one may not; docs/timing.md) move a single
+    round's ratio either way; the fastest run of each side is from rounds without them, and one
+    unusually fast run moves it where the median does not move. The rounds are printed."""
     import statistics
 
     from hydra import compose, initialize_config_module
@@ -325,9 +331,9 @@ def _quiet_paired_ratio(db, op: str, shape: str = "[64,64,64]", extra: tuple = (
         got = {j: sides[j]().timing.min_us for j in ((0, 1) if i % 2 == 0 else (1, 0))}
         rounds.append((round(got[0], 1), round(got[1], 1)))
     ratio = min(a for a, _ in rounds) / min(b for _, b in rounds)
-    print(op, "quiet rounds (us):", rounds, "ratio of the fastest", round(ratio, 3),
-          "median of the rounds", round(statistics.median(a / b for a, b in rounds), 3))
-    return ratio
+    median = statistics.median(a / b for a, b in rounds)
+    print(op, "quiet rounds (us):", rounds, "ratio of the fastest", round(ratio, 3), "median of the rounds", round(median, 3))
+    return ratio, median
 
 
 @pytest.mark.slow
