@@ -100,6 +100,18 @@ def test_measurements_are_answered_from_the_file(a100):
      b' "tune_params": {"a": []}, "cache": {}}', "tune_params.a must be a non-empty list"),
     (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
      b' "tune_params": {"a": [1]}, "cache": {"1": {"a": 1}}}', "cache.1 lacks 'time'"),
+    # values the search would offer twice (replay asked ~1000 times for a 2-point space), a parameter
+    # whose name is the entry's recorded time, a file with nothing recorded
+    (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
+     b' "tune_params": {"a": [1, 2, 1.0]}, "cache": {"1": {"a": 1, "time": 1}}}',
+     "tune_params.a lists 1.0 twice; a parameter's values are distinct"),
+    (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a", "a"],'
+     b' "tune_params": {"a": [1]}, "cache": {"1,1": {"a": 1, "time": 1}}}', "tune_params_keys lists 'a' twice"),
+    (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["time"],'
+     b' "tune_params": {"time": [1]}, "cache": {"1": {"time": 1}}}',
+     "tune_params_keys names the parameter 'time', which an entry uses for its recorded time"),
+    (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
+     b' "tune_params": {"a": [1, true]}, "cache": {}}', "cache is empty: no recorded configuration"),
 ])
 def test_bad_replay_files_are_clear_errors(tmp_path, content, message):
     path = tmp_path / "cache.json"

@@ -185,6 +185,15 @@ def device_from_file_name(path: Path, kernel_name: str) -> str:
 MAX_TIME_MS = 1e9
 
 
+#: the fields of a cache entry that are not parameters (Kernel Tuner's recorded time and its runs)
+_ENTRY_FIELDS = ("time", "times")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two JSON scalars that would be one value of a parameter (1 and 1.0; never 1 and true)."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
 def _is_number(t: Any) -> bool:
     return isinstance(t, (int, float)) and not isinstance(t, bool)
 
@@ -265,6 +274,12 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
     names, tune_params, cache = data["tune_params_keys"], data["tune_params"], data["cache"]
     if not isinstance(tune_params, dict) or not isinstance(cache, dict) or not isinstance(names, list):
         raise ConfigError(f"{source}={path}: tune_params and cache must be objects, tune_params_keys a list")
+    clash = next((n for n in names if n in _ENTRY_FIELDS), None)
+    twice = next((i for i, n in enumerate(names) if n in names[:i]), None)
+    if clash is not None or twice is not None:
+        raise ConfigError(f"{source}={path}: tune_params_keys " + (
+            f"names the parameter {_short(clash)}, which an entry uses for its recorded time; rename it"
+            if clash is not None else f"lists {_short(names[twice])} twice; each parameter once"))
     for n in names:
         values = tune_params.get(n) if isinstance(n, str) else None
         if not isinstance(values, list) or not values:
@@ -273,6 +288,12 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
         if bad is not None:
             raise ConfigError(f"{source}={path}: tune_params.{n} holds {bad!r}; a parameter's values are "
                               "numbers, strings, booleans or null")
+        twice = next((i for i, v in enumerate(values) if any(_same(v, w) for w in values[:i])), None)
+        if twice is not None:
+            raise ConfigError(f"{source}={path}: tune_params.{n} lists {_short(values[twice])} twice; a parameter's values "
+                              "are distinct")
+    if not cache:
+        raise ConfigError(f"{source}={path}: cache is empty: no recorded configuration to import or replay")
     for key, entry in cache.items():
         if not isinstance(entry, dict) or "time" not in entry or any(n not in entry for n in names):
             raise ConfigError(f"{source}={path}: cache.{key} lacks 'time' or a parameter of tune_params_keys")
