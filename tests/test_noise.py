@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -20,9 +21,56 @@ VERDICTS = [  # (rounds, confirmed, reason contains)
     ([Round(100, 50), Round(110, 52), Round(55, 60)], False, "as fast or faster in a round"),  # a flip
     ([Round(100, 120), Round(100, 110)], False, "not faster"),
     ([Round(100, 50), Round(None, 50)], False, "rounds failed"),
-    ([Round(100, 50, contended=1), Round(100, 50)], False, "under contention without real-time"),
+    ([Round(100, 50, contended=1), Round(100, 50)], False, "taken on a busy machine"),
     ([], False, "no round measured both sides"),
 ]
+
+
+def _settle_with(conditions: dict, method: str):
+    """settle_speedup of a 50 us C++ GEMM winner over a 100 us default, every timed run under
+    ``conditions`` and timing ``method``, rows built as a tune stores them (measurement_row)."""
+    from types import SimpleNamespace
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.settle import settle_speedup
+    from zhantune.bench.timing import Timing
+    from zhantune.candidate import Candidate
+    from zhantune.storage.orm import MeasurementRow
+    from zhantune.storage.rows import measurement_row
+
+    params = {"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": 1}
+    cand = Candidate("cpp_gemm", "config", None, params)
+
+    def timed(us: float) -> Measurement:
+        return Measurement("ok", Timing(us, us, us, us, us, 100, method), conditions=dict(conditions))
+
+    bench = SimpleNamespace(measure=lambda c: timed(50.0), measure_default=lambda: timed(100.0))
+    ids = iter(range(1, 100))
+
+    def record(meas, kind, candidate):
+        return MeasurementRow(id=next(ids), **measurement_row(
+            meas, kind, candidate, study_id=1, device_id=1, problem_id=1, torch_version="t", triton_version=None,
+            conditions=meas.conditions))
+
+    best, default = record(timed(50.0), "candidate", cand), record(timed(100.0), "default", None)
+    return settle_speedup(best, default, [SimpleNamespace(name="cpp_gemm", scope="config")], bench, record, 3).verdict
+
+
+def test_a_claim_needs_paired_rounds_begun_with_the_cores_free():
+    """SCHED_FIFO shields a run's minimum from preemption, which ranking relies on, but not a paired
+    ratio under sustained load (CI: 1.79x shielded against 1.27-1.45x quiet): a round whose timed runs
+    began while other tasks held the cores (``busy_at_start``) cannot confirm a claim, shielded or
+    not; a lagging load average alone (the cores free when timing began) does not stop a FIFO claim,
+    and at normal priority it does."""
+    lagging = {"cores": 2, "load_avg_1m": 3.5, "others_running": 0, "busy_at_start": False, "waited_s": 0.0}
+    busy = {**lagging, "others_running": 4, "busy_at_start": True, "waited_s": 1.0}
+    v = _settle_with(lagging, "cpu:perf_counter:fifo")
+    assert v.confirmed and v.ratio == pytest.approx(2.0) and v.contended == 0, v
+    for conditions, method in ((busy, "cpu:perf_counter:fifo"), (busy, "cpu:perf_counter"),
+                               (lagging, "cpu:perf_counter:nice")):
+        v = _settle_with(conditions, method)
+        assert not v.confirmed and v.contended == 6 and "busy machine" in v.reason, (conditions, method, v)
+        assert v.ratio == pytest.approx(2.0)  # measured and stored, just not claimed
 
 
 @pytest.mark.parametrize("rounds,confirmed,reason", VERDICTS)
@@ -212,10 +260,13 @@ def _claims(stdout: str) -> list[float]:
 @pytest.mark.load
 def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load):
     """Under four busy loops: ten tunes of the default's own kernel (space=[aten]) claim nothing and
-    export no tuned entry; full tunes of mm and linear_act at 64x64x64 claim no more than a paired
-    measurement of the same two kernels gives once the load is gone (this machine and CI: 289x to
-    711x were claimed under such load before)."""
-    from zhantune.inductor.table import load_table
+    export no tuned entry; full tunes of mm and linear_act at 64x64x64 measure their paired rounds
+    and claim nothing either: every round began with the cores held by other tasks, and a ratio
+    taken so is not a speedup a quiet machine sees (289x to 711x were claimed under such load before
+    SCHED_FIFO; with it, CI still saw linear_act claim 1.79x where the same kernels measured 1.27-1.45x
+    once the load was gone). Each summary says why and how to get a claim; each table ships
+    Inductor's default."""
+    from zhantune.inductor.table import default_entry, load_table
 
     shapes = ",".join(f"[64,64,{k}]" for k in range(64, 64 + 10 * 8, 8))
     r = cli(["-m", "+op=mm", f"shape={shapes}", "device=cpu", "space=[aten]", "search.n_trials=1", "progress=false",
@@ -226,27 +277,45 @@ def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load)
     for entries in load_table(tmp_path / "aten.json").values():  # Inductor's default choice only
         assert entries == [{"template_id": "aten::mm"}]
 
-    tuned = {}
+    def tune(op: str):
+        return cli([f"+op={op}", "shape=[64,64,64]", "device=cpu", "search.n_trials=3", "progress=false",
+                    "bench.remeasure_rounds=2",
+                    f"storage.url=sqlite:///{op}.db", f"export.path={op}.json"], tmp_path, timeout=1200)
+
+    settled = []
     for op in ("mm", "linear_act"):
-        r = cli([f"+op={op}", "shape=[64,64,64]", "device=cpu", "search.n_trials=3", "progress=false",
-                 "bench.remeasure_rounds=2",
-                 f"storage.url=sqlite:///{op}.db", f"export.path={op}.json"], tmp_path, timeout=1200)
+        r = tune(op)
         assert r.returncode == 0, r.stderr[-3000:]
-        tuned[op] = _claims(r.stdout)
         out = " ".join(r.stdout.split())
-        print(op, "under load:", re.findall(r"speedup vs default, .*?n=\d+\)", out) or out[-600:])
+        print(op, "under load:", re.findall(r"speedup vs default, .*?n=\d+\)[^.]*", out) or out[-600:])
+        assert _claims(r.stdout) == [], out[-3000:]
+        if "the kernel Inductor's default compile runs too" in out:  # aten won: no rounds to judge
+            continue
+        assert "paired measurement(s) taken on a busy machine" in out and "rerun the same command" in out, out[-3000:]
+        table = load_table(tmp_path / f"{op}.json")
+        # each key (its lookup op last: linear_act looks up addmm) ships Inductor's default choice
+        assert table and all(entries == [default_entry(key.rsplit("+", 1)[1])] for key, entries in table.items()), table
+        settled.append(op)
+
+    # what the summary advises: the same command once the load is gone measures no new trial and
+    # runs the paired rounds again; its verdict, confirmed or not, is the newest (printed)
     for p in load:
         p.kill()
-    for op, claims in tuned.items():
-        if not claims:
-            continue
-        # the quiet ratio two ways: each side's fastest run over the rounds (robust to a slow phase),
-        # and the median of the rounds' ratios (the claim's own estimator; robust to one lucky run:
-        # CI once saw a default's single 92 us run among 112-121 us make the first 1.16x and the
-        # second 1.39x); a claim the load made would exceed both
-        fastest, median = _quiet_paired_ratio(tmp_path / f"{op}.db", op)
-        print(op, "claimed under load", claims[0], "quiet paired", round(fastest, 3), round(median, 3))
-        assert claims[0] <= 1.25 * max(fastest, median), (op, claims, fastest, median)
+    from zhantune.storage import Store
+
+    for op in settled[:1]:
+        store = Store(f"sqlite:///{tmp_path / f'{op}.db'}")
+        kinds = [row.kind for row in store.measurements()]
+        r = tune(op)
+        assert r.returncode == 0, r.stderr[-3000:]
+        again = [row.kind for row in store.measurements()]
+        assert again[:len(kinds)] == kinds and "candidate" not in again[len(kinds):], again
+        assert again[len(kinds):].count("default") == 3, again  # one first, then one per round
+        with sqlite3.connect(tmp_path / f"{op}.db") as con:
+            (n,), = con.execute("select count(*) from zt_verdict")
+        verdict = max(store.latest_verdicts().values(), key=lambda v: v.id)  # a close call may change the winner
+        assert n == 2 and verdict.rounds == 2 and verdict.id == 2, (n, verdict)
+        print(op, "rerun quiet:", verdict.confirmed, verdict.ratio, verdict.reason)
 
 
 #: a C++ GEMM blocking that is slower than ATen at 256^3 fp32 on this machine's kind: one thread per K

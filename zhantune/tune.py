@@ -59,7 +59,9 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     Infeasible points (a constraint fails) and cache hits (same candidate, device, problem and
     software versions already measured) do not use the budget. Every trial is committed when it ends.
     A study that ended with its budget measured (or the same space exhausted) is not run again: the
-    result has ``already_finished`` set and nothing is measured or started. A resumed study re-uses the
+    result has ``already_finished`` set and nothing is measured or started; unless its last speedup
+    settle was taken on a busy machine (:func:`_settle_again`): then only the paired rounds run
+    again (``resettled``). A resumed study re-uses the
     baselines it stored in this environment (Store.stored_baselines) unless
     ``bench.remeasure_baselines``. ``progress``: a zhantune.report.TuneProgress, or None for a log
     line per trial.
@@ -69,8 +71,9 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     if others:
         raise ConfigError(f"search.study_name={run.study_name!r} is the study of {others[0]}, not of "
                           f"{run.problem.key}: one study tunes one problem; choose another name or drop it")
-    if row is not None and (row.status == FINISHED and used >= target or row.status == EXHAUSTED
-                            and _same_space(row.config, run)):
+    finished = row is not None and (row.status == FINISHED and used >= target or row.status == EXHAUSTED
+                                    and _same_space(row.config, run))
+    if finished and not _settle_again(run, store):
         return _finished_result(run, store, row, target)
     mark_tune_root()  # NVML's "other processes" leave out this tune's workers (conditions.own_pids)
     sampler = make_sampler(run.search.sampler)
@@ -78,9 +81,10 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     # one kernel cache for this tune, shared by the timing and compile-ahead workers, deleted at its end
     with scratch_cache_dir() as cache_dir:
         bench = run.benchmarker(cache_dir)
-        pool = run.compile_pool(n_compile, cache_dir) if n_compile else None
+        pool = run.compile_pool(n_compile, cache_dir) if n_compile and not finished else None  # a settle compiles in place
         try:
-            return _Tune(run, store, bench, pool, target).run(sampler, progress)
+            job = _Tune(run, store, bench, pool, target)
+            return job.settle_only(row.status) if finished else job.run(sampler, progress)
         finally:
             if pool is not None:
                 pool.close()
@@ -92,6 +96,20 @@ def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:
     the op's default spaces): another space has points the study never measured."""
     now = OmegaConf.to_container(run.cfg, resolve=True)
     return stored is not None and all(stored.get(k) == now.get(k) for k in ("space", "op"))
+
+
+def _settle_again(run: RunSpec, store: Store) -> bool:
+    """Whether a finished study's problem gets its speedup settled again: its newest paired verdict
+    on this device is unconfirmed because paired measurements were taken on a busy machine
+    (zhantune.bench.settle: begun while other tasks held the cores, or contended without real-time
+    scheduling; the summary then says to rerun on an idle machine), and this run settles at all
+    (``bench.remeasure_rounds`` > 0, not a replay)."""
+    if run.replay is not None or not run.bench.remeasure_rounds:
+        return False
+    ids = next(((d.id, p.id) for d, p, _ in store.best_candidates(run.device.key) if p.key == run.problem.key), None)
+    paired = [v for (d, p, _), v in store.latest_verdicts().items() if (d, p) == ids and v.rounds]
+    newest = max(paired, key=lambda v: (v.created_at, v.id), default=None)
+    return newest is not None and not newest.confirmed and bool(newest.contended)
 
 
 def _finished_result(run: RunSpec, store: Store, row: Any, target: int) -> TuneResult:
@@ -180,6 +198,22 @@ class _Tune:
         log.info("worker %s: study %s in %s: %d of search.n_trials=%d measured so far", worker_name(),
                  run.study_name, redact_url(run.storage.url), done_before, self.target)
         self._search(study, sampler)
+        self._settle()
+        return self._finish()
+
+    def settle_only(self, status: str) -> TuneResult:
+        """A finished study whose last speedup settle was disturbed (:func:`_settle_again`): its
+        stored baselines, the settles again, its status kept, the export; no search."""
+        run, store = self.run_spec, self.store
+        self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
+        self.study_id = store.study_id(run.study_name, OmegaConf.to_container(run.cfg, resolve=True))
+        before, _ = store.trial_counts(self.study_id)
+        rows, reused = self._baselines()
+        self.result = TuneResult(run.study_name, self.study_id, rows.get("eager"), rows.get("default"), None,
+                                 default_unfrozen=rows.get("default_unfrozen"), target=self.target,
+                                 before=before, baselines_reused=reused, exhausted=status == EXHAUSTED,
+                                 resettled=True)
+        self.result.study_measured = before
         self._settle()
         return self._finish()
 

@@ -63,6 +63,9 @@ class TuneResult:
     already_finished: bool = False
     #: every feasible point of the space is measured
     exhausted: bool = False
+    #: a finished study run again only to settle its speedup anew (its last paired rounds were taken
+    #: on a busy machine; zhantune.tune._settle_again): no search
+    resettled: bool = False
     #: the baselines came from the database (measured by an earlier run in this environment)
     baselines_reused: bool = False
     #: of ``measured``: points of dead workers' trials measured again by this worker

@@ -9,8 +9,8 @@ device by UUID (the indices differ under ``CUDA_VISIBLE_DEVICES``).
 A measurement is *contended* when the load average is above the core count, when as many other
 tasks as there are cores are runnable right now (``procs_running`` of /proc/stat, this reader
 excluded), or when other processes use the GPU; the tune summary warns about contended rows, and a
-speedup claim needs paired rounds that were not contended at the normal priority
-(zhantune.bench.decision).
+speedup claim needs paired rounds begun with the cores free (``busy_at_start`` false) and not
+contended at the normal priority (zhantune.bench.settle, zhantune.bench.decision).
 
 Before every timed measurement the timing process waits for the machine to be idle
 (:func:`wait_until_idle`): it re-reads the runnable-task count with a doubling back-off (10 ms,
@@ -234,7 +234,7 @@ class ContentionCount:
         return (f"{self.contended} of {self.timed} timed measurement(s) were taken on a busy machine (other "
                 f"runnable tasks or a load average above the core count); waited {self.waited_s:.1f} s in all for "
                 f"idle cores (bench.busy_wait_s); {shield}; rankings use each config's fastest run and a speedup is claimed only from "
-                "paired rounds that were shielded or idle")
+                "paired rounds begun with the cores free (and shielded, or not contended at all)")
 
 
 def contention_count(rows: list[tuple[dict[str, Any] | None, bool | None, str | None]]) -> ContentionCount:

@@ -11,9 +11,11 @@ docs/timing.md), which a round's two back-to-back sides share, but which a ratio
 from different rounds would turn into a fast-phase default over a slow-phase winner (or the reverse).
 
 A claim is **confirmed** when every round measured both sides, the tuned config was faster in every
-round (no flip), and no paired measurement was taken under contention without real-time
-scheduling (a timed run under SCHED_FIFO, zhantune.bench.timing.realtime, is shielded from other
-work; niceness alone is not). Otherwise it is
+round (no flip), and no paired measurement was disturbed: none began while other tasks held the
+cores (or, on CUDA, other processes used the GPU), and none was contended without real-time
+scheduling (zhantune.bench.settle; SCHED_FIFO, zhantune.bench.timing.realtime, shields a run's
+minimum from preemption, enough to rank by, but under sustained load it still moved a paired ratio
+from 1.4x to 1.8x). Otherwise it is
 unconfirmed, and the exporter ships Inductor's default for that key. (Eager is no plausibility
 bound: at 64x64x64 on CPU the default compile's per-call overhead makes it 3.9x eager's time,
 measured, and that is real.)
@@ -70,7 +72,8 @@ def best_per_config(rows: Iterable[Any]) -> list[Any]:
 @dataclass(frozen=True)
 class Round:
     """One interleaved round, microseconds (each side's minimum run; None when it failed).
-    ``contended``: how many of this round's measurements were taken contended at normal priority."""
+    ``contended``: how many of this round's measurements were disturbed (begun while other tasks held
+    the cores, or contended at normal priority; zhantune.bench.settle)."""
 
     default_us: float | None
     winner_us: float | None
@@ -127,6 +130,7 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
     if low <= 1.0:
         return verdict(False, f"unconfirmed: the default was as fast or faster in a round (rounds {low:.2f}-{high:.2f}x)")
     if contended:
-        return verdict(False, f"unconfirmed: {contended} paired measurement(s) taken under contention "
-                              "without real-time scheduling")
+        return verdict(False, f"unconfirmed: {contended} paired measurement(s) taken on a busy machine (other "
+                              "tasks held the cores, or no real-time scheduling); rerun the same command on an idle machine: "
+                              "the search is done, the paired rounds run again")
     return verdict(True, "confirmed in every round")
