@@ -51,10 +51,11 @@ def _fifo(tmp: Path) -> str:
 
 
 def _kt_file(tmp: Path, name: str, time: object, truncate: bool = False, kernel_name: str = "k",
-             device_name: str = "GPU", first: tuple[str, object] = ("1", 1)) -> str:
+             device_name: str = "GPU", first: tuple[str, object] = ("1", 1), problem_size: list | None = None) -> str:
     """A small Kernel Tuner cache file with one entry of the given time (``first``: that entry's cache
     key and value of its parameter x)."""
-    doc = {"device_name": device_name, "kernel_name": kernel_name, "problem_size": [64], "tune_params_keys": ["x"],
+    doc = {"device_name": device_name, "kernel_name": kernel_name, "problem_size": problem_size or [64],
+           "tune_params_keys": ["x"],
            "tune_params": {"x": [1, 2]}, "objective": "time",
            "cache": {first[0]: {"x": first[1], "time": time, "times": [time, time]}, "2": {"x": 2, "time": 5.0, "times": [5.0]}}}
     raw = gzip.compress(json.dumps(doc).encode())
@@ -226,8 +227,16 @@ CASES = [
      "number of milliseconds up to 1e+09", None),
     # names the database's columns do not hold (PostgreSQL refused them with a traceback, SQLite not)
     ("import-long-kernel-name", "zhantune.kerneltuner", ["files=[{x}]"],
-     lambda t: _kt_file(t, "k35.json.gz", 4.0, kernel_name="convolution_kernel_shared_mem_tiled"),
-     "kernel_name 'convolution_kernel_shared_mem_tiled' (35 characters); the database holds names of at most 32", None),
+     lambda t: _kt_file(t, "k101.json.gz", 4.0, kernel_name="k" * 101),
+     "kernel_name 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkk'... (101 characters); the database holds names of at most 100",
+     None),
+    ("replay-long-problem-key", "zhantune", ["bench=replay", "bench.path={x}"],
+     lambda t: _kt_file(t, "size.json.gz", 4.0, problem_size=[10**9] * 60),
+     "its problem key would be 'kerneltuner:k[1000000000x1000... (676 characters); the database holds at most 512",
+     None),
+    ("import-long-file-name", "zhantune.kerneltuner", ["files=[{x}]"],
+     lambda t: _kt_file(t, "f" * 240 + ".json.gz", 4.0, device_name="D" * 250),
+     "its study name would be 'kerneltuner:fffffffffffffffff... (534 characters)", None),
     ("import-nul-in-device-name", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "nul.json.gz", 4.0, device_name="GPU\x00X"),
      "device name (from device_name) 'GPU\\x00X' (5 characters)", None),

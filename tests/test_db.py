@@ -329,6 +329,36 @@ def test_merge_names_the_bad_source_and_leaves_the_target_untouched(cli, tmp_pat
     assert _digest(existing_db) == before
 
 
+def test_a_kernel_name_over_32_characters_fits_once_upgraded_to_0007_on_postgresql(cli, tmp_path, postgres):
+    """Real Kernel Tuner kernels have longer names than revision 0006's zt_problem.op (32): PostgreSQL
+    refused one there (SQLite would not have, and a later merge would); after ``zhantune.db upgrade``
+    (0007) the same file imports and replays, its name whole in the problem and template rows."""
+    from sqlalchemy.exc import DataError
+    from sqlalchemy.orm import Session
+    from test_bad_input import _kt_file
+
+    from zhantune.storage.migrate import upgrade
+
+    url = postgres.new_database()
+    upgrade(make_engine(url), "0006")
+    name = "convolution_kernel_shared_mem_tiled"  # 35 characters
+    with Session(make_engine(url)) as s, pytest.raises(DataError, match="value too long"):  # the premise
+        s.add(m.Problem(key="p", op=name, shape={}, dtype="float32", lookup_op=name, flops=0))
+        s.commit()
+    r = cli(["upgrade", f"storage.url={url}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0 and "revision 0006 -> 0007" in r.stdout, r.stdout + r.stderr
+    path = _kt_file(tmp_path, "k35.json.gz", 4.0, kernel_name=name)
+    r = cli([f"files=[{path}]", f"storage.url={url}"], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = cli(["bench=replay", f"bench.path={path}", "search.n_trials=2", "progress=false", f"storage.url={url}"],
+            tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with Store(url).session() as s:
+        assert {(p.op, p.lookup_op) for p in s.scalars(select(m.Problem))} == {(name, name)}
+        assert set(s.scalars(select(m.MeasurementRow.template_id).where(m.MeasurementRow.kind == "candidate"))) \
+            == {f"kerneltuner::{name}"}
+
+
 def test_merge_into_postgresql(tmp_path, postgres):
     a = f"sqlite:///{tmp_path / 'a.db'}"
     assert _worker(a, tmp_path / "m", 10).wait(timeout=300) == 0

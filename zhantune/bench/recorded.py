@@ -330,13 +330,17 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
 
 
 #: the longest kernel name and device name the database's columns hold (zhantune/storage/orm.py:
-#: Problem.op, Device.key; PostgreSQL enforces them, SQLite does not, so a merge would fail later)
-MAX_KERNEL_NAME, MAX_DEVICE_NAME = 32, 256
+#: Problem.op 128 and MeasurementRow.template_id 128 with its "kerneltuner::" prefix, Device.key;
+#: PostgreSQL enforces them, SQLite does not, so a merge would fail later), and the longest problem
+#: key and study name (Problem.key, Study.name)
+MAX_KERNEL_NAME, MAX_DEVICE_NAME, MAX_KEY = 100, 256, 512
 
 
 def _check_fits(f: KernelTunerFile, where: str) -> None:
     """ConfigError when the kernel or device name does not fit the database (length, or a control
-    character such as NUL, which PostgreSQL's text cannot hold)."""
+    character such as NUL, which PostgreSQL's text cannot hold), or the problem key or a study name
+    made of them (replay's ``<problem key>@<device>``, import's ``kerneltuner:<file name>[sha256:
+    <12 hex>]@<device>``, zhantune.storage.ingest) would be longer than the database holds."""
     for what, value, limit in (("kernel_name", f.kernel_name, MAX_KERNEL_NAME),
                                (f"device name (from {f.device_named_by})", f.device_key, MAX_DEVICE_NAME)):
         if len(value) > limit or any(ord(c) < 32 for c in value):
@@ -344,6 +348,12 @@ def _check_fits(f: KernelTunerFile, where: str) -> None:
             raise ConfigError(f"{where}: {what} {shown} ({len(value)} characters); the database holds "
                               f"names of at most {limit} characters without control characters"
                               + ("; name the device with devices=[...]" if "device" in what else ""))
+    key = f.problem().key
+    for what, value in (("problem key", key), ("study name", f"{key}@{f.device_key}"),
+                        ("study name", f"kerneltuner:{f.path.name}[sha256:{'0' * 12}]@{f.device_key}")):
+        if len(value) > MAX_KEY:
+            raise ConfigError(f"{where}: its {what} would be {_short(value)}; the database holds at most "
+                              f"{MAX_KEY} characters (a shorter file name, device name or problem_size)")
 
 
 #: the parts of a Kernel Tuner cache entry that a real measurement of it took (milliseconds)

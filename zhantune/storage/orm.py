@@ -58,13 +58,14 @@ class Problem(Base):
     __tablename__ = "zt_problem"
     id: Mapped[int] = mapped_column(primary_key=True)
     key: Mapped[str] = mapped_column(String(512), unique=True)
-    op: Mapped[str] = mapped_column(String(32))
+    #: a GEMM op, or a Kernel Tuner kernel's name (up to 100 characters: zhantune.bench.recorded)
+    op: Mapped[str] = mapped_column(String(128))
     shape: Mapped[dict[str, Any]] = mapped_column()  # {"M": .., "N": .., "K": ..}
     dtype: Mapped[str] = mapped_column(String(16))
     activation: Mapped[str | None] = mapped_column(String(16))
     #: "kn": W [K, N] row-major; "nk": nn.Linear's W [N, K] used as W.t() (zhantune.problems.gemm)
     weight_layout: Mapped[str] = mapped_column(String(8), default="kn", server_default="kn")
-    lookup_op: Mapped[str] = mapped_column(String(32))
+    lookup_op: Mapped[str] = mapped_column(String(128))
     #: device-agnostic lookup key exactly as Inductor formats it ("((dtype, size, stride), ...)+mm")
     lookup_key: Mapped[str | None] = mapped_column(String(2048))
     flops: Mapped[int] = mapped_column(BigInteger)
