@@ -30,7 +30,9 @@ def job_record(runs: list[tuple[Any, Any]], storage_url: str) -> dict[str, Any]:
     (``search.n_trials``, or what ``search.more_trials`` made it), the trials this job measured (and
     how many of them were dead workers' points measured again), the dead workers' trials it failed,
     the study's measured candidates when it ended, whether the study was finished before the job
-    started (a late job of a sweep: nothing to do, not a failure), and the best so far."""
+    started (a late job of a sweep: nothing to do, not a failure), whether it only settled the
+    finished study's speedup again (``resettled``: its last paired rounds were disturbed), and the
+    best so far."""
     from zhantune.bench.decision import decision_us
     from zhantune.provenance import worker_name
     from zhantune.storage import redact_url
@@ -44,6 +46,7 @@ def job_record(runs: list[tuple[Any, Any]], storage_url: str) -> dict[str, Any]:
             "retried": result.retried, "reaped": result.reaped, "cached": result.cached,
             "study_measured": result.before if finished else result.study_measured,
             "waited_s": round(result.waited_s, 1), "interrupted": result.interrupted, "already_finished": finished,
+            "resettled": bool(getattr(result, "resettled", False)),
             "best_us": decision_us(best) if best is not None else None,
             "best": _describe(best) if best is not None else None,
         })

@@ -73,7 +73,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
                           f"{run.problem.key}: one study tunes one problem; choose another name or drop it")
     finished = row is not None and (row.status == FINISHED and used >= target or row.status == EXHAUSTED
                                     and _same_space(row.config, run))
-    if finished and not _settle_again(run, store):
+    if finished and not _settle_again(run, store, row.id):
         return _finished_result(run, store, row, target)
     mark_tune_root()  # NVML's "other processes" leave out this tune's workers (conditions.own_pids)
     sampler = make_sampler(run.search.sampler)
@@ -84,7 +84,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
         pool = run.compile_pool(n_compile, cache_dir) if n_compile and not finished else None  # a settle compiles in place
         try:
             job = _Tune(run, store, bench, pool, target)
-            return job.settle_only(row.status) if finished else job.run(sampler, progress)
+            return job.settle_only(row) if finished else job.run(sampler, progress)
         finally:
             if pool is not None:
                 pool.close()
@@ -98,18 +98,16 @@ def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:
     return stored is not None and all(stored.get(k) == now.get(k) for k in ("space", "op"))
 
 
-def _settle_again(run: RunSpec, store: Store) -> bool:
-    """Whether a finished study's problem gets its speedup settled again: its newest paired verdict
-    on this device is unconfirmed because paired measurements were taken on a busy machine
-    (zhantune.bench.settle: begun while other tasks held the cores, or contended without real-time
-    scheduling; the summary then says to rerun on an idle machine), and this run settles at all
-    (``bench.remeasure_rounds`` > 0, not a replay)."""
+def _settle_again(run: Any, store: Store, study_id: int) -> bool:
+    """Whether a finished study gets its settles run again: the newest verdict it stored (paired, or
+    a note that no claim was made) is unconfirmed because its paired measurements were taken on a
+    busy machine (zhantune.bench.decision.judge_speedup checks that first; the summary then said to
+    rerun on an idle machine), and this run settles at all (``bench.remeasure_rounds`` > 0, not a
+    replay). ``run``: a RunSpec."""
     if run.replay is not None or not run.bench.remeasure_rounds:
         return False
-    ids = next(((d.id, p.id) for d, p, _ in store.best_candidates(run.device.key) if p.key == run.problem.key), None)
-    paired = [v for (d, p, _), v in store.latest_verdicts().items() if (d, p) == ids and v.rounds]
-    newest = max(paired, key=lambda v: (v.created_at, v.id), default=None)
-    return newest is not None and not newest.confirmed and bool(newest.contended)
+    v = store.study_verdict(study_id)
+    return v is not None and bool(v.rounds) and not v.confirmed and bool(v.contended) and v.ratio is not None
 
 
 def _finished_result(run: RunSpec, store: Store, row: Any, target: int) -> TuneResult:
@@ -201,21 +199,22 @@ class _Tune:
         self._settle()
         return self._finish()
 
-    def settle_only(self, status: str) -> TuneResult:
-        """A finished study whose last speedup settle was disturbed (:func:`_settle_again`): its
-        stored baselines, the settles again, its status kept, the export; no search."""
+    def settle_only(self, study: Any) -> TuneResult:
+        """A finished study (``study``: its row) whose last speedup settle was disturbed
+        (:func:`_settle_again`): its stored baselines, the settles again (close call and paired
+        rounds), the export; no search, and the study's row (status, config) is left as it was."""
         run, store = self.run_spec, self.store
         self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
-        self.study_id = store.study_id(run.study_name, OmegaConf.to_container(run.cfg, resolve=True))
+        self.study_id = study.id
         before, _ = store.trial_counts(self.study_id)
         rows, reused = self._baselines()
         self.result = TuneResult(run.study_name, self.study_id, rows.get("eager"), rows.get("default"), None,
                                  default_unfrozen=rows.get("default_unfrozen"), target=self.target,
-                                 before=before, baselines_reused=reused, exhausted=status == EXHAUSTED,
+                                 before=before, baselines_reused=reused, exhausted=study.status == EXHAUSTED,
                                  resettled=True)
         self.result.study_measured = before
         self._settle()
-        return self._finish()
+        return self._finish(keep_status=True)
 
     def _baselines(self) -> tuple[dict[str, MeasurementRow], bool]:
         """Eager and Inductor's default (the default compile also records the lookup key), or the
@@ -356,10 +355,11 @@ class _Tune:
         if not self.result.interrupted and self.run_spec.replay is None:
             settle(self.run_spec, self.store, self.bench, self.rec, self.problem_id, self.result)
 
-    def _finish(self) -> TuneResult:
+    def _finish(self, keep_status: bool = False) -> TuneResult:
         run, store, result = self.run_spec, self.store, self.result
-        store.finish_study(self.study_id, "interrupted" if result.interrupted
-                           else EXHAUSTED if result.exhausted else FINISHED)
+        if not keep_status:  # a re-settle (settle_only) leaves a finished study's row alone
+            store.finish_study(self.study_id, "interrupted" if result.interrupted
+                               else EXHAUSTED if result.exhausted else FINISHED)
         result.contention = contention_count(store.timed_conditions(self.study_id))
         result.best = next((meas for _, prob, meas in store.best_candidates(run.device.key)
                             if prob.id == self.problem_id), None)

@@ -10,8 +10,9 @@ this machine also has slow phases (the whole VM, or one vCPU, slower for seconds
 docs/timing.md), which a round's two back-to-back sides share, but which a ratio of minimums taken
 from different rounds would turn into a fast-phase default over a slow-phase winner (or the reverse).
 
-A claim is **confirmed** when every round measured both sides, the tuned config was faster in every
-round (no flip), and no paired measurement was disturbed: none began while other tasks held the
+A claim is **confirmed** when no paired measurement was disturbed (checked first: a ratio taken
+on a busy machine says nothing, either way), every round measured both sides, and the tuned config
+was faster in every round (no flip). Disturbed: none began while other tasks held the
 cores (or, on CUDA, other processes used the GPU), and none was contended without real-time
 scheduling (zhantune.bench.settle; SCHED_FIFO, zhantune.bench.timing.realtime, shields a run's
 minimum from preemption, enough to rank by, but under sustained load it still moved a paired ratio
@@ -123,14 +124,14 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
     def verdict(confirmed: bool, reason: str) -> SpeedupVerdict:
         return SpeedupVerdict(ratio, low, high, n, contended, confirmed, reason)
 
+    if contended:  # first: a ratio taken so says nothing, either way (nor does a flip)
+        return verdict(False, f"unconfirmed: {contended} paired measurement(s) taken on a busy machine (other "
+                              "work on the cores or the GPU when they began, or no real-time scheduling); rerun the "
+                              "same command on an idle machine: the search is done, the settles run again")
     if ratio <= 1.0:
         return verdict(False, f"not faster than the default ({ratio:.2f}x)")
     if len(ok) < n:
         return verdict(False, f"unconfirmed: {n - len(ok)} of {n} rounds failed to measure both sides")
     if low <= 1.0:
         return verdict(False, f"unconfirmed: the default was as fast or faster in a round (rounds {low:.2f}-{high:.2f}x)")
-    if contended:
-        return verdict(False, f"unconfirmed: {contended} paired measurement(s) taken on a busy machine (other "
-                              "tasks held the cores, or no real-time scheduling); rerun the same command on an idle machine: "
-                              "the search is done, the paired rounds run again")
     return verdict(True, "confirmed in every round")

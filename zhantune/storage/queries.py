@@ -185,6 +185,12 @@ class Queries(ReportQueries):
                              .order_by(m.MeasurementRow.id))
             return {(d, p): key for d, p, key in rows}
 
+    def study_verdict(self, study_id: int) -> m.Verdict | None:
+        """The newest verdict a study's tunes stored (paired or a note that no claim was made), or None."""
+        with self.session() as s:
+            return s.scalars(select(m.Verdict).where(m.Verdict.study_id == study_id)
+                             .order_by(m.Verdict.created_at.desc(), m.Verdict.id.desc()).limit(1)).first()
+
     def latest_verdicts(self) -> dict[tuple[int, int, str | None], m.Verdict]:
         """(device id, problem id, config hash) -> the newest verdict on that config's speedup over
         Inductor's default (a tune settles the best config a table can carry): the newest settled in
