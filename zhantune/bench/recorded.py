@@ -10,7 +10,8 @@ product that is absent from ``cache`` violated the kernel's restrictions: it is 
 
 The search space comes from ``tune_params`` (one branch; single-valued parameters are fixed), the
 device and the problem from the file's ``device_name`` (a file without one is named after its file
-name), ``kernel_name`` and ``problem_size``.
+name), ``kernel_name`` and ``problem_size``. What a file must hold to be read is checked in
+zhantune.bench.recorded_checks.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import optuna
 
 from zhantune.bench.measurement import Measurement
+from zhantune.bench.recorded_checks import check_cache, check_fits, check_params, is_time
 from zhantune.bench.timing import summarize_us
 from zhantune.candidate import Candidate
 from zhantune.device import DeviceInfo
@@ -154,7 +156,7 @@ class KernelTunerFile:
         flops = 0
         for e in self.cache.values():
             t, gflops = e.get("time"), e.get("GFLOP/s")
-            if _is_time(t) and _is_time(gflops) and t > 0 and gflops > 0:  # both finite and bounded
+            if is_time(t) and is_time(gflops) and t > 0 and gflops > 0:  # both finite and bounded
                 flops = round(gflops * 1e9 * t * 1e-3)
                 if flops < 2**63:  # fits the databases' BIGINT; else the next entry's (0: unknown)
                     break
@@ -180,67 +182,13 @@ def device_from_file_name(path: Path, kernel_name: str) -> str:
     return stem
 
 
-#: the longest time (milliseconds: 11.6 days) read as a measurement; a longer or non-finite number
-#: is refused in ``time``/``times`` and ignored in the pace fields (``time.sleep`` cannot take it)
-MAX_TIME_MS = 1e9
-
-
-#: the fields of a cache entry that are not parameters (Kernel Tuner's recorded time and its runs)
-_ENTRY_FIELDS = ("time", "times")
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Two JSON scalars that would be one value of a parameter (1 and 1.0; never 1 and true)."""
-    return a == b and isinstance(a, bool) == isinstance(b, bool)
-
-
-def _is_number(t: Any) -> bool:
-    return isinstance(t, (int, float)) and not isinstance(t, bool)
-
-
-def _is_time(t: Any) -> bool:
-    """A finite number of milliseconds of at most MAX_TIME_MS (sign not checked: _bad_time)."""
-    if not _is_number(t):
-        return False
-    try:
-        return abs(float(t)) <= MAX_TIME_MS  # False for nan and inf; a huge int overflows float()
-    except OverflowError:
-        return False
-
-
-def _short(v: Any) -> str:
-    r = repr(v)
-    return r if len(r) <= 40 else f"{r[:30]}... ({len(r)} characters)"
-
-
-def _is_scalar(v: Any) -> bool:
-    """A JSON scalar: what an Optuna categorical choice and a config hash can hold."""
-    return v is None or isinstance(v, (str, int, float, bool))
-
-
-def _bad_time(entry: dict[str, Any]) -> str | None:
-    """``time=...`` / ``times[i]=...`` when an entry records a time that is not positive, else None
-    (a string ``time`` is a failure, e.g. CompilationFailedConfig)."""
-    t = entry["time"]
-    if isinstance(t, str):
-        return None
-    if _is_number(t) and (not _is_time(t) or t <= 0):
-        return f"time={_short(t)}"
-    times = entry.get("times")
-    if _is_time(t) and isinstance(times, list):
-        for i, x in enumerate(times):
-            if _is_number(x) and (not _is_time(x) or x <= 0):
-                return f"times[{i}]={_short(x)}"
-    return None
-
-
 def entry_times_us(entry: dict[str, Any]) -> list[float]:
     """The recorded runs of an entry in microseconds (``times``, else ``time``); [] for a failure."""
     t = entry.get("time")
-    if not _is_time(t):
+    if not is_time(t):
         return []
     times = entry.get("times")
-    if not isinstance(times, list) or not times or not all(_is_time(x) for x in times):
+    if not isinstance(times, list) or not times or not all(is_time(x) for x in times):
         times = [t]
     return [x * 1000.0 for x in times]
 
@@ -272,48 +220,8 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
     if missing:
         raise ConfigError(f"{source}={path}: not a Kernel Tuner cache file: missing key {missing[0]!r}")
     names, tune_params, cache = data["tune_params_keys"], data["tune_params"], data["cache"]
-    if not isinstance(tune_params, dict) or not isinstance(cache, dict) or not isinstance(names, list):
-        raise ConfigError(f"{source}={path}: tune_params and cache must be objects, tune_params_keys a list")
-    clash = next((n for n in names if n in _ENTRY_FIELDS), None)
-    twice = next((i for i, n in enumerate(names) if n in names[:i]), None)
-    if clash is not None or twice is not None:
-        raise ConfigError(f"{source}={path}: tune_params_keys " + (
-            f"names the parameter {_short(clash)}, which an entry uses for its recorded time; rename it"
-            if clash is not None else f"lists {_short(names[twice])} twice; each parameter once"))
-    for n in names:
-        values = tune_params.get(n) if isinstance(n, str) else None
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"{source}={path}: tune_params.{n} must be a non-empty list")
-        bad = next((v for v in values if not _is_scalar(v)), None)
-        if bad is not None:
-            raise ConfigError(f"{source}={path}: tune_params.{n} holds {bad!r}; a parameter's values are "
-                              "numbers, strings, booleans or null")
-        twice = next((i for i, v in enumerate(values) if any(_same(v, w) for w in values[:i])), None)
-        if twice is not None:
-            raise ConfigError(f"{source}={path}: tune_params.{n} lists {_short(values[twice])} twice; a parameter's values "
-                              "are distinct")
-    if not cache:
-        raise ConfigError(f"{source}={path}: cache is empty: no recorded configuration to import or replay")
-    for key, entry in cache.items():
-        if not isinstance(entry, dict) or "time" not in entry or any(n not in entry for n in names):
-            raise ConfigError(f"{source}={path}: cache.{key} lacks 'time' or a parameter of tune_params_keys")
-        bad = next((n for n in names if not _is_scalar(entry[n])), None)
-        if bad is not None:
-            raise ConfigError(f"{source}={path}: cache.{key}.{bad}={entry[bad]!r}; a parameter's value is a "
-                              "number, a string, a boolean or null")
-        bad = next((n for n in names if entry[n] not in tune_params[n]), None)
-        if bad is not None:
-            raise ConfigError(f"{source}={path}: cache.{_short(key)}.{bad}={_short(entry[bad])} is not one of "
-                              f"tune_params.{bad} {_short(tune_params[bad])}")
-        own = ",".join(str(entry[n]) for n in names)  # Kernel Tuner's key: the values in tune_params_keys order
-        if key != own:
-            raise ConfigError(f"{source}={path}: cache.{_short(key)} holds the configuration {_short(own)}; a cache "
-                              "key is its entry's values of tune_params_keys, joined by commas")
-        bad = _bad_time(entry)
-        if bad:
-            raise ConfigError(f"{source}={path}: cache.{key}.{bad}; a recorded time is a positive, finite "
-                              f"number of milliseconds up to {MAX_TIME_MS:g} (or a failure name such as "
-                              "'CompilationFailedConfig')")
+    check_params(names, tune_params, cache, f"{source}={path}")
+    check_cache(names, tune_params, cache, f"{source}={path}")
     if data["device_name"] is not None and not isinstance(data["device_name"], str):
         raise ConfigError(f"{source}={path}: device_name={data['device_name']!r}; expected a string (may be empty)")
     if not isinstance(data["kernel_name"], str) or not data["kernel_name"].strip():
@@ -325,35 +233,8 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
                           "or a list of integers")
     loaded = KernelTunerFile(p, str(data["device_name"] or ""), str(data["kernel_name"]), size, list(names),
                              {n: list(tune_params[n]) for n in names}, cache, device or None)
-    _check_fits(loaded, f"{source}={path}")
+    check_fits(loaded, f"{source}={path}")
     return loaded
-
-
-#: the longest kernel name and device name the database's columns hold (zhantune/storage/orm.py:
-#: Problem.op 128 and MeasurementRow.template_id 128 with its "kerneltuner::" prefix, Device.key;
-#: PostgreSQL enforces them, SQLite does not, so a merge would fail later), and the longest problem
-#: key and study name (Problem.key, Study.name)
-MAX_KERNEL_NAME, MAX_DEVICE_NAME, MAX_KEY = 100, 256, 512
-
-
-def _check_fits(f: KernelTunerFile, where: str) -> None:
-    """ConfigError when the kernel or device name does not fit the database (length, or a control
-    character such as NUL, which PostgreSQL's text cannot hold), or the problem key or a study name
-    made of them (replay's ``<problem key>@<device>``, import's ``kerneltuner:<file name>[sha256:
-    <12 hex>]@<device>``, zhantune.storage.ingest) would be longer than the database holds."""
-    for what, value, limit in (("kernel_name", f.kernel_name, MAX_KERNEL_NAME),
-                               (f"device name (from {f.device_named_by})", f.device_key, MAX_DEVICE_NAME)):
-        if len(value) > limit or any(ord(c) < 32 for c in value):
-            shown = repr(value) if len(value) <= 40 else repr(value[:30]) + "..."
-            raise ConfigError(f"{where}: {what} {shown} ({len(value)} characters); the database holds "
-                              f"names of at most {limit} characters without control characters"
-                              + ("; name the device with devices=[...]" if "device" in what else ""))
-    key = f.problem().key
-    for what, value in (("problem key", key), ("study name", f"{key}@{f.device_key}"),
-                        ("study name", f"kerneltuner:{f.path.name}[sha256:{'0' * 12}]@{f.device_key}")):
-        if len(value) > MAX_KEY:
-            raise ConfigError(f"{where}: its {what} would be {_short(value)}; the database holds at most "
-                              f"{MAX_KEY} characters (a shorter file name, device name or problem_size)")
 
 
 #: the parts of a Kernel Tuner cache entry that a real measurement of it took (milliseconds)
@@ -363,7 +244,7 @@ PACE_FIELDS = ("compile_time", "verification_time", "benchmark_time")
 def recorded_cost_s(entry: dict[str, Any]) -> float:
     """Seconds the recorded measurement took: the entry's compile, verification and benchmark times
     (Kernel Tuner's simulation mode counts the same fields against a time budget); 0 when absent."""
-    return sum(entry[f] for f in PACE_FIELDS if _is_time(entry.get(f))) / 1000.0
+    return sum(entry[f] for f in PACE_FIELDS if is_time(entry.get(f))) / 1000.0
 
 
 class ReplayBenchmarker:
@@ -413,4 +294,4 @@ class ReplayBenchmarker:
         timing = summarize_us(times, "kerneltuner:replay")
         compile_ms = entry.get("compile_time")
         return Measurement("ok", timing=timing,
-                           compile_s=compile_ms / 1000.0 if _is_time(compile_ms) else None)
+                           compile_s=compile_ms / 1000.0 if is_time(compile_ms) else None)

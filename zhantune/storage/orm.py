@@ -58,7 +58,7 @@ class Problem(Base):
     __tablename__ = "zt_problem"
     id: Mapped[int] = mapped_column(primary_key=True)
     key: Mapped[str] = mapped_column(String(512), unique=True)
-    #: a GEMM op, or a Kernel Tuner kernel's name (up to 100 characters: zhantune.bench.recorded)
+    #: a GEMM op, or a Kernel Tuner kernel's name (up to 100 characters: zhantune.bench.recorded_checks)
     op: Mapped[str] = mapped_column(String(128))
     shape: Mapped[dict[str, Any]] = mapped_column()  # {"M": .., "N": .., "K": ..}
     dtype: Mapped[str] = mapped_column(String(16))

@@ -1,6 +1,6 @@
 """Longer op names: a Kernel Tuner kernel's name is its problem's ``op`` (and ``lookup_op``), and real
 kernels have names over 32 characters (``convolution_kernel_shared_mem_tiled``, 35); both columns
-widen from 32 to 128 characters (zhantune.bench.recorded.MAX_KERNEL_NAME: 100, so that
+widen from 32 to 128 characters (zhantune.bench.recorded_checks.MAX_KERNEL_NAME: 100, so that
 ``kerneltuner::<name>`` fits MeasurementRow.template_id's 128).
 
 Revision ID: 0007

@@ -1,0 +1,150 @@
+"""What a Kernel Tuner cache file must hold before zhantune reads a measurement from it
+(zhantune.bench.recorded.load_kerneltuner): parameters, entries and times, and names that fit the
+database. Every check raises ConfigError with one line naming ``where`` (the option and the file,
+e.g. ``bench.path=FILE``) and the bad value; nothing in the file is executed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zhantune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from zhantune.bench.recorded import KernelTunerFile
+
+__all__ = ["MAX_TIME_MS", "MAX_KERNEL_NAME", "MAX_DEVICE_NAME", "MAX_KEY", "check_params", "check_cache",
+           "check_fits", "is_time"]
+
+
+#: the longest time (milliseconds: 11.6 days) read as a measurement; a longer or non-finite number
+#: is refused in ``time``/``times`` and ignored in the pace fields (``time.sleep`` cannot take it)
+MAX_TIME_MS = 1e9
+
+
+#: the fields of a cache entry that are not parameters (Kernel Tuner's recorded time and its runs)
+_ENTRY_FIELDS = ("time", "times")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two JSON scalars that would be one value of a parameter (1 and 1.0; never 1 and true)."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def _is_number(t: Any) -> bool:
+    return isinstance(t, (int, float)) and not isinstance(t, bool)
+
+
+def is_time(t: Any) -> bool:
+    """A finite number of milliseconds of at most MAX_TIME_MS (sign not checked: _bad_time)."""
+    if not _is_number(t):
+        return False
+    try:
+        return abs(float(t)) <= MAX_TIME_MS  # False for nan and inf; a huge int overflows float()
+    except OverflowError:
+        return False
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else f"{r[:30]}... ({len(r)} characters)"
+
+
+def _is_scalar(v: Any) -> bool:
+    """A JSON scalar: what an Optuna categorical choice and a config hash can hold."""
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def _bad_time(entry: dict[str, Any]) -> str | None:
+    """``time=...`` / ``times[i]=...`` when an entry records a time that is not positive, else None
+    (a string ``time`` is a failure, e.g. CompilationFailedConfig)."""
+    t = entry["time"]
+    if isinstance(t, str):
+        return None
+    if _is_number(t) and (not is_time(t) or t <= 0):
+        return f"time={_short(t)}"
+    times = entry.get("times")
+    if is_time(t) and isinstance(times, list):
+        for i, x in enumerate(times):
+            if _is_number(x) and (not is_time(x) or x <= 0):
+                return f"times[{i}]={_short(x)}"
+    return None
+
+
+def check_params(names: Any, tune_params: Any, cache: Any, where: str) -> None:
+    """``tune_params_keys`` (names, each once, none the entry's time), ``tune_params`` (each a
+    non-empty list of distinct JSON scalars) and ``cache`` (an object)."""
+    if not isinstance(tune_params, dict) or not isinstance(cache, dict) or not isinstance(names, list):
+        raise ConfigError(f"{where}: tune_params and cache must be objects, tune_params_keys a list")
+    clash = next((n for n in names if n in _ENTRY_FIELDS), None)
+    twice = next((i for i, n in enumerate(names) if n in names[:i]), None)
+    if clash is not None or twice is not None:
+        raise ConfigError(f"{where}: tune_params_keys " + (
+            f"names the parameter {_short(clash)}, which an entry uses for its recorded time; rename it"
+            if clash is not None else f"lists {_short(names[twice])} twice; each parameter once"))
+    for n in names:
+        values = tune_params.get(n) if isinstance(n, str) else None
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}: tune_params.{n} must be a non-empty list")
+        bad = next((v for v in values if not _is_scalar(v)), None)
+        if bad is not None:
+            raise ConfigError(f"{where}: tune_params.{n} holds {bad!r}; a parameter's values are "
+                              "numbers, strings, booleans or null")
+        twice = next((i for i, v in enumerate(values) if any(_same(v, w) for w in values[:i])), None)
+        if twice is not None:
+            raise ConfigError(f"{where}: tune_params.{n} lists {_short(values[twice])} twice; a parameter's values "
+                              "are distinct")
+
+
+def check_cache(names: list[str], tune_params: dict[str, list[Any]], cache: dict[str, Any], where: str) -> None:
+    """Every entry of ``cache``: not empty; keyed by its values joined by commas, each value one of
+    tune_params, its time positive and finite (or a failure name)."""
+    if not cache:
+        raise ConfigError(f"{where}: cache is empty: no recorded configuration to import or replay")
+    for key, entry in cache.items():
+        if not isinstance(entry, dict) or "time" not in entry or any(n not in entry for n in names):
+            raise ConfigError(f"{where}: cache.{key} lacks 'time' or a parameter of tune_params_keys")
+        bad = next((n for n in names if not _is_scalar(entry[n])), None)
+        if bad is not None:
+            raise ConfigError(f"{where}: cache.{key}.{bad}={entry[bad]!r}; a parameter's value is a "
+                              "number, a string, a boolean or null")
+        bad = next((n for n in names if entry[n] not in tune_params[n]), None)
+        if bad is not None:
+            raise ConfigError(f"{where}: cache.{_short(key)}.{bad}={_short(entry[bad])} is not one of "
+                              f"tune_params.{bad} {_short(tune_params[bad])}")
+        own = ",".join(str(entry[n]) for n in names)  # Kernel Tuner's key: the values in tune_params_keys order
+        if key != own:
+            raise ConfigError(f"{where}: cache.{_short(key)} holds the configuration {_short(own)}; a cache "
+                              "key is its entry's values of tune_params_keys, joined by commas")
+        bad = _bad_time(entry)
+        if bad:
+            raise ConfigError(f"{where}: cache.{key}.{bad}; a recorded time is a positive, finite "
+                              f"number of milliseconds up to {MAX_TIME_MS:g} (or a failure name such as "
+                              "'CompilationFailedConfig')")
+
+
+#: the longest kernel name and device name the database's columns hold (zhantune/storage/orm.py:
+#: Problem.op 128 and MeasurementRow.template_id 128 with its "kerneltuner::" prefix, Device.key;
+#: PostgreSQL enforces them, SQLite does not, so a merge would fail later), and the longest problem
+#: key and study name (Problem.key, Study.name)
+MAX_KERNEL_NAME, MAX_DEVICE_NAME, MAX_KEY = 100, 256, 512
+
+
+def check_fits(f: KernelTunerFile, where: str) -> None:
+    """ConfigError when the kernel or device name does not fit the database (length, or a control
+    character such as NUL, which PostgreSQL's text cannot hold), or the problem key or a study name
+    made of them (replay's ``<problem key>@<device>``, import's ``kerneltuner:<file name>[sha256:
+    <12 hex>]@<device>``, zhantune.storage.ingest) would be longer than the database holds."""
+    for what, value, limit in (("kernel_name", f.kernel_name, MAX_KERNEL_NAME),
+                               (f"device name (from {f.device_named_by})", f.device_key, MAX_DEVICE_NAME)):
+        if len(value) > limit or any(ord(c) < 32 for c in value):
+            shown = repr(value) if len(value) <= 40 else repr(value[:30]) + "..."
+            raise ConfigError(f"{where}: {what} {shown} ({len(value)} characters); the database holds "
+                              f"names of at most {limit} characters without control characters"
+                              + ("; name the device with devices=[...]" if "device" in what else ""))
+    key = f.problem().key
+    for what, value in (("problem key", key), ("study name", f"{key}@{f.device_key}"),
+                        ("study name", f"kerneltuner:{f.path.name}[sha256:{'0' * 12}]@{f.device_key}")):
+        if len(value) > MAX_KEY:
+            raise ConfigError(f"{where}: its {what} would be {_short(value)}; the database holds at most "
+                              f"{MAX_KEY} characters (a shorter file name, device name or problem_size)")
