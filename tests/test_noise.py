@@ -297,20 +297,20 @@ def _claims(stdout: str) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.load
 def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load):
-    """Under four busy loops: ten tunes of the default's own kernel (space=[aten]) claim nothing and
+    """Under four busy loops: four tunes of the default's own kernel (space=[aten]) claim nothing and
     export no tuned entry; full tunes of mm and linear_act at 64x64x64 measure their paired rounds
     and claim nothing either: every round began with the cores held by other tasks, and a ratio
     taken so is not a speedup a quiet machine sees (289x to 711x were claimed under such load before
     SCHED_FIFO; with it, CI still saw linear_act claim 1.79x where the same kernels measured 1.27-1.45x
     once the load was gone). Each summary says why and how to get a claim; each table ships
-    Inductor's default."""
+    Inductor's default. Then, the load gone, the mm command again settles anew, without a search."""
     from zhantune.inductor.table import default_entry, load_table
 
-    shapes = ",".join(f"[64,64,{k}]" for k in range(64, 64 + 10 * 8, 8))
+    shapes = ",".join(f"[64,64,{k}]" for k in range(64, 64 + 4 * 8, 8))
     r = cli(["-m", "+op=mm", f"shape={shapes}", "device=cpu", "space=[aten]", "search.n_trials=1", "progress=false",
              "bench.isolate=false", "storage.url=sqlite:///aten.db", "export.path=aten.json"], tmp_path, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("the kernel Inductor's default compile runs too") == 10, r.stdout[-3000:]
+    assert r.stdout.count("the kernel Inductor's default compile runs too") == 4, r.stdout[-3000:]
     assert _claims(r.stdout) == []
     for entries in load_table(tmp_path / "aten.json").values():  # Inductor's default choice only
         assert entries == [{"template_id": "aten::mm"}]
