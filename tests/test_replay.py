@@ -123,6 +123,40 @@ def test_bad_replay_files_are_clear_errors(tmp_path, content, message):
     assert message in str(e.value)
 
 
+def test_a_second_recording_of_one_device_and_problem_is_replayed_from_its_own_data(cli, tmp_path):
+    """Two Kernel Tuner files of one device, kernel and problem size (the second's times 3x the
+    first's) replayed into one database: the second is not answered "finished" with the first's best
+    nor served the first's rows as cached; it gets its own study (``[sha256:...]``) and stores its own
+    times; the first file again finds its own study finished."""
+    import gzip
+
+    raw = {"device_name": "GPU-R", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+           "tune_params": {"x": [1, 2, 3]}, "objective": "time",
+           "cache": {str(x): {"x": x, "time": float(x), "times": [float(x)] * 3} for x in (1, 2, 3)}}
+    slow = {**raw, "cache": {k: {**e, "time": e["time"] * 3, "times": [t * 3 for t in e["times"]]}
+                             for k, e in raw["cache"].items()}}
+    for name, doc in (("a.json.gz", raw), ("b.json.gz", slow)):
+        (tmp_path / name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    db = tmp_path / "r.db"
+
+    def replay(name):
+        r = cli(["bench=replay", f"bench.path={name}", "search.n_trials=3", "progress=false",
+                 f"storage.url=sqlite:///{db}"], tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return " ".join(r.stdout.split())
+
+    assert "trials: 3 measured (ok 3), 0 cached" in replay("a.json.gz")
+    out = replay("b.json.gz")
+    assert "trials: 3 measured (ok 3), 0 cached" in out and "kerneltuner:k[64][sha256:" in out, out[-2000:]
+    assert "is finished" in replay("a.json.gz")
+    with sqlite3.connect(db) as con:
+        got = con.execute("select s.name, m.median_us from zt_measurement m join zt_study s on s.id = m.study_id "
+                          "where m.kind = 'candidate' order by m.median_us").fetchall()
+    plain = [us for name, us in got if name == "kerneltuner:k[64]@GPU-R"]
+    other = [us for name, us in got if name != "kerneltuner:k[64]@GPU-R"]
+    assert plain == pytest.approx([1000.0, 2000.0, 3000.0]) and other == pytest.approx([3000.0, 6000.0, 9000.0]), got
+
+
 def test_cli_replay_stores_100_measurements_and_resumes(cli, tmp_path):
     db = tmp_path / "replay.db"
     args = ["bench=replay", f"bench.path={A100}", "search.n_trials=100", f"storage.url=sqlite:///{db}",

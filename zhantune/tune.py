@@ -60,12 +60,15 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     software versions already measured) do not use the budget. Every trial is committed when it ends.
     A study that ended with its budget measured (or the same space exhausted) is not run again: the
     result has ``already_finished`` set and nothing is measured or started; unless its last speedup
-    settle was taken on a busy machine (:func:`_settle_again`): then only the paired rounds run
-    again (``resettled``). A resumed study re-uses the
+    settle was taken on a busy machine (:func:`_settle_again`): then its settles (close call, paired
+    rounds) run again without a search (``resettled``). A replay's study is named by
+    :func:`replay_study_name`. A resumed study re-uses the
     baselines it stored in this environment (Store.stored_baselines) unless
     ``bench.remeasure_baselines``. ``progress``: a zhantune.report.TuneProgress, or None for a log
     line per trial.
     """
+    if run.replay is not None and not run.search.study_name:
+        run.search.study_name = replay_study_name(run, store)
     row, used, target = study_budget(run, store)
     others = sorted(store.study_problem_keys(row.id) - {run.problem.key}) if row is not None else []
     if others:
@@ -89,6 +92,20 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
             if pool is not None:
                 pool.close()
             bench.close()
+
+
+def replay_study_name(run: RunSpec, store: Store) -> str:
+    """A replay's study: ``<problem key>@<device key>``, as a tune's, unless a study of that name
+    replays another file (its stored ``replay_sha256`` differs): then ``<problem key>[sha256:<first
+    12 hex digits>]@<device key>``, so that a second recording of one device, kernel and problem size
+    is searched from its own data (not answered "finished" with the first file's best). A study of
+    that name stored before the digest was recorded is taken as this file's."""
+    key, device = run.problem.key, run.device.key
+    held = store.study_config(f"{key}@{device}")
+    digest = run.replay.sha256
+    if held is None or held.get("replay_sha256", digest) == digest:
+        return f"{key}@{device}"
+    return f"{key}[sha256:{digest[:12]}]@{device}"
 
 
 def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:
@@ -175,7 +192,10 @@ class _Tune:
         run, store = self.run_spec, self.store
         self.progress = progress
         self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
-        self.study_id = store.study_id(run.study_name, OmegaConf.to_container(run.cfg, resolve=True))
+        config = OmegaConf.to_container(run.cfg, resolve=True)
+        if run.replay is not None:  # which file this study replays (zhantune.tune.replay_study_name)
+            config["replay_sha256"] = run.replay.sha256
+        self.study_id = store.study_id(run.study_name, config)
         before, _ = store.trial_counts(self.study_id)  # measured: a dead worker's claim is not
         rows, reused = self._baselines()
         self.result = TuneResult(run.study_name, self.study_id, rows.get("eager"), rows.get("default"), None,
@@ -279,7 +299,8 @@ class _Tune:
     # -- the search ---------------------------------------------------------------------------
     def _cached(self, cand: Candidate) -> tuple[bool, float | None]:
         v = self.rec.versions
-        hit = self.store.cached(self.device_id, self.problem_id, cand.config_hash, v["torch"], v["triton"])
+        hit = self.store.cached(self.device_id, self.problem_id, cand.config_hash, v["torch"], v["triton"],
+                                self.study_id if self.run_spec.replay is not None else None)
         if hit is None:
             return False, None
         self.result.cached += 1

@@ -12,8 +12,8 @@ from different rounds would turn into a fast-phase default over a slow-phase win
 
 A claim is **confirmed** when no paired measurement was disturbed (checked first: a ratio taken
 on a busy machine says nothing, either way), every round measured both sides, and the tuned config
-was faster in every round (no flip). Disturbed: none began while other tasks held the
-cores (or, on CUDA, other processes used the GPU), and none was contended without real-time
+was faster in every round (no flip). A measurement is disturbed when it began while other tasks
+held the cores (or, on CUDA, other processes used the GPU), or was contended without real-time
 scheduling (zhantune.bench.settle; SCHED_FIFO, zhantune.bench.timing.realtime, shields a run's
 minimum from preemption, enough to rank by, but under sustained load it still moved a paired ratio
 from 1.4x to 1.8x). Otherwise it is

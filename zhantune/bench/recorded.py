@@ -17,12 +17,13 @@ zhantune.bench.recorded_checks.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import statistics
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,15 @@ class KernelTunerFile:
     cache: dict[str, dict[str, Any]]
     #: the device's name given by the user (``devices=[...]`` of the import); None: from the file
     device_label: str | None = None
+    _digest: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def sha256(self) -> str:
+        """The file's SHA-256 (hex digest of its bytes as stored, compressed or not), read once: what
+        tells two files of one device and problem apart (import and replay study names)."""
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        return self._digest
 
     @property
     def device_named_by(self) -> str:

@@ -8,7 +8,6 @@ zhantune.bench.recorded.ReplayBenchmarker), so that compare and transfer work on
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING
 
 from zhantune.errors import ConfigError
@@ -35,7 +34,7 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
 
     device = file.device()
     problem = file.problem()
-    digest = hashlib.sha256(file.path.read_bytes()).hexdigest()
+    digest = file.sha256
     refuse_merge(store, file, digest)
     device_id = store.device_id(device.key, device.name, device.kind, device.properties)
     problem_id = store.problem_id(problem.key, lookup_key=None, **problem.row_fields())
@@ -64,7 +63,7 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
 def check_import(store: Store, file: KernelTunerFile) -> None:
     """What :func:`import_kerneltuner` refuses (ConfigError), checked without writing: run it for
     every file of an import before the first is written."""
-    refuse_merge(store, file, hashlib.sha256(file.path.read_bytes()).hexdigest())
+    refuse_merge(store, file, file.sha256)
 
 
 def refuse_merge(store: Store, file: KernelTunerFile, digest: str) -> None:

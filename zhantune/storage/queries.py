@@ -93,19 +93,21 @@ class Queries(ReportQueries):
             return list(s.scalars(q))
 
     def cached(self, device_id: int, problem_id: int, config_hash: str, torch_version: str,
-               triton_version: str | None) -> m.MeasurementRow | None:
-        """A finished measurement of the same candidate, device, problem and software versions."""
+               triton_version: str | None, study_id: int | None = None) -> m.MeasurementRow | None:
+        """A finished measurement of the same candidate, device, problem and software versions (of
+        one study only where ``study_id`` is given: a replay's rows are its file's)."""
         with self.session() as s:
-            return s.scalar(
-                select(m.MeasurementRow).where(
-                    m.MeasurementRow.device_id == device_id,
-                    m.MeasurementRow.problem_id == problem_id,
-                    m.MeasurementRow.config_hash == config_hash,
-                    m.MeasurementRow.kind == "candidate",
-                    m.MeasurementRow.torch_version == torch_version,
-                    m.MeasurementRow.triton_version == triton_version,
-                ).order_by(m.MeasurementRow.id)
+            q = select(m.MeasurementRow).where(
+                m.MeasurementRow.device_id == device_id,
+                m.MeasurementRow.problem_id == problem_id,
+                m.MeasurementRow.config_hash == config_hash,
+                m.MeasurementRow.kind == "candidate",
+                m.MeasurementRow.torch_version == torch_version,
+                m.MeasurementRow.triton_version == triton_version,
             )
+            if study_id is not None:
+                q = q.where(m.MeasurementRow.study_id == study_id)
+            return s.scalar(q.order_by(m.MeasurementRow.id))
 
     def best_candidates(self, device_key: str | None = None) -> list[tuple[m.Device, m.Problem, m.MeasurementRow]]:
         """Fastest config per (device, problem), ranked as :meth:`ranked_candidates` ranks them."""
