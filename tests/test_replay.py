@@ -112,6 +112,12 @@ def test_measurements_are_answered_from_the_file(a100):
      "tune_params_keys names the parameter 'time', which an entry uses for its recorded time"),
     (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
      b' "tune_params": {"a": [1, true]}, "cache": {}}', "cache is empty: no recorded configuration"),
+    # a time that is neither a number nor a failure name (was stored as a failure), a run that is not a number
+    (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
+     b' "tune_params": {"a": [1]}, "cache": {"1": {"a": 1, "time": true}}}', "cache.1.time=True; a recorded time"),
+    (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
+     b' "tune_params": {"a": [1]}, "cache": {"1": {"a": 1, "time": 2.0, "times": [2.0, null]}}}',
+     "cache.1.times[1]=None; a recorded time"),
 ])
 def test_bad_replay_files_are_clear_errors(tmp_path, content, message):
     path = tmp_path / "cache.json"

@@ -56,17 +56,18 @@ def _is_scalar(v: Any) -> bool:
 
 
 def _bad_time(entry: dict[str, Any]) -> str | None:
-    """``time=...`` / ``times[i]=...`` when an entry records a time that is not positive, else None
-    (a string ``time`` is a failure, e.g. CompilationFailedConfig)."""
+    """``time=...`` / ``times[i]=...`` when an entry records a time that is not a positive number
+    (``true``, ``null``, a list: not a failure name either, so neither a measurement nor a failure),
+    else None (a string ``time`` is a failure, e.g. CompilationFailedConfig)."""
     t = entry["time"]
     if isinstance(t, str):
         return None
-    if _is_number(t) and (not is_time(t) or t <= 0):
+    if not _is_number(t) or not is_time(t) or t <= 0:
         return f"time={_short(t)}"
     times = entry.get("times")
-    if is_time(t) and isinstance(times, list):
+    if isinstance(times, list):
         for i, x in enumerate(times):
-            if _is_number(x) and (not is_time(x) or x <= 0):
+            if not _is_number(x) or not is_time(x) or x <= 0:
                 return f"times[{i}]={_short(x)}"
     return None
 
