@@ -163,6 +163,42 @@ def test_a_second_recording_of_one_device_and_problem_is_replayed_from_its_own_d
     assert plain == pytest.approx([1000.0, 2000.0, 3000.0]) and other == pytest.approx([3000.0, 6000.0, 9000.0]), got
 
 
+def test_a_file_named_only_by_its_file_name_never_replays_into_another_files_device(cli, tmp_path):
+    """Two files without device_name whose file names give one device (``k_GPUX``), different data:
+    the second replay is refused in one line (exit 2, the database untouched) and names
+    bench.device_name; with it, the second file replays as its own device. bench.device_name outside
+    a replay is refused too."""
+    import gzip
+    import hashlib
+
+    for sub, scale in (("a", 1.0), ("b", 3.0)):
+        doc = {"device_name": "", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+               "tune_params": {"x": [1, 2]},
+               "cache": {str(x): {"x": x, "time": x * scale, "times": [x * scale] * 2} for x in (1, 2)}}
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "k_GPUX.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    db = tmp_path / "r.db"
+
+    def replay(path, *extra):
+        return cli(["bench=replay", f"bench.path={path}", "search.n_trials=2", "progress=false",
+                    f"storage.url=sqlite:///{db}", *extra], tmp_path)
+
+    assert replay("a/k_GPUX.json.gz").returncode == 0
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    r = replay("b/k_GPUX.json.gz")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert ("bench.path=b/k_GPUX.json.gz: records no device_name and its file name gives device 'GPUX'" in r.stderr
+            and "name the device with bench.device_name=NAME" in r.stderr), r.stderr
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    r = replay("b/k_GPUX.json.gz", "bench.device_name=GPUX-b")
+    assert r.returncode == 0, r.stderr[-2000:]
+    with sqlite3.connect(db) as con:
+        assert sorted(k for (k,) in con.execute("select key from zt_device")) == ["GPUX", "GPUX-b"]
+    r = cli(["+op=mm", "shape=[8,8,8]", "device=cpu", "bench.device_name=x", f"storage.url=sqlite:///{db}"], tmp_path)
+    assert r.returncode == 2 and "bench.device_name='x' names a replayed file's device; it needs bench=replay" \
+        in r.stderr, r.stderr[-2000:]
+
+
 def test_cli_replay_stores_100_measurements_and_resumes(cli, tmp_path):
     db = tmp_path / "replay.db"
     args = ["bench=replay", f"bench.path={A100}", "search.n_trials=100", f"storage.url=sqlite:///{db}",

@@ -110,6 +110,9 @@ class BenchConfig:
     remeasure_rounds: int = 3
     #: bench=replay: the Kernel Tuner cache file (.json or .json.gz) that answers every measurement
     path: str | None = None
+    #: bench=replay: the recorded device's name (as the import's ``devices=[...]``); null: the file's
+    #: ``device_name``, else a name from its file name
+    device_name: str | None = None
     #: a resumed study re-uses its stored baselines (eager, Inductor's default) when they were measured
     #: on this device with this torch (and triton) version; true measures them again
     remeasure_baselines: bool = False

@@ -50,6 +50,11 @@ def check_request(cfg: Any) -> None:
             raise ConfigError("bench=replay needs bench.path=FILE (a Kernel Tuner cache file, .json or .json.gz)")
         if cfg.get("space"):
             raise ConfigError("bench=replay takes its space from the file's tune_params; drop space=[...]")
+        if cfg.bench.get("device_name") is not None and not str(cfg.bench.device_name).strip():
+            raise ConfigError(f"bench.device_name={cfg.bench.device_name!r}: a device's name, not empty")
+    elif cfg.bench.get("device_name") is not None:
+        raise ConfigError(f"bench.device_name={cfg.bench.device_name!r} names a replayed file's device; "
+                          "it needs bench=replay")
     elif not cfg.get("problems"):
         if OmegaConf.is_missing(cfg, "op"):
             raise ConfigError("no op given; use +op=<name> with a file from conf/op/ (mm, addmm, bmm, linear_act)")

@@ -278,5 +278,6 @@ def check_fits(problem: GemmProblem, device: DeviceInfo) -> None:
 
 def _resolve_replay(cfg: DictConfig) -> RunSpec:
     """bench=replay: problem, device and space all come from the Kernel Tuner file."""
-    replay = load_kerneltuner(cfg.bench.path)  # bench.path and space=[...] were checked (check_request)
+    # bench.path and space=[...] were checked (check_request)
+    replay = load_kerneltuner(cfg.bench.path, device=cfg.bench.get("device_name") or None)
     return RunSpec(replay.problem(), replay.device(), replay.space(), ["replay"], {}, cfg, replay)

@@ -32,6 +32,7 @@ from zhantune.search.seeds import enqueue_seeds, inductor_seeds
 from zhantune.search.study import MAX_RETRIES, Heartbeat, HeartbeatSettings, open_study, retry_trial
 from zhantune.search.transfer import load_prior, transfer_text
 from zhantune.storage import ClaimLost, MeasurementRow, Recorder, Store, redact_url
+from zhantune.storage.ingest import refuse_merge
 from zhantune.tune_result import TuneResult
 
 __all__ = ["TuneResult", "tune", "settle", "study_budget", "RunSpec", "resolve_run", "FINISHED", "EXHAUSTED"]
@@ -67,8 +68,9 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     ``bench.remeasure_baselines``. ``progress``: a zhantune.report.TuneProgress, or None for a log
     line per trial.
     """
-    if run.replay is not None and not run.search.study_name:
-        run.search.study_name = replay_study_name(run, store)
+    if run.replay is not None:  # a file named only by its file name joins no other file's device
+        refuse_merge(store, run.replay, run.replay.sha256, "bench.path", "bench.device_name=NAME")
+        run.search.study_name = run.search.study_name or replay_study_name(run, store)
     row, used, target = study_budget(run, store)
     others = sorted(store.study_problem_keys(row.id) - {run.problem.key}) if row is not None else []
     if others:

@@ -66,16 +66,20 @@ def check_import(store: Store, file: KernelTunerFile) -> None:
     refuse_merge(store, file, file.sha256)
 
 
-def refuse_merge(store: Store, file: KernelTunerFile, digest: str) -> None:
+def refuse_merge(store: Store, file: KernelTunerFile, digest: str, option: str = "files",
+                 naming: str = "devices=[...] (one name per file)") -> None:
     """A file whose device is named after its file name (no ``device_name``) may not add its
     measurements to a device that already holds this problem from another file (``digest``: this
-    file's sha256): the two could be different GPUs. Raises ConfigError naming both files and
-    ``devices=[...]``."""
+    file's sha256; an import's study stores it as ``sha256``, a replay's as ``replay_sha256``, a
+    replay from before digests were stored has none and is not counted): the two could be different
+    GPUs. Raises ConfigError naming the file (``option``), the study and how to name the device
+    (``naming``)."""
     if file.device_named_by != "file name":
         return
     for name, config in store.studies_holding(file.device_key, file.problem().key):
-        if (config or {}).get("sha256") != digest:
+        held = (config or {}).get("sha256", (config or {}).get("replay_sha256", digest))
+        if held != digest:
             raise ConfigError(
-                f"files={file.path}: records no device_name and its file name gives device "
+                f"{option}={file.path}: records no device_name and its file name gives device "
                 f"{file.device_key!r}, which already holds {file.problem().key} from study {name!r}; "
-                "name the devices with devices=[...] (one name per file)")
+                f"name the device with {naming}")
