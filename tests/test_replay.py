@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import sqlite3
 import statistics
 from pathlib import Path
@@ -153,8 +154,16 @@ def test_a_second_recording_of_one_device_and_problem_is_replayed_from_its_own_d
 
     assert "trials: 3 measured (ok 3), 0 cached" in replay("a.json.gz")
     out = replay("b.json.gz")
-    assert "trials: 3 measured (ok 3), 0 cached" in out and "kerneltuner:k[64][sha256:" in out, out[-2000:]
-    assert "is finished" in replay("a.json.gz")
+    assert "trials: 3 measured (ok 3), 0 cached" in out, out[-2000:]
+    # the summary names the study whole (rich markup would take "[sha256:...]" for a style) and
+    # gives this file's best (3,000 us), not the first file's (1,000 us)
+    assert re.search(r"study: kerneltuner:k\[64\]\[sha256:[0-9a-f]{12}\]@GPU-R", out), out[-2000:]
+    assert "│ ok │ 3,000.0 │ 3,000.0 │" in out and "1,000.0" not in out, out[-2000:]
+    again = replay("b.json.gz")
+    assert re.search(r"study 'kerneltuner:k\[64\]\[sha256:[0-9a-f]{12}\]@GPU-R' is finished", again), again
+    assert "best config: kerneltuner::k x=1 (3,000.0 us)" in again, again
+    first = replay("a.json.gz")
+    assert "'kerneltuner:k[64]@GPU-R' is finished" in first and "(1,000.0 us)" in first, first
     with sqlite3.connect(db) as con:
         got = con.execute("select s.name, m.median_us from zt_measurement m join zt_study s on s.id = m.study_id "
                           "where m.kind = 'candidate' order by m.median_us").fetchall()
@@ -163,20 +172,54 @@ def test_a_second_recording_of_one_device_and_problem_is_replayed_from_its_own_d
     assert plain == pytest.approx([1000.0, 2000.0, 3000.0]) and other == pytest.approx([3000.0, 6000.0, 9000.0]), got
 
 
+def _two_recordings(tmp_path, device_name="GPU-R"):
+    """Two Kernel Tuner files of one device, kernel and problem size; the second's times are 3x."""
+    import gzip
+
+    paths = []
+    for sub, scale in (("a", 1.0), ("b", 3.0)):
+        doc = {"device_name": device_name, "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+               "tune_params": {"x": [1, 2]},
+               "cache": {str(x): {"x": x, "time": x * scale, "times": [x * scale] * 2} for x in (1, 2)}}
+        (tmp_path / sub).mkdir()
+        paths.append(tmp_path / sub / "k_GPUX.json.gz")
+        paths[-1].write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return paths
+
+
+def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):
+    """Naming a replay's study creates it with the file's digest at once (real SQLite): a job that
+    starts on another file of the same device and problem before the first measured anything gets
+    its own study (two jobs started together never share one); the first file keeps the plain name;
+    search.study_name holding another file's replay is refused; the digest-less study of a replay
+    stored before digests were recorded counts as another file's."""
+    from zhantune.storage import Store
+    from zhantune.storage.ingest import replay_study
+
+    a, b = (load_kerneltuner(p) for p in _two_recordings(tmp_path))
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    key, dev = a.problem().key, a.device_key
+    assert replay_study(store, a, key, dev, None) == f"{key}@{dev}"
+    other = replay_study(store, b, key, dev, None)
+    assert other == f"{key}[sha256:{b.sha256[:12]}]@{dev}" and b.sha256 != a.sha256
+    assert replay_study(store, a, key, dev, None) == f"{key}@{dev}" == replay_study(store, a, key, dev, f"{key}@{dev}")
+    assert store.study_config(f"{key}@{dev}") == {"replay_sha256": a.sha256}
+    with pytest.raises(ConfigError, match=r"search.study_name='kerneltuner:k\[64\]@GPU-R' holds another "
+                                          r"file's replay \(sha256 [0-9a-f]{12}\.\.\.\), not bench.path=.*b/k_GPUX"):
+        replay_study(store, b, key, dev, f"{key}@{dev}")
+    store.reserve_study("old", {})  # a replay stored before digests were: unknown file
+    with pytest.raises(ConfigError, match="holds no record of a replayed file"):
+        replay_study(store, a, key, dev, "old")
+
+
 def test_a_file_named_only_by_its_file_name_never_replays_into_another_files_device(cli, tmp_path):
     """Two files without device_name whose file names give one device (``k_GPUX``), different data:
     the second replay is refused in one line (exit 2, the database untouched) and names
     bench.device_name; with it, the second file replays as its own device. bench.device_name outside
     a replay is refused too."""
-    import gzip
     import hashlib
 
-    for sub, scale in (("a", 1.0), ("b", 3.0)):
-        doc = {"device_name": "", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
-               "tune_params": {"x": [1, 2]},
-               "cache": {str(x): {"x": x, "time": x * scale, "times": [x * scale] * 2} for x in (1, 2)}}
-        (tmp_path / sub).mkdir()
-        (tmp_path / sub / "k_GPUX.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    _two_recordings(tmp_path, device_name="")
     db = tmp_path / "r.db"
 
     def replay(path, *extra):
@@ -197,6 +240,17 @@ def test_a_file_named_only_by_its_file_name_never_replays_into_another_files_dev
     r = cli(["+op=mm", "shape=[8,8,8]", "device=cpu", "bench.device_name=x", f"storage.url=sqlite:///{db}"], tmp_path)
     assert r.returncode == 2 and "bench.device_name='x' names a replayed file's device; it needs bench=replay" \
         in r.stderr, r.stderr[-2000:]
+    # search.study_name naming the first file's study for the second file: one line, nothing written
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    r = replay("b/k_GPUX.json.gz", "bench.device_name=GPUX", 'search.study_name="kerneltuner:k[64]@GPUX"')
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert "search.study_name='kerneltuner:k[64]@GPUX' holds another file's replay" in r.stderr, r.stderr
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    # a replay stored before digests were recorded may hold another file: the file-name device is refused
+    with sqlite3.connect(db) as con:
+        con.execute("update zt_study set config = '{}' where name = 'kerneltuner:k[64]@GPUX'")
+    r = replay("a/k_GPUX.json.gz")
+    assert r.returncode == 2 and "(stored without its file's sha256: it may be another file)" in r.stderr, r.stderr
 
 
 def test_cli_replay_stores_100_measurements_and_resumes(cli, tmp_path):
@@ -234,3 +288,21 @@ def test_cli_replay_stores_100_measurements_and_resumes(cli, tmp_path):
     hashes = [h for (h,) in con.execute("select config_hash from zt_measurement where kind='candidate'")]
     con.close()
     assert len(hashes) == 120 and len(set(hashes)) == 120
+
+
+def test_multirun_summary_prints_bracketed_study_names_whole(tmp_path, capsys):
+    """A multirun's job and study tables print a replay's ``[sha256:...]`` study name and a config
+    with brackets as stored: rich markup would take them for styles and drop them."""
+    from zhantune.multirun import JOB_RECORD, print_multirun_summary
+
+    name = "kerneltuner:k[64][sha256:0da0002419c5]@GPU-R"
+    study = {"study": name, "n_trials": 3, "measured": 3, "retried": 0, "reaped": 0, "cached": 0,
+             "study_measured": 3, "waited_s": 0.0, "interrupted": False, "already_finished": False,
+             "resettled": False, "best_us": 3000.0, "best": "kerneltuner::k {x=[bold]1}"}
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / JOB_RECORD).write_text(json.dumps(
+        {"zhantune_job": 1, "job": 0, "worker": "host[a]:1", "storage": "sqlite:///r.db",
+         "ended_at": "2026-11-27T00:00:00+00:00", "studies": [study]}))
+    print_multirun_summary(tmp_path, 1)
+    out = capsys.readouterr().out
+    assert out.count("[sha256:0da0002419c5]") == 2 and "host[a]:1" in out and "{x=[bold]1}" in out, out

@@ -8,6 +8,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 
 from zhantune import interrupt
 from zhantune.cli import mark_task_started, run_app, user_error
@@ -76,7 +77,7 @@ def print_finished(console: Console, result: Any) -> None:
            else f"{result.before} of {result.target} trials measured" if result.before <= result.target
            else f"{result.before} trials measured (search.n_trials={result.target})")
     more = "space=[...] with other spaces measures theirs" if result.exhausted else "search.more_trials=N measures N more"
-    console.print(f"study {result.study_name!r} is finished: {why}; nothing to measure. "
+    console.print(f"study {escape(repr(result.study_name))} is finished: {why}; nothing to measure. "
                   f"{more}; python -m zhantune.export writes the table again", highlight=False)
     if result.best is not None:
         console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)} "

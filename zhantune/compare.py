@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from rich.markup import escape
 
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
@@ -65,7 +66,7 @@ def _compare_app(cfg: DictConfig) -> None:
         console.print(f"json: {write_json(cfg.json, cmp)}", soft_wrap=True)
     if cfg.html:
         out = write_html_report(cfg.html, cmp, study, studies=study_names(store))
-        console.print(f"html: {out}" + (f" (history and importances of study {study.study_name!r})" if study else
+        console.print(f"html: {out}" + (f" (history and importances of study {escape(repr(study.study_name))})" if study else
                                          " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
     if cfg.table:
         from zhantune.inductor.builder import portable_table

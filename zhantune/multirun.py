@@ -18,6 +18,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+from rich.markup import escape
 
 __all__ = ["MultirunSummary", "job_record", "JOB_RECORD"]
 
@@ -129,7 +130,7 @@ def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
     last: dict[str, dict[str, Any]] = {}
     for r in records:
         for s in r["studies"]:
-            jobs.add_row(str(r.get("job")), r["worker"], s["study"], str(s["measured"]), str(s["retried"]),
+            jobs.add_row(str(r.get("job")), escape(r["worker"]), escape(s["study"]), str(s["measured"]), str(s["retried"]),
                          str(s["reaped"]), f"{s['waited_s']:.0f}",
                          f"{s['study_measured']}/{s['n_trials']}" + (" (interrupted)" if s["interrupted"] else "")
                          + (" (finished before the job)" if s.get("already_finished") else ""))
@@ -144,8 +145,8 @@ def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
     for col in ("study", "measured", "best us", "best config"):
         studies.add_column(col, justify="right" if col in ("measured", "best us") else "left")
     for name, s in sorted(last.items()):
-        studies.add_row(name, f"{s['study_measured']}/{s['n_trials']}",
-                        f"{s['best_us']:,.1f}" if s["best_us"] is not None else "-", s["best"] or "-")
+        studies.add_row(escape(name), f"{s['study_measured']}/{s['n_trials']}",
+                        f"{s['best_us']:,.1f}" if s["best_us"] is not None else "-", escape(s["best"] or "-"))
     console.print(studies)
     if records:
         console.print(f"one table from every problem: python -m zhantune.export storage.url=... "

@@ -22,6 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from rich.console import Console
+from rich.markup import escape
 
 from zhantune.bench.conditions import ContentionCount
 from zhantune.config import CONF_DIR, OpConfig
@@ -232,7 +233,7 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
                      + f": {pr.n_trials} trials; {done}/{total} done overall")
         pr.result = tune(pr.run, store, TuneProgress(console, pr.run.space) if cfg.progress else None)
         if pr.result.already_finished:
-            console.print(f"study {pr.result.study_name!r} is finished ({pr.result.before} of "
+            console.print(f"study {escape(repr(pr.result.study_name))} is finished ({pr.result.before} of "
                           f"{pr.result.target} trials measured): nothing to measure", highlight=False)
         if pr.result.transfer_text:
             console.print(pr.result.transfer_text)

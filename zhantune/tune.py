@@ -32,7 +32,7 @@ from zhantune.search.seeds import enqueue_seeds, inductor_seeds
 from zhantune.search.study import MAX_RETRIES, Heartbeat, HeartbeatSettings, open_study, retry_trial
 from zhantune.search.transfer import load_prior, transfer_text
 from zhantune.storage import ClaimLost, MeasurementRow, Recorder, Store, redact_url
-from zhantune.storage.ingest import refuse_merge
+from zhantune.storage.ingest import refuse_merge, replay_study
 from zhantune.tune_result import TuneResult
 
 __all__ = ["TuneResult", "tune", "settle", "study_budget", "RunSpec", "resolve_run", "FINISHED", "EXHAUSTED"]
@@ -63,14 +63,15 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     result has ``already_finished`` set and nothing is measured or started; unless its last speedup
     settle was taken on a busy machine (:func:`_settle_again`): then its settles (close call, paired
     rounds) run again without a search (``resettled``). A replay's study is named by
-    :func:`replay_study_name`. A resumed study re-uses the
+    :func:`zhantune.storage.ingest.replay_study`. A resumed study re-uses the
     baselines it stored in this environment (Store.stored_baselines) unless
     ``bench.remeasure_baselines``. ``progress``: a zhantune.report.TuneProgress, or None for a log
     line per trial.
     """
     if run.replay is not None:  # a file named only by its file name joins no other file's device
         refuse_merge(store, run.replay, run.replay.sha256, "bench.path", "bench.device_name=NAME")
-        run.search.study_name = run.search.study_name or replay_study_name(run, store)
+        run.search.study_name = replay_study(store, run.replay, run.problem.key, run.device.key,
+                                             run.search.study_name)
     row, used, target = study_budget(run, store)
     others = sorted(store.study_problem_keys(row.id) - {run.problem.key}) if row is not None else []
     if others:
@@ -94,20 +95,6 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
             if pool is not None:
                 pool.close()
             bench.close()
-
-
-def replay_study_name(run: RunSpec, store: Store) -> str:
-    """A replay's study: ``<problem key>@<device key>``, as a tune's, unless a study of that name
-    replays another file (its stored ``replay_sha256`` differs): then ``<problem key>[sha256:<first
-    12 hex digits>]@<device key>``, so that a second recording of one device, kernel and problem size
-    is searched from its own data (not answered "finished" with the first file's best). A study of
-    that name stored before the digest was recorded is taken as this file's."""
-    key, device = run.problem.key, run.device.key
-    held = store.study_config(f"{key}@{device}")
-    digest = run.replay.sha256
-    if held is None or held.get("replay_sha256", digest) == digest:
-        return f"{key}@{device}"
-    return f"{key}[sha256:{digest[:12]}]@{device}"
 
 
 def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:
@@ -135,7 +122,8 @@ def _finished_result(run: RunSpec, store: Store, row: Any, target: int) -> TuneR
     dev = next((d for d in store.devices() if d.key == run.device.key), None)
     stored = (store.stored_baselines(row.id, dev.id, run.problem.key, versions["torch"], versions["triton"])
               if dev is not None else {})
-    best = next((m for _, p, m in store.best_candidates(run.device.key) if p.key == run.problem.key), None)
+    own = row.id if run.replay is not None else None  # a replay's best is its own file's
+    best = next((m for _, p, m in store.best_candidates(run.device.key, own) if p.key == run.problem.key), None)
     return TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), best,
                       default_unfrozen=stored.get("default_unfrozen"), target=target,
                       before=store.trial_counts(row.id)[0],
@@ -195,7 +183,7 @@ class _Tune:
         self.progress = progress
         self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
         config = OmegaConf.to_container(run.cfg, resolve=True)
-        if run.replay is not None:  # which file this study replays (zhantune.tune.replay_study_name)
+        if run.replay is not None:  # which file this study replays (zhantune.storage.ingest.replay_study)
             config["replay_sha256"] = run.replay.sha256
         self.study_id = store.study_id(run.study_name, config)
         before, _ = store.trial_counts(self.study_id)  # measured: a dead worker's claim is not
@@ -384,7 +372,8 @@ class _Tune:
             store.finish_study(self.study_id, "interrupted" if result.interrupted
                                else EXHAUSTED if result.exhausted else FINISHED)
         result.contention = contention_count(store.timed_conditions(self.study_id))
-        result.best = next((meas for _, prob, meas in store.best_candidates(run.device.key)
+        own = self.study_id if run.replay is not None else None  # a replay's best is its own file's
+        result.best = next((meas for _, prob, meas in store.best_candidates(run.device.key, own)
                             if prob.id == self.problem_id), None)
         result.same_kernel_as_default = result.best is not None and is_default_kernel(result.best)
         # a Kernel Tuner replay has no lookup table to carry its configs: nothing to say

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from zhantune.report.console import compact, print_table
@@ -39,7 +40,7 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5) -> None:
     Off a terminal a table is as wide as its cells and a config line is never wrapped or cut."""
     several = len(cmp.devices) > 1
     for p in cmp.problems:
-        t = Table(title=f"{p.problem_key}")
+        t = Table(title=escape(p.problem_key))
         t.add_column("device")
         t.add_column("best us", justify="right")
         if several:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -79,7 +80,7 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     else:
         console.print("[yellow]no candidate measured ok[/yellow]")
     _print_notes(console, result)
-    console.print(f"database: {db}  study: {result.study_name}")
+    console.print(f"database: {escape(str(db))}  study: {escape(result.study_name)}")
     if result.table_path is not None:
         console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))")
 
@@ -88,7 +89,7 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
     """One row per baseline and for the best candidate (and the best a table can carry, where that
     is another): status, median and minimum (us), TFLOP/s, speedup over the default."""
     p = run.problem
-    t = Table(title=f"{p.key} on {run.device.name} ({run.device.kind})")
+    t = Table(title=escape(f"{p.key} on {run.device.name} ({run.device.kind})"))
     t.add_column("what")
     t.add_column("status")
     t.add_column("median us", justify="right")

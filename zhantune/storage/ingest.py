@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from zhantune.bench.recorded import KernelTunerFile
     from zhantune.storage.store import Store
 
-__all__ = ["import_kerneltuner", "check_import", "IMPORTED_VERSION"]
+__all__ = ["import_kerneltuner", "check_import", "refuse_merge", "replay_study", "IMPORTED_VERSION"]
 
 #: torch_version of imported rows: they were measured by Kernel Tuner, not through torch
 IMPORTED_VERSION = "kerneltuner"
@@ -70,16 +70,51 @@ def refuse_merge(store: Store, file: KernelTunerFile, digest: str, option: str =
                  naming: str = "devices=[...] (one name per file)") -> None:
     """A file whose device is named after its file name (no ``device_name``) may not add its
     measurements to a device that already holds this problem from another file (``digest``: this
-    file's sha256; an import's study stores it as ``sha256``, a replay's as ``replay_sha256``, a
-    replay from before digests were stored has none and is not counted): the two could be different
-    GPUs. Raises ConfigError naming the file (``option``), the study and how to name the device
-    (``naming``)."""
+    file's sha256; an import's study stores it as ``sha256``, a replay's as ``replay_sha256``): the
+    two could be different GPUs. A study stored without a digest (a replay from before digests were
+    stored) may hold another file, so it counts as one. Raises ConfigError naming the file
+    (``option``), the study and how to name the device (``naming``)."""
     if file.device_named_by != "file name":
         return
     for name, config in store.studies_holding(file.device_key, file.problem().key):
-        held = (config or {}).get("sha256", (config or {}).get("replay_sha256", digest))
+        held = _digest(config)
         if held != digest:
             raise ConfigError(
                 f"{option}={file.path}: records no device_name and its file name gives device "
-                f"{file.device_key!r}, which already holds {file.problem().key} from study {name!r}; "
-                f"name the device with {naming}")
+                f"{file.device_key!r}, which already holds {file.problem().key} from study {name!r}"
+                + ("" if held else " (stored without its file's sha256: it may be another file)")
+                + f"; name the device with {naming}")
+
+
+def replay_study(store: Store, file: KernelTunerFile, problem_key: str, device_key: str,
+                 explicit: str | None) -> str:
+    """The study a ``bench=replay`` tune of ``file`` stores into, created here when absent with the
+    file's sha256 as ``replay_sha256`` (an insert that concurrent jobs cannot both win, so two jobs
+    replaying two files never share a study): ``explicit`` (``search.study_name``) when given, else
+    ``<problem key>@<device key>``, or ``<problem key>[sha256:<first 12 hex digits>]@<device key>``
+    when that study replays another file or was stored without a digest (a second recording of one
+    device, kernel and problem size is searched from its own data, never answered from the first's).
+    Raises ConfigError when ``explicit`` names a study of another file (or of no known file)."""
+    digest = file.sha256
+    name = explicit or f"{problem_key}@{device_key}"
+    held = _digest(store.reserve_study(name, {"replay_sha256": digest}))
+    if held == digest:
+        return name
+    if explicit:
+        raise ConfigError(f"search.study_name={explicit!r} holds "
+                          + (f"another file's replay (sha256 {held[:12]}...)" if held else
+                             "no record of a replayed file (a tune, or a replay stored before digests were)")
+                          + f", not bench.path={file.path} (sha256 {digest[:12]}...): one study replays one "
+                          "file; choose another name or drop search.study_name")
+    name = f"{problem_key}[sha256:{digest[:12]}]@{device_key}"
+    held = _digest(store.reserve_study(name, {"replay_sha256": digest}))
+    if held != digest:  # 48 bits of the digest agree: never seen, but never merge
+        raise ConfigError(f"bench.path={file.path}: study {name!r} replays another file; "
+                          "name this replay's study with search.study_name=NAME")
+    return name
+
+
+def _digest(config: dict | None) -> str | None:
+    """The sha256 of the Kernel Tuner file a study holds: an import's ``sha256`` or a replay's
+    ``replay_sha256``; None when the study did not record one."""
+    return (config or {}).get("sha256") or (config or {}).get("replay_sha256")

@@ -109,12 +109,13 @@ class Queries(ReportQueries):
                 q = q.where(m.MeasurementRow.study_id == study_id)
             return s.scalar(q.order_by(m.MeasurementRow.id))
 
-    def best_candidates(self, device_key: str | None = None) -> list[tuple[m.Device, m.Problem, m.MeasurementRow]]:
+    def best_candidates(self, device_key: str | None = None,
+                        study_id: int | None = None) -> list[tuple[m.Device, m.Problem, m.MeasurementRow]]:
         """Fastest config per (device, problem), ranked as :meth:`ranked_candidates` ranks them."""
-        return [(dev, prob, rows[0]) for dev, prob, rows in self.ranked_candidates(device_key)]
+        return [(dev, prob, rows[0]) for dev, prob, rows in self.ranked_candidates(device_key, study_id=study_id)]
 
     def ranked_candidates(self, device_key: str | None = None, torch_version: str | None = None,
-                          top_k: int = 1) -> list[tuple[m.Device, m.Problem, list[m.MeasurementRow]]]:
+                          top_k: int = 1, study_id: int | None = None) -> list[tuple[m.Device, m.Problem, list[m.MeasurementRow]]]:
         """Per (device, problem): the ``top_k`` fastest distinct configs, fastest first.
 
         Rows are ``ok`` candidates and close-call re-measurements (kind ``remeasure``), ranked by
@@ -122,7 +123,8 @@ class Queries(ReportQueries):
         timed runs, which one-sided noise cannot make smaller than the truth). A config measured
         several times is represented by its row with the lowest decision statistic (the minimum over
         rounds; docs/timing.md). ``torch_version`` keeps only rows measured with that torch version
-        (exact string, e.g. "2.13.0+cpu").
+        (exact string, e.g. "2.13.0+cpu"). ``study_id`` keeps only that study's rows (a replay's best
+        is its own file's, not another recording's of the same device and problem).
         """
         with self.session() as s:
             q = (select(m.MeasurementRow, m.Device, m.Problem)
@@ -135,6 +137,8 @@ class Queries(ReportQueries):
                 q = q.where(m.Device.key == device_key)
             if torch_version is not None:
                 q = q.where(m.MeasurementRow.torch_version == torch_version)
+            if study_id is not None:
+                q = q.where(m.MeasurementRow.study_id == study_id)
             groups: dict[tuple[int, int], tuple[m.Device, m.Problem, list[m.MeasurementRow]]] = {}
             for meas, dev, prob in s.execute(q):
                 groups.setdefault((dev.id, prob.id), (dev, prob, []))[2].append(meas)

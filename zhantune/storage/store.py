@@ -208,6 +208,13 @@ class Store(Queries):
             row.config = config
         return self._get_or_create(m.Study, {"name": name}, dict(config=config), reopen)
 
+    def reserve_study(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
+        """The config of the study called ``name``, which is created with ``config`` when absent
+        (``INSERT ... ON CONFLICT DO NOTHING``: of concurrent callers exactly one creates it, and the
+        others read its config); an existing study is left as it is."""
+        self._get_or_create(m.Study, {"name": name}, dict(config=config))
+        return self.study_config(name) or {}
+
     def study_config(self, name: str) -> dict[str, Any] | None:
         """The config stored with the study of this name ({} when it has none); None when no such study."""
         with self.session() as s:
