@@ -234,9 +234,24 @@ CASES = [
      lambda t: _kt_file(t, "size.json.gz", 4.0, problem_size=[10**9] * 60),
      "its problem key would be 'kerneltuner:k[1000000000x1000... (676 characters); the database holds at most 512",
      None),
+    # the plain study name fits (510 characters), a second recording's [sha256:...] one would not
+    ("replay-long-study-name", "zhantune", ["bench=replay", "bench.path={x}"],
+     lambda t: _kt_file(t, "s.json.gz", 4.0, kernel_name="k" * 100, device_name="D" * 250,
+                        problem_size=[10**9] * 13),
+     "its study name would be 'kerneltuner:kkkkkkkkkkkkkkkkk... (530 characters)", None),
     ("import-long-file-name", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "f" * 240 + ".json.gz", 4.0, device_name="D" * 250),
      "its study name would be 'kerneltuner:fffffffffffffffff... (534 characters)", None),
+    # a replay's problem is its file's: another problem named beside it was silently not tuned
+    ("replay-with-problems-file", "zhantune", ["bench=replay", "bench.path={x}", "problems=p.yaml"],
+     lambda t: _kt_file(t, "p.json.gz", 4.0), "bench=replay replays the one problem of bench.path's file "
+     "(its kernel_name and problem_size): drop problems=", None),
+    ("replay-with-op-and-shape", "zhantune", ["bench=replay", "bench.path={x}", "+op=mm", "shape=[8,8,8]"],
+     lambda t: _kt_file(t, "o.json.gz", 4.0), "drop +op=", None),
+    ("replay-long-device-name-option", "zhantune", ["bench=replay", "bench.path={x}", "bench.device_name=" + "G" * 257],
+     lambda t: _kt_file(t, "g.json.gz", 4.0), "device name (from bench.device_name) 'GGGGGGGGGGGGGGGGGGGGGGGGGGGGGG'... "
+     "(257 characters); the database holds names of at most 256 characters without control characters; name the "
+     "device with bench.device_name=NAME", None),
     ("import-nul-in-device-name", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "nul.json.gz", 4.0, device_name="GPU\x00X"),
      "device name (from device_name) 'GPU\\x00X' (5 characters)", None),

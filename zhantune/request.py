@@ -50,6 +50,11 @@ def check_request(cfg: Any) -> None:
             raise ConfigError("bench=replay needs bench.path=FILE (a Kernel Tuner cache file, .json or .json.gz)")
         if cfg.get("space"):
             raise ConfigError("bench=replay takes its space from the file's tune_params; drop space=[...]")
+        given = [k for k in ("op", "shape") if k in cfg and not OmegaConf.is_missing(cfg, k)]
+        if cfg.get("problems") or given:
+            what = "problems=" if cfg.get("problems") else "+op=" if given[0] == "op" else "shape="
+            raise ConfigError(f"bench=replay replays the one problem of bench.path's file (its kernel_name and "
+                              f"problem_size): drop {what}")
         if cfg.bench.get("device_name") is not None and not str(cfg.bench.device_name).strip():
             raise ConfigError(f"bench.device_name={cfg.bench.device_name!r}: a device's name, not empty")
     elif cfg.bench.get("device_name") is not None:
