@@ -223,6 +223,79 @@ def test_sigterm_and_ctrl_c_leave_a_resumable_study(tmp_path, sig):
     assert len(after) == len(rows) + 10 and len({r.config_hash for r in after}) == len(after)
 
 
+@pytest.fixture
+def signals_routed():
+    """zhantune.interrupt installed in this process (as the tune app installs it), undone after."""
+    from zhantune import interrupt
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    interrupt.install()
+    yield interrupt
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+    interrupt._State.pending, interrupt._State.depth = False, 0
+
+
+def test_a_signal_while_a_row_is_stored_waits_for_the_row(signals_routed):
+    """A real SIGINT inside an interruptible region aborts it at once; inside deferred() (a row's
+    write) it waits: the region ends, then it stops (stop_after) or is left for the loop's next step."""
+    interrupt = signals_routed
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupt.interruptible():
+            with interrupt.deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                done.append("stored")
+            done.append("next round")  # never reached: stop_after raised on leaving deferred()
+    assert done == ["stored"] and interrupt.requested()
+    interrupt._State.pending = False
+    with interrupt.interruptible():
+        with interrupt.deferred(stop_after=False):
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("told")
+        done.append("returned")
+    assert done == ["stored", "told", "returned"] and interrupt.requested()
+    with pytest.raises(KeyboardInterrupt):
+        with interrupt.interruptible():  # the next measurement does not start
+            done.append("measured")
+    assert "measured" not in done
+
+
+def test_ctrl_c_right_after_a_row_is_stored_tells_its_trial(tune_cfg, tmp_path, signals_routed):
+    """SIGINT in the moment after trial 3's row is written (from the progress update, inside the
+    measurement callback): the row's trial is told, not marked interrupted, so every stored row is a
+    told trial, the study stops as interrupted, and the resumed study measures only new configs.
+    Before, the KeyboardInterrupt abandoned the trial whose row was stored (the flaky SIGINT test)."""
+    from zhantune.tune import resolve_run, tune
+
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    cfg = tune_cfg(["bench=replay", f"bench.path={GEMM}", "search.n_trials=8", f"storage.url={url}"])
+
+    class CtrlCAtTrial3:
+        def start(self, *args):
+            self.n = 0
+
+        def update(self, *args):
+            self.n += 1
+            if self.n == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        def stop(self):
+            pass
+
+    result = tune(resolve_run(cfg), Store(url), CtrlCAtTrial3())
+    assert result.interrupted and result.measured == 3
+    study = optuna.load_study(study_name=GEMM_STUDY, storage=url)
+    told = {t.number for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+            and not t.user_attrs.get("zhantune:interrupted")}
+    rows = _candidates(url)
+    assert {r.trial_number for r in rows} == told and len(rows) == 3
+    signals_routed._State.pending = False
+    again = tune(resolve_run(cfg), Store(url))
+    after = _candidates(url)
+    assert not again.interrupted and len(after) == 8 and len({r.config_hash for r in after}) == 8
+
+
 def test_kill_9_loses_at_most_the_in_flight_trial(tmp_path):
     url = f"sqlite:///{tmp_path / 'kill.db'}"
     beat = ("storage.heartbeat_interval_s=1", "storage.grace_period_s=3")  # a dead trial is retried after 3 s

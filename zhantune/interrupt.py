@@ -2,8 +2,9 @@
 (asking the sampler, writing a row) finishes its step first, so no half-told trial is left behind.
 
 :func:`install` (called by the tune app) routes SIGINT and SIGTERM here. Inside :func:`interruptible`
-a signal raises KeyboardInterrupt immediately; elsewhere it is recorded and :func:`requested` turns
-true, for the search loop to stop between steps. Without ``install`` Python's default applies.
+a signal raises KeyboardInterrupt immediately; elsewhere, and inside :func:`deferred` (a row being
+stored, and what must follow it), it is recorded and :func:`requested` turns true, for the search
+loop to stop between steps. Without ``install`` Python's default applies.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import signal
 from collections.abc import Iterator
 
-__all__ = ["install", "interruptible", "requested"]
+__all__ = ["install", "interruptible", "deferred", "requested"]
 
 
 class _State:
@@ -44,6 +45,23 @@ def interruptible() -> Iterator[None]:
         yield
     finally:
         _State.depth -= 1
+
+
+@contextlib.contextmanager
+def deferred(stop_after: bool = True) -> Iterator[None]:
+    """A region no signal aborts, even inside :func:`interruptible`: a measurement's row being stored
+    (a KeyboardInterrupt in the middle of the write, or between the write and telling Optuna, left a
+    stored row whose trial was marked interrupted and measured again on resume). A signal that came
+    meanwhile is kept for :func:`requested`; ``stop_after``: then raise it on leaving the region when
+    an enclosing region is interruptible (a settle's next round stops at once), else leave it for the
+    caller's next step (the search loop checks :func:`requested` before it asks again)."""
+    depth, _State.depth = _State.depth, 0
+    try:
+        yield
+    finally:
+        _State.depth = depth
+    if stop_after and depth and _State.pending:
+        raise KeyboardInterrupt("interrupt requested")
 
 
 def requested() -> bool:

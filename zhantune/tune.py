@@ -16,6 +16,7 @@ import optuna
 from omegaconf import OmegaConf
 from sqlalchemy.exc import IntegrityError
 
+from zhantune import interrupt
 from zhantune.bench.conditions import contention_count, mark_tune_root
 from zhantune.bench.decision import rank_key
 from zhantune.bench.protocol import Benchmarker
@@ -297,7 +298,7 @@ class _Tune:
         return True, hit.median_us if hit.status == "ok" else None
 
     def _measure(self, cand: Candidate, trial_number: int) -> float | None:
-        result, pool = self.result, self.pool
+        pool = self.pool
         pre = pool.result(cand) if pool is not None else None
         if pre is not None and not pre.ok:  # it failed in the compile worker: it would here too
             meas = pre
@@ -305,6 +306,11 @@ class _Tune:
             meas = self.bench.measure(cand)
             if pre is not None:  # the compile's cost is the compile worker's (the kernels came from it)
                 meas = dataclasses.replace(meas, compile_s=pre.compile_s)
+        with interrupt.deferred(stop_after=False):  # a stored row is told: Ctrl-C stops the search next step
+            return self._stored(cand, trial_number, meas)
+
+    def _stored(self, cand: Candidate, trial_number: int, meas: Any) -> float | None:
+        result = self.result
         try:
             row = self.rec.add(meas, "candidate", cand, trial_number, claimed=True)
         except ClaimLost as e:  # this worker was taken for dead: the point is another worker's now

@@ -88,5 +88,8 @@ class Recorder:
                                  problem_id=self.problem_id, environment_id=self.environment_id,
                                  trial_number=trial_number, torch_version=self.versions["torch"],
                                  triton_version=self.versions["triton"], problem=self.problem, conditions=seen)
-        row_id = self.store.add_measurement(claimed=claimed, **fields)
+        from zhantune import interrupt
+
+        with interrupt.deferred():  # Ctrl-C never cuts a row's write in half
+            row_id = self.store.add_measurement(claimed=claimed, **fields)
         return m.MeasurementRow(id=row_id, **fields)
