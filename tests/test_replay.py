@@ -306,3 +306,29 @@ def test_multirun_summary_prints_bracketed_study_names_whole(tmp_path, capsys):
     print_multirun_summary(tmp_path, 1)
     out = capsys.readouterr().out
     assert out.count("[sha256:0da0002419c5]") == 2 and "host[a]:1" in out and "{x=[bold]1}" in out, out
+
+
+def test_bracketed_names_and_values_from_a_file_print_as_recorded(cli, tmp_path):
+    """Kernel, device and parameter values a Kernel Tuner file holds are printed as recorded by the
+    replay's summary and "is finished" line and by compare (Rich markup took ``[bf16]``, ``[a]`` and
+    ``[red]`` for styles: two devices ``gpu[a]`` and ``gpu[b]`` both printed as ``gpu``)."""
+    import gzip
+
+    for dev, scale in (("gpu[a]", 1.0), ("gpu[b]", 2.0)):
+        doc = {"device_name": dev, "kernel_name": "mm[bf16]", "problem_size": [64], "tune_params_keys": ["y"],
+               "tune_params": {"y": ["[red]v", "w"]},
+               "cache": {y: {"y": y, "time": t * scale, "times": [t * scale] * 2} for y, t in (("[red]v", 1.0),
+                                                                                             ("w", 2.0))}}
+        (tmp_path / f"{scale}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    db = f"storage.url=sqlite:///{tmp_path / 'b.db'}"
+    args = ["bench=replay", "bench.path=1.0.json.gz", "search.n_trials=2", "progress=false", db]
+    out = " ".join(cli(args, tmp_path).stdout.split())
+    assert "best config: kerneltuner::mm[bf16] y=[red]v" in out and "best candidate: mm[bf16]" in out, out[-2000:]
+    assert "kerneltuner:mm[bf16][64] on gpu[a]" in out, out[-2000:]
+    out = " ".join(cli(args, tmp_path).stdout.split())
+    assert "'kerneltuner:mm[bf16][64]@gpu[a]' is finished" in out and "y=[red]v (1,000.0 us)" in out, out
+    r = cli(["files=[2.0.json.gz]", db], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = cli([db], tmp_path, module="zhantune.compare")
+    out = " ".join(r.stdout.split())
+    assert r.returncode == 0 and "winner of gpu[a]: y=[red]v" in out and "winner of gpu[b]: y=[red]v" in out, out

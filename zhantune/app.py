@@ -81,7 +81,7 @@ def print_finished(console: Console, result: Any) -> None:
                   f"{more}; python -m zhantune.export writes the table again", highlight=False)
     if result.best is not None:
         console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)} "
-                      f"({decision_us(result.best):,.1f} us)", highlight=False)
+                      f"({decision_us(result.best):,.1f} us)", highlight=False, markup=False)
 
 
 def _problems(cfg: DictConfig, console: Console) -> dict | None:

@@ -61,12 +61,12 @@ def _compare_app(cfg: DictConfig) -> None:
         return
     print_comparison(console, cmp, cfg.top)
     if cfg.csv:
-        console.print(f"csv: {write_csv(cfg.csv, cmp)}", soft_wrap=True)
+        console.print(f"csv: {write_csv(cfg.csv, cmp)}", soft_wrap=True, markup=False)
     if cfg.json:
-        console.print(f"json: {write_json(cfg.json, cmp)}", soft_wrap=True)
+        console.print(f"json: {write_json(cfg.json, cmp)}", soft_wrap=True, markup=False)
     if cfg.html:
         out = write_html_report(cfg.html, cmp, study, studies=study_names(store))
-        console.print(f"html: {out}" + (f" (history and importances of study {escape(repr(study.study_name))})" if study else
+        console.print(escape(f"html: {out}") + (f" (history and importances of study {escape(repr(study.study_name))})" if study else
                                          " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
     if cfg.table:
         from zhantune.inductor.builder import portable_table
@@ -74,7 +74,7 @@ def _compare_app(cfg: DictConfig) -> None:
 
         table = portable_table(cmp, store)
         if table:
-            console.print(f"lookup table: {write_table(cfg.table, table)} ({len(table)} portable entr(y/ies))")
+            console.print(f"lookup table: {write_table(cfg.table, table)} ({len(table)} portable entr(y/ies))", markup=False)
         else:
             console.print("[yellow]no portable choice has an Inductor lookup key (imported or replayed "
                           "problems have none); no table written[/yellow]")

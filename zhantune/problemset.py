@@ -228,7 +228,7 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
     done = 0
     for i, pr in enumerate(runs, 1):
         share = pr.row.get("share")
-        console.rule(f"[bold]problem {i}/{len(runs)}[/bold] {pr.run.problem.key} x{pr.row.get('count', 1)}"
+        console.rule(f"[bold]problem {i}/{len(runs)}[/bold] {escape(pr.run.problem.key)} x{pr.row.get('count', 1)}"
                      + (f" ({share:.0%} of the model's GEMM time)" if share else "")
                      + f": {pr.n_trials} trials; {done}/{total} done overall")
         pr.result = tune(pr.run, store, TuneProgress(console, pr.run.space) if cfg.progress else None)
@@ -236,7 +236,7 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
             console.print(f"study {escape(repr(pr.result.study_name))} is finished ({pr.result.before} of "
                           f"{pr.result.target} trials measured): nothing to measure", highlight=False)
         if pr.result.transfer_text:
-            console.print(pr.result.transfer_text)
+            console.print(pr.result.transfer_text, markup=False)
         done += pr.n_trials
         if pr.result.interrupted:
             out.interrupted = True
@@ -269,14 +269,14 @@ def print_problems_summary(console: Console, result: ProblemsResult) -> None:
             continue
         d = decision_us(r.default) if r.default is not None and r.default.status == "ok" else None
         b = decision_us(r.best) if r.best is not None else None
-        t.add_row(pr.run.problem.key, str(pr.row.get("count", 1)), str(r.done),
+        t.add_row(escape(pr.run.problem.key), str(pr.row.get("count", 1)), str(r.done),
                   f"{d:,.1f}" if d else "-", f"{b:,.1f}" if b else "-", _claim_cell(r))
         contention += r.contention
     print_table(console, t)
     if contention.text():
         console.print(f"[yellow]warning: {contention.text()}[/yellow]")
     if result.table_path is not None:
-        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))")
+        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))", markup=False)
 
 
 def _claim_cell(r: Any) -> str:

@@ -16,6 +16,7 @@ import random
 import hydra
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from zhantune.cli import mark_task_started, run_app, user_error
@@ -55,19 +56,19 @@ def preview(cfg: DictConfig, console: Console) -> None:
         offered = cuda_offered_uids(run.problem, run.device)
     profile = run.device.properties.get("profile")
     where = f"{run.device.name} ({run.device.kind}" + (f", profile {profile}: simulated)" if profile else ")")
-    t = Table(title=f"search space for {run.problem.key} on {where}")
+    t = Table(title=escape(f"search space for {run.problem.key} on {where}"))
     for col in ("branch", "scope", "template_id", "points", "feasible", "offered by Inductor"):
         t.add_column(col)
     for b in run.space.branches:
         total, feasible = sizes[b.name] if sizes else ("> 200000", "?")
         offer = "-" if offered is None or b.scope != "template" else ("yes" if b.template_id in offered else "no")
-        t.add_row(b.name, b.scope, b.template_id or "-", str(total), str(feasible), offer)
+        t.add_row(escape(b.name), b.scope, escape(b.template_id or "-"), str(total), str(feasible), offer)
     print_table(console, t)
     if profile:
         p = run.device.properties
         console.print(f"profile {profile}: {p['sm_count']} SMs, {p['smem_bytes']:,} B shared memory per block, "
                       f"compute capability {p['capability']}" + (f", ROCm {p['hip']}" if p.get("hip") else "")
-                      + f"; device key {run.device.key!r}")
+                      + f"; device key {run.device.key!r}", markup=False)
         if p.get("hip"):
             console.print("note: this torch registered CUDA's template heuristics, so on a ROCm profile which "
                           "templates Inductor offers is its own, the configs each would try are CUDA's")
@@ -80,7 +81,7 @@ def preview(cfg: DictConfig, console: Console) -> None:
             break
         cand = point[0].candidate(point[1])
         shown.add(cand.config_hash)
-        console.print(f"  {cand.describe()}", soft_wrap=True, highlight=False)
+        console.print(f"  {cand.describe()}", soft_wrap=True, highlight=False, markup=False)
 
 
 def main() -> None:

@@ -45,20 +45,20 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5) -> None:
         t.add_column("best us", justify="right")
         if several:
             for d in cmp.devices:
-                t.add_column(f"winner on {d}", justify="right")
+                t.add_column(escape(f"winner on {d}"), justify="right")
         for a in cmp.devices:
             if a not in p.best_us:
                 continue
-            row = [a, f"{p.best_us[a]:,.1f}"] + ([_x(p.regret.get((a, b))) for b in cmp.devices] if several else [])
+            row = [escape(a), f"{p.best_us[a]:,.1f}"] + ([_x(p.regret.get((a, b))) for b in cmp.devices] if several else [])
             t.add_row(*row)
         print_table(console, t)
         for a in cmp.devices:
             if a in p.winner:
-                console.print(f"winner of {a}: {_params(p.winner[a])}", soft_wrap=True, highlight=False)
+                console.print(f"winner of {a}: {_params(p.winner[a])}", soft_wrap=True, highlight=False, markup=False)
         if several:
             differ = _differing(list(p.winner.values()))
             console.print("params that differ between the winners: " + (", ".join(differ) or "none"),
-                          soft_wrap=True, highlight=False)
+                          soft_wrap=True, highlight=False, markup=False)
         else:
             console.print("one device: no cross-device regret (python -m zhantune.compare "
                           "html=report.html study=NAME draws a study's search history)")
@@ -69,18 +69,18 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5) -> None:
             else:
                 regrets = ", ".join(f"{d} {_x(r)}" for d, r in c.regret.items())
                 console.print(f"{label}: worst {_x(c.worst_regret)}, geomean {_x(c.geomean_regret)} "
-                              f"({regrets}) {_params(c)}", soft_wrap=True, highlight=False)
+                              f"({regrets}) {_params(c)}", soft_wrap=True, highlight=False, markup=False)
     if not several:
         return
     m = Table(title="geometric-mean regret: winners of (row) run on (column)")
     m.add_column("winners of")
     for d in cmp.devices:
-        m.add_column(d, justify="right")
+        m.add_column(escape(d), justify="right")
     for a in cmp.devices:
-        m.add_row(a, *[_x(cmp.matrix[(a, b)]) for b in cmp.devices])
+        m.add_row(escape(a), *[_x(cmp.matrix[(a, b)]) for b in cmp.devices])
     print_table(console, m)
     console.print("most disagreement: " + "; ".join(f"{p.problem_key} {_x(p.disagreement)}"
-                                                     for p in cmp.most_disagreeing(top)), highlight=False)
+                                                     for p in cmp.most_disagreeing(top)), highlight=False, markup=False)
 
 
 def comparison_records(cmp: Comparison) -> list[dict[str, Any]]:

@@ -82,7 +82,7 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     _print_notes(console, result)
     console.print(f"database: {escape(str(db))}  study: {escape(result.study_name)}")
     if result.table_path is not None:
-        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))")
+        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))", markup=False)
 
 
 def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Table:
@@ -121,7 +121,7 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
             elif claim is None or not claim.confirmed:
                 speed += " (unconfirmed)"
         tflops = f"{r.tflops:.3f}" if r.tflops is not None else "-"
-        t.add_row(label, r.status, _us(r.median_us), _us(mine), tflops, speed)
+        t.add_row(escape(label), r.status, _us(r.median_us), _us(mine), tflops, speed)
     return t
 
 
@@ -137,48 +137,48 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
     """The best config, why a table cannot carry it (if so), and the winner line."""
     claim = getattr(result, "claim", None)
     console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)}",
-                  highlight=False)
+                  highlight=False, markup=False)
     if getattr(result, "not_carried", None):
-        console.print(f"[yellow]not in the lookup table: {result.not_carried}[/yellow]")
+        console.print(f"[yellow]not in the lookup table: {escape(result.not_carried)}[/yellow]")
     best_us = decision_us(result.best)
     if default_us and getattr(result, "same_kernel_as_default", False):
         ratio = default_us / best_us
         line = f"winner: {result.best.branch}, the kernel Inductor's default compile runs too: its {ratio:.2f}x here is "
         if _within_noise(ratio):
-            console.print(line + "measurement noise, not a speedup")
+            console.print(line + "measurement noise, not a speedup", markup=False)
         else:  # seen on an H200 under torch 2.11: aten::addmm compiled with the expanded bias, 0.63x
-            console.print(f"[yellow]{line}not a speedup, and a gap this large says the candidate's compile may not "
+            console.print(f"[yellow]{escape(line)}not a speedup, and a gap this large says the candidate's compile may not "
                           "run what the default runs (or the timing was disturbed); an exported table ships "
                           "Inductor's default[/yellow]")
     elif default_us and claim is not None and claim.confirmed:
-        console.print(f"winner: {claimed.branch}, {claim.ratio:.2f}x faster than inductor default")
+        console.print(f"winner: {claimed.branch}, {claim.ratio:.2f}x faster than inductor default", markup=False)
     elif default_us:
         # the reason from the paired rounds when there were any (never the unpaired ratio of the
         # fastest runs as if it were a speedup: the rounds may say the opposite)
         why = claim.reason if claim is not None else "not settled in paired rounds"
         console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it in a confirmed "
                       f"paired comparison: {claimed.branch if claimed is not None else result.best.branch} {why}; "
-                      "the table ships Inductor's default")
+                      "the table ships Inductor's default", markup=False)
 
 
 def _print_notes(console: Console, result: Any) -> None:
     """The settles' sentences, contention, transfer, the trial counts, re-used baselines."""
     if getattr(result, "speedup_text", None):
-        console.print(result.speedup_text)
+        console.print(result.speedup_text, markup=False)
     if getattr(result, "verdict_text", None):
-        console.print(("[yellow]" if result.verdict == "tie" else "") + result.verdict_text
+        console.print(("[yellow]" if result.verdict == "tie" else "") + escape(result.verdict_text)
                       + ("[/yellow]" if result.verdict == "tie" else ""))
     contention = getattr(result, "contention", None)
     if contention is not None and contention.text():
         console.print(f"[yellow]warning: {contention.text()}[/yellow]")
     if getattr(result, "transfer_text", None):
-        console.print(result.transfer_text)
+        console.print(result.transfer_text, markup=False)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"
     done, target = getattr(result, "done", result.measured), getattr(result, "target", 0)
     console.print(f"trials: {result.measured} measured ({counts}), {result.cached} cached, "
                   f"{result.infeasible} infeasible" + (" [interrupted]" if result.interrupted else "")
                   + (f"; the study holds {done} of {target}" if target else "")
-                  + (", every feasible point" if getattr(result, "exhausted", False) else ""))
+                  + (", every feasible point" if getattr(result, "exhausted", False) else ""), markup=False)
     if getattr(result, "resettled", False):
         console.print("the study was finished: its last paired rounds against the default were taken on a busy "
                       "machine, so its settles (close call, paired rounds) ran again, without a search")
