@@ -234,11 +234,6 @@ CASES = [
      lambda t: _kt_file(t, "size.json.gz", 4.0, problem_size=[10**9] * 60),
      "its problem key would be 'kerneltuner:k[1000000000x1000... (676 characters); the database holds at most 512",
      None),
-    # the plain study name fits (510 characters), a second recording's [sha256:...] one would not
-    ("replay-long-study-name", "zhantune", ["bench=replay", "bench.path={x}"],
-     lambda t: _kt_file(t, "s.json.gz", 4.0, kernel_name="k" * 100, device_name="D" * 250,
-                        problem_size=[10**9] * 13),
-     "its study name would be 'kerneltuner:kkkkkkkkkkkkkkkkk... (530 characters)", None),
     ("import-long-file-name", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "f" * 240 + ".json.gz", 4.0, device_name="D" * 250),
      "its study name would be 'kerneltuner:fffffffffffffffff... (534 characters)", None),

@@ -191,8 +191,9 @@ def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):
     """Naming a replay's study creates it with the file's digest at once (real SQLite): a job that
     starts on another file of the same device and problem before the first measured anything gets
     its own study (two jobs started together never share one); the first file keeps the plain name;
-    search.study_name holding another file's replay is refused; the digest-less study of a replay
-    stored before digests were recorded counts as another file's."""
+    search.study_name may not name another file's replay nor an import's study, and adopts a replay
+    study stored before digests were recorded; an automatic name is never such a study. A device
+    named after the file name belongs to the first file that named its study, measured or not."""
     from zhantune.storage import Store
     from zhantune.storage.ingest import replay_study
 
@@ -207,9 +208,45 @@ def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):
     with pytest.raises(ConfigError, match=r"search.study_name='kerneltuner:k\[64\]@GPU-R' holds another "
                                           r"file's replay \(sha256 [0-9a-f]{12}\.\.\.\), not bench.path=.*b/k_GPUX"):
         replay_study(store, b, key, dev, f"{key}@{dev}")
-    store.reserve_study("old", {})  # a replay stored before digests were: unknown file
-    with pytest.raises(ConfigError, match="holds no record of a replayed file"):
-        replay_study(store, a, key, dev, "old")
+    store.reserve_study("imported", {"source": "x", "sha256": a.sha256, "format": "kerneltuner"})
+    with pytest.raises(ConfigError, match="search.study_name='imported' holds an import's measurements"):
+        replay_study(store, a, key, dev, "imported")
+    store.reserve_study("old", {"bench": {"name": "replay"}})  # a replay stored before digests were
+    assert replay_study(store, a, key, dev, "old") == "old"
+    # the automatic name never adopts a digest-less study: it may hold another file
+    fresh = Store(f"sqlite:///{tmp_path / 'f.db'}")
+    fresh.reserve_study(f"{key}@{dev}", {"bench": {"name": "replay"}})
+    assert replay_study(fresh, a, key, dev, None) == f"{key}[sha256:{a.sha256[:12]}]@{dev}"
+    # files without device_name: the second file is refused while the first has not measured anything
+    (tmp_path / "unnamed").mkdir()
+    c, d = (load_kerneltuner(p) for p in _two_recordings(tmp_path / "unnamed", device_name=""))
+    assert replay_study(fresh, c, c.problem().key, "GPUX", None) == f"{c.problem().key}@GPUX"
+    with pytest.raises(ConfigError, match="records no device_name and its file name gives device 'GPUX'"):
+        replay_study(fresh, d, d.problem().key, "GPUX", "another-name")
+
+
+def test_a_second_recordings_study_name_that_would_not_fit_names_search_study_name(tmp_path):
+    """The plain study name fits the database (507 characters), the second recording's [sha256:...]
+    one would not: one line naming search.study_name, which then works."""
+    from zhantune.storage import Store
+    from zhantune.storage.ingest import replay_study
+
+    long = dict(kernel_name="k" * 100, device_name="D" * 250, problem_size=[10**9] * 13)
+    files = []
+    for i in (1, 3):
+        doc = {**long, "tune_params_keys": ["x"], "tune_params": {"x": [1]},
+               "cache": {"1": {"x": 1, "time": float(i), "times": [float(i)]}}}
+        path = tmp_path / f"{i}.json"
+        path.write_text(json.dumps(doc))
+        files.append(load_kerneltuner(path))
+    store = Store(f"sqlite:///{tmp_path / 'l.db'}")
+    key, dev = files[0].problem().key, files[0].device_key
+    n = len(replay_study(store, files[0], key, dev, None))
+    assert n <= 512 < n + len("[sha256:0123456789ab]")
+    with pytest.raises(ConfigError, match=f"this file's own study name would be {n + 21} characters .* "
+                                          "search.study_name=NAME"):
+        replay_study(store, files[1], key, dev, None)
+    assert replay_study(store, files[1], key, dev, "second") == "second"
 
 
 def test_a_file_named_only_by_its_file_name_never_replays_into_another_files_device(cli, tmp_path):
@@ -323,7 +360,8 @@ def test_bracketed_names_and_values_from_a_file_print_as_recorded(cli, tmp_path)
     db = f"storage.url=sqlite:///{tmp_path / 'b.db'}"
     args = ["bench=replay", "bench.path=1.0.json.gz", "search.n_trials=2", "progress=false", db]
     out = " ".join(cli(args, tmp_path).stdout.split())
-    assert "best config: kerneltuner::mm[bf16] y=[red]v" in out and "best candidate: mm[bf16]" in out, out[-2000:]
+    assert "best config: kerneltuner::mm[bf16] y=[red]v" in out, out[-2000:]
+    assert re.search(r"best candidate: .*mm\[bf16\] │", out), out[-2000:]  # the cell may wrap
     assert "kerneltuner:mm[bf16][64] on gpu[a]" in out, out[-2000:]
     out = " ".join(cli(args, tmp_path).stdout.split())
     assert "'kerneltuner:mm[bf16][64]@gpu[a]' is finished" in out and "y=[red]v (1,000.0 us)" in out, out

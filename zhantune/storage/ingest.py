@@ -77,13 +77,8 @@ def refuse_merge(store: Store, file: KernelTunerFile, digest: str, option: str =
     if file.device_named_by != "file name":
         return
     for name, config in store.studies_holding(file.device_key, file.problem().key):
-        held = _digest(config)
-        if held != digest:
-            raise ConfigError(
-                f"{option}={file.path}: records no device_name and its file name gives device "
-                f"{file.device_key!r}, which already holds {file.problem().key} from study {name!r}"
-                + ("" if held else " (stored without its file's sha256: it may be another file)")
-                + f"; name the device with {naming}")
+        if _digest(config) != digest:
+            _refuse(file, name, config, option, naming)
 
 
 def replay_study(store: Store, file: KernelTunerFile, problem_key: str, device_key: str,
@@ -94,24 +89,52 @@ def replay_study(store: Store, file: KernelTunerFile, problem_key: str, device_k
     ``<problem key>@<device key>``, or ``<problem key>[sha256:<first 12 hex digits>]@<device key>``
     when that study replays another file or was stored without a digest (a second recording of one
     device, kernel and problem size is searched from its own data, never answered from the first's).
-    Raises ConfigError when ``explicit`` names a study of another file (or of no known file)."""
+    A device named after the file name (no ``device_name``) belongs to the first file that reserved
+    ``<problem key>@<device key>``: another file is refused (:func:`refuse_merge` sees only studies
+    with rows). ``explicit`` may name a replay study stored without a digest (it is taken as this
+    file's), not another file's replay nor an import's study. Raises ConfigError (one line)."""
     digest = file.sha256
-    name = explicit or f"{problem_key}@{device_key}"
-    held = _digest(store.reserve_study(name, {"replay_sha256": digest}))
-    if held == digest:
-        return name
+    plain = f"{problem_key}@{device_key}"
+    if file.device_named_by == "file name" or not explicit:
+        held = store.reserve_study(plain, {"replay_sha256": digest})
+        if file.device_named_by == "file name" and held.get("replay_sha256") != digest:
+            _refuse(file, plain, held, "bench.path", "bench.device_name=NAME")
     if explicit:
-        raise ConfigError(f"search.study_name={explicit!r} holds "
-                          + (f"another file's replay (sha256 {held[:12]}...)" if held else
-                             "no record of a replayed file (a tune, or a replay stored before digests were)")
-                          + f", not bench.path={file.path} (sha256 {digest[:12]}...): one study replays one "
-                          "file; choose another name or drop search.study_name")
+        held = store.reserve_study(explicit, {"replay_sha256": digest})
+        other = held.get("replay_sha256", digest)
+        if other != digest or "sha256" in held:
+            raise ConfigError(f"search.study_name={explicit!r} holds "
+                              + ("an import's measurements" if "sha256" in held else
+                                 f"another file's replay (sha256 {other[:12]}...)")
+                              + f", not bench.path={file.path} (sha256 {digest[:12]}...): one study replays one "
+                              "file; choose another name or drop search.study_name")
+        return explicit
+    if held.get("replay_sha256") == digest:
+        return plain
     name = f"{problem_key}[sha256:{digest[:12]}]@{device_key}"
-    held = _digest(store.reserve_study(name, {"replay_sha256": digest}))
-    if held != digest:  # 48 bits of the digest agree: never seen, but never merge
+    if len(name) > MAX_STUDY_NAME:
+        raise ConfigError(f"bench.path={file.path}: the study of its problem and device replays another file, and "
+                          f"this file's own study name would be {len(name)} characters (the database holds {MAX_STUDY_NAME}): name it "
+                          "with search.study_name=NAME")
+    held = store.reserve_study(name, {"replay_sha256": digest})
+    if held.get("replay_sha256") != digest:  # 48 bits of the digest agree: never seen, but never merge
         raise ConfigError(f"bench.path={file.path}: study {name!r} replays another file; "
                           "name this replay's study with search.study_name=NAME")
     return name
+
+
+#: zt_study.name's length
+MAX_STUDY_NAME = 512
+
+
+def _refuse(file: KernelTunerFile, name: str, config: dict | None, option: str, naming: str) -> None:
+    """ConfigError: ``file``'s device, named after its file name, holds this problem from study
+    ``name`` of another file (or of a file it did not record)."""
+    raise ConfigError(
+        f"{option}={file.path}: records no device_name and its file name gives device "
+        f"{file.device_key!r}, which already holds {file.problem().key} from study {name!r}"
+        + ("" if _digest(config) else " (stored without its file's sha256: it may be another file)")
+        + f"; name the device with {naming}")
 
 
 def _digest(config: dict | None) -> str | None:
