@@ -18,21 +18,22 @@ __all__ = ["install", "interruptible", "deferred", "requested"]
 
 class _State:
     installed = False
-    depth = 0
+    depth = 0  # interruptible regions entered (deferred() sets it to 0 inside)
     pending = False
+    held = 0  # the depth of the interruptible region whose rest no signal aborts (deferred(stop_after=False))
 
 
 def _handler(signum: int, frame: object) -> None:
     _State.pending = True
-    if _State.depth:
+    if _State.depth and not (_State.held and _State.depth >= _State.held):
         raise KeyboardInterrupt(f"signal {signum}")
 
 
 def install() -> None:
-    """Route SIGINT and SIGTERM through this module (main thread only)."""
+    """Route SIGINT and SIGTERM through this module (main thread only); no signal is pending."""
     signal.signal(signal.SIGINT, _handler)
     signal.signal(signal.SIGTERM, _handler)
-    _State.installed = True
+    _State.installed, _State.pending = True, False
 
 
 @contextlib.contextmanager
@@ -45,6 +46,8 @@ def interruptible() -> Iterator[None]:
         yield
     finally:
         _State.depth -= 1
+        if _State.held and _State.depth < _State.held:
+            _State.held = 0
 
 
 @contextlib.contextmanager
@@ -53,13 +56,18 @@ def deferred(stop_after: bool = True) -> Iterator[None]:
     (a KeyboardInterrupt in the middle of the write, or between the write and telling Optuna, left a
     stored row whose trial was marked interrupted and measured again on resume). A signal that came
     meanwhile is kept for :func:`requested`; ``stop_after``: then raise it on leaving the region when
-    an enclosing region is interruptible (a settle's next round stops at once), else leave it for the
-    caller's next step (the search loop checks :func:`requested` before it asks again)."""
+    an enclosing region is interruptible (a settle's next round stops at once); else no signal aborts
+    the rest of the enclosing interruptible region either (the search driver tells Optuna the stored
+    result there) and the caller's next step stops (the search loop checks :func:`requested` before
+    it asks again). A write waiting for a database lock is not aborted (SQLite gives up after its
+    busy timeout)."""
     depth, _State.depth = _State.depth, 0
     try:
         yield
     finally:
         _State.depth = depth
+        if not stop_after and depth:
+            _State.held = min(_State.held, depth) if _State.held else depth
     if stop_after and depth and _State.pending:
         raise KeyboardInterrupt("interrupt requested")
 

@@ -358,6 +358,8 @@ class _Search:
                 self._measure_next()
         except KeyboardInterrupt:
             self.stats.interrupted = True
+        else:  # a signal while the last trial's row was stored (zhantune.interrupt.deferred): still a stop
+            self.stats.interrupted = interrupt.requested()
         finally:
             for trial, cand in self.pending:  # asked (and claimed) but not measured
                 _abandon(self.study, trial, cand, self.shared.release if self.shared is not None else None)
