@@ -152,6 +152,7 @@ def test_render_check_fails_on_an_empty_chart(tmp_path, db):
     assert r.returncode == 1 and "nothing                  empty" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("files", [[A100], [A100, A4000]])
 def test_study_name_printed_by_the_import_draws_its_history(cli, tmp_path, files):
     """One device (compare used to refuse it) and two; the study by the name the import printed and

@@ -264,6 +264,7 @@ ACCEPTANCE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_acceptance_bf16_linear_as_fast_after_a_plain_use_table_call(tmp_path):
     """Issue 18's acceptance, in a fresh process: a bf16 nn.Linear the table does not cover runs as
     fast after ``zhantune.use_table(...)`` (plain call, a C++-template entry for another GEMM) as

@@ -39,6 +39,7 @@ def _recorded_key(problem: GemmProblem) -> str:
     return keys[0]
 
 
+@pytest.mark.slow
 def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     # one re-measure round (close call, speedup over the default) keeps this test short; the rounds
     # themselves are tested in test_timing.py
@@ -106,6 +107,7 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     assert kinds.count("candidate") == 4 and kinds.count("eager") == 1
 
 
+@pytest.mark.slow
 def test_incorrect_candidate_is_stored_and_never_exported(tune_cfg, tmp_path):
     cfg = tune_cfg(["+op=linear_act", "shape=[32,32,16]", "device=cpu", "search.n_trials=2",
                     f"storage.url=sqlite:///{tmp_path}/z.db", f"export.path={tmp_path}/t.json"])
@@ -140,6 +142,7 @@ def test_cpp_template_candidate_really_uses_the_cpp_template(tune_cfg, tmp_path)
     assert counters["inductor"]["cpp_templated_kernel_counter"] - before >= 2
 
 
+@pytest.mark.slow
 def test_multirun_over_shapes(cli, tmp_path):
     r = cli(["-m", "+op=mm", "shape=[32,32,32],[48,32,16]", "search.n_trials=1", "device=cpu",
              "progress=false", "space=[aten]", f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path)

@@ -14,6 +14,7 @@ from zhantune.storage import Store
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.slow
 def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path):
     db = tmp_path / "z.db"
     url = f"sqlite:///{db}"
