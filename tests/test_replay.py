@@ -195,7 +195,7 @@ def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):
     study stored before digests were recorded; an automatic name is never such a study. A device
     named after the file name belongs to the first file that named its study, measured or not."""
     from zhantune.storage import Store
-    from zhantune.storage.ingest import replay_study
+    from zhantune.storage.ingest import check_import, replay_study
 
     a, b = (load_kerneltuner(p) for p in _two_recordings(tmp_path))
     store = Store(f"sqlite:///{tmp_path / 'r.db'}")
@@ -213,6 +213,9 @@ def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):
         replay_study(store, a, key, dev, "imported")
     store.reserve_study("old", {"bench": {"name": "replay"}})  # a replay stored before digests were
     assert replay_study(store, a, key, dev, "old") == "old"
+    store.reserve_study("tuned", {"bench": {"name": "inductor"}, "op": {"name": "mm"}})
+    with pytest.raises(ConfigError, match="search.study_name='tuned' holds a tune, not a replay"):
+        replay_study(store, a, key, dev, "tuned")
     # the automatic name never adopts a digest-less study: it may hold another file
     fresh = Store(f"sqlite:///{tmp_path / 'f.db'}")
     fresh.reserve_study(f"{key}@{dev}", {"bench": {"name": "replay"}})
@@ -223,6 +226,8 @@ def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):
     assert replay_study(fresh, c, c.problem().key, "GPUX", None) == f"{c.problem().key}@GPUX"
     with pytest.raises(ConfigError, match="records no device_name and its file name gives device 'GPUX'"):
         replay_study(fresh, d, d.problem().key, "GPUX", "another-name")
+    with pytest.raises(ConfigError, match="files=.*records no device_name .* from study 'kerneltuner:k\\[64\\]@GPUX'"):
+        check_import(fresh, d)  # an import of the other file: refused by the reservation alone
 
 
 def test_a_second_recordings_study_name_that_would_not_fit_names_search_study_name(tmp_path):
@@ -285,9 +290,13 @@ def test_a_file_named_only_by_its_file_name_never_replays_into_another_files_dev
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
     # a replay stored before digests were recorded may hold another file: the file-name device is refused
     with sqlite3.connect(db) as con:
-        con.execute("update zt_study set config = '{}' where name = 'kerneltuner:k[64]@GPUX'")
+        con.execute("update zt_study set config = json_remove(config, '$.replay_sha256') "
+                    "where name = 'kerneltuner:k[64]@GPUX'")
     r = replay("a/k_GPUX.json.gz")
     assert r.returncode == 2 and "(stored without its file's sha256: it may be another file)" in r.stderr, r.stderr
+    # ... unless search.study_name names it: then it is taken as this file's (README: old databases)
+    r = replay("a/k_GPUX.json.gz", 'search.study_name="kerneltuner:k[64]@GPUX"')
+    assert r.returncode == 0 and "is finished" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
 
 
 def test_cli_replay_stores_100_measurements_and_resumes(cli, tmp_path):

@@ -96,21 +96,24 @@ def _check_app(cfg: DictConfig) -> None:
 def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: dict[str, Any], tol: float) -> None:
     """The lookups (hit, miss, stale, by key) and one row per compile: compile time (s), fastest and
     median run (us), the paired ratio to the default with its per-round range, the error vs eager."""
+    from rich.markup import escape
     from rich.table import Table
 
     from zhantune.report.console import print_table
 
     report = result["report"]
     console.print(f"table {cfg.table}: {len(tf.table)} key(s)"
-                  + (f", made with torch {tf.torch_version}" if tf.torch_version else ", no metadata (bare format)"))
+                  + (f", made with torch {tf.torch_version}" if tf.torch_version else ", no metadata (bare format)"),
+                  markup=False)
     for key, n in report.hits.items():
-        console.print(f"[green]hit[/green]   x{n} {key}\n      -> {report.chosen.get(key, '')}", soft_wrap=True)
+        console.print(f"[green]hit[/green]   x{n} {escape(key)}\n      -> {escape(str(report.chosen.get(key, '')))}",
+                      soft_wrap=True)
     for key, n in report.misses.items():
-        console.print(f"[red]miss[/red]  x{n} {key}", soft_wrap=True)
+        console.print(f"[red]miss[/red]  x{n} {escape(key)}", soft_wrap=True)
     for key, why in report.stale.items():
-        console.print(f"[yellow]stale[/yellow] {key}: {why}", soft_wrap=True)
+        console.print(f"[yellow]stale[/yellow] {escape(key)}: {escape(why)}", soft_wrap=True)
     coverage = report.coverage or 0.0  # no lookup at all proves nothing
-    t = Table(title=f"{cfg.model} on {device.name}: {report.lookups} GEMM lookup(s), coverage {coverage:.0%}")
+    t = Table(title=escape(f"{cfg.model} on {device.name}: {report.lookups} GEMM lookup(s), coverage {coverage:.0%}"))
     for col in ("compile", "compile s", "min us", "median us", "vs default (rounds)", "max rel error"):
         t.add_column(col, justify="left" if col == "compile" else "right")
     for name, w in result["ways"].items():

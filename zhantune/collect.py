@@ -83,23 +83,24 @@ def _collect_app(cfg: DictConfig) -> None:
     out = write_problems(cfg.out, problems, header)
     _print_problems(console, f"GEMM problems of {cfg.model} on {device.name}", problems, contention)
     n = sum(1 for p in problems if p.problem is not None and p.reason is None)
-    console.print(f"wrote {n} problem(s) to {out}; tune them with: python -m zhantune problems={out}")
+    console.print(f"wrote {n} problem(s) to {out}; tune them with: python -m zhantune problems={out}", markup=False)
 
 
 def _print_problems(console: Any, title: str, problems: list[Any], contention: ContentionCount) -> None:
     """One row per GEMM lookup: op, shape, weight layout, count, default time (us), share, note."""
+    from rich.markup import escape
     from rich.table import Table
 
     from zhantune.report.console import print_table
 
-    t = Table(title=title)
+    t = Table(title=escape(title))
     for col in ("op", "shape", "weight", "count", "default min us", "share", "note"):
         t.add_column(col, justify="right" if col in ("count", "default min us", "share") else "left")
     for p in problems:
         g = p.problem
         t.add_row(p.op_name, str(list(g.shape)) if g else "-", g.weight_layout if g else "-", str(p.count),
                   f"{p.default_us:.1f}" if p.default_us else "-", f"{p.share:.0%}" if p.share else "-",
-                  p.reason or "")
+                  escape(p.reason or ""))
     print_table(console, t)
     if contention.text():
         console.print(f"[yellow]warning: {contention.text()}[/yellow]")

@@ -124,7 +124,7 @@ def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
     if not console.is_terminal:  # a launcher's log file: wide rows rather than wrapped cells
         console = Console(width=200)
     records = read_records(sweep_dir)
-    jobs = Table(title=f"zhantune multirun: {len(records)} job record(s) in {sweep_dir}")
+    jobs = Table(title=escape(f"zhantune multirun: {len(records)} job record(s) in {sweep_dir}"))
     for col in ("job", "worker", "study", "measured", "retried", "dead trials failed", "waited s", "study measured"):
         jobs.add_column(col, justify="left" if col in ("worker", "study") else "right")
     last: dict[str, dict[str, Any]] = {}
@@ -150,4 +150,4 @@ def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
     console.print(studies)
     if records:
         console.print(f"one table from every problem: python -m zhantune.export storage.url=... "
-                      f"(storage of the jobs: {records[-1]['storage']})")
+                      f"(storage of the jobs: {records[-1]['storage']})", markup=False)

@@ -134,7 +134,7 @@ MAX_KERNEL_NAME, MAX_DEVICE_NAME, MAX_KEY = 100, 256, 512
 def check_fits(f: KernelTunerFile, where: str) -> None:
     """ConfigError when the kernel or device name does not fit the database (length, or a control
     character such as NUL, which PostgreSQL's text cannot hold), or the problem key or a study name
-    made of them (replay's ``<problem key>@<device>``, import's ``kerneltuner:<file name>[sha256:
+    made of them (a replay's ``<problem key>@<device>``, an import's ``kerneltuner:<file name>[sha256:
     <12 hex>]@<device>``, zhantune.storage.ingest) would be longer than the database holds."""
     naming = "bench.device_name=NAME" if where.startswith("bench.") else "devices=[...]"  # replay or import
     named_by = naming.split("=")[0] if f.device_named_by == "devices" else f.device_named_by
@@ -146,8 +146,9 @@ def check_fits(f: KernelTunerFile, where: str) -> None:
                               f"names of at most {limit} characters without control characters"
                               + (f"; name the device with {naming}" if "device" in what else ""))
     key = f.problem().key
-    for what, value in (("problem key", key), ("study name", f"{key}@{f.device_key}"),
-                        ("study name", f"kerneltuner:{f.path.name}[sha256:{'0' * 12}]@{f.device_key}")):
+    names = [f"{key}@{f.device_key}"] if where.startswith("bench.") else [  # a replay's study, an import's
+        f"kerneltuner:{f.path.name}[sha256:{'0' * 12}]@{f.device_key}"]
+    for what, value in (("problem key", key), *(("study name", n) for n in names)):
         if len(value) > MAX_KEY:
             raise ConfigError(f"{where}: its {what} would be {_short(value)}; the database holds at most "
                               f"{MAX_KEY} characters (a shorter file name, device name or problem_size)")

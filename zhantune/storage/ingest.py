@@ -67,17 +67,23 @@ def check_import(store: Store, file: KernelTunerFile) -> None:
 
 
 def refuse_merge(store: Store, file: KernelTunerFile, digest: str, option: str = "files",
-                 naming: str = "devices=[...] (one name per file)") -> None:
+                 naming: str = "devices=[...] (one name per file)", adopt: str | None = None) -> None:
     """A file whose device is named after its file name (no ``device_name``) may not add its
     measurements to a device that already holds this problem from another file (``digest``: this
-    file's sha256; an import's study stores it as ``sha256``, a replay's as ``replay_sha256``): the
-    two could be different GPUs. A study stored without a digest (a replay from before digests were
-    stored) may hold another file, so it counts as one. Raises ConfigError naming the file
-    (``option``), the study and how to name the device (``naming``)."""
+    file's sha256; an import's study stores it as ``sha256``, a replay's as ``replay_sha256``, from
+    the moment a replay names its study, measured or not): the two could be different GPUs. A study
+    stored without a digest (a replay from before digests were stored) may hold another file, so it
+    counts as one, unless it is ``adopt`` (the replay's ``search.study_name``, taken as this file's).
+    Raises ConfigError naming the file (``option``), the study and how to name the device (``naming``)."""
     if file.device_named_by != "file name":
         return
-    for name, config in store.studies_holding(file.device_key, file.problem().key):
-        if _digest(config) != digest:
+    studies = dict(store.studies_holding(file.device_key, file.problem().key))
+    plain = f"{file.problem().key}@{file.device_key}"  # a replay's study, reserved before its first row
+    reserved = store.study_config(plain)
+    if reserved is not None and reserved.get("replay_sha256"):
+        studies[plain] = reserved
+    for name, config in studies.items():
+        if _digest(config) != digest and not (name == adopt and _adoptable(config)):
             _refuse(file, name, config, option, naming)
 
 
@@ -90,37 +96,45 @@ def replay_study(store: Store, file: KernelTunerFile, problem_key: str, device_k
     when that study replays another file or was stored without a digest (a second recording of one
     device, kernel and problem size is searched from its own data, never answered from the first's).
     A device named after the file name (no ``device_name``) belongs to the first file that reserved
-    ``<problem key>@<device key>``: another file is refused (:func:`refuse_merge` sees only studies
-    with rows). ``explicit`` may name a replay study stored without a digest (it is taken as this
-    file's), not another file's replay nor an import's study. Raises ConfigError (one line)."""
+    ``<problem key>@<device key>`` (that study is reserved even when ``explicit`` names another):
+    another file is refused. ``explicit`` may name a replay study stored without a digest (it is
+    taken as this file's), not another file's replay, an import's study or a tune's. Raises
+    ConfigError (one line)."""
     digest = file.sha256
     plain = f"{problem_key}@{device_key}"
     if file.device_named_by == "file name" or not explicit:
         held = store.reserve_study(plain, {"replay_sha256": digest})
-        if file.device_named_by == "file name" and held.get("replay_sha256") != digest:
+        if (file.device_named_by == "file name" and held.get("replay_sha256") != digest
+                and not (explicit == plain and _adoptable(held))):
             _refuse(file, plain, held, "bench.path", "bench.device_name=NAME")
     if explicit:
         held = store.reserve_study(explicit, {"replay_sha256": digest})
-        other = held.get("replay_sha256", digest)
-        if other != digest or "sha256" in held:
-            raise ConfigError(f"search.study_name={explicit!r} holds "
-                              + ("an import's measurements" if "sha256" in held else
-                                 f"another file's replay (sha256 {other[:12]}...)")
-                              + f", not bench.path={file.path} (sha256 {digest[:12]}...): one study replays one "
-                              "file; choose another name or drop search.study_name")
-        return explicit
+        if held.get("replay_sha256") == digest or _adoptable(held):
+            return explicit
+        other = held.get("replay_sha256")
+        raise ConfigError(f"search.study_name={explicit!r} holds "
+                          + ("an import's measurements" if "sha256" in held else
+                             f"another file's replay (sha256 {other[:12]}...)" if other else "a tune, not a replay")
+                          + f", not bench.path={file.path} (sha256 {digest[:12]}...): one study replays one "
+                          "file; choose another name or drop search.study_name")
     if held.get("replay_sha256") == digest:
         return plain
     name = f"{problem_key}[sha256:{digest[:12]}]@{device_key}"
     if len(name) > MAX_STUDY_NAME:
         raise ConfigError(f"bench.path={file.path}: the study of its problem and device replays another file, and "
-                          f"this file's own study name would be {len(name)} characters (the database holds {MAX_STUDY_NAME}): name it "
-                          "with search.study_name=NAME")
+                          f"this file's own study name would be {len(name)} characters (the database holds "
+                          f"{MAX_STUDY_NAME}): name it with search.study_name=NAME")
     held = store.reserve_study(name, {"replay_sha256": digest})
     if held.get("replay_sha256") != digest:  # 48 bits of the digest agree: never seen, but never merge
         raise ConfigError(f"bench.path={file.path}: study {name!r} replays another file; "
                           "name this replay's study with search.study_name=NAME")
     return name
+
+
+def _adoptable(config: dict | None) -> bool:
+    """A replay's study stored before digests were recorded: no digest, its config a replay's."""
+    c = config or {}
+    return not _digest(c) and isinstance(c.get("bench"), dict) and c["bench"].get("name") == "replay"
 
 
 #: zt_study.name's length
