@@ -247,6 +247,21 @@ CASES = [
      lambda t: _kt_file(t, "g.json.gz", 4.0), "device name (from bench.device_name) 'GGGGGGGGGGGGGGGGGGGGGGGGGGGGGG'... "
      "(257 characters); the database holds names of at most 256 characters without control characters; name the "
      "device with bench.device_name=NAME", None),
+    # text that neither the database nor a terminal holds as it is (a traceback, or two devices that
+    # print alike): surrogates (not UTF-8), format characters (a right-to-left override), C1 controls
+    ("import-surrogate-in-device-name", "zhantune.kerneltuner", ["files=[{x}]"],
+     lambda t: _kt_file(t, "sur.json.gz", 4.0, device_name="G\ud800"),
+     "device name (from device_name) 'G\\ud800' (2 characters); the database holds names of at most 256 "
+     "characters without control, format or surrogate characters", None),
+    ("import-rtl-override-in-devices", "zhantune.kerneltuner", ["files=[{x}]", "devices=['A\u202eB']"],
+     lambda t: _kt_file(t, "rlo.json.gz", 4.0), "device name (from devices) 'A\\u202eB'", None),
+    ("replay-c1-control-in-kernel-name", "zhantune", ["bench=replay", "bench.path={x}"],
+     lambda t: _kt_file(t, "c1.json.gz", 4.0, kernel_name="k\x85"), "kernel_name 'k\\x85'", None),
+    ("replay-study-name-too-long", "zhantune", ["bench=replay", "bench.path={x}", "search.study_name=" + "s" * 513],
+     lambda t: _kt_file(t, "sn.json.gz", 4.0), "search.study_name='ssssssssssssssssssssssssssssss'... (513 "
+     "characters): a study's name is 1 to 512 characters", None),
+    ("replay-pace-nan", "zhantune", ["bench=replay", "bench.path={x}", "bench.replay_pace=nan"],
+     lambda t: _kt_file(t, "nan.json.gz", 4.0), "bench.replay_pace=nan is not a number; allowed: 0 to 1000", None),
     ("import-nul-in-device-name", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "nul.json.gz", 4.0, device_name="GPU\x00X"),
      "device name (from device_name) 'GPU\\x00X' (5 characters)", None),

@@ -106,13 +106,14 @@ def _charts(path: Path) -> dict[str, str]:
 
 
 def test_cli_writes_csv_json_and_an_html_report_that_renders_in_chromium(cli, tmp_path, db):
-    r = cli([f"storage.url={db}", f"csv={tmp_path}/c.csv", f"json={tmp_path}/c.json", f"html={tmp_path}/c.html"],
+    # csv and json into folders that do not exist yet: created (they were a traceback after the report)
+    r = cli([f"storage.url={db}", f"csv={tmp_path}/new/c.csv", f"json={tmp_path}/new2/c.json", f"html={tmp_path}/new3/c.html"],
             tmp_path, module="zhantune.compare")
     assert r.returncode == 0, r.stderr
     assert "1.587x" in r.stdout and "1.488x" in r.stdout and "portable (min worst regret): worst 1.247x" in r.stdout
-    rows = list(csv.DictReader(open(tmp_path / "c.csv")))
+    rows = list(csv.DictReader(open(tmp_path / "new" / "c.csv")))
     assert len(rows) == 4
-    doc = json.loads((tmp_path / "c.json").read_text())
+    doc = json.loads((tmp_path / "new2" / "c.json").read_text())
     assert doc["problems"][0]["portable"]["worst_regret"] == pytest.approx(compare(Store(db)).problems[0].portable.worst_regret)
     # not a terminal: each winner's config whole on one line, the parameters that differ named
     (p,) = compare(Store(db)).problems
@@ -121,8 +122,8 @@ def test_cli_writes_csv_json_and_an_html_report_that_renders_in_chromium(cli, tm
         assert f"winner of {dev}: {full}\n" in r.stdout
     assert "params that differ between the winners: block_size_x, block_size_y" in r.stdout
     # imported data: no Inductor default (no speedup chart), no study chosen (no history): left out
-    assert _charts(tmp_path / "c.html") == {"regret-heatmap": "drawn", "best-time-vs-size": "drawn"}
-    png = screenshot(tmp_path / "c.html", tmp_path / "c.png")
+    assert _charts(tmp_path / "new3" / "c.html") == {"regret-heatmap": "drawn", "best-time-vs-size": "drawn"}
+    png = screenshot(tmp_path / "new3" / "c.html", tmp_path / "c.png")
     assert png.stat().st_size > 10_000
 
 

@@ -140,6 +140,9 @@ def check_bench(bench: Any, prefix: str = "bench.") -> None:
         value = bench.get(name) if hasattr(bench, "get") else getattr(bench, name, None)
         if value is None:
             continue
+        if value != value:  # NaN: every comparison is false, so no range check below would catch it
+            raise ConfigError(f"{prefix}{name}=nan is not a number" + (f"; allowed: {low:g} to {high:g}"
+                                                                        if low is not None and high is not None else ""))
         if low is not None and value < low:
             raise ConfigError(f"{prefix}{name}={value} must be at least {low:g}"
                               + (" (0: off)" if name in ("compile_workers", "remeasure_rounds") else ""))

@@ -6,6 +6,7 @@ e.g. ``bench.path=FILE``) and the bad value; nothing in the file is executed.
 
 from __future__ import annotations
 
+import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from zhantune.errors import ConfigError
@@ -13,7 +14,7 @@ from zhantune.errors import ConfigError
 if TYPE_CHECKING:
     from zhantune.bench.recorded import KernelTunerFile
 
-__all__ = ["MAX_TIME_MS", "MAX_KERNEL_NAME", "MAX_DEVICE_NAME", "MAX_KEY", "check_params", "check_cache",
+__all__ = ["MAX_TIME_MS", "MAX_KERNEL_NAME", "MAX_DEVICE_NAME", "MAX_KEY", "printable_name", "check_params", "check_cache",
            "check_fits", "is_time"]
 
 
@@ -131,6 +132,13 @@ def check_cache(names: list[str], tune_params: dict[str, list[Any]], cache: dict
 MAX_KERNEL_NAME, MAX_DEVICE_NAME, MAX_KEY = 100, 256, 512
 
 
+def printable_name(value: str) -> bool:
+    """Whether a name can be stored and printed as it is: no control (Cc: NUL, newline, DEL, C1),
+    format (Cf: a right-to-left override, a zero-width space) or surrogate (Cs: text that was not
+    valid UTF-8, which neither the database nor a terminal encodes) character."""
+    return not any(unicodedata.category(c) in ("Cc", "Cf", "Cs") for c in value)
+
+
 def check_fits(f: KernelTunerFile, where: str) -> None:
     """ConfigError when the kernel or device name does not fit the database (length, or a control
     character such as NUL, which PostgreSQL's text cannot hold), or the problem key or a study name
@@ -138,13 +146,15 @@ def check_fits(f: KernelTunerFile, where: str) -> None:
     <12 hex>]@<device>``, zhantune.storage.ingest) would be longer than the database holds."""
     naming = "bench.device_name=NAME" if where.startswith("bench.") else "devices=[...]"  # replay or import
     named_by = naming.split("=")[0] if f.device_named_by == "devices" else f.device_named_by
+    if not printable_name(f.path.name):
+        raise ConfigError(f"{where}: the file name {f.path.name!r} is not valid UTF-8 text; rename the file")
     for what, value, limit in (("kernel_name", f.kernel_name, MAX_KERNEL_NAME),
                                (f"device name (from {named_by})", f.device_key, MAX_DEVICE_NAME)):
-        if len(value) > limit or any(ord(c) < 32 for c in value):
+        if len(value) > limit or not printable_name(value):
             shown = repr(value) if len(value) <= 40 else repr(value[:30]) + "..."
             raise ConfigError(f"{where}: {what} {shown} ({len(value)} characters); the database holds "
-                              f"names of at most {limit} characters without control characters"
-                              + (f"; name the device with {naming}" if "device" in what else ""))
+                              f"names of at most {limit} characters without control, format or surrogate "
+                              "characters" + (f"; name the device with {naming}" if "device" in what else ""))
     key = f.problem().key
     names = [f"{key}@{f.device_key}"] if where.startswith("bench.") else [  # a replay's study, an import's
         f"kerneltuner:{f.path.name}[sha256:{'0' * 12}]@{f.device_key}"]

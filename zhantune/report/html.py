@@ -163,6 +163,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}} td.config{{font-f
 {''.join(parts)}
 </body></html>"""
     out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)  # check_output_path: missing folders are created
     out.write_text(doc, encoding="utf-8")
     return out
 

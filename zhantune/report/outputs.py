@@ -105,6 +105,7 @@ def comparison_records(cmp: Comparison) -> list[dict[str, Any]]:
 def write_csv(path: str | Path, cmp: Comparison) -> Path:
     out = Path(path)
     rows = comparison_records(cmp)
+    out.parent.mkdir(parents=True, exist_ok=True)  # check_output_path: missing folders are created
     with open(out, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -135,5 +136,6 @@ def write_json(path: str | Path, cmp: Comparison) -> Path:
         } for p in cmp.problems],
     }
     out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)  # check_output_path: missing folders are created
     out.write_text(json.dumps(doc, indent=1, sort_keys=True), encoding="utf-8")
     return out
