@@ -379,3 +379,24 @@ def test_bracketed_names_and_values_from_a_file_print_as_recorded(cli, tmp_path)
     r = cli([db], tmp_path, module="zhantune.compare")
     out = " ".join(r.stdout.split())
     assert r.returncode == 0 and "winner of gpu[a]: y=[red]v" in out and "winner of gpu[b]: y=[red]v" in out, out
+
+
+def test_more_trials_on_a_space_measured_whole_adds_no_trial(cli, tmp_path):
+    """A replay study that measured every point of its file, run again with search.more_trials=5:
+    the space is found exhausted at once; the Optuna study keeps its 3 trials (the sampler was asked
+    again and again for measured points, each answer told as another COMPLETE trial: 11 trials for
+    3 configs, an inflated history)."""
+    import optuna
+
+    doc = {"device_name": "GPU-R", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+           "tune_params": {"x": [1, 2, 3]}, "cache": {str(x): {"x": x, "time": float(x), "times": [float(x)]}
+                                                      for x in (1, 2, 3)}}
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    args = ["bench=replay", "bench.path=a.json", "search.n_trials=3", "progress=false", f"storage.url={url}"]
+    assert cli(args, tmp_path).returncode == 0
+    r = cli([*args, "search.more_trials=5"], tmp_path)
+    out = " ".join(r.stdout.split())
+    assert r.returncode == 0 and "0 measured (none), 0 cached" in out and "every feasible point" in out, out[-2000:]
+    study = optuna.load_study(study_name="kerneltuner:k[64]@GPU-R", storage=url)
+    assert len(study.trials) == 3 and {t.params["k.x"] for t in study.trials} == {1, 2, 3}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -164,7 +165,9 @@ class _Search:
         self.stats = SearchStats()
         bind_sampler(study.sampler, space, problem_vars)
         self.total = _feasible_total(study.sampler, space, problem_vars)
-        self.seen: set[str] = set()
+        #: points with a result: the study's complete trials (a resumed study's too: a space measured
+        #: whole is found exhausted at once, not asked again point by point, each answer a duplicate trial)
+        self.seen: set[str] = _completed_points(study, space, problem_vars)
         #: points seen only as held by another worker (told PRUNED): seen again once that worker's
         #: claim is measured or released (a dead worker's, after its heartbeat's grace period)
         self.taken: set[str] = set()
@@ -368,6 +371,21 @@ class _Search:
         if self.shared is not None:
             self.stats.study_measured = self.shared.counts()[0]
         return self.stats
+
+
+def _completed_points(study: optuna.Study, space: Space, problem_vars: dict) -> set[str]:
+    """Config hashes of the study's COMPLETE trials in ``space`` (params of another space are skipped)."""
+    out: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FixedTrial warns about a value outside a choice list
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            try:
+                branch, values = space.suggest(optuna.trial.FixedTrial(t.params))
+            except (ValueError, KeyError):
+                continue
+            if branch.feasible(values, problem_vars):
+                out.add(branch.candidate(values).config_hash)
+    return out
 
 
 def _abandon(study: optuna.Study, trial: optuna.trial.Trial, cand: Candidate,
