@@ -429,6 +429,40 @@ def test_merge_two_machines_without_duplicates(cli, tmp_path):
     assert len(_candidates(all_)) == 30
 
 
+def test_merge_never_joins_two_recordings_of_a_device_named_after_its_file_name(cli, tmp_path):
+    """Two Kernel Tuner files without device_name, one file name (``k_GPUZ``), different data: one
+    replayed into a.db, the other imported into b.db (each alone is fine). Merging them would make
+    device GPUZ hold both (an import of the second into a.db is refused): refused in one line,
+    naming both studies, with the target not even created; into an existing target that holds the
+    first, refused too, its bytes unchanged. Merging a.db twice is fine."""
+    import gzip
+    import json
+
+    for sub, scale in (("n1", 1.0), ("n2", 3.0)):
+        doc = {"device_name": "", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+               "tune_params": {"x": [1, 2]},
+               "cache": {str(x): {"x": x, "time": x * scale, "times": [x * scale]} for x in (1, 2)}}
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "k_GPUZ.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    a, b, out = (f"sqlite:///{tmp_path / n}" for n in ("a.db", "b.db", "all.db"))
+    assert cli(["bench=replay", "bench.path=n1/k_GPUZ.json.gz", "search.n_trials=2", "progress=false",
+                f"storage.url={a}"], tmp_path).returncode == 0
+    assert cli(["files=[n2/k_GPUZ.json.gz]", f"storage.url={b}"], tmp_path, module="zhantune.kerneltuner").returncode == 0
+    r = cli(["merge", f"sources=[{a},{b}]", f"storage.url={out}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert ("sources[1]: study 'kerneltuner:k_GPUZ.json.gz@GPUZ' holds kerneltuner:k[64] on device 'GPUZ', which is "
+            "named only after its file name, from another file than study 'kerneltuner:k[64]@GPUZ' of sources[0]"
+            in r.stderr), r.stderr
+    assert not (tmp_path / "all.db").exists()
+    assert cli(["merge", f"sources=[{a}]", f"storage.url={out}"], tmp_path, module="zhantune.db").returncode == 0
+    assert cli(["merge", f"sources=[{a}]", f"storage.url={out}"], tmp_path, module="zhantune.db").returncode == 0
+    before = _digest(tmp_path / "all.db")
+    r = cli(["merge", f"sources=[{b}]", f"storage.url={out}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 2 and "sources[0]: study 'kerneltuner:k_GPUZ.json.gz@GPUZ'" in r.stderr and \
+        "of storage.url" in r.stderr, r.stderr
+    assert _digest(tmp_path / "all.db") == before
+
+
 @pytest.mark.parametrize("sources, message", [
     ("sources=sqlite:///{d}/a.db", "sources=sqlite:///{d}/a.db: expected a list of database URLs"),
     ("sources=[sqlite:///{d}/notes.db]", "sources[0]=sqlite:///{d}/notes.db: {d}/notes.db is not an SQLite database"),

@@ -36,8 +36,8 @@ def _db_app(cfg: DictConfig) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from zhantune.storage import Store
-    from zhantune.storage.engine import open_existing, redact_url
-    from zhantune.storage.merge import check_importable, merge_into
+    from zhantune.storage.engine import open_existing, redact_url, sqlite_path
+    from zhantune.storage.merge import check_importable, check_recordings, merge_into
     from zhantune.storage.migrate import current_revision, head_revision, upgrade
 
     cmd = _command[0]
@@ -66,7 +66,11 @@ def _db_app(cfg: DictConfig) -> None:
                 src = Store(str(u))
                 check_importable(src, f"sources[{i}]")
                 sources.append(src)
-            target = Store(url)
+            here = sqlite_path(url)
+            target = Store(url) if here is None or here.exists() else None  # a new file is made after the checks
+            check_recordings(([("storage.url", target)] if target is not None else [])
+                             + [(f"sources[{i}]", src) for i, src in enumerate(sources)])
+            target = target or Store(url)
             for src in sources:
                 stats = merge_into(target, src, label=src.url)
                 print(f"{src.url}: +{stats.measurements_added} measurement(s), {stats.measurements_skipped} "

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from zhantune.bench.recorded import KernelTunerFile
     from zhantune.storage.store import Store
 
-__all__ = ["import_kerneltuner", "check_import", "refuse_merge", "replay_study", "IMPORTED_VERSION"]
+__all__ = ["import_kerneltuner", "check_import", "refuse_merge", "replay_study", "file_digest", "IMPORTED_VERSION"]
 
 #: torch_version of imported rows: they were measured by Kernel Tuner, not through torch
 IMPORTED_VERSION = "kerneltuner"
@@ -83,7 +83,7 @@ def refuse_merge(store: Store, file: KernelTunerFile, digest: str, option: str =
     if reserved is not None and reserved.get("replay_sha256"):
         studies[plain] = reserved
     for name, config in studies.items():
-        if _digest(config) != digest and not (name == adopt and _adoptable(config)):
+        if file_digest(config) != digest and not (name == adopt and _adoptable(config)):
             _refuse(file, name, config, option, naming)
 
 
@@ -134,7 +134,7 @@ def replay_study(store: Store, file: KernelTunerFile, problem_key: str, device_k
 def _adoptable(config: dict | None) -> bool:
     """A replay's study stored before digests were recorded: no digest, its config a replay's."""
     c = config or {}
-    return not _digest(c) and isinstance(c.get("bench"), dict) and c["bench"].get("name") == "replay"
+    return not file_digest(c) and isinstance(c.get("bench"), dict) and c["bench"].get("name") == "replay"
 
 
 #: zt_study.name's length
@@ -147,11 +147,11 @@ def _refuse(file: KernelTunerFile, name: str, config: dict | None, option: str, 
     raise ConfigError(
         f"{option}={file.path}: records no device_name and its file name gives device "
         f"{file.device_key!r}, which already holds {file.problem().key} from study {name!r}"
-        + ("" if _digest(config) else " (stored without its file's sha256: it may be another file)")
+        + ("" if file_digest(config) else " (stored without its file's sha256: it may be another file)")
         + f"; name the device with {naming}")
 
 
-def _digest(config: dict | None) -> str | None:
+def file_digest(config: dict | None) -> str | None:
     """The sha256 of the Kernel Tuner file a study holds: an import's ``sha256`` or a replay's
     ``replay_sha256``; None when the study did not record one."""
     return (config or {}).get("sha256") or (config or {}).get("replay_sha256")

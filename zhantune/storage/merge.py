@@ -21,7 +21,7 @@ from zhantune.quiet import quiet_optuna
 from zhantune.storage import orm as m
 from zhantune.storage.store import Store
 
-__all__ = ["MergeStats", "merge_into", "check_importable"]
+__all__ = ["MergeStats", "merge_into", "check_importable", "check_recordings"]
 
 quiet_optuna()  # copy_study creates studies: Optuna would log each at INFO
 
@@ -67,6 +67,36 @@ def check_importable(source: Store, where: str) -> None:
                 key, why = bad
                 raise StorageError(f"{where}={source.url}: measurement {row_id}: params.{key}: {why}; "
                                    "nothing was merged")
+
+
+def check_recordings(stores: list[tuple[str, Store]]) -> None:
+    """Refuse a merge that would put two Kernel Tuner recordings of one problem on one device that is
+    named only after its file name (no ``device_name``: the two could be different GPUs, as
+    zhantune.storage.ingest.refuse_merge refuses for an import or a replay). ``stores``: (where, store)
+    for the target (when it exists) and every source; a study's file is its stored sha256 (an import's
+    ``sha256``, a replay's ``replay_sha256``; a study without one is not compared). Raises
+    StorageError naming both studies."""
+    from zhantune.storage.ingest import file_digest
+
+    first: dict[tuple[str, str], tuple[str, str, str]] = {}  # (device, problem) -> (digest, where, study)
+    for where, store in stores:
+        with store.session() as s:
+            named = [d.key for d in s.scalars(select(m.Device)) if (d.properties or {}).get("named_by") == "file name"]
+            pairs = set(s.execute(select(m.Device.key, m.Problem.key).distinct()
+                                  .join(m.MeasurementRow, m.MeasurementRow.device_id == m.Device.id)
+                                  .join(m.Problem, m.MeasurementRow.problem_id == m.Problem.id)
+                                  .where(m.Device.key.in_(named)))) if named else set()
+        for dev, prob in sorted(pairs):
+            for name, config in store.studies_holding(dev, prob):
+                digest = file_digest(config)
+                if digest is None:
+                    continue
+                prev = first.setdefault((dev, prob), (digest, where, name))
+                if prev[0] != digest:
+                    raise StorageError(f"{where}: study {name!r} holds {prob} on device {dev!r}, which is named "
+                                       f"only after its file name, from another file than study {prev[2]!r} of "
+                                       f"{prev[1]}; they could be different GPUs: nothing was merged (name the "
+                                       "devices apart: devices=[...] at import, bench.device_name=NAME at replay)")
 
 
 def merge_into(target: Store, source: Store, label: str) -> MergeStats:
