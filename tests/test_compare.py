@@ -195,6 +195,8 @@ def test_cli_no_database(cli, tmp_path):
 @pytest.mark.parametrize("files, message", [
     ("files=[]", "no files given"),
     ("files=[/nonexistent.json.gz]", "files=/nonexistent.json.gz: no such file"),
+    ("files=[/tmp]", "files=/tmp: a directory, not a Kernel Tuner cache file"),
+    ("files=[/dev/null]", "files=/dev/null: not a regular file"),
     (f"files={A100}", f"files={A100}: expected a list of Kernel Tuner cache files"),
     (f"files=[{A100}] devices=A100", "devices='A100': expected one non-empty device name per file"),
 ])

@@ -212,7 +212,8 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
     """
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"{source}={path}: no such file")
+        raise ConfigError(f"{source}={path}: " + ("a directory, not a Kernel Tuner cache file" if p.is_dir() else
+                                                  "not a regular file" if p.exists() else "no such file"))
     try:
         opener = gzip.open if p.suffix == ".gz" else open
         with opener(p, "rt", encoding="utf-8") as f:
