@@ -374,7 +374,9 @@ class _Search:
 
 
 def _completed_points(study: optuna.Study, space: Space, problem_vars: dict) -> set[str]:
-    """Config hashes of the study's COMPLETE trials in ``space`` (params of another space are skipped)."""
+    """Config hashes of the study's COMPLETE trials that are points of ``space`` (a trial of another
+    space, e.g. ``space=`` changed between runs, is skipped: counted, it could make the search call
+    this space exhausted early)."""
     out: set[str] = set()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FixedTrial warns about a value outside a choice list
@@ -383,7 +385,8 @@ def _completed_points(study: optuna.Study, space: Space, problem_vars: dict) -> 
                 branch, values = space.suggest(optuna.trial.FixedTrial(t.params))
             except (ValueError, KeyError):
                 continue
-            if branch.feasible(values, problem_vars):
+            in_space = all(values[p.name] in p.values() for p in branch.params if p.distribution is not None)
+            if in_space and branch.feasible(values, problem_vars):  # another space's values are not this one's points
                 out.add(branch.candidate(values).config_hash)
     return out
 
