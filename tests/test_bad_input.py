@@ -245,8 +245,8 @@ CASES = [
      lambda t: _kt_file(t, "o.json.gz", 4.0), "drop +op=", None),
     ("replay-long-device-name-option", "zhantune", ["bench=replay", "bench.path={x}", "bench.device_name=" + "G" * 257],
      lambda t: _kt_file(t, "g.json.gz", 4.0), "device name (from bench.device_name) 'GGGGGGGGGGGGGGGGGGGGGGGGGGGGGG'... "
-     "(257 characters); the database holds names of at most 256 characters without control characters; name the "
-     "device with bench.device_name=NAME", None),
+     "(257 characters); the database holds names of at most 256 characters without control, format or surrogate "
+     "characters; name the device with bench.device_name=NAME", None),
     # text that neither the database nor a terminal holds as it is (a traceback, or two devices that
     # print alike): surrogates (not UTF-8), format characters (a right-to-left override), C1 controls
     ("import-surrogate-in-device-name", "zhantune.kerneltuner", ["files=[{x}]"],

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from zhantune.search.study import (
     RETRY_OF_ATTR,
     Heartbeat,
     ask,
+    completed_points,
     fail_stale_trials,
     feasible_size,
     random_feasible_point,
@@ -167,7 +167,7 @@ class _Search:
         self.total = _feasible_total(study.sampler, space, problem_vars)
         #: points with a result: the study's complete trials (a resumed study's too: a space measured
         #: whole is found exhausted at once, not asked again point by point, each answer a duplicate trial)
-        self.seen: set[str] = _completed_points(study, space, problem_vars)
+        self.seen: set[str] = completed_points(study, space, problem_vars)
         #: points seen only as held by another worker (told PRUNED): seen again once that worker's
         #: claim is measured or released (a dead worker's, after its heartbeat's grace period)
         self.taken: set[str] = set()
@@ -371,24 +371,6 @@ class _Search:
         if self.shared is not None:
             self.stats.study_measured = self.shared.counts()[0]
         return self.stats
-
-
-def _completed_points(study: optuna.Study, space: Space, problem_vars: dict) -> set[str]:
-    """Config hashes of the study's COMPLETE trials that are points of ``space`` (a trial of another
-    space, e.g. ``space=`` changed between runs, is skipped: counted, it could make the search call
-    this space exhausted early)."""
-    out: set[str] = set()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # FixedTrial warns about a value outside a choice list
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            try:
-                branch, values = space.suggest(optuna.trial.FixedTrial(t.params))
-            except (ValueError, KeyError):
-                continue
-            in_space = all(values[p.name] in p.values() for p in branch.params if p.distribution is not None)
-            if in_space and branch.feasible(values, problem_vars):  # another space's values are not this one's points
-                out.add(branch.candidate(values).config_hash)
-    return out
 
 
 def _abandon(study: optuna.Study, trial: optuna.trial.Trial, cand: Candidate,

@@ -19,7 +19,7 @@ from zhantune.candidate import Candidate
 from zhantune.quiet import quiet_optuna
 from zhantune.search.schema import Branch, Space
 
-__all__ = ["Asked", "HeartbeatSettings", "Heartbeat", "optuna_storage", "open_study", "ask", "feasible_size",
+__all__ = ["Asked", "HeartbeatSettings", "Heartbeat", "optuna_storage", "open_study", "ask", "completed_points", "feasible_size",
            "random_feasible_point", "fail_stale_trials", "release_orphan_claims", "retry_trial", "INTERRUPTED_ATTR",
            "RETRY_OF_ATTR", "MAX_RETRIES"]
 
@@ -175,6 +175,24 @@ def ask(study: optuna.Study, space: Space, problem_vars: dict[str, Any]) -> Aske
     branch, values = space.suggest(trial)
     cand = branch.candidate(values) if branch.feasible(values, problem_vars) else None
     return Asked(trial, branch, values, cand)
+
+
+def completed_points(study: optuna.Study, space: Space, problem_vars: dict) -> set[str]:
+    """Config hashes of the study's COMPLETE trials that are points of ``space`` (a trial of another
+    space, e.g. ``space=`` changed between runs, is skipped: counted, it could make the search call
+    this space exhausted early)."""
+    out: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FixedTrial warns about a value outside a choice list
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            try:
+                branch, values = space.suggest(optuna.trial.FixedTrial(t.params))
+            except (ValueError, KeyError):
+                continue
+            in_space = all(values[p.name] in p.values() for p in branch.params if p.distribution is not None)
+            if in_space and branch.feasible(values, problem_vars):  # another space's values are not this one's points
+                out.add(branch.candidate(values).config_hash)
+    return out
 
 
 def feasible_size(space: Space, problem_vars: dict[str, Any], limit: int = 200_000) -> dict[str, tuple[int, int]] | None:
