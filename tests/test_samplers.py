@@ -280,3 +280,39 @@ def test_default_strategy_beats_random_search_on_real_gpu_data():
     rand = [_best_ratio(lambda s: optuna.samplers.RandomSampler(seed=s), s, path) for s in range(5)]
     assert statistics.median(default) < statistics.median(rand)
     assert statistics.median(default) <= 1.05
+
+
+def _toy(g: int, fail: int | None = None) -> tuple[Space, object]:
+    """x in {1, 2, 3} with a fixed g (not an Optuna param: another g is another config); the
+    measurement of x == ``fail`` fails."""
+    space = Space(load_branches({"branches": {"t": {"scope": "config", "params": {"x": {"choices": [1, 2, 3]}},
+                                                    "fixed": {"g": g}}}}, "toy.yaml"))
+    return space, lambda cand, _n: None if cand.params["x"] == fail else float(cand.params["x"])
+
+
+@pytest.mark.parametrize("make", [lambda: FeasibleTPESampler(seed=0), lambda: optuna.samplers.RandomSampler(seed=0)])
+def test_a_resumed_search_counts_only_this_spaces_results_as_seen(make):
+    """Resuming one study: with the same space measured whole (one point a measured failure) the
+    search is exhausted at once and adds no trial (each of its points was asked again, the answers
+    told as duplicate trials); with another fixed value (the same Optuna params, other configs) a
+    new point is measured: the old trials are not taken for its points (the space was called
+    exhausted with nothing measured)."""
+    study = optuna.create_study(sampler=make())
+    space, measure = _toy(8, fail=2)
+    stored: dict = {}  # the database: a point measured once is answered from it
+
+    def store_and_measure(cand, n):
+        stored[cand.config_hash] = measure(cand, n)
+        return stored[cand.config_hash]
+
+    def cached(cand):
+        return cand.config_hash in stored, stored.get(cand.config_hash)
+
+    first = run_search(study, space, {}, store_and_measure, n_trials=3, cached=cached)
+    assert first.measured == 3 and len(stored) == 3
+    trials = len(study.trials)
+    again = run_search(study, space, {}, store_and_measure, n_trials=8, cached=cached)
+    assert again.exhausted and again.asks == 0 and len(study.trials) == trials, again
+    other, measure4 = _toy(4)
+    moved = run_search(study, other, {}, measure4, n_trials=1)
+    assert moved.measured == 1 and not moved.exhausted, moved

@@ -25,6 +25,7 @@ from zhantune.candidate import Candidate
 from zhantune.search.schema import Space
 from zhantune.search.study import (
     INTERRUPTED_ATTR,
+    RESULT_OF_ATTR,
     RETRY_OF_ATTR,
     Heartbeat,
     ask,
@@ -167,7 +168,7 @@ class _Search:
         self.total = _feasible_total(study.sampler, space, problem_vars)
         #: points with a result: the study's complete trials (a resumed study's too: a space measured
         #: whole is found exhausted at once, not asked again point by point, each answer a duplicate trial)
-        self.seen: set[str] = completed_points(study, space, problem_vars)
+        self.seen: set[str] = completed_points(study, space, problem_vars) if self.total is not None else set()
         #: points seen only as held by another worker (told PRUNED): seen again once that worker's
         #: claim is measured or released (a dead worker's, after its heartbeat's grace period)
         self.taken: set[str] = set()
@@ -206,7 +207,7 @@ class _Search:
         hit, outcome = self.cached(cand)
         if not hit:
             return False
-        self.stats.duplicates += not _tell(self.study, asked.trial, outcome)
+        self.stats.duplicates += not _tell(self.study, asked.trial, outcome, cand.config_hash)
         self.stats.cached += 1
         if getattr(self.study.sampler, "feasible_set", None) is None:
             fresh = random_feasible_point(self.space, self.problem_vars, self.rng, exclude=self.seen)
@@ -338,7 +339,7 @@ class _Search:
         except KeyboardInterrupt:
             self.pending.appendleft((trial, cand))
             raise
-        if _tell(self.study, trial, outcome):
+        if _tell(self.study, trial, outcome, cand.config_hash):
             self.stats.measured += 1
             self.stats.retried += retry
         else:
@@ -383,9 +384,12 @@ def _abandon(study: optuna.Study, trial: optuna.trial.Trial, cand: Candidate,
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 
-def _tell(study: optuna.Study, trial: optuna.trial.Trial, value: Outcome) -> bool:
-    """Tell the outcome; False when another worker already finished this (enqueued) trial."""
+def _tell(study: optuna.Study, trial: optuna.trial.Trial, value: Outcome, config_hash: str) -> bool:
+    """Tell the outcome, with the config hash it is a result of (``RESULT_OF_ATTR``: a resumed search
+    counts the point as seen, zhantune.search.study.completed_points); False when another worker
+    already finished this (enqueued) trial."""
     try:
+        trial.set_user_attr(RESULT_OF_ATTR, config_hash)
         if value is None:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
         else:

@@ -21,10 +21,13 @@ from zhantune.search.schema import Branch, Space
 
 __all__ = ["Asked", "HeartbeatSettings", "Heartbeat", "optuna_storage", "open_study", "ask", "completed_points", "feasible_size",
            "random_feasible_point", "fail_stale_trials", "release_orphan_claims", "retry_trial", "INTERRUPTED_ATTR",
+           "RESULT_OF_ATTR",
            "RETRY_OF_ATTR", "MAX_RETRIES"]
 
 #: user attribute of a trial whose measurement was interrupted (Ctrl-C, SIGTERM): not a result
 INTERRUPTED_ATTR = "zhantune:interrupted"
+#: user attribute of a trial told a result: the config hash it measured (zhantune.search.driver)
+RESULT_OF_ATTR = "zhantune:result_of"
 #: user attribute of a trial that measures again the point of a dead worker's trial (its number)
 RETRY_OF_ATTR = "zhantune:retry_of"
 #: user attribute: how many times this point was retried after dead workers (1 for the first retry)
@@ -178,20 +181,26 @@ def ask(study: optuna.Study, space: Space, problem_vars: dict[str, Any]) -> Aske
 
 
 def completed_points(study: optuna.Study, space: Space, problem_vars: dict) -> set[str]:
-    """Config hashes of the study's COMPLETE trials that are points of ``space`` (a trial of another
-    space, e.g. ``space=`` changed between runs, is skipped: counted, it could make the search call
-    this space exhausted early)."""
+    """Config hashes of the points of ``space`` that the study holds a result of: trials told a time
+    or a measured failure, each with the hash it was measured as (``RESULT_OF_ATTR``, set when its
+    result was told), kept only where this space rebuilds that very hash from the trial's params (a
+    trial of another space, e.g. ``space=`` changed between runs, with other fixed values, is not a
+    point of this one: counted, it could make the search call this space exhausted early).
+    Interrupted trials and dead workers' (failed by heartbeat, retried) carry no such hash."""
     out: set[str] = set()
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FixedTrial warns about a value outside a choice list
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        for t in study.get_trials(deepcopy=False, states=states):
+            told = t.user_attrs.get(RESULT_OF_ATTR)
+            if told is None or t.user_attrs.get(INTERRUPTED_ATTR):
+                continue
             try:
                 branch, values = space.suggest(optuna.trial.FixedTrial(t.params))
             except (ValueError, KeyError):
                 continue
-            in_space = all(values[p.name] in p.values() for p in branch.params if p.distribution is not None)
-            if in_space and branch.feasible(values, problem_vars):  # another space's values are not this one's points
-                out.add(branch.candidate(values).config_hash)
+            if branch.feasible(values, problem_vars) and branch.candidate(values).config_hash == told:
+                out.add(told)
     return out
 
 
