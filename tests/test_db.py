@@ -450,12 +450,21 @@ def test_merge_never_joins_two_recordings_of_a_device_named_after_its_file_name(
     assert cli(["files=[n2/k_GPUZ.json.gz]", f"storage.url={b}"], tmp_path, module="zhantune.kerneltuner").returncode == 0
     r = cli(["merge", f"sources=[{a},{b}]", f"storage.url={out}"], tmp_path, module="zhantune.db")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert ("sources[1]: study 'kerneltuner:k_GPUZ.json.gz@GPUZ' holds kerneltuner:k[64] on device 'GPUZ', which is "
-            "named only after its file name, from another file than study 'kerneltuner:k[64]@GPUZ' of sources[0]"
-            in r.stderr), r.stderr
+    assert ("sources[1]: study 'kerneltuner:k_GPUZ.json.gz@GPUZ' holds kerneltuner:k[64] on device 'GPUZ' (named "
+            "only after a file name in one of the databases) from another file than study 'kerneltuner:k[64]@GPUZ' "
+            "of sources[0]" in r.stderr), r.stderr
     assert not (tmp_path / "all.db").exists()
     assert cli(["merge", f"sources=[{a}]", f"storage.url={out}"], tmp_path, module="zhantune.db").returncode == 0
     assert cli(["merge", f"sources=[{a}]", f"storage.url={out}"], tmp_path, module="zhantune.db").returncode == 0
+    # a database where the other file names its device GPUZ (device_name): the same refusal
+    named = json.loads(gzip.decompress((tmp_path / "n2" / "k_GPUZ.json.gz").read_bytes()))
+    (tmp_path / "n3").mkdir()
+    (tmp_path / "n3" / "named.json").write_text(json.dumps({**named, "device_name": "GPUZ"}))
+    c = f"sqlite:///{tmp_path / 'c.db'}"
+    assert cli(["files=[n3/named.json]", f"storage.url={c}"], tmp_path, module="zhantune.kerneltuner").returncode == 0
+    r = cli(["merge", f"sources=[{a},{c}]", f"storage.url=sqlite:///{tmp_path / 'ac.db'}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 2 and "from another file than study 'kerneltuner:k[64]@GPUZ' of sources[0]" in r.stderr, \
+        r.stderr
     before = _digest(tmp_path / "all.db")
     r = cli(["merge", f"sources=[{b}]", f"storage.url={out}"], tmp_path, module="zhantune.db")
     assert r.returncode == 2 and "sources[0]: study 'kerneltuner:k_GPUZ.json.gz@GPUZ'" in r.stderr and \

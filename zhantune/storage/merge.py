@@ -78,14 +78,17 @@ def check_recordings(stores: list[tuple[str, Store]]) -> None:
     StorageError naming both studies."""
     from zhantune.storage.ingest import file_digest
 
+    named: set[str] = set()  # named after a file name in any of the databases (another may name it otherwise)
+    for _, store in stores:
+        with store.session() as s:
+            named |= {d.key for d in s.scalars(select(m.Device)) if (d.properties or {}).get("named_by") == "file name"}
     first: dict[tuple[str, str], tuple[str, str, str]] = {}  # (device, problem) -> (digest, where, study)
     for where, store in stores:
         with store.session() as s:
-            named = [d.key for d in s.scalars(select(m.Device)) if (d.properties or {}).get("named_by") == "file name"]
             pairs = set(s.execute(select(m.Device.key, m.Problem.key).distinct()
                                   .join(m.MeasurementRow, m.MeasurementRow.device_id == m.Device.id)
                                   .join(m.Problem, m.MeasurementRow.problem_id == m.Problem.id)
-                                  .where(m.Device.key.in_(named)))) if named else set()
+                                  .where(m.Device.key.in_(sorted(named))))) if named else set()
         for dev, prob in sorted(pairs):
             for name, config in store.studies_holding(dev, prob):
                 digest = file_digest(config)
@@ -93,8 +96,8 @@ def check_recordings(stores: list[tuple[str, Store]]) -> None:
                     continue
                 prev = first.setdefault((dev, prob), (digest, where, name))
                 if prev[0] != digest:
-                    raise StorageError(f"{where}: study {name!r} holds {prob} on device {dev!r}, which is named "
-                                       f"only after its file name, from another file than study {prev[2]!r} of "
+                    raise StorageError(f"{where}: study {name!r} holds {prob} on device {dev!r} (named only after "
+                                       f"a file name in one of the databases) from another file than study {prev[2]!r} of "
                                        f"{prev[1]}; they could be different GPUs: nothing was merged (name the "
                                        "devices apart: devices=[...] at import, bench.device_name=NAME at replay)")
 
