@@ -274,6 +274,24 @@ def test_a_signal_while_a_row_is_stored_waits_for_the_row(signals_routed):
     assert "measured" not in done
 
 
+class _CtrlCAtTrial3:
+    """A tune's progress display that sends this process SIGINT from its third update: the moment
+    right after trial 3's row is stored, inside the measurement callback."""
+
+    n = 0
+
+    def start(self, *args):
+        pass
+
+    def update(self, *args):
+        self.n += 1
+        if self.n == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def stop(self):
+        pass
+
+
 def test_ctrl_c_right_after_a_row_is_stored_tells_its_trial(tune_cfg, tmp_path, signals_routed):
     """SIGINT in the moment after trial 3's row is written (from the progress update, inside the
     measurement callback): the row's trial is told, not marked interrupted, so every stored row is a
@@ -284,19 +302,7 @@ def test_ctrl_c_right_after_a_row_is_stored_tells_its_trial(tune_cfg, tmp_path, 
     url = f"sqlite:///{tmp_path / 'c.db'}"
     cfg = tune_cfg(["bench=replay", f"bench.path={GEMM}", "search.n_trials=8", f"storage.url={url}"])
 
-    class CtrlCAtTrial3:
-        def start(self, *args):
-            self.n = 0
-
-        def update(self, *args):
-            self.n += 1
-            if self.n == 3:
-                os.kill(os.getpid(), signal.SIGINT)
-
-        def stop(self):
-            pass
-
-    result = tune(resolve_run(cfg), Store(url), CtrlCAtTrial3())
+    result = tune(resolve_run(cfg), Store(url), _CtrlCAtTrial3())
     assert result.interrupted and result.measured == 3
     study = optuna.load_study(study_name=GEMM_STUDY, storage=url)
     told = {t.number for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
@@ -319,21 +325,7 @@ def test_ctrl_c_while_the_last_trial_is_stored_still_stops_as_interrupted(tune_c
     cfg = tune_cfg(["bench=replay", f"bench.path={GEMM}", "search.n_trials=3", "storage.heartbeat_interval_s=null",
                     f"storage.url={url}"])
 
-    class CtrlCAtTrial3:
-        n = 0
-
-        def start(self, *args):
-            pass
-
-        def update(self, *args):
-            self.n += 1
-            if self.n == 3:
-                os.kill(os.getpid(), signal.SIGINT)
-
-        def stop(self):
-            pass
-
-    result = tune(resolve_run(cfg), Store(url), CtrlCAtTrial3())
+    result = tune(resolve_run(cfg), Store(url), _CtrlCAtTrial3())
     assert result.interrupted and result.measured == 3 and len(_candidates(url)) == 3
     with Store(url).session() as s:
         assert s.scalar(select(m.Study.status)) == "interrupted"
