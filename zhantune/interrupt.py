@@ -25,7 +25,7 @@ class _State:
 
 def _handler(signum: int, frame: object) -> None:
     _State.pending = True
-    if _State.depth and not (_State.held and _State.depth >= _State.held):
+    if _State.depth and not _State.held:  # held: cleared once the depth drops below it
         raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -67,11 +67,11 @@ def deferred(stop_after: bool = True) -> Iterator[None]:
     finally:
         _State.depth = depth
         if not stop_after and depth:
-            _State.held = min(_State.held, depth) if _State.held else depth
+            _State.held = _State.held or depth
     if stop_after and depth and _State.pending:
         raise KeyboardInterrupt("interrupt requested")
 
 
 def requested() -> bool:
-    """True once a signal arrived outside an interruptible region."""
+    """True once a signal arrived (since :func:`install`): the search stops at its next step."""
     return _State.pending

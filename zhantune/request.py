@@ -83,14 +83,13 @@ def check_request(cfg: Any) -> None:
 def _check_study_name(name: Any) -> None:
     """search.study_name fits zt_study.name (512 characters) and is text the database and a terminal
     hold (zhantune.bench.recorded_checks.printable_name)."""
-    from zhantune.bench.recorded_checks import MAX_KEY, printable_name
+    from zhantune.bench.recorded_checks import MAX_KEY, printable_name, shown_name
 
     if name is None:
         return
     name = str(name)
     if not name.strip() or len(name) > MAX_KEY or not printable_name(name):
-        shown = repr(name) if len(name) <= 40 else repr(name[:30]) + "..."
-        raise ConfigError(f"search.study_name={shown} ({len(name)} characters): a study's name is 1 to {MAX_KEY} "
+        raise ConfigError(f"search.study_name={shown_name(name)} ({len(name)} characters): a study's name is 1 to {MAX_KEY} "
                           "characters without control, format or surrogate characters")
 
 

@@ -124,12 +124,19 @@ def _finished_result(run: RunSpec, store: Store, row: Any, target: int) -> TuneR
     dev = next((d for d in store.devices() if d.key == run.device.key), None)
     stored = (store.stored_baselines(row.id, dev.id, run.problem.key, versions["torch"], versions["triton"])
               if dev is not None else {})
-    own = row.id if run.replay is not None else None  # a replay's best is its own file's
-    best = next((m for _, p, m in store.best_candidates(run.device.key, own) if p.key == run.problem.key), None)
+    best = next((m for _, p, m in store.best_candidates(run.device.key, _own_rows(run, row.id))
+                 if p.key == run.problem.key), None)
     return TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), best,
                       default_unfrozen=stored.get("default_unfrozen"), target=target,
                       before=store.trial_counts(row.id)[0],
                       already_finished=True, exhausted=row.status == EXHAUSTED, baselines_reused=bool(stored))
+
+
+def _own_rows(run: RunSpec, study_id: int) -> int | None:
+    """The study whose rows alone answer a run (its best, its cache hits): a replay's own, so that a
+    second recording of one device and problem is never answered from the first's; None (every
+    study's rows of the device and problem) for a tune."""
+    return study_id if run.replay is not None else None
 
 
 def _ranked(store: Store, device_key: str, problem_id: int, top_k: int) -> list[MeasurementRow]:
@@ -292,7 +299,7 @@ class _Tune:
     def _cached(self, cand: Candidate) -> tuple[bool, float | None]:
         v = self.rec.versions
         hit = self.store.cached(self.device_id, self.problem_id, cand.config_hash, v["torch"], v["triton"],
-                                self.study_id if self.run_spec.replay is not None else None)
+                                _own_rows(self.run_spec, self.study_id))
         if hit is None:
             return False, None
         self.result.cached += 1
@@ -379,8 +386,7 @@ class _Tune:
             store.finish_study(self.study_id, "interrupted" if result.interrupted
                                else EXHAUSTED if result.exhausted else FINISHED)
         result.contention = contention_count(store.timed_conditions(self.study_id))
-        own = self.study_id if run.replay is not None else None  # a replay's best is its own file's
-        result.best = next((meas for _, prob, meas in store.best_candidates(run.device.key, own)
+        result.best = next((meas for _, prob, meas in store.best_candidates(run.device.key, _own_rows(run, self.study_id))
                             if prob.id == self.problem_id), None)
         result.same_kernel_as_default = result.best is not None and is_default_kernel(result.best)
         # a Kernel Tuner replay has no lookup table to carry its configs: nothing to say

@@ -14,7 +14,7 @@ from zhantune.errors import ConfigError
 if TYPE_CHECKING:
     from zhantune.bench.recorded import KernelTunerFile
 
-__all__ = ["MAX_TIME_MS", "MAX_KERNEL_NAME", "MAX_DEVICE_NAME", "MAX_KEY", "printable_name", "check_params", "check_cache",
+__all__ = ["MAX_TIME_MS", "MAX_KERNEL_NAME", "MAX_DEVICE_NAME", "MAX_KEY", "printable_name", "shown_name", "check_params", "check_cache",
            "check_fits", "is_time"]
 
 
@@ -132,6 +132,11 @@ def check_cache(names: list[str], tune_params: dict[str, list[Any]], cache: dict
 MAX_KERNEL_NAME, MAX_DEVICE_NAME, MAX_KEY = 100, 256, 512
 
 
+def shown_name(value: str) -> str:
+    """A name for an error message: its repr, cut to its first 30 characters and "..." when longer than 40."""
+    return repr(value) if len(value) <= 40 else repr(value[:30]) + "..."
+
+
 def printable_name(value: str) -> bool:
     """Whether a name can be stored and printed as it is: no control (Cc: NUL, newline, DEL, C1),
     format (Cf: a right-to-left override, a zero-width space) or surrogate (Cs: text that was not
@@ -140,19 +145,20 @@ def printable_name(value: str) -> bool:
 
 
 def check_fits(f: KernelTunerFile, where: str) -> None:
-    """ConfigError when the kernel or device name does not fit the database (length, or a control
-    character such as NUL, which PostgreSQL's text cannot hold), or the problem key or a study name
+    """ConfigError when the file name, the kernel name or the device name is not plain text
+    (:func:`printable_name`: a control character such as NUL, which PostgreSQL's text cannot hold, a
+    format or a surrogate character), a name is longer than the database holds, or the problem key or a study name
     made of them (a replay's ``<problem key>@<device>``, an import's ``kerneltuner:<file name>[sha256:
     <12 hex>]@<device>``, zhantune.storage.ingest) would be longer than the database holds."""
     naming = "bench.device_name=NAME" if where.startswith("bench.") else "devices=[...]"  # replay or import
     named_by = naming.split("=")[0] if f.device_named_by == "devices" else f.device_named_by
     if not printable_name(f.path.name):
-        raise ConfigError(f"{where}: the file name {f.path.name!r} is not valid UTF-8 text; rename the file")
+        raise ConfigError(f"{where}: the file name {f.path.name!r} holds a control, format or surrogate (not UTF-8) "
+                          "character; rename the file")
     for what, value, limit in (("kernel_name", f.kernel_name, MAX_KERNEL_NAME),
                                (f"device name (from {named_by})", f.device_key, MAX_DEVICE_NAME)):
         if len(value) > limit or not printable_name(value):
-            shown = repr(value) if len(value) <= 40 else repr(value[:30]) + "..."
-            raise ConfigError(f"{where}: {what} {shown} ({len(value)} characters); the database holds "
+            raise ConfigError(f"{where}: {what} {shown_name(value)} ({len(value)} characters); the database holds "
                               f"names of at most {limit} characters without control, format or surrogate "
                               "characters" + (f"; name the device with {naming}" if "device" in what else ""))
     key = f.problem().key

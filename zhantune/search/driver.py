@@ -166,8 +166,8 @@ class _Search:
         self.stats = SearchStats()
         bind_sampler(study.sampler, space, problem_vars)
         self.total = _feasible_total(study.sampler, space, problem_vars)
-        #: points with a result: the study's complete trials (a resumed study's too: a space measured
-        #: whole is found exhausted at once, not asked again point by point, each answer a duplicate trial)
+        #: points with a result (zhantune.search.study.completed_points: a resumed study's too, so a space
+        #: measured whole is found exhausted at once, not asked again point by point, each a duplicate trial)
         self.seen: set[str] = completed_points(study, space, problem_vars) if self.total is not None else set()
         #: points seen only as held by another worker (told PRUNED): seen again once that worker's
         #: claim is measured or released (a dead worker's, after its heartbeat's grace period)

@@ -186,7 +186,8 @@ def completed_points(study: optuna.Study, space: Space, problem_vars: dict) -> s
     result was told), kept only where this space rebuilds that very hash from the trial's params (a
     trial of another space, e.g. ``space=`` changed between runs, with other fixed values, is not a
     point of this one: counted, it could make the search call this space exhausted early).
-    Interrupted trials and dead workers' (failed by heartbeat, retried) carry no such hash."""
+    Trials interrupted or abandoned (``INTERRUPTED_ATTR``) and dead workers' (failed by heartbeat,
+    retried) are not results."""
     out: set[str] = set()
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
     with warnings.catch_warnings():

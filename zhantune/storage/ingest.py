@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from zhantune.bench.recorded_checks import MAX_KEY
 from zhantune.errors import ConfigError
 from zhantune.storage.rows import measurement_row
 
@@ -120,10 +121,10 @@ def replay_study(store: Store, file: KernelTunerFile, problem_key: str, device_k
     if held.get("replay_sha256") == digest:
         return plain
     name = f"{problem_key}[sha256:{digest[:12]}]@{device_key}"
-    if len(name) > MAX_STUDY_NAME:
+    if len(name) > MAX_KEY:
         raise ConfigError(f"bench.path={file.path}: the study of its problem and device replays another file, and "
                           f"this file's own study name would be {len(name)} characters (the database holds "
-                          f"{MAX_STUDY_NAME}): name it with search.study_name=NAME")
+                          f"{MAX_KEY}): name it with search.study_name=NAME")
     held = store.reserve_study(name, {"replay_sha256": digest})
     if held.get("replay_sha256") != digest:  # 48 bits of the digest agree: never seen, but never merge
         raise ConfigError(f"bench.path={file.path}: study {name!r} replays another file; "
@@ -135,10 +136,6 @@ def _adoptable(config: dict | None) -> bool:
     """A replay's study stored before digests were recorded: no digest, its config a replay's."""
     c = config or {}
     return not file_digest(c) and isinstance(c.get("bench"), dict) and c["bench"].get("name") == "replay"
-
-
-#: zt_study.name's length
-MAX_STUDY_NAME = 512
 
 
 def _refuse(file: KernelTunerFile, name: str, config: dict | None, option: str, naming: str) -> None:

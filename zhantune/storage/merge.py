@@ -71,11 +71,12 @@ def check_importable(source: Store, where: str) -> None:
 
 def check_recordings(stores: list[tuple[str, Store]]) -> None:
     """Refuse a merge that would put two Kernel Tuner recordings of one problem on one device that is
-    named only after its file name (no ``device_name``: the two could be different GPUs, as
-    zhantune.storage.ingest.refuse_merge refuses for an import or a replay). ``stores``: (where, store)
-    for the target (when it exists) and every source; a study's file is its stored sha256 (an import's
-    ``sha256``, a replay's ``replay_sha256``; a study without one is not compared). Raises
-    StorageError naming both studies."""
+    named only after its file name in any of the databases (no ``device_name``: the two could be
+    different GPUs; zhantune.storage.ingest.refuse_merge refuses it for an import or a replay).
+    ``stores``: (where, store) for the target (when it exists) and every source; a study's file is
+    its stored sha256 (an import's ``sha256``, a replay's ``replay_sha256``). Unlike refuse_merge, a
+    study stored without one is not compared (refusing every merge of an old database would leave no
+    way to merge it). Raises StorageError naming both studies."""
     from zhantune.storage.ingest import file_digest
 
     named: set[str] = set()  # named after a file name in any of the databases (another may name it otherwise)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from zhantune import interrupt
 from zhantune.storage import orm as m
 
 if TYPE_CHECKING:
@@ -88,8 +89,6 @@ class Recorder:
                                  problem_id=self.problem_id, environment_id=self.environment_id,
                                  trial_number=trial_number, torch_version=self.versions["torch"],
                                  triton_version=self.versions["triton"], problem=self.problem, conditions=seen)
-        from zhantune import interrupt
-
         with interrupt.deferred():  # Ctrl-C never cuts a row's write in half
             row_id = self.store.add_measurement(claimed=claimed, **fields)
         return m.MeasurementRow(id=row_id, **fields)
