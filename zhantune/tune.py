@@ -70,7 +70,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     line per trial.
     """
     if run.replay is not None:  # a file named only by its file name joins no other file's device
-        refuse_merge(store, run.replay, run.replay.sha256, "bench.path", "bench.device_name=NAME",
+        refuse_merge(store, run.replay, "bench.path", "bench.device_name=NAME",
                      adopt=run.search.study_name)
         run.search.study_name = replay_study(store, run.replay, run.problem.key, run.device.key,
                                              run.search.study_name)

@@ -36,7 +36,7 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     device = file.device()
     problem = file.problem()
     digest = file.sha256
-    refuse_merge(store, file, digest)
+    refuse_merge(store, file)
     device_id = store.device_id(device.key, device.name, device.kind, device.properties)
     problem_id = store.problem_id(problem.key, lookup_key=None, **problem.row_fields())
     name = f"kerneltuner:{file.path.name}@{device.key}"
@@ -64,14 +64,14 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
 def check_import(store: Store, file: KernelTunerFile) -> None:
     """What :func:`import_kerneltuner` refuses (ConfigError), checked without writing: run it for
     every file of an import before the first is written."""
-    refuse_merge(store, file, file.sha256)
+    refuse_merge(store, file)
 
 
-def refuse_merge(store: Store, file: KernelTunerFile, digest: str, option: str = "files",
+def refuse_merge(store: Store, file: KernelTunerFile, option: str = "files",
                  naming: str = "devices=[...] (one name per file)", adopt: str | None = None) -> None:
     """A file whose device is named after its file name (no ``device_name``) may not add its
-    measurements to a device that already holds this problem from another file (``digest``: this
-    file's sha256; an import's study stores it as ``sha256``, a replay's as ``replay_sha256``, from
+    measurements to a device that already holds this problem from another file (the file's sha256:
+    an import's study stores it as ``sha256``, a replay's as ``replay_sha256``, from
     the moment a replay names its study, measured or not): the two could be different GPUs. A study
     stored without a digest (a replay from before digests were stored) may hold another file, so it
     counts as one, unless it is ``adopt`` (the replay's ``search.study_name``, taken as this file's).
@@ -84,7 +84,7 @@ def refuse_merge(store: Store, file: KernelTunerFile, digest: str, option: str =
     if reserved is not None and reserved.get("replay_sha256"):
         studies[plain] = reserved
     for name, config in studies.items():
-        if file_digest(config) != digest and not (name == adopt and _adoptable(config)):
+        if file_digest(config) != file.sha256 and not (name == adopt and _adoptable(config)):
             _refuse(file, name, config, option, naming)
 
 
