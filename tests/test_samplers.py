@@ -294,9 +294,9 @@ def _toy(g: int, fail: int | None = None) -> tuple[Space, object]:
 def test_a_resumed_search_counts_only_this_spaces_results_as_seen(make):
     """Resuming one study: with the same space measured whole (one point a measured failure) the
     search is exhausted at once and adds no trial (each of its points was asked again, the answers
-    told as duplicate trials); with another fixed value (the same Optuna params, other configs) a
-    new point is measured: the old trials are not taken for its points (the space was called
-    exhausted with nothing measured)."""
+    told as duplicate trials); with another fixed value (the same Optuna params, other configs)
+    each of its points is measured once: the old trials are not taken for its points (the space
+    was called exhausted with nothing measured; the sampler took them as tried)."""
     study = optuna.create_study(sampler=make())
     space, measure = _toy(8, fail=2)
     stored: dict = {}  # the database: a point measured once is answered from it
@@ -314,5 +314,16 @@ def test_a_resumed_search_counts_only_this_spaces_results_as_seen(make):
     again = run_search(study, space, {}, store_and_measure, n_trials=8, cached=cached)
     assert again.exhausted and again.asks == 0 and len(study.trials) == trials, again
     other, measure4 = _toy(4)
-    moved = run_search(study, other, {}, measure4, n_trials=1)
-    assert moved.measured == 1 and not moved.exhausted, moved
+    told_here: list = []
+
+    def measure_here(cand, n):
+        told_here.append(cand.params["x"])
+        return store_and_measure(cand, n)
+
+    moved = run_search(study, other, {}, measure_here, n_trials=3, cached=cached)
+    assert moved.measured == 3 and not moved.exhausted, moved
+    # each of the three points of the other space measured once: the sampler took no old trial for
+    # one of them (FeasibleTPESampler did: it measured x=2, 3, 3 and never x=1)
+    assert sorted(told_here) == [1, 2, 3] and len(stored) == 6, told_here
+    if isinstance(study.sampler, FeasibleTPESampler):  # and it proposed only those (no repeat asked)
+        assert moved.asks == 3 and moved.cached == 0, moved

@@ -7,7 +7,7 @@ points and measure distances between points (Hamming distance over parameter ind
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ class FeasibleSet:
     codes: np.ndarray
     sizes: np.ndarray  # number of values per dim (branch count for dim 0)
     index: dict[tuple, int]
+    _hashes: dict[int, str] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.points)
@@ -46,6 +47,14 @@ class FeasibleSet:
     def row_of(self, trial_params: dict[str, Any]) -> int | None:
         """The row of a trial's params, or None when the point is not feasible (or not in the space)."""
         return self.index.get(self.key(trial_params))
+
+    def config_hash(self, row: int) -> str:
+        """The config hash of the point's candidate (zhantune.candidate.Candidate.config_hash: the
+        branch, its fixed values included, and the params), computed once per row."""
+        if row not in self._hashes:
+            branch, values = self.points[row]
+            self._hashes[row] = branch.candidate(values).config_hash
+        return self._hashes[row]
 
     def trial_params(self, row: int) -> dict[str, Any]:
         branch, values = self.points[row]

@@ -43,7 +43,7 @@ from optuna.trial import FrozenTrial, TrialState
 from zhantune.search.feasible import FeasibleSet, enumerate_feasible
 from zhantune.search.parzen import log_density_ratio, one_hot
 from zhantune.search.schema import Space
-from zhantune.search.study import INTERRUPTED_ATTR
+from zhantune.search.study import INTERRUPTED_ATTR, RESULT_OF_ATTR
 from zhantune.search.surrogate import TransferModel
 
 __all__ = ["FeasibleTPESampler"]
@@ -379,10 +379,11 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
 
     def _classify(self, t: FrozenTrial, state: TrialState, value: float | None) -> tuple[int, float | None]:
         """(row, value) of a trial in ``state``: row -1 when it is not a tried feasible point
-        (infeasible, no params, interrupted); value None while it has no result, inf for a measured
-        failure (worse than anything that ran)."""
+        (infeasible, no params, interrupted, a result of another config: a space with other fixed
+        values under this study); value None while it has no result, inf for a measured failure."""
         row = self._feasible.row_of(t.params) if t.params else None
-        if row is None or t.user_attrs.get(INTERRUPTED_ATTR):
+        told = t.user_attrs.get(RESULT_OF_ATTR)  # the config hash it was told a result of
+        if row is None or t.user_attrs.get(INTERRUPTED_ATTR) or told not in (None, self._feasible.config_hash(row)):
             return -1, None
         if state == TrialState.COMPLETE and value is not None:
             return row, float(value)
