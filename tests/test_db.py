@@ -16,7 +16,7 @@ import optuna
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import create_engine, func, inspect, select
 
 from zhantune.errors import StorageError
 from zhantune.storage import Store, make_engine
@@ -421,12 +421,13 @@ def test_merge_two_machines_without_duplicates(cli, tmp_path):
     assert len(_candidates(all_)) == 30
 
 
-def test_merge_never_joins_two_recordings_of_a_device_named_after_its_file_name(cli, tmp_path):
+def test_merge_never_joins_two_recordings_of_a_device_named_after_its_file_name(cli, tmp_path, postgres):
     """Two Kernel Tuner files without device_name, one file name (``k_GPUZ``), different data: one
     replayed into a.db, the other imported into b.db (each alone is fine). Merging them would make
     device GPUZ hold both (an import of the second into a.db is refused): refused in one line,
-    naming both studies, with the target not even created; into an existing target that holds the
-    first, refused too, its bytes unchanged. Merging a.db twice is fine."""
+    naming both studies, with the target not even created (an empty PostgreSQL database: left
+    without tables, it got zhantune's schema before the check); into an existing target that holds
+    the first, refused too, its bytes unchanged. Merging a.db twice is fine."""
     import gzip
     import json
 
@@ -446,6 +447,13 @@ def test_merge_never_joins_two_recordings_of_a_device_named_after_its_file_name(
             "only after a file name in one of the databases) from another file than study 'kerneltuner:k[64]@GPUZ' "
             "of sources[0]" in r.stderr), r.stderr
     assert not (tmp_path / "all.db").exists()
+    empty = postgres.new_database()
+    r = cli(["merge", f"sources=[{a},{b}]", f"storage.url={empty}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 2 and "from another file than study" in r.stderr, r.stderr
+    engine = make_engine(empty)
+    with engine.connect() as conn:
+        assert inspect(conn).get_table_names() == []
+    engine.dispose()
     assert cli(["merge", f"sources=[{a}]", f"storage.url={out}"], tmp_path, module="zhantune.db").returncode == 0
     assert cli(["merge", f"sources=[{a}]", f"storage.url={out}"], tmp_path, module="zhantune.db").returncode == 0
     # a database where the other file names its device GPUZ (device_name): the same refusal

@@ -36,7 +36,7 @@ def _db_app(cfg: DictConfig) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from zhantune.storage import Store
-    from zhantune.storage.engine import open_existing, redact_url, sqlite_path
+    from zhantune.storage.engine import holds_zhantune_schema, open_existing, redact_url
     from zhantune.storage.merge import check_importable, check_recordings, merge_into
     from zhantune.storage.migrate import current_revision, head_revision, upgrade
 
@@ -66,8 +66,8 @@ def _db_app(cfg: DictConfig) -> None:
                 src = Store(str(u))
                 check_importable(src, f"sources[{i}]")
                 sources.append(src)
-            here = sqlite_path(url)
-            target = Store(url) if here is None or here.exists() else None  # a new file is made after the checks
+            # a target without zhantune's tables (a new file, an empty database) gets them after the checks
+            target = Store(url) if holds_zhantune_schema(url) else None
             check_recordings(([("storage.url", target)] if target is not None else [])
                              + [(f"sources[{i}]", src) for i, src in enumerate(sources)])
             target = target or Store(url)
