@@ -303,3 +303,54 @@ def test_a_gpu_template_entry_on_cpu_is_stale_not_a_hit():
     assert report.hits == {} and report.coverage == 0.0, report.as_dict()
     assert sorted(report.stale_count.values()) == [1, 1]
     assert all(why.startswith("triton::mm is a GPU template") for why in report.stale.values())
+
+
+def test_thread_factors_for_another_thread_count_or_a_bmm_are_stale_and_the_default_compiles():
+    """A tune picks ``cpp.gemm_thread_factors`` whose product is its machine's thread count, and
+    Inductor asserts that product equals the count it compiles for: the same table on a machine
+    (or process, torch.set_num_threads) with another count crashed the user's compile with
+    Inductor's AssertionError. On a bmm, Inductor's C++ BMM template aborted the whole process
+    ("Not all partitions are assigned") with factors for this very count. Now each such entry is
+    stale (the reason says which) and Inductor's default compiles; a linear's factors for this
+    process's count still hit."""
+    from torch._inductor.utils import parallel_num_threads
+
+    from zhantune.inductor.runtime import use_table
+
+    w, b1, b2 = torch.randn(48, 32), torch.randn(2, 16, 24), torch.randn(2, 24, 8)
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(w)
+
+        def forward(self, x, a, b):
+            return x @ self.w, torch.bmm(a, b)
+
+    def compile_with(table):
+        torch._dynamo.reset()
+        with use_table(table) as installed, torch.no_grad(), \
+                torch._inductor.config.patch(freezing=True, force_disable_caches=True):
+            out = torch.compile(Two())(torch.ones(16, 48), b1, b2)
+        assert torch.allclose(out[0], torch.ones(16, 48) @ w, rtol=1e-4, atol=1e-4)
+        assert torch.allclose(out[1], torch.bmm(b1, b2), rtol=1e-4, atol=1e-4)
+        return installed.report
+
+    keys = list(compile_with({}).misses)
+    linear, bmm = sorted(keys, key=lambda k: k.endswith("+bmm"))
+    assert bmm.endswith("+bmm") and not linear.endswith("+bmm"), keys
+    n = parallel_num_threads()
+    assert n > 1, "the premise: the BMM template aborts only with factors for more than one thread"
+
+    def table(factors: str) -> dict:
+        return {k: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": {
+            "max_autotune_gemm_backends": "CPP", "cpp.gemm_thread_factors": factors, "cpp.gemm_max_k_slices": 1,
+            "cpp.gemm_cache_blocking": None}}] for k in keys}
+
+    report = compile_with(table(f"1,1,{n + 1}"))
+    assert report.hits == {} and set(report.stale) == {linear, bmm}, report.as_dict()
+    assert report.stale[linear] == (f"cpp.gemm_thread_factors=1,1,{n + 1} is for {n + 1} thread(s), this process "
+                                    f"compiles for {n} (torch.get_num_threads()); Inductor's default compiled")
+    report = compile_with(table(f"1,1,{n}"))
+    assert report.hits == {linear: 1} and set(report.stale) == {bmm}, report.as_dict()
+    assert report.stale[bmm].startswith(f"cpp.gemm_thread_factors=1,1,{n} on a bmm: Inductor's C++ BMM template")

@@ -113,16 +113,20 @@ def test_template_ids_come_from_inductor():
 def test_every_shipped_space_loads_for_every_op(op):
     names = sorted(p.stem for p in (CONF / "space").glob("*.yaml"))
     # every template offered (zhantune.runspec.problem_variables computes these from Inductor per size)
-    variables = {"M": 256, "N": 256, "K": 256, "B": 2, "dtype_bytes": 4, "smem_bytes": 232448,
+    lookup_op = {"linear_act": "addmm"}.get(op, op)
+    variables = {"M": 256, "N": 256, "K": 256, "B": 2, "op": lookup_op, "dtype_bytes": 4, "smem_bytes": 232448,
                  "sm_count": 132, "cores": 2, "n_threads": 2, "decompose_k_offered": True,
                  "triton_mm_offered": True, "tma_offered": True}
-    lookup_op = {"linear_act": "addmm"}.get(op, op)
     space = load_space(names, CONF / "space", variables, set(inductor_template_ids()), op=lookup_op,
                        template_params=template_params)
     assert space.branch("aten_template").template_id == f"aten::{lookup_op}"
     # every branch has at least one feasible point for this problem
     for b in space.branches:
         assert any(b.feasible(v, variables) for v in b.all_values()), b.name
+    # thread factors abort the C++ BMM template's kernel (test_ship): never proposed for a bmm
+    cpp = space.branch("cpp_gemm")
+    factored = [v for v in cpp.all_values() if v["thread_factors"] is not None and cpp.feasible(v, variables)]
+    assert (len(factored) == 0) == (lookup_op == "bmm"), len(factored)
 
 
 def test_suggest_and_enqueue_round_trip():

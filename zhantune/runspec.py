@@ -166,7 +166,8 @@ def _check_config_keys(space: Space, device: DeviceInfo) -> None:
 
 
 def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any]:
-    """Names a constraint may use: M, N, K, B, dtype_bytes, smem_bytes, sm_count, cores, n_threads,
+    """Names a constraint may use: M, N, K, B, op (the lookup op on this device kind: mm, addmm,
+    bmm), dtype_bytes, smem_bytes, sm_count, cores, n_threads,
     whether Inductor offers a template for this size on this device kind, ``decompose_k_offered``
     and ``triton_mm_offered`` (zhantune.inductor.heuristics.offered_templates), ``tma_offered``
     (Inductor's lowering offers the persistent TMA template on this CUDA device for this problem:
@@ -176,6 +177,7 @@ def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any
     op = problem.lookup_op_on(device.kind)
     return {
         **d,
+        "op": op,
         **offered_templates(op, d["M"], d["N"], d["K"]),
         "tma_offered": device.kind == "cuda" and "triton::mm_persistent_tma" in cuda_offered_uids(problem, device),
         "dtype_bytes": problem.dtype_bytes,

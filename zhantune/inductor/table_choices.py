@@ -6,6 +6,7 @@ stale entries, the CPU per-GEMM knobs), and its report.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -143,6 +144,9 @@ class TableChoices(RecordingChoices):
         elif entries and not _cpu_entry(entries[0]):
             self.report.stale[report_key] = GPU_ENTRY_ON_CPU.format(tid=entries[0]["template_id"])
             self.report.stale_count[report_key] += 1
+        elif entries and _wants_cpp(entries[0]) and (why := threads_mismatch(entries[0]["config_patch"], op_name)):
+            self.report.stale[report_key] = why
+            self.report.stale_count[report_key] += 1
         else:
             self.report.hits[report_key] += 1
             entry = entries[0] if entries else {}
@@ -267,6 +271,8 @@ class TableChoices(RecordingChoices):
         if not _cpu_entry(entry):  # a table made on a GPU: it covers nothing here, said so
             return self._stale(key, GPU_ENTRY_ON_CPU.format(tid=entry["template_id"]), template_choices,
                                kernel_inputs, templates, op_name, kwarg_overrides, True)
+        if _wants_cpp(entry) and (why := threads_mismatch(entry["config_patch"], op_name)):
+            return self._stale(key, why, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, True)
         if _wants_cpp(entry) and not _cpp_template_applies(kernel_inputs, op_name):
             # Inductor would not offer the template here (a weight that is not a frozen constant,
             # a dtype it has no micro-kernel for): the default ATen kernel is compiled, and said so
@@ -328,6 +334,29 @@ def _no_choice(template_hashes: dict[str, str | None]) -> bool:
     ATen kernels offered."""
     return (not (inductor_config.max_autotune or inductor_config.max_autotune_gemm)
             and all(uid.startswith("aten::") for uid in template_hashes))
+
+
+def threads_mismatch(patch: dict[str, Any], op_name: str) -> str | None:
+    """Why a C++-template entry's ``cpp.gemm_thread_factors`` cannot run in this process, or None.
+    Inductor asserts that their product is the number of threads it compiles for
+    (torch/_inductor/codegen/cpp_gemm_template.py; ``parallel_num_threads``: ``cpp.threads``, else
+    torch.get_num_threads()), and a tune picks factors for its own machine's count; its C++ BMM
+    template runs each batch on one thread, and its kernel aborts the process when the factors ask
+    for more ("Not all partitions are assigned", torch 2.13). Either way the entry is reported
+    stale and Inductor's default compiled, as for a template that changed."""
+    factors = patch.get("cpp.gemm_thread_factors")
+    if factors is None:
+        return None
+    from torch._inductor.utils import parallel_num_threads
+
+    want, have = math.prod(int(x) for x in str(factors).split(",")), parallel_num_threads()
+    if op_name == "bmm" and want > 1:
+        return (f"cpp.gemm_thread_factors={factors} on a bmm: Inductor's C++ BMM template runs each batch on "
+                "one thread, and its kernel aborts the process with factors for more; Inductor's default compiled")
+    if want == have:
+        return None
+    return (f"cpp.gemm_thread_factors={factors} is for {want} thread(s), this process compiles for {have} "
+            "(torch.get_num_threads()); Inductor's default compiled")
 
 
 def _wants_cpp(entry: dict[str, Any]) -> bool:

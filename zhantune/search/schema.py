@@ -18,7 +18,8 @@ A parameter is exactly one of::
 
 with an optional ``key`` (the Inductor config key or template kwarg it sets; default: its name).
 Constraints are expressions over the params and the problem/device values (``M``, ``N``, ``K``,
-``B``, ``dtype_bytes``, ``smem_bytes``, ``sm_count``, ``cores``, ``n_threads``,
+``B``, ``op`` (the GEMM Inductor looks up: "mm", "addmm", "bmm"), ``dtype_bytes``, ``smem_bytes``,
+``sm_count``, ``cores``, ``n_threads``,
 ``decompose_k_offered``, ``triton_mm_offered``, ``tma_offered``: zhantune.runspec.problem_variables), evaluated with
 simpleeval (never ``eval``). Errors raise SpaceError naming the file and key path.
 """
