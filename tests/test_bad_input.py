@@ -341,6 +341,24 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(cli, tmp_path, existin
     assert _listing(tmp_path) == before
 
 
+def test_a_kernel_tuner_file_over_the_size_cap_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    """A gzip bomb (1 MiB on disk, 1 GiB of blanks inside) took 2.4 GB of memory to parse before its
+    one-line error; reading stops at MAX_KT_BYTES decompressed (512 MiB; 2 KiB here, monkeypatched,
+    with a real gzip file of 4 KiB of blanks around a valid cache), and a file at the cap is read."""
+    from zhantune.bench import recorded
+    from zhantune.errors import ConfigError
+
+    doc = json.loads(gzip.decompress((tmp_path / _kt_file(tmp_path, "ok.json.gz", 4.0)).read_bytes()))
+    body = json.dumps(doc).encode()
+    monkeypatch.setattr(recorded, "MAX_KT_BYTES", len(body) + 2048)
+    (tmp_path / "bomb.json.gz").write_bytes(gzip.compress(b" " * 4096 + body))
+    with pytest.raises(ConfigError) as e:
+        recorded.load_kerneltuner(tmp_path / "bomb.json.gz", "files")
+    assert str(e.value) == f"files={tmp_path / 'bomb.json.gz'}: over 0 MiB of JSON decompressed: not read"
+    (tmp_path / "fits.json.gz").write_bytes(gzip.compress(b" " * 2048 + body))
+    assert recorded.load_kerneltuner(tmp_path / "fits.json.gz").kernel_name == "k"
+
+
 def test_march_table_is_refused_by_check_use_table_and_replay(cli, tmp_path, existing_db):
     """The shell-running table of issue 16 under a real key: refused before anything compiles."""
     from zhantune.device import resolve_device

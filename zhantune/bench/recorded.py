@@ -48,6 +48,9 @@ FAILURE_STATUS = {
 }
 
 _REQUIRED_KEYS = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params", "cache")
+#: the largest Kernel Tuner cache file read, decompressed (the shipped ones: 4.7 to 16.5 MB; a
+#: compressed file of 1 MiB can hold 1 GiB of blanks, which json.load took 2.4 GB of memory to read)
+MAX_KT_BYTES = 512 << 20
 TEMPLATE_PREFIX = "kerneltuner::"
 _NO_INDUCTOR = "a Kernel Tuner file records no Inductor compile"
 
@@ -207,8 +210,8 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
     """Read a Kernel Tuner cache file (.json or .json.gz); ``device`` names its device (else the
     file's ``device_name``, else its file name: :attr:`KernelTunerFile.device_key`).
 
-    Raises ConfigError (exit code 2) naming ``source`` and the file when it is missing, not JSON, or
-    lacks a required key; nothing in the file is executed.
+    Raises ConfigError (exit code 2) naming ``source`` and the file when it is missing, not JSON,
+    over MAX_KT_BYTES decompressed, or lacks a required key; nothing in the file is executed.
     """
     p = Path(path)
     if not p.is_file():
@@ -216,8 +219,12 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
                                                   "not a regular file" if p.exists() else "no such file"))
     try:
         opener = gzip.open if p.suffix == ".gz" else open
-        with opener(p, "rt", encoding="utf-8") as f:
-            data = json.load(f)
+        with opener(p, "rb") as f:
+            raw = f.read(MAX_KT_BYTES + 1)
+        if len(raw) > MAX_KT_BYTES:
+            raise ConfigError(f"{source}={path}: over {MAX_KT_BYTES >> 20} MiB of JSON"
+                              f"{' decompressed' if p.suffix == '.gz' else ''}: not read")
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as e:
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         if isinstance(e, EOFError):
