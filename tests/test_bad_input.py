@@ -111,6 +111,16 @@ def _bad_source_db(tmp: Path) -> str:
     return "evil.db"
 
 
+def _broken_source(statement: str, knob: dict | None = None):
+    """A setup: sources good.db (fine) and bad.db, one ok row each, ``statement`` run on bad.db with
+    plain sqlite3 (``knob``: bad.db's row sets it); both are checked before the first is merged."""
+    def setup(tmp: Path) -> str:
+        _one_row_db(tmp / "good.db", "good", 4, {"max_autotune_gemm_backends": "ATEN"}, KEY)
+        _one_row_db(tmp / "bad.db", "bad", 4, knob or {"max_autotune_gemm_backends": "ATEN"}, KEY)
+        return _sql(tmp / "bad.db", statement)
+    return setup
+
+
 def _other_problems_study(tmp: Path) -> str:
     """The existing database with a study named 'other' that measured mm 8x8x8."""
     _one_row_db(tmp / "zhantune.db", "other", 8, {"max_autotune_gemm_backends": "ATEN"}, None, trial_number=0)
@@ -162,6 +172,26 @@ CASES = [
      "sources[0]=sqlite:///missing.db: no database at missing.db", None),
     ("merge-disallowed-knob", "zhantune.db", ["merge", "sources=[sqlite:///{x}]"], _bad_source_db,
      "params.cpp.march: 'cpp.march' is not a tuning knob zhantune allows on cpu", "{x}"),
+    # a source merge_into cannot copy whole, or whose rows no run writes: refused before the good
+    # first source is merged (the JSON one merged good.db, then failed with a traceback)
+    ("merge-undecodable-json", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
+     _broken_source("update zt_study set config = 'not json'"),
+     "sources[1]=sqlite:///bad.db: table zt_study: a stored value does not decode", None),
+    ("merge-dangling-device", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
+     _broken_source("update zt_measurement set device_id = 99", {"cpp.march": "native"}),
+     "sources[1]=sqlite:///bad.db: measurement 1: device_id 99 names no row", None),
+    ("merge-knob-under-another-op", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
+     _broken_source("update zt_problem set op = 'MM'", {"cpp.march": "native"}),
+     "sources[1]=sqlite:///bad.db: measurement 1: params.cpp.march:", None),
+    ("merge-forged-lookup-key", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
+     _broken_source("update zt_problem set lookup_key = '((x)),)+mm' || char(10) || 'FORGED LINE'"),
+     'sources[1]=sqlite:///bad.db: problem 1: lookup_key "((x)),)+mm\\nFORGED LINE" is not a device-agnostic', None),
+    ("merge-shape-not-integers", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
+     _broken_source("""update zt_problem set shape = '{"M":4,"N":4,"K":"abc","B":1}'"""),
+     "sources[1]=sqlite:///bad.db: problem 1: shape {", None),
+    ("merge-device-kind", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
+     _broken_source("update zt_device set kind = 'CPU'"),
+     'sources[1]=sqlite:///bad.db: device 1: kind "CPU" is not cpu or cuda', None),
     ("export-path-dir", "zhantune.export", ["path={x}"], _dir, "path=adir: is a directory", None),
     ("tune-export-path-under-file", "zhantune", ["+op=mm", "shape=[4,4,4]", "export.path={x}/t.json"], _file,
      "export.path=afile/t.json: afile is not a directory", None),

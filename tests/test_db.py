@@ -519,6 +519,20 @@ def test_a_kernel_name_over_32_characters_fits_once_upgraded_to_0007_on_postgres
             == {f"kerneltuner::{name}"}
 
 
+def test_merge_takes_a_kernel_tuner_kernel_named_like_a_gemm(cli, tmp_path):
+    """A Kernel Tuner kernel named ``mm`` is stored with problem op "mm" and its own parameters: the
+    merge's checks (knobs, GEMM shapes) are for Inductor's rows and let it through (it was refused:
+    its parameter x is no tuning knob)."""
+    from test_bad_input import _kt_file
+
+    path = _kt_file(tmp_path, "mm_GPU.json.gz", 4.0, kernel_name="mm")
+    a, b = (f"sqlite:///{tmp_path / n}" for n in ("a.db", "b.db"))
+    r = cli([f"files=[{path}]", f"storage.url={a}"], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = cli(["merge", f"sources=[{a}]", f"storage.url={b}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0 and "+2 measurement(s)" in r.stdout, r.stdout + r.stderr
+
+
 def test_merge_into_postgresql(tmp_path, postgres):
     a = f"sqlite:///{tmp_path / 'a.db'}"
     assert _worker(a, tmp_path / "m", 10).wait(timeout=300) == 0

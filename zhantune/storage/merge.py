@@ -11,7 +11,9 @@ created_at) is copied too, so that the merged database exports what each source 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import NoReturn
 
 import optuna
 from sqlalchemy import select
@@ -19,6 +21,7 @@ from sqlalchemy import select
 from zhantune.errors import StorageError
 from zhantune.quiet import quiet_optuna
 from zhantune.storage import orm as m
+from zhantune.storage.engine import first_line
 from zhantune.storage.store import Store
 
 __all__ = ["MergeStats", "merge_into", "check_importable", "check_recordings"]
@@ -49,24 +52,60 @@ def _as_naive(t):
 
 
 def check_importable(source: Store, where: str) -> None:
-    """Refuse a source whose Inductor measurements set anything but allow-listed tuning knobs
-    (zhantune.inductor.knobs: what a table exported from the merged database may ship); raises
-    StorageError naming the source, the measurement and the key. Replay data (Kernel Tuner kernels)
-    never becomes an Inductor table and is not checked."""
+    """Refuse, before anything is written, a source that merge_into could not copy whole or whose rows
+    hold what no zhantune run writes; raises StorageError naming the source and the row:
+
+    * a stored value that does not decode (a JSON column, a timestamp), by table; a device kind
+      other than cpu or cuda;
+    * a measurement or verdict naming a device, problem, study or environment row that is not there;
+    * an Inductor measurement (any row but a Kernel Tuner replay's, template_id ``kerneltuner::...``)
+      that sets anything but allow-listed tuning knobs (zhantune.inductor.knobs: what a table
+      exported from the merged database may ship);
+    * a problem whose lookup key is not one line in Inductor's device-agnostic key format, or a
+      GEMM problem (op mm, addmm, bmm, ...; not a Kernel Tuner kernel of that name) whose shape is
+      not positive integer dims (export writes both into tables)."""
+    from zhantune.bench.recorded import TEMPLATE_PREFIX
     from zhantune.inductor.knobs import stored_params_problem
+    from zhantune.inductor.table import parse_key
     from zhantune.problems.gemm import OPS
 
+    def refuse(what: str) -> NoReturn:
+        raise StorageError(f"{where}={source.url}: {what}; nothing was merged")
+
+    rows: dict[type, list] = {}
     with source.session() as s:
-        q = (select(m.MeasurementRow.id, m.MeasurementRow.template_id, m.MeasurementRow.params, m.Device.kind)
-             .join(m.Device, m.MeasurementRow.device_id == m.Device.id)
-             .join(m.Problem, m.MeasurementRow.problem_id == m.Problem.id)
-             .where(m.Problem.op.in_(tuple(OPS))))
-        for row_id, template_id, params, kind in s.execute(q):
-            bad = stored_params_problem(template_id, params, kind)
-            if bad:
-                key, why = bad
-                raise StorageError(f"{where}={source.url}: measurement {row_id}: params.{key}: {why}; "
-                                   "nothing was merged")
+        for cls in (m.Device, m.Environment, m.Problem, m.Study, m.MeasurementRow, m.Verdict):
+            try:
+                rows[cls] = list(s.scalars(select(cls)))
+            except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+                refuse(f"table {cls.__tablename__}: a stored value does not decode ({first_line(e)})")
+    kinds = {d.id: d.kind for d in rows[m.Device]}
+    for d in rows[m.Device]:
+        if d.kind not in ("cpu", "cuda"):
+            refuse(f"device {d.id}: kind {json.dumps(d.kind)[:40]} is not cpu or cuda")
+    ids = {"device_id": kinds, "problem_id": {p.id for p in rows[m.Problem]},
+           "study_id": {st.id for st in rows[m.Study]}, "environment_id": {e.id for e in rows[m.Environment]}}
+    for p in rows[m.Problem]:
+        key = p.lookup_key
+        if key is not None and not (isinstance(key, str) and key.isprintable() and (parsed := parse_key(key))
+                                    and parsed["device"] is None):
+            refuse(f"problem {p.id}: lookup_key {json.dumps(key)[:120]} is not a device-agnostic Inductor lookup key")
+        shape, recorded = p.shape, p.key.startswith("kerneltuner:") and key is None  # a Kernel Tuner kernel's size
+        if p.op in OPS and not recorded and not (isinstance(shape, dict) and shape and set(shape) <= {"M", "N", "K", "B"} and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape.values())):
+            refuse(f"problem {p.id}: shape {json.dumps(shape)[:120]} is not positive integer dims M, N, K, B")
+    for what, table in (("measurement", rows[m.MeasurementRow]), ("verdict", rows[m.Verdict])):
+        for r in table:
+            for column, known in ids.items():
+                value = getattr(r, column, None)
+                if (value is not None or column != "environment_id") and value not in known:
+                    refuse(f"{what} {r.id}: {column} {value} names no row")
+    for r in rows[m.MeasurementRow]:
+        if str(r.template_id or "").startswith(TEMPLATE_PREFIX):
+            continue  # a Kernel Tuner kernel's parameters: never an Inductor table's
+        bad = stored_params_problem(r.template_id, r.params, kinds[r.device_id])
+        if bad:
+            refuse(f"measurement {r.id}: params.{bad[0]}: {bad[1]}")
 
 
 def check_recordings(stores: list[tuple[str, Store]]) -> None:
