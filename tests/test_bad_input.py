@@ -237,6 +237,12 @@ CASES = [
                                    "torch": "2.13.0\n[green]hit[/green] x1\ncoverage 100%: ok\x1b[8m",
                                    "table": {KEY: [{"template_id": "aten::mm"}]}})),
      "raw.json: torch: expected a version such as '2.13.0+cpu'", None),
+    ("table-key-forges-a-line", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: _raw(t, json.dumps({"cpu0\nhit x1 " + KEY: [{"template_id": "aten::mm"}]})),
+     'raw.json: ["cpu0\\nhit x1 ', None),
+    # Hydra's override grammar takes no newline: its error, on one line like every other
+    ("table-path-with-a-newline", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: (t / "a\nb.json").write_text("[]") and "a\nb.json", "override table=a\\nb.json: ", None),
     ("table-unknown-knob", "zhantune.check", [*MLP, "table={x}"],
      lambda t: _table(t, {"template_id": "zhantune::config", "config_patch": {"cpp.no_such_key": 1}}),
      "config_patch.cpp.no_such_key: 'cpp.no_such_key' is not a tuning knob zhantune allows on cpu", None),
@@ -369,6 +375,18 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(cli, tmp_path, existin
     assert "Traceback" not in r.stderr + r.stdout and "s3cret" not in r.stderr + r.stdout
     # nothing written: every database's bytes, and no new or stray file (no .tmp, no pwned)
     assert _listing(tmp_path) == before
+
+
+def test_a_table_file_named_with_a_newline_is_named_on_one_line(tmp_path):
+    """read_table names the file in every error; a newline in its name (from Python, where the CLI's
+    override grammar does not reach) is written as its escape, so the error stays one line."""
+    from zhantune.errors import TableError
+    from zhantune.inductor.table import read_table
+
+    (tmp_path / "a\nb.json").write_text("[]")
+    with pytest.raises(TableError) as e:
+        read_table(tmp_path / "a\nb.json")
+    assert str(e.value) == json.dumps(str(tmp_path / "a\nb.json")) + ": expected a JSON object, got list"
 
 
 def test_a_kernel_tuner_file_over_the_size_cap_is_refused_before_it_is_parsed(tmp_path, monkeypatch):

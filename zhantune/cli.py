@@ -26,8 +26,12 @@ _GROUPS = ("op", "search", "bench", "storage", "space")
 
 
 def user_error(e: UserError | str) -> None:
-    """Print ``zhantune: <message>`` on stderr and exit with code 2."""
-    print(f"zhantune: {e}", file=sys.stderr)
+    """Print ``zhantune: <message>`` on stderr, one line (a newline or other unprintable character
+    from the input, e.g. in a file name or an override, is written as its escape), and exit with code 2."""
+    text = str(e)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    print(f"zhantune: {text}", file=sys.stderr)
     sys.exit(USER_ERROR_EXIT_CODE)
 
 

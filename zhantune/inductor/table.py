@@ -173,8 +173,8 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
     if isinstance(source, dict):
         data, where = source, "<dict>"
     else:
-        where = str(source)
-        data = _read_json(where)
+        where = str(source) if str(source).isprintable() else json.dumps(str(source))  # errors stay one line
+        data = _read_json(str(source), where)
     if not isinstance(data, dict):
         raise TableError(f"{where}: expected a JSON object, got {type(data).__name__}")
     meta: dict[str, Any] = {}
@@ -193,13 +193,13 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
     return TableFile(table, meta, None if isinstance(source, dict) else where)
 
 
-def _read_json(where: str) -> Any:
-    """The JSON document in file ``where``: a regular file of at most MAX_TABLE_BYTES (a FIFO or a
-    device such as /dev/zero is refused before it is read)."""
+def _read_json(path: str, where: str) -> Any:
+    """The JSON document in file ``path`` (named ``where`` in errors): a regular file of at most
+    MAX_TABLE_BYTES (a FIFO or a device such as /dev/zero is refused before it is read)."""
     import stat
 
     try:
-        fd = os.open(where, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise TableError(f"{where}: cannot read: {e.strerror}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory itself
@@ -271,7 +271,7 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
 
     for key, entries in table.items():
         k = f"[{json.dumps(key)}]"
-        if not isinstance(key, str) or parse_key(key) is None:
+        if not isinstance(key, str) or not key.isprintable() or parse_key(key) is None:
             raise TableError(f"{where}: {path(k)}: not an Inductor lookup key "
                              "(expected '[device+]((dtype, size, stride), ...)[+scalars]+op')")
         if not isinstance(entries, list):
