@@ -63,6 +63,15 @@ def _kt_file(tmp: Path, name: str, time: object, truncate: bool = False, kernel_
     return name
 
 
+def _raw_kt(tmp: Path, tune_params: dict, cache: dict) -> str:
+    """A Kernel Tuner file with these tune_params and cache, written by Python's json (which writes
+    NaN and Infinity as such)."""
+    doc = {"device_name": "GPU", "kernel_name": "k", "problem_size": [64], "tune_params_keys": list(tune_params),
+           "tune_params": tune_params, "objective": "time", "cache": cache}
+    (tmp / "raw_kt.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return "raw_kt.json.gz"
+
+
 def _sql(db: Path, statement: str) -> str:
     """Run one statement on an SQLite file with plain sqlite3; returns the file's name."""
     con = sqlite3.connect(db)
@@ -252,6 +261,9 @@ CASES = [
     ("table-code-in-template-kwarg", "zhantune.check", [*MLP, "table={x}"],
      lambda t: _table(t, {"template_id": "triton::mm", "ACC_TYPE": "tl.float32; import os"}),
      ".ACC_TYPE: ACC_TYPE='tl.float32; import os' is not allowed", None),
+    ("import-infinite-parameter-value", "zhantune.kerneltuner", ["files=[{x}]"],
+     lambda t: _raw_kt(t, {"x": [1, float("inf")]}, {"1": {"x": 1, "time": 1.0}, "inf": {"x": float("inf"), "time": 2.0}}),
+     "tune_params.x holds inf; a parameter's values are finite numbers", None),
     ("replay-truncated-gzip", "zhantune", ["bench=replay", "bench.path={x}"],
      lambda t: _kt_file(t, "trunc.json.gz", 4.0, truncate=True), "the compressed file is truncated", None),
     ("replay-negative-time", "zhantune", ["bench=replay", "bench.path={x}"],

@@ -6,6 +6,7 @@ e.g. ``bench.path=FILE``) and the bad value; nothing in the file is executed.
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +53,9 @@ def _short(v: Any) -> str:
 
 
 def _is_scalar(v: Any) -> bool:
-    """A JSON scalar: what an Optuna categorical choice and a config hash can hold."""
-    return v is None or isinstance(v, (str, int, float, bool))
+    """A JSON scalar: what an Optuna categorical choice and a config hash can hold (a float only when
+    finite: Python's json reads NaN and Infinity, which standard JSON, and PostgreSQL's, has not)."""
+    return v is None or isinstance(v, (str, int, bool)) or (isinstance(v, float) and math.isfinite(v))
 
 
 def _bad_time(entry: dict[str, Any]) -> str | None:
@@ -90,7 +92,7 @@ def check_params(names: Any, tune_params: Any, cache: Any, where: str) -> None:
             raise ConfigError(f"{where}: tune_params.{n} must be a non-empty list")
         bad = next((v for v in values if not _is_scalar(v)), None)
         if bad is not None:
-            raise ConfigError(f"{where}: tune_params.{n} holds {bad!r}; a parameter's values are "
+            raise ConfigError(f"{where}: tune_params.{n} holds {bad!r}; a parameter's values are finite "
                               "numbers, strings, booleans or null")
         twice = next((i for i, v in enumerate(values) if any(_same(v, w) for w in values[:i])), None)
         if twice is not None:
@@ -109,7 +111,7 @@ def check_cache(names: list[str], tune_params: dict[str, list[Any]], cache: dict
         bad = next((n for n in names if not _is_scalar(entry[n])), None)
         if bad is not None:
             raise ConfigError(f"{where}: cache.{key}.{bad}={entry[bad]!r}; a parameter's value is a "
-                              "number, a string, a boolean or null")
+                              "finite number, a string, a boolean or null")
         bad = next((n for n in names if entry[n] not in tune_params[n]), None)
         if bad is not None:
             raise ConfigError(f"{where}: cache.{_short(key)}.{bad}={_short(entry[bad])} is not one of "
