@@ -327,3 +327,21 @@ def test_a_resumed_search_counts_only_this_spaces_results_as_seen(make):
     assert sorted(told_here) == [1, 2, 3] and len(stored) == 6, told_here
     if isinstance(study.sampler, FeasibleTPESampler):  # and it proposed only those (no repeat asked)
         assert moved.asks == 3 and moved.cached == 0, moved
+
+
+@pytest.mark.parametrize("make", [lambda: FeasibleTPESampler(seed=0), lambda: optuna.samplers.RandomSampler(seed=0)])
+def test_a_waiting_trial_outside_the_space_is_infeasible_not_measured_or_a_crash(make):
+    """Enqueued points (waiting trials) outlive their run: a tune killed after enqueuing its seeds and
+    rerun with a narrower ``space=``, or a merged study, leaves values this space does not have.
+    Optuna refuses a categorical one (the tune died with a ValueError traceback) and only warns
+    about an integer out of range (y=10**9 was measured). Each is told infeasible; the budget goes
+    to points of the space."""
+    space = Space(load_branches({"branches": {"t": {"scope": "config", "params": {
+        "x": {"choices": [1, 2, 3]}, "y": {"low": 16, "high": 64, "step": 16}}}}}, "toy.yaml"))
+    study = optuna.create_study(sampler=make())
+    for point in ({"t.x": 1, "t.y": 10**9}, {"t.x": 2, "t.y": 17}, {"t.x": 9, "t.y": 16}):
+        study.enqueue_trial(point)
+    measured: list = []
+    stats = run_search(study, space, {}, lambda cand, _n: measured.append(dict(cand.params)) or 1.0, n_trials=3)
+    assert stats.measured == 3 and stats.infeasible == 3, stats
+    assert all(p["x"] in (1, 2, 3) and p["y"] in (16, 32, 48, 64) for p in measured), measured

@@ -216,10 +216,16 @@ class Space:
 
 
 def _suggest(trial: optuna.trial.BaseTrial, name: str, d: optuna.distributions.BaseDistribution) -> Any:
+    """The trial's value of one param; raises ValueError for an enqueued value outside ``d`` (a
+    waiting trial of an earlier ``space=`` or of a merged study: Optuna refuses a categorical one and
+    only warns about an integer out of range)."""
     if isinstance(d, optuna.distributions.CategoricalDistribution):
         return trial.suggest_categorical(name, d.choices)
     assert isinstance(d, optuna.distributions.IntDistribution)
-    return trial.suggest_int(name, d.low, d.high, step=d.step, log=d.log)
+    v = trial.suggest_int(name, d.low, d.high, step=d.step, log=d.log)
+    if isinstance(v, bool) or not isinstance(v, int) or not d.low <= v <= d.high or (v - d.low) % d.step:
+        raise ValueError(f"{name}={v!r} is outside [{d.low}, {d.high}] step {d.step}")
+    return v
 
 
 def _spec_to_container(node: Any) -> Any:

@@ -162,20 +162,27 @@ class Heartbeat:
 
 @dataclass
 class Asked:
-    """One asked trial: its candidate, or None when the point violates a constraint."""
+    """One asked trial: its candidate, or None when the point violates a constraint (or is not in
+    the space: branch None too)."""
 
     trial: optuna.trial.Trial
-    branch: Branch
+    branch: Branch | None
     values: dict[str, Any]
     candidate: Candidate | None
 
 
 def ask(study: optuna.Study, space: Space, problem_vars: dict[str, Any]) -> Asked:
-    """Ask the sampler for a point; check the branch's constraints before anything compiles."""
+    """Ask the sampler for a point; check the branch's constraints before anything compiles. A point
+    that is not in the space (an enqueued value outside a param's choices or range: a waiting trial of
+    an earlier ``space=`` or of a merged study) is infeasible too (candidate None, branch None)."""
     with warnings.catch_warnings():  # zhantune beats the heartbeat itself (Heartbeat)
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        warnings.filterwarnings("ignore", message="Fixed parameter .* is out of range", category=UserWarning)
         trial = study.ask()
-    branch, values = space.suggest(trial)
+        try:
+            branch, values = space.suggest(trial)
+        except ValueError:
+            return Asked(trial, None, {}, None)
     cand = branch.candidate(values) if branch.feasible(values, problem_vars) else None
     return Asked(trial, branch, values, cand)
 
