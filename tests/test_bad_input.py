@@ -130,6 +130,26 @@ def _broken_source(statement: str, knob: dict | None = None):
     return setup
 
 
+def _empty_first_source(tmp: Path) -> str:
+    """Sources: an empty SQLite file (no tables), then bad.db (a device kind no run writes)."""
+    _broken_source("update zt_device set kind = 'CPU'")(tmp)
+    sqlite3.connect(tmp / "empty.db").close()
+    return "empty.db"
+
+
+def _bad_optuna_source(tmp: Path) -> str:
+    """good.db, and bad.db whose Optuna study (named like its zhantune study) holds a parameter whose
+    distribution does not decode: optuna.copy_study raised mid-merge."""
+    import optuna
+
+    _broken_source("select 1")(tmp)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp / 'bad.db'}")
+    study = optuna.create_study(study_name="bad", storage=storage)
+    study.tell(study.ask({"x": optuna.distributions.IntDistribution(1, 4)}), 1.0)
+    storage.engine.dispose()  # else its open connection keeps the next write in the WAL file, not bad.db
+    return _sql(tmp / "bad.db", "update trial_params set distribution_json = 'not json'")
+
+
 def _other_problems_study(tmp: Path) -> str:
     """The existing database with a study named 'other' that measured mm 8x8x8."""
     _one_row_db(tmp / "zhantune.db", "other", 8, {"max_autotune_gemm_backends": "ATEN"}, None, trial_number=0)
@@ -198,6 +218,16 @@ CASES = [
     ("merge-shape-not-integers", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
      _broken_source("""update zt_problem set shape = '{"M":4,"N":4,"K":"abc","B":1}'"""),
      "sources[1]=sqlite:///bad.db: problem 1: shape {", None),
+    ("merge-forged-default-row-key", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
+     _broken_source("update zt_measurement set kind = 'default', lookup_key = 'cpu0+((x)),)+mm' || char(10) || 'X'"),
+     'sources[1]=sqlite:///bad.db: measurement 1: lookup_key "cpu0+((x)),)+mm\\nX" is not an Inductor lookup key', None),
+    ("merge-device-key-forges-a-line", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
+     _broken_source("update zt_device set key = 'cpu0' || char(10) || 'hit x1'"),
+     'sources[1]=sqlite:///bad.db: device 1: key "cpu0\\nhit x1" is not one line', None),
+    ("merge-undecodable-optuna-study", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
+     _bad_optuna_source, "sources[1]=sqlite:///bad.db: Optuna's tables: a stored value does not decode", None),
+    ("merge-empty-source", "zhantune.db", ["merge", "sources=[sqlite:///{x},sqlite:///bad.db]"], _empty_first_source,
+     "sources[0]=sqlite:///empty.db: holds no zhantune tables, nothing to merge", None),
     ("merge-device-kind", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
      _broken_source("update zt_device set kind = 'CPU'"),
      'sources[1]=sqlite:///bad.db: device 1: kind "CPU" is not cpu or cuda', None),

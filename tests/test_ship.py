@@ -340,7 +340,8 @@ def test_thread_factors_for_another_thread_count_or_a_bmm_are_stale_and_the_defa
     linear, bmm = sorted(keys, key=lambda k: k.endswith("+bmm"))
     assert bmm.endswith("+bmm") and not linear.endswith("+bmm"), keys
     n = parallel_num_threads()
-    assert n > 1, "the premise: the BMM template aborts only with factors for more than one thread"
+    if n == 1:
+        pytest.skip("one thread: the BMM template aborts only with factors for more than one")
 
     def table(factors: str) -> dict:
         return {k: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": {

@@ -63,6 +63,9 @@ def _db_app(cfg: DictConfig) -> None:
             sources = []
             for i, u in enumerate(cfg.sources):
                 open_existing(str(u), f"sources[{i}]").dispose()
+                if not holds_zhantune_schema(str(u), f"sources[{i}]"):  # Store would give it the schema
+                    raise StorageError(f"sources[{i}]={redact_url(str(u))}: holds no zhantune tables, nothing to merge; "
+                                       "nothing was merged")
                 src = Store(str(u))
                 check_importable(src, f"sources[{i}]")
                 sources.append(src)

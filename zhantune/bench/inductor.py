@@ -241,6 +241,9 @@ class InductorBenchmarker:
         lookup = (hit or offered or events or [None])[0]
         templated = counters["inductor"]["cpp_templated_kernel_counter"] - templated_before
         why_not = self._not_applied(expect, lookup, templated)
+        stale = getattr(getattr(rec, "report", None), "stale", None)  # the handler said why (TableChoices)
+        if why_not and stale:
+            why_not = f"the candidate's entry was not used: {next(iter(stale.values()))}"
         if why_not or not time_it:
             forget(entry)
             if why_not:

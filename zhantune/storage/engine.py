@@ -246,11 +246,11 @@ def open_existing(url: str, source: str = "storage.url", allow_newer: bool = Fal
     return make_engine(url)
 
 
-def holds_zhantune_schema(url: str) -> bool:
+def holds_zhantune_schema(url: str, source: str = "storage.url") -> bool:
     """Whether the database at ``url`` exists and holds zhantune's tables (a schema revision);
     read through a plain engine, nothing is written (an empty PostgreSQL database or SQLite file:
     False). Raises StorageError for a URL check_url refuses or a server that cannot be reached."""
-    check_url(url, "storage.url")
+    check_url(url, source)
     path = sqlite_path(url)
     if path is not None and not path.exists():
         return False
@@ -259,7 +259,7 @@ def holds_zhantune_schema(url: str) -> bool:
         with probe.connect() as conn:
             return current_revision(conn) is not None
     except OperationalError as e:
-        raise StorageError(f"storage.url={redact_url(url)}: cannot open the database: {first_line(e)}") from None
+        raise StorageError(f"{source}={redact_url(url)}: cannot open the database: {first_line(e)}") from None
     finally:
         probe.dispose()
 

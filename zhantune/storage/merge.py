@@ -12,11 +12,12 @@ created_at) is copied too, so that the merged database exports what each source 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
 import optuna
-from sqlalchemy import select
+from sqlalchemy import inspect, select
 
 from zhantune.errors import StorageError
 from zhantune.quiet import quiet_optuna
@@ -85,6 +86,13 @@ def check_importable(source: Store, where: str) -> None:
             refuse(f"device {d.id}: kind {json.dumps(d.kind)[:40]} is not cpu or cuda")
     ids = {"device_id": kinds, "problem_id": {p.id for p in rows[m.Problem]},
            "study_id": {st.id for st in rows[m.Study]}, "environment_id": {e.id for e in rows[m.Environment]}}
+    for d in rows[m.Device]:  # its key is the device part of an exported table's keys
+        if not (isinstance(d.key, str) and d.key.isprintable()):
+            refuse(f"device {d.id}: key {json.dumps(d.key)[:120]} is not one line of printable text")
+    for r in rows[m.MeasurementRow]:  # a default row's key is the one export looks its GEMM up under
+        if r.lookup_key is not None and not (isinstance(r.lookup_key, str) and r.lookup_key.isprintable()
+                                             and parse_key(r.lookup_key)):
+            refuse(f"measurement {r.id}: lookup_key {json.dumps(r.lookup_key)[:120]} is not an Inductor lookup key")
     for p in rows[m.Problem]:
         key = p.lookup_key
         if key is not None and not (isinstance(key, str) and key.isprintable() and (parsed := parse_key(key))
@@ -100,12 +108,27 @@ def check_importable(source: Store, where: str) -> None:
                 value = getattr(r, column, None)
                 if (value is not None or column != "environment_id") and value not in known:
                     refuse(f"{what} {r.id}: {column} {value} names no row")
+    _check_optuna_studies(source, {st.name for st in rows[m.Study]}, refuse)
     for r in rows[m.MeasurementRow]:
         if str(r.template_id or "").startswith(TEMPLATE_PREFIX):
             continue  # a Kernel Tuner kernel's parameters: never an Inductor table's
         bad = stored_params_problem(r.template_id, r.params, kinds[r.device_id])
         if bad:
             refuse(f"measurement {r.id}: params.{bad[0]}: {bad[1]}")
+
+
+def _check_optuna_studies(source: Store, names: set[str], refuse: Callable[[str], NoReturn]) -> None:
+    """Read every trial of the Optuna studies merge_into copies (those named like a zhantune study),
+    so that one that does not decode is refused before anything is written (copy_study failed half
+    way). A source without Optuna's tables has none (and is not given them: nothing is written)."""
+    if "studies" not in inspect(source.engine).get_table_names():
+        return
+    try:
+        for summary in optuna.get_all_study_summaries(source.url, include_best_trial=False):
+            if summary.study_name in names:
+                optuna.load_study(study_name=summary.study_name, storage=source.url).get_trials(deepcopy=False)
+    except (ValueError, TypeError, KeyError) as e:  # json.JSONDecodeError is a ValueError
+        refuse(f"Optuna's tables: a stored value does not decode ({first_line(e)})")
 
 
 def check_recordings(stores: list[tuple[str, Store]]) -> None:
