@@ -75,8 +75,9 @@ def _db_app(cfg: DictConfig) -> None:
                              + [(f"sources[{i}]", src) for i, src in enumerate(sources)])
             target = target or Store(url)
             for src in sources:
-                stats = merge_into(target, src, label=src.url)
-                print(f"{src.url}: +{stats.measurements_added} measurement(s), {stats.measurements_skipped} "
+                shown = redact_url(src.url)  # a renamed study's "[from ...]" and this line: no password
+                stats = merge_into(target, src, label=shown)
+                print(f"{shown}: +{stats.measurements_added} measurement(s), {stats.measurements_skipped} "
                       f"already there; {stats.verdicts_added} verdict(s); {stats.studies_new} new stud(y/ies), "
                       f"{stats.studies_renamed} renamed")
     except UserError as e:

@@ -25,6 +25,7 @@ def _export_app(cfg: DictConfig) -> None:
     mark_task_started()
     from zhantune.inductor.builder import check_export_options, export_table, resolve_device_key
     from zhantune.storage import Store, sqlite_path
+    from zhantune.storage.engine import redact_url
 
     try:
         check_export_options(cfg)
@@ -35,7 +36,7 @@ def _export_app(cfg: DictConfig) -> None:
         device = resolve_device_key(store, cfg.device)
         out, table = export_table(store, cfg, device)
         if out is None:
-            raise UserError(f"nothing to export from {cfg.storage.url}: no correct measured candidate"
+            raise UserError(f"nothing to export from {redact_url(cfg.storage.url)}: no correct measured candidate"
                             + (f" for device {device!r}" if device else "")
                             + (f" with torch {cfg.torch_version}" if cfg.torch_version else ""))
     except UserError as e:

@@ -91,8 +91,10 @@ def resolve_device_key(store: Store, spec: Any, option: str = "device") -> str |
     of_kind = [d for d in devices if d.kind == want.lower()]
     if len(of_kind) == 1:
         return of_kind[0].key
+    from zhantune.storage.engine import redact_url
+
     listed = "; ".join(f"{i}: {d.key!r} ({d.kind})" for i, d in enumerate(devices)) or "none"
-    raise ConfigError(f"{option}={want!r}: no such device in {store.url}; it has {listed}. Give the number "
+    raise ConfigError(f"{option}={want!r}: no such device in {redact_url(store.url)}; it has {listed}. Give the number "
                       f"({option}=0), or the key in quotes inside the shell's: '{option}=\"KEY\"'")
 
 

@@ -16,6 +16,7 @@ from zhantune.bench.decision import decision_us
 from zhantune.errors import ConfigError
 from zhantune.quiet import quiet_optuna
 from zhantune.storage import Store
+from zhantune.storage.engine import redact_url
 
 __all__ = ["study_names", "load_report_study"]
 
@@ -37,7 +38,7 @@ def load_report_study(store: Store, name: str, option: str = "study") -> optuna.
         hits = [n for n in names if name in n]
         if len(hits) != 1:
             what = "no such study" if not hits else f"{len(hits)} studies match"
-            raise ConfigError(f"{option}={name!r}: {what} in {store.url}; allowed: "
+            raise ConfigError(f"{option}={name!r}: {what} in {redact_url(store.url)}; allowed: "
                               f"{', '.join(map(repr, hits or names)) or 'none'}")
         name = hits[0]
     try:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from zhantune.bench.decision import decision_us
 from zhantune.report.console import compact
+from zhantune.storage.engine import redact_url
 
 __all__ = ["TuneProgress", "print_summary"]
 
@@ -80,7 +81,7 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     else:
         console.print("[yellow]no candidate measured ok[/yellow]")
     _print_notes(console, result)
-    console.print(f"database: {escape(str(db))}  study: {escape(result.study_name)}")
+    console.print(f"database: {escape(redact_url(str(db)))}  study: {escape(result.study_name)}")
     if result.table_path is not None:
         console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))", markup=False)
 

@@ -22,7 +22,7 @@ from sqlalchemy import inspect, select
 from zhantune.errors import StorageError
 from zhantune.quiet import quiet_optuna
 from zhantune.storage import orm as m
-from zhantune.storage.engine import first_line
+from zhantune.storage.engine import first_line, redact_url
 from zhantune.storage.store import Store
 
 __all__ = ["MergeStats", "merge_into", "check_importable", "check_recordings"]
@@ -56,22 +56,25 @@ def check_importable(source: Store, where: str) -> None:
     """Refuse, before anything is written, a source that merge_into could not copy whole or whose rows
     hold what no zhantune run writes; raises StorageError naming the source and the row:
 
-    * a stored value that does not decode (a JSON column, a timestamp), by table; a device kind
-      other than cpu or cuda;
+    * a stored value that does not decode (a JSON column, a timestamp), by table, in zhantune's
+      tables or in the Optuna studies it copies; a device kind other than cpu or cuda;
     * a measurement or verdict naming a device, problem, study or environment row that is not there;
     * an Inductor measurement (any row but a Kernel Tuner replay's, template_id ``kerneltuner::...``)
       that sets anything but allow-listed tuning knobs (zhantune.inductor.knobs: what a table
       exported from the merged database may ship);
-    * a problem whose lookup key is not one line in Inductor's device-agnostic key format, or a
-      GEMM problem (op mm, addmm, bmm, ...; not a Kernel Tuner kernel of that name) whose shape is
-      not positive integer dims (export writes both into tables)."""
+    * what export writes into a table's keys that is not one line of Inductor's key format: a
+      device key, a measurement's lookup key, a problem's (device-agnostic) lookup key; a GEMM
+      problem (op mm, addmm, bmm, ...; not a Kernel Tuner kernel of that name) whose shape is not
+      positive integer dims.
+
+    The source's URL is named with its password hidden (zhantune.storage.engine.redact_url)."""
     from zhantune.bench.recorded import TEMPLATE_PREFIX
     from zhantune.inductor.knobs import stored_params_problem
     from zhantune.inductor.table import parse_key
     from zhantune.problems.gemm import OPS
 
     def refuse(what: str) -> NoReturn:
-        raise StorageError(f"{where}={source.url}: {what}; nothing was merged")
+        raise StorageError(f"{where}={redact_url(source.url)}: {what}; nothing was merged")
 
     rows: dict[type, list] = {}
     with source.session() as s:

@@ -93,8 +93,8 @@ class Store(Queries):
         finally:
             if probe is not self.engine:
                 probe.dispose()
-        refuse_other_optuna_schema(f"storage.url={self.url}", optuna_rev)
-        refuse_foreign_or_newer(f"storage.url={self.url}", tables, rev)
+        refuse_other_optuna_schema(f"storage.url={redact_url(self.url)}", optuna_rev)
+        refuse_foreign_or_newer(f"storage.url={redact_url(self.url)}", tables, rev)
         if rev is None:
             upgrade(self.engine)
             if "version_info" not in tables:
