@@ -249,8 +249,8 @@ def test_the_speedup_chart_shows_paired_claims_and_marks_the_rest_unconfirmed(tm
 
 
 @pytest.mark.parametrize("where, message", [
-    ("tune_params", "tune_params.block_size_x holds [16, 1]; a parameter's values are numbers"),
-    ("cache", "block_size_x={value}; a parameter's value is a number"),
+    ("tune_params", "tune_params.block_size_x holds [16, 1]; a parameter's values are finite numbers"),
+    ("cache", "block_size_x={value}; a parameter's value is a finite number"),
 ])
 def test_import_refuses_a_parameter_value_that_is_not_a_scalar(cli, tmp_path, where, message):
     """A list as a parameter value (Optuna's categorical choices and the config hash take scalars)

@@ -533,6 +533,34 @@ def test_merge_takes_a_kernel_tuner_kernel_named_like_a_gemm(cli, tmp_path):
     assert r.returncode == 0 and "+2 measurement(s)" in r.stdout, r.stdout + r.stderr
 
 
+def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
+    """A PostgreSQL URL with a password (the test server trusts any): a replay's summary names the
+    database without it, and so does db merge refusing that database as a source (a row that sets
+    cpp.march); the password appears nowhere in either command's output."""
+    from test_bad_input import _kt_file
+
+    url = postgres.new_database().replace("postgres@", "postgres:s3cret@")
+    shown = url.replace(":s3cret@", ":***@")
+    path = _kt_file(tmp_path, "k_GPU.json.gz", 4.0)
+    r = cli(["bench=replay", f"bench.path={path}", "search.n_trials=2", "progress=false", f"storage.url={url}"],
+            tmp_path)
+    assert r.returncode == 0 and f"database: {shown}" in " ".join(r.stdout.split()), r.stdout[-2000:] + r.stderr[-2000:]
+    assert "s3cret" not in r.stdout + r.stderr
+    store = Store(url)
+    dev = store.device_id("cpu0", "cpu0", "cpu", {})
+    prob = store.problem_id("mm[M=4,N=4,K=4]:float32", op="mm", shape={"M": 4, "N": 4, "K": 4, "B": 1},
+                            dtype="float32", activation=None, weight_layout="kn", lookup_op="mm", lookup_key=None,
+                            flops=128)
+    store.add_measurement(study_id=store.study_id("evil", {}), device_id=dev, problem_id=prob, kind="candidate",
+                          status="ok", template_id=None, params={"cpp.march": "native"}, median_us=1.0,
+                          torch_version="2.13.0")
+    store.engine.dispose()
+    r = cli(["merge", f"sources=[{url}]", f"storage.url=sqlite:///{tmp_path / 'all.db'}"], tmp_path,
+            module="zhantune.db")
+    assert r.returncode == 2 and r.stderr.startswith(f"zhantune: sources[0]={shown}: measurement "), r.stderr
+    assert "s3cret" not in r.stdout + r.stderr
+
+
 def test_merge_into_postgresql(tmp_path, postgres):
     a = f"sqlite:///{tmp_path / 'a.db'}"
     assert _worker(a, tmp_path / "m", 10).wait(timeout=300) == 0
