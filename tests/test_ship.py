@@ -270,51 +270,10 @@ def test_addmm_template_winner_goes_under_the_key_its_template_hit(tmp_path):
     assert read_table(table).table == table
 
 
-def test_a_gpu_template_entry_on_cpu_is_stale_not_a_hit():
-    """A table made on a GPU (device-agnostic keys, triton::mm entries) used on CPU: Inductor's CPU
-    GEMM cannot run the entry, so the lookup is stale (it was a hit at 100% coverage, with
-    Inductor's default compiled), for a prepacked linear and for an unpacked bmm alike."""
-    from zhantune.inductor.runtime import use_table
-
-    w, b1, b2 = torch.randn(48, 32), torch.randn(2, 16, 24), torch.randn(2, 24, 8)
-
-    class Two(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(w)
-
-        def forward(self, x, a, b):
-            return x @ self.w, torch.bmm(a, b)
-
-    def compile_with(table):
-        torch._dynamo.reset()
-        with use_table(table) as installed, torch.no_grad(), \
-                torch._inductor.config.patch(freezing=True, force_disable_caches=True):
-            out = torch.compile(Two())(torch.ones(16, 48), b1, b2)
-        assert torch.allclose(out[0], torch.ones(16, 48) @ w, rtol=1e-4, atol=1e-4)
-        return installed.report
-
-    keys = list(compile_with({}).misses)  # the keys Inductor asks with, device-agnostic
-    assert len(keys) == 2
-    gpu = {k.split("+", 1)[1] if not k.startswith("((") else k:
-           [{"template_id": "triton::mm", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4,
-             "num_stages": 2, "EVEN_K": True}] for k in keys}
-    report = compile_with(gpu)
-    assert report.hits == {} and report.coverage == 0.0, report.as_dict()
-    assert sorted(report.stale_count.values()) == [1, 1]
-    assert all(why.startswith("triton::mm is a GPU template") for why in report.stale.values())
-
-
-def test_thread_factors_for_another_thread_count_or_a_bmm_are_stale_and_the_default_compiles():
-    """A tune picks ``cpp.gemm_thread_factors`` whose product is its machine's thread count, and
-    Inductor asserts that product equals the count it compiles for: the same table on a machine
-    (or process, torch.set_num_threads) with another count crashed the user's compile with
-    Inductor's AssertionError. On a bmm, Inductor's C++ BMM template aborted the whole process
-    ("Not all partitions are assigned") with factors for this very count. Now each such entry is
-    stale (the reason says which) and Inductor's default compiles; a linear's factors for this
-    process's count still hit."""
-    from torch._inductor.utils import parallel_num_threads
-
+def _linear_and_bmm():
+    """``compile_with(table)``: compiles a module with a prepacked linear (frozen weight) and an
+    unpacked bmm under ``use_table(table)`` (caches off), checks both outputs against eager and
+    returns the table's report."""
     from zhantune.inductor.runtime import use_table
 
     w, b1, b2 = torch.randn(48, 32), torch.randn(2, 16, 24), torch.randn(2, 24, 8)
@@ -336,6 +295,36 @@ def test_thread_factors_for_another_thread_count_or_a_bmm_are_stale_and_the_defa
         assert torch.allclose(out[1], torch.bmm(b1, b2), rtol=1e-4, atol=1e-4)
         return installed.report
 
+    return compile_with
+
+
+def test_a_gpu_template_entry_on_cpu_is_stale_not_a_hit():
+    """A table made on a GPU (device-agnostic keys, triton::mm entries) used on CPU: Inductor's CPU
+    GEMM cannot run the entry, so the lookup is stale (it was a hit at 100% coverage, with
+    Inductor's default compiled), for a prepacked linear and for an unpacked bmm alike."""
+    compile_with = _linear_and_bmm()
+    keys = list(compile_with({}).misses)  # the keys Inductor asks with, device-agnostic
+    assert len(keys) == 2
+    gpu = {k.split("+", 1)[1] if not k.startswith("((") else k:
+           [{"template_id": "triton::mm", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4,
+             "num_stages": 2, "EVEN_K": True}] for k in keys}
+    report = compile_with(gpu)
+    assert report.hits == {} and report.coverage == 0.0, report.as_dict()
+    assert sorted(report.stale_count.values()) == [1, 1]
+    assert all(why.startswith("triton::mm is a GPU template") for why in report.stale.values())
+
+
+def test_thread_factors_for_another_thread_count_or_a_bmm_are_stale_and_the_default_compiles():
+    """A tune picks ``cpp.gemm_thread_factors`` whose product is its machine's thread count, and
+    Inductor asserts that product equals the count it compiles for: the same table on a machine
+    (or process, torch.set_num_threads) with another count crashed the user's compile with
+    Inductor's AssertionError. On a bmm, Inductor's C++ BMM template aborted the whole process
+    ("Not all partitions are assigned") with factors for this very count. Now each such entry is
+    stale (the reason says which) and Inductor's default compiles; a linear's factors for this
+    process's count still hit."""
+    from torch._inductor.utils import parallel_num_threads
+
+    compile_with = _linear_and_bmm()
     keys = list(compile_with({}).misses)
     linear, bmm = sorted(keys, key=lambda k: k.endswith("+bmm"))
     assert bmm.endswith("+bmm") and not linear.endswith("+bmm"), keys
