@@ -222,8 +222,8 @@ def _suggest(trial: optuna.trial.BaseTrial, name: str, d: optuna.distributions.B
     if isinstance(d, optuna.distributions.CategoricalDistribution):
         return trial.suggest_categorical(name, d.choices)
     assert isinstance(d, optuna.distributions.IntDistribution)
-    v = trial.suggest_int(name, d.low, d.high, step=d.step, log=d.log)
-    if isinstance(v, bool) or not isinstance(v, int) or not d.low <= v <= d.high or (v - d.low) % d.step:
+    v = trial.suggest_int(name, d.low, d.high, step=d.step, log=d.log)  # an int (Optuna converts)
+    if not d.low <= v <= d.high or (v - d.low) % d.step:
         raise ValueError(f"{name}={v!r} is outside [{d.low}, {d.high}] step {d.step}")
     return v
 
