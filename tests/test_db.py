@@ -519,6 +519,33 @@ def test_a_kernel_name_over_32_characters_fits_once_upgraded_to_0007_on_postgres
             == {f"kerneltuner::{name}"}
 
 
+def test_merge_takes_a_rocm_device_key_and_writes_nothing_to_a_source(cli, tmp_path):
+    """A ROCm GPU's device key is its gcnArchName, which holds "+" ("gfx90a:sramecc+:xnack-"): the
+    lookup-key format (tables, merge's check) took the device part to end at the first "+" and
+    refused such keys. And a source without Optuna's tables (zhantune's only) is read, never
+    written: merge_into's copy of Optuna studies gave it all 13 tables."""
+    import sqlite3
+
+    from test_bad_input import KEY, _one_row_db
+
+    from zhantune.inductor.table import read_table
+
+    rocm = "gfx90a:sramecc+:xnack-"
+    assert read_table({f"{rocm}+{KEY}": [{"template_id": "aten::mm"}]}).table
+    _one_row_db(tmp_path / "a.db", "a", 4, {"max_autotune_gemm_backends": "ATEN"}, KEY)
+    with sqlite3.connect(tmp_path / "a.db") as con:
+        con.execute("update zt_device set key = ?, name = ?, kind = 'cuda'", (rocm, rocm))
+        con.execute("update zt_measurement set kind = 'default', lookup_key = ?", (f"{rocm}+{KEY}",))
+        for table in OPTUNA_TABLES:
+            con.execute(f"drop table if exists {table}")
+    con.close()
+    before = _digest(tmp_path / "a.db")
+    r = cli(["merge", f"sources=[sqlite:///{tmp_path / 'a.db'}]", f"storage.url=sqlite:///{tmp_path / 'all.db'}"],
+            tmp_path, module="zhantune.db")
+    assert r.returncode == 0 and "+1 measurement(s)" in r.stdout, r.stdout + r.stderr
+    assert _digest(tmp_path / "a.db") == before
+
+
 def test_merge_takes_a_kernel_tuner_kernel_named_like_a_gemm(cli, tmp_path):
     """A Kernel Tuner kernel named ``mm`` is stored with problem op "mm" and its own parameters: the
     merge's checks (knobs, GEMM shapes) are for Inductor's rows and let it through (it was refused:
@@ -547,6 +574,8 @@ def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
     assert r.returncode == 0 and f"database: {shown}" in " ".join(r.stdout.split()), r.stdout[-2000:] + r.stderr[-2000:]
     assert "s3cret" not in r.stdout + r.stderr
     store = Store(url)
+    with store.session() as s:  # nor in the composed config stored with the study (merges copy it)
+        assert "s3cret" not in repr([st.config for st in s.scalars(select(m.Study))])
     dev = store.device_id("cpu0", "cpu0", "cpu", {})
     prob = store.problem_id("mm[M=4,N=4,K=4]:float32", op="mm", shape={"M": 4, "N": 4, "K": 4, "B": 1},
                             dtype="float32", activation=None, weight_layout="kn", lookup_op="mm", lookup_key=None,

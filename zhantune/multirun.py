@@ -82,7 +82,11 @@ class MultirunSummary(Callback):
         except Exception:  # the job failed: no record (the launcher's summary says so)
             return
         if isinstance(value, dict) and value.get("zhantune_job"):
-            record = {**value, "job": hc.job.num, "overrides": list(hc.overrides.task)}
+            from zhantune.storage import redact_url
+
+            overrides = [f"storage.url={redact_url(o.split('=', 1)[1])}" if o.startswith("storage.url=") else o
+                         for o in hc.overrides.task]
+            record = {**value, "job": hc.job.num, "overrides": overrides}
             Path(hc.runtime.output_dir, JOB_RECORD).write_text(json.dumps(record, indent=1))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

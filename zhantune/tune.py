@@ -192,6 +192,7 @@ class _Tune:
         self.progress = progress
         self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
         config = OmegaConf.to_container(run.cfg, resolve=True)
+        config["storage"]["url"] = redact_url(config["storage"]["url"])  # stored, and merged elsewhere
         if run.replay is not None:  # which file this study replays (zhantune.storage.ingest.replay_study)
             config["replay_sha256"] = run.replay.sha256
         self.study_id = store.study_id(run.study_name, config)

@@ -44,7 +44,9 @@ FORMAT_VERSION = 1
 
 #: Inductor's key: "[device+]((dtype, size, stride), ...)[+alpha=1&beta=1]+op"
 #: (torch/_inductor/lookup_table/choices.py make_lookup_key)
-_KEY = re.compile(r"^(?:(?P<device>[^+]+)\+)?(?P<inputs>\(\(.*\),?\))(?:\+(?P<scalars>[^+]*))?\+(?P<op>[A-Za-z_][\w]*)$")
+#: (the device part ends at the first "+((": a ROCm device key, gcnArchName, holds "+", e.g.
+#: "gfx90a:sramecc+:xnack-")
+_KEY = re.compile(r"^(?:(?P<device>.+?)\+(?=\(\())?(?P<inputs>\(\(.*\),?\))(?:\+(?P<scalars>[^+]*))?\+(?P<op>[A-Za-z_][\w]*)$")
 #: a version string in the wrapper (PEP 440 with a local part: "2.13.0+cpu", "2.13.0a0+git1234abc")
 _VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}", re.ASCII)
 #: the largest table file read (tables hold a few entries per GEMM; this is thousands of models' worth)

@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,8 +43,8 @@ def redact_url(url: str) -> str:
     """The URL without its password (for logs and shipped tables; credentials are not shipped)."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
+    except Exception:  # not a URL SQLAlchemy parses: whatever stands between "//" and "@" is hidden
+        return re.sub(r"//[^/@]*@", "//***@", url)
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -65,7 +66,7 @@ def check_url(url: str, source: str = "storage.url") -> None:
     try:
         u = make_url(url)
     except ArgumentError:
-        raise StorageError(f"{source}={url!r} is not a database URL; e.g. sqlite:///zhantune.db or "
+        raise StorageError(f"{source}={redact_url(url)!r} is not a database URL; e.g. sqlite:///zhantune.db or "
                            "postgresql+psycopg://user@host/db") from None
     if u.get_backend_name() not in SUPPORTED_BACKENDS:
         raise StorageError(f"{source}={redact_url(url)!r}: the {u.get_backend_name()!r} backend is not supported; "

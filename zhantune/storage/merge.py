@@ -171,6 +171,7 @@ def check_recordings(stores: list[tuple[str, Store]]) -> None:
 def merge_into(target: Store, source: Store, label: str) -> MergeStats:
     """Copy everything of ``source`` that ``target`` lacks; ``label`` names the source in renamed studies."""
     stats = MergeStats()
+    has_optuna = "studies" in inspect(source.engine).get_table_names()
     with source.session() as s:
         devices = {d.id: d for d in s.scalars(select(m.Device))}
         envs = {e.id: e for e in s.scalars(select(m.Environment))}
@@ -204,7 +205,8 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
             stats.studies_new += 1
         else:
             stats.studies_renamed += 1
-        _copy_optuna_study(source.url, target.url, st.name, name)
+        if has_optuna:  # else Optuna's storage would give the source its tables (a write)
+            _copy_optuna_study(source.url, target.url, st.name, name)
     with target.session() as t:
         have = {(sid, n, _as_naive(c), h) for sid, n, c, h in t.execute(
             select(m.MeasurementRow.study_id, m.MeasurementRow.trial_number, m.MeasurementRow.created_at,
