@@ -232,16 +232,7 @@ def open_existing(url: str, source: str = "storage.url", allow_newer: bool = Fal
         if not path.exists():
             raise StorageError(f"{source}={url}: no database at {path}")
         check_sqlite_integrity(path, f"{source}={url}")
-    # inspected through a plain engine: zhantune's own would switch a SQLite file to WAL mode, a write
-    probe = create_engine(url)
-    try:
-        with probe.connect() as conn:
-            tables = set(inspect(conn).get_table_names())
-            rev = current_revision(conn)
-    except OperationalError as e:  # a server that cannot be reached, a login refused
-        raise StorageError(f"{source}={redact_url(url)}: cannot open the database: {first_line(e)}") from None
-    finally:
-        probe.dispose()
+    tables, rev = _probe(url, source)
     if not (allow_newer and rev is not None):  # `current` reports any zhantune revision, newer too
         refuse_foreign_or_newer(f"{source}={url}", tables, rev)
     return make_engine(url)
@@ -255,10 +246,17 @@ def holds_zhantune_schema(url: str, source: str = "storage.url") -> bool:
     path = sqlite_path(url)
     if path is not None and not path.exists():
         return False
+    return _probe(url, source)[1] is not None
+
+
+def _probe(url: str, source: str) -> tuple[set[str], str | None]:
+    """(table names, zhantune's schema revision) of the database at ``url``, read through a plain
+    engine (zhantune's own would switch a SQLite file to WAL mode, a write); raises StorageError
+    naming ``source`` when it cannot be opened (a server that cannot be reached, a login refused)."""
     probe = create_engine(url)
     try:
         with probe.connect() as conn:
-            return current_revision(conn) is not None
+            return set(inspect(conn).get_table_names()), current_revision(conn)
     except OperationalError as e:
         raise StorageError(f"{source}={redact_url(url)}: cannot open the database: {first_line(e)}") from None
     finally:

@@ -83,15 +83,14 @@ def check_importable(source: Store, where: str) -> None:
                 rows[cls] = list(s.scalars(select(cls)))
             except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
                 refuse(f"table {cls.__tablename__}: a stored value does not decode ({first_line(e)})")
-    kinds = {d.id: d.kind for d in rows[m.Device]}
     for d in rows[m.Device]:
         if d.kind not in ("cpu", "cuda"):
             refuse(f"device {d.id}: kind {json.dumps(d.kind)[:40]} is not cpu or cuda")
+        if not (isinstance(d.key, str) and d.key.isprintable()):  # the device part of exported keys
+            refuse(f"device {d.id}: key {json.dumps(d.key)[:120]} is not one line of printable text")
+    kinds = {d.id: d.kind for d in rows[m.Device]}
     ids = {"device_id": kinds, "problem_id": {p.id for p in rows[m.Problem]},
            "study_id": {st.id for st in rows[m.Study]}, "environment_id": {e.id for e in rows[m.Environment]}}
-    for d in rows[m.Device]:  # its key is the device part of an exported table's keys
-        if not (isinstance(d.key, str) and d.key.isprintable()):
-            refuse(f"device {d.id}: key {json.dumps(d.key)[:120]} is not one line of printable text")
     for r in rows[m.MeasurementRow]:  # a default row's key is the one export looks its GEMM up under
         if r.lookup_key is not None and not (isinstance(r.lookup_key, str) and r.lookup_key.isprintable()
                                              and parse_key(r.lookup_key)):
