@@ -563,7 +563,8 @@ def test_merge_takes_a_kernel_tuner_kernel_named_like_a_gemm(cli, tmp_path):
 def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
     """A PostgreSQL URL with a password (the test server trusts any): a replay's summary names the
     database without it, and so does db merge refusing that database as a source (a row that sets
-    cpp.march); the password appears nowhere in either command's output."""
+    cpp.march); the password appears nowhere in either command's output, nor in any file Hydra
+    saved for the runs (.hydra/ of each, a multirun's multirun.yaml)."""
     from test_bad_input import _kt_file
 
     url = postgres.new_database().replace("postgres@", "postgres:s3cret@")
@@ -573,6 +574,10 @@ def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
             tmp_path)
     assert r.returncode == 0 and f"database: {shown}" in " ".join(r.stdout.split()), r.stdout[-2000:] + r.stderr[-2000:]
     assert "s3cret" not in r.stdout + r.stderr
+    _saved_without_password(tmp_path, shown, runs=1)
+    r = cli(["-m", "bench=replay", f"bench.path={path}", "search.n_trials=3,4", "progress=false", f"storage.url={url}"],
+            tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     store = Store(url)
     with store.session() as s:  # nor in the composed config stored with the study (merges copy it)
         assert "s3cret" not in repr([st.config for st in s.scalars(select(m.Study))])
@@ -588,6 +593,33 @@ def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
             module="zhantune.db")
     assert r.returncode == 2 and r.stderr.startswith(f"zhantune: sources[0]={shown}: measurement "), r.stderr
     assert "s3cret" not in r.stdout + r.stderr
+    _saved_without_password(tmp_path, shown, runs=3)  # the merge's, then the multirun's two jobs
+
+
+def _saved_without_password(root: Path, shown: str, runs: int) -> None:
+    """Hydra's saved files under ``root`` (.hydra/ of ``runs`` runs, a multirun's multirun.yaml)
+    name the database as ``shown`` and hold no password (a multirun job's overrides escape colons)."""
+    saved = {p.relative_to(root).as_posix(): p.read_text().replace("\\:", ":") for p in root.rglob("*.yaml")}
+    overrides = [name for name in saved if name.endswith(".hydra/overrides.yaml")]
+    assert len(overrides) == runs and all(shown in saved[name] for name in overrides), saved
+    assert all(shown in saved[name.replace("overrides", "config")] for name in overrides), saved
+    assert [name for name, text in saved.items() if "s3cret" in text] == []
+
+
+def test_a_failed_jobs_overrides_are_printed_without_the_password(capsys):
+    """Hydra prints a failed job's overrides ("Error executing job with overrides") when its return
+    value is read; zhantune's callback hides the password first (on_job_end, as Hydra calls it)."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from zhantune.redact import HidePasswords
+
+    url = "postgresql+psycopg://me:s3cr@t@db.example:5432/z"
+    ret = JobReturn(overrides=[f"storage.url={url}", "+op=mm"], status=JobStatus.FAILED, _return_value=RuntimeError("x"))
+    HidePasswords().on_job_end(config=None, job_return=ret)
+    with pytest.raises(RuntimeError):
+        _ = ret.return_value  # Hydra reads it so: the print, then the raise
+    err = capsys.readouterr().err
+    assert "storage.url=postgresql+psycopg://me:***@db.example:5432/z" in err and "s3cr" not in err, err
 
 
 def test_merge_into_postgresql(tmp_path, postgres):

@@ -107,6 +107,8 @@ def test_table_round_trip_and_malformed(tmp_path):
                           (json.dumps({key: {}}), "expected a list"),
                           (json.dumps({"format": FORMAT, "format_version": 2, "table": {}}),
                            "format_version: this zhantune reads version 1, got 2"),
+                          (json.dumps({"format": FORMAT, "format_version": 1.0, "table": {}}),
+                           "format_version: this zhantune reads version 1, got 1.0"),
                           (json.dumps({"format": FORMAT, "format_version": 1, "table": {"mm[64,64,64]": []}}),
                            'table["mm[64,64,64]"]: not an Inductor lookup key'),
                           (json.dumps({"format": FORMAT, "format_version": 1,

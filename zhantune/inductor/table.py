@@ -245,7 +245,7 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
     if meta.get("format") != FORMAT:
         raise TableError(f"{where}: format: expected {FORMAT!r}, got {meta.get('format')!r}")
     version = meta.get("format_version")
-    if version != FORMAT_VERSION or isinstance(version, bool):
+    if type(version) is not int or version != FORMAT_VERSION:  # not 1.0, not true
         raise TableError(f"{where}: format_version: this zhantune reads version {FORMAT_VERSION}, got {version!r}")
     for name in ("zhantune", "torch", "triton", "created_at", "source"):
         if name in meta and not isinstance(meta[name], (str, type(None))):
