@@ -561,26 +561,37 @@ def test_merge_takes_a_kernel_tuner_kernel_named_like_a_gemm(cli, tmp_path):
 
 
 def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
-    """A PostgreSQL URL with a password (the test server trusts any): a replay's summary names the
-    database without it, and so does db merge refusing that database as a source (a row that sets
-    cpp.march); the password appears nowhere in either command's output, nor in any file Hydra
-    saved for the runs (.hydra/ of each, a multirun's multirun.yaml)."""
+    """PostgreSQL URLs with a password (the test server trusts any), after ``user:`` (one with a
+    '/' in it, set by ``++``) or as libpq's ``?password=``: a replay, a multirun, db current and a
+    db merge refusing the database as a source (a row that sets cpp.march) name the database without
+    it; so do a user error that echoes the override and a multirun whose first job does not compose.
+    The password appears nowhere in any command's output, the stored config, or a file Hydra saved
+    (.hydra/ of each run, a multirun's multirun.yaml)."""
     from test_bad_input import _kt_file
 
-    url = postgres.new_database().replace("postgres@", "postgres:s3cret@")
+    base = postgres.new_database()
+    url, slash = base.replace("postgres@", "postgres:s3cret@"), base.replace("postgres@", "postgres:s3cret/2@")
     shown = url.replace(":s3cret@", ":***@")
     path = _kt_file(tmp_path, "k_GPU.json.gz", 4.0)
-    r = cli(["bench=replay", f"bench.path={path}", "search.n_trials=2", "progress=false", f"storage.url={url}"],
-            tmp_path)
+    replay = ["bench=replay", f"bench.path={path}", "progress=false"]
+    r = cli([*replay, "search.n_trials=2", f"storage.url={url}"], tmp_path)
     assert r.returncode == 0 and f"database: {shown}" in " ".join(r.stdout.split()), r.stdout[-2000:] + r.stderr[-2000:]
-    assert "s3cret" not in r.stdout + r.stderr
-    _saved_without_password(tmp_path, shown, runs=1)
-    r = cli(["-m", "bench=replay", f"bench.path={path}", "search.n_trials=3,4", "progress=false", f"storage.url={url}"],
-            tmp_path)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    _saved_without_password(tmp_path / "hydra", [r], shown)
+    r = cli(["-m", *replay, "search.n_trials=3,4", f"++storage.url={slash}", "hydra.sweep.dir=sweep"], tmp_path)
+    assert r.returncode == 0 and f"storage of the jobs: {shown}" in " ".join(r.stdout.split()), r.stdout[-2000:]
+    _saved_without_password(tmp_path / "sweep", [r], shown, runs=2)
+    assert "s3cret" not in (tmp_path / "sweep" / "0" / "zhantune_job.json").read_text()
     store = Store(url)
     with store.session() as s:  # nor in the composed config stored with the study (merges copy it)
         assert "s3cret" not in repr([st.config for st in s.scalars(select(m.Study))])
+    r = cli(["current", f"storage.url='{base}?password=s3cret'"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0 and f"{base}?password=***: revision" in r.stdout, r.stdout + r.stderr
+    _saved_without_password(tmp_path / "hydra", [r], f"{base}?password=***")
+    r = cli(["current", f"storage.uri={url}"], tmp_path, module="zhantune.db")  # Hydra's message, echoed
+    assert r.returncode == 2 and f"use +storage.uri={shown}" in r.stderr and "s3cret" not in r.stderr, r.stderr
+    r = cli(["-m", *replay, "search.n_trials=abc,1", f"storage.url={url}", "hydra.sweep.dir=nojob"], tmp_path)
+    assert r.returncode != 0 and not list((tmp_path / "nojob").glob("*/.hydra")), r.stdout + r.stderr
+    assert "s3cret" not in r.stdout + r.stderr + (tmp_path / "nojob" / "multirun.yaml").read_text()
     dev = store.device_id("cpu0", "cpu0", "cpu", {})
     prob = store.problem_id("mm[M=4,N=4,K=4]:float32", op="mm", shape={"M": 4, "N": 4, "K": 4, "B": 1},
                             dtype="float32", activation=None, weight_layout="kn", lookup_op="mm", lookup_key=None,
@@ -592,18 +603,19 @@ def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
     r = cli(["merge", f"sources=[{url}]", f"storage.url=sqlite:///{tmp_path / 'all.db'}"], tmp_path,
             module="zhantune.db")
     assert r.returncode == 2 and r.stderr.startswith(f"zhantune: sources[0]={shown}: measurement "), r.stderr
-    assert "s3cret" not in r.stdout + r.stderr
-    _saved_without_password(tmp_path, shown, runs=3)  # the merge's, then the multirun's two jobs
+    _saved_without_password(tmp_path / "hydra", [r], shown)
 
 
-def _saved_without_password(root: Path, shown: str, runs: int) -> None:
-    """Hydra's saved files under ``root`` (.hydra/ of ``runs`` runs, a multirun's multirun.yaml)
-    name the database as ``shown`` and hold no password (a multirun job's overrides escape colons)."""
+def _saved_without_password(root: Path, results: list, shown: str, runs: int = 1) -> None:
+    """No password in the commands' output, nor in Hydra's saved files under ``root`` (a multirun job's
+    overrides escape colons); the ``runs`` latest runs' saved overrides and config name the database
+    as ``shown``."""
+    assert all("s3cret" not in r.stdout + r.stderr for r in results)
     saved = {p.relative_to(root).as_posix(): p.read_text().replace("\\:", ":") for p in root.rglob("*.yaml")}
+    assert [name for name, text in saved.items() if "s3cret" in text] == []
     overrides = [name for name in saved if name.endswith(".hydra/overrides.yaml")]
     assert len(overrides) == runs and all(shown in saved[name] for name in overrides), saved
     assert all(shown in saved[name.replace("overrides", "config")] for name in overrides), saved
-    assert [name for name, text in saved.items() if "s3cret" in text] == []
 
 
 def test_a_failed_jobs_overrides_are_printed_without_the_password(capsys):
@@ -620,6 +632,30 @@ def test_a_failed_jobs_overrides_are_printed_without_the_password(capsys):
         _ = ret.return_value  # Hydra reads it so: the print, then the raise
     err = capsys.readouterr().err
     assert "storage.url=postgresql+psycopg://me:***@db.example:5432/z" in err and "s3cr" not in err, err
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql+psycopg://me:pa/ss w'rd\"@h:5432/db", "postgresql+psycopg://me:***@h:5432/db"),
+    ("postgresql+psycopg://me:p%40ss@h/db", "postgresql+psycopg://me:***@h/db"),
+    ("postgresql+psycopg://me@h/db?sslmode=require&password=p%26w", "postgresql+psycopg://me@h/db?password=***&sslmode=require"),
+    ("sqlite://me:pw@", "sqlite://me:***@"),
+    ("me:pw@h:1/db", "me:***@h:1/db"),  # not a URL SQLAlchemy parses
+    ("postgresql+psycopg://me@h/db", "postgresql+psycopg://me@h/db"),
+])
+def test_redact_url_hides_any_password_and_nothing_else(url, shown):
+    """A password after ``user:`` holding '/', a blank or quotes, URL-quoted, or libpq's
+    ``?password=``: hidden, the rest of the URL as SQLAlchemy renders it; in an override's escaped
+    form too (a multirun's), and text with the password elsewhere than in a URL is left alone."""
+    from hydra._internal.grammar.utils import escape_special_characters
+
+    from zhantune.redact import mask, url_secrets
+    from zhantune.storage import redact_url
+
+    assert redact_url(url) == shown
+    override, secrets = f"storage.url={escape_special_characters(url)}", url_secrets([url])
+    masked = mask(override, url_secrets([override]))
+    assert masked.count("***") == (shown != url) and not any(escape_special_characters(x) in masked for x in secrets)
+    assert mask("pw pw: @pw", url_secrets([url])) == "pw pw: @pw"
 
 
 def test_merge_into_postgresql(tmp_path, postgres):

@@ -27,8 +27,9 @@ _GROUPS = ("op", "search", "bench", "storage", "space")
 
 def user_error(e: UserError | str) -> None:
     """Print ``zhantune: <message>`` on stderr, one line (a newline or other unprintable character
-    from the input, e.g. in a file name or an override, is written as its escape), and exit with code 2."""
-    text = str(e)
+    from the input, e.g. in a file name or an override, is written as its escape; a database
+    password from the command line as ``***``, zhantune.redact), and exit with code 2."""
+    text = _hide(str(e))
     if not text.isprintable():
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     print(f"zhantune: {text}", file=sys.stderr)
@@ -61,6 +62,13 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
     return None
 
 
+def _hide(text: str) -> str:
+    """``text`` without the database passwords of this command line's overrides."""
+    from zhantune.redact import argv_secrets, mask
+
+    return mask(text, argv_secrets(sys.argv[1:]))
+
+
 class _State:
     task_started = False
 
@@ -83,7 +91,7 @@ def _release_stderr() -> str:
     sys.stderr = held.real
     text = held.getvalue()
     if _State.task_started:
-        sys.stderr.write(text)
+        sys.stderr.write(_hide(text))
         return ""
     return text
 
@@ -149,7 +157,7 @@ def run_app(hydra_main: Callable[[], object]) -> None:
             bad = _unparsable_override(sys.argv[1:])
             user_error((f"override {bad}: " if bad else "") + one_line(text) + (quoting_hint(bad) if bad else "")
                        + _launcher_hint(text))
-        sys.stderr.write(text)
+        sys.stderr.write(_hide(text))
         raise
     finally:  # any other way out before the task started: Hydra's text as it was
-        sys.stderr.write(_release_stderr())
+        sys.stderr.write(_hide(_release_stderr()))

@@ -10,7 +10,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,11 +39,16 @@ OPTUNA_TABLES = {
 
 
 def redact_url(url: str) -> str:
-    """The URL without its password (for logs and shipped tables; credentials are not shipped)."""
+    """The URL without its password, after ``user:`` or as libpq's ``?password=`` (for logs, errors
+    and stored configs; credentials are not shipped); zhantune.redact finds it also in a URL that
+    SQLAlchemy does not parse."""
+    from zhantune.redact import mask, url_secrets
+
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy parses: whatever stands between "//" and "@" is hidden
-        return re.sub(r"//[^/@]*@", "//***@", url)
+        shown = make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        shown = url
+    return mask(shown, url_secrets([url]))
 
 
 def sqlite_path(url: str) -> Path | None:
