@@ -31,7 +31,7 @@ def _export_app(cfg: DictConfig) -> None:
         check_export_options(cfg)
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
-            raise StorageError(f"storage.url={cfg.storage.url}: no database at {path}")
+            raise StorageError(f"storage.url={redact_url(cfg.storage.url)}: no database at {path}")
         store = Store(cfg.storage.url)
         device = resolve_device_key(store, cfg.device)
         out, table = export_table(store, cfg, device)

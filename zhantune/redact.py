@@ -13,9 +13,11 @@ job records, and :class:`HidePasswords`, a Hydra callback listed in every app's 
 (``hydra.callbacks``) for what Hydra itself writes and prints: the files it saves in each run's
 output directory (``.hydra/``: ``overrides.yaml``, ``config.yaml``, ``hydra.yaml``; a multirun's
 ``multirun.yaml``, also when no job started), a failed job's overrides ("Error executing job with
-overrides") and a multirun launcher's log line per job. What it cannot reach: Hydra's ``--cfg``,
-``--info`` and ``hydra.verbose`` print the config as given (README: pass the password by
-``PGPASSWORD`` or ``~/.pgpass``, not in the URL).
+overrides") and a multirun launcher's log line per job (every app's config also leaves
+``storage.url`` and ``sources`` out of Hydra's ``override_dirname``). What it cannot reach: Hydra's
+``--cfg``, ``--info`` and ``hydra.verbose`` print the config as given; the submitit launcher pickles
+each job with its config; the file Hydra saved holds the password until the job starts (README: pass
+it by ``PGPASSWORD`` or ``~/.pgpass``, not in the URL).
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ from urllib.parse import quote, quote_plus, unquote
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["HidePasswords", "argv_secrets", "config_secrets", "mask", "rewrite_saved", "url_secrets"]
+__all__ = ["HidePasswords", "argv_secrets", "config_secrets", "known_secrets", "mask", "rewrite_saved", "url_secrets"]
 
-#: ``scheme://user:password@host`` (or ``user:password@host``, no scheme): the password runs to the
-#: last ``@`` (SQLAlchemy's reading)
-_USERINFO = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.\-]*://|(?!.*://))[^:/@\s]*:(?P<pw>.+)@[^@]*$")
+#: ``scheme://user:password@host``, anywhere in a string (a list's element, a dict's value): the
+#: password as SQLAlchemy reads it (to the first ``@``) and, anchored, to the last ``@`` (a raw ``@`` in it)
+_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s'\"\[\]{},]*:(?P<pw>[^@]*)@")
+_USERINFO_LAST = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*:(?P<pw>.+)@[^@]*$")
 #: libpq's password parameter in a URL's query
 _QUERY = re.compile(r"[?&]password=(?P<pw>[^&#]*)")
 #: where a password stands: (before, after)
@@ -52,22 +55,33 @@ def _unescape(s: str) -> str:
 
 
 def _readings(value: str) -> set[str]:
-    """The ways a value may hold a URL: itself, an override's right-hand side, unquoted, unescaped,
-    each element of a list."""
+    """The ways a value may hold a URL: itself, unquoted and unescaped, and as Hydra's override
+    grammar reads it (an override's value; each element of a list, a dict or a sweep)."""
     out = {value.strip()}
-    if "=" in value.split("://", 1)[0]:  # key=value (an override)
-        out.add(value.split("=", 1)[1].strip())
-    for v in list(out):
-        v = v.strip("'\"")
-        out |= {v, _unescape(v)}
-        if v.startswith("[") and v.endswith("]"):
-            out |= {p.strip().strip("'\"") for p in v[1:-1].split(",")}
+    out |= {_unescape(v.strip("'\"")) for v in list(out)}
+    out |= set(_override_strings(value))
     return out
 
 
+def _override_strings(arg: str) -> list[str]:
+    """The strings an override ``key=value`` holds, read by Hydra's grammar (quotes, escapes, lists,
+    dicts, sweeps such as ``a,b`` or ``choice(...)``); none if it is not one."""
+    if "=" not in arg.split("://", 1)[0]:
+        return []
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        o = OverridesParser.create().parse_override(arg.lstrip("-"))
+        values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+    except Exception:
+        return []
+    return list(_strings(values))
+
+
 def url_secrets(values: Iterable[str]) -> set[str]:
-    """The passwords in these strings (database URLs, overrides such as ``storage.url=URL`` or
-    ``sources=[URL,...]``, quoted or with Hydra's escapes): each as written and URL-decoded."""
+    """The passwords in these strings (database URLs, overrides such as ``storage.url=URL``,
+    ``sources=[URL,...]`` or a sweep over URLs, quoted or with Hydra's escapes): each as written and
+    URL-decoded."""
     from sqlalchemy.engine import make_url
 
     found: set[str] = set()
@@ -83,11 +97,20 @@ def url_secrets(values: Iterable[str]) -> set[str]:
                 found.add(u.password or "")
                 q = u.query.get("password")
                 found |= set(q) if isinstance(q, tuple) else {q or ""}
-            for m in (_USERINFO.match(s), *_QUERY.finditer(s)):
+            for m in (_USERINFO_LAST.match(s), *_USERINFO.finditer(s), *_QUERY.finditer(s)):
                 if m:
                     found |= {m["pw"], unquote(m["pw"])}
     found.discard("")
     return found
+
+
+#: passwords of this process's configs (HidePasswords adds them; user errors are masked with them)
+_KNOWN: set[str] = set()
+
+
+def known_secrets() -> set[str]:
+    """The passwords of the configs this process has run (Hydra's callbacks saw them)."""
+    return set(_KNOWN)
 
 
 def argv_secrets(args: Iterable[str]) -> set[str]:
@@ -128,14 +151,23 @@ def _strings(node: Any) -> Iterable[str]:
     elif isinstance(node, dict):
         for v in node.values():
             yield from _strings(v)
-    elif isinstance(node, list):
+    elif isinstance(node, (list, tuple)):
         for v in node:
             yield from _strings(v)
 
 
 def config_secrets(config: DictConfig) -> set[str]:
-    """:func:`url_secrets` of every string in a composed config (Hydra's part included)."""
-    return url_secrets(_strings(OmegaConf.to_container(config, resolve=False)))
+    """:func:`url_secrets` of every string in a composed config (Hydra's part included; as written
+    and, where they resolve, with interpolations such as ``${oc.env:PW}`` resolved), remembered for
+    :func:`known_secrets`."""
+    found = url_secrets(_strings(OmegaConf.to_container(config, resolve=False)))
+    for key in config:
+        try:
+            found |= url_secrets(_strings(OmegaConf.to_container(config[key], resolve=True)))
+        except Exception:  # an interpolation that resolves only later (hydra:runtime...)
+            continue
+    _KNOWN.update(found)
+    return found
 
 
 def rewrite_saved(path: Path, secrets: set[str]) -> None:
@@ -179,6 +211,9 @@ def _mask_log_records(secrets: set[str]) -> None:
 class HidePasswords(Callback):
     """Hydra callback: no database password in what Hydra saves for a run, logs for a multirun's jobs
     (the whole process's log records, from the multirun's start) or prints for a failed job."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        config_secrets(config)  # remembered: a user error of the job masks them too
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         secrets = config_secrets(config)

@@ -39,21 +39,20 @@ OPTUNA_TABLES = {
 
 
 def redact_url(url: str) -> str:
-    """The URL without its password, after ``user:`` or as libpq's ``?password=`` (for logs, errors
-    and stored configs; credentials are not shipped); zhantune.redact finds it also in a URL that
-    SQLAlchemy does not parse."""
+    """The URL as given, its password (after ``user:`` or libpq's ``?password=``) as ``***`` (for logs,
+    errors and stored configs; credentials are not shipped; zhantune.redact)."""
     from zhantune.redact import mask, url_secrets
 
-    try:
-        shown = make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        shown = url
-    return mask(shown, url_secrets([url]))
+    return mask(url, url_secrets([url]))
 
 
 def sqlite_path(url: str) -> Path | None:
-    """The file of a ``sqlite:///`` URL (None for other engines and in-memory SQLite)."""
-    u = make_url(url)
+    """The file of a ``sqlite:///`` URL (None for other engines, in-memory SQLite and a URL that
+    does not parse: check_url names what is wrong with it)."""
+    try:
+        u = make_url(url)
+    except (ArgumentError, ValueError):
+        return None
     if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
         return None
     return Path(u.database)
@@ -69,9 +68,12 @@ def check_url(url: str, source: str = "storage.url") -> None:
     """
     try:
         u = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise StorageError(f"{source}={redact_url(url)!r} is not a database URL; e.g. sqlite:///zhantune.db or "
                            "postgresql+psycopg://user@host/db") from None
+    if u.get_backend_name() != "sqlite" and url.split("://", 1)[-1].count("@") > 1:
+        raise StorageError(f"{source}={redact_url(url)!r}: more than one '@' before the host; write an '@' in the "
+                           "user name or password as %40")
     if u.get_backend_name() not in SUPPORTED_BACKENDS:
         raise StorageError(f"{source}={redact_url(url)!r}: the {u.get_backend_name()!r} backend is not supported; "
                            "use sqlite:///FILE or postgresql+psycopg://user@host/db")
@@ -81,16 +83,16 @@ def check_url(url: str, source: str = "storage.url") -> None:
         return
     path = sqlite_path(url)
     if path is None:  # sqlite:// and sqlite:///:memory: hold nothing after the process ends
-        raise StorageError(f"{source}={url!r}: an in-memory SQLite database keeps nothing; give a file: sqlite:///FILE")
+        raise StorageError(f"{source}={redact_url(url)!r}: an in-memory SQLite database keeps nothing; give a file: sqlite:///FILE")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise StorageError(f"{source}={url}: directory {parent} does not exist")
+        raise StorageError(f"{source}={redact_url(url)}: directory {parent} does not exist")
     if path.exists():
         if not path.is_file() or not os.access(path, os.W_OK):
-            raise StorageError(f"{source}={url}: {path} is not a writable file")
+            raise StorageError(f"{source}={redact_url(url)}: {path} is not a writable file")
         _check_sqlite_file(path, url, source)
     elif not os.access(parent, os.W_OK):
-        raise StorageError(f"{source}={url}: directory {parent} is not writable")
+        raise StorageError(f"{source}={redact_url(url)}: directory {parent} is not writable")
 
 
 def _check_sqlite_file(path: Path, url: str, source: str = "storage.url") -> None:
@@ -107,8 +109,8 @@ def _check_sqlite_file(path: Path, url: str, source: str = "storage.url") -> Non
             con.close()
     except sqlite3.DatabaseError as e:
         if "not a database" in str(e):
-            raise StorageError(f"{source}={url}: {path} is not an SQLite database; left untouched") from None
-        raise StorageError(f"{source}={url}: {path} is not a readable SQLite database ({e}); "
+            raise StorageError(f"{source}={redact_url(url)}: {path} is not an SQLite database; left untouched") from None
+        raise StorageError(f"{source}={redact_url(url)}: {path} is not a readable SQLite database ({e}); "
                            "left untouched") from None
 
 
@@ -234,11 +236,11 @@ def open_existing(url: str, source: str = "storage.url", allow_newer: bool = Fal
     path = sqlite_path(url)
     if path is not None:
         if not path.exists():
-            raise StorageError(f"{source}={url}: no database at {path}")
-        check_sqlite_integrity(path, f"{source}={url}")
+            raise StorageError(f"{source}={redact_url(url)}: no database at {path}")
+        check_sqlite_integrity(path, f"{source}={redact_url(url)}")
     tables, rev = _probe(url, source)
     if not (allow_newer and rev is not None):  # `current` reports any zhantune revision, newer too
-        refuse_foreign_or_newer(f"{source}={url}", tables, rev)
+        refuse_foreign_or_newer(f"{source}={redact_url(url)}", tables, rev)
     return make_engine(url)
 
 
