@@ -617,8 +617,8 @@ def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
 
 def _saved_without_password(root: Path, results: list, shown: str, runs: int = 1) -> None:
     """No password in the commands' output, nor in Hydra's saved files under ``root`` (a multirun job's
-    overrides escape colons); the ``runs`` latest runs' saved overrides and config name the database
-    as ``shown``."""
+    overrides escape colons); the ``runs`` runs saved under ``root`` (a run directory is re-used by
+    the next run) name the database as ``shown`` in their saved overrides and config."""
     assert all("s3cret" not in r.stdout + r.stderr for r in results)
     saved = {p.relative_to(root).as_posix(): p.read_text().replace("\\:", ":") for p in root.rglob("*.yaml")}
     assert [name for name, text in saved.items() if "s3cret" in text] == []
@@ -627,44 +627,64 @@ def _saved_without_password(root: Path, results: list, shown: str, runs: int = 1
     assert all(shown in saved[name.replace("overrides", "config")] for name in overrides), saved
 
 
+@pytest.mark.parametrize("url, password, shown", [
+    ("postgresql+psycopg://me:pa/ss w'rd\"@h:5432/db", "pa/ss w'rd\"", "postgresql+psycopg://me:***@h:5432/db"),
+    ("postgresql+psycopg://me:p%40ss@h/db", "p@ss", "postgresql+psycopg://me:***@h/db"),
+    ("postgresql+psycopg://me@h/db?sslmode=require&password=p%26w", "p&w",
+     "postgresql+psycopg://me@h/db?password=***&sslmode=require"),
+    ("sqlite://me:gpu@", "gpu", "sqlite://me:***@"),
+    ("postgresql+psycopg://me:p@ss@h/db", "p@ss", "postgresql+psycopg://me:***@h/db"),  # check_url refuses it
+    ("postgresql+psycopg://me:pw@h:port/db", "pw", "postgresql+psycopg://me:***@h:port/db"),  # SQLAlchemy refuses it
+    ("postgresql+psycopg://me@corp@h.example/db", None, "postgresql+psycopg://me%40corp@h.example/db"),
+])
+def test_redact_url_hides_any_password_and_nothing_else(url, password, shown):
+    """A password after ``user:`` holding '/', a blank, quotes or a raw '@', URL-quoted, or libpq's
+    ``?password=``: hidden in the URL as SQLAlchemy renders it (as given where it does not parse it),
+    and in the override's escaped form (a multirun's); text where the password stands elsewhere than
+    in a URL (a study name, a longer query value) is left alone. A user name holding '@' (Azure's
+    user@server) and no password is a valid URL; a password with a raw '@' is refused."""
+    from hydra._internal.grammar.utils import escape_special_characters
+
+    from zhantune.errors import StorageError
+    from zhantune.redact import mask, override_secrets, url_secrets
+    from zhantune.storage import redact_url
+    from zhantune.storage.engine import check_url
+
+    assert redact_url(url) == shown
+    secrets = url_secrets([url])
+    assert password in secrets if password else secrets == set()
+    override = f"storage.url={escape_special_characters(url)}"
+    assert mask(override, override_secrets([override])) == f"storage.url={escape_special_characters(mask(url, secrets))}"
+    assert "***" in mask(override, override_secrets([override])) or not password
+    other = f"kerneltuner:{password}@GPU, {password}: @{password}, ?password={password}x"
+    assert mask(other, secrets) == other
+    if "@" in url.split("://")[1].split("/")[0].rsplit("@", 1)[0]:  # two '@' before the host
+        if password:  # SQLAlchemy would connect to host "ss@h"
+            with pytest.raises(StorageError, match="an '@' in the host; write an '@' in the password as %40"):
+                check_url(url)
+        else:
+            check_url(url)
+
+
 def test_a_failed_jobs_overrides_are_printed_without_the_password(capsys):
     """Hydra prints a failed job's overrides ("Error executing job with overrides") when its return
-    value is read; zhantune's callback hides the password first (on_job_end, as Hydra calls it)."""
+    value is read; zhantune's callback, listed last in the tune app's callbacks so that Hydra calls
+    its on_job_end first, hides the password before."""
     from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
 
+    from zhantune.config import CONF_DIR
     from zhantune.redact import HidePasswords
 
-    url = "postgresql+psycopg://me:s3cr@t@db.example:5432/z"
+    callbacks = OmegaConf.load(CONF_DIR / "config.yaml").hydra.callbacks
+    assert list(callbacks)[-1] == "hide_passwords" and callbacks.hide_passwords._target_ == "zhantune.redact.HidePasswords"
+    url = "postgresql+psycopg://me:s3cr%40t@db.example:5432/z"
     ret = JobReturn(overrides=[f"storage.url={url}", "+op=mm"], status=JobStatus.FAILED, _return_value=RuntimeError("x"))
-    HidePasswords().on_job_end(config=None, job_return=ret)
+    HidePasswords().on_job_end(config=OmegaConf.create({"storage": {"url": url}}), job_return=ret)
     with pytest.raises(RuntimeError):
         _ = ret.return_value  # Hydra reads it so: the print, then the raise
     err = capsys.readouterr().err
     assert "storage.url=postgresql+psycopg://me:***@db.example:5432/z" in err and "s3cr" not in err, err
-
-
-@pytest.mark.parametrize("url, shown", [
-    ("postgresql+psycopg://me:pa/ss w'rd\"@h:5432/db", "postgresql+psycopg://me:***@h:5432/db"),
-    ("postgresql+psycopg://me:p%40ss@h/db", "postgresql+psycopg://me:***@h/db"),
-    ("postgresql+psycopg://me@h/db?sslmode=require&password=p%26w", "postgresql+psycopg://me@h/db?sslmode=require&password=***"),
-    ("sqlite://me:pw@", "sqlite://me:***@"),
-    ("postgresql+psycopg://me:p@ss@h/db", "postgresql+psycopg://me:***@h/db"),  # check_url refuses it
-    ("postgresql+psycopg://me:pw@h:port/db", "postgresql+psycopg://me:***@h:port/db"),  # SQLAlchemy refuses it
-    ("postgresql+psycopg://me@h/db", "postgresql+psycopg://me@h/db"),
-])
-def test_redact_url_hides_any_password_and_nothing_else(url, shown):
-    """A password after ``user:`` holding '/', a blank, quotes or a raw '@', URL-quoted, or libpq's
-    ``?password=``: hidden, the rest of the URL as given; in an override's escaped form too (a
-    multirun's), and text with the password elsewhere than in a URL is left alone."""
-    from hydra._internal.grammar.utils import escape_special_characters
-
-    from zhantune.redact import mask, url_secrets
-    from zhantune.storage import redact_url
-
-    assert redact_url(url) == shown
-    override = f"storage.url={escape_special_characters(url)}"
-    assert mask(override, url_secrets([override])) == f"storage.url={escape_special_characters(shown)}"
-    assert mask("pw pw: @pw", url_secrets([url])) == "pw pw: @pw"
 
 
 def test_merge_into_postgresql(tmp_path, postgres):

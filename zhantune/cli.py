@@ -65,9 +65,9 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
 def _hide(text: str) -> str:
     """``text`` without the database passwords of this command line's overrides and of the configs
     this process ran (an interpolation such as ``${oc.env:PW}``)."""
-    from zhantune.redact import argv_secrets, known_secrets, mask
+    from zhantune.redact import known_secrets, mask, override_secrets
 
-    return mask(text, argv_secrets(sys.argv[1:]) | known_secrets())
+    return mask(text, override_secrets(sys.argv[1:]) | known_secrets())
 
 
 class _State:
@@ -156,10 +156,10 @@ def run_app(hydra_main: Callable[[], object]) -> None:
         text = _release_stderr()
         if e.code == 1 and not _State.task_started:
             bad = _unparsable_override(sys.argv[1:])
-            from zhantune.redact import url_secrets
+            from zhantune.redact import override_secrets
 
             # Hydra's parser message may quote any piece of the value: not shown for a database password
-            why = "not valid in Hydra's override grammar" if bad and url_secrets([bad]) else one_line(text)
+            why = "not valid in Hydra's override grammar" if bad and override_secrets([bad]) else one_line(text)
             user_error((f"override {bad}: " if bad else "") + why + (quoting_hint(bad) if bad else "")
                        + _launcher_hint(text))
         sys.stderr.write(_hide(text))

@@ -82,9 +82,9 @@ class MultirunSummary(Callback):
         except Exception:  # the job failed: no record (the launcher's summary says so)
             return
         if isinstance(value, dict) and value.get("zhantune_job"):
-            from zhantune.redact import config_secrets, mask, url_secrets
+            from zhantune.redact import config_secrets, mask, override_secrets
 
-            secrets = url_secrets(hc.overrides.task) | config_secrets(config)
+            secrets = override_secrets(hc.overrides.task) | config_secrets(config)
             overrides = [mask(o, secrets) for o in hc.overrides.task]
             record = {**value, "job": hc.job.num, "overrides": overrides}
             Path(hc.runtime.output_dir, JOB_RECORD).write_text(json.dumps(record, indent=1))

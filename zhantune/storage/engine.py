@@ -39,11 +39,18 @@ OPTUNA_TABLES = {
 
 
 def redact_url(url: str) -> str:
-    """The URL as given, its password (after ``user:`` or libpq's ``?password=``) as ``***`` (for logs,
-    errors and stored configs; credentials are not shipped; zhantune.redact)."""
+    """The URL as SQLAlchemy renders it, its password (after ``user:`` or libpq's ``?password=``) as
+    ``***`` (for logs, errors and stored configs; credentials are not shipped; zhantune.redact)."""
     from zhantune.redact import mask, url_secrets
 
-    return mask(url, url_secrets([url]))
+    secrets = url_secrets([url])
+    try:
+        u = make_url(url)
+    except Exception:  # not a URL SQLAlchemy parses
+        return mask(url, secrets)
+    if secrets and "@" in (u.host or ""):  # a raw '@' in the password: SQLAlchemy reads part of it as the host
+        return mask(url, secrets)
+    return mask(u.render_as_string(hide_password=True), secrets)
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -71,9 +78,8 @@ def check_url(url: str, source: str = "storage.url") -> None:
     except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise StorageError(f"{source}={redact_url(url)!r} is not a database URL; e.g. sqlite:///zhantune.db or "
                            "postgresql+psycopg://user@host/db") from None
-    if u.get_backend_name() != "sqlite" and url.split("://", 1)[-1].count("@") > 1:
-        raise StorageError(f"{source}={redact_url(url)!r}: more than one '@' before the host; write an '@' in the "
-                           "user name or password as %40")
+    if "@" in (u.host or ""):  # user:p@ss@host: SQLAlchemy would connect to host "ss@host"
+        raise StorageError(f"{source}={redact_url(url)!r}: an '@' in the host; write an '@' in the password as %40")
     if u.get_backend_name() not in SUPPORTED_BACKENDS:
         raise StorageError(f"{source}={redact_url(url)!r}: the {u.get_backend_name()!r} backend is not supported; "
                            "use sqlite:///FILE or postgresql+psycopg://user@host/db")
