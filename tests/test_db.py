@@ -574,7 +574,7 @@ def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
     shown = url.replace(":s3cret@", ":***@")
     path = _kt_file(tmp_path, "k_GPU.json.gz", 4.0)
     replay = ["bench=replay", f"bench.path={path}", "progress=false"]
-    r = cli([*replay, "search.n_trials=2", f"storage.url={url}"], tmp_path)
+    r = cli([*replay, "search.n_trials=2", f"storage.url={url}", f"+storage.uri={url}"], tmp_path)  # and a typo
     assert r.returncode == 0 and f"database: {shown}" in " ".join(r.stdout.split()), r.stdout[-2000:] + r.stderr[-2000:]
     _saved_without_password(tmp_path / "hydra", [r], shown)
     r = cli(["-m", *replay, "search.n_trials=3,4", f"++storage.url={slash}", "hydra.sweep.dir=sweep"], tmp_path)
@@ -664,6 +664,29 @@ def test_redact_url_hides_any_password_and_nothing_else(url, password, shown):
                 check_url(url)
         else:
             check_url(url)
+
+
+@pytest.mark.parametrize("override, shown", [
+    ("storage.url='postgresql+psycopg://me:a\\'b@h/db'", "storage.url='postgresql+psycopg://me:***@h/db'"),
+    ("storage.url=postgresql+psycopg://me@h/db?password=pw", "storage.url=postgresql+psycopg://me@h/db?password=***"),
+    ("storage_url=postgresql+psycopg://me:pw@h/db", "storage_url=postgresql+psycopg://me:***@h/db"),  # a misspelt key
+    ("sources=[postgresql+psycopg://me:a,b@h/db]", "sources=[postgresql+psycopg://me:***@h/db]"),
+    ("storage.url=postgresql+psycopg://me@h/db?password=${oc.env:PW}", None),  # an interpolation: no password
+    ("bench.path=http://host:8080/a@b.json", None),  # not a URL option, not a database URL
+])
+def test_an_override_shows_no_password_in_any_form(override, shown):
+    """As the command line's overrides are echoed in errors and saved by Hydra: a password quoted with
+    an escaped quote, a ?password= (followed by a message's colon), under a misspelt key, cut by an
+    unquoted comma (Hydra splits it; the error names the first piece alone); an interpolation and a
+    file URL are no password."""
+    from zhantune.redact import mask, override_secrets
+
+    secrets = override_secrets([override])
+    assert mask(override, secrets) == (shown or override)
+    assert mask(f"override {override}: not valid", secrets) == f"override {shown or override}: not valid"
+    if "a,b" in override:
+        assert mask("sources[0]='postgresql+psycopg://me:a' is not a database URL", secrets) == \
+            "sources[0]='postgresql+psycopg://me:***' is not a database URL"
 
 
 def test_a_failed_jobs_overrides_are_printed_without_the_password(capsys):

@@ -40,7 +40,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-__all__ = ["HidePasswords", "config_secrets", "known_secrets", "mask", "override_secrets", "url_secrets"]
+__all__ = ["HidePasswords", "config_secrets", "known_secrets", "mask", "override_secrets", "stored_config",
+           "url_secrets"]
 
 #: the options that hold database URLs (every app's ``storage.url``, db merge's ``sources``); an
 #: override whose key starts so counts (``storage=URL``, a misspelt ``storage.uri=URL`` echoed back)
@@ -72,7 +73,7 @@ def url_secrets(values: Iterable[str]) -> set[str]:
     for value in values:
         if not isinstance(value, str) or ("@" not in value and "password" not in value):
             continue
-        for s in {value.strip(), _unescape(value.strip().strip("'\""))}:
+        for s in {value.strip(), _unescape(value.strip().strip("'\"")), value.strip().strip("[]'\" ")}:
             try:
                 u = make_url(s)
             except Exception:
@@ -84,8 +85,9 @@ def url_secrets(values: Iterable[str]) -> set[str]:
             for m in (_USERINFO_LAST.match(s), *_USERINFO.finditer(s), *_QUERY.finditer(s)):
                 if m:
                     found |= {m["pw"], unquote(m["pw"])}
-    found.discard("")
-    return found
+                    # an unquoted comma: Hydra splits the value there, and each piece may be shown
+                    found |= set(m["pw"].split(",")) if "," in m["pw"] else set()
+    return {f for f in found if f and not re.fullmatch(r"\$\{[^}]*\}", f)}  # not an interpolation
 
 
 def _is_url_option(key: str) -> bool:
@@ -105,13 +107,18 @@ def _override_strings(arg: str) -> list[str]:
     return list(_strings(values))
 
 
+#: a database URL's scheme (SQLAlchemy's dialects that take a password), as an override's value starts
+_DB_SCHEME = re.compile(r"^[\s\['\"]*(postgres(ql)?|sqlite|mysql|mariadb|oracle|mssql|cockroachdb)(\+\w+)?\\?://")
+
+
 def override_secrets(args: Iterable[str]) -> set[str]:
-    """The passwords in command-line overrides of the URL options (:data:`URL_OPTIONS`): the value
-    as written and as Hydra's grammar reads it."""
+    """The passwords in command-line overrides of the URL options (:data:`URL_OPTIONS`), or of any
+    other key whose value is a database URL (a misspelt option, echoed in its error): the value as
+    written and as Hydra's grammar reads it."""
     found: set[str] = set()
     for arg in args:
         key, sep, value = str(arg).partition("=")
-        if sep and _is_url_option(key):
+        if sep and (_is_url_option(key) or _DB_SCHEME.match(value)):
             found |= url_secrets([value, *_override_strings(str(arg))])
     return found
 
@@ -154,6 +161,16 @@ def config_secrets(config: Any) -> set[str]:
     return found
 
 
+def stored_config(cfg: DictConfig) -> dict[str, Any]:
+    """A run's resolved config as stored with its study (and merged elsewhere): ``storage.url`` as
+    zhantune.storage.redact_url shows it, no password anywhere (a misspelt ``+storage.uri=URL`` too)."""
+    from zhantune.storage.engine import redact_url
+
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config["storage"]["url"] = redact_url(config["storage"]["url"])
+    return _masked(config, config_secrets(cfg))
+
+
 def known_secrets() -> set[str]:
     """The passwords of the configs this process has run (:func:`config_secrets` saw them)."""
     return set(_KNOWN)
@@ -162,6 +179,7 @@ def known_secrets() -> set[str]:
 def _variants(secret: str) -> set[str]:
     """A password as it may be written: raw, URL-quoted, and each with Hydra's override escapes."""
     forms = {secret, quote(secret, safe=""), quote_plus(secret), quote(secret)}
+    forms |= {secret.replace(q, "\\" + q) for q in "'\""}  # inside a quoted override value
     try:
         from hydra._internal.grammar.utils import escape_special_characters
     except ImportError:  # Hydra moved it: the forms without escapes
@@ -175,14 +193,14 @@ def _pattern(secrets: frozenset[str]) -> re.Pattern[str] | None:
     if not forms:
         return None
     alt = "|".join(map(re.escape, forms))
-    return re.compile(rf"(?P<user>\\?://[^:/\s]*\\?:)(?:{alt})(?=@)"
-                      rf"|(?P<param>[?&]password\\?=)(?:{alt})(?=[&#'\"\s,\]}}\\]|$)")
+    return re.compile(rf"(?P<user>\\?://[^:/\s]*\\?:)(?:{alt})(?=@|['\"\]\s]|$)"
+                      rf"|(?P<param>[?&]password\\?=)(?:{alt})(?![A-Za-z0-9_%~.+\-@])")
 
 
 def mask(text: str, secrets: Iterable[str]) -> str:
     """``text`` with each of ``secrets`` replaced by ``***`` where it stands as a URL's password (after
-    ``scheme://user:`` and before ``@``, or as a whole ``password=`` query value), in any of its
-    written forms; text elsewhere unchanged."""
+    ``scheme://user:`` and before ``@`` or the end of the URL, or as a whole ``password=`` query
+    value), in any of its written forms; text elsewhere unchanged."""
     pattern = _pattern(frozenset(secrets))
     if pattern is None:
         return text

@@ -26,6 +26,7 @@ from zhantune.errors import ConfigError
 from zhantune.inductor.builder import export_table, not_carried_reason
 from zhantune.inductor.settings import scratch_cache_dir
 from zhantune.provenance import software_versions, worker_name
+from zhantune.redact import stored_config
 from zhantune.runspec import RunSpec, resolve_run
 from zhantune.search.driver import DuplicateTrial, SharedStudy, run_search
 from zhantune.search.samplers import make_sampler
@@ -191,8 +192,7 @@ class _Tune:
         run, store = self.run_spec, self.store
         self.progress = progress
         self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
-        config = OmegaConf.to_container(run.cfg, resolve=True)
-        config["storage"]["url"] = redact_url(config["storage"]["url"])  # stored, and merged elsewhere
+        config = stored_config(run.cfg)  # no password: stored, and merged elsewhere
         if run.replay is not None:  # which file this study replays (zhantune.storage.ingest.replay_study)
             config["replay_sha256"] = run.replay.sha256
         self.study_id = store.study_id(run.study_name, config)
