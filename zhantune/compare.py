@@ -27,12 +27,13 @@ register()
 def _compare_app(cfg: DictConfig) -> None:
     mark_task_started()
     from zhantune.paths import check_output_path
-    from zhantune.storage import Store, redact_url, sqlite_path
+    from zhantune.redact import hide_password
+    from zhantune.storage import Store, sqlite_path
 
     try:  # the command line first: the report's modules (Plotly, Optuna) take a while to import
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
-            raise StorageError(f"storage.url={redact_url(cfg.storage.url)}: no database at {path}")
+            raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
         if cfg.top < 0:
             raise ConfigError(f"top={cfg.top} must be at least 0 (how many of the most-disagreeing problems to list)")
         if cfg.devices is not None and not OmegaConf.is_list(cfg.devices):

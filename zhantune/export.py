@@ -24,6 +24,7 @@ register()
 def _export_app(cfg: DictConfig) -> None:
     mark_task_started()
     from zhantune.inductor.builder import check_export_options, export_table, resolve_device_key
+    from zhantune.redact import hide_password
     from zhantune.storage import Store, sqlite_path
     from zhantune.storage.engine import redact_url
 
@@ -31,7 +32,7 @@ def _export_app(cfg: DictConfig) -> None:
         check_export_options(cfg)
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
-            raise StorageError(f"storage.url={redact_url(cfg.storage.url)}: no database at {path}")
+            raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
         store = Store(cfg.storage.url)
         device = resolve_device_key(store, cfg.device)
         out, table = export_table(store, cfg, device)

@@ -40,8 +40,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-__all__ = ["HidePasswords", "config_secrets", "known_secrets", "mask", "override_secrets", "stored_config",
-           "url_secrets"]
+__all__ = ["HidePasswords", "config_secrets", "hide_password", "known_secrets", "mask", "override_secrets",
+           "stored_config", "url_secrets"]
 
 #: the options that hold database URLs (every app's ``storage.url``, db merge's ``sources``); an
 #: override whose key starts so counts (``storage=URL``, a misspelt ``storage.uri=URL`` echoed back)
@@ -88,6 +88,12 @@ def url_secrets(values: Iterable[str]) -> set[str]:
                     # an unquoted comma: Hydra splits the value there, and each piece may be shown
                     found |= set(m["pw"].split(",")) if "," in m["pw"] else set()
     return {f for f in found if f and not re.fullmatch(r"\$\{[^}]*\}", f)}  # not an interpolation
+
+
+def hide_password(url: str) -> str:
+    """The URL as given, its password as ``***`` (for a message naming the user's value; a stored or
+    printed database name goes through zhantune.storage.redact_url, SQLAlchemy's rendering)."""
+    return mask(url, url_secrets([url]))
 
 
 def _is_url_option(key: str) -> bool:

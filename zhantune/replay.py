@@ -42,7 +42,8 @@ def _replay_app(cfg: DictConfig) -> None:
     from zhantune.device import resolve_device
     from zhantune.inductor.builder import table_candidates
     from zhantune.inductor.table import load_table
-    from zhantune.storage import Store, redact_url, sqlite_path
+    from zhantune.redact import hide_password
+    from zhantune.storage import Store, sqlite_path
     from zhantune.table_replay import measure_table
     from zhantune.torch_support import check_torch
 
@@ -51,7 +52,7 @@ def _replay_app(cfg: DictConfig) -> None:
         check_bench(cfg.bench)
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
-            raise StorageError(f"storage.url={redact_url(cfg.storage.url)}: no database at {path}")
+            raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
         device = resolve_device(cfg.device)
         table = load_table(cfg.table, device.kind)  # only allow-listed knobs (zhantune.inductor.knobs)
         store = Store(cfg.storage.url)

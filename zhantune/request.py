@@ -99,14 +99,15 @@ def _check_export_path_is_not_the_database(cfg: Any) -> None:
     from pathlib import Path
 
     from zhantune.paths import SQLITE_SIDE_FILES
-    from zhantune.storage import redact_url, sqlite_path
+    from zhantune.redact import hide_password
+    from zhantune.storage import sqlite_path
 
     db = sqlite_path(cfg.storage.url)
     if db is None or not cfg.export.enabled or not cfg.export.path:
         return
     out = Path(cfg.export.path).resolve()
     if out in {Path(f"{db}{suffix}").resolve() for suffix in ("", *SQLITE_SIDE_FILES)}:
-        raise ConfigError(f"export.path={cfg.export.path} is the database of storage.url={redact_url(cfg.storage.url)} "
+        raise ConfigError(f"export.path={cfg.export.path} is the database of storage.url={hide_password(cfg.storage.url)} "
                           "(or its -wal, -shm or -journal file); "
                           "the table would replace it: give another file name")
 

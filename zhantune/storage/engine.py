@@ -21,6 +21,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 
 from zhantune.errors import StorageError
 from zhantune.paths import SQLITE_SIDE_FILES
+from zhantune.redact import hide_password
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
@@ -89,16 +90,16 @@ def check_url(url: str, source: str = "storage.url") -> None:
         return
     path = sqlite_path(url)
     if path is None:  # sqlite:// and sqlite:///:memory: hold nothing after the process ends
-        raise StorageError(f"{source}={redact_url(url)!r}: an in-memory SQLite database keeps nothing; give a file: sqlite:///FILE")
+        raise StorageError(f"{source}={hide_password(url)!r}: an in-memory SQLite database keeps nothing; give a file: sqlite:///FILE")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise StorageError(f"{source}={redact_url(url)}: directory {parent} does not exist")
+        raise StorageError(f"{source}={hide_password(url)}: directory {parent} does not exist")
     if path.exists():
         if not path.is_file() or not os.access(path, os.W_OK):
-            raise StorageError(f"{source}={redact_url(url)}: {path} is not a writable file")
+            raise StorageError(f"{source}={hide_password(url)}: {path} is not a writable file")
         _check_sqlite_file(path, url, source)
     elif not os.access(parent, os.W_OK):
-        raise StorageError(f"{source}={redact_url(url)}: directory {parent} is not writable")
+        raise StorageError(f"{source}={hide_password(url)}: directory {parent} is not writable")
 
 
 def _check_sqlite_file(path: Path, url: str, source: str = "storage.url") -> None:
@@ -115,8 +116,8 @@ def _check_sqlite_file(path: Path, url: str, source: str = "storage.url") -> Non
             con.close()
     except sqlite3.DatabaseError as e:
         if "not a database" in str(e):
-            raise StorageError(f"{source}={redact_url(url)}: {path} is not an SQLite database; left untouched") from None
-        raise StorageError(f"{source}={redact_url(url)}: {path} is not a readable SQLite database ({e}); "
+            raise StorageError(f"{source}={hide_password(url)}: {path} is not an SQLite database; left untouched") from None
+        raise StorageError(f"{source}={hide_password(url)}: {path} is not a readable SQLite database ({e}); "
                            "left untouched") from None
 
 
@@ -242,11 +243,11 @@ def open_existing(url: str, source: str = "storage.url", allow_newer: bool = Fal
     path = sqlite_path(url)
     if path is not None:
         if not path.exists():
-            raise StorageError(f"{source}={redact_url(url)}: no database at {path}")
-        check_sqlite_integrity(path, f"{source}={redact_url(url)}")
+            raise StorageError(f"{source}={hide_password(url)}: no database at {path}")
+        check_sqlite_integrity(path, f"{source}={hide_password(url)}")
     tables, rev = _probe(url, source)
     if not (allow_newer and rev is not None):  # `current` reports any zhantune revision, newer too
-        refuse_foreign_or_newer(f"{source}={redact_url(url)}", tables, rev)
+        refuse_foreign_or_newer(f"{source}={hide_password(url)}", tables, rev)
     return make_engine(url)
 
 
