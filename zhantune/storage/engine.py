@@ -21,7 +21,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 
 from zhantune.errors import StorageError
 from zhantune.paths import SQLITE_SIDE_FILES
-from zhantune.redact import hide_password
+from zhantune.redact import hide_password, mask, url_secrets
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
@@ -42,8 +42,6 @@ OPTUNA_TABLES = {
 def redact_url(url: str) -> str:
     """The URL as SQLAlchemy renders it, its password (after ``user:`` or libpq's ``?password=``) as
     ``***`` (for logs, errors and stored configs; credentials are not shipped; zhantune.redact)."""
-    from zhantune.redact import mask, url_secrets
-
     secrets = url_secrets([url])
     try:
         u = make_url(url)
