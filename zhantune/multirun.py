@@ -82,11 +82,9 @@ class MultirunSummary(Callback):
         except Exception:  # the job failed: no record (the launcher's summary says so)
             return
         if isinstance(value, dict) and value.get("zhantune_job"):
-            from zhantune.redact import config_secrets, mask, override_secrets
+            from zhantune.redact import hide_overrides
 
-            secrets = override_secrets(hc.overrides.task) | config_secrets(config)
-            overrides = [mask(o, secrets) for o in hc.overrides.task]
-            record = {**value, "job": hc.job.num, "overrides": overrides}
+            record = {**value, "job": hc.job.num, "overrides": hide_overrides(hc.overrides.task, config)}
             Path(hc.runtime.output_dir, JOB_RECORD).write_text(json.dumps(record, indent=1))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -40,7 +40,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-__all__ = ["HidePasswords", "config_secrets", "hide_password", "known_secrets", "mask", "override_secrets",
+__all__ = ["HidePasswords", "config_secrets", "hide_overrides", "hide_password", "known_secrets", "mask",
+           "override_secrets",
            "stored_config", "url_secrets"]
 
 #: the options that hold database URLs (every app's ``storage.url``, db merge's ``sources``); an
@@ -177,6 +178,14 @@ def stored_config(cfg: DictConfig) -> dict[str, Any]:
     return _masked(config, config_secrets(cfg))
 
 
+def hide_overrides(overrides: Iterable[Any], config: Any) -> list[str]:
+    """A job's overrides (as Hydra records and prints them) without the passwords they or the job's
+    composed config hold."""
+    overrides = [str(o) for o in overrides or []]
+    secrets = override_secrets(overrides) | config_secrets(config)
+    return [mask(o, secrets) for o in overrides]
+
+
 def known_secrets() -> set[str]:
     """The passwords of the configs this process has run (:func:`config_secrets` saw them)."""
     return set(_KNOWN)
@@ -309,6 +318,4 @@ class HidePasswords(Callback):
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         # Hydra prints job_return.overrides when the job failed (JobReturn.return_value); the
         # callbacks' on_job_end run in reverse order, so listed last this one runs before any reader
-        overrides = [str(o) for o in job_return.overrides or []]
-        secrets = override_secrets(overrides) | config_secrets(config)
-        job_return.overrides = [mask(o, secrets) for o in overrides]
+        job_return.overrides = hide_overrides(job_return.overrides, config)
