@@ -41,8 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 __all__ = ["HidePasswords", "config_secrets", "hide_overrides", "hide_password", "known_secrets", "mask",
-           "override_secrets",
-           "stored_config", "url_secrets"]
+           "override_secrets", "stored_config", "url_secrets"]
 
 #: the options that hold database URLs (every app's ``storage.url``, db merge's ``sources``); an
 #: override whose key starts so counts (``storage=URL``, a misspelt ``storage.uri=URL`` echoed back)
