@@ -168,6 +168,8 @@ def _dir(tmp: Path) -> str:
 
 # (id, module, arguments with {x} filled in by setup, setup, message, database checked unchanged)
 CASES = [
+    ("kernel-store-in-a-file", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", "bench.kernel_store={x}/k"],
+     _file, "bench.kernel_store=afile/k: cannot create", None),
     ("huge-shape", "zhantune", ["+op=mm", "shape=[1000000000,1000000000,1000000000]", "device=cpu"], None,
      "shape=[1000000000,1000000000,1000000000]: mm in float32 needs at least", None),
     ("mysql", "zhantune", ["+op=mm", "shape=[4,4,4]", "storage.url=mysql://u@localhost/db"], None,

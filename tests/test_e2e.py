@@ -50,10 +50,15 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
             env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "TMPDIR": str(tmp)})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "inductor default" in r.stdout and "best config:" in r.stdout
-    # the tune compiled in its own kernel cache and deleted it: nothing in the user's Inductor cache
-    # (force_disable_caches left a directory per compile there), and none of its own left in TMPDIR
-    # (Inductor keeps its precompiled headers in its default directory there whatever the cache directory)
-    assert not list(cache.rglob("*.so")) and not list(cache.glob("tmp*"))
+    # the tune compiled in its own kernel cache and deleted it: in the user's Inductor cache only the
+    # finished binaries it keeps for the next tune (bench.kernel_store=auto: zhantune-kernels/<torch
+    # and compiler>/, no temporary name; force_disable_caches left a directory per compile there), and
+    # none of its own left in TMPDIR (Inductor keeps its precompiled headers in its default directory
+    # there whatever the cache directory)
+    (store,) = (cache / "zhantune-kernels").iterdir()
+    kept = [p for p in cache.rglob("*") if p.is_file()]
+    assert kept and all(p.is_relative_to(store) and p.suffix == ".so" for p in kept), kept
+    assert not list(cache.glob("tmp*"))
     assert all(p.name.startswith("torchinductor_") for p in tmp.iterdir()) and not list(tmp.rglob("*.so"))
 
     con = sqlite3.connect(tmp_path / "zhantune.db")

@@ -101,6 +101,9 @@ class BenchConfig:
     #: worker time limits, seconds: until the candidate compiled, then for the check and timed runs
     compile_timeout_s: float = 600.0
     run_timeout_s: float = 300.0
+    #: finished C++ kernel binaries kept between tunes (zhantune.inductor.kernel_store, docs/timing.md):
+    #: auto: zhantune-kernels/ in Inductor's cache directory; a directory; off: every tune builds its own
+    kernel_store: str | None = "auto"
     #: compile ahead: worker subprocesses compiling the next candidates while one is timed
     #: (zhantune.bench.compile_pool.CompilePool); null: one per four cores, at most 4 (on CUDA at least
     #: 1; on CPU 0 below four cores); 0: off. Needs isolate

@@ -23,6 +23,7 @@ from zhantune.bench.recorded import KernelTunerFile, ReplayProblem, load_kernelt
 from zhantune.config import CONF_DIR, BenchConfig, ExportConfig, SearchConfig, StorageConfig
 from zhantune.device import DeviceInfo, resolve_device
 from zhantune.errors import ConfigError, SpaceError
+from zhantune.inductor import kernel_store
 from zhantune.inductor.heuristics import offered_templates, template_params
 from zhantune.inductor.knobs import BACKEND_FLAGS, config_knob_problem
 from zhantune.inductor.settings import KERNEL_CACHE_PATCH
@@ -60,6 +61,9 @@ class RunSpec:
     problem_vars: dict[str, Any]
     cfg: DictConfig
     replay: KernelTunerFile | None = None
+    #: bench.kernel_store's directory (zhantune.inductor.kernel_store.store_dir); None: off, a replay,
+    #: the dry run
+    kernel_store: str | None = None
     search: SearchConfig = field(init=False)
     bench: BenchConfig = field(init=False)
     storage: StorageConfig = field(init=False)
@@ -92,7 +96,7 @@ class RunSpec:
         device = self.device.kind if self.device.index is None else f"{self.device.kind}:{self.device.index}"
         return WorkerSpec("inductor", {"problem": self.problem, "device": device, "seed": self.search.seed,
                                        "bench": dataclasses.asdict(self.bench),
-                                       "cache_dir": cache_dir})
+                                       "cache_dir": cache_dir, "kernel_store": self.kernel_store})
 
     def benchmarker(self, cache_dir: str | None = None) -> Benchmarker:
         """In a worker subprocess when ``bench.isolate`` (zhantune.bench.isolated.IsolatedBenchmarker,
@@ -243,7 +247,8 @@ def resolve_run(cfg: DictConfig, preview: bool = False) -> RunSpec:
                        op=problem.lookup_op_on(device.kind), composed=composed, template_params=template_params)
     _check_config_keys(space, device)
     check_url(cfg.storage.url)
-    return RunSpec(problem, device, space, names, variables, cfg)
+    store = None if preview else kernel_store.store_dir(cfg.bench.get("kernel_store"))
+    return RunSpec(problem, device, space, names, variables, cfg, kernel_store=None if store is None else str(store))
 
 
 def _profile_device(name: str) -> DeviceInfo:

@@ -88,7 +88,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     sampler = make_sampler(run.search.sampler)
     n_compile = run.compile_workers()
     # one kernel cache for this tune, shared by the timing and compile-ahead workers, deleted at its end
-    with scratch_cache_dir() as cache_dir:
+    with scratch_cache_dir(kernel_store=run.kernel_store) as cache_dir:
         bench = run.benchmarker(cache_dir)
         pool = run.compile_pool(n_compile, cache_dir) if n_compile and not finished else None  # a settle compiles in place
         try:

@@ -42,9 +42,11 @@ def build(spec: WorkerSpec) -> Benchmarker:
     """The benchmarker ``spec`` describes, built in this process (the worker calls it first)."""
     cache_dir = spec.args.get("cache_dir")
     if cache_dir:  # the tune's kernel cache (zhantune.inductor.settings.scratch_cache_dir), shared by its workers
+        from zhantune.inductor.kernel_store import serve
         from zhantune.inductor.settings import cache_dir_env
 
         os.environ.update(cache_dir_env(cache_dir))
+        serve(spec.args.get("kernel_store"), cache_dir)  # binaries from earlier tunes (bench.kernel_store)
     if spec.kind == "replay":
         from zhantune.bench.recorded import ReplayBenchmarker, load_kerneltuner
 

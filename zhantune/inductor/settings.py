@@ -51,20 +51,25 @@ def cache_dir_env(cache_dir: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def scratch_cache_dir(prefix: str = "zhantune-kernels-") -> Iterator[str]:
+def scratch_cache_dir(prefix: str = "zhantune-kernels-", kernel_store: str | None = None) -> Iterator[str]:
     """Inductor's and Triton's cache directories (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR; read
     by Inductor at every use, inherited by worker processes) in a new temporary directory, yielded,
     restored and deleted afterwards with everything compiled there. A tune kills workers in the middle
     of a compile (a timeout, the compile-ahead compiles abandoned at its end): a half-written binary
     stays in this directory, never in the user's cache, where Inductor would load it by its name
-    (``_worker_compile_cpp`` in torch/_inductor/codecache.py builds only a missing file)."""
+    (``_worker_compile_cpp`` in torch/_inductor/codecache.py builds only a missing file).
+    ``kernel_store``: a directory of finished binaries from earlier tunes that builds in this process
+    take from and add to (zhantune.inductor.kernel_store; workers are given it in their spec)."""
+    from zhantune.inductor.kernel_store import serving
+
     scratch = tempfile.mkdtemp(prefix=prefix)
     env = cache_dir_env(scratch)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     _clear_inductor_path_caches()
     try:
-        yield scratch
+        with serving(kernel_store, scratch):
+            yield scratch
     finally:
         for k, v in saved.items():
             if v is None:
