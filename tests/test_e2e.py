@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -26,6 +28,24 @@ pytestmark = pytest.mark.slow
 SPACES = Path(__file__).resolve().parent / "spaces"
 
 
+def _logging_compiler(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A ``g++`` first on PATH that logs each output file (``-o``) and runs the real one."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "compiler.log"
+    bin_dir.mkdir()
+    real = shutil.which("g++")
+    assert real, "the tests need g++"
+    shim = bin_dir / "g++"
+    shim.write_text(f'#!/bin/sh\nprev=""\nfor a in "$@"; do [ "$prev" = "-o" ] && echo "$a" >> {log}; '
+                    f'prev="$a"; done\nexec {real} "$@"\n')
+    shim.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
+
+
+def _binaries_built(log: Path) -> list[str]:
+    lines = log.read_text().split() if log.exists() else []
+    return [Path(p).name for p in lines if p.endswith((".so", ".o"))]
+
+
 def _recorded_key(problem: GemmProblem) -> str:
     """The key Inductor asks for when it compiles the problem (independent of zhantune's tune)."""
     device = resolve_device("cpu")
@@ -45,9 +65,11 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     # themselves are tested in test_timing.py
     cache, tmp = tmp_path / "inductor_cache", tmp_path / "tmp"
     tmp.mkdir()
-    r = cli(["+op=mm", "shape=[64,48,32]", "search.n_trials=3", "device=cpu", "progress=false",
-             "bench.remeasure_rounds=1", "export.path=table.json"], cwd=tmp_path,
-            env={"TORCHINDUCTOR_CACHE_DIR": str(cache), "TMPDIR": str(tmp)})
+    compiler, log = _logging_compiler(tmp_path)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TMPDIR": str(tmp), **compiler}
+    tune_args = ["+op=mm", "shape=[64,48,32]", "search.n_trials=3", "device=cpu", "progress=false",
+                 "bench.remeasure_rounds=1"]
+    r = cli([*tune_args, "export.path=table.json"], cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "inductor default" in r.stdout and "best config:" in r.stdout
     # the tune compiled in its own kernel cache and deleted it: in the user's Inductor cache only the
@@ -58,6 +80,8 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     (store,) = (cache / "zhantune-kernels").iterdir()
     kept = [p for p in cache.rglob("*") if p.is_file()]
     assert kept and all(p.is_relative_to(store) and p.suffix == ".so" for p in kept), kept
+    assert sorted(p.name for p in kept) == sorted(set(_binaries_built(log)))  # every one it built, whole
+    assert all(p.read_bytes()[:4] == b"\x7fELF" for p in kept)
     assert not list(cache.glob("tmp*"))
     assert all(p.name.startswith("torchinductor_") for p in tmp.iterdir()) and not list(tmp.rglob("*.so"))
 
@@ -108,6 +132,17 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     assert r2.returncode == 0, r2.stderr[-3000:]
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{tmp_path}/zhantune.db")
     assert len(study.trials) > len(done)
+
+    # the same tune into another database: every binary from the store (the compiler built none),
+    # the same candidates measured, each ok
+    log.unlink()
+    r3 = cli([*tune_args, "storage.url=sqlite:///second.db", "export.enabled=false"], cwd=tmp_path, env=env)
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    assert _binaries_built(log) == []
+    again = sqlite3.connect(tmp_path / "second.db").execute(
+        "select trial_number, status, params from zt_measurement where kind = 'candidate' order by trial_number")
+    assert [(n, s, json.loads(p)) for n, s, p in again] == [
+        (n, "ok", json.loads(row[5])) for n in sorted(measured) for row in rows if row[:2] == ("candidate", n)]
     kinds = [k for (k,) in con.execute("select kind from zt_measurement")]
     assert kinds.count("candidate") == 4 and kinds.count("eager") == 1
 

@@ -5,9 +5,6 @@ compile failed or was killed."""
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -98,53 +95,3 @@ def test_store_directory_per_torch_and_compiler_and_its_errors(tmp_path, monkeyp
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match=r"bench.kernel_store=.*/file/x: cannot create .*allowed: auto, off"):
         kernel_store.store_dir(str(tmp_path / "file" / "x"))
-
-
-def _logging_compiler(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """A ``g++`` first on PATH that logs each output file (``-o``) and runs the real one."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "compiler.log"
-    bin_dir.mkdir()
-    real = shutil.which("g++")
-    assert real, "the tests need g++"
-    shim = bin_dir / "g++"
-    shim.write_text(f'#!/bin/sh\nprev=""\nfor a in "$@"; do [ "$prev" = "-o" ] && echo "$a" >> {log}; '
-                    f'prev="$a"; done\nexec {real} "$@"\n')
-    shim.chmod(0o755)
-    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
-
-
-def _binaries_built(log: Path) -> list[str]:
-    lines = log.read_text().split() if log.exists() else []
-    return [Path(p).name for p in lines if p.endswith((".so", ".o"))]
-
-
-@pytest.mark.slow
-def test_a_second_tune_of_a_problem_compiles_no_kernel_and_measures_the_same_trials(cli, tmp_path):
-    """Two tunes of one problem into two databases: the first compiles its kernels and keeps each
-    finished one (and nothing else) in the store; the second compiles none and measures the same
-    configurations, every one ok."""
-    env, log = _logging_compiler(tmp_path)
-    args = ["+op=mm", "shape=[40,56,24]", "device=cpu", "search.n_trials=2", "progress=false",
-            "bench.remeasure_rounds=0", f"bench.kernel_store={tmp_path}/store"]
-    first = cli([*args, "storage.url=sqlite:///a.db", "export.path=a.json"], cwd=tmp_path, env=env)
-    assert first.returncode == 0, first.stderr[-3000:]
-    built = _binaries_built(log)
-    stored = [p.name for p in _files(tmp_path / "store")]
-    assert built and sorted(stored) == sorted(set(built)), (built, stored)
-    assert all(p.read_bytes()[:4] == b"\x7fELF" for p in _files(tmp_path / "store"))
-
-    log.unlink()
-    second = cli([*args, "storage.url=sqlite:///b.db", "export.path=b.json"], cwd=tmp_path, env=env)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert _binaries_built(log) == []
-
-    def trials(db: str) -> list[tuple]:
-        con = sqlite3.connect(tmp_path / db)
-        try:
-            return con.execute("select trial_number, status, params from zt_measurement "
-                               "where kind = 'candidate' order by trial_number").fetchall()
-        finally:
-            con.close()
-
-    assert len(trials("b.db")) == 2 and trials("a.db") == trials("b.db")
-    assert all(status == "ok" for _, status, _ in trials("b.db"))
