@@ -76,8 +76,10 @@ def test_compile_ahead_fills_the_kernel_cache_that_the_timing_worker_compiles_fr
     A candidate nobody compiled ahead is built by the timing worker (the check can fail)."""
     from zhantune.tune import resolve_run
 
+    # no kernel store (bench.kernel_store): binaries from earlier tunes would look like the pool's
     run = resolve_run(tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[cpp_gemm]",
-                                f"storage.url=sqlite:///{tmp_path}/x.db", "bench.target_ms=5"]))
+                                f"storage.url=sqlite:///{tmp_path}/x.db", "bench.target_ms=5",
+                                "bench.kernel_store=off"]))
     cache = tmp_path / "kernels"
     bench, pool = run.benchmarker(str(cache)), run.compile_pool(1, str(cache))
     try:  # no baselines: config-scope candidates on CPU need no recorded lookup

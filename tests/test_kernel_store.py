@@ -48,7 +48,8 @@ def test_only_a_build_whose_compiler_returned_enters_the_store_and_a_stored_one_
     """Real compiles through Inductor's CppBuilder: a worker killed in the middle of a build, and a
     build that fails, leave nothing in the store (the half-written binary stays in the tune's own
     directory); a finished build is kept and the next tune's build of it copies it instead of
-    compiling; a build outside the tune's directory (Inductor's precompiled headers) is left alone."""
+    compiling; a build outside the tune's directory (Inductor's precompiled headers) is left alone; a
+    stored binary that is not a whole ELF file is built again and replaced."""
     import torch._inductor.cpp_builder as cb
 
     source, store = tmp_path / "k.cpp", tmp_path / "store"
@@ -82,6 +83,14 @@ def test_only_a_build_whose_compiler_returned_enters_the_store_and_a_stored_one_
 
     _builder(source, tmp_path / "tune5").build()  # outside serving: Inductor's build as it was
     assert len(compiled) == 3
+
+    whole = (store / "k.so").read_bytes()
+    (store / "k.so").write_bytes(whole[: len(whole) // 2])  # a store entry cut short (a power loss)
+    with kernel_store.serving(store, str(tmp_path / "tune6")):
+        _builder(source, tmp_path / "tune6").build()
+    assert len(compiled) == 4 and kernel_store._whole(store / "k.so")  # built again, kept whole
+    assert ctypes.CDLL(str(store / "k.so")).answer() == 42 and not kernel_store._whole(tmp_path / "tune1" / "k.so")
+    assert not [p for p in _files(tmp_path) if p.name.endswith(".tmp")]
 
 
 def test_store_directory_per_torch_and_compiler_and_its_errors(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,19 +65,42 @@ def store_dir(setting: str | None) -> Path | None:
 
 
 def _tag() -> str:
-    """torch's version and a hash of its git revision, Python's version and the C++ compiler's
-    version text (``-v``, as Inductor reads it in torch/_inductor/cpp_builder.py)."""
+    """torch's version and a hash of what Inductor's binary names leave out: torch's git revision,
+    Python's version, the C++ compiler's version text (``-v``, as Inductor reads it in
+    torch/_inductor/cpp_builder.py), what ``-march=native`` means on this CPU (the command line says
+    only ``-march=native`` and the vector family: two AVX-512 CPUs of other generations would share
+    names; ``-Q --help=target``) and the CPU's model and flags (/proc/cpuinfo). A store on a disk
+    that several machines share keeps one directory per kind of machine."""
     import torch
     from torch._inductor.cpp_builder import get_cpp_compiler
 
+    env = {**os.environ, "LC_ALL": "C"}
+    parts = [torch.__version__, str(torch.version.git_version), sys.version]
     try:
         compiler = get_cpp_compiler()
-        version = subprocess.run([compiler, "-v"], capture_output=True, text=True, timeout=60,
-                                 env={**os.environ, "LC_ALL": "C"}).stderr
+        parts += [compiler, subprocess.run([compiler, "-v"], capture_output=True, text=True, timeout=60, env=env).stderr,
+                  subprocess.run([compiler, "-march=native", "-Q", "--help=target"], capture_output=True, text=True,
+                                 timeout=60, env=env).stdout]
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # no compiler: nothing will be built
-        compiler, version = "none", repr(e)
-    text = "\n".join([torch.__version__, str(torch.version.git_version), sys.version, compiler, version])
-    return f"torch-{torch.__version__.replace('+', '_')}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        parts.append(repr(e))
+    parts += _cpu_identity()
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return f"torch-{torch.__version__.replace('+', '_')}-{digest}"
+
+
+def _cpu_identity() -> list[str]:
+    """The first processor's model name and flags lines of /proc/cpuinfo (empty where there is none)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    keys = ("model name", "flags", "cpu family", "model\t", "Features", "CPU part")
+    seen: dict[str, str] = {}
+    for line in lines:
+        for key in keys:
+            if line.startswith(key) and key not in seen:
+                seen[key] = line
+    return [seen[k] for k in keys if k in seen]
 
 
 def serve(store: str | Path | None, scratch: str) -> Any:
@@ -114,11 +138,11 @@ def _stored_build(original: Any) -> Any:
         kept = _stored_path(target)
         if kept is None:
             return original(self)
-        if kept.is_file() and _put(kept, target):
+        if _whole(kept) and _put(kept, target):
             log.debug("kernel store: %s from %s", target.name, kept)
             return None
         original(self)  # raises when the compiler fails; a killed build never returns here
-        if target.is_file() and not _put(target, kept):
+        if _whole(target) and not _put(target, kept):
             log.debug("kernel store: could not keep %s in %s", target.name, kept.parent)
         return None
 
@@ -137,17 +161,43 @@ def _stored_path(target: Path) -> Path | None:
     return _served["store"] / relative
 
 
+def _whole(path: Path) -> bool:
+    """``path`` is a whole ELF file: its header's section header table (which the linker and the
+    assembler write last) ends within the file. False for a missing, empty, truncated or non-ELF file
+    (a store entry a power loss emptied, an orphaned linker's half-written output)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False
+    if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+        return False
+    order = "little" if head[5] == 1 else "big"
+    if head[4] == 2:  # ELF64
+        if len(head) < 64:
+            return False
+        shoff, shentsize, shnum = (int.from_bytes(head[0x28:0x30], order), int.from_bytes(head[0x3A:0x3C], order),
+                                   int.from_bytes(head[0x3C:0x3E], order))
+    else:
+        shoff, shentsize, shnum = (int.from_bytes(head[0x20:0x24], order), int.from_bytes(head[0x2E:0x30], order),
+                                   int.from_bytes(head[0x30:0x32], order))
+    return shoff > 0 and shnum > 0 and shoff + shentsize * shnum <= size
+
+
 def _put(source: Path, dest: Path) -> bool:
     """Copy ``source`` to a new name beside ``dest``, then move it to ``dest``: a reader of ``dest``
-    sees the whole file or none. A copy, not a link: a compiler writing its output in place (the
+    sees the whole file or none (a name of its own per copy, so two machines sharing the store never
+    write one temporary file). A copy, not a link: a compiler writing its output in place (the
     assembler truncates an existing ``.o``) must never write into the store's file. False when the
     file system refuses (the store unwritable, full): the tune goes on without it."""
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp.unlink(missing_ok=True)
         shutil.copyfile(source, tmp)
         shutil.copymode(source, tmp)
+        with open(tmp, "rb") as f:  # on disk before its final name (a power loss leaves no empty entry)
+            os.fsync(f.fileno())
         os.replace(tmp, dest)
         return True
     except OSError:
