@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,44 @@ def test_compile_ahead_fills_the_kernel_cache_that_the_timing_worker_compiles_fr
         pool.close()
         bench.close()
     assert not pool.pids and not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.slow
+def test_a_compile_timeout_kills_the_compiler_with_the_timing_worker(tmp_path, tune_cfg, monkeypatch):
+    """A compile past bench.compile_timeout_s (a C++ compiler that hangs: a g++ on PATH that sleeps):
+    the candidate is ``timeout`` and the timing worker is killed with the compiler it started, which
+    used to run on, a core busy through every later timed run (found in a review, 2026-11-27)."""
+    from zhantune.tune import resolve_run
+
+    run = resolve_run(tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[cpp_gemm]",
+                                f"storage.url=sqlite:///{tmp_path}/x.db", "bench.kernel_store=off",
+                                "bench.compile_timeout_s=15"]))
+    bin_dir, started = tmp_path / "bin", tmp_path / "compilers"
+    bin_dir.mkdir()
+    (bin_dir / "g++").write_text(f"#!/bin/sh\necho $$ >> {started}\nexec sleep 600\n")
+    (bin_dir / "g++").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")  # the worker's (spawned below), not ours
+    bench = run.benchmarker(str(tmp_path / "kernels"))
+    try:
+        got = bench.measure(run.space.branch("cpp_gemm").candidate(
+            {"k_slices": 1, "thread_factors": None, "cache_blocking": "4,1,16"}))
+    finally:
+        bench.close()
+    assert got.status == "timeout" and "compile exceeded 15 s" in got.error_text, got
+    pids = [int(p) for p in started.read_text().split()]
+    assert pids
+    deadline = time.monotonic() + 10
+    while alive := [pid for pid in pids if _running(pid)]:
+        assert time.monotonic() < deadline, f"compiler(s) {alive} still running after the worker was killed"
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (killed, not yet reaped)."""
+    try:
+        return _process_state(pid) != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 @pytest.mark.slow

@@ -65,7 +65,7 @@ class CompilePool:
     def __init__(self, spec: WorkerSpec, size: int, compile_timeout_s: float, run_timeout_s: float):
         if size < 1:
             raise ValueError(f"compile pool size {size} must be at least 1")
-        worker_spec = WorkerSpec(spec.kind, {**spec.args, "own_group": True})
+        worker_spec = WorkerSpec(spec.kind, {**spec.args, "compile_ahead": True})
         self.size = size
         self._workers = [IsolatedBenchmarker(worker_spec, compile_timeout_s, run_timeout_s) for _ in range(size)]
         self._idle: queue.Queue[IsolatedBenchmarker] = queue.Queue()

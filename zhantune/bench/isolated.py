@@ -78,15 +78,17 @@ def _thread_lock_for_tqdm() -> None:
 
 def _worker_main(conn: Any, spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches the whole group
-    if spec.args.get("own_group"):  # a compile worker: the parent pauses it (and its compilers) as a group
-        os.setpgrp()
+    # a process group of its own: the parent kills the worker with the compilers it runs (a compiler
+    # left running after a compile timeout would share the cores with every later timed run), and
+    # pauses a compile worker with them
+    os.setpgrp()
     from zhantune.quiet import quiet_known_warnings
 
     quiet_known_warnings()
     _thread_lock_for_tqdm()
     bench = build(spec)
     nice = getattr(getattr(bench, "cfg", None), "nice", None)
-    if nice is not None and not spec.args.get("own_group"):
+    if nice is not None and not spec.args.get("compile_ahead"):
         # the timing worker gets the cores first while it times (compile workers stay as they are;
         # docs/timing.md: the per-trial minimum's CV under four busy loops, 62-72% -> under 1%)
         from zhantune.bench.timing import renice_threads
@@ -173,16 +175,16 @@ class IsolatedBenchmarker:
         return proc.pid if proc is not None else None
 
     def signal_group(self, sig: int) -> None:
-        """Send ``sig`` to a compile worker's process group (the worker and the compilers it runs)."""
+        """Send ``sig`` to the worker's process group (the worker and the compilers it runs)."""
         pid = self.pid
-        if pid is not None and self.spec.args.get("own_group"):
+        if pid is not None:
             try:
                 os.killpg(pid, sig)
             except (ProcessLookupError, PermissionError):  # not (yet) a group leader, or gone
                 pass
 
     def abort(self) -> None:
-        """Kill the running worker (and its process group, for a compile worker) without waiting:
+        """Kill the running worker and its process group (its compilers) without waiting:
         the thread waiting on its answer sees it die (CompilePool.close abandons a compile so)."""
         proc = self._proc
         if proc is not None:
