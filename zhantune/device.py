@@ -12,12 +12,13 @@ import os
 import platform
 import re
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from zhantune.errors import DeviceError
 from zhantune.request import check_device_spec
+
+if TYPE_CHECKING:  # torch is imported where a device is resolved: a replay or an import never needs it
+    import torch
 
 __all__ = ["DeviceInfo", "resolve_device", "cpu_model_name"]
 
@@ -35,6 +36,8 @@ class DeviceInfo:
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         return torch.device(self.kind if self.index is None else f"{self.kind}:{self.index}")
 
 
@@ -52,6 +55,8 @@ def cpu_model_name() -> str:
 
 def _cpu_info() -> DeviceInfo:
     # '+' separates the parts of an Inductor lookup key, so it never appears in a device key
+    import torch
+
     name = re.sub(r"\s+", " ", cpu_model_name()).replace("+", " ")
     threads = torch.get_num_threads()
     props = {
@@ -64,6 +69,8 @@ def _cpu_info() -> DeviceInfo:
 
 
 def _cuda_info(index: int) -> DeviceInfo:
+    import torch
+
     p = torch.cuda.get_device_properties(index)
     props = {
         "sm_count": p.multi_processor_count,
@@ -81,6 +88,8 @@ def resolve_device(spec: str) -> DeviceInfo:
 
     Raises DeviceError (exit code 2) for an unknown spec or a CUDA device this machine lacks.
     """
+    import torch
+
     spec = check_device_spec(spec)
     if spec == "auto":
         return _cuda_info(0) if torch.cuda.is_available() else _cpu_info()

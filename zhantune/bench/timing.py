@@ -36,8 +36,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
-
 __all__ = ["Timing", "summarize_us", "time_cpu", "time_cuda", "is_tie", "runs_per_sample", "run_range_us", "raised_priority", "renice_threads",
            "realtime", "DEFAULT_NICE"]
 
@@ -282,6 +280,8 @@ def cpu_flush_bytes() -> int:
 
 class _CacheFlusher:
     def __init__(self, nbytes: int):
+        import torch
+
         self.buf = torch.empty(nbytes // 4, dtype=torch.int32)
 
     def __call__(self) -> None:
@@ -350,6 +350,7 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: f
     the calls made while the graph was captured (``cuda:triton.do_bench_cudagraph:batch=N``), so
     that :func:`is_tie` compares per-run spreads. Else ``triton.testing.do_bench`` (L2 flush, one CUDA event pair per run): per-run times.
     """
+    import torch
     import triton.testing
 
     if cuda_graph:
@@ -372,6 +373,8 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: f
 def _warm_up_cuda(fn: Callable[[], object], warmup_ms: float) -> None:
     """Call ``fn`` for about ``warmup_ms`` of GPU time, as ``triton.testing.do_bench`` warms up: the
     time of 5 calls (one CUDA event pair) gives the estimate, then warmup_ms / estimate calls."""
+    import torch
+
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(5):
