@@ -18,8 +18,6 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-import torch
-
 __all__ = ["triton_mm_configs", "decompose_k_splits", "template_params", "derived_kwargs", "with_derived_kwargs",
            "offered_templates",
            "LAUNCH_OPTIONS"]
@@ -31,6 +29,7 @@ _NOT_TUNABLE = {"hint_override"}  # bookkeeping of the heuristic, not a kernel p
 
 def _with_graph(fn: Any) -> Any:
     """Run ``fn`` with a throwaway GraphLowering installed: the heuristics read size hints from it."""
+    import torch
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
 

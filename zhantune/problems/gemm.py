@@ -10,47 +10,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from zhantune.request import ACTIVATIONS, OPS, WEIGHT_LAYOUTS, check_problem
 
-from zhantune.request import ACTIVATIONS, DTYPE_NAMES, OPS, WEIGHT_LAYOUTS, check_problem
+if TYPE_CHECKING:  # torch only where tensors are built: keys, row fields and flops need none
+    import torch
 
-__all__ = ["DTYPES", "OPS", "ACTIVATIONS", "WEIGHT_LAYOUTS", "GemmProblem", "GemmModule"]
+    from zhantune.problems.module import GemmModule
 
-#: dtype names accepted on the command line (zhantune.request.DTYPE_NAMES) -> torch dtypes
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-assert tuple(DTYPES) == DTYPE_NAMES  # one list of names, checked before torch is imported
+__all__ = ["DTYPE_BYTES", "OPS", "ACTIVATIONS", "WEIGHT_LAYOUTS", "GemmProblem"]
 
-
-class GemmModule(torch.nn.Module):
-    """``act(x @ W + b)`` for one op; W is [K, N] ([B, K, N] for bmm), or [N, K] used as W.t() when
-    ``weight_layout`` is "nk"; b is [N]."""
-
-    def __init__(self, op: str, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
-                 weight_layout: str = "kn"):
-        super().__init__()
-        self.op = op
-        self.activation = activation
-        self.weight_layout = weight_layout
-        self.weight = torch.nn.Parameter(weight, requires_grad=False)
-        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.op == "bmm":
-            return torch.bmm(x, self.weight)
-        w = self.weight.t() if self.weight_layout == "nk" else self.weight
-        if self.bias is None:
-            return x @ w
-        y = torch.addmm(self.bias, x, w)
-        if self.activation == "relu":
-            return torch.relu(y)
-        if self.activation == "gelu":
-            return torch.nn.functional.gelu(y)
-        return y
+#: bytes per element of each dtype name (zhantune.problems.module.DTYPES checks them against torch)
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -87,11 +59,13 @@ class GemmProblem:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        from zhantune.problems.module import DTYPES
+
         return DTYPES[self.dtype]
 
     @property
     def dtype_bytes(self) -> int:
-        return self.torch_dtype.itemsize
+        return DTYPE_BYTES[self.dtype]
 
     @property
     def key(self) -> str:
@@ -116,10 +90,10 @@ class GemmProblem:
         (linear_act's activation) into mm + add, except for float16/bfloat16 while
         ``keep_addmm_fused_for_half_dtypes`` is set (the default): such a GEMM is looked up as "mm".
         """
-        from torch._inductor import config as inductor_config
-
         if self.op == "linear_act" and device_kind != "cpu":
-            half = self.torch_dtype in (torch.float16, torch.bfloat16)
+            from torch._inductor import config as inductor_config
+
+            half = self.dtype in ("float16", "bfloat16")
             if not (half and inductor_config.keep_addmm_fused_for_half_dtypes):
                 return "mm"
         return self.lookup_op
@@ -151,6 +125,10 @@ class GemmProblem:
 
         Values are drawn from N(0, 1) / sqrt(K) so outputs stay O(1) in every dtype.
         """
+        import torch
+
+        from zhantune.problems.module import GemmModule
+
         d = self.dims
         g = torch.Generator().manual_seed(seed)
         scale = 1.0 / math.sqrt(d["K"])
@@ -169,6 +147,10 @@ class GemmProblem:
 
     def reference(self, module: GemmModule, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The eager result in float64 from the same (rounded) inputs."""
+        import torch
+
+        from zhantune.problems.module import GemmModule
+
         ref = GemmModule(
             self.op,
             module.weight.detach().double(),
