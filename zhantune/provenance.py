@@ -7,32 +7,51 @@ Every measurement row records torch and triton versions and an environment row
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import socket
+import sys
+from pathlib import Path
+from typing import Any
 
-__all__ = ["software_versions", "environment_fields", "worker_name"]
+__all__ = ["software_versions", "environment_fields", "worker_name", "torch_version_info"]
+
+
+def torch_version_info() -> Any:
+    """torch's ``torch.version`` module (``__version__``, ``cuda``, ``hip``, ``git_version``): the one
+    imported when torch is, else torch/version.py loaded on its own, without importing torch (a
+    replay or a Kernel Tuner import records the versions and needs nothing else of torch: 1 s)."""
+    loaded = sys.modules.get("torch.version")
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.find_spec("torch")  # finds the package, runs none of it
+    if spec is None or spec.origin is None:
+        import torch  # not a regular installation: the import says what is wrong
+
+        return torch.version
+    path = Path(spec.origin).parent / "version.py"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("_zhantune_torch_version", path))
+    module.__spec__.loader.exec_module(module)
+    return module
 
 
 def software_versions() -> dict[str, str | None]:
     """{"torch": torch.__version__, "triton": the installed triton's version, None where there is none}."""
-    import torch
-
     try:
         triton = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         triton = None
-    return {"torch": torch.__version__, "triton": triton}
+    return {"torch": str(torch_version_info().__version__), "triton": triton}
 
 
 def environment_fields() -> dict[str, str | None]:
     """Software and host of this process, the columns of the environment table: torch, triton,
     cuda, hip, driver (None: not read), python, zhantune, host."""
-    import torch
-
     import zhantune
 
-    return {**software_versions(), "cuda": torch.version.cuda, "hip": torch.version.hip,
+    version = torch_version_info()
+    return {**software_versions(), "cuda": version.cuda, "hip": version.hip,
             "driver": None, "python": platform.python_version(), "zhantune": zhantune.__version__,
             "host": socket.gethostname()}
 

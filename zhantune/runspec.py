@@ -14,7 +14,6 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from zhantune.bench.compile_pool import default_compile_workers
@@ -207,6 +206,8 @@ def cuda_offered_uids(problem: GemmProblem, device: DeviceInfo) -> frozenset[str
         if device.properties.get("profile"):
             with simulate.simulated_cuda(simulate.profile(device.properties["profile"])):
                 return simulate.offered_uids(problem, op)
+        import torch
+
         with torch.cuda.device(device.index or 0):  # Inductor's TMA check reads the current device
             return simulate.offered_uids(problem, op, device.index or 0)
     except Exception as e:  # Inductor's internals: never fail a run on this preview
