@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -126,11 +128,8 @@ def test_a_compile_timeout_kills_the_compiler_with_the_timing_worker(tmp_path, t
     run = resolve_run(tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[cpp_gemm]",
                                 f"storage.url=sqlite:///{tmp_path}/x.db", "bench.kernel_store=off",
                                 "bench.compile_timeout_s=15"]))
-    bin_dir, started = tmp_path / "bin", tmp_path / "compilers"
-    bin_dir.mkdir()
-    (bin_dir / "g++").write_text(f"#!/bin/sh\necho $$ >> {started}\nexec sleep 600\n")
-    (bin_dir / "g++").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")  # the worker's (spawned below), not ours
+    path, started = _hanging_compiler(tmp_path)
+    monkeypatch.setenv("PATH", path)  # the worker's (spawned below), not ours
     bench = run.benchmarker(str(tmp_path / "kernels"))
     try:
         got = bench.measure(run.space.branch("cpp_gemm").candidate(
@@ -138,12 +137,50 @@ def test_a_compile_timeout_kills_the_compiler_with_the_timing_worker(tmp_path, t
     finally:
         bench.close()
     assert got.status == "timeout" and "compile exceeded 15 s" in got.error_text, got
+    _all_gone(started)
+
+
+def _hanging_compiler(tmp_path: Path) -> tuple[str, Path]:
+    """A PATH whose g++ writes its pid to the returned file and sleeps (a compile that never ends)."""
+    bin_dir, started = tmp_path / "bin", tmp_path / "compilers"
+    bin_dir.mkdir()
+    (bin_dir / "g++").write_text(f"#!/bin/sh\necho $$ >> {started}\nexec sleep 600\n")
+    (bin_dir / "g++").chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}", started
+
+
+def _all_gone(started: Path, within_s: float = 10.0) -> None:
+    """Every compiler that wrote its pid to ``started`` has ended within ``within_s``."""
     pids = [int(p) for p in started.read_text().split()]
     assert pids
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + within_s
     while alive := [pid for pid in pids if _running(pid)]:
         assert time.monotonic() < deadline, f"compiler(s) {alive} still running after the worker was killed"
         time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_tune_killed_by_a_signal_it_does_not_handle_takes_its_worker_and_compiler_along(tmp_path):
+    """SIGHUP to the tune's process group (the terminal closed, an ssh session dropped) kills the tune
+    without its cleanup; its timing worker, in a process group of its own, sees its parent gone and
+    kills its group: the hanging compiler it started ends too (a review found both left running)."""
+    path, started = _hanging_compiler(tmp_path)
+    tune = subprocess.Popen([sys.executable, "-m", "zhantune", "+op=mm", "shape=[64,64,64]", "device=cpu",
+                             "space=[cpp_gemm]", "search.n_trials=1", "bench.kernel_store=off", "progress=false",
+                             f"hydra.run.dir={tmp_path}/hydra"], cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PATH=path, PYTHONWARNINGS="ignore"))
+    try:
+        deadline = time.monotonic() + 300
+        while not (started.exists() and started.read_text().strip()):
+            assert tune.poll() is None and time.monotonic() < deadline, "no compile started"
+            time.sleep(0.2)
+        os.killpg(tune.pid, signal.SIGHUP)
+        assert tune.wait(timeout=30) == -signal.SIGHUP
+        _all_gone(started)
+    finally:
+        if tune.poll() is None:
+            os.killpg(tune.pid, signal.SIGKILL)
 
 
 def _running(pid: int) -> bool:

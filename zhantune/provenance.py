@@ -6,6 +6,7 @@ Every measurement row records torch and triton versions and an environment row
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -30,7 +31,12 @@ def torch_version_info() -> Any:
         import torch  # not a regular installation: the import says what is wrong
 
         return torch.version
-    path = Path(spec.origin).parent / "version.py"
+    return _standalone_torch_version(str(Path(spec.origin).parent / "version.py"))
+
+
+@functools.cache
+def _standalone_torch_version(path: str) -> Any:
+    """torch/version.py at ``path`` run once as a module of its own (never put in sys.modules)."""
     module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("_zhantune_torch_version", path))
     module.__spec__.loader.exec_module(module)
     return module

@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,12 +77,25 @@ def _thread_lock_for_tqdm() -> None:
     tqdm.set_lock(threading.RLock())
 
 
+def _die_with_parent(parent: int, every_s: float = 0.5) -> None:
+    """Kill this worker's process group (itself and its compilers) once ``parent`` is gone: a parent
+    killed by a signal it does not handle (SIGHUP when the terminal closes, SIGKILL) cannot kill the
+    group itself, and the worker is outside the terminal's process group (:func:`_worker_main`)."""
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    os.killpg(0, signal.SIGKILL)
+
+
 def _worker_main(conn: Any, spec: WorkerSpec) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches the whole group
+    # the parent decides: Ctrl-C interrupts it, and it kills the worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # a process group of its own: the parent kills the worker with the compilers it runs (a compiler
     # left running after a compile timeout would share the cores with every later timed run), and
-    # pauses a compile worker with them
+    # pauses a compile worker with them; the group dies with the parent
     os.setpgrp()
+    parent = mp.parent_process()
+    threading.Thread(target=_die_with_parent, args=(parent.pid if parent else os.getppid(),), daemon=True,
+                     name="die-with-parent").start()
     from zhantune.quiet import quiet_known_warnings
 
     quiet_known_warnings()
