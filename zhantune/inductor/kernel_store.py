@@ -11,8 +11,9 @@ that built it has returned (a killed or failed build never gets there), as a new
 place (``os.replace``, so a reader sees the whole file or none), and leaves it only as a
 copy into the tune's own directory, again moved into place. Binaries are named as Inductor names them
 (the hash of their source and compiler command line: torch/_inductor/codecache.py ``write``); the
-store has one directory per torch build, Python and C++ compiler version (:func:`store_dir`), which
-the command line does not name. Triton binaries (CUDA) are not stored: Triton's own cache writes
+store has one directory per torch build, Python, C++ compiler version and kind of CPU
+(:func:`store_dir`), which the command line does not name. A stored file is served, and a built one
+stored, only when it is a whole ELF file. Triton binaries (CUDA) are not stored: Triton's own cache writes
 atomically but its directory is the tune's.
 """
 
@@ -40,11 +41,11 @@ _served: dict[str, Path] = {}  # the scratch directory and the store this proces
 
 
 def store_dir(setting: str | None) -> Path | None:
-    """The store's directory for this torch, Python and compiler: ``<root>/<tag>`` with root
-    ``<Inductor's cache directory>/zhantune-kernels`` for ``"auto"`` (TORCHINDUCTOR_CACHE_DIR, else
-    Inductor's default, torch/_inductor/runtime/cache_dir_utils.py), or the path given; None for
-    None or ``"off"``. Creates the directory; raises ConfigError when it cannot. Call it before :func:`zhantune.inductor.settings.scratch_cache_dir` sets the
-    tune's own cache directory."""
+    """The store's directory for this torch, Python, compiler and CPU: ``<root>/<tag>`` (:func:`_tag`)
+    with root ``<Inductor's cache directory>/zhantune-kernels`` for ``"auto"`` (TORCHINDUCTOR_CACHE_DIR,
+    else Inductor's default, torch/_inductor/runtime/cache_dir_utils.py), or the path given; None for
+    None or ``"off"``. Creates the directory; raises ConfigError when it cannot. Call it before
+    :func:`zhantune.inductor.settings.scratch_cache_dir` sets the tune's own cache directory."""
     if setting is None or str(setting) == "off":
         return None
     if str(setting) == "auto":

@@ -1,6 +1,6 @@
 """The torch side of a GEMM problem: dtype names to torch dtypes, and the module that is compiled.
 Imported only where tensors are built (zhantune.problems.gemm.GemmProblem.build): a Kernel Tuner
-import, an export or a merge never loads torch."""
+import, a replay or a merge never loads torch."""
 
 from __future__ import annotations
 
