@@ -67,21 +67,20 @@ def store_dir(setting: str | None) -> Path | None:
 
 def _tag() -> str:
     """torch's version and a hash of what Inductor's binary names leave out: torch's git revision,
-    Python's version, the C++ compiler's version text (``-v``, as Inductor reads it in
+    Python's version, the C++ compiler's version text (Inductor's ``get_compiler_version_info``,
     torch/_inductor/cpp_builder.py), what ``-march=native`` means on this CPU (the command line says
     only ``-march=native`` and the vector family: two AVX-512 CPUs of other generations would share
     names; ``-Q --help=target``) and the CPU's model and flags (/proc/cpuinfo). A store on a disk
     that several machines share keeps one directory per kind of machine."""
     import torch
-    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
 
-    env = {**os.environ, "LC_ALL": "C"}
     parts = [torch.__version__, str(torch.version.git_version), sys.version]
     try:
         compiler = get_cpp_compiler()
-        parts += [compiler, subprocess.run([compiler, "-v"], capture_output=True, text=True, timeout=60, env=env).stderr,
+        parts += [compiler, get_compiler_version_info(compiler),
                   subprocess.run([compiler, "-march=native", "-Q", "--help=target"], capture_output=True, text=True,
-                                 timeout=60, env=env).stdout]
+                                 timeout=60, env={**os.environ, "LC_ALL": "C"}).stdout]
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # no compiler: nothing will be built
         parts.append(repr(e))
     parts += _cpu_identity()
