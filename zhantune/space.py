@@ -4,7 +4,7 @@ Prints each branch's size before and after its constraints, whether Inductor's l
 branch's template for this problem on this device (a template it does not offer can only give
 ``not_applied`` trials; the spaces' constraints keep such branches empty), and a few sample
 candidates, without compiling or benchmarking anything and without touching the database. Same
-options as the tune app, plus ``device_profile=H100|A100|MI300X``: the CUDA spaces of that GPU
+options as the tune app, plus ``device_profile=H100|H200|A100|MI300X``: the CUDA spaces of that GPU
 without one (its SM count, shared memory, compute capability and device key; Inductor's lowering
 runs against the profile, zhantune.inductor.simulate).
 """

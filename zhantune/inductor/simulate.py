@@ -75,10 +75,14 @@ class DeviceProfile:
         return next(k for k, p in PROFILES.items() if p == self)
 
 
-#: datasheet values (SMs/CUs, opt-in shared memory per block, memory, L2) of common GPUs
+#: datasheet values (SMs/CUs, opt-in shared memory per block, memory, L2) of common GPUs; H200's are
+#: ``torch.cuda.get_device_properties`` read on a lent H200 (2026-11-27, torch 2.11), which also
+#: matched H100's (one GH100 die) in every other property the stand-in has; Inductor reads none of
+#: the real ones the stand-in lacks (clock rates, bus width, PCI ids, shared memory per SM)
 PROFILES: dict[str, DeviceProfile] = {
     "H100": DeviceProfile("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", 9, 0, 132, 232448, 80 << 30, 50 << 20,
                           uuid="5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60"),
+    "H200": DeviceProfile("NVIDIA H200", "NVIDIA H200", 9, 0, 132, 232448, 150109880320, 62914560),
     "A100": DeviceProfile("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 8, 0, 108, 166912, 80 << 30, 40 << 20),
     "MI300X": DeviceProfile("AMD Instinct MI300X", "gfx942:sramecc+:xnack-", 9, 4, 304, 65536, 192 << 30, 4 << 20,
                             warp_size=64, hip="6.2"),
