@@ -109,7 +109,8 @@ class BenchConfig:
     #: 1; on CPU 0 below four cores); 0: off. Needs isolate
     compile_workers: int | None = None
     #: close calls: when the best two configs' 20th-80th percentile ranges overlap, measure both again
-    #: this many times each, interleaved (A B A B ...), before the winner is exported (0: off)
+    #: this many times each, interleaved (A B A B ...), before the winner is exported; and the paired
+    #: rounds of the winner against Inductor's default (0: off; 1 confirms no speedup: docs/timing.md)
     remeasure_rounds: int = 3
     #: bench=replay: the Kernel Tuner cache file (.json or .json.gz) that answers every measurement
     path: str | None = None

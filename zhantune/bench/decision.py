@@ -11,8 +11,12 @@ docs/timing.md), which a round's two back-to-back sides share, but which a ratio
 from different rounds would turn into a fast-phase default over a slow-phase winner (or the reverse).
 
 A claim is **confirmed** when no paired measurement was disturbed (checked first: a ratio taken
-on a busy machine says nothing, either way), every round measured both sides, and the tuned config
-was faster in every round (no flip). A measurement is disturbed when it began while other tasks
+on a busy machine says nothing, either way), every round (at least two) measured both sides, and
+the tuned config was faster in every round by more than noise alone moved either kernel over the
+rounds (:func:`noise_floor`). "Faster in every round" alone is a sign test that two kernels of equal
+speed pass one time in eight with three rounds: measured on this machine, two copies of one kernel
+(torch.mm 64^3, 60 settles of 3 rounds) were "confirmed" 7 times (1.01-1.03x); with the floor, 0
+times (scripts/claim_noise.py). A measurement is disturbed when it began while other tasks
 held the cores (or, on CUDA, other processes used the GPU), or was contended without real-time
 scheduling (zhantune.bench.settle; SCHED_FIFO, zhantune.bench.timing.realtime, shields a run's
 minimum from preemption, enough to rank by, but under sustained load it still moved a paired ratio
@@ -29,8 +33,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Round", "SpeedupVerdict", "judge_speedup", "paired_ratio", "decision_us", "decision_value", "rank_key",
-           "best_per_config"]
+__all__ = ["Round", "SpeedupVerdict", "judge_speedup", "noise_floor", "paired_ratio", "decision_us", "decision_value",
+           "rank_key", "best_per_config"]
 
 
 def decision_us(row: Any) -> float:
@@ -85,8 +89,8 @@ class Round:
 class SpeedupVerdict:
     """The settled claim: ``ratio`` = the median of the per-round ratios default / winner (each
     round's two sides measured back to back; the lower middle one of an even number), with their
-    range (``ratio_low``, ``ratio_high``); ``confirmed`` only for a speedup (> 1) that held in every
-    round."""
+    range (``ratio_low``, ``ratio_high``); ``confirmed`` only for a speedup that held in every round,
+    by more than each kernel's own spread over the rounds (:func:`noise_floor`)."""
 
     ratio: float | None
     ratio_low: float | None
@@ -110,8 +114,20 @@ def paired_ratio(per_round: Iterable[float]) -> float:
     return statistics.median_low(per_round)
 
 
-def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
-    """Settle a speedup claim from paired, interleaved rounds (module docstring for the rules)."""
+def noise_floor(*sides: Iterable[float]) -> float:
+    """The largest ratio between two measurements of one kernel in one settle: for each side (a
+    kernel's decision values over the paired rounds, microseconds) its slowest over its fastest, and
+    of the sides the larger; 1.0 for a side of one value. A per-round speedup no larger than this
+    is one that noise alone produced between two measurements of the same kernel in the same
+    minutes, so it confirms nothing (:func:`judge_speedup`)."""
+    return max((max(v) / min(v) for v in (list(side) for side in sides) if v), default=1.0)
+
+
+def judge_speedup(rounds: list[Round], first: Round | None = None) -> SpeedupVerdict:
+    """Settle a speedup claim from paired, interleaved rounds (module docstring for the rules).
+    ``first``: each side's unjudged measurement before the rounds (zhantune.bench.settle), whose
+    values only widen the noise floor: with them, two copies of one kernel pass it about one time in
+    800 rather than one in 130 (simulated, 3 rounds, Gaussian or exponential noise)."""
     n = len(rounds)
     contended = sum(r.contended for r in rounds)
     ok = [r for r in rounds if r.default_us and r.winner_us]
@@ -134,4 +150,13 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
         return verdict(False, f"unconfirmed: {n - len(ok)} of {n} rounds failed to measure both sides")
     if low <= 1.0:
         return verdict(False, f"unconfirmed: the default was as fast or faster in a round (rounds {low:.2f}-{high:.2f}x)")
-    return verdict(True, "confirmed in every round")
+    if n < 2:
+        return verdict(False, "unconfirmed: one paired round cannot tell a speedup from noise "
+                              "(bench.remeasure_rounds=2 or more settles a claim)")
+    extra = [first] if first is not None else []
+    floor = noise_floor([r.default_us for r in ok + extra if r.default_us],
+                        [r.winner_us for r in ok + extra if r.winner_us])
+    if low <= floor:
+        return verdict(False, f"unconfirmed: the smallest round's speedup ({low:.3f}x) is within what noise moved "
+                              f"one kernel over the rounds ({floor:.3f}x)")
+    return verdict(True, "confirmed in every round, beyond each kernel's own spread over the rounds")

@@ -126,14 +126,14 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
     with interrupt.interruptible():
         # round 0, not judged: both sides compiled (and kept, zhantune.bench.kept), so that each
         # round's two timings run back to back, never with a compile between them
-        for side in ("default", "winner"):
-            measure(side)
+        first = {side: measure(side) for side in ("default", "winner")}
         for i in range(rounds):
             got = {side: measure(side) for side in (("default", "winner") if i % 2 == 0 else ("winner", "default"))}
             paired.append(Round(*(decision_us(got[s]) if got.get(s) is not None and got[s].status == "ok"
                                   else None for s in ("default", "winner")),
                                 contended=sum(1 for r in got.values() if _disturbed(r))))
-    verdict = judge_speedup(paired)
+    verdict = judge_speedup(paired, Round(*(decision_us(first[s]) if first[s] is not None and first[s].status == "ok"
+                                            else None for s in ("default", "winner"))))
     text = (f"speedup vs default, median of {len(paired)} paired interleaved round(s) (each side's fastest run, "
             "back to back): "
             f"{verdict.claim_text()}" + ("" if verdict.confirmed or verdict.ratio is None else f"; {verdict.reason}"))
