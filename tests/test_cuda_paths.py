@@ -884,8 +884,9 @@ def test_a_confirmed_claim_is_not_hidden_by_a_later_note_or_a_faster_unconfirmed
 
     def verdict(c, rounds, confirmed):
         store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
-                          config_hash=c.config_hash, ratio=1.6 if rounds else None, ratio_low=None,
-                          ratio_high=None, rounds=rounds, contended=0, confirmed=confirmed, reason="r")
+                          config_hash=c.config_hash, ratio=1.6 if rounds else None,
+                          ratio_low=1.6 if rounds else None, ratio_high=1.6 if rounds else None, rounds=rounds,
+                          contended=0, confirmed=confirmed, reason="r")
 
     def shipped():
         (entries,) = build_table(store, min_speedup=1.0).values()
@@ -899,6 +900,36 @@ def test_a_confirmed_claim_is_not_hidden_by_a_later_note_or_a_faster_unconfirmed
     assert shipped() == (64, "triton::mm")
     verdict(y, 3, True)
     assert shipped() == (32, "triton::mm")
+
+
+def test_a_verdict_stored_under_the_old_rule_is_judged_again_by_the_rule_in_use(tmp_path):
+    """Verdicts stored before 2026-11-27 were "confirmed" when the winner was faster in every round,
+    one round included. The export (and compare) re-judge a stored verdict as far as its row tells
+    (zhantune.bench.decision.claim_holds): two rounds at least, and the smallest round's ratio
+    beyond the rounds' spread (ratio_high / ratio_low); else Inductor's default ships."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.report.regret import compare
+
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
+    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=hit), "default")
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    rec.add(Measurement("ok", timing=summarize_us([19.6, 20.0], "t"), lookup=hit), "candidate", x, trial_number=0)
+
+    def shipped(rounds, low, high):
+        store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                          config_hash=x.config_hash, ratio=low, ratio_low=low, ratio_high=high, rounds=rounds,
+                          contended=0, confirmed=True, reason="confirmed in every round")
+        (entries,) = build_table(store, min_speedup=1.0).values()
+        (problem,) = compare(store).problems
+        return entries[0]["template_id"], problem.confirmed_speedup
+
+    assert shipped(1, 1.05, 1.05) == ("aten::mm", {})  # one round
+    assert shipped(3, 1.01, 1.03) == ("aten::mm", {})  # 1.01x is within the rounds' spread (1.02x)
+    assert shipped(3, 1.04, 1.05) == ("triton::mm", {dev: pytest.approx(1.04)})
 
 
 def test_a_tune_that_made_no_claim_exports_the_default(tmp_path):

@@ -95,13 +95,13 @@ def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     default / way (each side's fastest run in the round; > 1: the way is faster; one round's ways
     run one after another, so a slow phase of the machine inflates them alike, as in a tune's claim:
     zhantune.bench.decision.judge_speedup), the per-round ratios' range, and ``consistent``: every
-    round agrees on which is faster, each by more than either way's own spread over the rounds
-    (zhantune.bench.decision.noise_floor: its slowest round over its fastest)."""
-    from zhantune.bench.decision import noise_floor, paired_ratio
+    round (at least two) agrees on which is faster, each by more than the rounds' ratios disagree
+    (zhantune.bench.decision.ratio_spread, as a tune's claim)."""
+    from zhantune.bench.decision import paired_ratio, ratio_spread
 
     per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
-    floor = noise_floor(default["rounds_us"], way["rounds_us"])
-    consistent = min(per_round) > floor or max(per_round) < 1 / floor
+    spread = ratio_spread(per_round)
+    consistent = len(per_round) >= 2 and (min(per_round) > spread or max(per_round) < 1 / spread)
     return {"ratio": paired_ratio(per_round), "ratio_low": min(per_round), "ratio_high": max(per_round),
             "consistent": consistent}
 

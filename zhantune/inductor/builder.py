@@ -10,7 +10,7 @@ import datetime as dt
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zhantune.bench.decision import decision_us
+from zhantune.bench.decision import claim_holds, decision_us
 from zhantune.errors import ConfigError, TableError
 from zhantune.inductor.knobs import BACKEND_FLAGS
 from zhantune.inductor.table import (
@@ -264,9 +264,9 @@ def portable_table(comparison: Comparison, store: Store) -> dict[str, list[dict[
 
 
 def _confirmed(verdict: Any, min_speedup: float) -> bool:
-    """A verdict settled in paired rounds, confirmed, with a ratio of at least ``min_speedup``."""
-    return bool(verdict is not None and verdict.rounds and verdict.confirmed and verdict.ratio is not None
-                and verdict.ratio >= min_speedup)
+    """A verdict settled in paired rounds whose claim holds under the rule in use
+    (zhantune.bench.decision.claim_holds), with a ratio of at least ``min_speedup``."""
+    return claim_holds(verdict) and verdict.ratio >= min_speedup
 
 
 def table_metadata(store: Store, table: dict[str, list[dict[str, Any]]], options: dict[str, Any],

@@ -22,7 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from zhantune.bench.decision import best_per_config, decision_us
+from zhantune.bench.decision import best_per_config, claim_holds, decision_us
 from zhantune.errors import UserError
 from zhantune.storage.engine import redact_url
 
@@ -118,7 +118,7 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
     problems = store.problems(list(time))
     claims: dict[int, dict[str, float]] = defaultdict(dict)
     for (dev_id, pid, _), v in store.latest_verdicts().items():
-        if dev_id in ids and v.confirmed and v.ratio is not None:
+        if dev_id in ids and claim_holds(v):  # confirmed, re-judged by the rule in use
             claims[pid][ids[dev_id]] = max(v.ratio, claims[pid].get(ids[dev_id], 0.0))
     out = []
     for pid in sorted(time, key=lambda i: problems[i].key):
