@@ -6,7 +6,7 @@ settles a winner against Inductor's default, many times.
     python scripts/claim_noise.py --winner-k 0.97                  # the winner does 3% less work
 
 Each settle is the protocol of zhantune.bench.settle.settle_speedup: each side measured once (not
-judged; its ratio only widens the rounds' spread), then ``--rounds`` paired rounds, their order
+judged), then ``--rounds`` paired rounds, their order
 alternating (default first, then the winner first, ...), each side's decision statistic (the
 minimum of its individually timed runs) per round, judged by
 zhantune.bench.decision.judge_speedup. The "default" and the "winner" are eager ``torch.mm`` calls
@@ -14,12 +14,12 @@ on the same inputs (an A/A test: every claim is a false one), or, with ``--winne
 multiplies only the first F of K, rounded to a multiple of 16 (a kernel really faster by about 1/F,
 for the rule's power). Timing as a tune times: zhantune.bench.timing.time_cpu with the bench
 defaults (no cache flush, SCHED_FIFO where permitted) or time_cuda (Triton's do_bench_cudagraph).
-Unlike a tune it does not wait for an idle machine, flag contention, or time in a worker process.
+Unlike a tune it does not wait for an idle machine, flag contention, time in a worker process, or
+compile between the first pair's two sides.
 
-Prints one line per settle and then how many settles claimed a speedup: by the rule in use, by the
-same rule without the first pair, and by the sign test alone (faster in every round, the rule
-before 2026-11-27). No torch>=2.13 needed: it runs no Inductor compile. docs/timing.md has the
-numbers it gave on this machine and on an H200.
+Prints one line per settle and then how many settles claimed a speedup: by the rule in use, and by
+the sign test alone (faster in every round, the rule before 2026-11-27). No torch>=2.13 needed: it
+runs no Inductor compile. docs/timing.md has the numbers it gave on this machine and on an H200.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from zhantune.bench.timing import time_cpu, time_cuda  # noqa: E402
 
 
 def _settle(time_one, default, winner, rounds: int) -> tuple[Round, list[Round]]:
-    first = Round(time_one(default), time_one(winner))  # not judged; its ratio widens the spread
+    first = Round(time_one(default), time_one(winner))  # not judged (printed)
     paired = []
     for i in range(rounds):
         order = ("default", "winner") if i % 2 == 0 else ("winner", "default")
@@ -89,19 +89,18 @@ def main(argv: list[str] | None = None) -> int:
         what = f"CPU, {torch.get_num_threads()} threads, time_cpu"
     print(f"torch {torch.__version__}; {what}; mm {m}x{n}x{k} {args.dtype}, winner K={kw}; "
           f"{args.settles} settles of {args.rounds} paired rounds, {args.target_ms:g} ms per measurement", flush=True)
-    claims = rounds_only = sign_only = 0
+    claims = sign_only = 0
     for s in range(args.settles):
         first, paired = _settle(time_one, default, winner, args.rounds)
-        v = judge_speedup(paired, first)
+        v = judge_speedup(paired)
         per_round = [r.default_us / r.winner_us for r in paired]
         claims += v.confirmed
-        rounds_only += judge_speedup(paired).confirmed
         sign_only += min(per_round) > 1.0
         print(f"{s:3d} {'CLAIM' if v.confirmed else '-    '} {v.claim_text():34s} default_us/winner_us "
               + f"first {first.default_us:.2f}/{first.winner_us:.2f}, rounds "
               + " ".join(f"{r.default_us:.2f}/{r.winner_us:.2f}" for r in paired) + f"  {v.reason}", flush=True)
     print(f"claimed: {claims} of {args.settles} settles with the rule in use (zhantune.bench.decision); "
-          f"{rounds_only} without the first pair; {sign_only} with the sign test alone (faster in every round)")
+          f"{sign_only} with the sign test alone (faster in every round)")
     return 0
 
 

@@ -230,8 +230,8 @@ def test_the_speedup_chart_shows_paired_claims_and_marks_the_rest_unconfirmed(tm
         rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t")), "default")
         rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t")), "candidate", cand, trial_number=trial)
         store.add_verdict(study_id=study_id, device_id=device_id, problem_id=rec.problem_id,
-                          config_hash=cand.config_hash, ratio=1.6 if confirmed else 1.9, ratio_low=1.5,
-                          ratio_high=2.1, rounds=3, contended=0, confirmed=confirmed, reason="r")
+                          config_hash=cand.config_hash, ratio=1.6 if confirmed else 1.9, ratio_low=1.55,
+                          ratio_high=1.65, rounds=3, contended=0, confirmed=confirmed, reason="r")
     cmp = compare(store)
     by_key = {p.problem_key: p for p in cmp.problems}
     small, large = (GemmProblem("mm", (s, s, s), "bfloat16").key for s in (64, 128))

@@ -125,8 +125,8 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
     print_table(console, t)
     console.print(f"run times: the fastest of {cfg.rounds} interleaved rounds per compile; vs default: default / "
                   "this, the median of the rounds (a round's ways one after another), with the per-round range; "
-                  "~: the rounds disagree on which is faster, or by more than the difference they show, or there is "
-                  "one round (noise, no difference shown)")
+                  "~: the rounds disagree on which is faster, or too much for the difference they show, or there is "
+                  "one round (noise could have made it: no difference shown)")
     if result["contention"].text():
         console.print(f"[yellow]warning: {result['contention'].text()}[/yellow]")
 

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from zhantune import interrupt
 from zhantune.bench.conditions import contention_count, mark_tune_root
-from zhantune.bench.decision import rank_key
+from zhantune.bench.decision import claim_holds, rank_key
 from zhantune.bench.protocol import Benchmarker
 from zhantune.bench.settle import is_default_kernel, settle_close_call, settle_speedup
 from zhantune.candidate import Candidate
@@ -110,13 +110,14 @@ def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:
 def _settle_again(run: Any, store: Store, study_id: int) -> bool:
     """Whether a finished study gets its settles run again: the newest verdict it stored (paired, or
     a note that no claim was made) is unconfirmed because its paired measurements were taken on a
-    busy machine (zhantune.bench.decision.judge_speedup checks that first; the summary then said to
-    rerun on an idle machine), and this run settles at all (``bench.remeasure_rounds`` > 0, not a
-    replay). ``run``: a RunSpec."""
+    busy machine (zhantune.bench.decision.judge_speedup; the summary said to rerun on an idle
+    machine) or confirmed under an earlier rule the rule in use rejects (decision.claim_holds), and
+    this run settles at all (``bench.remeasure_rounds`` > 0, not a replay). ``run``: a RunSpec."""
     if run.replay is not None or not run.bench.remeasure_rounds:
         return False
     v = store.study_verdict(study_id)
-    return v is not None and bool(v.rounds) and not v.confirmed and bool(v.contended) and v.ratio is not None
+    return v is not None and bool(v.rounds) and v.ratio is not None and (
+        (not v.confirmed and bool(v.contended)) or (v.confirmed and not claim_holds(v)))
 
 
 def _finished_result(run: RunSpec, store: Store, row: Any, target: int) -> TuneResult:

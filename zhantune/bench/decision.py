@@ -12,32 +12,32 @@ from different rounds would turn into a fast-phase default over a slow-phase win
 
 A claim is **confirmed** when no paired measurement was disturbed (checked first: a ratio taken
 on a busy machine says nothing, either way), every round (at least two) measured both sides, and
-the tuned config was faster in every round by more than the per-round speedups disagree
-(:func:`ratio_spread`: the smallest speedup exceeds their largest over their smallest). "Faster in
-every round" alone is a sign test that two kernels of equal speed pass one time in eight with three
-rounds: two copies of one kernel were "confirmed" in 27 of 216 settles on this machine and an H200,
-and by this rule in none of 120 on this machine (scripts/claim_noise.py, docs/timing.md). The
-spread is of the paired ratios, not of either side's own times, so a slow phase of the machine,
-which moves both sides of a round alike, does not widen it. A measurement is disturbed when it
-began while other tasks
-held the cores (or, on CUDA, other processes used the GPU), or was contended without real-time
-scheduling (zhantune.bench.settle; SCHED_FIFO, zhantune.bench.timing.realtime, shields a run's
-minimum from preemption, enough to rank by, but under sustained load it still moved a paired ratio
-from 1.4x to 1.8x). Otherwise it is
-unconfirmed, and the exporter ships Inductor's default for that key. (Eager is no plausibility
-bound: at 64x64x64 on CPU the default compile's per-call overhead makes it 3.9x eager's time,
-measured, and that is real.)
+the tuned config was faster in every round by a margin the rounds' own disagreement cannot explain
+(:func:`beyond_spread`: the log of the smallest per-round speedup above ``CONFIRM_C[rounds]`` times
+the log of their largest over their smallest, for a 0.5% false-claim rate between kernels of equal
+speed). "Faster in every round" alone is a sign test that two kernels of equal speed pass one time
+in eight with three rounds: two copies of one kernel were "confirmed" in 27 of 246 settles on this
+machine and an H200, by this rule in 3 of 216 (scripts/claim_noise.py, docs/timing.md). The spread
+is of the paired ratios, not of either side's own times, so a slow phase of the machine, which
+moves both sides of a round alike, does not widen it. A measurement is disturbed when it began
+while other tasks held the cores (or, on CUDA, other processes used the GPU), or was contended
+without real-time scheduling (zhantune.bench.settle; SCHED_FIFO, zhantune.bench.timing.realtime,
+shields a run's minimum from preemption, enough to rank by, but under sustained load it still
+moved a paired ratio from 1.4x to 1.8x). Otherwise it is unconfirmed, and the exporter ships
+Inductor's default for that key. (Eager is no plausibility bound: at 64x64x64 on CPU the default
+compile's per-call overhead makes it 3.9x eager's time, measured, and that is real.)
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Round", "SpeedupVerdict", "judge_speedup", "ratio_spread", "claim_holds", "paired_ratio", "decision_us",
-           "decision_value", "rank_key", "best_per_config"]
+__all__ = ["Round", "SpeedupVerdict", "judge_speedup", "ratio_spread", "beyond_spread", "claim_holds", "CONFIRM_C",
+           "paired_ratio", "decision_us", "decision_value", "rank_key", "best_per_config"]
 
 
 def decision_us(row: Any) -> float:
@@ -117,33 +117,43 @@ def paired_ratio(per_round: Iterable[float]) -> float:
     return statistics.median_low(per_round)
 
 
+#: rounds -> c: a claim needs log(smallest ratio) > c * log(largest / smallest ratio), c set so that
+#: two kernels of equal speed pass 0.5% of the time (and faster in every round: from 8 rounds the
+#: sign test alone, 1 in 256, is stricter); calibrated by simulation, 2M settles of per-measurement
+#: noise Gaussian, exponential and Student-t(3), the largest c of the three (Gaussian's)
+CONFIRM_C = {2: 31.6, 3: 2.52, 4: 0.83, 5: 0.38, 6: 0.17, 7: 0.05}
+
+
 def ratio_spread(ratios: Iterable[float]) -> float:
     """How much paired ratios (default / winner, each pair measured back to back) disagree: their
     largest over their smallest (1.0 for one ratio). Noise moves each pair's ratio; a slow phase of
-    the machine moves both sides of a pair alike and leaves it. A speedup no larger than this spread
-    is one the pairs cannot tell from their own disagreement, so it confirms nothing
-    (:func:`judge_speedup`). Raises ValueError on no ratios."""
+    the machine moves both sides of a pair alike and leaves it. Raises ValueError on no ratios."""
     ratios = list(ratios)
     return max(ratios) / min(ratios)
 
 
+def beyond_spread(low: float, high: float, rounds: int) -> bool:
+    """The rule's margin: the smallest per-round speedup ``low`` (> 1) exceeds the rounds'
+    disagreement, ``log(low) > CONFIRM_C[rounds] * log(high / low)``: a speedup that n paired rounds
+    tell from noise with a 0.5% false-claim rate for kernels of equal speed. False for one round."""
+    if rounds < 2 or low <= 1.0:
+        return False
+    return math.log(low) > CONFIRM_C.get(rounds, 0.0) * math.log(high / low)
+
+
 def claim_holds(verdict: Any) -> bool:
     """Whether a stored verdict (a zhantune.storage.orm.Verdict row) carries a speedup claim under the
-    rule in use, as far as its row tells: confirmed, settled in at least two rounds, and its smallest
-    round's ratio beyond the rounds' spread (``ratio_high / ratio_low``; the first pair's ratio is
-    not stored). Verdicts stored before 2026-11-27 were confirmed by "faster in every round" alone,
-    one round included; the export and compare re-judge them with this."""
+    rule in use: confirmed, and :func:`beyond_spread` on its rounds' ``ratio_low`` and ``ratio_high``.
+    Verdicts stored under earlier rules (until 2026-11-27 "faster in every round", one round
+    included; then two variants the same day) are re-judged with this by the export and compare,
+    and settled again by zhantune.tune._settle_again when their tune is rerun."""
     v = verdict
-    return bool(v is not None and v.confirmed and (v.rounds or 0) >= 2 and v.ratio is not None
-                and v.ratio_low and v.ratio_high and v.ratio_low > v.ratio_high / v.ratio_low)
+    return bool(v is not None and v.confirmed and v.ratio is not None and v.ratio_low and v.ratio_high
+                and beyond_spread(v.ratio_low, v.ratio_high, v.rounds or 0))
 
 
-def judge_speedup(rounds: list[Round], first: Round | None = None) -> SpeedupVerdict:
-    """Settle a speedup claim from paired, interleaved rounds (module docstring for the rules).
-    ``first``: the unjudged pair measured before the rounds (zhantune.bench.settle; None, or a side
-    None, where it failed or was disturbed), whose ratio only widens the spread: with it, two
-    copies of one kernel pass about one time in 200-400 rather than one in 50-80 (simulated, 3
-    rounds, Gaussian or exponential noise, docs/timing.md)."""
+def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
+    """Settle a speedup claim from paired, interleaved rounds (module docstring for the rules)."""
     n = len(rounds)
     contended = sum(r.contended for r in rounds)
     ok = [r for r in rounds if r.default_us and r.winner_us]
@@ -169,9 +179,8 @@ def judge_speedup(rounds: list[Round], first: Round | None = None) -> SpeedupVer
     if n < 2:
         return verdict(False, "unconfirmed: one paired round cannot tell a speedup from noise "
                               "(bench.remeasure_rounds=2 or more settles a claim)")
-    extra = [first.default_us / first.winner_us] if first and first.default_us and first.winner_us else []
-    spread = ratio_spread(per_round + extra)
-    if low <= spread:
-        return verdict(False, f"unconfirmed: the smallest round's speedup ({low:.3f}x) is within the rounds' "
-                              f"disagreement ({spread:.3f}x, their largest ratio over their smallest)")
+    if not beyond_spread(low, high, n):
+        return verdict(False, f"unconfirmed: the smallest round's speedup ({low:.3f}x) is too small for how much "
+                              f"the rounds disagree ({ratio_spread(per_round):.3f}x, their largest ratio over their "
+                              f"smallest): noise could have made it")
     return verdict(True, "confirmed in every round, beyond the rounds' disagreement")

@@ -95,13 +95,13 @@ def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     default / way (each side's fastest run in the round; > 1: the way is faster; one round's ways
     run one after another, so a slow phase of the machine inflates them alike, as in a tune's claim:
     zhantune.bench.decision.judge_speedup), the per-round ratios' range, and ``consistent``: every
-    round (at least two) agrees on which is faster, each by more than the rounds' ratios disagree
-    (zhantune.bench.decision.ratio_spread, as a tune's claim)."""
-    from zhantune.bench.decision import paired_ratio, ratio_spread
+    round agrees on which is faster, by a margin the rounds' disagreement cannot explain (the rule of
+    a tune's claim, zhantune.bench.decision.beyond_spread, either way; never with one round)."""
+    from zhantune.bench.decision import beyond_spread, paired_ratio
 
     per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
-    spread = ratio_spread(per_round)
-    consistent = len(per_round) >= 2 and (min(per_round) > spread or max(per_round) < 1 / spread)
+    n, low, high = len(per_round), min(per_round), max(per_round)
+    consistent = beyond_spread(low, high, n) or beyond_spread(1 / high, 1 / low, n)
     return {"ratio": paired_ratio(per_round), "ratio_low": min(per_round), "ratio_high": max(per_round),
             "consistent": consistent}
 

@@ -98,8 +98,7 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
                    rounds: int) -> SpeedupSettle:
     """Settle the speedup claim of ``best`` (the fastest row a table can carry) over Inductor's
     default (``default``, its ok row; always, not only when their times overlap): one measurement of
-    each first (it compiles what is not kept compiled; stored; its ratio only widens the rounds'
-    spread, zhantune.bench.decision.ratio_spread), then ``rounds``
+    each first (it compiles what is not kept compiled; stored, not judged), then ``rounds``
     interleaved rounds of the default (Benchmarker.measure_default) and the winner, their order
     alternating, judged by zhantune.bench.decision.judge_speedup; rows are stored through
     ``record`` as kinds ``default`` and ``remeasure``. No rounds
@@ -125,18 +124,17 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
         return record(bench.measure(cand), "remeasure", cand)
 
     with interrupt.interruptible():
-        # round 0, not judged (its ratio only widens the spread): both sides compiled (and kept,
-        # zhantune.bench.kept), so that each round's two timings run back to back, never with a
-        # compile between them
-        first = {side: measure(side) for side in ("default", "winner")}
+        # round 0, not judged (a compile may fall between its two sides): both sides compiled (and
+        # kept, zhantune.bench.kept), so that each round's two timings run back to back, never with
+        # a compile between them
+        for side in ("default", "winner"):
+            measure(side)
         for i in range(rounds):
             got = {side: measure(side) for side in (("default", "winner") if i % 2 == 0 else ("winner", "default"))}
             paired.append(Round(*(decision_us(got[s]) if got.get(s) is not None and got[s].status == "ok"
                                   else None for s in ("default", "winner")),
                                 contended=sum(1 for r in got.values() if _disturbed(r))))
-    # the unjudged first pair only widens the rounds' spread; a failed or disturbed one is left out
-    verdict = judge_speedup(paired, Round(*(decision_us(first[s]) if first[s] is not None and first[s].status == "ok"
-                                            and not _disturbed(first[s]) else None for s in ("default", "winner"))))
+    verdict = judge_speedup(paired)
     text = (f"speedup vs default, median of {len(paired)} paired interleaved round(s) (each side's fastest run, "
             "back to back): "
             f"{verdict.claim_text()}" + ("" if verdict.confirmed or verdict.ratio is None else f"; {verdict.reason}"))
