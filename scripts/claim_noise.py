@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-ms", type=float, default=100.0,
                     help="timed time per measurement, as bench.target_ms (100); less is faster and noisier")
     args = ap.parse_args(argv)
+    if not 0.0 < args.winner_k <= 1.0:
+        ap.error(f"--winner-k {args.winner_k}: the winner's share of K must be in (0, 1]")
 
     import torch
 
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     # K a multiple of 16 where K allows: on an H200 cuBLAS took 5x longer for K=3973 than for 4096
     kw = k if args.winner_k == 1.0 else max(1, round(k * args.winner_k / 16) * 16 if k >= 32
                                             else round(k * args.winner_k))
+    if args.winner_k < 1.0 and kw >= k:
+        ap.error(f"--winner-k {args.winner_k} with K={k}: the winner's K rounds to {kw} (a multiple of 16), "
+                 "the same work; take a smaller share or a larger K")
     # the same tensors for an A/A test: copies sit at other addresses, which alone moved mm 64^3 on
     # this machine's CPU by 4% in every round
     aw, bw = (a, b) if kw == k else (a[:, :kw].contiguous(), b[:kw].contiguous())

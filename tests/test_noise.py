@@ -120,6 +120,11 @@ def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):
     assert not _settle_again(run, store, mine)
     verdict(mine, rounds=1, confirmed=True)  # confirmed by the sign test of one round (before 2026-11-27)
     assert _settle_again(run, store, mine)
+    store.add_verdict(study_id=mine, device_id=dev, problem_id=prob, config_hash="c", ratio=1.02, ratio_low=1.01,
+                      ratio_high=1.03, rounds=3, contended=0, confirmed=True, reason="confirmed in every round")
+    assert _settle_again(run, store, mine)  # three rounds, faster in each: the sign test alone
+    verdict(mine, rounds=3, confirmed=True, ratio=1.02)  # the same ratio in every round: it holds
+    assert not _settle_again(run, store, mine)
 
 
 def test_a_claim_needs_paired_rounds_begun_with_the_cores_free():
@@ -137,6 +142,31 @@ def test_a_claim_needs_paired_rounds_begun_with_the_cores_free():
         v = _settle_with(conditions, method)
         assert not v.confirmed and v.contended == 6 and "busy machine" in v.reason, (conditions, method, v)
         assert v.ratio == pytest.approx(2.0)  # measured and stored, just not claimed
+
+
+def test_every_claim_judge_speedup_confirms_holds_when_stored_and_the_margin_is_calibrated():
+    """A verdict the rule confirms must hold when read back from its row (claim_holds, used by the
+    export, compare and _settle_again), or a finished study would be settled again on every rerun:
+    checked on 2,000 random settles of 2-9 rounds. And CONFIRM_C[2] against the closed form for
+    Gaussian noise (scripts/claim_calibration.py): P = atan(1 / (2c + 1)) / pi, 0.5%."""
+    import math
+    import random
+    from types import SimpleNamespace
+
+    from zhantune.bench.decision import CONFIRM_C, claim_holds
+
+    rng = random.Random(0)
+    confirmed = 0
+    for _ in range(2000):
+        n, speedup, noise = rng.randint(2, 9), rng.choice((1.0, 1.01, 1.05, 1.3)), rng.choice((0.001, 0.01, 0.05))
+        rounds = [Round(100 * speedup * (1 + rng.gauss(0, noise)), 100 * (1 + rng.gauss(0, noise))) for _ in range(n)]
+        v = judge_speedup(rounds)
+        row = SimpleNamespace(confirmed=v.confirmed, ratio=v.ratio, ratio_low=v.ratio_low, ratio_high=v.ratio_high,
+                              rounds=v.rounds)
+        assert claim_holds(row) == v.confirmed, (rounds, v)
+        confirmed += v.confirmed
+    assert 200 < confirmed < 1900  # both outcomes were exercised
+    assert math.atan(1 / (2 * CONFIRM_C[2] + 1)) / math.pi == pytest.approx(0.005, abs=0.0002)
 
 
 def test_the_first_pair_is_not_judged_and_a_disturbed_one_changes_nothing():

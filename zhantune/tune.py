@@ -63,8 +63,8 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     software versions already measured) do not use the budget. Every trial is committed when it ends.
     A study that ended with its budget measured (or the same space exhausted) is not run again: the
     result has ``already_finished`` set and nothing is measured or started; unless its last speedup
-    settle was taken on a busy machine (:func:`_settle_again`): then its settles (close call, paired
-    rounds) run again without a search (``resettled``). A replay's study is named by
+    settle was taken on a busy machine, or confirmed by a rule since replaced (:func:`_settle_again`):
+    then its settles (close call, paired rounds) run again without a search (``resettled``). A replay's study is named by
     :func:`zhantune.storage.ingest.replay_study`. A resumed study re-uses the
     baselines it stored in this environment (Store.stored_baselines) unless
     ``bench.remeasure_baselines``. ``progress``: a zhantune.report.TuneProgress, or None for a log
@@ -221,8 +221,8 @@ class _Tune:
         return self._finish()
 
     def settle_only(self, study: Any) -> TuneResult:
-        """A finished study (``study``: its row) whose last speedup settle was disturbed
-        (:func:`_settle_again`): its stored baselines, the settles again (close call and paired
+        """A finished study (``study``: its row) whose last speedup settle was disturbed or confirmed
+        by a replaced rule (:func:`_settle_again`): its stored baselines, the settles again (close call and paired
         rounds), the export; no search, and the study's row (status, config) is left as it was."""
         run, store = self.run_spec, self.store
         self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)

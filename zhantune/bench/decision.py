@@ -93,7 +93,7 @@ class SpeedupVerdict:
     """The settled claim: ``ratio`` = the median of the per-round ratios default / winner (each
     round's two sides measured back to back; the lower middle one of an even number), with their
     range (``ratio_low``, ``ratio_high``); ``confirmed`` only for a speedup that held in every round,
-    by more than the rounds' ratios disagree (:func:`ratio_spread`)."""
+    by the margin of :func:`beyond_spread`."""
 
     ratio: float | None
     ratio_low: float | None
@@ -135,7 +135,9 @@ def ratio_spread(ratios: Iterable[float]) -> float:
 def beyond_spread(low: float, high: float, rounds: int) -> bool:
     """The rule's margin: the smallest per-round speedup ``low`` (> 1) exceeds the rounds'
     disagreement, ``log(low) > CONFIRM_C[rounds] * log(high / low)``: a speedup that n paired rounds
-    tell from noise with a 0.5% false-claim rate for kernels of equal speed. False for one round."""
+    tell from noise with a 0.5% false-claim rate for kernels of equal speed. False for one round.
+    Ratios equal in every round (replayed data answers each measurement alike) pass for any speedup;
+    scripts/claim_calibration.py derives ``CONFIRM_C`` and prints the rule's power."""
     if rounds < 2 or low <= 1.0:
         return False
     return math.log(low) > CONFIRM_C.get(rounds, 0.0) * math.log(high / low)

@@ -96,7 +96,9 @@ def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     run one after another, so a slow phase of the machine inflates them alike, as in a tune's claim:
     zhantune.bench.decision.judge_speedup), the per-round ratios' range, and ``consistent``: every
     round agrees on which is faster, by a margin the rounds' disagreement cannot explain (the rule of
-    a tune's claim, zhantune.bench.decision.beyond_spread, either way; never with one round)."""
+    a tune's claim, zhantune.bench.decision.beyond_spread, either way, so up to 1% of equal ways are
+    marked consistent; check's rounds rotate three ways, so a way and the default are not always
+    back to back; never with one round)."""
     from zhantune.bench.decision import beyond_spread, paired_ratio
 
     per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
