@@ -64,8 +64,8 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     A study that ended with its budget measured (or the same space exhausted) is not run again: the
     result has ``already_finished`` set and nothing is measured or started; unless its last speedup
     settle was taken on a busy machine, or confirmed by a rule since replaced (:func:`_settle_again`):
-    then its settles (close call, paired rounds) run again without a search (``resettled``). A replay's study is named by
-    :func:`zhantune.storage.ingest.replay_study`. A resumed study re-uses the
+    then its settles (close call, paired rounds) run again without a search (``resettled``). A
+    replay's study is named by :func:`zhantune.storage.ingest.replay_study`. A resumed study re-uses the
     baselines it stored in this environment (Store.stored_baselines) unless
     ``bench.remeasure_baselines``. ``progress``: a zhantune.report.TuneProgress, or None for a log
     line per trial.
