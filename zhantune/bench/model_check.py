@@ -104,8 +104,7 @@ def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
     n, low, high = len(per_round), min(per_round), max(per_round)
     consistent = beyond_spread(low, high, n) or beyond_spread(1 / high, 1 / low, n)
-    return {"ratio": paired_ratio(per_round), "ratio_low": min(per_round), "ratio_high": max(per_round),
-            "consistent": consistent}
+    return {"ratio": paired_ratio(per_round), "ratio_low": low, "ratio_high": high, "consistent": consistent}
 
 
 def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
