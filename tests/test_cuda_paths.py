@@ -932,6 +932,47 @@ def test_a_verdict_stored_under_the_old_rule_is_judged_again_by_the_rule_in_use(
     assert shipped(3, 1.04, 1.05) == ("triton::mm", {dev: pytest.approx(1.04)})
 
 
+def test_the_default_min_speedup_keeps_a_claim_noise_offsets_reach_out_of_the_table(tmp_path):
+    """Two copies of one kernel were confirmed 1.002-1.02x apart (docs/timing.md: this CPU, an
+    H100): a tune's export (ExportConfig's defaults) ships a tuned entry only for a confirmed claim
+    of at least export.min_speedup (1.02), and the summary says why a smaller one did not ship."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from zhantune.bench.decision import Round, judge_speedup
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.config import ExportConfig
+    from zhantune.inductor.builder import export_table
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.report.summary import _print_winner
+
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
+    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=hit), "default")
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    rec.add(Measurement("ok", timing=summarize_us([19.0, 20.0], "t"), lookup=hit), "candidate", x, trial_number=0)
+    opts = ExportConfig(path=str(tmp_path / "t.json"))
+    assert opts.min_speedup == 1.02
+    for rounds, ships in [([(202.80, 201.07), (203.28, 201.17), (200.65, 198.74)], "aten::mm"),  # H100 A/A, 1.010x
+                          ([(100.0, 97.0), (101.0, 97.5), (100.5, 97.2)], "triton::mm")]:  # 1.03x
+        v = judge_speedup([Round(d, w) for d, w in rounds])
+        assert v.confirmed
+        store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                          config_hash=x.config_hash, ratio=v.ratio, ratio_low=v.ratio_low, ratio_high=v.ratio_high,
+                          rounds=v.rounds, contended=0, confirmed=True, reason=v.reason)
+        (entries,) = export_table(store, opts, dev)[1].values()
+        assert entries[0]["template_id"] == ships
+        console = Console(record=True, width=400)
+        best = SimpleNamespace(branch="triton_mm", template_id="triton::mm", params={}, min_us=19.0, median_us=19.5,
+                               timing_method="cuda:t", id=2, config_hash=x.config_hash)
+        _print_winner(console, SimpleNamespace(best=best, claim=v, not_carried=None), 20.0, best, opts)
+        text = console.export_text()
+        assert f"winner: triton_mm, {v.ratio:.2f}x faster than inductor default" in text
+        assert ("less than export.min_speedup (1.02): the table ships Inductor's default" in text) == (ships == "aten::mm")
+
+
 def test_a_tune_that_made_no_claim_exports_the_default(tmp_path):
     """A tune with bench.remeasure_rounds=0 stores a note ("not settled: no paired rounds, no
     claim") and its summary says no candidate beat the default: the export ships the default too,

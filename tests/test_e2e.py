@@ -12,7 +12,7 @@ import optuna
 import pytest
 import torch
 
-from zhantune.config import CONF_DIR
+from zhantune.config import CONF_DIR, ExportConfig
 from zhantune.device import resolve_device
 from zhantune.inductor.builder import build_table
 from zhantune.inductor.choices import recording
@@ -117,10 +117,12 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
         "select v.confirmed, v.ratio, m.params from zt_verdict v join zt_measurement m "
         "on m.config_hash = v.config_hash and m.study_id = v.study_id group by v.id").fetchall()
     assert json.loads(verdict_params) == json.loads(best[5])  # the verdict is on the ranking's best
-    if confirmed:
-        assert ratio > 1.0
+    if confirmed and ratio >= ExportConfig().min_speedup:
         assert entry["template_id"] == CONFIG_TEMPLATE_ID and entry["config_patch"] == json.loads(best[5])
         assert f"{ratio:.2f}x faster than inductor default" in r.stdout
+    elif confirmed:  # confirmed, but less than export.min_speedup: the default ships, and the summary says so
+        assert ratio > 1.0 and entry == {"template_id": "aten::mm"}
+        assert f"{ratio:.2f}x faster than inductor default, less than export.min_speedup" in r.stdout
     else:
         assert entry == {"template_id": "aten::mm"}
         assert "no candidate beat it" in r.stdout or "default compile runs too" in r.stdout
@@ -166,8 +168,8 @@ def test_incorrect_candidate_is_stored_and_never_exported(tune_cfg, tmp_path):
     # the only correct config is aten, the kernel the default compile runs: the table ships Inductor's
     # own default entry for it (inductor.templates.is_default_kernel), never the incorrect template
     assert entries == [default_entry("addmm")]
-    # the tune's export applies export.min_speedup=1.0: the tuned entry only where not slower than default
-    assert load_table(tmp_path / "t.json") == build_table(store, min_speedup=1.0)
+    # the tune's export applies export.min_speedup (ExportConfig's default)
+    assert load_table(tmp_path / "t.json") == build_table(store, min_speedup=ExportConfig().min_speedup)
 
 
 def test_cpp_template_candidate_really_uses_the_cpp_template(tune_cfg, tmp_path):

@@ -179,9 +179,10 @@ class ExportConfig:
     format: str = "zhantune"
     #: entries per key, fastest first (1: no autotuning at compile time; more: Inductor autotunes)
     top_k: int = 1
-    #: emit a tuned entry only when it beats Inductor's default compile by this factor, else the default
-    #: choice (1.0: never slower than the default); None: always the tuned entry
-    min_speedup: float | None = 1.0
+    #: emit a tuned entry only when its confirmed claim beats Inductor's default compile by this
+    #: factor, else the default choice; None: always the tuned entry. 1.02: two copies of one kernel
+    #: were confirmed 1.002-1.02x apart on CPU and on an H100 (docs/timing.md)
+    min_speedup: float | None = 1.02
     #: key entries without the device part (usable on any device)
     device_agnostic: bool = False
     #: only rows measured with this torch version (exact string, e.g. "2.13.0+cpu"); None: any

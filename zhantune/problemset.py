@@ -270,7 +270,7 @@ def print_problems_summary(console: Console, result: ProblemsResult) -> None:
         d = decision_us(r.default) if r.default is not None and r.default.status == "ok" else None
         b = decision_us(r.best) if r.best is not None else None
         t.add_row(escape(pr.run.problem.key), str(pr.row.get("count", 1)), str(r.done),
-                  f"{d:,.1f}" if d else "-", f"{b:,.1f}" if b else "-", _claim_cell(r))
+                  f"{d:,.1f}" if d else "-", f"{b:,.1f}" if b else "-", _claim_cell(r, getattr(pr.run, "export", None)))
         contention += r.contention
     print_table(console, t)
     if contention.text():
@@ -279,11 +279,15 @@ def print_problems_summary(console: Console, result: ProblemsResult) -> None:
         console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))", markup=False)
 
 
-def _claim_cell(r: Any) -> str:
-    """The speedup as the tune's summary states it: confirmed ratio, "(unconfirmed)", or "-"."""
+def _claim_cell(r: Any, export: Any) -> str:
+    """The speedup as the tune's summary states it: confirmed ratio, "(unconfirmed)", or "-"; "(<
+    min_speedup)" where ``export.min_speedup`` keeps a confirmed claim out of the table."""
+    from zhantune.bench.decision import below_min_speedup
+
     if getattr(r, "same_kernel_as_default", False):
         return "- (same kernel)"
     claim = r.claim
     if claim is None or claim.ratio is None:
         return "-"
-    return f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")
+    return f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)") \
+        + (" (< min_speedup)" if below_min_speedup(claim, export) is not None else "")

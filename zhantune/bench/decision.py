@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Round", "SpeedupVerdict", "judge_speedup", "ratio_spread", "beyond_spread", "claim_holds", "CONFIRM_C",
-           "paired_ratio", "decision_us", "decision_value", "rank_key", "best_per_config"]
+           "below_min_speedup", "paired_ratio", "decision_us", "decision_value", "rank_key", "best_per_config"]
 
 
 def decision_us(row: Any) -> float:
@@ -186,3 +186,13 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
                               f"the rounds disagree ({ratio_spread(per_round):.3f}x, their largest ratio over their "
                               f"smallest): noise could have made it")
     return verdict(True, "confirmed in every round, beyond the rounds' disagreement")
+
+
+def below_min_speedup(claim: Any, export: Any) -> float | None:
+    """``export.min_speedup`` (zhantune.config.ExportConfig) where ``claim`` (a confirmed Verdict) is
+    below it, so that the export ships Inductor's default (zhantune.inductor.builder.build_table);
+    None where the claim clears it, there is no claim, or no export options (no check)."""
+    floor = getattr(export, "min_speedup", None)
+    if floor is None or claim is None or not claim.confirmed or claim.ratio is None:
+        return None
+    return floor if claim.ratio < floor else None

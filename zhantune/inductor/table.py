@@ -14,7 +14,7 @@ The file (``format=zhantune``, the default) wraps the table with its provenance:
     {"format": "zhantune-lookup-table", "format_version": 1, "zhantune": "0.1.0",
      "torch": "2.13.0+cpu", "triton": "3.9.0", "created_at": "2026-11-22T05:00:00+00:00",
      "source": "sqlite:///zhantune.db", "devices": [{"key": ..., "name": ..., "kind": "cpu"}],
-     "options": {"top_k": 1, "device_agnostic": false, "min_speedup": 1.0}, "table": {...}}
+     "options": {"top_k": 1, "device_agnostic": false, "min_speedup": 1.02}, "table": {...}}
 
 ``format=inductor`` writes the bare dict. Both load with :func:`read_table`. Tables are JSON, never
 pickle, and loading one never executes code from it. Building a table from measurements is

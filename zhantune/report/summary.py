@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zhantune.bench.decision import decision_us
+from zhantune.bench.decision import below_min_speedup, decision_us
 from zhantune.report.console import compact
 from zhantune.storage.engine import redact_url
 
@@ -77,7 +77,7 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
         claimed = result.best
     console.print(_table(run, result, default_us, claimed))  # at most LOG_WIDTH columns off a terminal
     if result.best is not None:
-        _print_winner(console, result, default_us, claimed)
+        _print_winner(console, result, default_us, claimed, getattr(run, "export", None))
     else:
         console.print("[yellow]no candidate measured ok[/yellow]")
     _print_notes(console, result)
@@ -134,8 +134,10 @@ def _within_noise(ratio: float) -> bool:
     return 1 / NOISE_RATIO <= ratio <= NOISE_RATIO
 
 
-def _print_winner(console: Console, result: Any, default_us: float | None, claimed: Any) -> None:
-    """The best config, why a table cannot carry it (if so), and the winner line."""
+def _print_winner(console: Console, result: Any, default_us: float | None, claimed: Any,
+                  run_export: Any = None) -> None:
+    """The best config, why a table cannot carry it (if so), and the winner line (``run_export``:
+    the run's export options, for a claim below ``min_speedup``)."""
     claim = getattr(result, "claim", None)
     console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)}",
                   highlight=False, markup=False)
@@ -152,7 +154,12 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
                           "run what the default runs (or the timing was disturbed); an exported table ships "
                           "Inductor's default[/yellow]")
     elif default_us and claim is not None and claim.confirmed:
-        console.print(f"winner: {claimed.branch}, {claim.ratio:.2f}x faster than inductor default", markup=False)
+        line = f"winner: {claimed.branch}, {claim.ratio:.2f}x faster than inductor default"
+        floor = below_min_speedup(claim, run_export)
+        if floor is not None:  # confirmed, yet within what two copies of one kernel were confirmed apart
+            line += (f", less than export.min_speedup ({floor:g}): the table ships Inductor's default "
+                     "(offsets that small were confirmed between two copies of one kernel: docs/timing.md)")
+        console.print(line, markup=False)
     elif default_us:
         # the reason from the paired rounds when there were any (never the unpaired ratio of the
         # fastest runs as if it were a speedup: the rounds may say the opposite)
