@@ -836,6 +836,55 @@ def test_compares_portable_table_is_keyed_and_completed_as_the_export_is(tmp_pat
         assert entry["BLOCK_M"] in (32, 64)
 
 
+def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default_on_every_device(tmp_path):
+    """compare's ``table=`` shipped the portable choice on regret alone, never asking whether it beat
+    Inductor's default anywhere. It now applies the export's rule on every compared device: a claim
+    confirmed in paired rounds (at least min_speedup); where a device's tunes settled the problem and
+    not that config, or no verdict exists and the stored times say it is slower, the problem's key
+    gets Inductor's default choice."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import portable_table, unconfirmed_portable
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.report.regret import compare
+    from zhantune.storage import Recorder
+
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
+    other = "NVIDIA A100-SXM4-80GB"
+    rec2 = Recorder(store, rec.problem, store.study_id("s2", {}), store.device_id(other, other, "cuda", {}),
+                    rec.problem_id)
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    y = Candidate("triton_mm", "template", "triton::mm", {**TRITON_PARAMS, "BLOCK_N": 32})
+    for r, d, times in ((rec, dev, (10.0, 12.0, 20.0)), (rec2, other, (10.0, 9.0, 20.0))):  # x, y, default
+        hit = LookupEvent("mm", f"{d}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+        r.add(Measurement("ok", timing=summarize_us([times[2], times[2] + 1], "t"), lookup=hit), "default")
+        for i, c in enumerate((x, y)):
+            r.add(Measurement("ok", timing=summarize_us([times[i], times[i] + 1], "t"), lookup=hit), "candidate", c,
+                  trial_number=i)
+
+    def verdict(r, c, ratio):
+        store.add_verdict(study_id=r.study_id, device_id=r.device_id, problem_id=r.problem_id, config_hash=c.config_hash,
+                          ratio=ratio, ratio_low=ratio, ratio_high=ratio, rounds=3, contended=0, confirmed=True,
+                          reason="r")
+
+    def shipped(min_speedup=1.02):
+        ((entry,),) = portable_table(compare(store), store, min_speedup).values()
+        return entry.get("BLOCK_N"), entry["template_id"]
+
+    (p,) = compare(store).problems
+    assert p.portable.config_hash == x.config_hash  # worst regret 1.11 (y: 1.2 on the H100)
+    assert shipped() == (64, "triton::mm")  # no verdict anywhere (imported data): 10 us against 20 us on both
+    assert shipped(2.5) == (None, "aten::mm")  # ... which is not 2.5x
+    verdict(rec, x, 1.9)
+    verdict(rec2, y, 2.1)  # the A100's tune settled its own winner: x's speedup there was never paired
+    assert unconfirmed_portable(compare(store), store, 1.02) == {p.problem_key: [other]}
+    assert shipped() == (None, "aten::mm") and shipped(None) == (64, "triton::mm")
+    verdict(rec2, x, 1.01)  # paired, confirmed, below min_speedup
+    assert shipped() == (None, "aten::mm") and shipped(1.0) == (64, "triton::mm")
+    verdict(rec2, x, 1.8)
+    assert shipped() == (64, "triton::mm")
+
+
 def test_a_problem_tuned_on_cpu_and_on_a_gpu_exports_each_devices_own_key(tmp_path):
     """Finding 2, the table side: a float32 linear_act is looked up as addmm on CPU and as mm on a
     GPU, but the problem row keeps the key of the first device that measured it. Each device's

@@ -36,6 +36,12 @@ def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path)
     r = cli([f"table={tmp_path}/remote.json", f"storage.url={url}", "device=cpu"], tmp_path, module="zhantune.replay")
     assert r.returncode == 0, r.stderr
     assert "inductor default ok" in r.stdout
+    # the entry's speedup over the default here, settled in paired rounds as a tune settles its winner
+    with sqlite3.connect(db) as con:
+        verdicts = con.execute("select v.rounds, v.config_hash from zt_verdict v join zt_study s on v.study_id = s.id "
+                               "where s.name like 'replay:%'").fetchall()
+    assert len(verdicts) == 1 and verdicts[0][0] == 3, verdicts  # bench.remeasure_rounds
+    assert "speedup vs default, median of 3 paired interleaved round(s)" in r.stdout
     store = Store(url)
     cmp = compare(store)
     assert set(cmp.devices) == {"Remote CPU", local_key}
@@ -46,15 +52,23 @@ def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path)
     with sqlite3.connect(db) as con:
         (here_us,) = con.execute(
             "select min(m.min_us) from zt_measurement m join zt_device d on m.device_id = d.id "
-            "where d.key = ? and m.kind = 'candidate' and m.status = 'ok' and m.config_hash = ?",
+            "where d.key = ? and m.kind in ('candidate', 'remeasure') and m.status = 'ok' and m.config_hash = ?",
             (local_key, remote_winner.config_hash)).fetchone()
     assert regret >= 1.0 and regret == pytest.approx(here_us / p.best_us[local_key])
-    # the portable choice exports as a device-agnostic entry under the problem's Inductor input key
+    # the portable table: one round confirms no claim, so by the export's rule (min_speedup, 1.02 by
+    # default) the problem's device-agnostic key gets Inductor's default choice, and compare says why;
+    # with min_speedup=null the portable choice itself
+    agnostic = key.split("+", 1)[1]
     r = cli([f"storage.url={url}", f"table={tmp_path}/portable.json"], tmp_path, module="zhantune.compare")
     assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "portable.json").read_text()) == {agnostic: [{"template_id": "aten::mm"}]}
+    assert "1 problem(s) ship Inductor's default choice: their portable choice was not confirmed" in r.stdout
+    r = cli([f"storage.url={url}", f"table={tmp_path}/portable.json", "min_speedup=null"], tmp_path,
+            module="zhantune.compare")
+    assert r.returncode == 0, r.stderr
     portable = json.loads((tmp_path / "portable.json").read_text())
-    assert list(portable) == [key.split("+", 1)[1]]
-    assert portable[key.split("+", 1)[1]][0]["config_patch"] == p.portable.params
+    assert list(portable) == [agnostic] and "ship Inductor's default" not in r.stdout
+    assert portable[agnostic][0]["config_patch"] == p.portable.params
 
 
 def test_replay_table_errors(cli, tmp_path):

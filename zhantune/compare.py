@@ -34,6 +34,9 @@ def _compare_app(cfg: DictConfig) -> None:
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
+        if cfg.min_speedup is not None and cfg.min_speedup < 1.0:
+            raise ConfigError(f"min_speedup={cfg.min_speedup} must be at least 1.0 (1.0: a portable entry unless it "
+                              "is slower than the default on a device; null: always the portable choice)")
         if cfg.top < 0:
             raise ConfigError(f"top={cfg.top} must be at least 0 (how many of the most-disagreeing problems to list)")
         if cfg.devices is not None and not OmegaConf.is_list(cfg.devices):
@@ -70,15 +73,28 @@ def _compare_app(cfg: DictConfig) -> None:
         console.print(escape(f"html: {out}") + (f" (history and importances of study {escape(repr(study.study_name))})" if study else
                                          " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
     if cfg.table:
-        from zhantune.inductor.builder import portable_table
+        from zhantune.inductor.builder import portable_table, unconfirmed_portable
         from zhantune.inductor.table import write_table
 
-        table = portable_table(cmp, store)
+        table = portable_table(cmp, store, cfg.min_speedup)
         if table:
-            console.print(f"lookup table: {write_table(cfg.table, table)} ({len(table)} portable entr(y/ies))", markup=False)
+            console.print(f"lookup table: {write_table(cfg.table, table)} ({len(table)} key(s))", markup=False)
+            _print_withheld(console, unconfirmed_portable(cmp, store, cfg.min_speedup), cfg.min_speedup)
         else:
             console.print("[yellow]no portable choice has an Inductor lookup key (imported or replayed "
                           "problems have none); no table written[/yellow]")
+
+
+def _print_withheld(console, withheld: dict[str, list[str]], min_speedup: float | None) -> None:
+    """The problems whose key ships Inductor's default instead of the portable choice, and why."""
+    if not withheld:
+        return
+    first, devs = next(iter(withheld.items()))
+    console.print(f"{len(withheld)} problem(s) ship Inductor's default choice: their portable choice was not confirmed "
+                  f"at least {min_speedup:g}x faster than the default in paired rounds on every device (e.g. {first} "
+                  f"on {', '.join(devs)}). To settle them: write the table with min_speedup=null, run python -m "
+                  f"zhantune.replay table=FILE on each device (it pairs each entry with the default), then compare "
+                  f"again", markup=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -277,6 +277,9 @@ class CompareConfig:
     study: str | None = None
     #: write the portable choices as device-agnostic lookup-table entries
     table: str | None = None
+    #: ``table=``: a portable choice only where it may replace Inductor's default on every compared
+    #: device (ExportConfig.min_speedup's rule), else the default's entry; None: no check
+    min_speedup: float | None = 1.02
 
 
 @dataclass

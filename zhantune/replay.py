@@ -4,8 +4,9 @@ Configs tuned elsewhere (another GPU, a colleague's table) get measured here and
 candidate, with the same config hashes, so ``python -m zhantune.compare`` can give their regret on
 this device. Each key's problem is found in ``storage.url`` by Inductor's device-agnostic input key
 (the database the table was exported from, or one merged with it); Inductor's default is measured
-too, as the baseline. Results go to the study ``replay:<table file>@<device key>``
-(zhantune.table_replay.measure_table).
+too, as the baseline, and each entry's speedup over it settled in paired rounds (stored verdicts, so
+that a portable table replayed on each device can ship what was confirmed everywhere). Results go
+to the study ``replay:<table file>@<device key>`` (zhantune.table_replay.measure_table).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Configs tuned elsewhere (another GPU, a colleague's table) are measured here and stored like any
 candidate, with the same config hashes, so that ``python -m zhantune.compare`` gives their regret on
-this device. Inductor's default is measured too, as the baseline of each problem.
+this device. Inductor's default is measured too, as the baseline of each problem, and each entry's
+speedup over it is settled in paired rounds as a tune settles its winner (stored verdicts: the
+export and compare's portable table ship an entry only where its claim was confirmed).
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ Report = Callable[[str, Candidate | None, Measurement], None]
 
 
 def measure_table(store: Store, device: DeviceInfo, work: list[tuple[Any, list[Candidate]]], bench: Any,
-                  seed: int, study_name: str, config: dict[str, Any], report: Report) -> None:
+                  seed: int, study_name: str, config: dict[str, Any], report: Report,
+                  say: Callable[[str], None] = print) -> None:
     """For each (problem row, candidates) of ``work`` (zhantune.inductor.builder.table_candidates):
     Inductor's default, then each candidate, compiled and timed on ``device`` (``bench``: a
-    BenchConfig) and stored in the study ``study_name`` (created with ``config``). Ctrl-C or SIGTERM
-    marks the study interrupted and raises SystemExit(130); a finished run marks it finished."""
+    BenchConfig) and stored in the study ``study_name`` (created with ``config``); each candidate
+    measured ok is then settled against the default in ``bench.remeasure_rounds`` paired rounds
+    (zhantune.bench.settle.settle_speedup; none for the default's own kernel or with 0 rounds), its
+    verdict stored and its sentence passed to ``say``. Ctrl-C or SIGTERM marks the study interrupted
+    and raises SystemExit(130); a finished run marks it finished."""
     from zhantune.bench.inductor import InductorBenchmarker
+    from zhantune.bench.settle import settle_speedup
     from zhantune.problems import GemmProblem
     from zhantune.problems.gemm import OPS
 
@@ -42,13 +49,21 @@ def measure_table(store: Store, device: DeviceInfo, work: list[tuple[Any, list[C
             rec = Recorder(store, problem, study_id, device_id, row.id, device)
             with interrupt.interruptible():
                 default = bench_.inductor_default()
-            rec.add(default, "default")
+            default_row = rec.add(default, "default")
             report(problem.key, None, default)
             for cand in cands:
                 with interrupt.interruptible():
                     meas = bench_.measure(cand)
-                rec.add(meas, "candidate", cand)
+                row = rec.add(meas, "candidate", cand)
                 report(problem.key, cand, meas)
+                if meas.ok and default.ok:
+                    settled = settle_speedup(row, default_row, (), bench_, rec.add, bench.remeasure_rounds, cand)
+                    v = settled.verdict
+                    store.add_verdict(study_id=study_id, device_id=device_id, problem_id=row.problem_id,
+                                      config_hash=cand.config_hash, ratio=v.ratio, ratio_low=v.ratio_low,
+                                      ratio_high=v.ratio_high, rounds=v.rounds, contended=v.contended,
+                                      confirmed=v.confirmed, reason=v.reason)
+                    say(f"    {settled.text or v.reason}")
     except KeyboardInterrupt:
         store.finish_study(study_id, "interrupted")
         raise SystemExit(130) from None

@@ -95,7 +95,7 @@ def _no_claim(default: Any, reason: str) -> SpeedupSettle:
 
 
 def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benchmarker, record: Record,
-                   rounds: int) -> SpeedupSettle:
+                   rounds: int, candidate: Candidate | None = None) -> SpeedupSettle:
     """Settle the speedup claim of ``best`` (the fastest row a table can carry) over Inductor's
     default (``default``, its ok row; always, not only when their times overlap): one measurement of
     each first (it compiles what is not kept compiled; stored, not judged), then ``rounds``
@@ -103,12 +103,14 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
     alternating, judged by zhantune.bench.decision.judge_speedup; rows are stored through
     ``record`` as kinds ``default`` and ``remeasure``. No rounds
     (and no claim) when the winner is the kernel the default compile runs (:func:`is_default_kernel`),
-    when ``rounds`` is 0, or when its branch is not in ``branches`` (a row of another space)."""
+    when ``rounds`` is 0, or when its branch is not in ``branches`` (a row of another space).
+    ``candidate``: the candidate ``best`` measured, where the caller has it (a table's replay, which
+    has no space); else rebuilt from ``branches``."""
     if is_default_kernel(best):
         return _no_claim(default, "the winner is the kernel Inductor's default compile runs: no speedup to claim")
     if rounds == 0:
         return _no_claim(default, "not settled (bench.remeasure_rounds=0): no paired rounds, no claim")
-    cand = _candidate(best, branches)
+    cand = candidate or _candidate(best, branches)
     if cand is None:  # the winner was measured by another space (a cached row)
         return _no_claim(default, "the winner was measured by another study's space: not re-measured, no claim")
     paired, defaults = [], [default]

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from zhantune.storage import Store
 
 __all__ = ["FORMATS", "build_table", "export_table", "check_export_options", "resolve_device_key",
-           "portable_table", "table_metadata", "not_carried_reason", "table_candidates"]
+           "portable_table", "unconfirmed_portable", "table_metadata", "not_carried_reason", "table_candidates"]
 
 #: ``export.format`` values: zhantune wraps the table with its provenance, inductor writes the bare dict
 FORMATS = ("zhantune", "inductor")
@@ -232,26 +232,23 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     return dict(sorted(table.items()))
 
 
-def portable_table(comparison: Comparison, store: Store) -> dict[str, list[dict[str, Any]]]:
+def portable_table(comparison: Comparison, store: Store,
+                   min_speedup: float | None = None) -> dict[str, list[dict[str, Any]]]:
     """The portable choice of each compared problem (zhantune.report.regret: correct on every
     device, least worst regret) as device-agnostic lookup-table entries, keyed as :func:`build_table`
     keys them (a template entry under the key of the lookup its template hit) and with the kwargs
     Inductor would otherwise take from another config (``EVEN_K``). Problems without an Inductor key
     (imported or replayed data) and choices a table cannot carry on one of the compared devices
-    (:func:`not_carried`) are left out."""
-    from zhantune.inductor.heuristics import with_derived_kwargs
-
-    problems = store.problems_by_key()
-    kinds = {d.key: d.kind for d in store.devices_with_candidates()}
+    (:func:`not_carried`) are left out. ``min_speedup`` as build_table's, on every compared device:
+    where the choice may not replace the default on one of them (:func:`unconfirmed_portable`), the
+    problem's key gets Inductor's default choice (:func:`default_entry`); None: no check."""
+    withheld = unconfirmed_portable(comparison, store, min_speedup)
     table: dict[str, list[dict[str, Any]]] = {}
-    for p in comparison.problems:
-        problem, choice = problems.get(p.problem_key), p.portable
-        if choice is None or problem is None or not problem.lookup_key:
+    for p, problem, entry in _portable_entries(comparison, store):
+        choice, key = p.portable, problem.lookup_key
+        if p.problem_key in withheld:
+            table[key] = [default_entry((parse_key(key) or {}).get("op") or problem.lookup_op)]
             continue
-        entry = with_derived_kwargs(entry_for(choice.template_id, choice.params, None), problem.shape or {})
-        if not all(carried(entry, kinds.get(dev, "cuda")) for dev in p.best_us):
-            continue
-        key = problem.lookup_key
         if choice.template_id is not None:
             found = store.config_lookup(problem.id, choice.config_hash)
             if found is None:
@@ -261,6 +258,51 @@ def portable_table(comparison: Comparison, store: Store) -> dict[str, list[dict[
                 table.setdefault(problem.lookup_key, [])
         table[key] = [entry]
     return dict(sorted(table.items()))
+
+
+def unconfirmed_portable(comparison: Comparison, store: Store, min_speedup: float | None) -> dict[str, list[str]]:
+    """Problem key -> the compared devices (keys) on which its portable choice (one a table can
+    hold, as :func:`portable_table` writes) may not replace Inductor's default, by build_table's
+    rule. It may where a claim over the default was confirmed in paired rounds
+    (zhantune.bench.decision.claim_holds) with a ratio of at least ``min_speedup``; else not where
+    the device's tunes settled the problem (this config's speedup there was never paired, or failed);
+    where no tune left a verdict (imported data), where its time (the decision statistic) times
+    ``min_speedup`` is at most the default's, or no default was measured. Empty for ``min_speedup``
+    None."""
+    if min_speedup is None:
+        return {}
+    verdicts = store.latest_verdicts()
+    settled = {(d, p) for (d, p, _) in verdicts}
+    device_ids = {d.key: d.id for d in store.devices()}
+    out: dict[str, list[str]] = {}
+    for p, problem, _ in _portable_entries(comparison, store):
+        for dev, regret in p.portable.regret.items():
+            key = (device_ids[dev], problem.id)
+            if _confirmed(verdicts.get((*key, p.portable.config_hash)), min_speedup):
+                continue
+            default_us = p.default_us.get(dev)
+            if key in settled or (default_us is not None and p.best_us[dev] * regret * min_speedup > default_us):
+                out.setdefault(p.problem_key, []).append(dev)
+    return out
+
+
+def _portable_entries(comparison: Comparison, store: Store) -> list[tuple[Any, Any, dict[str, Any]]]:
+    """(problem comparison, problem row, entry) for each portable choice a table can hold: the
+    problem has an Inductor key and every compared device can carry the entry (with its derived
+    kwargs)."""
+    from zhantune.inductor.heuristics import with_derived_kwargs
+
+    problems = store.problems_by_key()
+    kinds = {d.key: d.kind for d in store.devices_with_candidates()}
+    out = []
+    for p in comparison.problems:
+        problem, choice = problems.get(p.problem_key), p.portable
+        if choice is None or problem is None or not problem.lookup_key:
+            continue
+        entry = with_derived_kwargs(entry_for(choice.template_id, choice.params, None), problem.shape or {})
+        if all(carried(entry, kinds.get(dev, "cuda")) for dev in p.best_us):
+            out.append((p, problem, entry))
+    return out
 
 
 def _confirmed(verdict: Any, min_speedup: float) -> bool:
