@@ -180,7 +180,8 @@ def test_study_name_printed_by_the_import_draws_its_history(cli, tmp_path, files
     (["study=kerneltuner"], "study='kerneltuner': 2 studies match"),
     (["devices=cpu"], "devices='cpu' must be a list of device keys or names"),
     (["top=-1"], "top=-1 must be at least 0"),
-    (["table=t.json", "min_speedup=0.9"], "min_speedup=0.9 must be at least 1.0"),
+    (["table=t.json", "min_speedup=0.9"], "min_speedup=0.9 must be a number of at least 1.0"),
+    (["table=t.json", "min_speedup=nan"], "min_speedup=nan must be a number of at least 1.0"),
 ])
 def test_cli_bad_input(cli, tmp_path, db, args, message):
     r = cli([f"storage.url={db}", *args], tmp_path, module="zhantune.compare")

@@ -186,11 +186,13 @@ def test_allocate_trials_follows_shares_with_a_floor():
 
 
 def test_replay_measures_a_cpu_default_entry_as_the_aten_config():
+    from types import SimpleNamespace
+
     from zhantune.candidate import Candidate
     from zhantune.inductor.builder import table_candidates
 
     key = "AMD EPYC+((torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 8], [8, 1]))+mm"
-    row = object()
+    row = SimpleNamespace(shape={"M": 8, "N": 8, "K": 8})  # a problem row
     problems = {key.split("+", 1)[1]: row}
     ((got_row, (cpu,)),) = table_candidates({key: [{"template_id": "aten::mm"}]}, problems, "t.json", "cpu")
     aten_point = Candidate("aten", "config", None, {"max_autotune_gemm_backends": "ATEN"})
@@ -233,6 +235,9 @@ def test_export_options_on_a_real_cpu_tune(tune_cfg, cli, tmp_path):
     assert r.returncode == 2 and "with torch 0.0.0" in r.stderr and not (tmp_path / "none.json").exists()
     r = cli([f"storage.url={url}", "top_k=0"], tmp_path, module="zhantune.export")
     assert r.returncode == 2 and "top_k=0 must be at least 1" in r.stderr
+    for bad in ("nan", "0.99"):  # nan < 1.0 is false: it passed, and shipped the default everywhere
+        r = cli([f"storage.url={url}", f"min_speedup={bad}"], tmp_path, module="zhantune.export")
+        assert r.returncode == 2 and f"min_speedup={bad} must be a number of at least 1.0" in r.stderr, r.stderr
 
 
 def test_addmm_template_winner_goes_under_the_key_its_template_hit(tmp_path):

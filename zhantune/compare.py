@@ -4,11 +4,15 @@ Reads every device in ``storage.url`` (or ``devices=[...]``, by key or name) and
 each device's best config, the regret of each device's winner on the others, and the config that
 loses least everywhere; then the device x device regret matrix. One device works too (its winners;
 with ``study=``, the report draws the search history). ``csv=``, ``json=``, ``html=`` write
-the same data; ``table=`` writes the portable choices as device-agnostic lookup-table entries.
-Definitions in :mod:`zhantune.report.regret`; the portable table: zhantune.inductor.builder.portable_table.
+the same data; ``table=`` writes the portable choices as device-agnostic lookup-table entries, each
+only where it may replace Inductor's default on every compared device (``min_speedup``, the export's
+rule; else the default's entry). Definitions in :mod:`zhantune.report.regret`; the portable table:
+zhantune.inductor.builder.portable_table.
 """
 
 from __future__ import annotations
+
+import math
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -34,9 +38,10 @@ def _compare_app(cfg: DictConfig) -> None:
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
-        if cfg.min_speedup is not None and cfg.min_speedup < 1.0:
-            raise ConfigError(f"min_speedup={cfg.min_speedup} must be at least 1.0 (1.0: a portable entry unless it "
-                              "is slower than the default on a device; null: always the portable choice)")
+        if cfg.min_speedup is not None and not 1.0 <= cfg.min_speedup < math.inf:
+            raise ConfigError(f"min_speedup={cfg.min_speedup} must be a number of at least 1.0 (1.0: a portable "
+                              "entry where confirmed not slower than the default on every device; null: always "
+                              "the portable choice)")
         if cfg.top < 0:
             raise ConfigError(f"top={cfg.top} must be at least 0 (how many of the most-disagreeing problems to list)")
         if cfg.devices is not None and not OmegaConf.is_list(cfg.devices):

@@ -181,7 +181,7 @@ class ExportConfig:
     top_k: int = 1
     #: emit a tuned entry only when its confirmed claim beats Inductor's default compile by this
     #: factor, else the default choice; None: always the tuned entry. 1.02: two copies of one kernel
-    #: were confirmed 1.002-1.02x apart on CPU and on an H100 (docs/timing.md)
+    #: were confirmed 1.002-1.015x apart on CPU and on an H100 (docs/timing.md)
     min_speedup: float | None = 1.02
     #: key entries without the device part (usable on any device)
     device_agnostic: bool = False
@@ -275,7 +275,8 @@ class CompareConfig:
     html: str | None = None
     #: a study's history and importances in the HTML report (its name or a part only it has)
     study: str | None = None
-    #: write the portable choices as device-agnostic lookup-table entries
+    #: write the portable choices as device-agnostic lookup-table entries (Inductor's default choice
+    #: where one may not replace the default: ``min_speedup``)
     table: str | None = None
     #: ``table=``: a portable choice only where it may replace Inductor's default on every compared
     #: device (ExportConfig.min_speedup's rule), else the default's entry; None: no check

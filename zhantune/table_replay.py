@@ -31,11 +31,10 @@ def measure_table(store: Store, device: DeviceInfo, work: list[tuple[Any, list[C
     Inductor's default, then each candidate, compiled and timed on ``device`` (``bench``: a
     BenchConfig) and stored in the study ``study_name`` (created with ``config``); each candidate
     measured ok is then settled against the default in ``bench.remeasure_rounds`` paired rounds
-    (zhantune.bench.settle.settle_speedup; none for the default's own kernel or with 0 rounds), its
-    verdict stored and its sentence passed to ``say``. Ctrl-C or SIGTERM marks the study interrupted
+    (:func:`_settle`; none for the default's own kernel or with 0 rounds), its verdict stored and its
+    sentence passed to ``say``. Ctrl-C or SIGTERM marks the study interrupted
     and raises SystemExit(130); a finished run marks it finished."""
     from zhantune.bench.inductor import InductorBenchmarker
-    from zhantune.bench.settle import settle_speedup
     from zhantune.problems import GemmProblem
     from zhantune.problems.gemm import OPS
 
@@ -57,14 +56,26 @@ def measure_table(store: Store, device: DeviceInfo, work: list[tuple[Any, list[C
                 row = rec.add(meas, "candidate", cand)
                 report(problem.key, cand, meas)
                 if meas.ok and default.ok:
-                    settled = settle_speedup(row, default_row, (), bench_, rec.add, bench.remeasure_rounds, cand)
-                    v = settled.verdict
-                    store.add_verdict(study_id=study_id, device_id=device_id, problem_id=row.problem_id,
-                                      config_hash=cand.config_hash, ratio=v.ratio, ratio_low=v.ratio_low,
-                                      ratio_high=v.ratio_high, rounds=v.rounds, contended=v.contended,
-                                      confirmed=v.confirmed, reason=v.reason)
-                    say(f"    {settled.text or v.reason}")
+                    _settle(store, study_id, device_id, row, default_row, cand, bench_, rec, bench.remeasure_rounds,
+                            say)
     except KeyboardInterrupt:
         store.finish_study(study_id, "interrupted")
         raise SystemExit(130) from None
     store.finish_study(study_id)
+
+
+def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: Any, cand: Candidate, bench: Any,
+            rec: Recorder, rounds: int, say: Callable[[str], None]) -> None:
+    """Settle one entry's speedup over the default (zhantune.bench.settle.settle_speedup) and store
+    its verdict, the newest of that config on this device: the export and compare follow it, as they
+    follow a rerun tune's. No verdict where no rounds ran (the default's own kernel, ``rounds`` 0):
+    a replay that claims nothing leaves what the tunes settled as it was."""
+    from zhantune.bench.settle import settle_speedup
+
+    settled = settle_speedup(row, default_row, (), bench, rec.add, rounds, cand)
+    v = settled.verdict
+    if v.rounds:
+        store.add_verdict(study_id=study_id, device_id=device_id, problem_id=row.problem_id,
+                          config_hash=cand.config_hash, ratio=v.ratio, ratio_low=v.ratio_low, ratio_high=v.ratio_high,
+                          rounds=v.rounds, contended=v.contended, confirmed=v.confirmed, reason=v.reason)
+    say(f"    {settled.text or v.reason}")

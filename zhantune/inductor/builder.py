@@ -7,6 +7,7 @@ The table format itself (keys, entries, files) is zhantune.inductor.table's.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,8 +51,8 @@ def check_export_options(opts: Any, prefix: str = "") -> None:
         raise ConfigError(f"{prefix}format={opts.format!r}; allowed: {', '.join(FORMATS)}")
     if opts.top_k < 1:
         raise ConfigError(f"{prefix}top_k={opts.top_k} must be at least 1")
-    if opts.min_speedup is not None and opts.min_speedup < 1.0:
-        raise ConfigError(f"{prefix}min_speedup={opts.min_speedup} must be at least 1.0 "
+    if opts.min_speedup is not None and not 1.0 <= opts.min_speedup < math.inf:
+        raise ConfigError(f"{prefix}min_speedup={opts.min_speedup} must be a number of at least 1.0 "
                           "(1.0: the tuned entry unless it is slower than the default; null: always the tuned entry)")
     if getattr(opts, "enabled", True) and opts.path:
         check_output_path(opts.path, f"{prefix}path")
@@ -124,8 +125,12 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str,
 
     On CPU an ``aten::<op>`` entry (Inductor's default choice) is measured as the config candidate
     that selects ATen (``max_autotune_gemm_backends=ATEN``, the ``aten`` space's point, same config
-    hash), since Inductor's CPU GEMM has no template lookup."""
+    hash), since Inductor's CPU GEMM has no template lookup. A template entry's kwargs that zhantune
+    derives from the problem (``EVEN_K``, zhantune.inductor.heuristics.derived_kwargs) are left out
+    of its params where they hold the derived value, so that it has the config hash of the tune's
+    candidate it was exported from (the measurement adds them again)."""
     from zhantune.candidate import Candidate
+    from zhantune.inductor.heuristics import derived_kwargs
 
     out = []
     for key, entries in table.items():
@@ -145,8 +150,10 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str,
                 cands.append(Candidate("table", "config", None, dict(patch)))
             elif device_kind == "cpu" and template_id.startswith("aten::"):
                 cands.append(Candidate("table", "config", None, {"max_autotune_gemm_backends": "ATEN"}))
-            else:
-                cands.append(Candidate("table", "template", template_id, entry))
+            else:  # without the kwargs zhantune derives and adds where it measures (EVEN_K): the tune's hash
+                derived = derived_kwargs(template_id, entry, row.shape or {})
+                cands.append(Candidate("table", "template", template_id,
+                                       {k: v for k, v in entry.items() if k not in derived or v != derived[k]}))
         out.append((row, cands))
     return out
 
@@ -241,22 +248,25 @@ def portable_table(comparison: Comparison, store: Store,
     (imported or replayed data) and choices a table cannot carry on one of the compared devices
     (:func:`not_carried`) are left out. ``min_speedup`` as build_table's, on every compared device:
     where the choice may not replace the default on one of them (:func:`unconfirmed_portable`), the
-    problem's key gets Inductor's default choice (:func:`default_entry`); None: no check."""
+    problem's key gets Inductor's default choice (:func:`default_entry`); None: no check. So does a
+    choice that is the default's own kernel (:func:`is_default_kernel`), and a key two problems
+    map to with different choices."""
     withheld = unconfirmed_portable(comparison, store, min_speedup)
     table: dict[str, list[dict[str, Any]]] = {}
     for p, problem, entry in _portable_entries(comparison, store):
         choice, key = p.portable, problem.lookup_key
-        if p.problem_key in withheld:
-            table[key] = [default_entry((parse_key(key) or {}).get("op") or problem.lookup_op)]
-            continue
-        if choice.template_id is not None:
+        default = default_entry((parse_key(key) or {}).get("op") or problem.lookup_op)
+        if p.problem_key in withheld or is_default_kernel(choice.template_id, choice.params):
+            entry = default
+        elif choice.template_id is not None:
             found = store.config_lookup(problem.id, choice.config_hash)
             if found is None:
                 continue
             key = table_key(found[0].key, problem.lookup_key, found[1], device_agnostic=True)
             if key != problem.lookup_key:  # addmm: the problem's own (ATen) lookup gets "nothing"
                 table.setdefault(problem.lookup_key, [])
-        table[key] = [entry]
+        # two problems under one key with different choices: neither is the key's choice, the default is
+        table[key] = [entry] if table.get(key, [entry]) == [entry] else [default]
     return dict(sorted(table.items()))
 
 
@@ -266,9 +276,9 @@ def unconfirmed_portable(comparison: Comparison, store: Store, min_speedup: floa
     rule. It may where a claim over the default was confirmed in paired rounds
     (zhantune.bench.decision.claim_holds) with a ratio of at least ``min_speedup``; else not where
     the device's tunes settled the problem (this config's speedup there was never paired, or failed);
-    where no tune left a verdict (imported data), where its time (the decision statistic) times
-    ``min_speedup`` is at most the default's, or no default was measured. Empty for ``min_speedup``
-    None."""
+    where nothing left a verdict (a database from before verdicts), where its time (the decision
+    statistic) times ``min_speedup`` is at most the default's, or no default was measured. Empty for
+    ``min_speedup`` None."""
     if min_speedup is None:
         return {}
     verdicts = store.latest_verdicts()
@@ -276,6 +286,8 @@ def unconfirmed_portable(comparison: Comparison, store: Store, min_speedup: floa
     device_ids = {d.key: d.id for d in store.devices()}
     out: dict[str, list[str]] = {}
     for p, problem, _ in _portable_entries(comparison, store):
+        if is_default_kernel(p.portable.template_id, p.portable.params):
+            continue  # the default's own kernel: its key gets the default's entry, nothing to confirm
         for dev, regret in p.portable.regret.items():
             key = (device_ids[dev], problem.id)
             if _confirmed(verdicts.get((*key, p.portable.config_hash)), min_speedup):

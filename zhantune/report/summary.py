@@ -154,11 +154,11 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
                           "run what the default runs (or the timing was disturbed); an exported table ships "
                           "Inductor's default[/yellow]")
     elif default_us and claim is not None and claim.confirmed:
-        line = f"winner: {claimed.branch}, {claim.ratio:.2f}x faster than inductor default"
         floor = below_min_speedup(claim, run_export)
+        line = f"winner: {claimed.branch}, {claim.ratio:.{2 if floor is None else 3}f}x faster than inductor default"
         if floor is not None:  # confirmed, yet within what two copies of one kernel were confirmed apart
-            line += (f", less than export.min_speedup ({floor:g}): the table ships Inductor's default "
-                     "(offsets that small were confirmed between two copies of one kernel: docs/timing.md)")
+            line += (f", below export.min_speedup ({floor:g}): an exported table does not ship it (offsets "
+                     "that small were confirmed between two copies of one kernel: docs/timing.md)")
         console.print(line, markup=False)
     elif default_us:
         # the reason from the paired rounds when there were any (never the unpaired ratio of the
