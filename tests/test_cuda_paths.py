@@ -875,11 +875,15 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     assert p.portable.config_hash == x.config_hash  # worst regret 1.11 (y: 1.2 on the H100)
     assert shipped() == (64, "triton::mm")  # no verdict anywhere (imported data): 10 us against 20 us on both
     assert shipped(2.5) == (None, "aten::mm")  # ... which is not 2.5x
+    assert unconfirmed_portable(compare(store), store, 2.5)[p.problem_key] == {
+        dev: "2.000x by the stored times, below min_speedup", other: "2.000x by the stored times, below min_speedup"}
     verdict(rec, x, 1.9)
     verdict(rec2, y, 2.1)  # the A100's tune settled its own winner: x's speedup there was never paired
-    assert unconfirmed_portable(compare(store), store, 1.02) == {p.problem_key: [other]}
+    assert unconfirmed_portable(compare(store), store, 1.02) == {p.problem_key: {other: "never paired with the default"}}
     assert shipped() == (None, "aten::mm") and shipped(None) == (64, "triton::mm")
     verdict(rec2, x, 1.01)  # paired, confirmed, below min_speedup
+    assert unconfirmed_portable(compare(store), store, 1.02) == {
+        p.problem_key: {other: "confirmed at 1.010x, below min_speedup"}}
     assert shipped() == (None, "aten::mm") and shipped(1.0) == (64, "triton::mm")
     verdict(rec2, x, 1.8)
     assert shipped() == (64, "triton::mm")
@@ -888,6 +892,32 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     table = portable_table(compare(store), store, None)
     ((row, (cand,)),) = table_candidates(table, store.problems_by_lookup_key(), "portable.json", "cuda")
     assert "EVEN_K" in table[key][0] and cand.config_hash == x.config_hash and row.id == rec.problem_id
+
+
+def test_a_lookup_key_two_problems_share_with_different_portable_choices_ships_the_default(tmp_path):
+    """Two problems under one Inductor lookup (a float32 linear_act with relu and with gelu: one addmm
+    lookup) whose portable choices differ: neither was measured for the other, so the key gets
+    Inductor's default entry even without a min_speedup check, and the result names the key."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import portable_choices
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.report.regret import compare
+    from zhantune.storage import Recorder
+
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
+    twin = Recorder(store, rec.problem, study_id, rec.device_id,
+                    store.problem_id(rec.problem.key + ":twin", lookup_key=key, **rec.problem.row_fields()))
+    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    y = Candidate("triton_mm", "template", "triton::mm", {**TRITON_PARAMS, "BLOCK_N": 32})
+    for i, (r, fast) in enumerate(((rec, x), (twin, y))):
+        for j, c in enumerate((x, y)):
+            t = 10.0 if c is fast else 12.0
+            r.add(Measurement("ok", timing=summarize_us([t, t + 1], "t"), lookup=hit), "candidate", c,
+                  trial_number=2 * i + j)
+    out = portable_choices(compare(store), store, None)
+    assert out.table == {key: [{"template_id": "aten::mm"}]} and out.shared == [key] and out.withheld == {}
 
 
 def test_a_problem_tuned_on_cpu_and_on_a_gpu_exports_each_devices_own_key(tmp_path):
@@ -949,6 +979,8 @@ def test_a_confirmed_claim_is_not_hidden_by_a_later_note_or_a_faster_unconfirmed
     verdict(x, 3, True)
     assert shipped() == (64, "triton::mm")  # y is faster but never paired: x's confirmed claim ships
     verdict(x, 0, False)  # a later study's note: "no claim made" for x
+    assert shipped() == (64, "triton::mm")
+    verdict(x, 1, False)  # a later replay with bench.remeasure_rounds=1: one round cannot judge a claim
     assert shipped() == (64, "triton::mm")
     verdict(y, 3, False)  # y paired, and not confirmed
     assert shipped() == (64, "triton::mm")

@@ -62,12 +62,14 @@ def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path)
     r = cli([f"storage.url={url}", f"table={tmp_path}/portable.json"], tmp_path, module="zhantune.compare")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "portable.json").read_text()) == {agnostic: [{"template_id": "aten::mm"}]}
-    assert "1 problem(s) ship Inductor's default choice: their portable choice was not confirmed" in r.stdout
+    assert f"{p.problem_key}: Inductor's default ships; its portable choice on " in r.stdout
+    assert "Remote CPU: not confirmed: unconfirmed: one paired round" in r.stdout  # the remote tune's 1 round
+    assert "to pair them with the default: write the table with min_speedup=null" in r.stdout
     r = cli([f"storage.url={url}", f"table={tmp_path}/portable.json", "min_speedup=null"], tmp_path,
             module="zhantune.compare")
     assert r.returncode == 0, r.stderr
     portable = json.loads((tmp_path / "portable.json").read_text())
-    assert list(portable) == [agnostic] and "ship Inductor's default" not in r.stdout
+    assert list(portable) == [agnostic] and "Inductor's default ships" not in r.stdout
     assert portable[agnostic][0]["config_patch"] == p.portable.params
 
 

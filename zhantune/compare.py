@@ -78,28 +78,36 @@ def _compare_app(cfg: DictConfig) -> None:
         console.print(escape(f"html: {out}") + (f" (history and importances of study {escape(repr(study.study_name))})" if study else
                                          " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
     if cfg.table:
-        from zhantune.inductor.builder import portable_table, unconfirmed_portable
+        from zhantune.inductor.builder import portable_choices
         from zhantune.inductor.table import write_table
 
-        table = portable_table(cmp, store, cfg.min_speedup)
-        if table:
-            console.print(f"lookup table: {write_table(cfg.table, table)} ({len(table)} key(s))", markup=False)
-            _print_withheld(console, unconfirmed_portable(cmp, store, cfg.min_speedup), cfg.min_speedup)
+        out = portable_choices(cmp, store, cfg.min_speedup)
+        if out.table:
+            console.print(f"lookup table: {write_table(cfg.table, out.table)} ({len(out.table)} key(s))", markup=False)
+            _print_withheld(console, out)
         else:
             console.print("[yellow]no portable choice has an Inductor lookup key (imported or replayed "
                           "problems have none); no table written[/yellow]")
 
 
-def _print_withheld(console, withheld: dict[str, list[str]], min_speedup: float | None) -> None:
-    """The problems whose key ships Inductor's default instead of the portable choice, and why."""
-    if not withheld:
-        return
-    first, devs = next(iter(withheld.items()))
-    console.print(f"{len(withheld)} problem(s) ship Inductor's default choice: their portable choice was not confirmed "
-                  f"at least {min_speedup:g}x faster than the default in paired rounds on every device (e.g. {first} "
-                  f"on {', '.join(devs)}). To settle them: write the table with min_speedup=null, run python -m "
-                  f"zhantune.replay table=FILE on each device (it pairs each entry with the default), then compare "
-                  f"again", markup=False, soft_wrap=True)
+def _print_withheld(console, out) -> None:
+    """The keys that ship Inductor's default instead of a portable choice, and why (``out``: a
+    zhantune.inductor.builder.PortableTable)."""
+    for problem_key, why in list(out.withheld.items())[:WITHHELD_LINES]:
+        console.print(f"{problem_key}: Inductor's default ships; its portable choice on "
+                      + "; on ".join(f"{dev}: {reason}" for dev, reason in why.items()), markup=False, soft_wrap=True)
+    if len(out.withheld) > WITHHELD_LINES:
+        console.print(f"... and {len(out.withheld) - WITHHELD_LINES} more problem(s)", markup=False)
+    if any(r.startswith(("never paired", "not confirmed")) for why in out.withheld.values() for r in why.values()):
+        console.print("to pair them with the default: write the table with min_speedup=null, run python -m "
+                      "zhantune.replay table=FILE on each device named, then compare again", markup=False, soft_wrap=True)
+    for key in out.shared:
+        console.print(f"{key}: Inductor's default ships: problems with different portable choices share this "
+                      "lookup key (one choice was never measured for the other)", markup=False, soft_wrap=True)
+
+
+#: at most this many problems' reasons are listed one per line
+WITHHELD_LINES = 10
 
 
 def main() -> None:

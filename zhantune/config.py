@@ -15,6 +15,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP
+
 #: the Hydra config tree shipped inside the package (the repository's conf/ links here)
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -182,7 +184,7 @@ class ExportConfig:
     #: emit a tuned entry only when its confirmed claim beats Inductor's default compile by this
     #: factor, else the default choice; None: always the tuned entry. 1.02: two copies of one kernel
     #: were confirmed 1.002-1.015x apart on CPU and on an H100 (docs/timing.md)
-    min_speedup: float | None = 1.02
+    min_speedup: float | None = DEFAULT_MIN_SPEEDUP
     #: key entries without the device part (usable on any device)
     device_agnostic: bool = False
     #: only rows measured with this torch version (exact string, e.g. "2.13.0+cpu"); None: any
@@ -280,7 +282,7 @@ class CompareConfig:
     table: str | None = None
     #: ``table=``: a portable choice only where it may replace Inductor's default on every compared
     #: device (ExportConfig.min_speedup's rule), else the default's entry; None: no check
-    min_speedup: float | None = 1.02
+    min_speedup: float | None = DEFAULT_MIN_SPEEDUP
 
 
 @dataclass

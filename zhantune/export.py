@@ -43,7 +43,13 @@ def _export_app(cfg: DictConfig) -> None:
     except UserError as e:
         user_error(e)
         return
-    print(f"wrote {len(table)} key(s) to {out} (format {cfg.format}, top_k {cfg.top_k})")
+    # Inductor's default choice alone ({"template_id": "aten::<op>"}, default_entry): no tuned entry made it
+    defaults = sum(1 for entries in table.values() if len(entries) == 1 and list(entries[0]) == ["template_id"]
+                   and entries[0]["template_id"].startswith("aten::"))
+    print(f"wrote {len(table)} key(s) to {out} (format {cfg.format}, top_k {cfg.top_k})"
+          + (f"; {defaults} of them Inductor's default choice: no tuned config confirmed faster in paired rounds"
+             + (f" by at least min_speedup={cfg.min_speedup:g}" if cfg.min_speedup is not None else "")
+             + " (each tune's summary says why)" if defaults else ""))
     if cfg.format == "inductor":
         from zhantune.inductor.table import stock_inductor_notes
 

@@ -289,5 +289,6 @@ def _claim_cell(r: Any, export: Any) -> str:
     claim = r.claim
     if claim is None or claim.ratio is None:
         return "-"
-    return f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)") \
-        + (" (< min_speedup)" if below_min_speedup(claim, export) is not None else "")
+    if below_min_speedup(claim, export) is not None:  # 3 decimals: 1.017x shows as 1.02x with 2
+        return f"{claim.ratio:.3f}x (< min_speedup)"
+    return f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
     from zhantune.storage import Store
 
 __all__ = ["FORMATS", "build_table", "export_table", "check_export_options", "resolve_device_key",
-           "portable_table", "unconfirmed_portable", "table_metadata", "not_carried_reason", "table_candidates"]
+           "portable_table", "portable_choices", "PortableTable", "unconfirmed_portable", "table_metadata",
+           "not_carried_reason", "table_candidates"]
 
 #: ``export.format`` values: zhantune wraps the table with its provenance, inductor writes the bare dict
 FORMATS = ("zhantune", "inductor")
@@ -239,8 +241,25 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     return dict(sorted(table.items()))
 
 
+@dataclass
+class PortableTable:
+    """What :func:`portable_choices` wrote and why: the ``table``; ``withheld``: problem key ->
+    device key -> why its portable choice may not replace Inductor's default there
+    (:func:`unconfirmed_portable`); ``shared``: the lookup keys that problems with different
+    portable choices map to (Inductor's default entry there)."""
+
+    table: dict[str, list[dict[str, Any]]]
+    withheld: dict[str, dict[str, str]] = field(default_factory=dict)
+    shared: list[str] = field(default_factory=list)
+
+
 def portable_table(comparison: Comparison, store: Store,
                    min_speedup: float | None = None) -> dict[str, list[dict[str, Any]]]:
+    """:func:`portable_choices`' table."""
+    return portable_choices(comparison, store, min_speedup).table
+
+
+def portable_choices(comparison: Comparison, store: Store, min_speedup: float | None = None) -> PortableTable:
     """The portable choice of each compared problem (zhantune.report.regret: correct on every
     device, least worst regret) as device-agnostic lookup-table entries, keyed as :func:`build_table`
     keys them (a template entry under the key of the lookup its template hit) and with the kwargs
@@ -249,14 +268,15 @@ def portable_table(comparison: Comparison, store: Store,
     (:func:`not_carried`) are left out. ``min_speedup`` as build_table's, on every compared device:
     where the choice may not replace the default on one of them (:func:`unconfirmed_portable`), the
     problem's key gets Inductor's default choice (:func:`default_entry`); None: no check. So does a
-    choice that is the default's own kernel (:func:`is_default_kernel`), and a key two problems
-    map to with different choices."""
-    withheld = unconfirmed_portable(comparison, store, min_speedup)
-    table: dict[str, list[dict[str, Any]]] = {}
+    choice that is the default's own kernel (:func:`is_default_kernel`), and, whatever
+    ``min_speedup``, a key two problems map to with different choices (a float32 linear_act with
+    relu and with gelu: one addmm lookup), since neither choice was measured for the other."""
+    out = PortableTable({}, unconfirmed_portable(comparison, store, min_speedup))
+    table = out.table
     for p, problem, entry in _portable_entries(comparison, store):
         choice, key = p.portable, problem.lookup_key
         default = default_entry((parse_key(key) or {}).get("op") or problem.lookup_op)
-        if p.problem_key in withheld or is_default_kernel(choice.template_id, choice.params):
+        if p.problem_key in out.withheld or is_default_kernel(choice.template_id, choice.params):
             entry = default
         elif choice.template_id is not None:
             found = store.config_lookup(problem.id, choice.config_hash)
@@ -265,36 +285,50 @@ def portable_table(comparison: Comparison, store: Store,
             key = table_key(found[0].key, problem.lookup_key, found[1], device_agnostic=True)
             if key != problem.lookup_key:  # addmm: the problem's own (ATen) lookup gets "nothing"
                 table.setdefault(problem.lookup_key, [])
-        # two problems under one key with different choices: neither is the key's choice, the default is
-        table[key] = [entry] if table.get(key, [entry]) == [entry] else [default]
-    return dict(sorted(table.items()))
+        if table.get(key, [entry]) != [entry]:  # another problem's different choice: the default
+            entry = default
+            out.shared.append(key)
+        table[key] = [entry]
+    out.table, out.shared = dict(sorted(table.items())), sorted(set(out.shared))
+    return out
 
 
-def unconfirmed_portable(comparison: Comparison, store: Store, min_speedup: float | None) -> dict[str, list[str]]:
-    """Problem key -> the compared devices (keys) on which its portable choice (one a table can
-    hold, as :func:`portable_table` writes) may not replace Inductor's default, by build_table's
+def unconfirmed_portable(comparison: Comparison, store: Store,
+                         min_speedup: float | None) -> dict[str, dict[str, str]]:
+    """Problem key -> compared device key -> why its portable choice (one a table can hold, as
+    :func:`portable_choices` writes) may not replace Inductor's default there, by build_table's
     rule. It may where a claim over the default was confirmed in paired rounds
     (zhantune.bench.decision.claim_holds) with a ratio of at least ``min_speedup``; else not where
-    the device's tunes settled the problem (this config's speedup there was never paired, or failed);
-    where nothing left a verdict (a database from before verdicts), where its time (the decision
-    statistic) times ``min_speedup`` is at most the default's, or no default was measured. Empty for
-    ``min_speedup`` None."""
+    the device's tunes settled the problem ("never paired with the default", "not confirmed: ...",
+    "confirmed at R.RRRx, below min_speedup"); where nothing left a verdict (a database from before
+    verdicts), where its time (the decision statistic) times ``min_speedup`` is at most the
+    default's, or no default was measured. Empty for ``min_speedup`` None."""
     if min_speedup is None:
         return {}
     verdicts = store.latest_verdicts()
     settled = {(d, p) for (d, p, _) in verdicts}
     device_ids = {d.key: d.id for d in store.devices()}
-    out: dict[str, list[str]] = {}
+    out: dict[str, dict[str, str]] = {}
     for p, problem, _ in _portable_entries(comparison, store):
         if is_default_kernel(p.portable.template_id, p.portable.params):
             continue  # the default's own kernel: its key gets the default's entry, nothing to confirm
         for dev, regret in p.portable.regret.items():
             key = (device_ids[dev], problem.id)
-            if _confirmed(verdicts.get((*key, p.portable.config_hash)), min_speedup):
-                continue
+            v = verdicts.get((*key, p.portable.config_hash))
             default_us = p.default_us.get(dev)
-            if key in settled or (default_us is not None and p.best_us[dev] * regret * min_speedup > default_us):
-                out.setdefault(p.problem_key, []).append(dev)
+            if _confirmed(v, min_speedup):
+                continue
+            if v is not None and claim_holds(v):
+                why = f"confirmed at {v.ratio:.3f}x, below min_speedup"
+            elif v is not None and v.rounds:
+                why = f"not confirmed: {v.reason}"
+            elif key in settled or v is not None:
+                why = "never paired with the default"
+            elif default_us is not None and p.best_us[dev] * regret * min_speedup > default_us:
+                why = f"{default_us / (p.best_us[dev] * regret):.3f}x by the stored times, below min_speedup"
+            else:
+                continue
+            out.setdefault(p.problem_key, {})[dev] = why
     return out
 
 

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zhantune.bench.decision import below_min_speedup, decision_us
+from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, below_min_speedup, decision_us
 from zhantune.report.console import compact
 from zhantune.storage.engine import redact_url
 
@@ -156,9 +156,10 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
     elif default_us and claim is not None and claim.confirmed:
         floor = below_min_speedup(claim, run_export)
         line = f"winner: {claimed.branch}, {claim.ratio:.{2 if floor is None else 3}f}x faster than inductor default"
-        if floor is not None:  # confirmed, yet within what two copies of one kernel were confirmed apart
-            line += (f", below export.min_speedup ({floor:g}): an exported table does not ship it (offsets "
-                     "that small were confirmed between two copies of one kernel: docs/timing.md)")
+        if floor is not None:  # confirmed, yet below the floor (the default's: what noise offsets reached)
+            line += f", below export.min_speedup ({floor:g}): an exported table does not ship it" + (
+                " (offsets that small were confirmed between two copies of one kernel: docs/timing.md)"
+                if floor == DEFAULT_MIN_SPEEDUP else "")
         console.print(line, markup=False)
     elif default_us:
         # the reason from the paired rounds when there were any (never the unpaired ratio of the

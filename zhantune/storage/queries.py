@@ -199,14 +199,15 @@ class Queries(ReportQueries):
 
     def latest_verdicts(self) -> dict[tuple[int, int, str | None], m.Verdict]:
         """(device id, problem id, config hash) -> the newest verdict on that config's speedup over
-        Inductor's default (a tune settles the best config a table can carry): the newest settled in
-        paired rounds (``rounds > 0``) where there is one, so that a later "no claim made" (a cached
-        winner, ``bench.remeasure_rounds=0``) never hides a confirmed claim; else the newest. Newest
-        by created_at (a merged database's copied verdicts keep theirs), then id."""
+        Inductor's default (a tune or a table's replay settles it): the newest settled in at least
+        two paired rounds (what a claim needs, zhantune.bench.decision) where there is one, so that
+        a later verdict that could not judge (a cached winner's "no claim made",
+        ``bench.remeasure_rounds`` 0 or 1) never hides a judged claim; else the newest. Newest by
+        created_at (a merged database's copied verdicts keep theirs), then id."""
         with self.session() as s:
             out: dict[tuple[int, int, str | None], m.Verdict] = {}
             for v in s.scalars(select(m.Verdict).order_by(m.Verdict.created_at, m.Verdict.id)):
                 key = (v.device_id, v.problem_id, v.config_hash)
-                if v.rounds or key not in out or not out[key].rounds:
+                if (v.rounds or 0) >= 2 or key not in out or (out[key].rounds or 0) < 2:
                     out[key] = v
             return out
