@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Round", "SpeedupVerdict", "judge_speedup", "ratio_spread", "beyond_spread", "claim_holds", "CONFIRM_C",
-           "below_min_speedup", "DEFAULT_MIN_SPEEDUP", "paired_ratio", "decision_us", "decision_value", "rank_key", "best_per_config"]
+           "below_min_speedup", "DEFAULT_MIN_SPEEDUP", "paired_ratio", "decision_us", "decision_value", "rank_key",
+           "best_per_config"]
 
 
 def decision_us(row: Any) -> float:
