@@ -271,9 +271,10 @@ def portable_choices(comparison: Comparison, store: Store, min_speedup: float | 
     choice that is the default's own kernel (:func:`is_default_kernel`), and, whatever
     ``min_speedup``, a key two problems map to with different choices (a float32 linear_act with
     relu and with gelu: one addmm lookup), since neither choice was measured for the other."""
-    out = PortableTable({}, unconfirmed_portable(comparison, store, min_speedup))
+    entries = _portable_entries(comparison, store)
+    out = PortableTable({}, _withheld(entries, store, min_speedup))
     table = out.table
-    for p, problem, entry in _portable_entries(comparison, store):
+    for p, problem, entry in entries:
         choice, key = p.portable, problem.lookup_key
         default = default_entry((parse_key(key) or {}).get("op") or problem.lookup_op)
         if p.problem_key in out.withheld or is_default_kernel(choice.template_id, choice.params):
@@ -303,13 +304,19 @@ def unconfirmed_portable(comparison: Comparison, store: Store,
     "confirmed at R.RRRx, below min_speedup"); where nothing left a verdict (a database from before
     verdicts), where its time (the decision statistic) times ``min_speedup`` is at most the
     default's, or no default was measured. Empty for ``min_speedup`` None."""
+    return _withheld(_portable_entries(comparison, store), store, min_speedup)
+
+
+def _withheld(entries: list[tuple[Any, Any, dict[str, Any]]], store: Store,
+              min_speedup: float | None) -> dict[str, dict[str, str]]:
+    """:func:`unconfirmed_portable` over ``entries`` (:func:`_portable_entries`)."""
     if min_speedup is None:
         return {}
     verdicts = store.latest_verdicts()
     settled = {(d, p) for (d, p, _) in verdicts}
     device_ids = {d.key: d.id for d in store.devices()}
     out: dict[str, dict[str, str]] = {}
-    for p, problem, _ in _portable_entries(comparison, store):
+    for p, problem, _ in entries:
         if is_default_kernel(p.portable.template_id, p.portable.params):
             continue  # the default's own kernel: its key gets the default's entry, nothing to confirm
         for dev, regret in p.portable.regret.items():
