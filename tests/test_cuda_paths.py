@@ -796,7 +796,7 @@ def test_compares_portable_table_is_keyed_and_completed_as_the_export_is(tmp_pat
     entries as build_table does; the lookups are Inductor's own, recorded on two simulated GPUs."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
-    from zhantune.inductor.builder import portable_table
+    from zhantune.inductor.portable import portable_table
     from zhantune.inductor.simulate import PROFILES
     from zhantune.problems import GemmProblem
     from zhantune.report.regret import compare
@@ -844,8 +844,9 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     gets Inductor's default choice."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
-    from zhantune.inductor.builder import portable_table, table_candidates, unconfirmed_portable
+    from zhantune.inductor.builder import table_candidates
     from zhantune.inductor.choices import LookupEvent
+    from zhantune.inductor.portable import portable_table, unconfirmed_portable
     from zhantune.report.regret import compare
     from zhantune.storage import Recorder
 
@@ -894,14 +895,16 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     assert "EVEN_K" in table[key][0] and cand.config_hash == x.config_hash and row.id == rec.problem_id
 
 
-def test_a_lookup_key_two_problems_share_with_different_portable_choices_ships_the_default(tmp_path):
+def test_a_lookup_key_two_problems_share_with_different_choices_ships_the_default(tmp_path):
     """Two problems under one Inductor lookup (a float32 linear_act with relu and with gelu: one addmm
-    lookup) whose portable choices differ: neither was measured for the other, so the key gets
-    Inductor's default entry even without a min_speedup check, and the result names the key."""
+    lookup) whose portable choices (and winners) differ: neither was measured for the other, so the
+    key gets Inductor's default entry even without a min_speedup check, in compare's portable table
+    and in the export, and both name the key."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
-    from zhantune.inductor.builder import portable_choices
+    from zhantune.inductor.builder import build_table
     from zhantune.inductor.choices import LookupEvent
+    from zhantune.inductor.portable import portable_choices
     from zhantune.report.regret import compare
     from zhantune.storage import Recorder
 
@@ -918,6 +921,11 @@ def test_a_lookup_key_two_problems_share_with_different_portable_choices_ships_t
                   trial_number=2 * i + j)
     out = portable_choices(compare(store), store, None)
     assert out.table == {key: [{"template_id": "aten::mm"}]} and out.shared == [key] and out.withheld == {}
+    # the export too (it shipped the faster problem's entry for both)
+    shared: list[str] = []
+    assert build_table(store, min_speedup=None, shared=shared) == {f"{dev}+{key}": [{"template_id": "aten::mm"}]}
+    assert shared == [f"{dev}+{key}"]
+    assert build_table(store, device_agnostic=True, min_speedup=None) == {key: [{"template_id": "aten::mm"}]}
 
 
 def test_a_problem_tuned_on_cpu_and_on_a_gpu_exports_each_devices_own_key(tmp_path):

@@ -7,7 +7,7 @@ with ``study=``, the report draws the search history). ``csv=``, ``json=``, ``ht
 the same data; ``table=`` writes the portable choices as device-agnostic lookup-table entries, each
 only where it may replace Inductor's default on every compared device (``min_speedup``, the export's
 rule; else the default's entry). Definitions in :mod:`zhantune.report.regret`; the portable table:
-zhantune.inductor.builder.portable_table.
+zhantune.inductor.portable.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _compare_app(cfg: DictConfig) -> None:
         console.print(escape(f"html: {out}") + (f" (history and importances of study {escape(repr(study.study_name))})" if study else
                                          " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
     if cfg.table:
-        from zhantune.inductor.builder import portable_choices
+        from zhantune.inductor.portable import portable_choices
         from zhantune.inductor.table import write_table
 
         out = portable_choices(cmp, store, cfg.min_speedup)
@@ -92,7 +92,7 @@ def _compare_app(cfg: DictConfig) -> None:
 
 def _print_withheld(console, out) -> None:
     """The keys that ship Inductor's default instead of a portable choice, and why (``out``: a
-    zhantune.inductor.builder.PortableTable)."""
+    zhantune.inductor.portable.PortableTable)."""
     for problem_key, why in list(out.withheld.items())[:WITHHELD_LINES]:
         console.print(f"{problem_key}: Inductor's default ships; its portable choice on "
                       + "; on ".join(f"{dev}: {reason}" for dev, reason in why.items()), markup=False, soft_wrap=True)

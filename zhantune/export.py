@@ -35,7 +35,8 @@ def _export_app(cfg: DictConfig) -> None:
             raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
         store = Store(cfg.storage.url)
         device = resolve_device_key(store, cfg.device)
-        out, table = export_table(store, cfg, device)
+        shared: list[str] = []
+        out, table = export_table(store, cfg, device, shared)
         if out is None:
             raise UserError(f"nothing to export from {redact_url(cfg.storage.url)}: no correct measured candidate"
                             + (f" for device {device!r}" if device else "")
@@ -50,6 +51,9 @@ def _export_app(cfg: DictConfig) -> None:
           + (f"; {defaults} of them Inductor's default choice: no tuned config confirmed faster in paired rounds"
              + (f" by at least min_speedup={cfg.min_speedup:g}" if cfg.min_speedup is not None else "")
              + " (each tune's summary says why)" if defaults else ""))
+    for key in shared:
+        print(f"{key}: Inductor's default choice: problems with different tuned entries share this lookup key "
+              "(one's entry was never measured for the other)")
     if cfg.format == "inductor":
         from zhantune.inductor.table import stock_inductor_notes
 

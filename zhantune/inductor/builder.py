@@ -1,5 +1,6 @@
 """Lookup tables from measurements, and back: build a store's table, export it with its options,
-the portable table of a comparison, and a table's entries as candidates to measure again.
+and a table's entries as candidates to measure again (the portable table of a comparison:
+zhantune.inductor.portable).
 
 The table format itself (keys, entries, files) is zhantune.inductor.table's.
 """
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,12 +33,10 @@ from zhantune.inductor.templates import is_default_kernel
 
 if TYPE_CHECKING:
     from zhantune.candidate import Candidate
-    from zhantune.report.regret import Comparison
     from zhantune.storage import Store
 
 __all__ = ["FORMATS", "build_table", "export_table", "check_export_options", "resolve_device_key",
-           "portable_table", "portable_choices", "PortableTable", "unconfirmed_portable", "table_metadata",
-           "not_carried_reason", "table_candidates"]
+           "table_metadata", "not_carried_reason", "table_candidates", "claim_clears"]
 
 #: ``export.format`` values: zhantune wraps the table with its provenance, inductor writes the bare dict
 FORMATS = ("zhantune", "inductor")
@@ -60,14 +58,16 @@ def check_export_options(opts: Any, prefix: str = "") -> None:
         check_output_path(opts.path, f"{prefix}path")
 
 
-def export_table(store: Store, opts: Any, device_key: str | None = None) -> tuple[Path | None, dict]:
+def export_table(store: Store, opts: Any, device_key: str | None = None,
+                 shared: list[str] | None = None) -> tuple[Path | None, dict]:
     """Build the table with ``opts`` (an ExportConfig: top_k, min_speedup, device_agnostic,
     torch_version, format, path) and write it to ``opts.path``; returns (path, table). An empty
-    table is not written (path None), so an existing file is never replaced by it."""
+    table is not written (path None), so an existing file is never replaced by it. ``shared``:
+    as :func:`build_table`'s."""
     from zhantune.storage import redact_url
 
     table = build_table(store, device_key=device_key, device_agnostic=opts.device_agnostic, top_k=opts.top_k,
-                        min_speedup=opts.min_speedup, torch_version=opts.torch_version)
+                        min_speedup=opts.min_speedup, torch_version=opts.torch_version, shared=shared)
     meta = None
     if opts.format == "zhantune":
         options = {"top_k": opts.top_k, "min_speedup": opts.min_speedup, "device_agnostic": opts.device_agnostic,
@@ -161,7 +161,8 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str,
 
 
 def build_table(store: Store, device_key: str | None = None, device_agnostic: bool = False, top_k: int = 1,
-                min_speedup: float | None = None, torch_version: str | None = None) -> dict[str, list[dict[str, Any]]]:
+                min_speedup: float | None = None, torch_version: str | None = None,
+                shared: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Best correct candidates per (device, problem) from a Store, as a lookup table.
 
     ``top_k`` entries per key, fastest first (1: Inductor compiles that one, no autotuning; more:
@@ -177,7 +178,10 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     (minimum of the runs) decide. ``torch_version`` keeps only rows
     measured with that torch. ``device_agnostic`` keys entries without the device; where several
     devices share a problem the fastest device's winners are kept (cross-device choices are the
-    compare command's job).
+    compare command's job). Where two problems map to one lookup key with different entries (a
+    float32 linear_act with relu and one with gelu, same shape: one addmm lookup on CPU), neither
+    problem's choice was measured for the other: both get Inductor's default choice under their
+    own keys, and those keys are appended to ``shared`` (a list, where given).
     """
     from zhantune.inductor.heuristics import with_derived_kwargs
 
@@ -194,25 +198,12 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     ranked.sort(key=lambda r: decision_us(r[2][0]) if r[2] else float("inf"))  # the ranking rule's statistic
     table: dict[str, list[dict[str, Any]]] = {}
     seen: set[int] = set()
+    owners: dict[str, tuple[str | None, str]] = {}  # key -> (own key, lookup op) of the problem that placed it
+    clashes: list[tuple[str | None, str, list[str]]] = []
     for device, problem, rows in ranked:
         if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
             continue
-        default_us = defaults.get((device.id, problem.id))
-
-        # the fastest carried config whose claim was confirmed in paired rounds (a faster one whose
-        # claim failed, or that was never paired, does not hide it)
-        first = next((i for i, r in enumerate(rows)
-                      if _confirmed(verdicts.get((device.id, problem.id, r.config_hash)), min_speedup)),
-                     None) if min_speedup is not None else None
-        if first is not None:
-            rows, keep = rows[first:], True
-        elif rows and (device.id, problem.id) in settled:
-            # the tunes settled configs and none was confirmed (no paired rounds, a claim that failed,
-            # or the one settled cannot be carried, e.g. a fusion limit on CUDA): no claim, the default ships
-            keep = False
-        else:  # no verdict at all (imported data, a database from before verdicts): the stored statistics
-            keep = bool(rows) and (default_us is None or decision_us(rows[0]) * min_speedup <= default_us) \
-                if min_speedup is not None else bool(rows)
+        rows, keep = _tuned_rows(rows, (device.id, problem.id), verdicts, settled, defaults, min_speedup)
         rows = rows[:max(1, top_k)]
         if keep and is_default_kernel(rows[0].template_id, rows[0].params):
             keep = False  # the default's own kernel: Inductor's default entry, never a "tuned" one
@@ -226,139 +217,69 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
         else:  # each entry under the key its own lookup makes (addmm: templates and ATen differ)
             placed = [(table_key(device.key, problem_key, r, device_agnostic),
                        entry_for(r.template_id, r.params, r.template_hash)) for r in rows]
-        if any(key in table for key, _ in placed if key):
+        own = table_key(device.key, problem_key, None, device_agnostic)
+        mine: dict[str, list[dict[str, Any]]] = {}
+        for key, entry in placed:
+            if key:  # with the kwargs Inductor would otherwise take from another config (EVEN_K)
+                mine.setdefault(key, []).append(with_derived_kwargs(entry, problem.shape))
+        # every entry under another key (addmm's Triton templates use the expanded bias): the
+        # problem's own (ATen) lookup gets "nothing from this lookup", so the GEMM compiles only them
+        if own and own not in mine:
+            mine[own] = []
+        clash = [key for key in mine if key in table]
+        if clash:  # another problem's lookup: the same entries ship for both, or the default for each
+            if any(table[key] != mine[key] for key in clash):
+                clashes.append((own, lookup_op, clash))
             continue
         if device_agnostic:
             seen.add(problem.id)
-        for key, entry in placed:
-            if key:  # with the kwargs Inductor would otherwise take from another config (EVEN_K)
-                table.setdefault(key, []).append(with_derived_kwargs(entry, problem.shape))
-        # every entry under another key (addmm's Triton templates use the expanded bias): the
-        # problem's own (ATen) lookup gets "nothing from this lookup", so the GEMM compiles only them
-        own = table_key(device.key, problem_key, None, device_agnostic)
-        if own and own not in table and all(key != own for key, _ in placed):
-            table[own] = []
+        table.update(mine)
+        owners.update((key, (own, lookup_op)) for key in mine)
+    found = _default_for_clashes(table, owners, clashes)
+    if shared is not None:
+        shared.extend(found)
     return dict(sorted(table.items()))
 
 
-@dataclass
-class PortableTable:
-    """What :func:`portable_choices` wrote and why: the ``table``; ``withheld``: problem key ->
-    device key -> why its portable choice may not replace Inductor's default there
-    (:func:`unconfirmed_portable`); ``shared``: the lookup keys that problems with different
-    portable choices map to (Inductor's default entry there)."""
-
-    table: dict[str, list[dict[str, Any]]]
-    withheld: dict[str, dict[str, str]] = field(default_factory=dict)
-    shared: list[str] = field(default_factory=list)
-
-
-def portable_table(comparison: Comparison, store: Store,
-                   min_speedup: float | None = None) -> dict[str, list[dict[str, Any]]]:
-    """:func:`portable_choices`' table."""
-    return portable_choices(comparison, store, min_speedup).table
-
-
-def portable_choices(comparison: Comparison, store: Store, min_speedup: float | None = None) -> PortableTable:
-    """The portable choice of each compared problem (zhantune.report.regret: correct on every
-    device, least worst regret) as device-agnostic lookup-table entries, keyed as :func:`build_table`
-    keys them (a template entry under the key of the lookup its template hit) and with the kwargs
-    Inductor would otherwise take from another config (``EVEN_K``). Problems without an Inductor key
-    (imported or replayed data) and choices a table cannot carry on one of the compared devices
-    (:func:`not_carried`) are left out. ``min_speedup`` as build_table's, on every compared device:
-    where the choice may not replace the default on one of them (:func:`unconfirmed_portable`), the
-    problem's key gets Inductor's default choice (:func:`default_entry`); None: no check. So does a
-    choice that is the default's own kernel (:func:`is_default_kernel`), and, whatever
-    ``min_speedup``, a key two problems map to with different choices (a float32 linear_act with
-    relu and with gelu: one addmm lookup), since neither choice was measured for the other."""
-    entries = _portable_entries(comparison, store)
-    out = PortableTable({}, _withheld(entries, store, min_speedup))
-    table = out.table
-    for p, problem, entry in entries:
-        choice, key = p.portable, problem.lookup_key
-        default = default_entry((parse_key(key) or {}).get("op") or problem.lookup_op)
-        if p.problem_key in out.withheld or is_default_kernel(choice.template_id, choice.params):
-            entry = default
-        elif choice.template_id is not None:
-            found = store.config_lookup(problem.id, choice.config_hash)
-            if found is None:
-                continue
-            key = table_key(found[0].key, problem.lookup_key, found[1], device_agnostic=True)
-            if key != problem.lookup_key:  # addmm: the problem's own (ATen) lookup gets "nothing"
-                table.setdefault(problem.lookup_key, [])
-        if table.get(key, [entry]) != [entry]:  # another problem's different choice: the default
-            entry = default
-            out.shared.append(key)
-        table[key] = [entry]
-    out.table, out.shared = dict(sorted(table.items())), sorted(set(out.shared))
-    return out
-
-
-def unconfirmed_portable(comparison: Comparison, store: Store,
-                         min_speedup: float | None) -> dict[str, dict[str, str]]:
-    """Problem key -> compared device key -> why its portable choice (one a table can hold, as
-    :func:`portable_choices` writes) may not replace Inductor's default there, by build_table's
-    rule. It may where a claim over the default was confirmed in paired rounds
-    (zhantune.bench.decision.claim_holds) with a ratio of at least ``min_speedup``; else not where
-    the device's tunes settled the problem ("never paired with the default", "not confirmed: ...",
-    "confirmed at R.RRRx, below min_speedup"); where nothing left a verdict (a database from before
-    verdicts), where its time (the decision statistic) times ``min_speedup`` is at most the
-    default's, or no default was measured. Empty for ``min_speedup`` None."""
-    return _withheld(_portable_entries(comparison, store), store, min_speedup)
-
-
-def _withheld(entries: list[tuple[Any, Any, dict[str, Any]]], store: Store,
-              min_speedup: float | None) -> dict[str, dict[str, str]]:
-    """:func:`unconfirmed_portable` over ``entries`` (:func:`_portable_entries`)."""
+def _tuned_rows(rows: list[Any], key: tuple[int, int], verdicts: dict, settled: set, defaults: dict,
+                min_speedup: float | None) -> tuple[list[Any], bool]:
+    """(rows from the one to ship, whether a tuned entry ships) for one (device id, problem id)
+    ``key``, by :func:`build_table`'s rule."""
     if min_speedup is None:
-        return {}
-    verdicts = store.latest_verdicts()
-    settled = {(d, p) for (d, p, _) in verdicts}
-    device_ids = {d.key: d.id for d in store.devices()}
-    out: dict[str, dict[str, str]] = {}
-    for p, problem, _ in entries:
-        if is_default_kernel(p.portable.template_id, p.portable.params):
-            continue  # the default's own kernel: its key gets the default's entry, nothing to confirm
-        for dev, regret in p.portable.regret.items():
-            key = (device_ids[dev], problem.id)
-            v = verdicts.get((*key, p.portable.config_hash))
-            default_us = p.default_us.get(dev)
-            if _confirmed(v, min_speedup):
+        return rows, bool(rows)
+    # the fastest carried config whose claim was confirmed in paired rounds (a faster one whose
+    # claim failed, or that was never paired, does not hide it)
+    first = next((i for i, r in enumerate(rows) if claim_clears(verdicts.get((*key, r.config_hash)), min_speedup)),
+                 None)
+    if first is not None:
+        return rows[first:], True
+    if rows and key in settled:
+        # the tunes settled configs and none was confirmed (no paired rounds, a claim that failed,
+        # or the one settled cannot be carried, e.g. a fusion limit on CUDA): no claim, the default ships
+        return rows, False
+    # no verdict at all (a database from before verdicts): the stored statistics
+    default_us = defaults.get(key)
+    return rows, bool(rows) and (default_us is None or decision_us(rows[0]) * min_speedup <= default_us)
+
+
+def _default_for_clashes(table: dict[str, list[dict[str, Any]]], owners: dict[str, tuple[str | None, str]],
+                         clashes: list[tuple[str | None, str, list[str]]]) -> list[str]:
+    """For each clash (own key and lookup op of a problem whose entries differ from those another
+    problem placed under ``keys``): both problems' keys give way to Inductor's default choice under
+    each one's own key. Returns those own keys."""
+    out: set[str] = set()
+    for own, op, keys in clashes:
+        for o, o_op in {(own, op)} | {owners[k] for k in keys if k in owners}:
+            if o is None:
                 continue
-            if v is not None and claim_holds(v):
-                why = f"confirmed at {v.ratio:.3f}x, below min_speedup"
-            elif v is not None and v.rounds:
-                why = f"not confirmed: {v.reason}"
-            elif key in settled or v is not None:
-                why = "never paired with the default"
-            elif default_us is not None and p.best_us[dev] * regret * min_speedup > default_us:
-                why = f"{default_us / (p.best_us[dev] * regret):.3f}x by the stored times, below min_speedup"
-            else:
-                continue
-            out.setdefault(p.problem_key, {})[dev] = why
-    return out
+            for key in [k for k, (ok, _) in owners.items() if ok == o]:
+                table.pop(key, None)
+            table[o] = [default_entry(o_op)]
+            out.add(o)
+    return sorted(out)
 
 
-def _portable_entries(comparison: Comparison, store: Store) -> list[tuple[Any, Any, dict[str, Any]]]:
-    """(problem comparison, problem row, entry) for each portable choice a table can hold: the
-    problem has an Inductor key and every compared device can carry the entry (with its derived
-    kwargs)."""
-    from zhantune.inductor.heuristics import with_derived_kwargs
-
-    problems = store.problems_by_key()
-    kinds = {d.key: d.kind for d in store.devices_with_candidates()}
-    out = []
-    for p in comparison.problems:
-        problem, choice = problems.get(p.problem_key), p.portable
-        if choice is None or problem is None or not problem.lookup_key:
-            continue
-        entry = with_derived_kwargs(entry_for(choice.template_id, choice.params, None), problem.shape or {})
-        if all(carried(entry, kinds.get(dev, "cuda")) for dev in p.best_us):
-            out.append((p, problem, entry))
-    return out
-
-
-def _confirmed(verdict: Any, min_speedup: float) -> bool:
+def claim_clears(verdict: Any, min_speedup: float) -> bool:
     """A verdict settled in paired rounds whose claim holds under the rule in use
     (zhantune.bench.decision.claim_holds), with a ratio of at least ``min_speedup``."""
     return claim_holds(verdict) and verdict.ratio >= min_speedup

@@ -1,0 +1,138 @@
+"""The portable table of a comparison (``python -m zhantune.compare table=FILE``): each problem's
+portable choice (zhantune.report.regret) as a device-agnostic lookup-table entry, only where it may
+replace Inductor's default on every compared device by the export's rule
+(zhantune.inductor.builder.build_table), else Inductor's default choice, with the reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from zhantune.bench.decision import claim_holds
+from zhantune.inductor.builder import claim_clears
+from zhantune.inductor.table import carried, default_entry, entry_for, parse_key, table_key
+from zhantune.inductor.templates import is_default_kernel
+
+if TYPE_CHECKING:
+    from zhantune.report.regret import Comparison
+    from zhantune.storage import Store
+
+__all__ = ["PortableTable", "portable_table", "portable_choices", "unconfirmed_portable"]
+
+
+@dataclass
+class PortableTable:
+    """What :func:`portable_choices` wrote and why: the ``table``; ``withheld``: problem key ->
+    device key -> why its portable choice may not replace Inductor's default there
+    (:func:`unconfirmed_portable`); ``shared``: the lookup keys that problems with different
+    portable choices map to (Inductor's default entry there)."""
+
+    table: dict[str, list[dict[str, Any]]]
+    withheld: dict[str, dict[str, str]] = field(default_factory=dict)
+    shared: list[str] = field(default_factory=list)
+
+
+def portable_table(comparison: Comparison, store: Store,
+                   min_speedup: float | None = None) -> dict[str, list[dict[str, Any]]]:
+    """:func:`portable_choices`' table."""
+    return portable_choices(comparison, store, min_speedup).table
+
+
+def portable_choices(comparison: Comparison, store: Store, min_speedup: float | None = None) -> PortableTable:
+    """The portable choice of each compared problem (zhantune.report.regret: correct on every
+    device, least worst regret) as device-agnostic lookup-table entries, keyed as zhantune.inductor.builder.build_table
+    keys them (a template entry under the key of the lookup its template hit) and with the kwargs
+    Inductor would otherwise take from another config (``EVEN_K``). Problems without an Inductor key
+    (imported or replayed data) and choices a table cannot carry on one of the compared devices
+    (zhantune.inductor.table.not_carried) are left out. ``min_speedup`` as build_table's, on every compared device:
+    where the choice may not replace the default on one of them (:func:`unconfirmed_portable`), the
+    problem's key gets Inductor's default choice (:func:`default_entry`); None: no check. So does a
+    choice that is the default's own kernel (:func:`is_default_kernel`), and, whatever
+    ``min_speedup``, a key two problems map to with different choices (a float32 linear_act with
+    relu and with gelu: one addmm lookup), since neither choice was measured for the other."""
+    entries = _portable_entries(comparison, store)
+    out = PortableTable({}, _withheld(entries, store, min_speedup))
+    table = out.table
+    for p, problem, entry in entries:
+        choice, key = p.portable, problem.lookup_key
+        default = default_entry((parse_key(key) or {}).get("op") or problem.lookup_op)
+        if p.problem_key in out.withheld or is_default_kernel(choice.template_id, choice.params):
+            entry = default
+        elif choice.template_id is not None:
+            found = store.config_lookup(problem.id, choice.config_hash)
+            if found is None:
+                continue
+            key = table_key(found[0].key, problem.lookup_key, found[1], device_agnostic=True)
+            if key != problem.lookup_key:  # addmm: the problem's own (ATen) lookup gets "nothing"
+                table.setdefault(problem.lookup_key, [])
+        if table.get(key, [entry]) != [entry]:  # another problem's different choice: the default
+            entry = default
+            out.shared.append(key)
+        table[key] = [entry]
+    out.table, out.shared = dict(sorted(table.items())), sorted(set(out.shared))
+    return out
+
+
+def unconfirmed_portable(comparison: Comparison, store: Store,
+                         min_speedup: float | None) -> dict[str, dict[str, str]]:
+    """Problem key -> compared device key -> why its portable choice (one a table can hold, as
+    :func:`portable_choices` writes) may not replace Inductor's default there, by build_table's
+    rule. It may where a claim over the default was confirmed in paired rounds
+    (zhantune.bench.decision.claim_holds) with a ratio of at least ``min_speedup``; else not where
+    the device's tunes settled the problem ("never paired with the default", "not confirmed: ...",
+    "confirmed at R.RRRx, below min_speedup"); where nothing left a verdict (a database from before
+    verdicts), where its time (the decision statistic) times ``min_speedup`` is at most the
+    default's, or no default was measured. Empty for ``min_speedup`` None."""
+    return _withheld(_portable_entries(comparison, store), store, min_speedup)
+
+
+def _withheld(entries: list[tuple[Any, Any, dict[str, Any]]], store: Store,
+              min_speedup: float | None) -> dict[str, dict[str, str]]:
+    """:func:`unconfirmed_portable` over ``entries`` (:func:`_portable_entries`)."""
+    if min_speedup is None:
+        return {}
+    verdicts = store.latest_verdicts()
+    settled = {(d, p) for (d, p, _) in verdicts}
+    device_ids = {d.key: d.id for d in store.devices()}
+    out: dict[str, dict[str, str]] = {}
+    for p, problem, _ in entries:
+        if is_default_kernel(p.portable.template_id, p.portable.params):
+            continue  # the default's own kernel: its key gets the default's entry, nothing to confirm
+        for dev, regret in p.portable.regret.items():
+            key = (device_ids[dev], problem.id)
+            v = verdicts.get((*key, p.portable.config_hash))
+            default_us = p.default_us.get(dev)
+            if claim_clears(v, min_speedup):
+                continue
+            if v is not None and claim_holds(v):
+                why = f"confirmed at {v.ratio:.3f}x, below min_speedup"
+            elif v is not None and v.rounds:
+                why = f"not confirmed: {v.reason}"
+            elif key in settled or v is not None:
+                why = "never paired with the default"
+            elif default_us is not None and p.best_us[dev] * regret * min_speedup > default_us:
+                why = f"{default_us / (p.best_us[dev] * regret):.3f}x by the stored times, below min_speedup"
+            else:
+                continue
+            out.setdefault(p.problem_key, {})[dev] = why
+    return out
+
+
+def _portable_entries(comparison: Comparison, store: Store) -> list[tuple[Any, Any, dict[str, Any]]]:
+    """(problem comparison, problem row, entry) for each portable choice a table can hold: the
+    problem has an Inductor key and every compared device can carry the entry (with its derived
+    kwargs)."""
+    from zhantune.inductor.heuristics import with_derived_kwargs
+
+    problems = store.problems_by_key()
+    kinds = {d.key: d.kind for d in store.devices_with_candidates()}
+    out = []
+    for p in comparison.problems:
+        problem, choice = problems.get(p.problem_key), p.portable
+        if choice is None or problem is None or not problem.lookup_key:
+            continue
+        entry = with_derived_kwargs(entry_for(choice.template_id, choice.params, None), problem.shape or {})
+        if all(carried(entry, kinds.get(dev, "cuda")) for dev in p.best_us):
+            out.append((p, problem, entry))
+    return out
