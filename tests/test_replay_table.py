@@ -82,3 +82,9 @@ def test_replay_table_errors(cli, tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     r = cli([f"table={tmp_path}/bad.json", f"storage.url={url}"], tmp_path, module="zhantune.replay")
     assert r.returncode == 2 and "not valid JSON" in r.stderr
+    (tmp_path / "empty.json").write_text("{}")
+    r = cli([f"table={tmp_path}/empty.json", f"storage.url={url}", "device=cpu"], tmp_path, module="zhantune.replay")
+    assert r.returncode == 2 and "empty.json: holds no lookup keys, nothing to measure" in r.stderr
+    assert "Traceback" not in r.stderr
+    with sqlite3.connect(tmp_path / "empty.db") as con:  # no study was made for it
+        assert con.execute("select count(*) from studies").fetchone() == (0,)

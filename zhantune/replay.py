@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from zhantune import interrupt
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
-from zhantune.errors import StorageError, UserError
+from zhantune.errors import StorageError, TableError, UserError
 
 __all__ = ["main"]
 
@@ -56,6 +56,8 @@ def _replay_app(cfg: DictConfig) -> None:
             raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
         device = resolve_device(cfg.device)
         table = load_table(cfg.table, device.kind)  # only allow-listed knobs (zhantune.inductor.knobs)
+        if not table:  # a replay of it would store an empty study and say nothing
+            raise TableError(f"table={cfg.table}: holds no lookup keys, nothing to measure")
         store = Store(cfg.storage.url)
         work = table_candidates(table, store.problems_by_lookup_key(), str(cfg.table), device.kind)
     except UserError as e:
