@@ -164,13 +164,17 @@ def test_a_tune_killed_by_a_signal_it_does_not_handle_takes_its_worker_and_compi
     """A signal the tune cannot handle (SIGKILL to its process group; SIGHUP when a terminal closes
     acts the same where it is not ignored, as under nohup) kills it without its cleanup; its timing
     worker, in a process group of its own, sees its parent gone and kills its group: the hanging
-    compiler it started ends too (a review found both left running after SIGHUP)."""
+    compiler it started ends too (a review found both left running after SIGHUP). Its kernel directory
+    stays, unlocked, for the next tune to delete (zhantune.scratch)."""
+    from zhantune.scratch import sweep
+
     path, started = _hanging_compiler(tmp_path)
+    (tmp := tmp_path / "tmp").mkdir()
     tune = subprocess.Popen([sys.executable, "-m", "zhantune", "+op=mm", "shape=[64,64,64]", "device=cpu",
                              "space=[cpp_gemm]", "search.n_trials=1", "bench.kernel_store=off", "progress=false",
                              f"hydra.run.dir={tmp_path}/hydra"], cwd=tmp_path, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, PATH=path, PYTHONWARNINGS="ignore"))
+                            env=dict(os.environ, PATH=path, PYTHONWARNINGS="ignore", TMPDIR=str(tmp)))
     try:
         deadline = time.monotonic() + 300
         while not (started.exists() and started.read_text().strip()):
@@ -179,6 +183,8 @@ def test_a_tune_killed_by_a_signal_it_does_not_handle_takes_its_worker_and_compi
         os.killpg(tune.pid, signal.SIGKILL)
         assert tune.wait(timeout=30) == -signal.SIGKILL
         _all_gone(started)
+        (left,) = tmp.glob("zhantune-kernels-*")
+        assert sweep("zhantune-kernels-", str(tmp)) == [str(left)] and not left.exists()
     finally:
         if tune.poll() is None:
             os.killpg(tune.pid, signal.SIGKILL)

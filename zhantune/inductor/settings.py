@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,25 +57,27 @@ def scratch_cache_dir(prefix: str = "zhantune-kernels-", kernel_store: str | Non
     stays in this directory, never in the user's cache, where Inductor would load it by its name
     (``_worker_compile_cpp`` in torch/_inductor/codecache.py builds only a missing file).
     ``kernel_store``: a directory of finished binaries from earlier tunes that builds in this process
-    take from and add to (zhantune.inductor.kernel_store; workers are given it in their spec)."""
+    take from and add to (zhantune.inductor.kernel_store; workers are given it in their spec). The
+    directory is locked while in use, and the next tune deletes one that a killed tune left
+    (zhantune.scratch)."""
     from zhantune.inductor.kernel_store import serving
+    from zhantune.scratch import owned_tempdir
 
-    scratch = tempfile.mkdtemp(prefix=prefix)
-    env = cache_dir_env(scratch)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    _clear_inductor_path_caches()
-    try:
-        with serving(kernel_store, scratch):
-            yield scratch
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with owned_tempdir(prefix) as scratch:
+        env = cache_dir_env(scratch)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         _clear_inductor_path_caches()
-        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            with serving(kernel_store, scratch):
+                yield scratch
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            _clear_inductor_path_caches()
 
 
 def _clear_inductor_path_caches() -> None:
