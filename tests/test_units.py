@@ -172,3 +172,25 @@ def test_scratch_cache_dir_is_used_inside_then_deleted_and_inductor_points_back(
     assert cache_dir() == str(tmp_path / "users") and CacheBase.get_local_cache_path() == users
     monkeypatch.undo()  # later tests of this process: Inductor's paths back to its own directory
     clear_caches()
+
+
+def test_a_table_printed_off_a_terminal_cuts_no_cell():
+    """Off a terminal (a log file, CI) zhantune.report.console.print_table prints a table as wide as
+    its widest row, however narrow the console: a newcomer's review found a problem key cut to
+    ``addmm[M=64,N=256,K=1024]:flo…`` in a log (the width was measured capped at the console's)."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from zhantune.report.console import print_table
+
+    key = "addmm[M=64,N=256,K=1024]:float32@Intel(R) Xeon(R) Processor (Sapphire Rapids)+relu"
+    table = Table(title="6 trials, 2 problems (share of the model's GEMM time)")
+    for name in ("problem", "share", "trials", "best us"):
+        table.add_column(name)
+    table.add_row(key, "0.61", "6", "154.6")
+    out = io.StringIO()
+    print_table(Console(file=out, width=60, force_terminal=False), table)
+    text = out.getvalue()
+    assert key in text and "154.6" in text and "(share of the model's GEMM time)" in text and "…" not in text

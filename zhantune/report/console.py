@@ -37,8 +37,16 @@ def print_table(console: Console, table: Table) -> None:
     if console.is_terminal:
         console.print(table)
         return
-    need = Measurement.get(console, console.options, table).maximum
-    console.print(table, width=max(console.width, need), crop=False)
+    need = Measurement.get(console, console.options.update(max_width=10**6), table).maximum  # uncapped
+    if need <= console.width:
+        console.print(table)
+        return
+    width = console.width  # Console.print caps a width= argument at the console's: widen the console
+    console.width = need
+    try:
+        console.print(table, crop=False)
+    finally:
+        console.width = width
 
 
 def compact(params: Mapping[str, Any], skip: Iterable[str] = ()) -> str:
