@@ -7,6 +7,7 @@ import gzip
 import json
 import math
 import re
+import shlex
 import statistics
 from pathlib import Path
 
@@ -157,15 +158,16 @@ def test_render_check_fails_on_an_empty_chart(tmp_path, db):
 @pytest.mark.parametrize("files", [[A100], [A100, A4000]])
 def test_study_name_printed_by_the_import_draws_its_history(cli, tmp_path, files):
     """One device (compare used to refuse it) and two; the study by the name the import printed and
-    by the part of it that the import's hint gives."""
+    by the import's hint, run as printed (it names the database: a newcomer's paste of a hint
+    without it asked the default database and failed)."""
     url = f"sqlite:///{tmp_path / 'k.db'}"
     r = cli([f"files=[{','.join(map(str, files))}]", f"storage.url={url}"], tmp_path, module="zhantune.kerneltuner")
     assert r.returncode == 0, r.stderr
     name = re.search(r"as study '([^']+)'", r.stdout).group(1)
-    hint = re.search(r"python -m zhantune.compare html=report.html (study=\S+)", r.stdout).group(1)
-    for i, study in enumerate([f'study="{name}"', hint]):
-        out = tmp_path / f"h{i}.html"
-        r = cli([f"storage.url={url}", f"html={out}", study], tmp_path, module="zhantune.compare")
+    hint = re.search(r"its search history: python -m zhantune.compare (.*) \(study= takes", r.stdout).group(1)
+    for i, args in enumerate([[f"storage.url={url}", f"html={tmp_path}/h0.html", f'study="{name}"'], shlex.split(hint)]):
+        out = tmp_path / ("h0.html" if i == 0 else "report.html")
+        r = cli(args, tmp_path, module="zhantune.compare")
         assert r.returncode == 0, r.stderr
         assert f"history and importances of study {name!r}" in r.stdout
         charts = _charts(out)

@@ -13,6 +13,7 @@ names with ``devices=[...]`` (zhantune.storage.ingest.import_kerneltuner).
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,9 +84,13 @@ def _import_app(cfg: DictConfig) -> None:
             named = "" if f.device_named_by == "device_name" else f" (device named by {f.device_named_by})"
             print(f"{f.path}: {added} measurement(s) of device {f.device_key!r}{named} as study {name!r}"
                   + ("" if added else " (already imported)"))
-        if loaded:
-            print(f"its search history: python -m zhantune.compare html=report.html study={loaded[0].path.name} "
-                  "(study= takes a study's name or a part only it has)")
+        if loaded:  # a command that runs when pasted: the database too where it is not the default
+            from zhantune.config import StorageConfig
+            from zhantune.redact import hide_password
+
+            url = "" if cfg.storage.url == StorageConfig.url else f" storage.url={shlex.quote(hide_password(cfg.storage.url))}"
+            print(f"its search history: python -m zhantune.compare html=report.html "
+                  f"study={shlex.quote(loaded[0].path.name)}{url} (study= takes a study's name or a part only it has)")
     except UserError as e:
         user_error(e)
 
