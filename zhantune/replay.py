@@ -11,6 +11,7 @@ to the study ``replay:<table file>@<device key>`` (zhantune.table_replay.measure
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +61,20 @@ def _replay_app(cfg: DictConfig) -> None:
             raise TableError(f"table={cfg.table}: holds no lookup keys, nothing to measure")
         store = Store(cfg.storage.url)
         work = table_candidates(table, store.problems_by_lookup_key(), str(cfg.table), device.kind)
+        work = [(row, _search_branches(store, row.id, cands)) for row, cands in work]
     except UserError as e:
         user_error(e)
         return
     measure_table(store, device, work, OmegaConf.to_object(cfg.bench), cfg.seed,
                   f"replay:{Path(cfg.table).name}@{device.key}", {"table": str(cfg.table)}, _print)
+
+
+def _search_branches(store: Any, problem_id: int, cands: list[Any]) -> list[Any]:
+    """The candidates with the branch name a search of this problem measured their config under
+    (``aten`` for the CPU's ``aten::mm`` entry), else ``table``: a tune's summary names its best
+    config by its branch, and a replayed row of the same config must not rename it."""
+    known = store.branch_names(problem_id)
+    return [dataclasses.replace(c, branch=known.get(c.config_hash, c.branch)) for c in cands]
 
 
 def _print(problem_key: str, cand: Any, meas: Any) -> None:

@@ -50,6 +50,20 @@ class ReportQueries:
         with self.session() as s:
             return {p.lookup_key: p for p in s.scalars(select(m.Problem)) if p.lookup_key}
 
+    def branch_names(self, problem_id: int) -> dict[str, str]:
+        """The branch of the space each config of this problem was measured under, by config hash
+        (candidates, first measured first): a search's name (``aten``, ``cpp_gemm``) over a table
+        replay's (``table``), which has the same config hash."""
+        with self.session() as s:
+            rows = s.execute(select(_M.config_hash, _M.branch)
+                             .where(_M.problem_id == problem_id, _M.kind == "candidate", _M.branch.is_not(None))
+                             .order_by(_M.id))
+            out: dict[str, str] = {}
+            for config_hash, branch in rows:
+                if out.get(config_hash) in (None, "table"):
+                    out[config_hash] = branch
+            return out
+
     def study_names(self) -> set[str]:
         """The names of zhantune's studies (Optuna's own are listed by Optuna)."""
         with self.session() as s:
