@@ -48,6 +48,10 @@ def test_collect_tune_export_then_every_key_hits_in_a_fresh_process(cli, tmp_pat
     assert all(p["default_us"] > 0 for p in problems)
     assert sum(p["share"] for p in problems) == pytest.approx(1.0)
 
+    # the database already holds another problem: it stays out of the model's table (keys asserted below)
+    r = cli(["+op=mm", "shape=[16,16,16]", "device=cpu", "search.n_trials=1", "bench.remeasure_rounds=0",
+             "bench.isolate=false", "progress=false", "storage.url=sqlite:///z.db", "export.enabled=false"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
     # two re-measure rounds (close calls, speedup over the default: the fewest that can confirm a claim)
     # bound the test's compiles; the rounds themselves are tested in test_timing.py and test_noise.py
     r = cli(["problems=problems.yaml", "search.n_trials=2", "bench.isolate=false", "progress=false",

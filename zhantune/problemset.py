@@ -219,7 +219,7 @@ def _weights(rows: list[dict[str, Any]]) -> list[float]:
 
 def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: Console) -> ProblemsResult:
     """Tune each problem of ``runs`` (from :func:`resolve_problems`) in turn, each in its own study,
-    then export one table for the device."""
+    then export one table of these problems (other problems the database holds stay out of it)."""
     from zhantune.report import TuneProgress
     from zhantune.tune import tune
 
@@ -244,7 +244,10 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
     if cfg.export.enabled:
         from zhantune.inductor.builder import export_table
 
-        out.table_path, table = export_table(store, cfg.export, runs[0].run.device.key)
+        # the file's problems only: the model's table, whatever else this database holds
+        by_key = store.problems_by_key()
+        ids = {by_key[r.run.problem.key].id for r in runs if r.run.problem.key in by_key}
+        out.table_path, table = export_table(store, cfg.export, runs[0].run.device.key, problem_ids=ids)
         out.table_keys = list(table)
     return out
 

@@ -59,15 +59,16 @@ def check_export_options(opts: Any, prefix: str = "") -> None:
 
 
 def export_table(store: Store, opts: Any, device_key: str | None = None,
-                 shared: list[str] | None = None) -> tuple[Path | None, dict]:
+                 shared: list[str] | None = None, problem_ids: set[int] | None = None) -> tuple[Path | None, dict]:
     """Build the table with ``opts`` (an ExportConfig: top_k, min_speedup, device_agnostic,
     torch_version, format, path) and write it to ``opts.path``; returns (path, table). An empty
-    table is not written (path None), so an existing file is never replaced by it. ``shared``:
-    as :func:`build_table`'s."""
+    table is not written (path None), so an existing file is never replaced by it. ``shared``,
+    ``problem_ids``: as :func:`build_table`'s."""
     from zhantune.storage import redact_url
 
     table = build_table(store, device_key=device_key, device_agnostic=opts.device_agnostic, top_k=opts.top_k,
-                        min_speedup=opts.min_speedup, torch_version=opts.torch_version, shared=shared)
+                        min_speedup=opts.min_speedup, torch_version=opts.torch_version, shared=shared,
+                        problem_ids=problem_ids)
     meta = None
     if opts.format == "zhantune":
         options = {"top_k": opts.top_k, "min_speedup": opts.min_speedup, "device_agnostic": opts.device_agnostic,
@@ -162,7 +163,7 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str,
 
 def build_table(store: Store, device_key: str | None = None, device_agnostic: bool = False, top_k: int = 1,
                 min_speedup: float | None = None, torch_version: str | None = None,
-                shared: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+                shared: list[str] | None = None, problem_ids: set[int] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Best correct candidates per (device, problem) from a Store, as a lookup table.
 
     ``top_k`` entries per key, fastest first (1: Inductor compiles that one, no autotuning; more:
@@ -181,7 +182,8 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     compare command's job). Where two problems map to one lookup key with different entries (a
     float32 linear_act with relu and one with gelu, same shape: one addmm lookup on CPU), neither
     problem's choice was measured for the other: both get Inductor's default choice under their
-    own keys, and those keys are appended to ``shared`` (a list, where given).
+    own keys, and those keys are appended to ``shared`` (a list, where given). ``problem_ids``: only
+    these problems (a problems file's: a model's table), None: every problem measured.
     """
     from zhantune.inductor.heuristics import with_derived_kwargs
 
@@ -194,7 +196,8 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     # every distinct config, so that rows a table may not carry (a tf32 backend flag, zhantune.
     # inductor.knobs; a config patch on CUDA, not_carried) make way for the next ones
     ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)])
-              for d, p, rows in store.ranked_candidates(device_key, torch_version, 1 << 30)]
+              for d, p, rows in store.ranked_candidates(device_key, torch_version, 1 << 30)
+              if problem_ids is None or p.id in problem_ids]
     ranked.sort(key=lambda r: decision_us(r[2][0]) if r[2] else float("inf"))  # the ranking rule's statistic
     table: dict[str, list[dict[str, Any]]] = {}
     seen: set[int] = set()
