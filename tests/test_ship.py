@@ -65,6 +65,16 @@ def test_collect_tune_export_then_every_key_hits_in_a_fresh_process(cli, tmp_pat
     # the table's keys are the model's own keys (device key + the collected device-agnostic key)
     device_key = doc["device"]["key"]
     assert sorted(tf.table) == sorted(f"{device_key}+{p['lookup_key']}" for p in problems)
+    # the export app: the whole database, or with problems= the model's table again
+    for extra, keys in (([], 3), (["problems=problems.yaml"], 2)):
+        r = cli(["storage.url=sqlite:///z.db", "path=exported.json", *extra], tmp_path, module="zhantune.export")
+        assert r.returncode == 0 and f"wrote {keys} key(s)" in r.stdout, r.stdout + r.stderr
+    assert read_table(tmp_path / "exported.json").table == tf.table
+    other = dict(doc, problems=[dict(problems[0], shape=[8, 8, 8])])
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    r = cli(["storage.url=sqlite:///z.db", "path=other.json", "problems=other.yaml"], tmp_path, module="zhantune.export")
+    assert r.returncode == 2 and "problems=other.yaml: none of its 1 problem(s) is in sqlite:///z.db" in r.stderr
+    assert not (tmp_path / "other.json").exists()
 
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor_cache"), PYTHONWARNINGS="ignore")
     out = subprocess.run([sys.executable, "-c", USE_TABLE, str(tmp_path / "table.json")], capture_output=True,

@@ -225,6 +225,8 @@ class ExportAppConfig(ExportConfig):
     storage: StorageConfig = field(default_factory=StorageConfig)
     #: a device key (e.g. "NVIDIA H100 80GB HBM3") to export one device only; None: all devices
     device: str | None = None
+    #: a problems file (python -m zhantune.collect): only its problems (a model's table); None: all
+    problems: str | None = None
 
 
 @dataclass

@@ -2,11 +2,13 @@
 
 Options (conf/export.yaml, also ``export.*`` of the tune app): ``top_k``, ``min_speedup``,
 ``device_agnostic``, ``device``, ``torch_version``, ``format`` (zhantune: wrapped with provenance;
-inductor: the bare dict). Built by :func:`zhantune.inductor.builder.export_table`; table format:
+inductor: the bare dict), ``problems`` (a problems file: only its problems). Built by :func:`zhantune.inductor.builder.export_table`; table format:
 :mod:`zhantune.inductor.table`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig
@@ -30,13 +32,18 @@ def _export_app(cfg: DictConfig) -> None:
 
     try:
         check_export_options(cfg)
+        if cfg.problems:
+            from zhantune.request import check_file
+
+            check_file(cfg.problems, "problems")
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
         store = Store(cfg.storage.url)
         device = resolve_device_key(store, cfg.device)
+        ids = _problem_ids(store, cfg.problems) if cfg.problems else None
         shared: list[str] = []
-        out, table = export_table(store, cfg, device, shared)
+        out, table = export_table(store, cfg, device, shared, ids)
         if out is None:
             raise UserError(f"nothing to export from {redact_url(cfg.storage.url)}: no correct measured candidate"
                             + (f" for device {device!r}" if device else "")
@@ -59,6 +66,23 @@ def _export_app(cfg: DictConfig) -> None:
 
         for note in stock_inductor_notes(table):  # what differs without zhantune.use_table
             print(f"note: {note}")
+
+
+def _problem_ids(store: Any, path: str) -> set[int]:
+    """The database's ids of the problems in the problems file ``path``; raises UserError when the
+    database holds none of them, and prints each one it lacks (not tuned yet: no entry)."""
+    from zhantune.problemset import problem_keys
+    from zhantune.storage.engine import redact_url
+
+    by_key = store.problems_by_key()
+    keys = problem_keys(path)
+    missing = [k for k in keys if k not in by_key]
+    if len(missing) == len(keys):
+        raise UserError(f"problems={path}: none of its {len(keys)} problem(s) is in {redact_url(store.url)} "
+                        f"(first: {keys[0]}); tune them first: python -m zhantune problems={path}")
+    for key in missing:
+        print(f"{key}: not in the database (not tuned yet): no entry for it")
+    return {by_key[k].id for k in keys if k in by_key}
 
 
 def main() -> None:

@@ -129,6 +129,19 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def problem_keys(path: str | Path) -> list[str]:
+    """The problem keys (zhantune.problems.GemmProblem.key) of a problems file, in its order; raises
+    ProblemsFileError as :func:`read_problems` does."""
+    from zhantune.problems import GemmProblem
+
+    keys = []
+    for r in read_problems(path):  # the op file's activation, as a tune of the row takes it (_problem_cfg)
+        activation = OmegaConf.load(CONF_DIR / "op" / f"{r['op']}.yaml").get("activation")
+        keys.append(GemmProblem.from_config(r["op"], r["shape"], r.get("dtype", "float32"), activation,
+                                            weight_layout=r.get("weight_layout", "kn")).key)
+    return keys
+
+
 def allocate_trials(rows: list[dict[str, Any]], total: int, min_trials: int) -> list[int]:
     """Trials per problem: ``total`` in proportion to ``share`` (count x FLOPs where shares are
     missing), at least ``min_trials`` each (largest remainders get the rounding)."""

@@ -183,8 +183,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     float32 linear_act with relu and one with gelu, same shape: one addmm lookup on CPU), neither
     problem's choice was measured for the other: both get Inductor's default choice under their
     own keys, and those keys are appended to ``shared`` (a list, where given). ``problem_ids``: only
-    these problems (a problems file's: a model's table), None: every problem measured.
-    """
+    these problems (a problems file's: a model's table), None: every problem measured."""
     from zhantune.inductor.heuristics import with_derived_kwargs
 
     defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
