@@ -328,12 +328,17 @@ def test_cli_replay_stores_100_measurements_and_resumes(cli, tmp_path):
     measured = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
     assert len(measured) == 100
 
-    r = cli([*args[:2], "search.more_trials=20", *args[3:]], tmp_path)  # resume: 20 more, all new
+    # resume: 20 more, all new; its progress bar's best is the study's (it was this run's alone)
+    r = cli([*args[:2], "search.more_trials=20", *args[3:4], "progress=true"], tmp_path)
     assert r.returncode == 0, r.stderr
     con = sqlite3.connect(db)
     hashes = [h for (h,) in con.execute("select config_hash from zt_measurement where kind='candidate'")]
     con.close()
     assert len(hashes) == 120 and len(set(hashes)) == 120
+    # the summary's best candidate (the study's, by the ranking's statistic: its "min us" column)
+    best_us = re.search(r"│ best candidate: \S+ +│ ok +│ +[\d,.]+ │ +([\d,.]+) │", r.stdout).group(1)
+    bar = [line for line in r.stdout.splitlines() if line.startswith("trial 120/120 ") and "best " in line]
+    assert bar and f"best {best_us} us | " in bar[-1], (best_us, bar)
 
 
 def test_multirun_summary_prints_bracketed_study_names_whole(tmp_path, capsys):

@@ -354,7 +354,9 @@ class _Tune:
             release_trial=lambda n: store.release_trial(sid, n),
             poll_s=1.0)
         if self.progress is not None:
-            self.progress.start(self.target, result.before)
+            if result.before:  # a resumed study: the bar's best is the study's, as the summary's
+                result.best = self._study_best()
+            self.progress.start(self.target, result.before, result.best)
         try:
             if run.storage.heartbeat_interval_s:
                 shared.heartbeat = Heartbeat(study)
@@ -382,14 +384,18 @@ class _Tune:
         if not self.result.interrupted and self.run_spec.replay is None:
             settle(self.run_spec, self.store, self.bench, self.rec, self.problem_id, self.result)
 
+    def _study_best(self) -> Any:
+        """The best correct candidate row of this problem the study ranks (Store.best_candidates), or None."""
+        rows = self.store.best_candidates(self.run_spec.device.key, _own_rows(self.run_spec, self.study_id))
+        return next((meas for _, prob, meas in rows if prob.id == self.problem_id), None)
+
     def _finish(self, keep_status: bool = False) -> TuneResult:
         run, store, result = self.run_spec, self.store, self.result
         if not keep_status:  # a re-settle (settle_only) leaves a finished study's row alone
             store.finish_study(self.study_id, "interrupted" if result.interrupted
                                else EXHAUSTED if result.exhausted else FINISHED)
         result.contention = contention_count(store.timed_conditions(self.study_id))
-        result.best = next((meas for _, prob, meas in store.best_candidates(run.device.key, _own_rows(run, self.study_id))
-                            if prob.id == self.problem_id), None)
+        result.best = self._study_best()
         result.same_kernel_as_default = result.best is not None and is_default_kernel(result.best)
         # a Kernel Tuner replay has no lookup table to carry its configs: nothing to say
         result.not_carried = not_carried_reason(result.best, run.device.kind) if run.replay is None else None

@@ -21,8 +21,9 @@ def _us(v: float | None) -> str:
 
 
 class TuneProgress:
-    """Trial n/N of the study (all runs: a resumed study goes on from what it holds), best so far
-    (us) and counts by status; one line per measured trial, in a terminal above the bar."""
+    """Trial n/N of the study (all runs: a resumed study goes on from what it holds), the study's
+    best so far (us, the ranking's statistic) and this run's counts by status and cache hits
+    (infeasible points: in the summary); one line per measured trial, in a terminal above the bar."""
 
     def __init__(self, console: Console, space: Any = None):
         """``space``: the run's Space; a trial line then leaves out each branch's fixed params."""
@@ -31,13 +32,15 @@ class TuneProgress:
         self._progress: Progress | None = None
         self._task: Any = None
 
-    def start(self, total: int, completed: int = 0) -> None:
+    def start(self, total: int, completed: int = 0, best: Any = None) -> None:
+        """``best``: the study's best row so far (a resumed study), or None."""
         self._progress = Progress(
             TextColumn("[bold]trial"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
             TextColumn("{task.description}"), console=self.console, transient=False,
         )
         self._progress.start()
-        self._task = self._progress.add_task("", total=total, completed=completed)
+        description = f"best {_us(decision_us(best))} us" if best is not None else ""
+        self._task = self._progress.add_task(description, total=total, completed=completed)
 
     def update(self, result: Any, candidate: Any, meas: Any) -> None:
         assert self._progress is not None
@@ -45,8 +48,7 @@ class TuneProgress:
         best = decision_us(result.best) if result.best is not None else None  # the ranking's statistic
         done = getattr(result, "done", result.measured)
         self._progress.update(self._task, completed=done,
-                              description=f"best {_us(best)} us | {counts} | cached={result.cached} "
-                                          f"infeasible={result.infeasible}")
+                              description=f"best {_us(best)} us | {counts} | cached={result.cached}")
         total = self._progress.tasks[0].total
         line = (f"trial {done}/{total:.0f} {meas.status}"
                 + (f" {meas.timing.median_us:,.1f} us" if meas.timing else "")
