@@ -71,8 +71,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     line per trial.
     """
     if run.replay is not None:  # a file named only by its file name joins no other file's device
-        refuse_merge(store, run.replay, "bench.path", "bench.device_name=NAME",
-                     adopt=run.search.study_name)
+        refuse_merge(store, run.replay, "bench.path", "bench.device_name=NAME", adopt=run.search.study_name)
         run.search.study_name = replay_study(store, run.replay, run.problem.key, run.device.key,
                                              run.search.study_name)
     row, used, target = study_budget(run, store)
@@ -126,9 +125,7 @@ def _finished_result(run: RunSpec, store: Store, row: Any, target: int) -> TuneR
     dev = next((d for d in store.devices() if d.key == run.device.key), None)
     stored = (store.stored_baselines(row.id, dev.id, run.problem.key, versions["torch"], versions["triton"])
               if dev is not None else {})
-    best = next((m for _, p, m in store.best_candidates(run.device.key, _own_rows(run, row.id))
-                 if p.key == run.problem.key), None)
-    return TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), best,
+    return TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), _study_best(run, store, row.id),
                       default_unfrozen=stored.get("default_unfrozen"), target=target,
                       before=store.trial_counts(row.id)[0],
                       already_finished=True, exhausted=row.status == EXHAUSTED, baselines_reused=bool(stored))
@@ -139,6 +136,12 @@ def _own_rows(run: RunSpec, study_id: int) -> int | None:
     second recording of one device and problem is never answered from the first's; None (every
     study's rows of the device and problem) for a tune."""
     return study_id if run.replay is not None else None
+
+
+def _study_best(run: RunSpec, store: Store, study_id: int) -> MeasurementRow | None:
+    """The best correct candidate row of the run's problem that the study ranks (Store.best_candidates)."""
+    return next((m for _, p, m in store.best_candidates(run.device.key, _own_rows(run, study_id))
+                 if p.key == run.problem.key), None)
 
 
 def _ranked(store: Store, device_key: str, problem_id: int, top_k: int) -> list[MeasurementRow]:
@@ -209,9 +212,8 @@ class _Tune:
             self.bench.phase_hook = self.pool.phase_hook
         with store.schema_lock():  # N workers may start on one new database: Optuna creates its tables once
             study = open_study(run.study_name, run.storage.url, sampler, self._heartbeat())
-        enqueue_seeds(study, run.space, inductor_seeds(run.space, run.problem, run.problem_vars,
-                                                       run.search.seed_inductor),
-                      run.search.seed_inductor, run.search.max_seeds)
+        seeds = inductor_seeds(run.space, run.problem, run.problem_vars, run.search.seed_inductor)
+        enqueue_seeds(study, run.space, seeds, run.search.seed_inductor, run.search.max_seeds)
         self._use_prior(sampler)
         done_before, _ = store.trial_counts(self.study_id)
         log.info("worker %s: study %s in %s: %d of search.n_trials=%d measured so far", worker_name(),
@@ -284,9 +286,7 @@ class _Tune:
         (zhantune.search.transfer.load_prior). Samplers without ``set_prior`` (all but the default)
         start cold; the summary says so."""
         run, result = self.run_spec, self.result
-        if run.search.transfer == "off":
-            return
-        prior = load_prior(self.store, run.device.key, run.problem)
+        prior = None if run.search.transfer == "off" else load_prior(self.store, run.device.key, run.problem)
         if prior is None:
             return
         set_prior = getattr(sampler, "set_prior", None)
@@ -354,8 +354,7 @@ class _Tune:
             release_trial=lambda n: store.release_trial(sid, n),
             poll_s=1.0)
         if self.progress is not None:
-            if result.before:  # a resumed study: the bar's best is the study's, as the summary's
-                result.best = self._study_best()
+            result.best = _study_best(run, store, sid)  # the bar's best is the study's, as the summary's
             self.progress.start(self.target, result.before, result.best)
         try:
             if run.storage.heartbeat_interval_s:
@@ -384,18 +383,13 @@ class _Tune:
         if not self.result.interrupted and self.run_spec.replay is None:
             settle(self.run_spec, self.store, self.bench, self.rec, self.problem_id, self.result)
 
-    def _study_best(self) -> Any:
-        """The best correct candidate row of this problem the study ranks (Store.best_candidates), or None."""
-        rows = self.store.best_candidates(self.run_spec.device.key, _own_rows(self.run_spec, self.study_id))
-        return next((meas for _, prob, meas in rows if prob.id == self.problem_id), None)
-
     def _finish(self, keep_status: bool = False) -> TuneResult:
         run, store, result = self.run_spec, self.store, self.result
         if not keep_status:  # a re-settle (settle_only) leaves a finished study's row alone
             store.finish_study(self.study_id, "interrupted" if result.interrupted
                                else EXHAUSTED if result.exhausted else FINISHED)
         result.contention = contention_count(store.timed_conditions(self.study_id))
-        result.best = self._study_best()
+        result.best = _study_best(run, store, self.study_id)
         result.same_kernel_as_default = result.best is not None and is_default_kernel(result.best)
         # a Kernel Tuner replay has no lookup table to carry its configs: nothing to say
         result.not_carried = not_carried_reason(result.best, run.device.kind) if run.replay is None else None
