@@ -76,8 +76,27 @@ def check_request(cfg: Any) -> None:
             raise ConfigError(f"search.study_name={cfg.search.study_name!r} names one study; problems= tunes one "
                               "study per problem: drop search.study_name")
     _check_study_name(cfg.search.get("study_name"))
+    _check_cpu_space(cfg)
     check_url(cfg.storage.url)
     _check_export_path_is_not_the_database(cfg)
+
+
+def _check_cpu_space(cfg: Any) -> None:
+    """``device=cpu`` with ``space=[...]``: a template or backend-flag branch applies on CUDA only
+    (zhantune.runspec checks the same once ``device=auto`` is resolved, with torch imported)."""
+    from zhantune.errors import SpaceError
+
+    if str(cfg.get("device")) != "cpu" or not cfg.get("space"):
+        return
+    for name, content in OmegaConf.to_container(cfg.space, resolve=False).items():
+        branches = content.get("branches") if isinstance(content, dict) else None
+        for bname, b in (branches if isinstance(branches, dict) else {}).items():
+            scope = b.get("scope", "config") if isinstance(b, dict) else None
+            if scope == "template":
+                raise SpaceError(f"space {name}: branches.{bname}: template branches ({b.get('template_id')}) apply "
+                                 "on CUDA only; on CPU use config branches (conf/space/cpp_gemm.yaml)")
+            if scope == "backend":
+                raise SpaceError(f"space {name}: branches.{bname}: backend-flag branches (tf32) apply on CUDA only")
 
 
 def _check_study_name(name: Any) -> None:
