@@ -54,3 +54,18 @@ def test_a_killed_tunes_directory_is_deleted_by_the_next_and_a_live_ones_kept(tm
         live.wait(timeout=60)
     assert sweep("zhantune-kernels-") == [live_dir] and not os.path.exists(live_dir)
     assert sweep("zhantune-check-") == [other_dir]
+
+
+def test_a_directory_being_made_or_another_machines_is_never_swept(tmp_path):
+    """The lock file is locked under a temporary name and renamed into place (a review made a sweep
+    delete a starting tune's directory between its lock file's creation and its lock), and it names
+    its machine's boot: on a file system shared by machines, whose locks may be local to each, a sweep
+    deletes only this machine's."""
+    being_made = tmp_path / "zhantune-kernels-new"
+    being_made.mkdir()
+    (being_made / (LOCK_NAME + ".new")).write_bytes(b"")  # not yet locked and renamed
+    elsewhere = tmp_path / "zhantune-kernels-other-host"
+    elsewhere.mkdir()
+    (elsewhere / LOCK_NAME).write_bytes(b"another-host\nsome-boot-id\n")  # unlocked here
+    assert sweep("zhantune-kernels-", str(tmp_path)) == []
+    assert being_made.is_dir() and elsewhere.is_dir()
