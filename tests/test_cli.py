@@ -177,3 +177,20 @@ def test_export_device_by_quoted_key_number_or_kind_and_unknown_lists_them(cli, 
     assert r.returncode == 2
     assert f"device='Xeon': no such device in sqlite:///{existing_db}; it has 0: '{xeon}' (cpu); 1: 'some gpu' (cuda)" \
         in r.stderr
+
+
+@pytest.mark.parametrize("value", ["plain.json.gz", "sqlite:////tmp/x/k.db", "A100 (run 1).json.gz", "a,b", 'x"y',
+                                   "postgresql+psycopg://u:***@h/db?sslmode=require&connect_timeout=5", "C:\\p\\x",
+                                   "x\\", 'a\\"b', "it's", "[1]", "sqlite:////tmp/a b/k.db"])
+def test_a_printed_override_reads_back_through_the_shell_and_hydra(value):
+    """zhantune.cli.override_arg, which the hints' commands use (a review pasted an import's hint for
+    ``A100 (run 1).json.gz``: Hydra refused it): the shell's word, parsed by Hydra's override
+    grammar, is the value again."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from zhantune.cli import override_arg
+
+    (word,) = shlex.split(override_arg("study", value))
+    assert OverridesParser.create().parse_override(word).value() == value

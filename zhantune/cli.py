@@ -131,6 +131,20 @@ def quoting_hint(override: str) -> str:
     return f"; quote the value inside the shell's quotes: '{key}=\"{value}\"'"
 
 
+def override_arg(key: str, value: str) -> str:
+    """``key=value`` as one shell word that Hydra's override grammar reads back as ``value``: quoted
+    for Hydra where the value holds a character its grammar takes only inside quotes (a space,
+    parentheses, a comma, ``?``, ``&``, ...; a quote and the backslashes before a quote or the end
+    escaped), then for the shell (shlex.quote). For the commands a hint prints."""
+    import re
+    import shlex
+
+    if not re.fullmatch(r"[\w./+@:-]*", value):
+        escaped = re.sub(r'(\\*)("|$)', lambda m: m.group(1) * 2 + ("\\" + m.group(2) if m.group(2) else ""), value)
+        return shlex.quote(f'{key}="{escaped}"')
+    return shlex.quote(f"{key}={value}")
+
+
 def _launcher_hint(hydra_message: str) -> str:
     """How to get Hydra's submitit launcher when a command names it and it is not installed."""
     import importlib.util

@@ -13,7 +13,6 @@ names with ``devices=[...]`` (zhantune.storage.ingest.import_kerneltuner).
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,12 +84,15 @@ def _import_app(cfg: DictConfig) -> None:
             print(f"{f.path}: {added} measurement(s) of device {f.device_key!r}{named} as study {name!r}"
                   + ("" if added else " (already imported)"))
         if loaded:  # a command that runs when pasted: the database too where it is not the default
+            from zhantune.cli import override_arg
             from zhantune.config import StorageConfig
             from zhantune.redact import hide_password
 
-            url = "" if cfg.storage.url == StorageConfig.url else f" storage.url={shlex.quote(hide_password(cfg.storage.url))}"
+            url = hide_password(cfg.storage.url)
+            db = "" if url == StorageConfig.url else " " + override_arg("storage.url", url)
             print(f"its search history: python -m zhantune.compare html=report.html "
-                  f"study={shlex.quote(loaded[0].path.name)}{url} (study= takes a study's name or a part only it has)")
+                  f"{override_arg('study', loaded[0].path.name)}{db} (study= takes a study's name or a part only it "
+                  "has" + ("; put the database's password in place of ***" if url != cfg.storage.url else "") + ")")
     except UserError as e:
         user_error(e)
 
