@@ -22,8 +22,9 @@ def _us(v: float | None) -> str:
 
 class TuneProgress:
     """Trial n/N of the study (all runs: a resumed study goes on from what it holds), the study's
-    best so far (us, the ranking's statistic) and this run's counts by status and cache hits
-    (infeasible points: in the summary); one line per measured trial, in a terminal above the bar."""
+    best so far (us, the ranking's statistic: the best stored when the run began, then this run's
+    results; other workers' meanwhile show in the summary) and this run's counts by status and cache
+    hits (infeasible points: in the summary); one line per measured trial, in a terminal above the bar."""
 
     def __init__(self, console: Console, space: Any = None):
         """``space``: the run's Space; a trial line then leaves out each branch's fixed params."""
