@@ -2,8 +2,8 @@
 
 Options (conf/export.yaml, also ``export.*`` of the tune app): ``top_k``, ``min_speedup``,
 ``device_agnostic``, ``device``, ``torch_version``, ``format`` (zhantune: wrapped with provenance;
-inductor: the bare dict), ``problems`` (a problems file: only its problems). Built by :func:`zhantune.inductor.builder.export_table`; table format:
-:mod:`zhantune.inductor.table`.
+inductor: the bare dict), ``problems`` (a problems file: only its problems). Built by
+:func:`zhantune.inductor.builder.export_table`; table format: :mod:`zhantune.inductor.table`.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
 
 def problem_keys(path: str | Path) -> list[str]:
     """The problem keys (zhantune.problems.GemmProblem.key) of a problems file, in its order; raises
-    ProblemsFileError as :func:`read_problems` does."""
+    ConfigError as :func:`read_problems` does."""
     from zhantune.problems import GemmProblem
 
     keys = []
