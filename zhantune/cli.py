@@ -128,7 +128,7 @@ def quoting_hint(override: str) -> str:
     key, sep, value = override.partition("=")
     if not sep or not value or value[0] in "'\"[{" or not any(c in value for c in " ()\\,:=[]{}'\""):
         return ""
-    return f"; quote the value inside the shell's quotes: '{key}=\"{value}\"'"
+    return f"; quote the value inside the shell's quotes: {override_arg(key, value)}"
 
 
 def override_arg(key: str, value: str) -> str:
