@@ -170,6 +170,7 @@ def test_study_name_printed_by_the_import_draws_its_history(cli, tmp_path, files
         r = cli(args, tmp_path, module="zhantune.compare")
         assert r.returncode == 0, r.stderr
         assert f"history and importances of study {name!r}" in r.stdout
+        assert "draws a study's search history" not in r.stdout  # no hint to do what it just did
         charts = _charts(out)
         assert charts["optuna-history"] == charts["optuna-importance"] == "drawn", charts
         assert set(charts.values()) == {"drawn"}

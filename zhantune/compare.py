@@ -68,7 +68,7 @@ def _compare_app(cfg: DictConfig) -> None:
     except UserError as e:
         user_error(e)
         return
-    print_comparison(console, cmp, cfg.top)
+    print_comparison(console, cmp, cfg.top, history=study is not None and bool(cfg.html))  # no hint to do it again
     if cfg.csv:
         console.print(f"csv: {write_csv(cfg.csv, cmp)}", soft_wrap=True, markup=False)
     if cfg.json:

@@ -34,10 +34,11 @@ def _differing(choices: list[Choice]) -> list[str]:
     return sorted(k for k in names if len({repr(c.params.get(k)) for c in choices}) > 1)
 
 
-def print_comparison(console: Console, cmp: Comparison, top: int = 5) -> None:
+def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: bool = False) -> None:
     """Per problem: each device's best time and its winner's regret elsewhere (a table), each
     winner's config in full and the portable choice (lines of compact ``k=v``); then the matrix.
-    Off a terminal a table is as wide as its cells and a config line is never wrapped or cut."""
+    Off a terminal a table is as wide as its cells and a config line is never wrapped or cut.
+    ``history``: this command draws a study's history (html= and study=): no hint to do so."""
     several = len(cmp.devices) > 1
     for p in cmp.problems:
         t = Table(title=escape(p.problem_key))
@@ -60,8 +61,8 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5) -> None:
             console.print("params that differ between the winners: " + (", ".join(differ) or "none"),
                           soft_wrap=True, highlight=False, markup=False)
         else:
-            console.print("one device: no cross-device regret (python -m zhantune.compare "
-                          "html=report.html study=NAME draws a study's search history)")
+            console.print("one device: no cross-device regret" + ("" if history else " (python -m zhantune.compare "
+                          "html=report.html study=NAME draws a study's search history)"))
             continue
         for label, c in (("portable (min worst regret)", p.portable), ("portable (min geomean regret)", p.portable_geomean)):
             if c is None:
