@@ -256,6 +256,31 @@ def test_sampler_arguments_are_checked():
         make_sampler({"_target_": "os.system", "command": "true"})
 
 
+def test_a_target_under_an_allowed_prefix_must_resolve_to_a_sampler_class(tmp_path):
+    """A prefix is not enough: Hydra resolves ``zhantune.scratch.shutil.copyfile`` through module
+    attributes to ``shutil.copyfile``; it, and zhantune's own functions, are refused before any call."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("precious")
+    attempts = [
+        ({"_target_": "zhantune.scratch.shutil.copyfile", "_args_": [__file__, str(precious)]},
+         "search.sampler._target_='zhantune.scratch.shutil.copyfile' is not allowed: it is shutil.copyfile"),
+        ({"_target_": "zhantune.inductor.table.write_table", "path": str(precious), "table": {}},
+         "'zhantune.inductor.table.write_table' is not allowed: it is zhantune.inductor.table.write_table"),
+        ({"_target_": "optuna.samplers.PartialFixedSampler", "fixed_params": {},
+          "base_sampler": {"_target_": "zhantune.scratch.shutil.rmtree", "path": str(tmp_path)}},
+         r"search.sampler.base_sampler._target_='zhantune.scratch.shutil.rmtree' is not allowed"),
+        ({"_target_": "optuna.samplers.no_such_thing"}, "names nothing that can be imported"),
+        ({"_target_": "optuna.samplers.TPESampler.hyperopt_parameters"}, "is not allowed: it is "),
+    ]
+    for spec, message in attempts:
+        with pytest.raises(ConfigError, match=message):
+            make_sampler(spec)
+    assert precious.read_text() == "precious" and tmp_path.exists()
+    nested = make_sampler({"_target_": "optuna.samplers.PartialFixedSampler", "fixed_params": {},
+                           "base_sampler": {"_target_": "optuna.samplers.RandomSampler", "seed": 1}})
+    assert isinstance(nested, optuna.samplers.PartialFixedSampler)
+
+
 def _best_ratio(strategy, seed: int, path: Path) -> float:
     replay = load_kerneltuner(path)
     bench = ReplayBenchmarker(replay)

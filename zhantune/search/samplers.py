@@ -1,10 +1,19 @@
-"""Optuna samplers by config: ``_target_`` instantiation limited to an allowlist."""
+"""Optuna samplers by config: ``_target_`` instantiation limited to an allowlist.
+
+A ``_target_`` must name, under one of :data:`ALLOWED_TARGET_PREFIXES`, a class that is an Optuna
+sampler or pruner defined in Optuna or zhantune. The path is resolved the way Hydra resolves it
+(``hydra._internal.utils._locate``) before anything is instantiated: a prefix alone is not enough, as
+``zhantune.scratch.shutil.copyfile`` is ``shutil.copyfile`` to Hydra.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import inspect
+
 import optuna
+from hydra._internal.utils import _locate
 from hydra.utils import instantiate
 
 from zhantune.errors import ConfigError
@@ -13,14 +22,33 @@ __all__ = ["ALLOWED_TARGET_PREFIXES", "instantiate_allowed", "make_sampler"]
 
 #: the only modules a config's ``_target_`` may name
 ALLOWED_TARGET_PREFIXES = ("optuna.samplers.", "optuna.pruners.", "zhantune.")
+#: what it must resolve to: a class of these, defined in one of these packages
+_ALLOWED_BASES = (optuna.samplers.BaseSampler, optuna.pruners.BasePruner)
+_ALLOWED_PACKAGES = ("optuna.", "zhantune.")
+
+
+def _check_target(target: Any, where: str) -> None:
+    """Raise ConfigError unless ``target`` names an Optuna sampler or pruner class of Optuna or
+    zhantune under an allowed prefix (resolved as Hydra resolves it, nothing instantiated)."""
+    allowed = (f"allowed: an Optuna sampler or pruner class under {', '.join(ALLOWED_TARGET_PREFIXES)} "
+               "(e.g. optuna.samplers.TPESampler, zhantune.search.FeasibleTPESampler)")
+    if not (isinstance(target, str) and target.startswith(ALLOWED_TARGET_PREFIXES)):
+        raise ConfigError(f"{where}._target_={target!r} is not allowed; {allowed}")
+    try:
+        obj = _locate(target)
+    except Exception:  # ImportError or Hydra's own: the path names nothing
+        raise ConfigError(f"{where}._target_={target!r} names nothing that can be imported; {allowed}") from None
+    if not (inspect.isclass(obj) and issubclass(obj, _ALLOWED_BASES)
+            and obj.__module__.startswith(_ALLOWED_PACKAGES)):
+        raise ConfigError(f"{where}._target_={target!r} is not allowed: it is "
+                          f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}; "
+                          f"{allowed}")
 
 
 def _check_targets(node: Any, where: str) -> None:
     if isinstance(node, dict):
-        target = node.get("_target_")
-        if target is not None and not (isinstance(target, str) and target.startswith(ALLOWED_TARGET_PREFIXES)):
-            raise ConfigError(f"{where}._target_={target!r} is not allowed; allowed prefixes: "
-                              f"{', '.join(ALLOWED_TARGET_PREFIXES)}")
+        if "_target_" in node:
+            _check_target(node["_target_"], where)
         for k, v in node.items():
             _check_targets(v, f"{where}.{k}")
     elif isinstance(node, list):
