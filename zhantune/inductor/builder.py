@@ -175,8 +175,9 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     interleaved rounds, zhantune.bench.decision) the claim must be confirmed with a ratio of at
     least ``min_speedup``; where it settled another config (one a table cannot carry on that device:
     :func:`not_carried`) or made no claim (a verdict without rounds: ``bench.remeasure_rounds=0``),
-    the default ships; where no tune left a verdict (imported data) the stored decision statistics
-    (minimum of the runs) decide. ``torch_version`` keeps only rows
+    the default ships, and so it does where no tune left a verdict (an interrupted tune, a database
+    from before verdicts): stored times alone were never paired with the default, a busy moment can
+    make them. ``torch_version`` keeps only rows
     measured with that torch. ``device_agnostic`` keys entries without the device; where several
     devices share a problem the fastest device's winners are kept (cross-device choices are the
     compare command's job). Where two problems map to one lookup key with different entries (a
@@ -186,11 +187,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     these problems (a problems file's: a model's table), None: every problem measured."""
     from zhantune.inductor.heuristics import with_derived_kwargs
 
-    defaults = store.default_times_us(torch_version) if min_speedup is not None else {}
     verdicts = store.latest_verdicts() if min_speedup is not None else {}
-    # problems a tune settled: in paired rounds, or with a note that it made no claim (rounds 0:
-    # bench.remeasure_rounds=0, a winner from another space); its summary said so, the default ships
-    settled = {(d, p) for (d, p, _) in verdicts}
     own_keys = store.default_lookup_keys()
     # every distinct config, so that rows a table may not carry (a tf32 backend flag, zhantune.
     # inductor.knobs; a config patch on CUDA, not_carried) make way for the next ones
@@ -205,7 +202,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     for device, problem, rows in ranked:
         if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
             continue
-        rows, keep = _tuned_rows(rows, (device.id, problem.id), verdicts, settled, defaults, min_speedup)
+        rows, keep = _tuned_rows(rows, (device.id, problem.id), verdicts, min_speedup)
         rows = rows[:max(1, top_k)]
         if keep and is_default_kernel(rows[0].template_id, rows[0].params):
             keep = False  # the default's own kernel: Inductor's default entry, never a "tuned" one
@@ -243,7 +240,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     return dict(sorted(table.items()))
 
 
-def _tuned_rows(rows: list[Any], key: tuple[int, int], verdicts: dict, settled: set, defaults: dict,
+def _tuned_rows(rows: list[Any], key: tuple[int, int], verdicts: dict,
                 min_speedup: float | None) -> tuple[list[Any], bool]:
     """(rows from the one to ship, whether a tuned entry ships) for one (device id, problem id)
     ``key``, by :func:`build_table`'s rule."""
@@ -255,13 +252,11 @@ def _tuned_rows(rows: list[Any], key: tuple[int, int], verdicts: dict, settled: 
                  None)
     if first is not None:
         return rows[first:], True
-    if rows and key in settled:
-        # the tunes settled configs and none was confirmed (no paired rounds, a claim that failed,
-        # or the one settled cannot be carried, e.g. a fusion limit on CUDA): no claim, the default ships
-        return rows, False
-    # no verdict at all (a database from before verdicts): the stored statistics
-    default_us = defaults.get(key)
-    return rows, bool(rows) and (default_us is None or decision_us(rows[0]) * min_speedup <= default_us)
+    # none confirmed: the tunes settled configs and none cleared (no paired rounds, a claim that
+    # failed, or the one settled cannot be carried, e.g. a fusion limit on CUDA), or nothing was ever
+    # paired with the default (an interrupted tune, a database from before verdicts): stored times
+    # alone are no claim, the default ships
+    return rows, False
 
 
 def _default_for_clashes(table: dict[str, list[dict[str, Any]]], owners: dict[str, tuple[str | None, str]],

@@ -79,11 +79,10 @@ def unconfirmed_portable(comparison: Comparison, store: Store,
     """Problem key -> compared device key -> why its portable choice (one a table can hold, as
     :func:`portable_choices` writes) may not replace Inductor's default there, by build_table's
     rule. It may where a claim over the default was confirmed in paired rounds
-    (zhantune.bench.decision.claim_holds) with a ratio of at least ``min_speedup``; else not where
-    the device's tunes settled the problem ("never paired with the default", "not confirmed: ...",
-    "confirmed at R.RRRx, below min_speedup"); where nothing left a verdict (a database from before
-    verdicts), where its time (the decision statistic) times ``min_speedup`` is at most the
-    default's, or no default was measured. Empty for ``min_speedup`` None."""
+    (zhantune.bench.decision.claim_holds) with a ratio of at least ``min_speedup``; else not
+    ("never paired with the default", also where nothing left a verdict: an interrupted tune, a
+    database from before verdicts; "not confirmed: ..."; "confirmed at R.RRRx, below min_speedup").
+    Empty for ``min_speedup`` None."""
     return _withheld(_portable_entries(comparison, store), store, min_speedup)
 
 
@@ -93,28 +92,21 @@ def _withheld(entries: list[tuple[Any, Any, dict[str, Any]]], store: Store,
     if min_speedup is None:
         return {}
     verdicts = store.latest_verdicts()
-    settled = {(d, p) for (d, p, _) in verdicts}
     device_ids = {d.key: d.id for d in store.devices()}
     out: dict[str, dict[str, str]] = {}
     for p, problem, _ in entries:
         if is_default_kernel(p.portable.template_id, p.portable.params):
             continue  # the default's own kernel: its key gets the default's entry, nothing to confirm
-        for dev, regret in p.portable.regret.items():
-            key = (device_ids[dev], problem.id)
-            v = verdicts.get((*key, p.portable.config_hash))
-            default_us = p.default_us.get(dev)
+        for dev in p.portable.regret:
+            v = verdicts.get((device_ids[dev], problem.id, p.portable.config_hash))
             if claim_clears(v, min_speedup):
                 continue
             if v is not None and claim_holds(v):
                 why = f"confirmed at {v.ratio:.3f}x, below min_speedup"
             elif v is not None and v.rounds:
                 why = f"not confirmed: {v.reason}"
-            elif key in settled or v is not None:
+            else:  # settled without this config, or never settled (an interrupted tune): no claim
                 why = "never paired with the default"
-            elif default_us is not None and p.best_us[dev] * regret * min_speedup > default_us:
-                why = f"{default_us / (p.best_us[dev] * regret):.3f}x by the stored times, below min_speedup"
-            else:
-                continue
             out.setdefault(p.problem_key, {})[dev] = why
     return out
 

@@ -8,9 +8,8 @@ sampler or pruner defined in Optuna or zhantune. The path is resolved the way Hy
 
 from __future__ import annotations
 
-from typing import Any
-
 import inspect
+from typing import Any
 
 import optuna
 from hydra._internal.utils import _locate
