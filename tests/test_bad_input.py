@@ -253,6 +253,13 @@ CASES = [
     ("study-name-of-another-problem", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", "search.study_name={x}",
                                                    "search.n_trials=1", "export.enabled=false"], _other_problems_study,
      "search.study_name='other' is the study of mm[M=8,N=8,K=8]:float32, not of mm[M=4,N=4,K=4]:float32", None),
+    # an output that is one of the command's inputs would replace it (a problems file, a table)
+    ("table-over-problems-file", "zhantune", ["problems={x}", "export.path={x}"], _file,
+     "export.path=afile: is the file of problems=afile, which this command reads", None),
+    ("export-over-problems-file", "zhantune.export", ["problems={x}", "path=./{x}"], _file,
+     "path=./afile: is the file of problems=afile, which this command reads", None),
+    ("check-json-over-its-table", "zhantune.check", [*MLP, "table={x}", "json={x}"],
+     lambda t: _table(t, {"template_id": "aten::mm"}), "json=t.json: is the file of table=t.json", None),
     ("problems-with-study-name", "zhantune", ["problems={x}", "search.study_name=s"], _file,
      "search.study_name='s' names one study; problems= tunes one study per problem", None),
     ("compare-html-dir", "zhantune.compare", ["html={x}"], _dir, "html=adir: is a directory", None),

@@ -53,7 +53,7 @@ def _check_options(cfg: DictConfig) -> None:
         raise ConfigError(f"rounds={cfg.rounds} must be at least 1 (interleaved timing rounds)")
     check_bench(cfg.bench)
     if cfg.json:
-        check_output_path(cfg.json, "json")
+        check_output_path(cfg.json, "json", {"table": cfg.table})
     check_model_request(cfg)
 
 

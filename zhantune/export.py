@@ -31,7 +31,7 @@ def _export_app(cfg: DictConfig) -> None:
     from zhantune.storage.engine import redact_url
 
     try:
-        check_export_options(cfg)
+        check_export_options(cfg, inputs={"problems": cfg.problems})
         if cfg.problems:
             from zhantune.request import check_file
 

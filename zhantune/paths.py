@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from zhantune.errors import ConfigError
 
@@ -14,13 +15,16 @@ __all__ = ["check_output_path", "SQLITE_SIDE_FILES"]
 SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
-def check_output_path(path: str | os.PathLike[str], option: str) -> Path:
+def check_output_path(path: str | os.PathLike[str], option: str,
+                      inputs: dict[str, Any] | None = None) -> Path:
     """Check that ``path`` can be written as a file; returns it as a Path.
 
     Allowed: an existing writable regular file (replaced) that is not an SQLite database (nor its
-    -wal, -shm or -journal file), or a new file whose nearest existing ancestor is a writable
+    -wal, -shm or -journal file) nor one of the command's ``inputs`` (option -> path; None and
+    empty values are skipped), or a new file whose nearest existing ancestor is a writable
     directory (missing directories are created when it is written). Raises
-    ConfigError naming the option, e.g. ``export.path=/: is a directory; give a file name``.
+    ConfigError naming the option, e.g. ``export.path=/: is a directory; give a file name``, or
+    ``export.path=p.yaml: is the file of problems=p.yaml, which this command reads; ...``.
     """
     p = Path(path)
     where = f"{option}={path}"
@@ -28,6 +32,10 @@ def check_output_path(path: str | os.PathLike[str], option: str) -> Path:
         raise ConfigError(f"{where}: expected a file name")
     if p.is_dir():
         raise ConfigError(f"{where}: is a directory; give a file name")
+    for name, value in (inputs or {}).items():
+        if value and _same_file(p, Path(str(value))):
+            raise ConfigError(f"{where}: is the file of {name}={value}, which this command reads; writing there "
+                              "would replace it: give another file name")
     if p.exists():
         if not p.is_file():
             raise ConfigError(f"{where}: exists and is not a regular file")
@@ -46,6 +54,15 @@ def check_output_path(path: str | os.PathLike[str], option: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{where}: directory {parent} is not writable")
     return p
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same inode where both exist (links, other
+    spellings), else the same resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
 
 
 #: the first 16 bytes of every SQLite database file (https://www.sqlite.org/fileformat.html)

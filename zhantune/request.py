@@ -135,7 +135,8 @@ def check_search(cfg: Any) -> None:
     """The search, benchmark and export options of a tune (ranges, the table's output path)."""
     from zhantune.inductor.builder import check_export_options
 
-    check_export_options(cfg.export, "export.")
+    check_export_options(cfg.export, "export.", {"problems": cfg.get("problems"),
+                                                 "bench.path": cfg.bench.get("path")})
     s = cfg.search
     if s.n_trials < 1:
         raise ConfigError(f"search.n_trials={s.n_trials} must be at least 1")

@@ -42,8 +42,9 @@ __all__ = ["FORMATS", "build_table", "export_table", "check_export_options", "re
 FORMATS = ("zhantune", "inductor")
 
 
-def check_export_options(opts: Any, prefix: str = "") -> None:
-    """Raise ConfigError naming the option (``export.top_k=0``) when a value is out of range.
+def check_export_options(opts: Any, prefix: str = "", inputs: dict[str, Any] | None = None) -> None:
+    """Raise ConfigError naming the option (``export.top_k=0``) when a value is out of range, or when
+    the path is one of the command's ``inputs`` (option -> file: a problems file it reads).
     ``opts``: an ExportConfig (zhantune.config) or the export app's config."""
     from zhantune.paths import check_output_path
 
@@ -55,7 +56,7 @@ def check_export_options(opts: Any, prefix: str = "") -> None:
         raise ConfigError(f"{prefix}min_speedup={opts.min_speedup} must be a number of at least 1.0 "
                           "(1.0: the tuned entry unless it is slower than the default; null: always the tuned entry)")
     if getattr(opts, "enabled", True) and opts.path:
-        check_output_path(opts.path, f"{prefix}path")
+        check_output_path(opts.path, f"{prefix}path", inputs)
 
 
 def export_table(store: Store, opts: Any, device_key: str | None = None,
