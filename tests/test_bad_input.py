@@ -308,6 +308,21 @@ CASES = [
     ("replay-negative-time", "zhantune", ["bench=replay", "bench.path={x}"],
      lambda t: _kt_file(t, "neg.json.gz", -4.0), "cache.1.time=-4.0; a recorded time is a positive, finite number",
      None),
+    # a 5,000-digit integer: Python's int() refuses it (ValueError), one line, not a traceback
+    ("import-5000-digit-integer", "zhantune.kerneltuner", ["files=[{x}]"],
+     lambda t: (t / "bigint.json").write_text('{"problem_size": [' + "9" * 5000 + ']}') and "bigint.json",
+     "bigint.json: not a Kernel Tuner cache file (JSON): Exceeds the limit", None),
+    # a FIFO as an input file would block its reader (Ctrl-C deferred there): refused before it is opened
+    ("problems-fifo", "zhantune", ["problems={x}"], _fifo, "problems=fifo.json: not a regular file", None),
+    ("export-problems-fifo", "zhantune.export", ["problems={x}"], _fifo, "problems=fifo.json: not a regular file",
+     None),
+    ("replay-table-fifo", "zhantune.replay", ["table={x}"], _fifo, "table=fifo.json: not a regular file", None),
+    ("total-trials-without-problems", "zhantune", ["+op=mm", "shape=[4,4,4]", "search.total_trials=5"], None,
+     "search.total_trials=5 shares trials among the problems of a problems= file; one problem takes search.n_trials",
+     None),
+    ("problems-file-over-1-mib", "zhantune", ["problems={x}"],
+     lambda t: (t / "big.yaml").write_text("format: zhantune-problems\n" + "#" * (1 << 20)) and "big.yaml",
+     "problems=big.yaml: 1,048,602 bytes, over the 1 MiB a problems file may hold", None),
     # numbers no float holds or no measurement takes: one line, not an OverflowError (nothing written)
     ("import-huge-time", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "huge.json.gz", 1e306), "cache.1.time=1e+306; a recorded time is a positive, finite "
@@ -438,6 +453,14 @@ def test_a_table_file_named_with_a_newline_is_named_on_one_line(tmp_path):
     with pytest.raises(TableError) as e:
         read_table(tmp_path / "a\nb.json")
     assert str(e.value) == json.dumps(str(tmp_path / "a\nb.json")) + ": expected a JSON object, got list"
+
+
+def test_a_negative_recorded_duration_paces_as_zero():
+    """A crafted Kernel Tuner entry with compile_time -5000 made a paced replay sleep a negative time
+    (ValueError, a traceback, the study left running): a field that is no duration counts 0."""
+    from zhantune.bench.recorded import recorded_cost_s
+
+    assert recorded_cost_s({"compile_time": -5000.0, "verification_time": "x", "benchmark_time": 2.0}) == 0.002
 
 
 def test_a_kernel_tuner_file_over_the_size_cap_is_refused_before_it_is_parsed(tmp_path, monkeypatch):

@@ -32,6 +32,8 @@ __all__ = ["ProblemRun", "ProblemsResult", "resolve_problems", "tune_problems", 
            "measure_defaults", "write_problems", "read_problems", "allocate_trials", "PROBLEMS_FORMAT"]
 
 PROBLEMS_FORMAT = "zhantune-problems"
+#: the largest problems file read (bytes)
+MAX_PROBLEMS_BYTES = 1 << 20
 
 
 def measure_defaults(problems: list[Any], device: Any, bench: Any) -> ContentionCount:
@@ -90,6 +92,10 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
     from zhantune.problems import OPS, GemmProblem
     from zhantune.request import DTYPE_NAMES, WEIGHT_LAYOUTS
 
+    size = Path(path).stat().st_size if Path(path).is_file() else 0
+    if size > MAX_PROBLEMS_BYTES:  # YAML parsing takes ~20 s and ~200 MB per MiB
+        raise ConfigError(f"problems={path}: {size:,} bytes, over the {MAX_PROBLEMS_BYTES >> 20} MiB a problems "
+                          "file may hold (a model's file holds a few KiB: one entry per distinct GEMM)")
     try:
         doc = OmegaConf.to_container(OmegaConf.load(path))
     except FileNotFoundError:
@@ -193,6 +199,7 @@ def _problem_cfg(cfg: DictConfig, row: dict[str, Any], n_trials: int) -> DictCon
         sub.weight_layout = row.get("weight_layout", "kn")
         sub.problems = None
         sub.search.n_trials = n_trials
+        sub.search.total_trials = None  # shared out: each problem's run takes its n_trials
         sub.export.enabled = False
     return sub
 
@@ -205,7 +212,8 @@ def resolve_problems(cfg: DictConfig) -> list[ProblemRun]:
     rows = read_problems(cfg.problems)
     if not OmegaConf.is_missing(cfg, "shape") or not OmegaConf.is_missing(cfg, "op"):
         raise ConfigError(f"problems={cfg.problems} takes op and shape from the file; drop +op=... and shape=[...]")
-    total = cfg.search.total_trials or cfg.search.n_trials * len(rows)
+    given = cfg.search.total_trials
+    total = given if given is not None else cfg.search.n_trials * len(rows)
     if total < len(rows):
         raise ConfigError(f"search.total_trials={total} is less than the {len(rows)} problems in {cfg.problems}")
     if cfg.search.min_trials < 1:

@@ -45,6 +45,9 @@ def check_request(cfg: Any) -> None:
     from zhantune.storage import check_url
 
     check_search(cfg)
+    if not cfg.get("problems") and cfg.search.get("total_trials") is not None:
+        raise ConfigError(f"search.total_trials={cfg.search.total_trials} shares trials among the problems of a "
+                          "problems= file; one problem takes search.n_trials")
     if cfg.bench.name == "replay":
         if not cfg.bench.path:
             raise ConfigError("bench=replay needs bench.path=FILE (a Kernel Tuner cache file, .json or .json.gz)")
@@ -227,12 +230,18 @@ def check_model_request(cfg: Any) -> None:
 
 
 def check_file(path: object, option: str) -> None:
-    """An input file must exist: ``problems=x.yaml: no such file`` (what else is wrong with it, a
-    directory or a FIFO, its reader says)."""
+    """An input file must exist and be a regular file (or a link to one): ``problems=x.yaml: no
+    such file``, ``problems=adir: is a directory``, ``problems=fifo: not a regular file`` (a FIFO
+    would block its reader forever); what else is wrong with it, its reader says."""
     from pathlib import Path
 
-    if not Path(str(path)).exists():
+    p = Path(str(path))
+    if not p.exists():
         raise ConfigError(f"{option}={path}: no such file")
+    if p.is_dir():
+        raise ConfigError(f"{option}={path}: is a directory; give a file")
+    if not p.is_file():
+        raise ConfigError(f"{option}={path}: not a regular file (a FIFO, socket or device): give a file")
 
 
 def _show(shape: object) -> str:

@@ -225,7 +225,7 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
             raise ConfigError(f"{source}={path}: over {MAX_KT_BYTES >> 20} MiB of JSON"
                               f"{' decompressed' if p.suffix == '.gz' else ''}: not read")
         data = json.loads(raw.decode("utf-8"))
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, EOFError, zlib.error, ValueError) as e:  # ValueError: bad UTF-8 or JSON, a 5,000-digit int
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         if isinstance(e, EOFError):
             why = "the compressed file is truncated"
@@ -261,8 +261,14 @@ PACE_FIELDS = ("compile_time", "verification_time", "benchmark_time")
 
 def recorded_cost_s(entry: dict[str, Any]) -> float:
     """Seconds the recorded measurement took: the entry's compile, verification and benchmark times
-    (Kernel Tuner's simulation mode counts the same fields against a time budget); 0 when absent."""
-    return sum(entry[f] for f in PACE_FIELDS if is_time(entry.get(f))) / 1000.0
+    (Kernel Tuner's simulation mode counts the same fields against a time budget); a field that is
+    absent or not a duration (negative, not a number) counts 0."""
+    return sum(entry[f] for f in PACE_FIELDS if _duration(entry.get(f))) / 1000.0
+
+
+def _duration(v: Any) -> bool:
+    """Whether a recorded field is a duration: a finite, bounded number of milliseconds, at least 0."""
+    return is_time(v) and v >= 0
 
 
 class ReplayBenchmarker:
@@ -312,4 +318,4 @@ class ReplayBenchmarker:
         timing = summarize_us(times, "kerneltuner:replay")
         compile_ms = entry.get("compile_time")
         return Measurement("ok", timing=timing,
-                           compile_s=compile_ms / 1000.0 if is_time(compile_ms) else None)
+                           compile_s=compile_ms / 1000.0 if _duration(compile_ms) else None)
