@@ -194,3 +194,29 @@ def test_a_printed_override_reads_back_through_the_shell_and_hydra(value):
 
     (word,) = shlex.split(override_arg("study", value))
     assert OverridesParser.create().parse_override(word).value() == value
+
+
+def test_ctrl_c_in_an_app_without_its_own_handler_is_one_line_and_exit_130(tmp_path):
+    """Ctrl-C in collect (check and db are the same: no handler of their own) printed a 200-line
+    KeyboardInterrupt traceback; zhantune.cli.run_app ends it with one line and exit code 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "slowmodel.py").write_text("import time\n\ndef make():\n    print('ready', flush=True)\n"
+                                           "    time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "zhantune.collect", "model=slowmodel:make", "input_shapes=[[4,4]]",
+                             f"out={tmp_path}/p.yaml", f"hydra.run.dir={tmp_path}/hydra"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    try:
+        assert proc.stdout.readline().strip() == "ready"  # inside the model's factory: collect is working
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in out + err and [line for line in err.splitlines() if line.strip()] == [
+        "zhantune: interrupted (Ctrl-C)"], err
+    assert not (tmp_path / "p.yaml").exists()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zhantune.config import CONF_DIR
-from zhantune.errors import USER_ERROR_EXIT_CODE, UserError
+from zhantune.errors import INTERRUPTED_EXIT_CODE, USER_ERROR_EXIT_CODE, UserError
 from zhantune.quiet import quiet_known_warnings
 
 __all__ = ["run_app", "user_error", "check_group_overrides", "one_line", "quoting_hint"]
@@ -166,6 +166,10 @@ def run_app(hydra_main: Callable[[], object]) -> None:
     sys.stderr = held
     try:
         hydra_main()
+    except KeyboardInterrupt:  # Ctrl-C where the app has no handler of its own (check, collect, db): one line
+        sys.stderr.write(_hide(_release_stderr()))
+        print("zhantune: interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT_CODE)
     except SystemExit as e:
         text = _release_stderr()
         if e.code == 1 and not _State.task_started:

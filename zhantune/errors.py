@@ -16,9 +16,12 @@ __all__ = [
     "TableError",
     "StorageInternalError",
     "USER_ERROR_EXIT_CODE",
+    "INTERRUPTED_EXIT_CODE",
 ]
 
 USER_ERROR_EXIT_CODE = 2
+#: exit code after Ctrl-C or SIGTERM (128 + SIGINT, the shell's convention)
+INTERRUPTED_EXIT_CODE = 130
 
 
 class ZhantuneError(Exception):

@@ -60,6 +60,8 @@ def measure_table(store: Store, device: DeviceInfo, work: list[tuple[Any, list[C
                             say)
     except KeyboardInterrupt:
         store.finish_study(study_id, "interrupted")
+        say(f"interrupted: study {study_name} marked interrupted; what was measured is stored, "
+            "run the same command again to measure the table again")
         raise SystemExit(130) from None
     store.finish_study(study_id)
 
