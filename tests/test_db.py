@@ -476,11 +476,14 @@ def test_merge_never_joins_two_recordings_of_a_device_named_after_its_file_name(
     ("sources=sqlite:///{d}/a.db", "sources=sqlite:///{d}/a.db: expected a list of database URLs"),
     ("sources=[sqlite:///{d}/notes.db]", "sources[0]=sqlite:///{d}/notes.db: {d}/notes.db is not an SQLite database"),
     ("sources=[sqlite:///{d}/a.db,bogus:///x]", "sources[1]='bogus:///x': the 'bogus' backend is not supported"),
+    # an older database as a source: named as sources[0] (it said storage.url=<the source>)
+    ("sources=[sqlite:///{d}/old.db]", "sources[0]=sqlite:///{d}/old.db: the database has schema revision"),
 ])
 def test_merge_names_the_bad_source_and_leaves_the_target_untouched(cli, tmp_path, existing_db, sources, message):
     """A bad source is named by its place in sources=[...] (not as storage.url, which is fine)."""
     Store(f"sqlite:///{tmp_path / 'a.db'}")
     (tmp_path / "notes.db").write_text("not a database")
+    shutil.copy(SCHEMA1, tmp_path / "old.db")
     before = _digest(existing_db)
     r = cli(["merge", sources.format(d=tmp_path), f"storage.url=sqlite:///{existing_db}"], tmp_path,
             module="zhantune.db")
@@ -813,3 +816,32 @@ def _has_open(pid: int, path: str) -> bool:
         return any(os.readlink(fd) == path for fd in Path(f"/proc/{pid}/fd").iterdir())
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("bad", ["0", "-3.5", "'abc'", "9e999"])  # 9e999: SQLite's Inf
+def test_a_stored_time_no_run_writes_is_refused_in_one_line_by_every_reader(cli, tmp_path, bad):
+    """A received database with min_us 0 (or negative, text, infinite) crashed compare and export
+    (ZeroDivisionError, StatisticsError, TypeError), transfer, and was merged as it was: each reader
+    now names the row in one line, exit 2, and nothing is written (the tune refuses before its study)."""
+    db, good = tmp_path / "bad.db", tmp_path / "good.db"
+    r = cli(["files=[" + str(GEMM) + "]", f"storage.url=sqlite:///{db}"], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 0, r.stderr
+    shutil.copy(db, good)
+    con = sqlite3.connect(db)
+    (row,) = con.execute("select min(id) from zt_measurement where status = 'ok'").fetchone()
+    con.execute(f"update zt_measurement set min_us = {bad} where id = ?", (row,))
+    con.commit()
+    con.close()  # checkpointed: the file's bytes are the database's
+    before = {p: _digest(p) for p in (db, good)}
+    message = f"measurement {row}: min_us "
+    for module, args in [("zhantune.compare", [f"storage.url=sqlite:///{db}"]),
+                         ("zhantune.export", [f"storage.url=sqlite:///{db}", f"path={tmp_path}/t.json"]),
+                         ("zhantune.db", ["merge", f"sources=[sqlite:///{db}]", f"storage.url=sqlite:///{good}"]),
+                         ("zhantune", ["bench=replay", f"bench.path={A100}", "search.n_trials=2", "progress=false",
+                                       f"storage.url=sqlite:///{db}"])]:
+        r = cli(args, tmp_path, module=module)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and message in lines[0], (module, r.stderr[-2000:])
+        assert "is not a positive, finite number" in lines[0] and "Traceback" not in r.stdout + r.stderr
+        assert lines[0].startswith(f"zhantune: {'sources[0]' if module == 'zhantune.db' else 'storage.url'}=")
+    assert {p: _digest(p) for p in (db, good)} == before and not (tmp_path / "t.json").exists()

@@ -65,7 +65,9 @@ def open_run(cfg: DictConfig) -> tuple[Any, Any]:
     from zhantune.storage import Store
 
     run = resolve_run(cfg)
-    return run, Store(cfg.storage.url)
+    store = Store(cfg.storage.url)
+    store.check_times()  # transfer and the export read stored times: a bad one is refused now, not half way
+    return run, store
 
 
 def print_finished(console: Console, result: Any) -> None:
@@ -92,6 +94,7 @@ def _problems(cfg: DictConfig, console: Console) -> dict | None:
     try:
         runs = resolve_problems(cfg)  # every problem validated before the database is opened
         store = Store(cfg.storage.url)
+        store.check_times()
         result = tune_problems(cfg, runs, store, console)
     except UserError as e:
         user_error(e)

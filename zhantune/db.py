@@ -66,7 +66,7 @@ def _db_app(cfg: DictConfig) -> None:
                 if not holds_zhantune_schema(str(u), f"sources[{i}]"):  # Store would give it the schema
                     raise StorageError(f"sources[{i}]={redact_url(str(u))}: holds no zhantune tables, nothing to merge; "
                                        "nothing was merged")
-                src = Store(str(u))
+                src = Store(str(u), f"sources[{i}]")
                 check_importable(src, f"sources[{i}]")
                 sources.append(src)
             # a target without zhantune's tables (a new file, an empty database) gets them after the checks

@@ -59,6 +59,7 @@ def check_importable(source: Store, where: str) -> None:
     * a stored value that does not decode (a JSON column, a timestamp), by table, in zhantune's
       tables or in the Optuna studies it copies; a device kind other than cpu or cuda;
     * a measurement or verdict naming a device, problem, study or environment row that is not there;
+    * a time or ratio that is not a positive, finite number (zhantune.storage.reads.TIME_COLUMNS);
     * an Inductor measurement (any row but a Kernel Tuner replay's, template_id ``kerneltuner::...``)
       that sets anything but allow-listed tuning knobs (zhantune.inductor.knobs: what a table
       exported from the merged database may ship);
@@ -110,6 +111,9 @@ def check_importable(source: Store, where: str) -> None:
                 value = getattr(r, column, None)
                 if (value is not None or column != "environment_id") and value not in known:
                     refuse(f"{what} {r.id}: {column} {value} names no row")
+    bad = source.bad_time()
+    if bad is not None:
+        refuse(f"{bad} is not a positive, finite number")
     _check_optuna_studies(source, {st.name for st in rows[m.Study]}, refuse)
     for r in rows[m.MeasurementRow]:
         if str(r.template_id or "").startswith(TEMPLATE_PREFIX):

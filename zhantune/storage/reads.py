@@ -17,11 +17,16 @@ from sqlalchemy.orm import Session
 
 from zhantune.storage import orm as m
 
-__all__ = ["ReportQueries", "MEASURED_KINDS"]
+__all__ = ["ReportQueries", "MEASURED_KINDS", "TIME_COLUMNS"]
 
 #: the measurement kinds that rank configs: search candidates and their re-measurements
 MEASURED_KINDS = ("candidate", "remeasure")
 _M = m.MeasurementRow
+#: the columns that hold a time (microseconds) or a ratio of times: a positive, finite number or null
+TIME_COLUMNS = (_M.median_us, _M.min_us, _M.max_us, _M.p20_us, _M.p80_us, _M.mean_us,
+                m.Verdict.ratio, m.Verdict.ratio_low, m.Verdict.ratio_high)
+#: above any time a run gives (microseconds: 30 years), below any float overflow
+_MAX_TIME = 1e15
 
 
 class ReportQueries:
@@ -29,6 +34,21 @@ class ReportQueries:
 
     url: str
     session: Callable[[], AbstractContextManager[Session]]
+
+    def bad_time(self) -> str | None:
+        """The first stored time or ratio (:data:`TIME_COLUMNS`) that no zhantune run writes: zero,
+        negative, infinite, NaN or text (a database edited or crafted elsewhere), as ``measurement
+        12: min_us 0.0``; None when every one is a positive, finite number or null. One query per
+        column: the readers (decision statistics, geometric means) need not check each row."""
+        with self.session() as s:
+            for col in TIME_COLUMNS:
+                table = col.class_
+                found = s.execute(select(table.id, col).where(col.is_not(None), ~((col > 0) & (col < _MAX_TIME)))
+                                  .order_by(table.id).limit(1)).first()
+                if found is not None:
+                    what = "measurement" if table is _M else "verdict"
+                    return f"{what} {found[0]}: {col.key} {found[1]!r}"
+        return None
 
     def config_rows(self, device_ids: list[int], kinds: tuple[str, ...]) -> list[Row[Any]]:
         """Every measurement of ``kinds`` on the devices ``device_ids``, one row each with

@@ -52,11 +52,13 @@ class Store(Queries):
     ``postgresql+psycopg://...``). Opening it creates a new database at the newest schema revision;
     raises StorageError (a UserError, exit code 2) when it cannot be opened or holds an older, newer
     or foreign schema. A failing statement afterwards raises StorageInternalError, except a
-    unique-constraint violation (a race another worker won): SQLAlchemy's IntegrityError."""
+    unique-constraint violation (a race another worker won): SQLAlchemy's IntegrityError. ``option``:
+    where the URL came from, as the errors name it (``sources[0]`` for a merge's source)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, option: str = "storage.url"):
         check_url(url)
         self.url = url
+        self.option = option
         path = sqlite_path(url)
         #: set under the schema lock when this process found no database there: the file is its own
         self._creating = False
@@ -71,7 +73,7 @@ class Store(Queries):
                 self.engine.dispose()
                 remove_sqlite_files(path)
             if isinstance(e, (SQLAlchemyError, OSError)):
-                raise StorageError(f"storage.url={redact_url(url)}: cannot open the database: {first_line(e)}") from None
+                raise StorageError(f"{option}={redact_url(url)}: cannot open the database: {first_line(e)}") from None
             raise
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
@@ -93,8 +95,8 @@ class Store(Queries):
         finally:
             if probe is not self.engine:
                 probe.dispose()
-        refuse_other_optuna_schema(f"storage.url={redact_url(self.url)}", optuna_rev)
-        refuse_foreign_or_newer(f"storage.url={redact_url(self.url)}", tables, rev)
+        refuse_other_optuna_schema(f"{self.option}={redact_url(self.url)}", optuna_rev)
+        refuse_foreign_or_newer(f"{self.option}={redact_url(self.url)}", tables, rev)
         if rev is None:
             upgrade(self.engine)
             if "version_info" not in tables:
@@ -106,9 +108,18 @@ class Store(Queries):
                 storage.remove_session()
                 storage.engine.dispose()
         elif rev != head:  # an older revision (refuse_foreign_or_newer refused a newer one)
-            raise StorageError(f"storage.url={redact_url(self.url)}: the database has schema revision {rev}, this zhantune "
+            raise StorageError(f"{self.option}={redact_url(self.url)}: the database has schema revision {rev}, this zhantune "
                                f"needs {head}; back it up, then run: python -m zhantune.db upgrade "
                                f"storage.url={redact_url(self.url)}")
+
+    def check_times(self) -> None:
+        """Raise StorageError naming the row when a stored time or ratio is not a positive, finite
+        number (:meth:`bad_time`: a database edited or crafted elsewhere); the readers of times
+        (compare, export, transfer) call it first, so that one bad row is one line, not a crash."""
+        bad = self.bad_time()
+        if bad is not None:
+            raise StorageError(f"{self.option}={redact_url(self.url)}: {bad} is not a positive, finite number; "
+                               "no zhantune run writes it (an edited database?): nothing was read")
 
     @contextlib.contextmanager
     def schema_lock(self) -> Iterator[None]:
