@@ -845,3 +845,40 @@ def test_a_stored_time_no_run_writes_is_refused_in_one_line_by_every_reader(cli,
         assert "is not a positive, finite number" in lines[0] and "Traceback" not in r.stdout + r.stderr
         assert lines[0].startswith(f"zhantune: {'sources[0]' if module == 'zhantune.db' else 'storage.url'}=")
     assert {p: _digest(p) for p in (db, good)} == before and not (tmp_path / "t.json").exists()
+
+
+def test_a_merge_interrupted_while_copying_an_optuna_study_is_completed_by_the_next_merge(cli, tmp_path, monkeypatch):
+    """Ctrl-C during copy_study left the target's Optuna study with 40 of 100 trials, and merging
+    again skipped it (its zt_study row was committed first): the next merge now adds the missing
+    trials, as a prefix of the source's, and adds no study or measurement twice."""
+    from optuna.storages import RDBStorage
+
+    from zhantune.storage.merge import merge_into
+
+    src_url, dst_url = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'dst.db'}"
+    r = cli(["bench=replay", f"bench.path={A100}", "search.n_trials=12", "progress=false", f"storage.url={src_url}"],
+            tmp_path)
+    assert r.returncode == 0, r.stderr
+    source, target = Store(src_url), Store(dst_url)
+    real, calls = RDBStorage._create_new_trial, []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 5:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(RDBStorage, "_create_new_trial", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        merge_into(target, source, "src")
+    monkeypatch.setattr(RDBStorage, "_create_new_trial", real)
+    assert len(optuna.load_study(study_name=A100_STUDY, storage=dst_url).trials) == 5
+    stats = merge_into(target, source, "src")
+    assert stats.studies_new == 0 and stats.measurements_added > 0
+    want = optuna.load_study(study_name=A100_STUDY, storage=src_url).trials
+    have = optuna.load_study(study_name=A100_STUDY, storage=dst_url).trials
+    assert len(want) >= 12 and [(t.number, t.params, t.values, t.state) for t in have] == [
+        (t.number, t.params, t.values, t.state) for t in want]
+    again = merge_into(target, source, "src")  # nothing left to add
+    assert (again.measurements_added, again.studies_new, again.verdicts_added) == (0, 0, 0)
+    assert len(optuna.load_study(study_name=A100_STUDY, storage=dst_url).trials) == len(want)

@@ -192,23 +192,23 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
         with target.session() as t:
             same = t.scalar(select(m.Study).where(m.Study.name == st.name))
             if same is not None and _as_naive(same.started_at) == _as_naive(st.started_at):
-                study_map[st.id] = same.id
-                continue
-            name = st.name if same is None else f"{st.name} [from {label}]"
-            existing = t.scalar(select(m.Study).where(m.Study.name == name))
-            if existing is not None:  # merged before under the new name
+                study_map[st.id], name, added = same.id, st.name, False
+            else:
+                name = st.name if same is None else f"{st.name} [from {label}]"
+                existing = t.scalar(select(m.Study).where(m.Study.name == name))
+                added = existing is None  # else merged before under the new name
+                if added:
+                    existing = m.Study(name=name, config=st.config, started_at=st.started_at,
+                                       finished_at=st.finished_at, status=st.status)
+                    t.add(existing)
+                    t.flush()
                 study_map[st.id] = existing.id
-                continue
-            row = m.Study(name=name, config=st.config, started_at=st.started_at, finished_at=st.finished_at,
-                          status=st.status)
-            t.add(row)
-            t.flush()
-            study_map[st.id] = row.id
-        if same is None:
+        if added and same is None:
             stats.studies_new += 1
-        else:
+        elif added:
             stats.studies_renamed += 1
         if has_optuna:  # else Optuna's storage would give the source its tables (a write)
+            # every time, not only for a new study: an interrupted merge's half-copied study is completed
             _copy_optuna_study(source.url, target.url, st.name, name)
     with target.session() as t:
         have = {(sid, n, _as_naive(c), h) for sid, n, c, h in t.execute(
@@ -254,6 +254,10 @@ def _copy_verdicts(target: Store, verdicts: list, study_map: dict[int, int], dev
 
 
 def _copy_optuna_study(source_url: str, target_url: str, name: str, new_name: str) -> None:
+    """Copy the source's Optuna study ``name`` to the target as ``new_name``; where the target holds
+    it already as a prefix of the source's trials (a merge interrupted half way through copy_study,
+    or an earlier copy of a study that went on), the missing trials are added. A target study whose
+    trials differ from the source's (another lineage) is left as it is."""
     names = {s.study_name for s in optuna.get_all_study_summaries(source_url, include_best_trial=False)}
     if name not in names:
         return  # imported data has no Optuna study
@@ -261,3 +265,21 @@ def _copy_optuna_study(source_url: str, target_url: str, name: str, new_name: st
     if new_name not in targets:
         optuna.copy_study(from_study_name=name, from_storage=source_url, to_storage=target_url,
                           to_study_name=new_name)
+        return
+    src = optuna.load_study(study_name=name, storage=source_url)
+    dst = optuna.load_study(study_name=new_name, storage=target_url)
+    have, want = dst.get_trials(deepcopy=False), src.get_trials(deepcopy=False)
+    if len(have) < len(want) and all(_same_trial(a, b) for a, b in zip(have, want, strict=False)):
+        system = dst._storage.get_study_system_attrs(dst._study_id)  # as copy_study copies them
+        for key, value in src._storage.get_study_system_attrs(src._study_id).items():
+            if key not in system:
+                dst._storage.set_study_system_attr(dst._study_id, key, value)
+        for key, value in src.user_attrs.items():
+            if key not in dst.user_attrs:
+                dst.set_user_attr(key, value)
+        dst.add_trials(want[len(have):])
+
+
+def _same_trial(a: optuna.trial.FrozenTrial, b: optuna.trial.FrozenTrial) -> bool:
+    return (a.number, a.state, a.params, a.values, a.datetime_start) == (b.number, b.state, b.params, b.values,
+                                                                         b.datetime_start)
