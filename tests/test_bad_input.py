@@ -591,6 +591,21 @@ def test_template_kwarg_allow_list(entry, allowed):
     assert (template_entry_problem(entry) is None) is allowed
 
 
+def test_a_table_the_reader_would_refuse_is_never_written(tmp_path):
+    """A database edited elsewhere (a device key with a terminal escape and a newline) made export
+    write keys that its own reader then refused; write_table checks as read_table does, writes nothing."""
+    from zhantune.errors import TableError
+    from zhantune.inductor.table import read_table, write_table
+
+    key = "\x1b[31mRED\x1b[0m\n2nd line+" + KEY
+    with pytest.raises(TableError, match=r"t.json \(not written\): \[.*\]: not an Inductor lookup key") as e:
+        write_table(tmp_path / "t.json", {key: [{"template_id": "aten::mm"}]})
+    assert "\n" not in str(e.value) and "\x1b" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+    write_table(tmp_path / "t.json", {KEY: [{"template_id": "aten::mm"}]})
+    assert read_table(tmp_path / "t.json").table == {KEY: [{"template_id": "aten::mm"}]}
+
+
 def test_read_table_names_a_hostile_key_on_one_line_and_checks_every_value():
     """A table's key path is printed escaped (a newline or a terminal escape in a key would forge
     output lines), a zhantune::config entry's template_hash is checked like a template entry's, and

@@ -143,8 +143,11 @@ def stock_inductor_notes(table: dict[str, list[dict[str, Any]]]) -> list[str]:
 def write_table(path: str | os.PathLike[str], table: dict[str, list[dict[str, Any]]],
                 meta: dict[str, Any] | None = None) -> Path:
     """Write the table as JSON, atomically (a reader never sees half a file); wrapped in ``meta``
-    (:func:`table_metadata`) when given, else the bare dict Inductor takes."""
+    (:func:`table_metadata`) when given, else the bare dict Inductor takes. Raises TableError, and
+    writes nothing, when the table is one :func:`read_table` would refuse (a key or value from a
+    database edited elsewhere: a device key with a newline or a terminal escape)."""
     path = Path(path)
+    check_table(table, f"{path} (not written)")
     path.parent.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = table if meta is None else {**meta, "table": table}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
