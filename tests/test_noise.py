@@ -280,6 +280,10 @@ def test_check_times_its_compiles_in_rotated_interleaved_rounds():
     assert not versus({"rounds_us": [50]}, {"rounds_us": [100]})["consistent"]  # one round shows nothing
     assert versus({"rounds_us": [100, 101, 100]}, {"rounds_us": [150, 151, 150]})["consistent"]
     assert versus({"rounds_us": [150, 151, 150]}, {"rounds_us": [100, 101, 100]})["consistent"]  # slower, clearly
+    # as clear, but a round of either side timed on a busy machine: shown as "~", like a tune's claim
+    assert not versus({"rounds_us": [100, 101, 100], "contended": 1}, {"rounds_us": [150, 151, 150]})["consistent"]
+    assert not versus({"rounds_us": [100, 101, 100]}, {"rounds_us": [150, 151, 150], "contended": 2})["consistent"]
+    assert sum(t["contended"] for t in times.values()) == contention.contended  # per way, the same count
 
 
 def _nice(tid: int) -> int:

@@ -70,23 +70,28 @@ def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) 
     """Time every way in ``rounds`` interleaved rounds (round r starts at way r mod n, so no way is
     always first). Per way: ``run_us`` the fastest run over all rounds (the decision statistic, as
     in a tune: one-sided noise cannot make it smaller), ``median_us`` the median of the per-round
-    medians, ``rounds_us`` each round's fastest run. Returns (per way, ContentionCount)."""
+    medians, ``rounds_us`` each round's fastest run, ``contended`` how many of its rounds were
+    timed on a busy machine. Returns (per way, ContentionCount)."""
     import statistics
 
     from zhantune.bench.conditions import ContentionCount, is_contended
 
     names = list(fns)
     timings: dict[str, list[Any]] = {n: [] for n in names}
+    busy = dict.fromkeys(names, 0)
     contention = ContentionCount()
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             timing, seen = _time_once(fns[name], device, bench)
             timings[name].append(timing)
-            contention = contention.add(seen, is_contended(seen), timing.method)
+            contended = is_contended(seen)
+            busy[name] += bool(contended)
+            contention = contention.add(seen, contended, timing.method)
     out = {}
     for name, ts in timings.items():
         out[name] = {"run_us": min(t.min_us for t in ts), "median_us": statistics.median(t.median_us for t in ts),
-                     "rounds_us": [t.min_us for t in ts], "n": sum(t.n for t in ts), "method": ts[0].method}
+                     "rounds_us": [t.min_us for t in ts], "n": sum(t.n for t in ts), "method": ts[0].method,
+                     "contended": busy[name]}
     return out, contention
 
 
@@ -98,12 +103,14 @@ def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     round agrees on which is faster, by a margin the rounds' disagreement cannot explain (the rule of
     a tune's claim, zhantune.bench.decision.beyond_spread, either way, so up to 1% of equal ways are
     marked consistent; check's rounds rotate three ways, so a way and the default are not always
-    back to back; never with one round)."""
+    back to back; never with one round, nor where a round of either side was timed on a busy
+    machine, as a tune's claim: zhantune.bench.decision.judge_speedup)."""
     from zhantune.bench.decision import beyond_spread, paired_ratio
 
     per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
     n, low, high = len(per_round), min(per_round), max(per_round)
     consistent = beyond_spread(low, high, n) or beyond_spread(1 / high, 1 / low, n)
+    consistent = consistent and not (way.get("contended") or default.get("contended"))
     return {"ratio": paired_ratio(per_round), "ratio_low": low, "ratio_high": high, "consistent": consistent}
 
 
