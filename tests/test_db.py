@@ -68,6 +68,9 @@ def test_first_schema_file_is_refused_then_upgraded_with_its_rows_kept(cli, tmp_
                                            r"python -m zhantune.db upgrade storage.url=sqlite:///"):
         Store(url)
     assert _digest(db) == before  # refused without a write
+    r = cli(["current", f"storage.url={url}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0 and f"revision 0001; newest {head_revision()}" in r.stdout, r.stderr
+    assert _digest(db) == before  # read only: not even switched to WAL mode (it was)
     with sqlite3.connect(SCHEMA1) as con:
         old_rows = con.execute("select id, config_hash, median_us, status from zt_measurement order by id").fetchall()
     r = cli(["upgrade", f"storage.url={url}"], tmp_path, module="zhantune.db")

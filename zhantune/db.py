@@ -36,16 +36,16 @@ def _db_app(cfg: DictConfig) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from zhantune.storage import Store
-    from zhantune.storage.engine import holds_zhantune_schema, open_existing, redact_url
+    from zhantune.storage.engine import existing_revision, holds_zhantune_schema, open_existing, redact_url
     from zhantune.storage.merge import check_importable, check_recordings, merge_into
-    from zhantune.storage.migrate import current_revision, head_revision, upgrade
+    from zhantune.storage.migrate import head_revision, upgrade
 
     cmd = _command[0]
     url = cfg.storage.url
     try:
         if cmd == "current":
-            with open_existing(url, allow_newer=True).connect() as conn:
-                print(f"{redact_url(url)}: revision {current_revision(conn) or 'none (new database)'}; newest {head_revision()}")
+            rev = existing_revision(url, allow_newer=True)  # read only: an older file stays as it was
+            print(f"{redact_url(url)}: revision {rev or 'none (new database)'}; newest {head_revision()}")
         elif cmd == "upgrade":
             engine = open_existing(url)
             try:

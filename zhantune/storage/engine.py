@@ -25,7 +25,7 @@ from zhantune.redact import hide_password, mask, url_secrets
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
-           "check_sqlite_integrity", "refuse_foreign_or_newer", "refuse_other_optuna_schema", "make_engine", "sqlite_pragmas", "open_existing",
+           "check_sqlite_integrity", "refuse_foreign_or_newer", "refuse_other_optuna_schema", "make_engine", "sqlite_pragmas", "open_existing", "existing_revision",
            "file_lock", "remove_sqlite_files", "canonical_json", "first_line"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -236,7 +236,16 @@ def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 def open_existing(url: str, source: str = "storage.url", allow_newer: bool = False) -> Engine:
     """An engine on an existing database that passes SQLite's quick integrity check (SQLite files)
     and is zhantune's or holds only Optuna's tables (``allow_newer``: a newer zhantune schema too);
-    raises StorageError (exit code 2) naming ``source`` otherwise. Nothing is written."""
+    raises StorageError (exit code 2) naming ``source`` otherwise. Nothing is written (the engine's
+    first connection switches a SQLite file to WAL mode: :func:`existing_revision` reads only)."""
+    existing_revision(url, source, allow_newer)
+    return make_engine(url)
+
+
+def existing_revision(url: str, source: str = "storage.url", allow_newer: bool = False) -> str | None:
+    """zhantune's schema revision of an existing database (None: only Optuna's tables, or none),
+    checked as :func:`open_existing` checks it, read through a plain engine: nothing is written,
+    not even SQLite's switch to WAL mode (an older database stays byte for byte as it was)."""
     check_url(url, source)
     path = sqlite_path(url)
     if path is not None:
@@ -246,7 +255,7 @@ def open_existing(url: str, source: str = "storage.url", allow_newer: bool = Fal
     tables, rev = _probe(url, source)
     if not (allow_newer and rev is not None):  # `current` reports any zhantune revision, newer too
         refuse_foreign_or_newer(f"{source}={hide_password(url)}", tables, rev)
-    return make_engine(url)
+    return rev
 
 
 def holds_zhantune_schema(url: str, source: str = "storage.url") -> bool:
