@@ -27,7 +27,8 @@ __all__ = ["TableChoices", "TableReport", "stale_reason", "release", "NOT_FROZEN
 NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "
               "compile under torch.no_grad() (in torch 2.13 torch.compile(options={'freezing': True}) does not freeze)")
 #: why a GPU template entry (triton::*, decompose_k, ...) compiled Inductor's default on CPU (TableReport.stale)
-GPU_ENTRY_ON_CPU = ("{tid} is a GPU template: Inductor's CPU GEMM offers ATen and its C++ template only "
+GPU_ENTRY_ON_CPU = ("{tid} is not a CPU choice (a GPU template, or none Inductor offers): Inductor's CPU GEMM "
+                    "offers ATen and its C++ template only "
                     f"({CONFIG_TEMPLATE_ID} entries); Inductor's default compiled")
 #: config keys the CPU handler sets per GEMM (plus any key a table's config_patch names)
 _CPU_GEMM_KEYS = ("max_autotune_gemm_backends", "cpp.gemm_max_k_slices", "cpp.gemm_thread_factors",
