@@ -170,6 +170,8 @@ def test_malformed_table_is_one_line_exit_2_naming_file_and_key_path(cli, tmp_pa
     ({"format_version": "1"}, "format_version: this zhantune reads version 1, got '1'"),
     ({"dtype": "int8"}, "problems[0].dtype: 'int8'; allowed: float32, bfloat16, float16"),
     ({"weight_layout": "zz"}, "problems[0].weight_layout: 'zz' for op addmm; allowed: kn, nk"),
+    ({"bogus": 1}, "problems[0].bogus: not a key of a problem (a typo?); allowed: op, shape, dtype"),
+    ({"twice": True}, "problems[1]: the same problem and lookup key as problems[0]: it would be tuned twice"),
 ])
 def test_malformed_problems_file_is_one_line_naming_file_and_key_path(cli, tmp_path, existing_db, edit, message):
     """A problems file of another format version, or a problem whose dtype or layout is not allowed,
@@ -178,6 +180,8 @@ def test_malformed_problems_file_is_one_line_naming_file_and_key_path(cli, tmp_p
     doc = {"format": "zhantune-problems", "format_version": 1, "problems": [row]}
     if "format_version" in edit:
         doc.update(edit)
+    elif "twice" in edit:
+        doc["problems"] = [row, dict(row)]
     else:
         row.update(edit)
     path = tmp_path / "problems.yaml"

@@ -32,6 +32,9 @@ __all__ = ["ProblemRun", "ProblemsResult", "resolve_problems", "tune_problems", 
            "measure_defaults", "write_problems", "read_problems", "allocate_trials", "PROBLEMS_FORMAT"]
 
 PROBLEMS_FORMAT = "zhantune-problems"
+#: the keys of a problem in the file (python -m zhantune.collect writes them all; a hand-written
+#: file needs op and shape)
+ROW_KEYS = ("op", "shape", "dtype", "weight_layout", "lookup_key", "count", "inputs", "scalars", "default_us", "share")
 #: the largest problems file read (bytes)
 MAX_PROBLEMS_BYTES = 1 << 20
 
@@ -111,10 +114,14 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
     if not isinstance(rows, list) or not rows:
         raise ConfigError(f"{path}: problems: expected a non-empty list")
     out = []
+    seen: dict[tuple, int] = {}
     for i, row in enumerate(rows):
         at = f"{path}: problems[{i}]"
         if not isinstance(row, dict):
             raise ConfigError(f"{at}: expected a mapping")
+        extra = sorted(set(row) - set(ROW_KEYS), key=str)
+        if extra:
+            raise ConfigError(f"{at}.{extra[0]}: not a key of a problem (a typo?); allowed: {', '.join(ROW_KEYS)}")
         if row.get("op") not in OPS:
             raise ConfigError(f"{at}.op: {row.get('op')!r}; allowed: {', '.join(sorted(OPS))}")
         if row.get("dtype", "float32") not in DTYPE_NAMES:
@@ -131,6 +138,12 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
         share = row.get("share")
         if share is not None and (not isinstance(share, (int, float)) or not 0 <= share <= 1):
             raise ConfigError(f"{at}.share: {share!r} must be a number in [0, 1] or null")
+        same = (row["op"], str(row["shape"]), row.get("dtype", "float32"), row.get("weight_layout", "kn"),
+                row.get("lookup_key"))
+        if same in seen:
+            raise ConfigError(f"{at}: the same problem and lookup key as problems[{seen[same]}]: it would be tuned "
+                              "twice and counted twice; keep one (its count: how often the model runs it)")
+        seen[same] = i
         out.append(row)
     return out
 
