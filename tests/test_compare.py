@@ -292,3 +292,16 @@ def test_import_refuses_a_header_value_of_the_wrong_type(cli, tmp_path, key, val
     r = cli([f"files=[{bad}]", f"storage.url=sqlite:///{tmp_path}/i.db"], tmp_path, module="zhantune.kerneltuner")
     assert r.returncode == 2 and f"files={bad}: {message}" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "i.db").exists()
+
+
+def test_export_of_imports_only_says_they_have_no_lookup_key(cli, tmp_path, db):
+    """A database of Kernel Tuner imports holds correct measurements, but no Inductor lookup key: the
+    export said "no correct measured candidate", which sent users hunting for failed runs."""
+    r = cli([f"storage.url={db}", f"path={tmp_path}/t.json"], tmp_path, module="zhantune.export")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "none of its problems has an Inductor lookup key (Kernel Tuner imports and replays have none" in r.stderr
+    assert not (tmp_path / "t.json").exists()
+    empty = f"sqlite:///{tmp_path}/empty.db"
+    Store(empty)
+    r = cli([f"storage.url={empty}"], tmp_path, module="zhantune.export")
+    assert r.returncode == 2 and "it holds no problem yet" in r.stderr, r.stderr
