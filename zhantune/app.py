@@ -66,7 +66,7 @@ def open_run(cfg: DictConfig) -> tuple[Any, Any]:
 
     run = resolve_run(cfg)
     store = Store(cfg.storage.url)
-    store.check_times()  # transfer and the export read stored times: a bad one is refused now, not half way
+    store.check_readable()  # transfer and the export read stored times: a bad one is refused now, not half way
     return run, store
 
 
@@ -94,7 +94,7 @@ def _problems(cfg: DictConfig, console: Console) -> dict | None:
     try:
         runs = resolve_problems(cfg)  # every problem validated before the database is opened
         store = Store(cfg.storage.url)
-        store.check_times()
+        store.check_readable()
         result = tune_problems(cfg, runs, store, console)
     except UserError as e:
         user_error(e)

@@ -62,7 +62,7 @@ def _compare_app(cfg: DictConfig) -> None:
     console = make_console()
     try:
         store = Store(cfg.storage.url)
-        store.check_times()
+        store.check_readable()
         cmp = compare(store, [str(d) for d in devices] if devices else None)
         # a tune's study, or one a Kernel Tuner import printed (by its name or a part only it has)
         study = load_report_study(store, str(cfg.study)) if cfg.study else None

@@ -40,7 +40,7 @@ def _export_app(cfg: DictConfig) -> None:
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
         store = Store(cfg.storage.url)
-        store.check_times()
+        store.check_readable()
         device = resolve_device_key(store, cfg.device)
         ids = _problem_ids(store, cfg.problems) if cfg.problems else None
         shared: list[str] = []

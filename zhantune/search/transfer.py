@@ -136,8 +136,8 @@ def load_prior(store: Store, device_key: str, problem: Any, max_shapes: int = 2)
     """The prior for tuning ``problem`` (a GemmProblem or a replayed problem) on ``device_key``:
     other devices' measurements of the same problem, else (GEMMs) neighbouring shapes on this
     device; None when the storage holds neither. Raises StorageError when a stored time is not a
-    positive, finite number (Store.check_times)."""
-    store.check_times()
+    positive, finite number (Store.check_readable)."""
+    store.check_readable()
     found = device_sources(store, device_key, problem.key) or shape_sources(store, device_key, problem, max_shapes)
     if not found:
         return None

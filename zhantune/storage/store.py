@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -112,14 +113,23 @@ class Store(Queries):
                                f"needs {head}; back it up, then run: python -m zhantune.db upgrade "
                                f"storage.url={redact_url(self.url)}")
 
-    def check_times(self) -> None:
+    def check_readable(self) -> None:
         """Raise StorageError naming the row when a stored time or ratio is not a positive, finite
-        number (:meth:`bad_time`: a database edited or crafted elsewhere); the readers of times
-        (compare, export, transfer) call it first, so that one bad row is one line, not a crash."""
+        number (:meth:`bad_time`), or a device's key or name is not one line of printable text (a
+        newline or a terminal escape would reach the console and the table's keys): what a
+        database edited or crafted elsewhere may hold, and no zhantune run writes (``db merge``
+        refuses it too). The readers (compare, export, a tune) call it first, so that one bad row
+        is one line, not a crash or a forged line of output."""
         bad = self.bad_time()
         if bad is not None:
             raise StorageError(f"{self.option}={redact_url(self.url)}: {bad} is not a positive, finite number; "
                                "no zhantune run writes it (an edited database?): nothing was read")
+        for d in self.devices():
+            for what, value in (("key", d.key), ("name", d.name)):
+                if not (isinstance(value, str) and value.isprintable()):
+                    raise StorageError(f"{self.option}={redact_url(self.url)}: device {d.id}: {what} "
+                                       f"{json.dumps(value)[:120]} is not one line of printable text; no zhantune run "
+                                       "writes it (an edited database?): nothing was read")
 
     @contextlib.contextmanager
     def schema_lock(self) -> Iterator[None]:
