@@ -822,8 +822,8 @@ def _has_open(pid: int, path: str) -> bool:
 
 
 @pytest.mark.parametrize("change, message", [
-    (f"update zt_measurement set min_us = {bad} where id = (select min(id) from zt_measurement where status = 'ok')"
-     , "min_us ") for bad in ("0", "-3.5", "'abc'", "9e999")] + [  # 9e999: SQLite's Inf
+    (f"update zt_measurement set min_us = {bad} where id = (select min(id) from zt_measurement "
+     "where status = 'ok')", "min_us ") for bad in ("0", "-3.5", "'abc'", "9e999")] + [  # 9e999: SQLite's Inf
     ("update zt_device set key = key || char(27) || '[31mRED' || char(10) || '2nd line'", "device 1: key "),
 ])
 def test_a_stored_value_no_run_writes_is_refused_in_one_line_by_every_reader(cli, tmp_path, change, message):
