@@ -248,7 +248,10 @@ CASES = [
      "export.path=new.db is the database of storage.url=sqlite:///new.db", None),
     ("tune-export-path-is-the-wal", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu",
                                                  "export.path=zhantune.db-wal"], None,
-     "export.path=zhantune.db-wal is the database of storage.url=sqlite:///zhantune.db", None),
+     "export.path=zhantune.db-wal: zhantune.db is an SQLite database", None),
+    ("tune-export-path-is-the-new-databases-wal", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu",
+                                                               "storage.url=sqlite:///new.db", "export.path=new.db-wal"],
+     None, "export.path=new.db-wal is the database of storage.url=sqlite:///new.db", None),
     # one study tunes one problem: another problem's study is not resumed, counted or fed to the sampler
     ("study-name-of-another-problem", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", "search.study_name={x}",
                                                    "search.n_trials=1", "export.enabled=false"], _other_problems_study,
@@ -263,6 +266,9 @@ CASES = [
     ("problems-with-study-name", "zhantune", ["problems={x}", "search.study_name=s"], _file,
      "search.study_name='s' names one study; problems= tunes one study per problem", None),
     ("compare-html-dir", "zhantune.compare", ["html={x}"], _dir, "html=adir: is a directory", None),
+    # the -wal file of a database, not there yet: SQLite would take what is written there as its log
+    ("compare-json-to-a-wal-to-be", "zhantune.compare", ["json=zhantune.db-wal"], None,
+     "json=zhantune.db-wal: zhantune.db is an SQLite database", None),
     ("compare-csv-under-file", "zhantune.compare", ["csv={x}/c.csv"], _file,
      "csv=afile/c.csv: afile is not a directory", None),
     ("check-json-dir", "zhantune.check", [*MLP, "table={x}", "json=."],

@@ -36,13 +36,13 @@ def check_output_path(path: str | os.PathLike[str], option: str,
         if value and _same_file(p, Path(str(value))):
             raise ConfigError(f"{where}: is the file of {name}={value}, which this command reads; writing there "
                               "would replace it: give another file name")
+    db = _sqlite_database_at(p)  # the -wal of a database need not exist yet: SQLite would read it next
+    if db is not None:
+        raise ConfigError(f"{where}: {db} is an SQLite database (a results database?); writing there "
+                          "would destroy it: give another file name")
     if p.exists():
         if not p.is_file():
             raise ConfigError(f"{where}: exists and is not a regular file")
-        db = _sqlite_database_at(p)
-        if db is not None:
-            raise ConfigError(f"{where}: {db} is an SQLite database (a results database?); writing there "
-                              "would destroy it: give another file name")
         if not os.access(p, os.W_OK) or not os.access(p.parent, os.W_OK | os.X_OK):
             raise ConfigError(f"{where}: not writable")
         return p
