@@ -267,8 +267,11 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
                      + f": {pr.n_trials} trials; {done}/{total} done overall")
         pr.result = tune(pr.run, store, TuneProgress(console, pr.run.space) if cfg.progress else None)
         if pr.result.already_finished:
-            console.print(f"study {escape(repr(pr.result.study_name))} is finished ({pr.result.before} of "
-                          f"{pr.result.target} trials measured): nothing to measure", highlight=False)
+            r = pr.result
+            measured = (f"{r.before} of {r.target} trials measured" if r.before <= r.target
+                        else f"{r.before} trials measured, this share {r.target}")
+            console.print(f"study {escape(repr(r.study_name))} is finished ({measured}): nothing to measure",
+                          highlight=False)
         if pr.result.transfer_text:
             console.print(pr.result.transfer_text, markup=False)
         done += pr.n_trials
