@@ -249,6 +249,10 @@ def test_export_options_on_a_real_cpu_tune(tune_cfg, cli, tmp_path):
             module="zhantune.export")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "bare.json").read_text()) == build_table(store, top_k=2)
+    # a CPU table: stock Inductor makes no lookup on CPU, so that is the one note (no GPU one)
+    notes = [line for line in r.stdout.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: 1 CPU key(s): stock Inductor makes no lookup on CPU; they apply through "
+                     "zhantune.use_table only"], r.stdout
     r = cli([f"storage.url={url}", "path=none.json", "torch_version=0.0.0"], tmp_path, module="zhantune.export")
     assert r.returncode == 2 and "with torch 0.0.0" in r.stderr and not (tmp_path / "none.json").exists()
     r = cli([f"storage.url={url}", "top_k=0"], tmp_path, module="zhantune.export")

@@ -70,7 +70,8 @@ def _export_app(cfg: DictConfig) -> None:
     if cfg.format == "inductor":
         from zhantune.inductor.table import stock_inductor_notes
 
-        for note in stock_inductor_notes(table):  # what differs without zhantune.use_table
+        kinds = {d.kind for d in store.devices() if device is None or d.key == device}
+        for note in stock_inductor_notes(table, "cpu" if kinds == {"cpu"} else None):  # without zhantune.use_table
             print(f"note: {note}")
 
 

@@ -111,13 +111,16 @@ def table_key(device_key: str, problem_key: str | None, best: Any, device_agnost
     return problem_key if device_agnostic else f"{device_key}+{problem_key}"
 
 
-def stock_inductor_notes(table: dict[str, list[dict[str, Any]]]) -> list[str]:
+def stock_inductor_notes(table: dict[str, list[dict[str, Any]]], device_kind: str | None = None) -> list[str]:
     """What stock Inductor (its own ``LookupTableChoices`` with ``lookup_table.table`` set) does
     differently from :func:`zhantune.use_table` with this table, one sentence per kind of key found
     (empty: stock Inductor compiles every key's entries as zhantune does). Stock Inductor reads a
     table only under max-autotune (``max_autotune`` or ``max_autotune_gemm``); an empty list is a miss to it (Inductor's default choices for
     that lookup); it makes no lookup on CPU. Checked against stock Inductor's own handler in
-    tests/test_cuda_paths.py."""
+    tests/test_cuda_paths.py. ``device_kind`` "cpu" (every key's device is a CPU): that one note."""
+    if device_kind == "cpu" and table:
+        return [f"{len(table)} CPU key(s): stock Inductor makes no lookup on CPU; they apply through "
+                "zhantune.use_table only"]
     counts = {"addmm_template": 0, "addmm_default": 0, "config": 0}
     for key, entries in table.items():
         ids = [e.get("template_id") for e in entries]
