@@ -318,6 +318,9 @@ CASES = [
     ("import-5000-digit-integer", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: (t / "bigint.json").write_text('{"problem_size": [' + "9" * 5000 + ']}') and "bigint.json",
      "bigint.json: not a Kernel Tuner cache file (JSON): Exceeds the limit", None),
+    ("import-duplicate-cache-key", "zhantune.kerneltuner", ["files=[{x}]"],
+     lambda t: (t / "dup.json").write_text('{"cache": {"1": {"time": 1.0}, "1": {"time": 9.0}}}') and "dup.json",
+     "dup.json: not a Kernel Tuner cache file (JSON): key \"1\" appears twice in one JSON object", None),
     # a FIFO as an input file would block its reader (Ctrl-C deferred there): refused before it is opened
     ("problems-fifo", "zhantune", ["problems={x}"], _fifo, "problems=fifo.json: not a regular file", None),
     ("export-problems-fifo", "zhantune.export", ["problems={x}"], _fifo, "problems=fifo.json: not a regular file",

@@ -224,7 +224,7 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
         if len(raw) > MAX_KT_BYTES:
             raise ConfigError(f"{source}={path}: over {MAX_KT_BYTES >> 20} MiB of JSON"
                               f"{' decompressed' if p.suffix == '.gz' else ''}: not read")
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique)
     except (OSError, EOFError, zlib.error, ValueError) as e:  # ValueError: bad UTF-8 or JSON, a 5,000-digit int
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         if isinstance(e, EOFError):
@@ -253,6 +253,17 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
                              {n: list(tune_params[n]) for n in names}, cache, device or None)
     check_fits(loaded, f"{source}={path}")
     return loaded
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (ValueError naming the first repeated one): with a
+    duplicate cache key, which entry counts depends on the reader (Python's json keeps the last)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {json.dumps(dup)} appears twice in one JSON object")
+    return obj
 
 
 #: the parts of a Kernel Tuner cache entry that a real measurement of it took (milliseconds)
