@@ -263,6 +263,8 @@ CASES = [
      "path=./afile: is the file of problems=afile, which this command reads", None),
     ("check-json-over-its-table", "zhantune.check", [*MLP, "table={x}", "json={x}"],
      lambda t: _table(t, {"template_id": "aten::mm"}), "json=t.json: is the file of table=t.json", None),
+    ("problems-with-dtype", "zhantune", ["problems={x}", "dtype=bfloat16"], _file,
+     "override dtype=bfloat16: problems= takes each problem's dtype and weight_layout from the file (afile)", None),
     ("problems-with-study-name", "zhantune", ["problems={x}", "search.study_name=s"], _file,
      "search.study_name='s' names one study; problems= tunes one study per problem", None),
     ("compare-html-dir", "zhantune.compare", ["html={x}"], _dir, "html=adir: is a directory", None),

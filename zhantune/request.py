@@ -75,6 +75,10 @@ def check_request(cfg: Any) -> None:
         check_device_spec(cfg.device)
     else:
         check_file(cfg.problems, "problems")
+        given = [o for o in _command_line_overrides() if o.lstrip("+~").split("=", 1)[0] in ("dtype", "weight_layout")]
+        if given:
+            raise ConfigError(f"override {given[0]}: problems= takes each problem's dtype and weight_layout from "
+                              f"the file ({cfg.problems}); drop it")
         if cfg.search.get("study_name"):
             raise ConfigError(f"search.study_name={cfg.search.study_name!r} names one study; problems= tunes one "
                               "study per problem: drop search.study_name")
@@ -227,6 +231,13 @@ def check_model_request(cfg: Any) -> None:
     kwargs = cfg.model_kwargs
     if kwargs and not OmegaConf.is_dict(kwargs) and not isinstance(kwargs, dict):
         raise ConfigError(f"model_kwargs={kwargs}: expected a mapping, e.g. model_kwargs={{d_model:64}}")
+
+
+def _command_line_overrides() -> list[str]:
+    """The task's overrides as given on the command line ([] outside a Hydra app: the compose API)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def check_file(path: object, option: str) -> None:
