@@ -209,11 +209,13 @@ def test_ctrl_c_in_an_app_without_its_own_handler_is_one_line_and_exit_130(tmp_p
     proc = subprocess.Popen([sys.executable, "-m", "zhantune.collect", "model=slowmodel:make", "input_shapes=[[4,4]]",
                              f"out={tmp_path}/p.yaml", f"hydra.run.dir={tmp_path}/hydra"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"),
+                            # as from a shell: an xdist worker ignores SIGINT, and its children inherit that
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline().strip() == "ready"  # inside the model's factory: collect is working
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 130, err
