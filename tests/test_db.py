@@ -823,7 +823,7 @@ def _has_open(pid: int, path: str) -> bool:
 
 @pytest.mark.parametrize("change, message", [
     (f"update zt_measurement set min_us = {bad} where id = (select min(id) from zt_measurement "
-     "where status = 'ok')", "min_us ") for bad in ("0", "'abc'")] + [  # every column and value: the next test
+     "where status = 'ok')", "min_us ") for bad in ("0",)] + [  # every column and value: the next test
     ("update zt_device set key = key || char(27) || '[31mRED' || char(10) || '2nd line'", "device 1: key "),
 ])
 def test_a_stored_value_no_run_writes_is_refused_in_one_line_by_every_reader(cli, tmp_path, change, message):
@@ -853,22 +853,28 @@ def test_a_stored_value_no_run_writes_is_refused_in_one_line_by_every_reader(cli
     assert {p: _digest(p) for p in (db, good)} == before and not (tmp_path / "t.json").exists()
 
 
-@pytest.mark.parametrize("column, bad", [("min_us", "0"), ("median_us", "-3.5"), ("max_us", "'NaN'"),
-                                         ("p20_us", "9e999"), ("mean_us", "'abc'")])  # 9e999: SQLite's Inf
-def test_every_stored_time_column_is_checked(tmp_path, column, bad):
-    """Store.check_readable over each time column (the readers' check, tested through them above)."""
+def test_every_stored_time_column_is_checked(tmp_path):
+    """Store.check_readable over each time column and kind of bad value (the readers' check, tested
+    through them above): 0, negative, text, NaN as text, SQLite's Inf (9e999)."""
     from zhantune.bench.recorded import load_kerneltuner
     from zhantune.storage.ingest import import_kerneltuner
 
     store = Store(f"sqlite:///{tmp_path / 'k.db'}")
     import_kerneltuner(store, load_kerneltuner(A100))
     store.check_readable()
-    con = sqlite3.connect(tmp_path / "k.db")
-    con.execute(f"update zt_measurement set {column} = {bad} where id = 7")
-    con.commit()
-    con.close()
-    with pytest.raises(StorageError, match=rf"measurement 7: {column} .* is not a positive, finite number"):
-        store.check_readable()
+    for row, (column, bad) in enumerate([("min_us", "0"), ("median_us", "-3.5"), ("max_us", "'NaN'"),
+                                         ("p20_us", "9e999"), ("mean_us", "'abc'")], start=7):
+        con = sqlite3.connect(tmp_path / "k.db")
+        con.execute(f"update zt_measurement set {column} = {bad} where id = ?", (row,))
+        con.commit()
+        con.close()
+        with pytest.raises(StorageError, match=rf"measurement {row}: {column} .* is not a positive, finite number"):
+            store.check_readable()
+        con = sqlite3.connect(tmp_path / "k.db")
+        con.execute(f"update zt_measurement set {column} = 1.0 where id = ?", (row,))
+        con.commit()
+        con.close()
+    store.check_readable()
 
 
 def test_a_merge_interrupted_while_copying_an_optuna_study_is_completed_by_the_next_merge(cli, tmp_path, monkeypatch):
