@@ -135,9 +135,8 @@ def shape_sources(store: Store, device_key: str, problem: Any, max_shapes: int =
 def load_prior(store: Store, device_key: str, problem: Any, max_shapes: int = 2) -> Prior | None:
     """The prior for tuning ``problem`` (a GemmProblem or a replayed problem) on ``device_key``:
     other devices' measurements of the same problem, else (GEMMs) neighbouring shapes on this
-    device; None when the storage holds neither. Raises StorageError when a stored time is not a
-    positive, finite number (Store.check_readable)."""
-    store.check_readable()
+    device; None when the storage holds neither. The caller checks the storage's stored times first
+    (Store.check_readable: the tune app does, once, when it opens the database)."""
     found = device_sources(store, device_key, problem.key) or shape_sources(store, device_key, problem, max_shapes)
     if not found:
         return None
