@@ -358,17 +358,25 @@ def test_a_thread_started_while_timed_does_not_keep_the_raised_priority():
     assert policies.strip() == f"[{os.SCHED_OTHER}]", r.stdout
 
 
-def _busy() -> None:
+def _busy(started=None) -> None:
+    if started is not None:
+        started.release()
     while True:
         pass
 
 
 @pytest.fixture
 def load():
-    """Four busy-loop processes on this machine for the test's duration (two cores in CI)."""
-    procs = [multiprocessing.get_context("spawn").Process(target=_busy, daemon=True) for _ in range(4)]
+    """Four busy-loop processes on this machine for the test's duration (two cores in CI), each
+    spinning before the test starts: a spawned child first imports this module (zhantune, seconds on
+    a fresh clone), and a test that read the machine's load at once found it idle."""
+    ctx = multiprocessing.get_context("spawn")
+    started = ctx.Semaphore(0)
+    procs = [ctx.Process(target=_busy, args=(started,), daemon=True) for _ in range(4)]
     for p in procs:
         p.start()
+    for _ in procs:
+        assert started.acquire(timeout=120), "a busy loop did not start"
     yield procs
     for p in procs:
         p.kill()
