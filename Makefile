@@ -17,7 +17,7 @@ demo: setup
 
 # the tests that make their own load run alone afterwards: their busy loops would slow the others
 test: setup system-deps
-	.venv/bin/python -m pytest -v -n 2 --dist worksteal --durations=15 -m "not load"
+	.venv/bin/python -m pytest -v -n 2 --durations=15 -m "not load"
 	.venv/bin/python -m pytest -v --durations=5 -m load
 
 lint: setup
