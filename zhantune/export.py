@@ -45,11 +45,12 @@ def _export_app(cfg: DictConfig) -> None:
         ids = _problem_ids(store, cfg.problems) if cfg.problems else None
         shared: list[str] = []
         out, table = export_table(store, cfg, device, shared, ids)
-        if out is None and not device and not any(p.lookup_key for p in store.problems_by_key().values()):
-            raise UserError(f"nothing to export from {redact_url(cfg.storage.url)}: none of its problems has an Inductor "
-                            "lookup key (Kernel Tuner imports and replays have none; python -m zhantune.compare "
-                            "reads them)" if store.problems_by_key() else
-                            f"nothing to export from {redact_url(cfg.storage.url)}: it holds no problem yet")
+        problems = store.problems_by_key().values() if out is None and not device else None
+        if problems is not None and not any(p.lookup_key for p in problems):
+            raise UserError(f"nothing to export from {redact_url(cfg.storage.url)}: "
+                            + ("none of its problems has an Inductor lookup key (Kernel Tuner imports and replays "
+                               "have none; python -m zhantune.compare reads them)" if problems else
+                               "it holds no problem yet"))
         if out is None:
             raise UserError(f"nothing to export from {redact_url(cfg.storage.url)}: no correct measured candidate"
                             + (f" for device {device!r}" if device else "")
