@@ -1027,6 +1027,50 @@ def test_a_verdict_stored_under_the_old_rule_is_judged_again_by_the_rule_in_use(
     assert shipped(3, 1.04, 1.05) == ("triton::mm", {dev: pytest.approx(1.04)})
 
 
+def test_a_claim_confirmed_with_another_torch_never_ships_in_this_torchs_table(cli, tmp_path):
+    """A speedup holds for the torch its paired rounds ran with (the verdict stores it): a table
+    stamped with another torch (this process's, or export's torch_version=) ships Inductor's default
+    for it, compare's portable table withholds it, and the export names the torch it was confirmed with."""
+    import json
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table, claims_of_other_torch
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.inductor.portable import unconfirmed_portable
+    from zhantune.report.regret import compare
+
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
+    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=hit), "default")
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    rec.add(Measurement("ok", timing=summarize_us([10.0, 10.5], "t"), lookup=hit), "candidate", x, trial_number=0)
+    store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                      config_hash=x.config_hash, ratio=1.9, ratio_low=1.9, ratio_high=1.92, rounds=3,
+                      contended=0, confirmed=True, reason="confirmed in every round", torch_version="9.9.9")
+
+    def template(**kw):
+        (entries,) = build_table(store, **kw).values()
+        return entries[0]["template_id"]
+
+    assert template(min_speedup=1.02) == "aten::mm"  # this torch's table: the 9.9.9 claim is no claim here
+    assert claims_of_other_torch(store, None, 1.02) == {"9.9.9": 1}
+    assert unconfirmed_portable(compare(store), store, 1.02) != {}  # withheld from compare's table too
+    r = cli([f"storage.url=sqlite:///{tmp_path}/z.db", "path=t.json"], tmp_path, module="zhantune.export")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"1 speedup claim(s) confirmed with torch 9.9.9 do not ship in this torch {torch.__version__} table" \
+        in " ".join(r.stdout.split()), r.stdout
+    assert json.loads((tmp_path / "t.json").read_text())["table"] == {f"{dev}+{key}": [{"template_id": "aten::mm"}]}
+    # a table for that torch ships it (its rows filtered by that torch: these were stored with this one)
+    assert build_table(store, min_speedup=1.02, torch_version="9.9.9") == {}
+    # confirmed again with this torch (add_verdict's default): it ships in this torch's table
+    store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                      config_hash=x.config_hash, ratio=1.9, ratio_low=1.9, ratio_high=1.92, rounds=3,
+                      contended=0, confirmed=True, reason="confirmed in every round")
+    assert template(min_speedup=1.02) == "triton::mm"
+    assert claims_of_other_torch(store, None, 1.02) == {}
+
+
 def test_the_default_min_speedup_keeps_a_claim_noise_offsets_reach_out_of_the_table(tmp_path):
     """Two copies of one kernel were confirmed 1.002-1.015x apart (docs/timing.md: this CPU, an
     H100): a tune's export (ExportConfig's defaults) ships a tuned entry only for a confirmed claim

@@ -96,6 +96,46 @@ def test_migrations_create_exactly_the_models_schema(tmp_path):
         assert current_revision(conn) == head_revision()
 
 
+def test_upgrade_to_0008_gives_each_older_verdict_the_torch_of_its_paired_rounds(tmp_path):
+    """Verdicts stored before 0008 have no torch: the upgrade takes it from their config's newest
+    paired re-measurement in the same study (stored by the same settle), and leaves it NULL (no torch:
+    no claim in any table) where there is none."""
+    from alembic import command
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.candidate import Candidate
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Recorder
+    from zhantune.storage.migrate import _config, _transactional, upgrade
+
+    url = f"sqlite:///{tmp_path}/z.db"
+    store = Store(url)
+    problem = GemmProblem("mm", (64, 64, 64), "float32")
+    sid = store.study_id("s", {})
+    rec = Recorder(store, problem, sid, store.device_id("cpu x", "cpu x", "cpu", {}),
+                   store.problem_id(problem.key, **problem.row_fields()))
+    paired, unpaired = (Candidate("aten", "config", "aten::mm", {"i": i}) for i in (0, 1))
+    rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t")), "remeasure", paired)
+    for cand in (paired, unpaired):
+        store.add_verdict(study_id=sid, device_id=rec.device_id, problem_id=rec.problem_id,
+                          config_hash=cand.config_hash, ratio=1.5, ratio_low=1.5, ratio_high=1.5, rounds=3,
+                          contended=0, confirmed=True, reason="r")
+    store.engine.dispose()
+    with sqlite3.connect(tmp_path / "z.db") as con:  # the row's torch, not this process's
+        con.execute("update zt_measurement set torch_version = '2.12.0', triton_version = '3.5.0'")
+    eng = _transactional(make_engine(url))
+    with eng.begin() as conn:
+        command.downgrade(_config(conn), "0007")
+    eng.dispose()
+    with sqlite3.connect(tmp_path / "z.db") as con:  # the premise: 0007 has no such columns
+        assert "torch_version" not in {row[1] for row in con.execute("pragma table_info(zt_verdict)")}
+    assert upgrade(make_engine(url)) == ("0007", head_revision())
+    with sqlite3.connect(tmp_path / "z.db") as con:
+        got = dict(con.execute("select config_hash, torch_version || '/' || triton_version from zt_verdict"))
+    assert got == {paired.config_hash: "2.12.0/3.5.0", unpaired.config_hash: None}
+
+
 def test_newer_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
     newer = tmp_path / "newer.db"
     Store(f"sqlite:///{newer}")
@@ -512,7 +552,7 @@ def test_a_kernel_name_over_32_characters_fits_once_upgraded_to_0007_on_postgres
         s.add(m.Problem(key="p", op=name, shape={}, dtype="float32", lookup_op=name, flops=0))
         s.commit()
     r = cli(["upgrade", f"storage.url={url}"], tmp_path, module="zhantune.db")
-    assert r.returncode == 0 and "revision 0006 -> 0007" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and f"revision 0006 -> {head_revision()}" in r.stdout, r.stdout + r.stderr
     path = _kt_file(tmp_path, "k35.json.gz", 4.0, kernel_name=name)
     r = cli([f"files=[{path}]", f"storage.url={url}"], tmp_path, module="zhantune.kerneltuner")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -65,6 +65,19 @@ def _export_app(cfg: DictConfig) -> None:
           + (f"; {defaults} of them Inductor's default choice: no tuned config confirmed faster in paired rounds"
              + (f" by at least min_speedup={cfg.min_speedup:g}" if cfg.min_speedup is not None else "")
              + " (each tune's summary says why)" if defaults else ""))
+    from zhantune.inductor.builder import claims_of_other_torch, table_torch
+
+    if cfg.device_agnostic:
+        print("note: device_agnostic=true: each key's entry was measured (and any claim confirmed) on one device, "
+              "and applies on every device that loads the table; python -m zhantune.compare table=... picks "
+              "configs measured on every device")
+    if cfg.min_speedup is None:
+        print("note: min_speedup=null: each key's fastest stored config ships as it was measured, never paired "
+              "with Inductor's default: the table claims no speedup")
+    for other, n in sorted(claims_of_other_torch(store, cfg.torch_version, cfg.min_speedup).items()):
+        print(f"note: {n} speedup claim(s) confirmed with torch {other} do not ship in this torch "
+              f"{table_torch(cfg.torch_version)} table: a claim holds for the torch its paired rounds ran with "
+              f"(export torch_version={other} for that torch's table, or rerun the tunes with this torch)")
     for key in shared:
         print(f"{key}: Inductor's default choice: problems with different tuned entries share this lookup key "
               "(one's entry was never measured for the other)")

@@ -178,7 +178,8 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     :func:`not_carried`) or made no claim (a verdict without rounds: ``bench.remeasure_rounds=0``),
     the default ships, and so it does where no tune left a verdict (an interrupted tune, a database
     from before verdicts): stored times alone were never paired with the default, a busy moment can
-    make them. ``torch_version`` keeps only rows
+    make them. A verdict counts only where its rounds ran with the table's torch (``torch_version``,
+    else this process's: :func:`table_torch`). ``torch_version`` keeps only rows
     measured with that torch. ``device_agnostic`` keys entries without the device; where several
     devices share a problem the fastest device's winners are kept (cross-device choices are the
     compare command's job). Where two problems map to one lookup key with different entries (a
@@ -188,7 +189,8 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     these problems (a problems file's: a model's table), None: every problem measured."""
     from zhantune.inductor.heuristics import with_derived_kwargs
 
-    verdicts = store.latest_verdicts() if min_speedup is not None else {}
+    # a claim holds for the torch its paired rounds ran with: the table's (stamped in its metadata)
+    verdicts = store.latest_verdicts(table_torch(torch_version)) if min_speedup is not None else {}
     own_keys = store.default_lookup_keys()
     # every distinct config, so that rows a table may not carry (a tf32 backend flag, zhantune.
     # inductor.knobs; a config patch on CUDA, not_carried) make way for the next ones
@@ -275,6 +277,29 @@ def _default_for_clashes(table: dict[str, list[dict[str, Any]]], owners: dict[st
             table[o] = [default_entry(o_op)]
             out.add(o)
     return sorted(out)
+
+
+def table_torch(torch_version: str | None) -> str:
+    """The torch a table is built for: ``torch_version`` where given, else this process's (what
+    :func:`table_metadata` stamps, and what a speedup claim must have been confirmed with)."""
+    from zhantune.provenance import software_versions
+
+    return torch_version or software_versions()["torch"]
+
+
+def claims_of_other_torch(store: Store, torch_version: str | None, min_speedup: float | None) -> dict[str, int]:
+    """torch version -> how many (device, problem, config) claims clear ``min_speedup`` with that
+    torch but not with the table's (:func:`table_torch`): they do not ship, and the export says so."""
+    if min_speedup is None:
+        return {}
+    mine = store.latest_verdicts(table_torch(torch_version))
+    out: dict[str, int] = {}
+    for key, v in store.latest_verdicts().items():
+        if claim_clears(v, min_speedup) and not claim_clears(mine.get(key), min_speedup):
+            name = v.torch_version or "unknown (settled before zhantune recorded it)"
+            name = name if name.isprintable() else repr(name)  # an edited database reaches the console
+            out[name] = out.get(name, 0) + 1
+    return out
 
 
 def claim_clears(verdict: Any, min_speedup: float) -> bool:

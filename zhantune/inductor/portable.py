@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zhantune.bench.decision import claim_holds
-from zhantune.inductor.builder import claim_clears
+from zhantune.inductor.builder import claim_clears, table_torch
 from zhantune.inductor.table import carried, default_entry, entry_for, parse_key, table_key
 from zhantune.inductor.templates import is_default_kernel
 
@@ -91,7 +91,7 @@ def _withheld(entries: list[tuple[Any, Any, dict[str, Any]]], store: Store,
     """:func:`unconfirmed_portable` over ``entries`` (:func:`_portable_entries`)."""
     if min_speedup is None:
         return {}
-    verdicts = store.latest_verdicts()
+    verdicts = store.latest_verdicts(table_torch(None))  # the table is for this torch
     device_ids = {d.key: d.id for d in store.devices()}
     out: dict[str, dict[str, str]] = {}
     for p, problem, _ in entries:

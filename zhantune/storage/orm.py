@@ -100,8 +100,10 @@ class Verdict(Base):
     paired, interleaved rounds (zhantune.bench.decision.judge_speedup). ``ratio`` is the median over
     the rounds of the default's decision statistic over the config's (each round's two measured back
     to back); ``ratio_low``/``ratio_high`` the spread of the per-round ratios; ``contended`` how
-    many of the paired measurements ran under contention. The exporter ships a tuned entry only where the latest
-    verdict for the winning config is ``confirmed``."""
+    many of the paired measurements ran under contention; ``torch_version``/``triton_version`` the
+    software the rounds ran with (a claim holds for that torch only). The exporter ships a tuned
+    entry only where the latest verdict for the winning config, settled with the table's torch, is
+    ``confirmed``."""
 
     __tablename__ = "zt_verdict"
     __table_args__ = (Index("ix_zt_verdict_device_problem", "device_id", "problem_id"),)
@@ -117,6 +119,9 @@ class Verdict(Base):
     contended: Mapped[int] = mapped_column(Integer)
     confirmed: Mapped[bool] = mapped_column()
     reason: Mapped[str] = mapped_column(String(500))
+    #: the torch and triton the paired rounds ran with (None: settled before 0008 and not recoverable)
+    torch_version: Mapped[str | None] = mapped_column(String(64))
+    triton_version: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 

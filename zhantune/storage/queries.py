@@ -197,16 +197,20 @@ class Queries(ReportQueries):
             return s.scalars(select(m.Verdict).where(m.Verdict.study_id == study_id)
                              .order_by(m.Verdict.created_at.desc(), m.Verdict.id.desc()).limit(1)).first()
 
-    def latest_verdicts(self) -> dict[tuple[int, int, str | None], m.Verdict]:
+    def latest_verdicts(self, torch_version: str | None = None) -> dict[tuple[int, int, str | None], m.Verdict]:
         """(device id, problem id, config hash) -> the newest verdict on that config's speedup over
         Inductor's default (a tune or a table's replay settles it): the newest settled in at least
         two paired rounds (what a claim needs, zhantune.bench.decision) where there is one, so that
         a later verdict that could not judge (a cached winner's "no claim made",
         ``bench.remeasure_rounds`` 0 or 1) never hides a judged claim; else the newest. Newest by
-        created_at (a merged database's copied verdicts keep theirs), then id."""
+        created_at (a merged database's copied verdicts keep theirs), then id. ``torch_version``:
+        only verdicts whose paired rounds ran with that torch (None: every verdict)."""
+        query = select(m.Verdict).order_by(m.Verdict.created_at, m.Verdict.id)
+        if torch_version is not None:
+            query = query.where(m.Verdict.torch_version == torch_version)
         with self.session() as s:
             out: dict[tuple[int, int, str | None], m.Verdict] = {}
-            for v in s.scalars(select(m.Verdict).order_by(m.Verdict.created_at, m.Verdict.id)):
+            for v in s.scalars(query):
                 key = (v.device_id, v.problem_id, v.config_hash)
                 if (v.rounds or 0) >= 2 or key not in out or (out[key].rounds or 0) < 2:
                     out[key] = v

@@ -353,7 +353,13 @@ class Store(Queries):
 
     # -- verdicts ---------------------------------------------------------------------------
     def add_verdict(self, **fields: Any) -> int:
-        """Store a settled speedup claim (zhantune.storage.orm.Verdict); returns its id."""
+        """Store a settled speedup claim (zhantune.storage.orm.Verdict), with this process's torch and
+        triton versions unless given (the paired rounds ran in it or in its worker); returns its id."""
+        from zhantune.provenance import software_versions
+
+        versions = software_versions()
+        fields.setdefault("torch_version", versions["torch"])
+        fields.setdefault("triton_version", versions["triton"])
         with self.session() as s:
             row = m.Verdict(**fields)
             s.add(row)
