@@ -237,6 +237,12 @@ def test_the_speedup_chart_shows_paired_claims_and_marks_the_rest_unconfirmed(tm
         store.add_verdict(study_id=study_id, device_id=device_id, problem_id=rec.problem_id,
                           config_hash=cand.config_hash, ratio=1.6 if confirmed else 1.9, ratio_low=1.55,
                           ratio_high=1.65, rounds=3, contended=0, confirmed=confirmed, reason="r")
+        if not confirmed:  # another, slower config's confirmed claim is not the best config's speedup
+            other = Candidate("triton_mm", "template", "triton::mm", dict(cand.params, BLOCK_M=64))
+            rec.add(Measurement("ok", timing=summarize_us([15.0, 16.0], "t")), "candidate", other, trial_number=9)
+            store.add_verdict(study_id=study_id, device_id=device_id, problem_id=rec.problem_id,
+                              config_hash=other.config_hash, ratio=3.0, ratio_low=2.9, ratio_high=3.0, rounds=3,
+                              contended=0, confirmed=True, reason="r")
     cmp = compare(store)
     by_key = {p.problem_key: p for p in cmp.problems}
     small, large = (GemmProblem("mm", (s, s, s), "bfloat16").key for s in (64, 128))

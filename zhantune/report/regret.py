@@ -67,8 +67,8 @@ class ProblemComparison:
     regret: dict[tuple[str, str], float]   # (A, B) -> regret of A's winner on B
     portable: Choice | None                # min worst regret
     portable_geomean: Choice | None        # min geometric-mean regret
-    #: device -> the largest speedup over Inductor's default confirmed in paired, interleaved rounds
-    #: (the newest verdict of each config, Store.latest_verdicts); a device without one has no claim
+    #: device -> its winner's speedup over Inductor's default confirmed in paired, interleaved rounds
+    #: (the winner's newest verdict there, Store.latest_verdicts); a device without one has no claim
     confirmed_speedup: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -116,17 +116,18 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
     ids = {d.id: d.key for d in devs}
     time, failed, configs, default_us = _times(store, ids)
     problems = store.problems(list(time))
-    claims: dict[int, dict[str, float]] = defaultdict(dict)
-    for (dev_id, pid, _), v in store.latest_verdicts().items():
-        if dev_id in ids and claim_holds(v):  # confirmed, re-judged by the rule in use
-            claims[pid][ids[dev_id]] = max(v.ratio, claims[pid].get(ids[dev_id], 0.0))
+    verdicts = store.latest_verdicts()
+    key_ids = {key: dev_id for dev_id, key in ids.items()}
     out = []
     for pid in sorted(time, key=lambda i: problems[i].key):
         per_dev = {d: t for d, t in time[pid].items() if t}
         if len(per_dev) < min(2, len(devs)):
             continue
         p = _compare_problem(problems[pid], per_dev, failed[pid], configs, default_us.get(pid, {}))
-        p.confirmed_speedup = dict(claims.get(pid, {}))
+        # the winner's own claim on its device (confirmed, re-judged by the rule in use), never
+        # another config's: the chart draws it as the speedup of the best config
+        p.confirmed_speedup = {d: v.ratio for d, w in p.winner.items()
+                               if (v := verdicts.get((key_ids[d], pid, w.config_hash))) is not None and claim_holds(v)}
         out.append(p)
     if not out:
         raise CompareError(f"no problem was measured on two of the devices {', '.join(repr(d.key) for d in devs)}"
