@@ -118,15 +118,16 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
         t.add_column(col, justify="left" if col == "compile" else "right")
     for name, w in result["ways"].items():
         v = w["vs_default"]
-        vs = "1.00x" if name == "default" else (f"{v['ratio']:.2f}x ({v['ratio_low']:.2f}-{v['ratio_high']:.2f})"
-                                                 + ("" if v["consistent"] else " ~"))
+        rng = f"({v['ratio_low']:.2f}-{v['ratio_high']:.2f})"
+        vs = "1.00x" if name == "default" else (f"{v['ratio']:.2f}x {rng}" if v["consistent"] else f"~ {rng}")
         t.add_row(name, f"{w['compile_s']:.2f}", f"{w['run_us']:,.1f}", f"{w['median_us']:,.1f}", vs,
                   f"{w['error']:.2e}" + ("" if w["error"] <= tol else " [red]> tol[/red]"))
     print_table(console, t)
     console.print(f"run times: the fastest of {cfg.rounds} interleaved rounds per compile; vs default: default / "
                   "this, the median of the rounds (a round's ways one after another), with the per-round range; "
-                  "~: the rounds disagree on which is faster, or too much for the difference they show, or there is "
-                  "one round, or a round was timed on a busy machine (noise could have made it: no difference shown)")
+                  "~ (range): no difference shown, only the rounds' range: they disagree on which is faster, or too "
+                  "much for the difference they show, or there is one round, or a round was timed on a busy machine "
+                  "(noise could have made it)")
     if result["contention"].text():
         console.print(f"[yellow]warning: {result['contention'].text()}[/yellow]")
 

@@ -51,8 +51,9 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
         return None, None
     a, b = ranked[:2]
     if not is_tie(a, b):
-        return "clear", (f"clear winner: the runner-up is {decision_us(b) / decision_us(a):.2f}x slower, "
-                         "outside the noise (20th-80th percentiles do not overlap)")
+        return "clear", (f"clear winner in the search's own runs (not re-measured): the runner-up's were "
+                         f"{decision_us(b) / decision_us(a):.2f}x slower, their 20th-80th percentiles apart; "
+                         "a ranking, not a speedup claim")
     cands = [_candidate(row, branches) for row in (a, b)]
     if None in cands:  # measured by another space (a cached row): cannot be rebuilt here
         return "tie", "close call with a config outside this space: not re-measured"

@@ -18,6 +18,7 @@ from pathlib import Path
 import optuna
 import plotly.graph_objects as go
 
+from zhantune.report.outputs import STORED_TIMES
 from zhantune.report.regret import Choice, Comparison
 
 __all__ = ["write_html_report", "CHART_IDS", "charts_in"]
@@ -128,7 +129,7 @@ def _configs_table(cmp: Comparison) -> str:
         parts.append(f"<h3>{e(p.problem_key)}</h3><p>largest regret between devices: {p.disagreement:.3f}x</p>"
                      "<table><tr><th>config</th><th>best us</th><th>worst regret elsewhere</th>"
                      f"<th>template_id</th><th>parameters</th></tr>{''.join(rows)}</table>")
-    return "".join(parts)
+    return f"<p>{e(STORED_TIMES)}.</p>" + "".join(parts)
 
 
 def write_html_report(path: str | Path, cmp: Comparison, study: optuna.Study | None = None,

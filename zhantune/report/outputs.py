@@ -15,7 +15,13 @@ from rich.table import Table
 from zhantune.report.console import compact, print_table
 from zhantune.report.regret import Choice, Comparison
 
-__all__ = ["print_comparison", "comparison_records", "write_csv", "write_json"]
+__all__ = ["STORED_TIMES", "print_comparison", "comparison_records", "write_csv", "write_json"]
+
+
+#: what compare's times and ratios are (printed above its tables, written into its HTML report)
+STORED_TIMES = ("times: each config's fastest stored run on each device (its tunes' and imports' own runs, never "
+                "paired with one another); regrets are ratios of these stored times, not paired measurements. A "
+                "speedup over Inductor's default is claimed only by a tune's or a replay's paired rounds")
 
 
 def _x(v: float | None) -> str:
@@ -40,6 +46,7 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: b
     Off a terminal a table is as wide as its cells and a config line is never wrapped or cut.
     ``history``: this command draws a study's history (html= and study=): no hint to do so."""
     several = len(cmp.devices) > 1
+    console.print(STORED_TIMES, soft_wrap=True, highlight=False, markup=False)
     for p in cmp.problems:
         t = Table(title=escape(p.problem_key))
         t.add_column("device")
