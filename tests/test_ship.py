@@ -249,9 +249,12 @@ def test_export_options_on_a_real_cpu_tune(tune_cfg, cli, tmp_path):
             module="zhantune.export")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "bare.json").read_text()) == build_table(store, top_k=2)
-    # a CPU table: stock Inductor makes no lookup on CPU, so that is the one note (no GPU one)
-    notes = [line for line in r.stdout.splitlines() if line.startswith("note: ")]
-    assert notes == ["note: 1 CPU key(s): stock Inductor makes no lookup on CPU; they apply through "
+    # min_speedup=null claims nothing, and says so; a CPU table: stock Inductor makes no lookup on
+    # CPU, so that is the one other note (no GPU one)
+    notes = [" ".join(line.split()) for line in r.stdout.split("\nnote: ")[1:]]
+    assert notes == ["min_speedup=null: each key's fastest stored config ships as it was measured, never paired "
+                     "with Inductor's default: the table claims no speedup",
+                     "1 CPU key(s): stock Inductor makes no lookup on CPU; they apply through "
                      "zhantune.use_table only"], r.stdout
     r = cli([f"storage.url={url}", "path=none.json", "torch_version=0.0.0"], tmp_path, module="zhantune.export")
     assert r.returncode == 2 and "with torch 0.0.0" in r.stderr and not (tmp_path / "none.json").exists()
