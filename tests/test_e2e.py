@@ -130,7 +130,7 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     # one trial more resumes the study (known candidates answered from the database) with the
     # baselines it stored
     r2 = cli(["+op=mm", "shape=[64,48,32]", "search.more_trials=1", "device=cpu", "progress=false",
-              "bench.remeasure_rounds=2", "export.enabled=false"], cwd=tmp_path)
+              "bench.remeasure_rounds=0", "bench.isolate=false", "export.enabled=false"], cwd=tmp_path)
     assert r2.returncode == 0, r2.stderr[-3000:]
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{tmp_path}/zhantune.db")
     assert len(study.trials) > len(done)
@@ -138,7 +138,8 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     # the same tune into another database: every binary from the store (the compiler built none),
     # the same candidates measured, each ok
     log.unlink()
-    r3 = cli([*tune_args, "storage.url=sqlite:///second.db", "export.enabled=false"], cwd=tmp_path, env=env)
+    r3 = cli([*tune_args[:-1], "bench.remeasure_rounds=0", "storage.url=sqlite:///second.db", "export.enabled=false"],
+             cwd=tmp_path, env=env)
     assert r3.returncode == 0, r3.stderr[-3000:]
     assert _binaries_built(log) == []
     again = sqlite3.connect(tmp_path / "second.db").execute(

@@ -95,16 +95,16 @@ def test_interrupted_study_resumes_to_its_total_with_the_stored_baselines(tmp_pa
 @pytest.mark.slow
 def test_new_environment_or_the_option_measures_the_baselines_again(tmp_path):
     db = tmp_path / "zhantune.db"
-    p = _tune(tmp_path, "search.n_trials=1")
+    p = _tune(tmp_path, "search.n_trials=1", "bench.isolate=false")  # in process: the tests' time
     assert p.wait(timeout=300) == 0, p.communicate()
     assert _kinds(db) == {"eager": 1, "default": 1, "default_unfrozen": 1, "candidate": 1}
-    p = _tune(tmp_path, "search.more_trials=1", "bench.remeasure_baselines=true")
+    p = _tune(tmp_path, "search.more_trials=1", "bench.remeasure_baselines=true", "bench.isolate=false")
     assert p.wait(timeout=300) == 0, p.communicate()
     assert _kinds(db) == {"eager": 2, "default": 2, "default_unfrozen": 2, "candidate": 2}
     # rows of another torch version are not this environment's baselines
     with sqlite3.connect(db) as con:
         con.execute("update zt_measurement set torch_version = '2.0.0' where kind != 'candidate'")
-    p = _tune(tmp_path, "search.more_trials=1")
+    p = _tune(tmp_path, "search.more_trials=1", "bench.isolate=false")
     assert p.wait(timeout=300) == 0, p.communicate()
     assert _kinds(db) == {"eager": 3, "default": 3, "default_unfrozen": 3, "candidate": 3}
 
@@ -116,7 +116,7 @@ def test_an_exhausted_study_exits_at_once_for_its_space_and_measures_another_spa
     db = tmp_path / "zhantune.db"
 
     def tune(*extra: str) -> str:
-        p = _tune(tmp_path, "search.n_trials=3", *extra)
+        p = _tune(tmp_path, "search.n_trials=3", "bench.isolate=false", *extra)
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
         return " ".join(out.split())
