@@ -400,8 +400,11 @@ def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load)
     from zhantune.inductor.table import default_entry, load_table
 
     shapes = ",".join(f"[64,64,{k}]" for k in range(64, 64 + 4 * 8, 8))
+    # bench.busy_wait_s=0.2: the back-off never sees an idle machine here (the other load test checks
+    # it is bounded), and at its default of 1 s it added a second to each timed measurement
     r = cli(["-m", "+op=mm", f"shape={shapes}", "device=cpu", "space=[aten]", "search.n_trials=1", "progress=false",
-             "bench.isolate=false", "storage.url=sqlite:///aten.db", "export.path=aten.json"], tmp_path, timeout=1200)
+             "bench.isolate=false", "bench.busy_wait_s=0.2", "storage.url=sqlite:///aten.db", "export.path=aten.json"],
+            tmp_path, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("the kernel Inductor's default compile runs too") == 4, r.stdout[-3000:]
     assert _claims(r.stdout) == []
@@ -410,7 +413,7 @@ def test_under_load_no_noise_speedup_is_claimed_or_exported(cli, tmp_path, load)
 
     def tune(op: str):
         return cli([f"+op={op}", "shape=[64,64,64]", "device=cpu", "search.n_trials=3", "progress=false",
-                    "bench.remeasure_rounds=2",
+                    "bench.remeasure_rounds=2", "bench.busy_wait_s=0.2",
                     f"storage.url=sqlite:///{op}.db", f"export.path={op}.json"], tmp_path, timeout=1200)
 
     settled = []
