@@ -104,9 +104,9 @@ def _kill_mid_trial(log: Path, launcher: subprocess.Popen, timeout_s: float = 18
 
 def test_two_jobs_split_one_study_and_retry_a_killed_jobs_trial(postgres, tmp_path):
     url = postgres.new_database()
-    # bench.replay_pace=1: each answer takes as long as the recorded measurement did (0.48 to 3.8 s),
-    # so a job is killed in the middle of a trial
-    launcher = _launch(["bench=replay", f"bench.path={GEMM}", "bench.replay_pace=1", "search.n_trials=20",
+    # bench.replay_pace=0.5: each answer takes half as long as the recorded measurement did (0.24 to
+    # 1.9 s), so a job is killed in the middle of a trial
+    launcher = _launch(["bench=replay", f"bench.path={GEMM}", "bench.replay_pace=0.5", "search.n_trials=20",
                         "search.seed=0,1", f"storage.url={url}", f"storage.heartbeat_interval_s={HEARTBEAT_S}",
                         f"storage.grace_period_s={GRACE_S}"], tmp_path)
     log1 = tmp_path / "sweep" / "1" / "app.log"

@@ -188,7 +188,7 @@ def test_cpp_template_candidate_really_uses_the_cpp_template(tune_cfg, tmp_path)
 @pytest.mark.slow
 def test_multirun_over_shapes(cli, tmp_path):
     r = cli(["-m", "+op=mm", "shape=[32,32,32],[48,32,16]", "search.n_trials=1", "device=cpu",
-             "progress=false", "space=[aten]", f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path)
+             "progress=false", "space=[aten]", "bench.isolate=false", f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     con = sqlite3.connect(tmp_path / "zhantune.db")
     assert con.execute("select count(*) from zt_problem").fetchone()[0] == 2

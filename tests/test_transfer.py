@@ -316,7 +316,8 @@ def test_two_shape_multirun_starts_the_second_shape_from_the_first(cli, tmp_path
     """A real CPU tune of two mm shapes (C++ GEMM template space): the second shape's trials after
     Inductor's own default are the first shape's configs, best first, and its summary says so."""
     r = cli(["-m", "+op=mm", "shape=[32,32,32],[32,32,64]", "search.n_trials=3", "device=cpu", "space=[cpp_gemm]",
-             "bench.remeasure_rounds=0", "progress=false", "search.seed=${shape.2}", "export.enabled=false",
+             "bench.remeasure_rounds=0", "bench.isolate=false", "progress=false", "search.seed=${shape.2}",
+             "export.enabled=false",
              f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     out = " ".join(r.stdout.split())
