@@ -552,7 +552,7 @@ def test_every_best_named_is_the_exported_entry(cli, tmp_path):
     config, the speedup line and the exported entry are one config (one ranking)."""
     r = cli(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[aten,cpp_gemm]", "search.n_trials=5",
              "bench.remeasure_rounds=2", "storage.url=sqlite:///z.db", "export.path=t.json", "export.min_speedup=null",
-             "progress=false"], tmp_path, timeout=900)
+             "progress=false", "bench.isolate=false"], tmp_path, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     out = " ".join(r.stdout.split())  # Rich wraps long lines
     m = re.search(r"best config: (\S+) ((?:\S+=\S+ )+)", out)  # the config as k=v tokens
