@@ -1055,11 +1055,17 @@ def test_a_claim_confirmed_with_another_torch_never_ships_in_this_torchs_table(c
 
     assert template(min_speedup=1.02) == "aten::mm"  # this torch's table: the 9.9.9 claim is no claim here
     assert claims_of_other_torch(store, None, 1.02) == {"9.9.9": 1}
-    assert unconfirmed_portable(compare(store), store, 1.02) != {}  # withheld from compare's table too
+    # withheld from compare's table too, saying why
+    assert unconfirmed_portable(compare(store), store, 1.02) == {
+        "mm[M=64,N=64,K=64]:bfloat16": {dev: f"confirmed with torch 9.9.9, not with this torch {torch.__version__}"}}
     r = cli([f"storage.url=sqlite:///{tmp_path}/z.db", "path=t.json"], tmp_path, module="zhantune.export")
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"1 speedup claim(s) confirmed with torch 9.9.9 do not ship in this torch {torch.__version__} table" \
         in " ".join(r.stdout.split()), r.stdout
+    # counted only for the table's devices and problems (export's device= and problems=)
+    assert claims_of_other_torch(store, None, 1.02, device_key=dev, problem_ids={rec.problem_id}) == {"9.9.9": 1}
+    assert claims_of_other_torch(store, None, 1.02, device_key="NVIDIA A100-SXM4-80GB") == {}
+    assert claims_of_other_torch(store, None, 1.02, problem_ids=set()) == {}
     assert json.loads((tmp_path / "t.json").read_text())["table"] == {f"{dev}+{key}": [{"template_id": "aten::mm"}]}
     # a table for that torch ships it (its rows filtered by that torch: these were stored with this one)
     assert build_table(store, min_speedup=1.02, torch_version="9.9.9") == {}

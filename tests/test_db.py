@@ -121,9 +121,12 @@ def test_upgrade_to_0008_gives_each_older_verdict_the_torch_of_its_paired_rounds
         store.add_verdict(study_id=sid, device_id=rec.device_id, problem_id=rec.problem_id,
                           config_hash=cand.config_hash, ratio=1.5, ratio_low=1.5, ratio_high=1.5, rounds=3,
                           contended=0, confirmed=True, reason="r")
+    # the study settled again later, with another torch: not the older verdict's rounds
+    rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t")), "remeasure", paired)
     store.engine.dispose()
-    with sqlite3.connect(tmp_path / "z.db") as con:  # the row's torch, not this process's
+    with sqlite3.connect(tmp_path / "z.db") as con:  # the rows' torch, not this process's
         con.execute("update zt_measurement set torch_version = '2.12.0', triton_version = '3.5.0'")
+        con.execute("update zt_measurement set torch_version = '2.14.0' where id = (select max(id) from zt_measurement)")
     eng = _transactional(make_engine(url))
     with eng.begin() as conn:
         command.downgrade(_config(conn), "0007")
@@ -464,6 +467,7 @@ def test_merge_two_machines_without_duplicates(cli, tmp_path):
     assert len(_candidates(all_)) == 30
 
 
+@pytest.mark.slow
 def test_merge_never_joins_two_recordings_of_a_device_named_after_its_file_name(cli, tmp_path, postgres):
     """Two Kernel Tuner files without device_name, one file name (``k_GPUZ``), different data: one
     replayed into a.db, the other imported into b.db (each alone is fine). Merging them would make
@@ -891,6 +895,27 @@ def test_a_stored_value_no_run_writes_is_refused_in_one_line_by_every_reader(cli
         assert "Traceback" not in r.stdout + r.stderr and "\x1b" not in r.stdout + r.stderr
         assert lines[0].startswith(f"zhantune: {'sources[0]' if module == 'zhantune.db' else 'storage.url'}=")
     assert {p: _digest(p) for p in (db, good)} == before and not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("bad", ["X'1b5b33316d'", "'2.13' || char(27) || '[31m' || char(10)"])
+def test_a_verdicts_torch_that_no_run_writes_is_refused_by_readers_and_merge(tmp_path, bad):
+    """The export prints a claim's torch: a verdict's torch or triton version that is not one line
+    of printable text (a blob, a terminal escape) is refused by every reader and by merge."""
+    from zhantune.storage.merge import check_importable
+
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    sid, dev = store.study_id("s", {}), store.device_id("d", "d", "cpu", {})
+    pid = store.problem_id("p", op="mm", shape={"M": 4, "N": 4, "K": 4}, dtype="float32", activation=None,
+                           lookup_op="mm", flops=128)
+    store.add_verdict(study_id=sid, device_id=dev, problem_id=pid, config_hash="h", ratio=1.5, ratio_low=1.5,
+                      ratio_high=1.5, rounds=3, contended=0, confirmed=True, reason="r")
+    store.check_readable()
+    with sqlite3.connect(tmp_path / "v.db") as con:
+        con.execute(f"update zt_verdict set torch_version = {bad}")
+    with pytest.raises(StorageError, match=r"verdict 1: torch_version .* is not one line of printable text"):
+        store.check_readable()
+    with pytest.raises(StorageError, match=r"verdict 1: torch_version .* not one line of printable text; nothing"):
+        check_importable(store, "sources[0]")
 
 
 def test_every_stored_time_column_is_checked(tmp_path):

@@ -74,10 +74,13 @@ def _export_app(cfg: DictConfig) -> None:
     if cfg.min_speedup is None:
         print("note: min_speedup=null: each key's fastest stored config ships as it was measured, never paired "
               "with Inductor's default: the table claims no speedup")
-    for other, n in sorted(claims_of_other_torch(store, cfg.torch_version, cfg.min_speedup).items()):
-        print(f"note: {n} speedup claim(s) confirmed with torch {other} do not ship in this torch "
+    others = claims_of_other_torch(store, cfg.torch_version, cfg.min_speedup, device, ids)
+    for other, n in sorted(others.items(), key=lambda item: item[0] or ""):
+        with_torch = f"with torch {other}" if other else "before zhantune recorded a claim's torch"
+        print(f"note: {n} speedup claim(s) confirmed {with_torch} do not ship in this torch "
               f"{table_torch(cfg.torch_version)} table: a claim holds for the torch its paired rounds ran with "
-              f"(export torch_version={other} for that torch's table, or rerun the tunes with this torch)")
+              + (f"(export torch_version={other} for that torch's table, or " if other else "(")
+              + "rerun the tunes with this torch: a finished study settles again)")
     for key in shared:
         print(f"{key}: Inductor's default choice: problems with different tuned entries share this lookup key "
               "(one's entry was never measured for the other)")

@@ -107,16 +107,16 @@ def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:
 
 
 def _settle_again(run: Any, store: Store, study_id: int) -> bool:
-    """Whether a finished study gets its settles run again: the newest verdict it stored (paired, or
-    a note that no claim was made) is unconfirmed because its paired measurements were taken on a
-    busy machine (zhantune.bench.decision.judge_speedup; the summary said to rerun on an idle
-    machine) or confirmed under an earlier rule the rule in use rejects (decision.claim_holds), and
-    this run settles at all (``bench.remeasure_rounds`` > 0, not a replay). ``run``: a RunSpec."""
+    """Whether a finished study's settles run again: its newest verdict is unconfirmed for paired
+    rounds taken on a busy machine (decision.judge_speedup), confirmed under a rule since replaced
+    (decision.claim_holds), or settled with another torch (a claim holds for the torch its rounds
+    ran with), and this run settles (``bench.remeasure_rounds`` > 0, not a replay; ``run``: a RunSpec)."""
     if run.replay is not None or not run.bench.remeasure_rounds:
         return False
     v = store.study_verdict(study_id)
     return v is not None and bool(v.rounds) and v.ratio is not None and (
-        (not v.confirmed and bool(v.contended)) or (v.confirmed and not claim_holds(v)))
+        (not v.confirmed and bool(v.contended)) or (v.confirmed and not claim_holds(v))
+        or v.torch_version != software_versions()["torch"])
 
 
 def _finished_result(run: RunSpec, store: Store, row: Any, target: int) -> TuneResult:

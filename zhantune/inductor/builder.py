@@ -287,18 +287,23 @@ def table_torch(torch_version: str | None) -> str:
     return torch_version or software_versions()["torch"]
 
 
-def claims_of_other_torch(store: Store, torch_version: str | None, min_speedup: float | None) -> dict[str, int]:
-    """torch version -> how many (device, problem, config) claims clear ``min_speedup`` with that
-    torch but not with the table's (:func:`table_torch`): they do not ship, and the export says so."""
+def claims_of_other_torch(store: Store, torch_version: str | None, min_speedup: float | None,
+                          device_key: str | None = None, problem_ids: set[int] | None = None) -> dict[str | None, int]:
+    """torch version (None: not recorded, a verdict from before revision 0008) -> how many (device,
+    problem, config) claims of the table's devices and problems (``device_key``, ``problem_ids`` as
+    :func:`build_table`'s; problems with a lookup key) clear ``min_speedup`` with that torch but not
+    with the table's (:func:`table_torch`): they do not ship, and the export says so."""
     if min_speedup is None:
         return {}
+    devices = {d.id for d in store.devices() if device_key is None or d.key == device_key}
+    problems = {p.id for p in store.problems_by_key().values()
+                if p.lookup_key and (problem_ids is None or p.id in problem_ids)}
     mine = store.latest_verdicts(table_torch(torch_version))
-    out: dict[str, int] = {}
+    out: dict[str | None, int] = {}
     for key, v in store.latest_verdicts().items():
-        if claim_clears(v, min_speedup) and not claim_clears(mine.get(key), min_speedup):
-            name = v.torch_version or "unknown (settled before zhantune recorded it)"
-            name = name if name.isprintable() else repr(name)  # an edited database reaches the console
-            out[name] = out.get(name, 0) + 1
+        if key[0] in devices and key[1] in problems and claim_clears(v, min_speedup) \
+                and not claim_clears(mine.get(key), min_speedup):
+            out[v.torch_version] = out.get(v.torch_version, 0) + 1
     return out
 
 

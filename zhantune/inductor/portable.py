@@ -91,17 +91,21 @@ def _withheld(entries: list[tuple[Any, Any, dict[str, Any]]], store: Store,
     """:func:`unconfirmed_portable` over ``entries`` (:func:`_portable_entries`)."""
     if min_speedup is None:
         return {}
-    verdicts = store.latest_verdicts(table_torch(None))  # the table is for this torch
+    torch = table_torch(None)  # the table is for this torch
+    verdicts, any_torch = store.latest_verdicts(torch), store.latest_verdicts()
     device_ids = {d.key: d.id for d in store.devices()}
     out: dict[str, dict[str, str]] = {}
     for p, problem, _ in entries:
         if is_default_kernel(p.portable.template_id, p.portable.params):
             continue  # the default's own kernel: its key gets the default's entry, nothing to confirm
         for dev in p.portable.regret:
-            v = verdicts.get((device_ids[dev], problem.id, p.portable.config_hash))
+            key = (device_ids[dev], problem.id, p.portable.config_hash)
+            v, other = verdicts.get(key), any_torch.get(key)
             if claim_clears(v, min_speedup):
                 continue
-            if v is not None and claim_holds(v):
+            if v is None and other is not None and claim_holds(other):
+                why = f"confirmed with torch {other.torch_version or '(not recorded)'}, not with this torch {torch}"
+            elif v is not None and claim_holds(v):
                 why = f"confirmed at {v.ratio:.3f}x, below min_speedup"
             elif v is not None and v.rounds:
                 why = f"not confirmed: {v.reason}"

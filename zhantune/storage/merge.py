@@ -86,21 +86,21 @@ def check_importable(source: Store, where: str) -> None:
                 refuse(f"table {cls.__tablename__}: a stored value does not decode ({first_line(e)})")
     for d in rows[m.Device]:
         if d.kind not in ("cpu", "cuda"):
-            refuse(f"device {d.id}: kind {json.dumps(d.kind)[:40]} is not cpu or cuda")
+            refuse(f"device {d.id}: kind {json.dumps(d.kind, default=repr)[:40]} is not cpu or cuda")
         if not (isinstance(d.key, str) and d.key.isprintable()):  # the device part of exported keys
-            refuse(f"device {d.id}: key {json.dumps(d.key)[:120]} is not one line of printable text")
+            refuse(f"device {d.id}: key {json.dumps(d.key, default=repr)[:120]} is not one line of printable text")
     kinds = {d.id: d.kind for d in rows[m.Device]}
     ids = {"device_id": kinds, "problem_id": {p.id for p in rows[m.Problem]},
            "study_id": {st.id for st in rows[m.Study]}, "environment_id": {e.id for e in rows[m.Environment]}}
     for r in rows[m.MeasurementRow]:  # a default row's key is the one export looks its GEMM up under
         if r.lookup_key is not None and not (isinstance(r.lookup_key, str) and r.lookup_key.isprintable()
                                              and parse_key(r.lookup_key)):
-            refuse(f"measurement {r.id}: lookup_key {json.dumps(r.lookup_key)[:120]} is not an Inductor lookup key")
+            refuse(f"measurement {r.id}: lookup_key {json.dumps(r.lookup_key, default=repr)[:120]} is not an Inductor lookup key")
     for p in rows[m.Problem]:
         key = p.lookup_key
         if key is not None and not (isinstance(key, str) and key.isprintable() and (parsed := parse_key(key))
                                     and parsed["device"] is None):
-            refuse(f"problem {p.id}: lookup_key {json.dumps(key)[:120]} is not a device-agnostic Inductor lookup key")
+            refuse(f"problem {p.id}: lookup_key {json.dumps(key, default=repr)[:120]} is not a device-agnostic Inductor lookup key")
         shape, recorded = p.shape, p.key.startswith("kerneltuner:") and key is None  # a Kernel Tuner kernel's size
         if p.op in OPS and not recorded and not (isinstance(shape, dict) and shape and set(shape) <= {"M", "N", "K", "B"} and all(
                 isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape.values())):
@@ -114,6 +114,9 @@ def check_importable(source: Store, where: str) -> None:
     bad = source.bad_time()
     if bad is not None:
         refuse(f"{bad} is not a positive, finite number")
+    bad = source.bad_verdict_version()
+    if bad is not None:
+        refuse(f"{bad} is not one line of printable text")
     _check_optuna_studies(source, {st.name for st in rows[m.Study]}, refuse)
     for r in rows[m.MeasurementRow]:
         if str(r.template_id or "").startswith(TEMPLATE_PREFIX):

@@ -50,6 +50,20 @@ class ReportQueries:
                     return f"{what} {found[0]}: {col.key} {found[1]!r}"
         return None
 
+    def bad_verdict_version(self) -> str | None:
+        """The first verdict whose torch or triton version is neither null nor one line of printable
+        text (what no zhantune run writes; the export prints a claim's torch), as ``verdict 3:
+        torch_version 5``; None when every one is."""
+        import json
+
+        with self.session() as s:
+            for vid, *values in s.execute(select(m.Verdict.id, m.Verdict.torch_version, m.Verdict.triton_version)
+                                          .order_by(m.Verdict.id)):
+                for name, value in zip(("torch_version", "triton_version"), values, strict=True):
+                    if value is not None and not (isinstance(value, str) and value.isprintable()):
+                        return f"verdict {vid}: {name} {json.dumps(value, default=repr)[:120]}"
+        return None
+
     def config_rows(self, device_ids: list[int], kinds: tuple[str, ...]) -> list[Row[Any]]:
         """Every measurement of ``kinds`` on the devices ``device_ids``, one row each with
         ``problem_id``, ``device_id``, ``kind``, ``status``, ``config_hash``, ``template_id``,
