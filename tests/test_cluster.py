@@ -102,6 +102,7 @@ def _kill_mid_trial(log: Path, launcher: subprocess.Popen, timeout_s: float = 18
     raise AssertionError(f"no trial measured in {log} after {timeout_s} s")
 
 
+@pytest.mark.slow
 def test_two_jobs_split_one_study_and_retry_a_killed_jobs_trial(postgres, tmp_path):
     url = postgres.new_database()
     # bench.replay_pace=0.5: each answer takes half as long as the recorded measurement did (0.24 to
