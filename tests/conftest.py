@@ -73,9 +73,3 @@ def _no_table_outlives_its_test():
     for installed in reversed(list(runtime._INSTALLED if runtime else [])):
         installed.remove()
 
-
-def pytest_collection_modifyitems(config, items):
-    """The tests marked ``slow`` (end-to-end, 10-110 s each) first, each group in collection order:
-    with two workers (pytest-xdist) a long test handed out last leaves the other worker idle to
-    the end (a run on 2026-11-28 ended on a 42 s test with one worker idle)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
