@@ -326,7 +326,7 @@ def table_metadata(store: Store, table: dict[str, list[dict[str, Any]]], options
     devices = [{"key": d.key, "name": d.name, "kind": d.kind}
                for d in store.devices_with_candidates(options.get("device"))]
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "zhantune": zhantune.__version__,
-            "torch": options.get("torch_version") or versions["torch"], "triton": versions["triton"],
+            "torch": table_torch(options.get("torch_version")), "triton": versions["triton"],
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "source": source, "devices": devices,
             "options": options}
