@@ -1119,6 +1119,16 @@ def test_the_default_min_speedup_keeps_a_claim_noise_offsets_reach_out_of_the_ta
         assert f"winner: triton_mm, {v.ratio:.{3 if below else 2}f}x faster than inductor default" in text
         assert ("below export.min_speedup (1.02): an exported table does not ship it" in text) == below
         assert _claim_cell(SimpleNamespace(claim=v), opts).endswith("(< min_speedup)") == below
+    # a run whose table is another torch's (export.torch_version): this torch's claim does not ship there
+    other = ExportConfig(path=str(tmp_path / "t.json"), torch_version="9.9.9")
+    assert export_table(store, other, dev)[1] == {}
+    console = Console(record=True, width=400)
+    _print_winner(console, SimpleNamespace(best=best, claim=v, not_carried=None), 20.0, best, other)
+    assert ("1.03x faster than inductor default; confirmed with this torch, so the table this run exports for "
+            "torch '9.9.9' (export.torch_version) does not ship it") in console.export_text()
+    assert _claim_cell(SimpleNamespace(claim=v), other) == "1.03x (other torch's table)"
+    same = ExportConfig(path=str(tmp_path / "t.json"), torch_version=torch.__version__)
+    assert _claim_cell(SimpleNamespace(claim=v), same) == "1.03x"
 
 
 def test_a_tune_that_made_no_claim_exports_the_default(tmp_path):

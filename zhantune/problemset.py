@@ -321,8 +321,9 @@ def print_problems_summary(console: Console, result: ProblemsResult) -> None:
 
 def _claim_cell(r: Any, export: Any) -> str:
     """The speedup as the tune's summary states it: confirmed ratio, "(unconfirmed)", or "-"; "(<
-    min_speedup)" where ``export.min_speedup`` keeps a confirmed claim out of the table."""
-    from zhantune.bench.decision import below_min_speedup
+    min_speedup)" where ``export.min_speedup`` keeps a confirmed claim out of the table, "(other
+    torch's table)" where ``export.torch_version`` names another torch (the claim does not ship)."""
+    from zhantune.bench.decision import below_min_speedup, other_torch_table
 
     if getattr(r, "same_kernel_as_default", False):
         return "- (same kernel)"
@@ -331,4 +332,6 @@ def _claim_cell(r: Any, export: Any) -> str:
         return "-"
     if below_min_speedup(claim, export) is not None:  # 3 decimals: 1.017x shows as 1.02x with 2
         return f"{claim.ratio:.3f}x (< min_speedup)"
+    if claim.confirmed and other_torch_table(export) is not None:
+        return f"{claim.ratio:.2f}x (other torch's table)"
     return f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")

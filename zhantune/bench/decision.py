@@ -202,3 +202,15 @@ def below_min_speedup(claim: Any, export: Any) -> float | None:
     if floor is None or claim is None or not claim.confirmed or claim.ratio is None:
         return None
     return floor if claim.ratio < floor else None
+
+
+def other_torch_table(export: Any) -> str | None:
+    """``export.torch_version`` (zhantune.config.ExportConfig) where it names another torch than this
+    process's: a table of that torch ships only claims confirmed with it
+    (zhantune.inductor.builder.table_torch), never this run's; None otherwise (no option, no export)."""
+    want = getattr(export, "torch_version", None)
+    if want is None:
+        return None
+    from zhantune.provenance import software_versions
+
+    return None if want == software_versions()["torch"] else str(want)

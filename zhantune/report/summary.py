@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, below_min_speedup, decision_us
+from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, below_min_speedup, decision_us, other_torch_table
 from zhantune.report.console import compact
 from zhantune.storage.engine import redact_url
 
@@ -163,6 +163,9 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
             line += f", below export.min_speedup ({floor:g}): an exported table does not ship it" + (
                 " (offsets that small were confirmed between two copies of one kernel: docs/timing.md)"
                 if floor == DEFAULT_MIN_SPEEDUP else "")
+        elif (other := other_torch_table(run_export)) is not None:  # the run's table is another torch's
+            line += (f"; confirmed with this torch, so the table this run exports for torch {other!r} "
+                     "(export.torch_version) does not ship it")
         console.print(line, markup=False)
     elif default_us:
         # the reason from the paired rounds when there were any (never the unpaired ratio of the
