@@ -519,8 +519,9 @@ def test_march_table_is_refused_by_check_use_table_and_replay(cli, tmp_path, exi
 
 
 def test_export_skips_entries_a_table_may_not_carry(tmp_path):
-    """A stored row that sets a non-knob (a tf32 backend flag; a merged row) is never exported:
-    the key gets Inductor's default choice instead."""
+    """A stored row that sets a non-knob (a tf32 backend flag; a merged row) or a knob a CPU table
+    cannot apply (a fusion limit: read when Inductor schedules the graph) is never exported: the key
+    gets the next carried config, else Inductor's default choice."""
     from zhantune.inductor.builder import build_table
 
     store = Store(f"sqlite:///{tmp_path}/z.db")
@@ -536,8 +537,12 @@ def test_export_skips_entries_a_table_may_not_carry(tmp_path):
     store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
                           template_id=None, params={"max_fusion_size": 8}, median_us=2.0, config_hash="b",
                           torch_version="2.13.0")
-    assert build_table(store) == {f"gpu0+{KEY}": [{"template_id": "zhantune::config",
-                                                   "config_patch": {"max_fusion_size": 8}}]}
+    assert build_table(store) == {f"gpu0+{KEY}": [{"template_id": "aten::mm"}]}
+    store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
+                          template_id=None, params={"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": 1},
+                          median_us=3.0, config_hash="c", torch_version="2.13.0")
+    assert build_table(store) == {f"gpu0+{KEY}": [{"template_id": "zhantune::config", "config_patch": {
+        "max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": 1}}]}
 
 
 KNOB_ROWS = [  # (device kind, key, value, allowed)

@@ -640,7 +640,9 @@ def test_a_config_branch_winner_on_cuda_is_never_shipped_as_if_it_applied(tmp_pa
     assert [e["template_id"] for e in entries] == ["triton::mm"]
     assert not_carried_reason(rows[0], "cuda") == CONFIG_ENTRY_ON_CUDA
     assert "torch.backends.cuda.matmul.allow_tf32 = True" in not_carried_reason(rows[1], "cuda")
-    assert not_carried_reason(rows[2], "cuda") is None and not_carried_reason(rows[0], "cpu") is None
+    assert not_carried_reason(rows[2], "cuda") is None
+    # nor on CPU: a CPU entry's knobs hold while its GEMM is lowered, the fusion limits are read later
+    assert "schedules the whole graph" in not_carried_reason(rows[0], "cpu")
 
     old = {f"{dev}+{key}": [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": fusion.params}]}
     with fake_cuda(), use_table(old, device="cuda") as installed:

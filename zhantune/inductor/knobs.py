@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEVICE_KINDS", "CONFIG_KNOBS", "TEMPLATE_KWARGS", "BACKEND_FLAGS", "config_knob_problem",
+__all__ = ["DEVICE_KINDS", "CONFIG_KNOBS", "FUSION_KNOBS", "TEMPLATE_KWARGS", "BACKEND_FLAGS", "config_knob_problem",
            "config_patch_problem", "template_entry_problem", "stored_params_problem", "allowed_config_keys"]
 
 DEVICE_KINDS = ("cpu", "cuda")
@@ -80,6 +80,11 @@ _FUSION_KNOBS: dict[str, Check] = {
     "max_fusion_unique_io_buffers": _int(1, 4096, none_ok=True),
     "max_epilogue_benchmarked_choices": _int(1, 64),
 }
+
+#: the fusion limits' keys: Inductor reads them when it schedules the whole graph (torch/_inductor/
+#: scheduler.py, choices.py: can_fuse), after every GEMM's lowering, so a per-GEMM table entry cannot
+#: apply them (zhantune.inductor.table.not_carried); a compile-wide setting, on both device kinds
+FUSION_KNOBS = frozenset(_FUSION_KNOBS)
 
 #: device kind -> Inductor config key -> value check
 CONFIG_KNOBS: dict[str, dict[str, Check]] = {

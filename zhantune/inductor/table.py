@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from zhantune.errors import TableError
-from zhantune.inductor.knobs import config_patch_problem, template_entry_problem
+from zhantune.inductor.knobs import FUSION_KNOBS, config_patch_problem, template_entry_problem
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
            "agnostic_key", "write_table", "read_table", "check_table", "check_meta", "entry_problem", "not_carried", "carried",
-           "CONFIG_ENTRY_ON_CUDA", "stock_inductor_notes", "load_table", "parse_key", "MAX_TABLE_BYTES"]
+           "CONFIG_ENTRY_ON_CUDA", "FUSION_ENTRY_ON_CPU", "stock_inductor_notes", "load_table", "parse_key", "MAX_TABLE_BYTES"]
 
 CONFIG_TEMPLATE_ID = "zhantune::config"
 FORMAT = "zhantune-lookup-table"
@@ -302,12 +302,27 @@ CONFIG_ENTRY_ON_CUDA = (f"a {CONFIG_TEMPLATE_ID!r} entry applies on CPU only: on
                         "set it in the compile (torch._inductor.config / torch.backends) instead")
 
 
+#: why a table cannot carry a CPU ``zhantune::config`` entry that sets a fusion limit (TableChoices
+#: reports it stale): the entry's patch holds while its GEMM is lowered, and Inductor reads the
+#: fusion limits later, when it schedules the graph (measured: tests/test_fusion.py)
+FUSION_ENTRY_ON_CPU = ("Inductor's fusion limits ({keys}) are read when it schedules the whole graph, after each "
+                       "GEMM's lowering (torch/_inductor/scheduler.py), so a per-GEMM table entry cannot apply "
+                       "them; set them in the compile (torch._inductor.config) instead")
+
+
 def not_carried(entry: dict[str, Any], device_kind: str | None) -> str | None:
     """Why an allow-listed entry takes no effect through a table on ``device_kind``, or None:
     ``zhantune::config`` entries are applied per GEMM on CPU only (zhantune.inductor.runtime); on
-    CUDA the knobs a config branch tunes are compile-wide (CONFIG_ENTRY_ON_CUDA)."""
-    if entry.get("template_id") == CONFIG_TEMPLATE_ID and device_kind == "cuda":
+    CUDA the knobs a config branch tunes are compile-wide (CONFIG_ENTRY_ON_CUDA), and on CPU so are
+    the fusion limits (FUSION_ENTRY_ON_CPU)."""
+    if entry.get("template_id") != CONFIG_TEMPLATE_ID:
+        return None
+    if device_kind == "cuda":
         return CONFIG_ENTRY_ON_CUDA
+    patch = entry.get("config_patch")
+    fusion = sorted(FUSION_KNOBS.intersection(patch)) if isinstance(patch, dict) else []
+    if device_kind == "cpu" and fusion:
+        return FUSION_ENTRY_ON_CPU.format(keys=", ".join(fusion))
     return None
 
 

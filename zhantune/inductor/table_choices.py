@@ -145,7 +145,8 @@ class TableChoices(RecordingChoices):
         elif entries and not _cpu_entry(entries[0]):
             self.report.stale[report_key] = GPU_ENTRY_ON_CPU.format(tid=entries[0]["template_id"])
             self.report.stale_count[report_key] += 1
-        elif entries and _wants_cpp(entries[0]) and (why := threads_mismatch(entries[0]["config_patch"], op_name)):
+        elif entries and ((why := not_carried(entries[0], "cpu"))
+                          or (_wants_cpp(entries[0]) and (why := threads_mismatch(entries[0]["config_patch"], op_name)))):
             self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
         else:
@@ -272,7 +273,8 @@ class TableChoices(RecordingChoices):
         if not _cpu_entry(entry):  # a table made on a GPU: it covers nothing here, said so
             return self._stale(key, GPU_ENTRY_ON_CPU.format(tid=entry["template_id"]), template_choices,
                                kernel_inputs, templates, op_name, kwarg_overrides, True)
-        if _wants_cpp(entry) and (why := threads_mismatch(entry["config_patch"], op_name)):
+        if (why := not_carried(entry, "cpu")) or (_wants_cpp(entry) and (why := threads_mismatch(entry["config_patch"],
+                                                                                                    op_name))):
             return self._stale(key, why, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, True)
         if _wants_cpp(entry) and not _cpp_template_applies(kernel_inputs, op_name):
             # Inductor would not offer the template here (a weight that is not a frozen constant,
