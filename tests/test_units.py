@@ -121,6 +121,63 @@ def test_table_round_trip_and_malformed(tmp_path):
     assert json.loads(path.read_text()) == table
 
 
+def test_a_table_of_cpu_and_gpu_devices_loads_on_each_kind(tmp_path):
+    """An export of a database with a CPU and a GPU device (export's default: every device) holds a
+    CPU key with a C++-template config patch: read for CUDA it was refused whole ("CPP is not
+    allowed"). Each device's keys are checked against its own kind's allow-list (the wrapper's
+    ``devices``) and those of the other kind are left out; anything allowed on neither is refused."""
+    from zhantune.inductor.table import read_table
+
+    inputs = "((torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 8], [8, 1]))+mm"
+    cpu_key, gpu_key = f"Intel Xeon+{inputs}", f"NVIDIA H100+{inputs}"
+    cpp = {"template_id": "zhantune::config", "config_patch": {"max_autotune_gemm_backends": "CPP"}}
+    table = {cpu_key: [cpp], gpu_key: [{"template_id": "triton::mm", "BLOCK_M": 64}]}
+    meta = {"format": FORMAT, "format_version": 1,
+            "devices": [{"key": "Intel Xeon", "kind": "cpu"}, {"key": "NVIDIA H100", "kind": "cuda"}]}
+    path = write_table(tmp_path / "mixed.json", table, meta)
+    on_cuda, on_cpu, anywhere = read_table(path, "cuda"), read_table(path, "cpu"), read_table(path)
+    assert on_cuda.table == {gpu_key: table[gpu_key]} and on_cuda.other_kind == {cpu_key: "cpu"}
+    assert on_cpu.table == {cpu_key: table[cpu_key]} and on_cpu.other_kind == {gpu_key: "cuda"}
+    assert anywhere.table == table and not anywhere.other_kind
+    for patch in ({"cpp.march": "native"}, {"max_autotune_gemm_backends": "TRITON"}):
+        bad = {**table, cpu_key: [{**cpp, "config_patch": patch}]}
+        (tmp_path / "bad.json").write_text(json.dumps({**meta, "table": bad}))
+        with pytest.raises(TableError, match="not a tuning knob|is not allowed"):
+            read_table(tmp_path / "bad.json", "cuda")  # the CPU key, checked as a CPU key
+    # a device the wrapper does not list: its keys are checked for the kind read for, as before
+    write_table(tmp_path / "bare.json", table)
+    with pytest.raises(TableError, match="max_autotune_gemm_backends='CPP' is not allowed"):
+        read_table(tmp_path / "bare.json", "cuda")
+
+
+def test_a_table_error_stays_one_short_line_for_huge_or_odd_values(tmp_path):
+    """A value read from a table shows at most about 80 characters in an error (a 1 MB string, a
+    4,000-digit number, a list nested 900 deep: the whole value was repeated, megabytes in one
+    line); odd Python inputs to read_table are TableErrors too, not tracebacks."""
+    from zhantune.inductor.table import check_table, read_table
+
+    key = "((torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 8], [8, 1]))+mm"
+    nested: list = []
+    for _ in range(900):
+        nested = [nested]
+    for entry in ({"template_id": "zhantune::config", "config_patch": {"max_autotune_gemm_backends": "A" * 1_000_000}},
+                  {"template_id": "x" * 1_000_000},
+                  {"template_id": "triton::mm", "BLOCK_M": nested}):
+        (tmp_path / "t.json").write_text(json.dumps({key: [entry]}))
+        with pytest.raises(TableError) as e:
+            read_table(tmp_path / "t.json", "cpu")
+        assert len(str(e.value)) < 400 and "characters)" in str(e.value), str(e.value)[:500]
+    (tmp_path / "t.json").write_text('{"format": "zhantune-lookup-table", "format_version": ' + "9" * 4000 + "}")
+    with pytest.raises(TableError, match=r"got 9999.*\(4000 characters\)"):
+        read_table(tmp_path / "t.json")
+    with pytest.raises(TableError, match="not an Inductor lookup key"):
+        read_table({b"x": []}, "cpu")
+    with pytest.raises(TableError, match="expected an object of key -> list of entries, got list"):
+        check_table(["x"])
+    with pytest.raises(TableError, match="no NUL character"):
+        read_table(str(tmp_path / "a\0b.json"))
+
+
 @pytest.mark.parametrize("best_us, within", [(2.95, True), (3.3, True), (4.66, False), (2.2, False)])
 def test_the_defaults_own_kernel_is_called_noise_only_within_1_2x(best_us, within):
     """A winner named as the default's own kernel is never a speedup; measured outside 1.2x of the

@@ -103,7 +103,9 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
 
     report = result["report"]
     console.print(f"table {cfg.table}: {len(tf.table)} key(s)"
-                  + (f", made with torch {tf.torch_version}" if tf.torch_version else ", no metadata (bare format)"),
+                  + (f", made with torch {tf.torch_version}" if tf.torch_version else ", no metadata (bare format)")
+                  + (f"; {len(tf.other_kind)} key(s) of {'/'.join(sorted(set(tf.other_kind.values())))} devices left "
+                     "out (another kind of device)" if tf.other_kind else ""),
                   markup=False)
     for key, n in report.hits.items():
         console.print(f"[green]hit[/green]   x{n} {escape(key)}\n      -> {escape(str(report.chosen.get(key, '')))}",

@@ -17,11 +17,24 @@ __all__ = [
     "StorageInternalError",
     "USER_ERROR_EXIT_CODE",
     "INTERRUPTED_EXIT_CODE",
+    "shown",
 ]
 
 USER_ERROR_EXIT_CODE = 2
 #: exit code after Ctrl-C or SIGTERM (128 + SIGINT, the shell's convention)
 INTERRUPTED_EXIT_CODE = 130
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for an error message, at most about ``limit`` characters: a longer one is cut
+    and its length given (``'aaaa... (1000002 characters)'``), so a megabyte string or a number of
+    thousands of digits read from a file stays a one-line error; a value repr cannot write (an
+    integer over Python's digit limit, a list nested past the recursion limit) by its type."""
+    try:
+        r = repr(value)
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__} too large to show>"
+    return r if len(r) <= limit else f"{r[:max(limit - 10, 10)]}... ({len(r)} characters)"
 
 
 class ZhantuneError(Exception):

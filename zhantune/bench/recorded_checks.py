@@ -10,7 +10,7 @@ import math
 import unicodedata
 from typing import TYPE_CHECKING, Any
 
-from zhantune.errors import ConfigError
+from zhantune.errors import ConfigError, shown
 
 if TYPE_CHECKING:
     from zhantune.bench.recorded import KernelTunerFile
@@ -48,8 +48,7 @@ def is_time(t: Any) -> bool:
 
 
 def _short(v: Any) -> str:
-    r = repr(v)
-    return r if len(r) <= 40 else f"{r[:30]}... ({len(r)} characters)"
+    return shown(v, 40)
 
 
 def _is_scalar(v: Any) -> bool:

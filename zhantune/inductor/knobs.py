@@ -22,6 +22,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from zhantune.errors import shown
+
 __all__ = ["DEVICE_KINDS", "CONFIG_KNOBS", "FUSION_KNOBS", "TEMPLATE_KWARGS", "BACKEND_FLAGS", "config_knob_problem",
            "config_patch_problem", "template_entry_problem", "stored_params_problem", "allowed_config_keys"]
 
@@ -57,10 +59,15 @@ def _bool(v: Any) -> str | None:
     return None if isinstance(v, bool) else "true or false"
 
 
+_BACKENDS = re.compile(r"[A-Za-z]+(?:,[A-Za-z]+)*")
+
+
 def _backends(allowed: tuple[str, ...]) -> Check:
     def check(v: Any) -> str | None:
-        parts = v.upper().split(",") if isinstance(v, str) and len(v) <= 64 else None
-        if not parts or any(p.strip() not in allowed for p in parts):
+        # ASCII letters and commas only: "trıton" (dotless i) upper-cases to TRITON, and a newline
+        # or an em space would reach Inductor's config with the value
+        parts = v.upper().split(",") if isinstance(v, str) and len(v) <= 64 and _BACKENDS.fullmatch(v) else None
+        if not parts or any(p not in allowed for p in parts):
             return f"a comma-separated list of {', '.join(allowed)}"
         return None
     return check
@@ -137,11 +144,11 @@ def config_knob_problem(key: str, value: Any, device_kind: str | None) -> str | 
     checks = [CONFIG_KNOBS[k][key] for k in kinds if key in CONFIG_KNOBS.get(k, {})]
     if not checks:
         where = f"on {device_kind}" if device_kind else "in a table"
-        return f"{key!r} is not a tuning knob zhantune allows {where}; allowed: " + \
+        return f"{shown(key)} is not a tuning knob zhantune allows {where}; allowed: " + \
             ", ".join(allowed_config_keys(device_kind))
     wants = [c(value) for c in checks]
     if all(w is not None for w in wants):
-        return f"{key}={value!r} is not allowed; expected {wants[0]}"
+        return f"{key}={shown(value)} is not allowed; expected {wants[0]}"
     return None
 
 
@@ -164,7 +171,7 @@ def template_entry_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
     """
     tid = entry.get("template_id")
     if not isinstance(tid, str) or not _TEMPLATE_ID.fullmatch(tid):
-        return "template_id", f"{tid!r} is not an Inductor template uid (e.g. 'triton::mm', 'decompose_k')"
+        return "template_id", f"{shown(tid)} is not an Inductor template uid (e.g. 'triton::mm', 'decompose_k')"
     for key, value in entry.items():
         if key == "template_id":
             continue
@@ -174,11 +181,11 @@ def template_entry_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
             continue
         check = TEMPLATE_KWARGS.get(key)
         if check is None:
-            return key, (f"{key!r} is not a template kwarg zhantune allows; allowed: "
+            return key, (f"{shown(key)} is not a template kwarg zhantune allows; allowed: "
                          + ", ".join(sorted(TEMPLATE_KWARGS)))
         why = check(value)
         if why:
-            return key, f"{key}={value!r} is not allowed; expected {why}"
+            return key, f"{key}={shown(value)} is not allowed; expected {why}"
     if "EVEN_K" in entry and "BLOCK_K" not in entry:
         # Inductor merges an entry over its first heuristic config: this EVEN_K would then describe
         # another config's BLOCK_K (True there: the K loop reads past K unmasked)
@@ -198,7 +205,7 @@ def stored_params_problem(template_id: str | None, params: Any, device_kind: str
         if key in BACKEND_FLAGS and device_kind in (None, "cuda"):
             why = _bool(value)
             if why:
-                return key, f"{key}={value!r} is not allowed; expected {why}"
+                return key, f"{key}={shown(value)} is not allowed; expected {why}"
             continue
         why = config_knob_problem(str(key), value, device_kind)
         if why:

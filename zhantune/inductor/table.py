@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zhantune.errors import TableError
-from zhantune.inductor.knobs import FUSION_KNOBS, config_patch_problem, template_entry_problem
+from zhantune.errors import TableError, shown
+from zhantune.inductor.knobs import DEVICE_KINDS, FUSION_KNOBS, config_patch_problem, template_entry_problem
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
            "agnostic_key", "write_table", "read_table", "check_table", "check_meta", "entry_problem", "not_carried", "carried",
@@ -61,6 +61,10 @@ class TableFile:
     table: dict[str, list[dict[str, Any]]]
     meta: dict[str, Any] = field(default_factory=dict)
     source: str | None = None
+    #: keys of devices the wrapper's ``devices`` lists with another kind than the one read for (a
+    #: table exported from a database of CPU and GPU measurements): checked against their own kind's
+    #: allow-list and left out of ``table`` (never looked up on this kind of device); key -> kind
+    other_kind: dict[str, str] = field(default_factory=dict)
 
     @property
     def torch_version(self) -> str | None:
@@ -168,6 +172,19 @@ def write_table(path: str | os.PathLike[str], table: dict[str, list[dict[str, An
     return path
 
 
+#: the longest key (a JSON string) an error shows whole: Inductor's keys are about 100-250 characters
+_SHOWN_KEY = 400
+
+
+def _json_text(key: Any) -> str:
+    """A key as JSON writes it, one line, cut after _SHOWN_KEY characters (its length given); a key
+    that is not a string (a dict passed from Python) by its repr, as short."""
+    if not isinstance(key, str):
+        return shown(key)
+    text = json.dumps(key)
+    return text if len(text) <= _SHOWN_KEY else f"{text[:_SHOWN_KEY - 20]}... ({len(key)} characters)"
+
+
 def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str | None = None) -> TableFile:
     """Read and check a table (a file path, or an already-parsed dict), wrapped or bare.
 
@@ -197,8 +214,24 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
                              f"got {type(table).__name__}")
     else:
         table = data
-    check_table(table, where, device_kind, prefix)
-    return TableFile(table, meta, None if isinstance(source, dict) else where)
+    kinds = _device_kinds(meta)
+    check_table(table, where, device_kind, prefix, kinds)
+    other = {k: kinds[d] for k in table if (d := (parse_key(k) or {}).get("device")) in kinds
+             and device_kind is not None and kinds[d] != device_kind}
+    if other:
+        table = {k: v for k, v in table.items() if k not in other}
+    return TableFile(table, meta, None if isinstance(source, dict) else where, other)
+
+
+def _device_kinds(meta: dict[str, Any]) -> dict[str, str]:
+    """device key -> kind (``cpu``, ``cuda``) from a checked wrapper's ``devices`` (kinds zhantune
+    tunes only; two entries of one key with different kinds: neither)."""
+    out: dict[str, str] = {}
+    for d in meta.get("devices", []):
+        kind = d.get("kind")
+        if kind in DEVICE_KINDS:
+            out[d["key"]] = kind if out.get(d["key"], kind) == kind else ""
+    return {k: v for k, v in out.items() if v}
 
 
 def _read_json(path: str, where: str) -> Any:
@@ -206,6 +239,8 @@ def _read_json(path: str, where: str) -> Any:
     MAX_TABLE_BYTES (a FIFO or a device such as /dev/zero is refused before it is read)."""
     import stat
 
+    if "\0" in path:
+        raise TableError(f"{where}: cannot read: a path has no NUL character")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
@@ -225,7 +260,7 @@ def _read_json(path: str, where: str) -> Any:
         if len(obj) != len(pairs):
             seen: set[str] = set()
             dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-            raise TableError(f"{where}: key {json.dumps(dup)} appears twice in one JSON object; "
+            raise TableError(f"{where}: key {_json_text(dup)} appears twice in one JSON object; "
                              "a table names each key once")
         return obj
 
@@ -249,10 +284,10 @@ def load_table(path: str | os.PathLike[str], device_kind: str | None = None) -> 
 def check_meta(where: str, meta: dict[str, Any]) -> None:
     """Check a wrapped table's fields besides ``table`` (format, versions, devices, options); raises TableError."""
     if meta.get("format") != FORMAT:
-        raise TableError(f"{where}: format: expected {FORMAT!r}, got {meta.get('format')!r}")
+        raise TableError(f"{where}: format: expected {FORMAT!r}, got {shown(meta.get('format'))}")
     version = meta.get("format_version")
     if type(version) is not int or version != FORMAT_VERSION:  # not 1.0, not true
-        raise TableError(f"{where}: format_version: this zhantune reads version {FORMAT_VERSION}, got {version!r}")
+        raise TableError(f"{where}: format_version: this zhantune reads version {FORMAT_VERSION}, got {shown(version)}")
     for name in ("zhantune", "torch", "triton", "created_at", "source"):
         if name in meta and not isinstance(meta[name], (str, type(None))):
             raise TableError(f"{where}: {name}: expected a string or null, got {type(meta[name]).__name__}")
@@ -272,27 +307,33 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
 
 
 def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str | None = None,
-                prefix: str = "") -> None:
-    """Check a bare table's keys and entries (see :func:`read_table`); raises TableError."""
+                prefix: str = "", device_kinds: dict[str, str] | None = None) -> None:
+    """Check a bare table's keys and entries (see :func:`read_table`); raises TableError.
+    ``device_kinds``: device key -> kind (a wrapper's ``devices``): a key of such a device is
+    checked against that kind's allow-list instead of ``device_kind``'s."""
     def path(*parts: str) -> str:
         return (prefix + "".join(parts)) if prefix else "".join(parts).removeprefix(".")
 
+    if not isinstance(table, dict):
+        raise TableError(f"{where}: {prefix or 'the table'}: expected an object of key -> list of entries, "
+                         f"got {type(table).__name__}")
     for key, entries in table.items():
-        k = f"[{json.dumps(key)}]"
+        k = f"[{_json_text(key)}]"
         if not isinstance(key, str) or not key.isprintable() or parse_key(key) is None:
             raise TableError(f"{where}: {path(k)}: not an Inductor lookup key "
                              "(expected '[device+]((dtype, size, stride), ...)[+scalars]+op')")
         if not isinstance(entries, list):
             raise TableError(f"{where}: {path(k)}: expected a list of entries, got {type(entries).__name__}")
+        kind = (device_kinds or {}).get(parse_key(key)["device"] or "", device_kind)
         for i, entry in enumerate(entries):
             at = path(k, f"[{i}]")
             if not isinstance(entry, dict) or not isinstance(entry.get("template_id"), str):
                 raise TableError(f"{where}: {at}: an entry must be an object with a string template_id")
-            bad = entry_problem(entry, device_kind)
+            bad = entry_problem(entry, kind)
             if bad:
                 name, why = bad
-                if not name.isprintable():  # one line, no terminal escapes: the key as JSON writes it
-                    name = json.dumps(name)
+                if not name.isprintable() or len(name) > _SHOWN_KEY:  # one line, no terminal escapes
+                    name = _json_text(name)
                 raise TableError(f"{where}: {at}{'.' + name if name else ''}: {why}")
 
 
