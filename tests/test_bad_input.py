@@ -180,6 +180,11 @@ CASES = [
      "storage.url='sqlite:///:memory:': an in-memory SQLite database keeps nothing", None),
     ("in-memory-merge-source", "zhantune.db", ["merge", "sources=[sqlite://]"], None,
      "sources[0]='sqlite://': an in-memory SQLite database keeps nothing", None),
+    # SQLite deletes w.db's -wal file when w.db is opened, zhantune its schema lock after a merge
+    ("database-named-as-a-wal-file", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", "storage.url=sqlite:///w.db-wal"],
+     None, "storage.url=sqlite:///w.db-wal: w.db-wal is the name of the '-wal' file of w.db", None),
+    ("database-named-as-a-lock-file", "zhantune.db", ["upgrade", "storage.url=sqlite:///w.db.zt-lock"],
+     None, "w.db.zt-lock is the name of the '.zt-lock' file of w.db", None),
     # a password is never printed (the generic test also checks that "s3cret" appears nowhere)
     ("db-current-unreachable-server", "zhantune.db", ["current", "storage.url=postgresql+psycopg://u:s3cret@127.0.0.1:1/db"],
      None, "storage.url=postgresql+psycopg://u:***@127.0.0.1:1/db: cannot open the database", None),

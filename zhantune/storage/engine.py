@@ -89,6 +89,13 @@ def check_url(url: str, source: str = "storage.url") -> None:
     path = sqlite_path(url)
     if path is None:  # sqlite:// and sqlite:///:memory: hold nothing after the process ends
         raise StorageError(f"{source}={hide_password(url)!r}: an in-memory SQLite database keeps nothing; give a file: sqlite:///FILE")
+    side = next((x for x in (*SQLITE_SIDE_FILES, ".zt-lock") if path.name.endswith(x)), None)
+    if side is not None and path.name != side:
+        # SQLite (or zhantune's schema lock) owns that name for the database beside it: opening
+        # that database deletes or replaces the file, with whatever was stored in it
+        raise StorageError(f"{source}={hide_password(url)}: {path.name} is the name of the {side!r} file of "
+                           f"{path.name[:-len(side)]}, which SQLite or zhantune deletes; name the database "
+                           "otherwise (e.g. .db)")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise StorageError(f"{source}={hide_password(url)}: directory {parent} does not exist")
