@@ -519,6 +519,37 @@ def test_merge_never_joins_two_recordings_of_a_device_named_after_its_file_name(
     assert _digest(tmp_path / "all.db") == before
 
 
+def test_one_device_key_is_never_a_cpu_and_a_gpu(cli, tmp_path):
+    """A GPU's measurements merged or imported under a key a CPU holds joined the CPU device: its
+    verdict on the CPU's rankings, its TRITON backend in a CPU table (the merged database was then
+    refused by merge itself). Refused before anything is written: a merge (one line, exit 2, the
+    target's bytes unchanged), a Kernel Tuner import naming the CPU (devices=[...]), Store.device_id."""
+    import gzip
+    import json
+
+    cpu, gpu = Store(f"sqlite:///{tmp_path / 'cpu.db'}"), Store(f"sqlite:///{tmp_path / 'gpu.db'}")
+    cpu.device_id("X", "X", "cpu", {})
+    gpu.device_id("X", "X", "cuda", {})
+    for store in (cpu, gpu):
+        store.engine.dispose()
+    before = _digest(tmp_path / "cpu.db")
+    r = cli(["merge", f"sources=[sqlite:///{tmp_path / 'gpu.db'}]", f"storage.url=sqlite:///{tmp_path / 'cpu.db'}"],
+            tmp_path, module="zhantune.db")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert ('sources[0]: device "X" is a cuda device there and a cpu device in storage.url: nothing was merged'
+            in r.stderr), r.stderr
+    assert _digest(tmp_path / "cpu.db") == before
+    doc = {"device_name": "A GPU", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+           "tune_params": {"x": [1, 2]}, "cache": {str(x): {"x": x, "time": x, "times": [x]} for x in (1, 2)}}
+    (tmp_path / "k.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    r = cli(["files=[k.json.gz]", "devices=[X]", f"storage.url=sqlite:///{tmp_path / 'cpu.db'}"], tmp_path,
+            module="zhantune.kerneltuner")
+    assert r.returncode == 2 and "device 'X' is a cpu device in sqlite:///" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and _digest(tmp_path / "cpu.db") == before
+    with pytest.raises(StorageError, match="device 'X' is a cpu device in .*, not a cuda one"):
+        Store(f"sqlite:///{tmp_path / 'cpu.db'}").device_id("X", "X", "cuda", {})
+
+
 @pytest.mark.parametrize("sources, message", [
     ("sources=sqlite:///{d}/a.db", "sources=sqlite:///{d}/a.db: expected a list of database URLs"),
     ("sources=[sqlite:///{d}/notes.db]", "sources[0]=sqlite:///{d}/notes.db: {d}/notes.db is not an SQLite database"),

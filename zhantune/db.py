@@ -37,7 +37,7 @@ def _db_app(cfg: DictConfig) -> None:
 
     from zhantune.storage import Store
     from zhantune.storage.engine import existing_revision, holds_zhantune_schema, open_existing, redact_url
-    from zhantune.storage.merge import check_importable, check_recordings, merge_into
+    from zhantune.storage.merge import check_device_kinds, check_importable, check_recordings, merge_into
     from zhantune.storage.migrate import head_revision, upgrade
 
     cmd = _command[0]
@@ -71,8 +71,10 @@ def _db_app(cfg: DictConfig) -> None:
                 sources.append(src)
             # a target without zhantune's tables (a new file, an empty database) gets them after the checks
             target = Store(url) if holds_zhantune_schema(url) else None
-            check_recordings(([("storage.url", target)] if target is not None else [])
-                             + [(f"sources[{i}]", src) for i, src in enumerate(sources)])
+            stores = (([("storage.url", target)] if target is not None else [])
+                      + [(f"sources[{i}]", src) for i, src in enumerate(sources)])
+            check_device_kinds(stores)
+            check_recordings(stores)
             target = target or Store(url)
             for src in sources:
                 shown = redact_url(src.url)  # a renamed study's "[from ...]" and this line: no password

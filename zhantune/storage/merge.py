@@ -25,7 +25,7 @@ from zhantune.storage import orm as m
 from zhantune.storage.engine import first_line, redact_url
 from zhantune.storage.store import Store
 
-__all__ = ["MergeStats", "merge_into", "check_importable", "check_recordings"]
+__all__ = ["MergeStats", "merge_into", "check_importable", "check_recordings", "check_device_kinds"]
 
 quiet_optuna()  # copy_study creates studies: Optuna would log each at INFO
 
@@ -138,6 +138,20 @@ def _check_optuna_studies(source: Store, names: set[str], refuse: Callable[[str]
                 optuna.load_study(study_name=summary.study_name, storage=source.url).get_trials(deepcopy=False)
     except (ValueError, TypeError, KeyError) as e:  # json.JSONDecodeError is a ValueError
         refuse(f"Optuna's tables: a stored value does not decode ({first_line(e)})")
+
+
+def check_device_kinds(stores: list[tuple[str, Store]]) -> None:
+    """Refuse a merge that would join a CPU and a GPU under one device key (Store.device_id keeps a
+    key's first kind: the other's rows, verdicts and knobs would join its rankings and tables).
+    ``stores``: (where, store), the target first when it exists. Raises StorageError naming both."""
+    seen: dict[str, tuple[str, str]] = {}  # key -> (kind, where)
+    for where, store in stores:
+        with store.session() as s:
+            for key, kind in s.execute(select(m.Device.key, m.Device.kind).order_by(m.Device.key)):
+                first = seen.setdefault(key, (kind, where))
+                if first[0] != kind:
+                    raise StorageError(f"{where}: device {json.dumps(key)[:120]} is a {kind} device there and a "
+                                       f"{first[0]} device in {first[1]}: nothing was merged (one key, one device)")
 
 
 def check_recordings(stores: list[tuple[str, Store]]) -> None:

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from zhantune.errors import StorageError, StorageInternalError
+from zhantune.errors import StorageError, StorageInternalError, shown
 from zhantune.storage import orm as m
 from zhantune.storage.engine import (
     canonical_json,
@@ -208,8 +208,16 @@ class Store(Queries):
             return row.id
 
     def device_id(self, key: str, name: str, kind: str, properties: dict[str, Any]) -> int:
-        """The device row's id by its key (CUDA: gcnArchName; CPU: model name), created when absent."""
-        return self._get_or_create(m.Device, {"key": key}, dict(name=name, kind=kind, properties=properties))
+        """The device row's id by its key (CUDA: gcnArchName; CPU: model name), created when absent.
+        Raises StorageError, before anything is written, when the key is stored as another kind of
+        device (``devices=[NAME]`` of an import naming a CPU, a merged database): a GPU's rows and
+        claims would join a CPU's rankings, and its knobs a CPU table."""
+        def same_kind(row: m.Device) -> None:
+            if row.kind != kind:
+                raise StorageError(f"device {shown(key, 120)} is a {row.kind} device in {redact_url(self.url)}, "
+                                   f"not a {kind} one; give the device another name (a Kernel Tuner import's "
+                                   "devices=[...], a replay's bench.device_name=NAME)")
+        return self._get_or_create(m.Device, {"key": key}, dict(name=name, kind=kind, properties=properties), same_kind)
 
     def environment_id(self, fields: dict[str, Any]) -> int:
         """The environment row for these fields (torch, triton, cuda, hip, driver, python, zhantune, host)."""
