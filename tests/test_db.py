@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 import shutil
@@ -548,6 +549,59 @@ def test_one_device_key_is_never_a_cpu_and_a_gpu(cli, tmp_path):
     assert "Traceback" not in r.stderr and _digest(tmp_path / "cpu.db") == before
     with pytest.raises(StorageError, match="device 'X' is a cpu device in .*, not a cuda one"):
         Store(f"sqlite:///{tmp_path / 'cpu.db'}").device_id("X", "X", "cuda", {})
+
+
+def _one_run(url: str, name: str = "s") -> Store:
+    """A database holding one study ``name`` (started now) with one measurement and one verdict."""
+    store = Store(url)
+    dev, sid = store.device_id("d", "d", "cpu", {}), store.study_id(name, {})
+    prob = store.problem_id("mm[M=8,N=8,K=8]:float32", op="mm", shape={"M": 8, "N": 8, "K": 8, "B": 1},
+                            dtype="float32", activation=None, weight_layout="kn", lookup_op="mm", lookup_key=None,
+                            flops=1024)
+    store.add_measurement(study_id=sid, device_id=dev, problem_id=prob, kind="candidate", status="ok",
+                          template_id=None, params={}, median_us=1.0, config_hash="c", torch_version="2.13.0",
+                          trial_number=0)
+    store.add_verdict(study_id=sid, device_id=dev, problem_id=prob, config_hash="c", ratio=1.5, ratio_low=1.4,
+                      ratio_high=1.6, rounds=3, contended=0, confirmed=True, reason="r")
+    return store
+
+
+def test_merge_matches_a_run_by_its_start_whatever_the_url_and_keeps_utc(tmp_path, postgres):
+    """A renamed study was matched by its label alone: the same source under another spelling of
+    its URL was copied again (three copies of every row), and another run under the same label went
+    into the first run's study. Merged into PostgreSQL whose time zone is not UTC, SQLite's naive
+    UTC times were read as local (an hour off in Europe/Berlin) and a second merge copied everything
+    again. And a merged study kept its status when the source's run ended later."""
+    from zhantune.storage.merge import merge_into
+
+    target, source = _one_run(f"sqlite:///{tmp_path / 'a.db'}"), _one_run(f"sqlite:///{tmp_path / 'b.db'}")
+    stats = merge_into(target, source, label="sqlite:///b.db")
+    assert (stats.studies_renamed, stats.measurements_added, stats.verdicts_added) == (1, 1, 1)
+    again = merge_into(target, source, label=f"sqlite:///{tmp_path / 'b.db'}")  # the same file, spelt otherwise
+    assert (again.studies_renamed, again.measurements_added, again.verdicts_added) == (0, 0, 0)
+    other = merge_into(target, _one_run(f"sqlite:///{tmp_path / 'c.db'}"), label="sqlite:///b.db")  # another run
+    assert (other.studies_renamed, other.measurements_added) == (1, 1)
+    with target.session() as s:
+        assert sorted(s.scalars(select(m.Study.name))) == ["s", "s [from sqlite:///b.db #2]", "s [from sqlite:///b.db]"]
+    source.finish_study(source.study_id("s", {}), "exhausted")
+    merge_into(target, source, label="b")
+    with target.session() as s:
+        assert s.scalar(select(m.Study.status).where(m.Study.name == "s [from sqlite:///b.db]")) == "exhausted"
+
+    pg = postgres.new_database()
+    engine = create_engine(pg, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"ALTER DATABASE {pg.rsplit('/', 1)[1]} SET timezone TO 'Europe/Berlin'")
+    engine.dispose()
+    berlin = Store(pg)
+    assert merge_into(berlin, source, label="b").measurements_added == 1
+    assert merge_into(berlin, source, label="b").measurements_added == 0
+    with source.session() as s, berlin.session() as t:
+        (mine,), (theirs,) = s.scalars(select(m.MeasurementRow.created_at)), t.scalars(select(m.MeasurementRow.created_at))
+        start = t.scalar(select(m.Study.started_at))
+        assert theirs.utcoffset() is not None and theirs.astimezone(datetime.timezone.utc).replace(tzinfo=None) == mine
+        assert start.astimezone(datetime.timezone.utc).replace(tzinfo=None) == s.scalar(select(m.Study.started_at))
+    berlin.engine.dispose()
 
 
 @pytest.mark.parametrize("sources, message", [

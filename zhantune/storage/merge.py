@@ -11,6 +11,7 @@ created_at) is copied too, so that the merged database exports what each source 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import NoReturn
 
 import optuna
 from sqlalchemy import inspect, select
+from sqlalchemy.orm import Session
 
 from zhantune.errors import StorageError
 from zhantune.quiet import quiet_optuna
@@ -32,7 +34,7 @@ quiet_optuna()  # copy_study creates studies: Optuna would log each at INFO
 _COPIED = [c.key for c in m.MeasurementRow.__table__.columns
            if c.key not in ("id", "study_id", "device_id", "problem_id", "environment_id")]
 _VERDICT_COPIED = [c.key for c in m.Verdict.__table__.columns
-                   if c.key not in ("id", "study_id", "device_id", "problem_id")]
+                   if c.key not in ("id", "study_id", "device_id", "problem_id", "created_at")]
 
 
 #: the environment columns its fingerprint is computed from (all but id, fingerprint, created_at)
@@ -48,8 +50,18 @@ class MergeStats:
     verdicts_added: int = 0
 
 
-def _as_naive(t):
-    return t.replace(tzinfo=None) if t is not None else None
+def _utc(t: dt.datetime | None) -> dt.datetime | None:
+    """A stored time as an aware UTC time: SQLite gives naive ones (zhantune writes UTC), PostgreSQL
+    aware ones in the session's time zone (its server's, e.g. Europe/Berlin): copied naive into a
+    timestamptz column, a time would be read as that zone's, hours off."""
+    if t is None:
+        return None
+    return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t.astimezone(dt.timezone.utc)
+
+
+def _as_naive(t: dt.datetime | None) -> dt.datetime | None:
+    """A stored time in UTC without its zone: how a study's start and a row's creation are matched."""
+    return _utc(t).replace(tzinfo=None) if t is not None else None
 
 
 def check_importable(source: Store, where: str) -> None:
@@ -207,20 +219,8 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
     study_map: dict[int, int] = {}
     for st in studies:
         with target.session() as t:
-            same = t.scalar(select(m.Study).where(m.Study.name == st.name))
-            if same is not None and _as_naive(same.started_at) == _as_naive(st.started_at):
-                study_map[st.id], name, added = same.id, st.name, False
-            else:
-                name = st.name if same is None else f"{st.name} [from {label}]"
-                existing = t.scalar(select(m.Study).where(m.Study.name == name))
-                added = existing is None  # else merged before under the new name
-                if added:
-                    existing = m.Study(name=name, config=st.config, started_at=st.started_at,
-                                       finished_at=st.finished_at, status=st.status)
-                    t.add(existing)
-                    t.flush()
-                study_map[st.id] = existing.id
-        if added and same is None:
+            study_map[st.id], name, added = _target_study(t, st, label)
+        if added and name == st.name:
             stats.studies_new += 1
         elif added:
             stats.studies_renamed += 1
@@ -239,6 +239,7 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
                 stats.measurements_skipped += 1
                 continue
             fields = {k: getattr(r, k) for k in _COPIED}
+            fields["created_at"] = _utc(r.created_at)
             if r.trial_number is not None and (sid, r.trial_number) in taken:
                 fields["trial_number"] = None  # the same study diverged on two machines: keep the row
             t.add(m.MeasurementRow(study_id=sid, device_id=dev_map[r.device_id], problem_id=prob_map[r.problem_id],
@@ -249,6 +250,44 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
             stats.measurements_added += 1
     _copy_verdicts(target, verdicts, study_map, dev_map, prob_map, stats)
     return stats
+
+
+def _target_study(t: Session, st: m.Study, label: str) -> tuple[int, str, bool]:
+    """(target study id, its name, whether it was added) for the source's study ``st``: the target's
+    study of the same name and start (the same run, merged before or shared by workers), else one
+    renamed ``<name> [from <label>]`` earlier with that start (whatever the label: one source's URL
+    has many spellings), else a new study: ``st``'s name where free, else the renamed one (a number
+    added where another run holds that name too; cut to the column's 512 characters). A matched
+    study takes the source's end (status, finished_at) where the source's is the later."""
+    start = _as_naive(st.started_at)
+    same = t.scalar(select(m.Study).where(m.Study.name == st.name))
+    # a renamed copy starts with the name, or with its first half where the name was cut to fit
+    renamed = t.scalars(select(m.Study).where(m.Study.name.startswith(st.name[:_NAME_MAX // 2], autoescape=True),
+                                              m.Study.name.contains(" [from ", autoescape=True)))
+    match = same if same is not None and _as_naive(same.started_at) == start else \
+        next((c for c in renamed if _as_naive(c.started_at) == start), None)
+    if match is not None:
+        if st.finished_at is not None and (match.finished_at is None or _as_naive(match.finished_at) < _as_naive(st.finished_at)):
+            match.status, match.finished_at = st.status, _utc(st.finished_at)
+        return match.id, match.name, False
+    name = st.name
+    if same is not None:
+        taken = set(t.scalars(select(m.Study.name).where(m.Study.name.contains(" [from ", autoescape=True),
+                                                         m.Study.name.startswith(st.name[:_NAME_MAX // 2], autoescape=True))))
+        for n in range(1, 1000):
+            suffix = f" [from {label}]" if n == 1 else f" [from {label} #{n}]"
+            name = st.name[:max(0, _NAME_MAX - len(suffix))] + suffix[:_NAME_MAX]
+            if name not in taken and name != st.name:
+                break
+    row = m.Study(name=name, config=st.config, started_at=_utc(st.started_at), finished_at=_utc(st.finished_at),
+                  status=st.status)
+    t.add(row)
+    t.flush()
+    return row.id, name, True
+
+
+#: zt_study.name's length (and Optuna's study_name's)
+_NAME_MAX = m.Study.__table__.c.name.type.length
 
 
 def _copy_verdicts(target: Store, verdicts: list, study_map: dict[int, int], dev_map: dict[int, int],
@@ -265,7 +304,7 @@ def _copy_verdicts(target: Store, verdicts: list, study_map: dict[int, int], dev
             if key in have:
                 continue
             t.add(m.Verdict(study_id=ids[0], device_id=ids[1], problem_id=ids[2],
-                            **{k: getattr(v, k) for k in _VERDICT_COPIED}))
+                            **{k: getattr(v, k) for k in _VERDICT_COPIED}, created_at=_utc(v.created_at)))
             have.add(key)
             stats.verdicts_added += 1
 
