@@ -604,6 +604,62 @@ def test_merge_matches_a_run_by_its_start_whatever_the_url_and_keeps_utc(tmp_pat
     berlin.engine.dispose()
 
 
+def test_merge_reads_its_sources_and_writes_none(cli, tmp_path):
+    """A source in journal_mode=DELETE (how a database is sent as one file) came back from a merge in
+    WAL mode, its bytes changed: a source is opened without zhantune's switch to WAL mode and
+    without the schema lock file, so its bytes stay as they were and nothing is left beside it."""
+    source = _one_run(f"sqlite:///{tmp_path / 'b.db'}")
+    source.engine.dispose()
+    with sqlite3.connect(tmp_path / "b.db") as con:
+        assert con.execute("PRAGMA journal_mode=DELETE").fetchone() == ("delete",)
+    before, listing = _digest(tmp_path / "b.db"), sorted(p.name for p in tmp_path.iterdir())
+    r = cli(["merge", f"sources=[sqlite:///{tmp_path / 'b.db'}]", f"storage.url=sqlite:///{tmp_path / 'all.db'}"],
+            tmp_path, module="zhantune.db")
+    assert r.returncode == 0 and "+1 measurement(s)" in r.stdout, r.stdout + r.stderr
+    assert _digest(tmp_path / "b.db") == before
+    assert [n for n in sorted(p.name for p in tmp_path.iterdir()) if n.startswith("b.db")] == ["b.db"]
+    assert "b.db" in listing
+
+
+def test_a_target_that_refuses_writes_is_one_line(cli, tmp_path, postgres):
+    """Merging into a PostgreSQL database as a role allowed only SELECT was a traceback (exit 1,
+    "permission denied for table zt_study"): one line naming the target, exit 2, nothing written."""
+    url = postgres.new_database()
+    Store(url).engine.dispose()
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.exec_driver_sql("CREATE ROLE reader LOGIN")
+        conn.exec_driver_sql("GRANT SELECT ON ALL TABLES IN SCHEMA public TO reader")
+        count = conn.exec_driver_sql("SELECT count(*) FROM zt_study").scalar()
+    _one_run(f"sqlite:///{tmp_path / 'b.db'}").engine.dispose()
+    reader = url.replace("postgres@", "reader@")
+    r = cli(["merge", f"sources=[sqlite:///{tmp_path / 'b.db'}]", f"storage.url={reader}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "storage.url=" in r.stderr and "refuses this user's writes (permission denied for table" in r.stderr
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM zt_study").scalar() == count
+    engine.dispose()
+
+
+def test_one_kernel_tuner_file_imported_into_two_databases_merges_once(cli, tmp_path):
+    """Importing a file again into one database adds nothing ("already imported"); imported into two
+    databases that are then merged, it was stored twice (the second study renamed, started at
+    another time). The same file's import (its sha256) is one study, its rows matched by trial."""
+    import gzip
+    import json
+
+    doc = {"device_name": "A GPU", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+           "tune_params": {"x": [1, 2, 3]}, "cache": {str(x): {"x": x, "time": x, "times": [x]} for x in (1, 2, 3)}}
+    (tmp_path / "k.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    a, b = (f"sqlite:///{tmp_path / n}" for n in ("a.db", "b.db"))
+    for url in (a, b):
+        assert cli(["files=[k.json.gz]", f"storage.url={url}"], tmp_path, module="zhantune.kerneltuner").returncode == 0
+    r = cli(["merge", f"sources=[{b}]", f"storage.url={a}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0 and "+0 measurement(s), 3 already there; 0 verdict(s); 0 new stud(y/ies), 0 renamed" \
+        in r.stdout, r.stdout + r.stderr
+    assert len(_candidates(a)) == 3
+
+
 @pytest.mark.parametrize("sources, message", [
     ("sources=sqlite:///{d}/a.db", "sources=sqlite:///{d}/a.db: expected a list of database URLs"),
     ("sources=[sqlite:///{d}/notes.db]", "sources[0]=sqlite:///{d}/notes.db: {d}/notes.db is not an SQLite database"),

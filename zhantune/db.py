@@ -44,7 +44,8 @@ def _db_app(cfg: DictConfig) -> None:
     url = cfg.storage.url
     try:
         if cmd == "current":
-            rev = existing_revision(url, allow_newer=True)  # read only: an older file stays as it was
+            # read only: an older file stays as it was, a read-only one is fine
+            rev = existing_revision(url, allow_newer=True, writable=False)
             print(f"{redact_url(url)}: revision {rev or 'none (new database)'}; newest {head_revision()}")
         elif cmd == "upgrade":
             engine = open_existing(url)
@@ -62,11 +63,11 @@ def _db_app(cfg: DictConfig) -> None:
             # database, and its rows set only allow-listed knobs (zhantune.inductor.knobs)
             sources = []
             for i, u in enumerate(cfg.sources):
-                open_existing(str(u), f"sources[{i}]").dispose()
-                if not holds_zhantune_schema(str(u), f"sources[{i}]"):  # Store would give it the schema
+                existing_revision(str(u), f"sources[{i}]", writable=False)  # only read: a read-only file is fine
+                if not holds_zhantune_schema(str(u), f"sources[{i}]", writable=False):
                     raise StorageError(f"sources[{i}]={redact_url(str(u))}: holds no zhantune tables, nothing to merge; "
                                        "nothing was merged")
-                src = Store(str(u), f"sources[{i}]")
+                src = Store(str(u), f"sources[{i}]", read_only=True)
                 check_importable(src, f"sources[{i}]")
                 sources.append(src)
             # a target without zhantune's tables (a new file, an empty database) gets them after the checks

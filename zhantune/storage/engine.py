@@ -64,13 +64,14 @@ def sqlite_path(url: str) -> Path | None:
     return Path(u.database)
 
 
-def check_url(url: str, source: str = "storage.url") -> None:
+def check_url(url: str, source: str = "storage.url", writable: bool = True) -> None:
     """Check a storage URL before anything is written. Raises StorageError (exit code 2) naming
     ``source`` (the option the URL came from, e.g. ``sources[0]`` of a merge).
 
     SQLite: a file (an in-memory database is refused: it keeps nothing), whose directory must exist
     and be writable, and an existing file must be an SQLite database (a corrupt or foreign file is
-    left untouched).
+    left untouched). ``writable`` False (a database only read: a merge's source): an existing
+    SQLite database, writable or not.
     """
     try:
         u = make_url(url)
@@ -99,8 +100,10 @@ def check_url(url: str, source: str = "storage.url") -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise StorageError(f"{source}={hide_password(url)}: directory {parent} does not exist")
+    if not writable and not path.is_file():
+        raise StorageError(f"{source}={hide_password(url)}: no database at {path}")
     if path.exists():
-        if not path.is_file() or not os.access(path, os.W_OK):
+        if not path.is_file() or (writable and not os.access(path, os.W_OK)):
             raise StorageError(f"{source}={hide_password(url)}: {path} is not a writable file")
         _check_sqlite_file(path, url, source)
     elif not os.access(parent, os.W_OK):
@@ -220,12 +223,22 @@ def file_lock(lock: Path) -> Iterator[None]:
             f.close()  # closing the file releases the lock
 
 
-def make_engine(url: str) -> Engine:
-    """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite)."""
+def make_engine(url: str, wal: bool = True) -> Engine:
+    """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite;
+    ``wal`` False: the file's journal mode is left as it is, for a database only read)."""
     engine = create_engine(url, json_serializer=canonical_json)
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", sqlite_pragmas)
+        event.listen(engine, "connect", sqlite_pragmas if wal else sqlite_read_pragmas)
     return engine
+
+
+def sqlite_read_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    """A busy timeout and foreign keys, for a database only read: switching a file to WAL mode is a
+    write (a source sent as one file, journal_mode=DELETE, came back from a merge in WAL mode)."""
+    cur = dbapi_connection.cursor()
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
 
 
 def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -249,11 +262,13 @@ def open_existing(url: str, source: str = "storage.url", allow_newer: bool = Fal
     return make_engine(url)
 
 
-def existing_revision(url: str, source: str = "storage.url", allow_newer: bool = False) -> str | None:
+def existing_revision(url: str, source: str = "storage.url", allow_newer: bool = False,
+                      writable: bool = True) -> str | None:
     """zhantune's schema revision of an existing database (None: only Optuna's tables, or none),
     checked as :func:`open_existing` checks it, read through a plain engine: nothing is written,
-    not even SQLite's switch to WAL mode (an older database stays byte for byte as it was)."""
-    check_url(url, source)
+    not even SQLite's switch to WAL mode (an older database stays byte for byte as it was).
+    ``writable`` False: a read-only SQLite file is fine (check_url)."""
+    check_url(url, source, writable)
     path = sqlite_path(url)
     if path is not None:
         if not path.exists():
@@ -265,11 +280,12 @@ def existing_revision(url: str, source: str = "storage.url", allow_newer: bool =
     return rev
 
 
-def holds_zhantune_schema(url: str, source: str = "storage.url") -> bool:
+def holds_zhantune_schema(url: str, source: str = "storage.url", writable: bool = True) -> bool:
     """Whether the database at ``url`` exists and holds zhantune's tables (a schema revision);
     read through a plain engine, nothing is written (an empty PostgreSQL database or SQLite file:
-    False). Raises StorageError for a URL check_url refuses or a server that cannot be reached."""
-    check_url(url, source)
+    False). Raises StorageError for a URL check_url refuses (``writable`` as its) or a server that
+    cannot be reached."""
+    check_url(url, source, writable)
     path = sqlite_path(url)
     if path is not None and not path.exists():
         return False

@@ -217,9 +217,12 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
                                      weight_layout=p.weight_layout, lookup_op=p.lookup_op, lookup_key=p.lookup_key, flops=p.flops)
                 for i, p in problems.items()}
     study_map: dict[int, int] = {}
+    imported: set[int] = set()
     for st in studies:
         with target.session() as t:
             study_map[st.id], name, added = _target_study(t, st, label)
+            if not added and _imported(st) and _imported(t.get(m.Study, study_map[st.id])):
+                imported.add(st.id)  # one file's import: its rows match by trial number and config
         if added and name == st.name:
             stats.studies_new += 1
         elif added:
@@ -232,8 +235,12 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
             select(m.MeasurementRow.study_id, m.MeasurementRow.trial_number, m.MeasurementRow.created_at,
                    m.MeasurementRow.config_hash))}
         taken = {(sid, n) for sid, n, _, _ in have if n is not None}
+        numbered = {(sid, n, h) for sid, n, _, h in have if n is not None}
         for r in rows:
             sid = study_map[r.study_id]
+            if r.study_id in imported and (sid, r.trial_number, r.config_hash) in numbered:
+                stats.measurements_skipped += 1  # the same file's row, imported at another time
+                continue
             key = (sid, r.trial_number, _as_naive(r.created_at), r.config_hash)
             if key in have:
                 stats.measurements_skipped += 1
@@ -261,6 +268,8 @@ def _target_study(t: Session, st: m.Study, label: str) -> tuple[int, str, bool]:
     study takes the source's end (status, finished_at) where the source's is the later."""
     start = _as_naive(st.started_at)
     same = t.scalar(select(m.Study).where(m.Study.name == st.name))
+    if same is not None and _imported(st) and _imported(same) and same.config.get("sha256") == st.config.get("sha256"):
+        return same.id, same.name, False  # the same Kernel Tuner file imported in both: the same data
     # a renamed copy starts with the name, or with its first half where the name was cut to fit
     renamed = t.scalars(select(m.Study).where(m.Study.name.startswith(st.name[:_NAME_MAX // 2], autoescape=True),
                                               m.Study.name.contains(" [from ", autoescape=True)))
@@ -284,6 +293,13 @@ def _target_study(t: Session, st: m.Study, label: str) -> tuple[int, str, bool]:
     t.add(row)
     t.flush()
     return row.id, name, True
+
+
+def _imported(st: m.Study | None) -> bool:
+    """A Kernel Tuner file's import (zhantune.storage.ingest.import_kerneltuner: its config names the
+    file's sha256); its rows are the file's, whenever and wherever it was imported."""
+    config = st.config if st is not None else None
+    return isinstance(config, dict) and config.get("format") == "kerneltuner" and isinstance(config.get("sha256"), str)
 
 
 #: zt_study.name's length (and Optuna's study_name's)

@@ -48,24 +48,35 @@ class ClaimLost(Exception):
     heartbeat for the grace period), released the claim and measures the point itself. Not stored."""
 
 
+def _write_refused(e: SQLAlchemyError) -> bool:
+    """A write the database refused for want of permission: PostgreSQL's insufficient_privilege
+    (SQLSTATE 42501: a role allowed SELECT only), SQLite's read-only database."""
+    orig = getattr(e, "orig", None)
+    return getattr(orig, "sqlstate", None) == "42501" or "readonly database" in str(orig)
+
+
 class Store(Queries):
     """Measurements in a SQLAlchemy database (``url``: ``sqlite:///FILE`` or
     ``postgresql+psycopg://...``). Opening it creates a new database at the newest schema revision;
     raises StorageError (a UserError, exit code 2) when it cannot be opened or holds an older, newer
     or foreign schema. A failing statement afterwards raises StorageInternalError, except a
     unique-constraint violation (a race another worker won): SQLAlchemy's IntegrityError. ``option``:
-    where the URL came from, as the errors name it (``sources[0]`` for a merge's source)."""
+    where the URL came from, as the errors name it (``sources[0]`` for a merge's source).
+    ``read_only``: a database this process only reads (a merge's source): it must hold zhantune's
+    schema at the newest revision, may be a read-only file, and is never written to (no schema lock
+    file, no switch to WAL mode)."""
 
-    def __init__(self, url: str, option: str = "storage.url"):
-        check_url(url)
+    def __init__(self, url: str, option: str = "storage.url", read_only: bool = False):
+        check_url(url, option, writable=not read_only)
         self.url = url
         self.option = option
+        self.read_only = read_only
         path = sqlite_path(url)
         #: set under the schema lock when this process found no database there: the file is its own
         self._creating = False
         try:
-            self.engine: Engine = make_engine(url)
-            with self.schema_lock():
+            self.engine: Engine = make_engine(url, wal=not read_only)
+            with contextlib.nullcontext() if read_only else self.schema_lock():
                 self._check_schema()
         except BaseException as e:
             # a database this process could not create (disk full) leaves no file behind; one that
@@ -98,6 +109,8 @@ class Store(Queries):
                 probe.dispose()
         refuse_other_optuna_schema(f"{self.option}={redact_url(self.url)}", optuna_rev)
         refuse_foreign_or_newer(f"{self.option}={redact_url(self.url)}", tables, rev)
+        if rev is None and self.read_only:
+            raise StorageError(f"{self.option}={redact_url(self.url)}: holds no zhantune tables")
         if rev is None:
             upgrade(self.engine)
             if "version_info" not in tables:
@@ -173,6 +186,9 @@ class Store(Queries):
             raise
         except SQLAlchemyError as e:
             s.rollback()
+            if _write_refused(e):  # the user's database or role, not a bug: one line, exit code 2
+                raise StorageError(f"{self.option}={redact_url(self.url)}: the database refuses this user's writes "
+                                   f"({first_line(e.orig)}); give one it may write to") from None
             raise StorageInternalError(f"storage.url={redact_url(self.url)}: {first_line(e)}") from e
         except BaseException:
             s.rollback()
