@@ -154,6 +154,35 @@ def test_use_table_changes_only_the_gemms_it_covers():
     assert _flags() == before
 
 
+def test_a_cpu_key_names_the_thread_count_and_a_model_only_key_is_stale():
+    """A CPU's device key is its model and its thread count (zhantune.device.cpu_device_key):
+    Inductor's C++ kernels are compiled for that count, and timings with another count are another
+    device's. A table made before (the model alone as the key's device part) is reported stale, with
+    what to do, and the default compiles; with another thread count the current key misses."""
+    from zhantune.device import cpu_device_key, cpu_model
+    from zhantune.inductor.table_choices import LEGACY_CPU_KEY
+
+    torch.manual_seed(0)
+    model, x = _linear(48, 64), torch.randn(16, 64, dtype=torch.bfloat16)
+    with recording() as rec:
+        _compile(model, x)
+    (event,) = [e for e in rec.events if e.offered]
+    assert event.device_key == f"{cpu_device_key(cpu_model(), torch.get_num_threads())}+{event.agnostic_key}"
+    legacy = f"{cpu_model()}+{event.agnostic_key}"
+    with use_table({legacy: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
+        _, seen = _counted(_compile, model, x)
+    assert seen["cpp_template"] == 0 and not installed.report.hits
+    assert installed.report.stale[legacy].startswith(LEGACY_CPU_KEY.split("{")[0])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        with use_table({event.device_key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
+            _, seen = _counted(_compile, model, x)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen["cpp_template"] == 0 and not installed.report.hits and len(installed.report.misses) == 1
+
+
 def test_export_ships_the_real_default_where_nothing_beats_it(tune_cfg, tmp_path):
     """A CPU tune's table gets Inductor's default entry where no candidate beats the default; at use
     time that entry compiles the prepacked linear, as without a table."""

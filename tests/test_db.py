@@ -140,6 +140,60 @@ def test_upgrade_to_0008_gives_each_older_verdict_the_torch_of_its_paired_rounds
     assert got == {paired.config_hash: "2.12.0/3.5.0", unpaired.config_hash: None}
 
 
+def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path):
+    """Before 0009 a CPU was keyed by its model name alone: rows timed with 2 and with 4 threads of
+    one model were one device. The upgrade keys the device by its recorded count, moves the rows of
+    another count (conditions.threads) to a device of that count with the verdict settled from them,
+    and renames a default-named study (and its Optuna study) after its rows' device; a downgrade
+    joins them again."""
+    from alembic import command
+
+    from zhantune.storage.migrate import _config, _transactional, upgrade
+
+    url = f"sqlite:///{tmp_path}/z.db"
+    store = Store(url)
+    dev, sid = store.device_id("M", "M", "cpu", {"threads": 2, "cores": 4}), store.study_id("p@M", {})
+    prob = store.problem_id("p", op="mm", shape={"M": 8, "N": 8, "K": 8, "B": 1}, dtype="float32", activation=None,
+                            weight_layout="kn", lookup_op="mm", lookup_key=None, flops=1024)
+    for i, (threads, kind, config) in enumerate([(2, "default", "d"), (4, "candidate", "c"), (4, "candidate", "e"),
+                                                 (4, "remeasure", "c"), (None, "eager", "x")]):
+        store.add_measurement(study_id=sid, device_id=dev, problem_id=prob, kind=kind, status="ok", template_id=None,
+                              params={}, median_us=1.0, config_hash=config, torch_version="2.13.0",
+                              trial_number=i if kind == "candidate" else None,
+                              conditions=None if threads is None else {"threads": threads})
+    store.add_verdict(study_id=sid, device_id=dev, problem_id=prob, config_hash="c", ratio=1.5, ratio_low=1.4,
+                      ratio_high=1.6, rounds=3, contended=0, confirmed=True, reason="r")
+    optuna.create_study(study_name="p@M", storage=url)
+    store.engine.dispose()
+    eng = _transactional(make_engine(url))
+    with eng.begin() as conn:
+        command.downgrade(_config(conn), "0008")  # the crafted rows are what 0008 held
+    eng.dispose()
+    assert upgrade(make_engine(url)) == ("0008", head_revision())
+
+    def state():
+        with sqlite3.connect(tmp_path / "z.db") as con:
+            return (dict(con.execute("select key, id from zt_device")),
+                    sorted(con.execute("select d.key, m.config_hash from zt_measurement m join zt_device d on "
+                                       "d.id = m.device_id")),
+                    con.execute("select d.key from zt_verdict v join zt_device d on d.id = v.device_id").fetchall(),
+                    con.execute("select name from zt_study").fetchall(), con.execute("select study_name from studies").fetchall())
+
+    devices, rows, verdicts, studies, optuna_studies = state()
+    assert set(devices) == {"M (2 threads)", "M (4 threads)"} and devices["M (2 threads)"] == dev
+    assert rows == [("M (2 threads)", "d"), ("M (2 threads)", "x"), ("M (4 threads)", "c"), ("M (4 threads)", "c"),
+                    ("M (4 threads)", "e")]
+    assert verdicts == [("M (4 threads)",)]
+    assert studies == optuna_studies == [("p@M (4 threads)",)]
+    eng = _transactional(make_engine(url))
+    with eng.begin() as conn:
+        command.downgrade(_config(conn), "0008")
+    eng.dispose()
+    devices, rows, verdicts, studies, optuna_studies = state()
+    assert devices == {"M": dev} and {k for k, _ in rows} == {"M"} and verdicts == [("M",)]
+    assert studies == optuna_studies == [("p@M",)]
+
+
 def test_newer_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
     newer = tmp_path / "newer.db"
     Store(f"sqlite:///{newer}")

@@ -2,8 +2,11 @@
 
 The *device key* is the string Inductor's lookup table uses for the device: on CUDA
 ``torch.cuda.get_device_properties(i).gcnArchName`` (torch/_inductor/lookup_table/choices.py).
-Inductor has no lookup on CPU; zhantune names a CPU by its model name (from /proc/cpuinfo) so that
-CPU measurements and tables are keyed the same way.
+Inductor has no lookup on CPU; zhantune names a CPU by its model name (from /proc/cpuinfo) and the
+number of threads Inductor compiles its C++ kernels for (:func:`cpu_device_key`, e.g. ``AMD EPYC
+(2 threads)``), so that CPU measurements and tables are keyed the same way, and a 2-vCPU runner and a
+32-core machine with one CPU model (one cloud instance family) are two devices: their timings,
+rankings and speedup claims differ, and so does the C++ template's blocking.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from zhantune.request import check_device_spec
 if TYPE_CHECKING:  # torch is imported where a device is resolved: a replay or an import never needs it
     import torch
 
-__all__ = ["DeviceInfo", "resolve_device", "cpu_model_name"]
+__all__ = ["DeviceInfo", "resolve_device", "cpu_model_name", "cpu_device_key", "cpu_threads", "cpu_model"]
 
 
 @dataclass(frozen=True)
@@ -53,19 +56,44 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def _cpu_info() -> DeviceInfo:
-    # '+' separates the parts of an Inductor lookup key, so it never appears in a device key
+def cpu_model() -> str:
+    """The CPU's model name as a device name: one line, single spaces, no '+' (which separates the
+    parts of an Inductor lookup key)."""
+    return re.sub(r"\s+", " ", cpu_model_name()).replace("+", " ").strip()
+
+
+def cpu_threads() -> int:
+    """The threads Inductor compiles C++ kernels for: ``torch._inductor.config.cpp.threads`` where
+    set (>= 1), else torch.get_num_threads() (torch/_inductor/utils.py parallel_num_threads; its
+    C++ GEMM template's thread factors multiply to it). Inductor's config is read only where it is
+    imported already."""
+    import sys
+
     import torch
 
-    name = re.sub(r"\s+", " ", cpu_model_name()).replace("+", " ")
-    threads = torch.get_num_threads()
+    config = sys.modules.get("torch._inductor.config")
+    threads = getattr(getattr(config, "cpp", None), "threads", -1) if config is not None else -1
+    return threads if isinstance(threads, int) and threads >= 1 else torch.get_num_threads()
+
+
+def cpu_device_key(model: str, threads: int) -> str:
+    """A CPU's device key: its model name and thread count, ``"AMD EPYC (2 threads)"`` (the format
+    revision 0009 of the database gave the keys stored before it)."""
+    return f"{model} ({threads} thread{'' if threads == 1 else 's'})"
+
+
+def _cpu_info() -> DeviceInfo:
+    import torch
+
+    name = cpu_model()
+    threads = cpu_threads()
     props = {
         "cores": os.cpu_count() or 1,
         "threads": threads,
         "isa": torch.backends.cpu.get_cpu_capability(),
         "machine": platform.machine(),
     }
-    return DeviceInfo(kind="cpu", index=None, key=name, name=name, properties=props)
+    return DeviceInfo(kind="cpu", index=None, key=cpu_device_key(name, threads), name=name, properties=props)
 
 
 def _cuda_info(index: int) -> DeviceInfo:

@@ -58,10 +58,26 @@ class LookupEvent:
 
 
 @lru_cache
-def _cpu_device_key() -> str:
-    from zhantune.device import resolve_device
+def _cpu_model() -> str:
+    from zhantune.device import cpu_model
 
-    return resolve_device("cpu").key
+    return cpu_model()
+
+
+def _cpu_device_key() -> str:
+    """This CPU's device key now (zhantune.device.cpu_device_key: the thread count may change
+    within a process, torch.set_num_threads)."""
+    from zhantune.device import cpu_device_key, cpu_threads
+
+    return cpu_device_key(_cpu_model(), cpu_threads())
+
+
+def legacy_cpu_key(device_key: str | None, agnostic_key: str | None) -> str | None:
+    """The key a table made before database revision 0009 has for a CPU lookup: the CPU's model
+    name alone (no thread count) as its device part; None for a lookup that is not this CPU's."""
+    if device_key is None or agnostic_key is None or not device_key.startswith(_cpu_device_key() + "+"):
+        return None
+    return f"{_cpu_model()}+{agnostic_key}"
 
 
 class RecordingChoices(LookupTableChoices):

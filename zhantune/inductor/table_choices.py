@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch._inductor import config as inductor_config
 
-from zhantune.inductor.choices import LookupEvent, RecordingChoices
+from zhantune.inductor.choices import LookupEvent, RecordingChoices, legacy_cpu_key
 from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried
@@ -30,6 +30,10 @@ NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._induc
 GPU_ENTRY_ON_CPU = ("{tid} is not a CPU choice (a GPU template, or none Inductor offers): Inductor's CPU GEMM "
                     "offers ATen and its C++ template only "
                     f"({CONFIG_TEMPLATE_ID} entries); Inductor's default compiled")
+#: why an entry under a CPU key without a thread count is not used (zhantune.device.cpu_device_key)
+LEGACY_CPU_KEY = ("keyed by the CPU model alone (a table made before zhantune keyed a CPU by its thread count too): "
+                  "measured with an unknown number of threads, so not used on this CPU ({key}); upgrade the database "
+                  "(python -m zhantune.db upgrade) and export the table again")
 #: config keys the CPU handler sets per GEMM (plus any key a table's config_patch names)
 _CPU_GEMM_KEYS = ("max_autotune_gemm_backends", "cpp.gemm_max_k_slices", "cpp.gemm_thread_factors",
                   "cpp.gemm_cache_blocking")
@@ -122,10 +126,19 @@ class TableChoices(RecordingChoices):
         """(key, entries) the table has for a lookup: device key first, then the agnostic one."""
         if self.any_key is not None:
             return event.device_key or event.agnostic_key, self.any_key
-        for k in (event.device_key, event.agnostic_key):
+        for k in (event.device_key, event.agnostic_key, legacy_cpu_key(event.device_key, event.agnostic_key)):
             if k is not None and k in self.tf.table:
                 return k, self.tf.table[k]
         return None, None
+
+    def _key_stale(self, key: str | None, event: LookupEvent) -> str | None:
+        """Why every entry under ``key`` is stale here, or None: the table's torch is another release,
+        or ``key`` is a CPU key of a table made before database revision 0009 (LEGACY_CPU_KEY)."""
+        if self.version_mismatch:
+            return self.version_mismatch
+        if key is not None and key == legacy_cpu_key(event.device_key, event.agnostic_key):
+            return LEGACY_CPU_KEY.format(key=event.device_key.partition("+((")[0])
+        return None
 
     # -- CPU: the lowering hooks (zhantune.inductor.cpu_gemm) -----------------------------------
     def cpu_packed_gemm(self, kernel_inputs, op_name: str, packed_op: str) -> dict[str, Any] | None:
@@ -139,8 +152,8 @@ class TableChoices(RecordingChoices):
         patch = None
         if entries is None:
             self.report.misses[report_key] += 1
-        elif self.version_mismatch:
-            self.report.stale[report_key] = self.version_mismatch
+        elif why := self._key_stale(key, event):
+            self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
         elif entries and not _cpu_entry(entries[0]):
             self.report.stale[report_key] = GPU_ENTRY_ON_CPU.format(tid=entries[0]["template_id"])
@@ -206,8 +219,8 @@ class TableChoices(RecordingChoices):
             # expanded-bias template lookup under a default entry, its contiguous rewrite under the
             # ATen key): nothing from it; the GEMM's own lookup decides and is the one reported
             return []
-        if entries is not None and self.version_mismatch:
-            return self._stale(report_key, self.version_mismatch, template_choices, kernel_inputs,
+        if entries is not None and (why := self._key_stale(key, event)):
+            return self._stale(report_key, why, template_choices, kernel_inputs,
                                templates, op_name, kwarg_overrides, cpu)
         if entries is None:
             self.report.misses[report_key] += 1
