@@ -555,6 +555,7 @@ KNOB_ROWS = [  # (device kind, key, value, allowed)
     ("cpu", "max_autotune_gemm_backends", "aten,cpp", True),
     ("cpu", "max_autotune_gemm_backends", "TRITON", False),
     ("cpu", "max_autotune_gemm_backends", " cpp ,\u2003aten\n", False),  # Inductor would get the spaces
+    ("cpu", "max_autotune_gemm_backends", "ATEN, CPP", True),  # Inductor strips each part
     ("cuda", "max_autotune_gemm_backends", "tr\u0131ton", False),  # dotless i: "TRITON" once upper-cased
     ("cpu", "cpp.gemm_thread_factors", "1,2,1", True),
     ("cpu", "cpp.gemm_thread_factors", None, True),

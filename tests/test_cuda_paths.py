@@ -1131,6 +1131,10 @@ def test_the_default_min_speedup_keeps_a_claim_noise_offsets_reach_out_of_the_ta
     assert _claim_cell(SimpleNamespace(claim=v), other) == "1.03x (other torch's table)"
     same = ExportConfig(path=str(tmp_path / "t.json"), torch_version=torch.__version__)
     assert _claim_cell(SimpleNamespace(claim=v), same) == "1.03x"
+    off = ExportConfig(path=str(tmp_path / "t.json"), torch_version="9.9.9", enabled=False)  # no table at all
+    console = Console(record=True, width=400)
+    _print_winner(console, SimpleNamespace(best=best, claim=v, not_carried=None), 20.0, best, off)
+    assert "export.torch_version" not in console.export_text()
 
 
 def test_a_tune_that_made_no_claim_exports_the_default(tmp_path):

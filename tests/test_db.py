@@ -140,7 +140,8 @@ def test_upgrade_to_0008_gives_each_older_verdict_the_torch_of_its_paired_rounds
     assert got == {paired.config_hash: "2.12.0/3.5.0", unpaired.config_hash: None}
 
 
-def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path, request, backend):
     """Before 0009 a CPU was keyed by its model name alone: rows timed with 2 and with 4 threads of
     one model were one device. The upgrade keys the device by its recorded count, moves the rows of
     another count (conditions.threads) to a device of that count with the verdict settled from them,
@@ -150,7 +151,7 @@ def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path):
 
     from zhantune.storage.migrate import _config, _transactional, upgrade
 
-    url = f"sqlite:///{tmp_path}/z.db"
+    url = f"sqlite:///{tmp_path}/z.db" if backend == "sqlite" else request.getfixturevalue("postgres").new_database()
     store = Store(url)
     dev, sid = store.device_id("M", "M", "cpu", {"threads": 2, "cores": 4}), store.study_id("p@M", {})
     prob = store.problem_id("p", op="mm", shape={"M": 8, "N": 8, "K": 8, "B": 1}, dtype="float32", activation=None,
@@ -164,6 +165,8 @@ def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path):
     store.add_verdict(study_id=sid, device_id=dev, problem_id=prob, config_hash="c", ratio=1.5, ratio_low=1.4,
                       ratio_high=1.6, rounds=3, contended=0, confirmed=True, reason="r")
     optuna.create_study(study_name="p@M", storage=url)
+    store.study_id("q@M", {})  # reserved, no row yet
+    store.device_id("N", "N", "cpu", {})  # no thread count recorded anywhere: keeps its key
     store.engine.dispose()
     eng = _transactional(make_engine(url))
     with eng.begin() as conn:
@@ -172,26 +175,34 @@ def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path):
     assert upgrade(make_engine(url)) == ("0008", head_revision())
 
     def state():
-        with sqlite3.connect(tmp_path / "z.db") as con:
-            return (dict(con.execute("select key, id from zt_device")),
-                    sorted(con.execute("select d.key, m.config_hash from zt_measurement m join zt_device d on "
-                                       "d.id = m.device_id")),
-                    con.execute("select d.key from zt_verdict v join zt_device d on d.id = v.device_id").fetchall(),
-                    con.execute("select name from zt_study").fetchall(), con.execute("select study_name from studies").fetchall())
+        engine = create_engine(url)
+        with engine.connect() as con:
+            got = (dict(con.exec_driver_sql("select key, id from zt_device").all()),
+                   sorted(tuple(r) for r in con.exec_driver_sql("select d.key, m.config_hash from zt_measurement m "
+                                                                "join zt_device d on d.id = m.device_id")),
+                   [tuple(r) for r in con.exec_driver_sql("select d.key from zt_verdict v join zt_device d on "
+                                                          "d.id = v.device_id")],
+                   [tuple(r) for r in con.exec_driver_sql("select name from zt_study order by id")],
+                   [tuple(r) for r in con.exec_driver_sql("select study_name from studies order by study_id")])
+        engine.dispose()
+        return got
 
-    devices, rows, verdicts, studies, optuna_studies = state()
-    assert set(devices) == {"M (2 threads)", "M (4 threads)"} and devices["M (2 threads)"] == dev
+    upgraded = state()
+    devices, rows, verdicts, studies, optuna_studies = upgraded
+    assert set(devices) == {"M (2 threads)", "M (4 threads)", "N"} and devices["M (2 threads)"] == dev
     assert rows == [("M (2 threads)", "d"), ("M (2 threads)", "x"), ("M (4 threads)", "c"), ("M (4 threads)", "c"),
                     ("M (4 threads)", "e")]
     assert verdicts == [("M (4 threads)",)]
-    assert studies == optuna_studies == [("p@M (4 threads)",)]
+    assert studies == [("p@M (4 threads)",), ("q@M (2 threads)",)] and optuna_studies == [("p@M (4 threads)",)]
     eng = _transactional(make_engine(url))
     with eng.begin() as conn:
         command.downgrade(_config(conn), "0008")
     eng.dispose()
     devices, rows, verdicts, studies, optuna_studies = state()
-    assert devices == {"M": dev} and {k for k, _ in rows} == {"M"} and verdicts == [("M",)]
-    assert studies == optuna_studies == [("p@M",)]
+    assert devices == {"M": dev, "N": devices["N"]} and {k for k, _ in rows} == {"M"} and verdicts == [("M",)]
+    assert studies == [("p@M",), ("q@M",)] and optuna_studies == [("p@M",)]
+    assert upgrade(make_engine(url)) == ("0008", head_revision())  # and up again: as the first time
+    assert state()[1:] == upgraded[1:] and set(state()[0]) == set(upgraded[0])
 
 
 def test_newer_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
@@ -597,8 +608,9 @@ def test_one_device_key_is_never_a_cpu_and_a_gpu(cli, tmp_path):
     doc = {"device_name": "A GPU", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
            "tune_params": {"x": [1, 2]}, "cache": {str(x): {"x": x, "time": x, "times": [x]} for x in (1, 2)}}
     (tmp_path / "k.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
-    r = cli(["files=[k.json.gz]", "devices=[X]", f"storage.url=sqlite:///{tmp_path / 'cpu.db'}"], tmp_path,
-            module="zhantune.kerneltuner")
+    (tmp_path / "k2.json.gz").write_bytes(gzip.compress(json.dumps({**doc, "kernel_name": "k2"}).encode()))
+    r = cli(["files=[k2.json.gz,k.json.gz]", "devices=[G,X]", f"storage.url=sqlite:///{tmp_path / 'cpu.db'}"],
+            tmp_path, module="zhantune.kerneltuner")  # the first file is fine: nothing written all the same
     assert r.returncode == 2 and "device 'X' is a cpu device in sqlite:///" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and _digest(tmp_path / "cpu.db") == before
     with pytest.raises(StorageError, match="device 'X' is a cpu device in .*, not a cuda one"):
@@ -712,6 +724,15 @@ def test_one_kernel_tuner_file_imported_into_two_databases_merges_once(cli, tmp_
     assert r.returncode == 0 and "+0 measurement(s), 3 already there; 0 verdict(s); 0 new stud(y/ies), 0 renamed" \
         in r.stdout, r.stdout + r.stderr
     assert len(_candidates(a)) == 3
+    # in c.db another file named k.json.gz came first: this one's study is kerneltuner:k.json.gz[sha256:...]@A GPU
+    (tmp_path / "other").mkdir()
+    other = {**doc, "cache": {str(x): {"x": x, "time": 2 * x, "times": [2 * x]} for x in (1, 2, 3)}}
+    (tmp_path / "other" / "k.json.gz").write_bytes(gzip.compress(json.dumps(other).encode()))
+    c = f"sqlite:///{tmp_path / 'c.db'}"
+    for f in ("other/k.json.gz", "k.json.gz"):
+        assert cli([f"files=[{f}]", f"storage.url={c}"], tmp_path, module="zhantune.kerneltuner").returncode == 0
+    r = cli(["merge", f"sources=[{b}]", f"storage.url={c}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0 and "+0 measurement(s), 3 already there" in r.stdout and "0 renamed" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("sources, message", [

@@ -139,6 +139,10 @@ def test_a_table_of_cpu_and_gpu_devices_loads_on_each_kind(tmp_path):
     assert on_cuda.table == {gpu_key: table[gpu_key]} and on_cuda.other_kind == {cpu_key: "cpu"}
     assert on_cpu.table == {cpu_key: table[cpu_key]} and on_cpu.other_kind == {gpu_key: "cuda"}
     assert anywhere.table == table and not anywhere.other_kind
+    # use_table takes a TableFile as read (for any kind) and checks it again for its own: the same
+    from zhantune.inductor.table import recheck_table
+
+    assert recheck_table(anywhere, "cuda") == on_cuda and recheck_table(on_cpu, "cpu") == on_cpu
     for patch in ({"cpp.march": "native"}, {"max_autotune_gemm_backends": "TRITON"}):
         bad = {**table, cpu_key: [{**cpp, "config_patch": patch}]}
         (tmp_path / "bad.json").write_text(json.dumps({**meta, "table": bad}))
@@ -148,6 +152,25 @@ def test_a_table_of_cpu_and_gpu_devices_loads_on_each_kind(tmp_path):
     write_table(tmp_path / "bare.json", table)
     with pytest.raises(TableError, match="max_autotune_gemm_backends='CPP' is not allowed"):
         read_table(tmp_path / "bare.json", "cuda")
+
+
+def test_a_cpu_model_at_two_thread_counts_is_two_devices_of_one_name(tmp_path):
+    """device= (export) and devices= (compare) take a device's key or its name; one CPU model at
+    two thread counts gives two devices of one name, and the name then picked one of them silently."""
+    from zhantune.errors import ConfigError
+    from zhantune.inductor.builder import resolve_device_key
+    from zhantune.report.regret import CompareError, _pick_devices
+
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    for threads in (2, 4):
+        store.device_id(f"M ({threads} threads)", "M", "cpu", {"threads": threads})
+    store.device_id("G", "NVIDIA G", "cuda", {})
+    with pytest.raises(ConfigError, match=r"device='M' names 2 devices in .*: 1: 'M \(2 threads\)'; 2: 'M \(4 threads\)'"):
+        resolve_device_key(store, "M")
+    assert resolve_device_key(store, "M (4 threads)") == "M (4 threads)" and resolve_device_key(store, "NVIDIA G") == "G"
+    with pytest.raises(CompareError, match=r"device 'M' \(from devices\) names several devices"):
+        _pick_devices(store, ["M"])
+    assert [d.key for d in _pick_devices(store, ["M (2 threads)", "NVIDIA G"])] == ["M (2 threads)", "G"]
 
 
 def test_a_table_error_stays_one_short_line_for_huge_or_odd_values(tmp_path):

@@ -209,7 +209,7 @@ def other_torch_table(export: Any) -> str | None:
     process's: a table of that torch ships only claims confirmed with it
     (zhantune.inductor.builder.table_torch), never this run's; None otherwise (no option, no export)."""
     want = getattr(export, "torch_version", None)
-    if want is None:
+    if want is None or not getattr(export, "enabled", True):  # export.enabled=false: no table at all
         return None
     from zhantune.provenance import software_versions
 

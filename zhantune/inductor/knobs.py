@@ -59,15 +59,16 @@ def _bool(v: Any) -> str | None:
     return None if isinstance(v, bool) else "true or false"
 
 
-_BACKENDS = re.compile(r"[A-Za-z]+(?:,[A-Za-z]+)*")
+_BACKENDS = re.compile(r"[A-Za-z]+(?: *, *[A-Za-z]+)*")
 
 
 def _backends(allowed: tuple[str, ...]) -> Check:
     def check(v: Any) -> str | None:
-        # ASCII letters and commas only: "trıton" (dotless i) upper-cases to TRITON, and a newline
-        # or an em space would reach Inductor's config with the value
+        # ASCII letters, commas and spaces beside them (Inductor strips each part: torch/_inductor/
+        # utils.py): "trıton" (dotless i) upper-cases to TRITON, and a newline or an em space would
+        # reach Inductor's config with the value
         parts = v.upper().split(",") if isinstance(v, str) and len(v) <= 64 and _BACKENDS.fullmatch(v) else None
-        if not parts or any(p not in allowed for p in parts):
+        if not parts or any(p.strip(" ") not in allowed for p in parts):
             return f"a comma-separated list of {', '.join(allowed)}"
         return None
     return check

@@ -48,7 +48,7 @@ from torch._inductor.virtualized import V
 
 from zhantune.inductor import cpu_gemm
 from zhantune.inductor.settings import cuda_table_patch
-from zhantune.inductor.table import TableFile, check_meta, check_table, read_table
+from zhantune.inductor.table import TableFile, read_table, recheck_table
 from zhantune.inductor.table_choices import TableChoices, TableReport
 from zhantune.torch_support import check_torch
 
@@ -119,10 +119,8 @@ def use_table(table: str | os.PathLike[str] | dict[str, Any] | TableFile, device
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device={device!r}; allowed: cpu, cuda")
     check_torch(what="zhantune.use_table")
-    if isinstance(table, TableFile):
-        check_table(table.table, table.source or "<table>", device)
-        if table.meta:  # the wrapper's fields too (its torch version decides staleness)
-            check_meta(table.source or "<table>", table.meta)
+    if isinstance(table, TableFile):  # read for another kind, or built in Python: checked again for this one
+        table = recheck_table(table, device)
     else:
         table = read_table(table, device)
     installed = InstalledTable(table, device)

@@ -35,7 +35,7 @@ from zhantune.errors import TableError, shown
 from zhantune.inductor.knobs import DEVICE_KINDS, FUSION_KNOBS, config_patch_problem, template_entry_problem
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
-           "agnostic_key", "write_table", "read_table", "check_table", "check_meta", "entry_problem", "not_carried", "carried",
+           "agnostic_key", "write_table", "read_table", "recheck_table", "check_table", "check_meta", "entry_problem", "not_carried", "carried",
            "CONFIG_ENTRY_ON_CUDA", "FUSION_ENTRY_ON_CPU", "stock_inductor_notes", "load_table", "parse_key", "MAX_TABLE_BYTES"]
 
 CONFIG_TEMPLATE_ID = "zhantune::config"
@@ -214,13 +214,29 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
                              f"got {type(table).__name__}")
     else:
         table = data
+    return _checked(table, meta, where, device_kind, prefix, None if isinstance(source, dict) else where)
+
+
+def recheck_table(tf: TableFile, device_kind: str | None) -> TableFile:
+    """A TableFile (read for another kind, or built in Python) checked for ``device_kind`` as
+    :func:`read_table` checks a file: its wrapper's fields, each device's keys against its kind's
+    allow-list, the other kind's keys left out. Raises TableError naming its source."""
+    where = tf.source or "<table>"
+    if tf.meta:  # the wrapper's fields too (its torch version decides staleness)
+        check_meta(where, tf.meta)
+    out = _checked(tf.table, tf.meta, where, device_kind, "table" if tf.meta else "", tf.source)
+    return TableFile(out.table, out.meta, out.source, {**tf.other_kind, **out.other_kind})  # those left out before too
+
+
+def _checked(table: Any, meta: dict[str, Any], where: str, device_kind: str | None, prefix: str,
+             source: str | None) -> TableFile:
     kinds = _device_kinds(meta)
     check_table(table, where, device_kind, prefix, kinds)
     other = {k: kinds[d] for k in table if (d := (parse_key(k) or {}).get("device")) in kinds
              and device_kind is not None and kinds[d] != device_kind}
     if other:
         table = {k: v for k, v in table.items() if k not in other}
-    return TableFile(table, meta, None if isinstance(source, dict) else where, other)
+    return TableFile(table, meta, source, other)
 
 
 def _device_kinds(meta: dict[str, Any]) -> dict[str, str]:

@@ -96,7 +96,14 @@ def _pick_devices(store: Store, wanted: list[str] | None) -> list[Any]:
         raise CompareError(f"storage.url={redact_url(store.url)}: the database holds no devices; tune or import first "
                            "(python -m zhantune ..., python -m zhantune.kerneltuner files=[...])")
     if wanted:
-        by_name = {d.key: d for d in devices} | {d.name: d for d in devices}
+        by_name = {d.key: d for d in devices}
+        for d in devices:  # a name stands for its device when no other device has it (nor that key)
+            if d.name not in by_name:
+                by_name[d.name] = d if sum(e.name == d.name for e in devices) == 1 else None
+        several = next((w for w in wanted if w in by_name and by_name[w] is None), None)
+        if several is not None:
+            raise CompareError(f"device {several!r} (from devices) names several devices: "
+                               f"{', '.join(repr(d.key) for d in devices if d.name == several)}; give a key")
         unknown = [w for w in wanted if w not in by_name]
         if unknown:
             raise CompareError(f"unknown device {unknown[0]!r} (from devices); allowed: "

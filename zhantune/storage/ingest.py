@@ -63,8 +63,11 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
 
 def check_import(store: Store, file: KernelTunerFile) -> None:
     """What :func:`import_kerneltuner` refuses (ConfigError), checked without writing: run it for
-    every file of an import before the first is written."""
+    every file of an import before the first is written (a device stored as another kind:
+    StorageError, as Store.device_id raises it)."""
     refuse_merge(store, file)
+    device = file.device()
+    store.refuse_other_kind(device.key, device.kind)
 
 
 def refuse_merge(store: Store, file: KernelTunerFile, option: str = "files",

@@ -268,8 +268,12 @@ def _target_study(t: Session, st: m.Study, label: str) -> tuple[int, str, bool]:
     study takes the source's end (status, finished_at) where the source's is the later."""
     start = _as_naive(st.started_at)
     same = t.scalar(select(m.Study).where(m.Study.name == st.name))
-    if same is not None and _imported(st) and _imported(same) and same.config.get("sha256") == st.config.get("sha256"):
-        return same.id, same.name, False  # the same Kernel Tuner file imported in both: the same data
+    if _imported(st):  # the same Kernel Tuner file imported in both, under whichever name: the same data
+        device = "@" + st.name.rpartition("@")[2]
+        for c in t.scalars(select(m.Study).where(m.Study.name.startswith("kerneltuner:", autoescape=True),
+                                                 m.Study.name.endswith(device, autoescape=True))):
+            if _imported(c) and c.config.get("sha256") == st.config.get("sha256"):
+                return c.id, c.name, False
     # a renamed copy starts with the name, or with its first half where the name was cut to fit
     renamed = t.scalars(select(m.Study).where(m.Study.name.startswith(st.name[:_NAME_MAX // 2], autoescape=True),
                                               m.Study.name.contains(" [from ", autoescape=True)))

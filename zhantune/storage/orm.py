@@ -24,7 +24,7 @@ class Base(DeclarativeBase):
 
 
 class Device(Base):
-    """A device by its key (CUDA: gcnArchName; CPU: model name)."""
+    """A device by its key (CUDA: gcnArchName; CPU: model name and thread count, zhantune.device.cpu_device_key)."""
 
     __tablename__ = "zt_device"
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -224,16 +224,27 @@ class Store(Queries):
             return row.id
 
     def device_id(self, key: str, name: str, kind: str, properties: dict[str, Any]) -> int:
-        """The device row's id by its key (CUDA: gcnArchName; CPU: model name), created when absent.
+        """The device row's id by its key (CUDA: gcnArchName; CPU: model name and thread count),
+        created when absent.
         Raises StorageError, before anything is written, when the key is stored as another kind of
         device (``devices=[NAME]`` of an import naming a CPU, a merged database): a GPU's rows and
         claims would join a CPU's rankings, and its knobs a CPU table."""
         def same_kind(row: m.Device) -> None:
             if row.kind != kind:
-                raise StorageError(f"device {shown(key, 120)} is a {row.kind} device in {redact_url(self.url)}, "
-                                   f"not a {kind} one; give the device another name (a Kernel Tuner import's "
-                                   "devices=[...], a replay's bench.device_name=NAME)")
+                raise StorageError(self._other_kind(key, row.kind, kind))
         return self._get_or_create(m.Device, {"key": key}, dict(name=name, kind=kind, properties=properties), same_kind)
+
+    def refuse_other_kind(self, key: str, kind: str) -> None:
+        """Raise StorageError (as :meth:`device_id` would, without writing) when ``key`` is stored as
+        another kind of device than ``kind``."""
+        with self.session() as s:
+            stored = s.scalar(select(m.Device.kind).where(m.Device.key == key))
+        if stored is not None and stored != kind:
+            raise StorageError(self._other_kind(key, stored, kind))
+
+    def _other_kind(self, key: str, stored: str, kind: str) -> str:
+        return (f"device {shown(key, 120)} is a {stored} device in {redact_url(self.url)}, not a {kind} one; give the "
+                "device another name (a Kernel Tuner import's devices=[...], a replay's bench.device_name=NAME)")
 
     def environment_id(self, fields: dict[str, Any]) -> int:
         """The environment row for these fields (torch, triton, cuda, hip, driver, python, zhantune, host)."""

@@ -53,8 +53,10 @@ def _move(bind: Any, table: Any, ids: list[int], device_id: int) -> None:
 
 
 def _rename_study(bind: Any, study_id: int, old: str, new: str, optuna: bool) -> None:
-    """Rename a study (and its Optuna study) unless the new name is taken."""
+    """Rename a study (and its Optuna study) unless the new name is taken (in either table)."""
     if bind.execute(sa.select(_STUDY.c.id).where(_STUDY.c.name == new)).first() is not None:
+        return
+    if optuna and bind.execute(sa.select(_OPTUNA.c.study_name).where(_OPTUNA.c.study_name == new)).first() is not None:
         return
     bind.execute(_STUDY.update().where(_STUDY.c.id == study_id).values(name=new))
     if optuna:
@@ -66,6 +68,8 @@ def upgrade() -> None:
     optuna = "studies" in sa.inspect(bind).get_table_names()
     taken = {k for (k,) in bind.execute(sa.select(_DEV.c.key))}
     for d in bind.execute(sa.select(_DEV).where(_DEV.c.kind == "cpu").order_by(_DEV.c.id)).all():
+        if _KEYED.fullmatch(d.key):
+            continue  # keyed by its count already (a database downgraded, then upgraded again)
         rows = bind.execute(sa.select(_MEAS.c.id, _MEAS.c.study_id, _MEAS.c.problem_id, _MEAS.c.config_hash,
                                       _MEAS.c.kind, _MEAS.c.conditions).where(_MEAS.c.device_id == d.id)
                             .order_by(_MEAS.c.id)).all()
@@ -102,6 +106,10 @@ def upgrade() -> None:
             if name.endswith("@" + d.key):
                 t = counts.most_common(1)[0][0]
                 _rename_study(bind, study_id, name, name[:-len(d.key)] + _key(d.key, t), optuna)
+        # default-named studies without rows here (reserved, or interrupted before their first): the device's count
+        for study_id, name in bind.execute(sa.select(_STUDY.c.id, _STUDY.c.name)
+                                           .where(_STUDY.c.name.endswith("@" + d.key, autoescape=True))).all():
+            _rename_study(bind, study_id, name, name[:-len(d.key)] + _key(d.key, own), optuna)
 
 
 def downgrade() -> None:
@@ -117,10 +125,12 @@ def downgrade() -> None:
                                            .where(_STUDY.c.name.endswith("@" + d.key, autoescape=True))).all():
             _rename_study(bind, study_id, name, name[:-len(d.key)] + model, optuna)
         if model not in first:
-            if bind.execute(sa.select(_DEV.c.id).where(_DEV.c.key == model)).first() is None:
+            plain = bind.execute(sa.select(_DEV.c.id).where(_DEV.c.key == model)).scalar()
+            if plain is None:  # the first device of the model takes its name back, the others join it
                 bind.execute(_DEV.update().where(_DEV.c.id == d.id).values(key=model))
                 first[model] = d.id
-            continue
+                continue
+            first[model] = plain  # a device keyed by the model alone (no count recorded): they join it
         for table in (_MEAS, _VERDICT):
             bind.execute(table.update().where(table.c.device_id == d.id).values(device_id=first[model]))
         bind.execute(_DEV.delete().where(_DEV.c.id == d.id))
