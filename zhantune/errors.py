@@ -18,6 +18,8 @@ __all__ = [
     "USER_ERROR_EXIT_CODE",
     "INTERRUPTED_EXIT_CODE",
     "shown",
+    "shown_json",
+    "SHOWN_KEY",
 ]
 
 USER_ERROR_EXIT_CODE = 2
@@ -35,6 +37,21 @@ def shown(value: object, limit: int = 80) -> str:
     except (ValueError, RecursionError):
         return f"<{type(value).__name__} too large to show>"
     return r if len(r) <= limit else f"{r[:max(limit - 10, 10)]}... ({len(r)} characters)"
+
+
+#: the longest key (a JSON string) an error shows whole: Inductor's lookup keys are 100-250 characters
+SHOWN_KEY = 400
+
+
+def shown_json(key: object) -> str:
+    """A key as JSON writes it, one line, cut after SHOWN_KEY characters (its length given); one
+    that is not a string (a dict passed from Python) as :func:`shown` shows it."""
+    if not isinstance(key, str):
+        return shown(key)
+    import json
+
+    text = json.dumps(key)
+    return text if len(text) <= SHOWN_KEY else f"{text[:SHOWN_KEY - 20]}... ({len(key)} characters)"
 
 
 class ZhantuneError(Exception):

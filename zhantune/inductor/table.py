@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zhantune.errors import TableError, shown
+from zhantune.errors import SHOWN_KEY, TableError, shown, shown_json
 from zhantune.inductor.knobs import DEVICE_KINDS, FUSION_KNOBS, config_patch_problem, template_entry_problem
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
@@ -172,19 +172,6 @@ def write_table(path: str | os.PathLike[str], table: dict[str, list[dict[str, An
     return path
 
 
-#: the longest key (a JSON string) an error shows whole: Inductor's keys are about 100-250 characters
-_SHOWN_KEY = 400
-
-
-def _json_text(key: Any) -> str:
-    """A key as JSON writes it, one line, cut after _SHOWN_KEY characters (its length given); a key
-    that is not a string (a dict passed from Python) by its repr, as short."""
-    if not isinstance(key, str):
-        return shown(key)
-    text = json.dumps(key)
-    return text if len(text) <= _SHOWN_KEY else f"{text[:_SHOWN_KEY - 20]}... ({len(key)} characters)"
-
-
 def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str | None = None) -> TableFile:
     """Read and check a table (a file path, or an already-parsed dict), wrapped or bare.
 
@@ -276,7 +263,7 @@ def _read_json(path: str, where: str) -> Any:
         if len(obj) != len(pairs):
             seen: set[str] = set()
             dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-            raise TableError(f"{where}: key {_json_text(dup)} appears twice in one JSON object; "
+            raise TableError(f"{where}: key {shown_json(dup)} appears twice in one JSON object; "
                              "a table names each key once")
         return obj
 
@@ -334,7 +321,7 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
         raise TableError(f"{where}: {prefix or 'the table'}: expected an object of key -> list of entries, "
                          f"got {type(table).__name__}")
     for key, entries in table.items():
-        k = f"[{_json_text(key)}]"
+        k = f"[{shown_json(key)}]"
         if not isinstance(key, str) or not key.isprintable() or parse_key(key) is None:
             raise TableError(f"{where}: {path(k)}: not an Inductor lookup key "
                              "(expected '[device+]((dtype, size, stride), ...)[+scalars]+op')")
@@ -348,8 +335,8 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
             bad = entry_problem(entry, kind)
             if bad:
                 name, why = bad
-                if not name.isprintable() or len(name) > _SHOWN_KEY:  # one line, no terminal escapes
-                    name = _json_text(name)
+                if not name.isprintable() or len(name) > SHOWN_KEY:  # one line, no terminal escapes
+                    name = shown_json(name)
                 raise TableError(f"{where}: {at}{'.' + name if name else ''}: {why}")
 
 

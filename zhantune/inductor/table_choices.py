@@ -33,7 +33,7 @@ GPU_ENTRY_ON_CPU = ("{tid} is not a CPU choice (a GPU template, or none Inductor
 #: why an entry under a CPU key without a thread count is not used (zhantune.device.cpu_device_key)
 LEGACY_CPU_KEY = ("keyed by the CPU model alone (a table made before zhantune keyed a CPU by its thread count too): "
                   "measured with an unknown number of threads, so not used on this CPU ({key}); upgrade the database "
-                  "(python -m zhantune.db upgrade) and export the table again")
+                  "(python -m zhantune.db upgrade) and export the table again, or tune again here")
 #: config keys the CPU handler sets per GEMM (plus any key a table's config_patch names)
 _CPU_GEMM_KEYS = ("max_autotune_gemm_backends", "cpp.gemm_max_k_slices", "cpp.gemm_thread_factors",
                   "cpp.gemm_cache_blocking")

@@ -223,6 +223,13 @@ def file_lock(lock: Path) -> Iterator[None]:
             f.close()  # closing the file releases the lock
 
 
+def write_refused(e: Exception) -> bool:
+    """A write the database refused for want of permission: PostgreSQL's insufficient_privilege
+    (SQLSTATE 42501: a role allowed SELECT only), SQLite's read-only database."""
+    orig = getattr(e, "orig", None)
+    return getattr(orig, "sqlstate", None) == "42501" or "readonly database" in str(orig)
+
+
 def make_engine(url: str, wal: bool = True) -> Engine:
     """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite;
     ``wal`` False: the file's journal mode is left as it is, for a database only read)."""

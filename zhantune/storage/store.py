@@ -34,6 +34,7 @@ from zhantune.storage.engine import (
     refuse_other_optuna_schema,
     remove_sqlite_files,
     sqlite_path,
+    write_refused,
 )
 from zhantune.storage.migrate import current_revision, head_revision, upgrade
 from zhantune.storage.queries import Queries
@@ -46,13 +47,6 @@ _PG_LOCK_KEY = 0x7A68616E  # "zhan"
 class ClaimLost(Exception):
     """A measurement whose claim this worker no longer holds: another worker failed its trial (no
     heartbeat for the grace period), released the claim and measures the point itself. Not stored."""
-
-
-def _write_refused(e: SQLAlchemyError) -> bool:
-    """A write the database refused for want of permission: PostgreSQL's insufficient_privilege
-    (SQLSTATE 42501: a role allowed SELECT only), SQLite's read-only database."""
-    orig = getattr(e, "orig", None)
-    return getattr(orig, "sqlstate", None) == "42501" or "readonly database" in str(orig)
 
 
 class Store(Queries):
@@ -186,7 +180,7 @@ class Store(Queries):
             raise
         except SQLAlchemyError as e:
             s.rollback()
-            if _write_refused(e):  # the user's database or role, not a bug: one line, exit code 2
+            if write_refused(e):  # the user's database or role, not a bug: one line, exit code 2
                 raise StorageError(f"{self.option}={redact_url(self.url)}: the database refuses this user's writes "
                                    f"({first_line(e.orig)}); give one it may write to") from None
             raise StorageInternalError(f"storage.url={redact_url(self.url)}: {first_line(e)}") from e
