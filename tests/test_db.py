@@ -166,6 +166,7 @@ def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path, re
                       ratio_high=1.6, rounds=3, contended=0, confirmed=True, reason="r")
     optuna.create_study(study_name="p@M", storage=url)
     store.study_id("q@M", {})  # reserved, no row yet
+    store.study_id("z@m", {})  # another device's (SQLite's LIKE ignores case; the rename must not)
     store.device_id("N", "N", "cpu", {})  # no thread count recorded anywhere: keeps its key
     store.engine.dispose()
     eng = _transactional(make_engine(url))
@@ -193,14 +194,15 @@ def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path, re
     assert rows == [("M (2 threads)", "d"), ("M (2 threads)", "x"), ("M (4 threads)", "c"), ("M (4 threads)", "c"),
                     ("M (4 threads)", "e")]
     assert verdicts == [("M (4 threads)",)]
-    assert studies == [("p@M (4 threads)",), ("q@M (2 threads)",)] and optuna_studies == [("p@M (4 threads)",)]
+    assert studies == [("p@M (4 threads)",), ("q@M (2 threads)",), ("z@m",)]
+    assert optuna_studies == [("p@M (4 threads)",)]
     eng = _transactional(make_engine(url))
     with eng.begin() as conn:
         command.downgrade(_config(conn), "0008")
     eng.dispose()
     devices, rows, verdicts, studies, optuna_studies = state()
     assert devices == {"M": dev, "N": devices["N"]} and {k for k, _ in rows} == {"M"} and verdicts == [("M",)]
-    assert studies == [("p@M",), ("q@M",)] and optuna_studies == [("p@M",)]
+    assert studies == [("p@M",), ("q@M",), ("z@m",)] and optuna_studies == [("p@M",)]
     assert upgrade(make_engine(url)) == ("0008", head_revision())  # and up again: as the first time
     assert state()[1:] == upgraded[1:] and set(state()[0]) == set(upgraded[0])
 

@@ -143,6 +143,8 @@ def test_a_table_of_cpu_and_gpu_devices_loads_on_each_kind(tmp_path):
     from zhantune.inductor.table import recheck_table
 
     assert recheck_table(anywhere, "cuda") == on_cuda and recheck_table(on_cpu, "cpu") == on_cpu
+    with pytest.raises(TableError, match="read for another kind of device than cuda; read it again for cuda"):
+        recheck_table(on_cpu, "cuda")  # its GPU keys were left out: it would install an empty table
     for patch in ({"cpp.march": "native"}, {"max_autotune_gemm_backends": "TRITON"}):
         bad = {**table, cpu_key: [{**cpp, "config_patch": patch}]}
         (tmp_path / "bad.json").write_text(json.dumps({**meta, "table": bad}))
@@ -168,6 +170,9 @@ def test_a_cpu_model_at_two_thread_counts_is_two_devices_of_one_name(tmp_path):
     with pytest.raises(ConfigError, match=r"device='M' names 2 devices in .*: 1: 'M \(2 threads\)'; 2: 'M \(4 threads\)'"):
         resolve_device_key(store, "M")
     assert resolve_device_key(store, "M (4 threads)") == "M (4 threads)" and resolve_device_key(store, "NVIDIA G") == "G"
+    with pytest.raises(ConfigError, match=r"device='cpu' names 2 devices"):  # a kind, where two devices have it
+        resolve_device_key(store, "cpu")
+    assert resolve_device_key(store, "cuda") == "G" and resolve_device_key(store, "2") == "M (4 threads)"
     with pytest.raises(CompareError, match=r"device 'M' \(from devices\) names several devices"):
         _pick_devices(store, ["M"])
     assert [d.key for d in _pick_devices(store, ["M (2 threads)", "NVIDIA G"])] == ["M (2 threads)", "G"]

@@ -88,21 +88,19 @@ def resolve_device_key(store: Store, spec: Any, option: str = "device") -> str |
         return None
     want = str(spec).strip()
     devices = store.devices()
-    named = [d for d in devices if d.key == want] or [d for d in devices if d.name == want]
+    named = [d for d in devices if d.key == want] or [d for d in devices if d.name == want] or (
+        [d for d in devices if d.kind == want.lower()] if not want.isdigit() else [])
     if len(named) == 1:
         return named[0].key
     from zhantune.storage.engine import redact_url
 
-    if named:  # one CPU model at several thread counts: one name, several devices
+    if named:  # one CPU model at several thread counts: one name (or kind), several devices
         raise ConfigError(f"{option}={want!r} names {len(named)} devices in {redact_url(store.url)}: "
                           + "; ".join(f"{devices.index(d)}: {d.key!r}" for d in named)
                           + f". Give the number ({option}={devices.index(named[0])}), or the key in quotes inside the "
                           f"shell's: '{option}=\"KEY\"'")
     if want.isdigit() and int(want) < len(devices):
         return devices[int(want)].key
-    of_kind = [d for d in devices if d.kind == want.lower()]
-    if len(of_kind) == 1:
-        return of_kind[0].key
     listed = "; ".join(f"{i}: {d.key!r} ({d.kind})" for i, d in enumerate(devices)) or "none"
     raise ConfigError(f"{option}={want!r}: no such device in {redact_url(store.url)}; it has {listed}. Give the number "
                       f"({option}=0), or the key in quotes inside the shell's: '{option}=\"KEY\"'")

@@ -209,6 +209,8 @@ def recheck_table(tf: TableFile, device_kind: str | None) -> TableFile:
     :func:`read_table` checks a file: its wrapper's fields, each device's keys against its kind's
     allow-list, the other kind's keys left out. Raises TableError naming its source."""
     where = tf.source or "<table>"
+    if device_kind is not None and device_kind in tf.other_kind.values():  # those keys were left out
+        raise TableError(f"{where}: read for another kind of device than {device_kind}; read it again for {device_kind}")
     if tf.meta:  # the wrapper's fields too (its torch version decides staleness)
         check_meta(where, tf.meta)
     out = _checked(tf.table, tf.meta, where, device_kind, "table" if tf.meta else "", tf.source)

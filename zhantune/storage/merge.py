@@ -218,9 +218,10 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
                 for i, p in problems.items()}
     study_map: dict[int, int] = {}
     imported: set[int] = set()
+    imported_on = {r.study_id: devices[r.device_id].key for r in rows}  # a study's device (an import has one)
     for st in studies:
         with target.session() as t:
-            study_map[st.id], name, added = _target_study(t, st, label)
+            study_map[st.id], name, added = _target_study(t, st, label, imported_on.get(st.id))
             if not added and _imported(st) and _imported(t.get(m.Study, study_map[st.id])):
                 imported.add(st.id)  # one file's import: its rows match by trial number and config
         if added and name == st.name:
@@ -259,29 +260,32 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
     return stats
 
 
-def _target_study(t: Session, st: m.Study, label: str) -> tuple[int, str, bool]:
+def _target_study(t: Session, st: m.Study, label: str, device_key: str | None = None) -> tuple[int, str, bool]:
     """(target study id, its name, whether it was added) for the source's study ``st``: the target's
     study of the same name and start (the same run, merged before or shared by workers), else one
     renamed ``<name> [from <label>]`` earlier with that start (whatever the label: one source's URL
-    has many spellings), else a new study: ``st``'s name where free, else the renamed one (a number
-    added where another run holds that name too; cut to the column's 512 characters). A matched
-    study takes the source's end (status, finished_at) where the source's is the later."""
+    has many spellings), or for a Kernel Tuner import the target's import of the same file (sha256)
+    on the same device (``device_key``: the source study's rows'), else a new study: ``st``'s name
+    where free, else the renamed one (a number added where another run holds that name too; cut to
+    the column's 512 characters). A matched study takes the source's end (status, finished_at) where
+    the source's is the later."""
     start = _as_naive(st.started_at)
     same = t.scalar(select(m.Study).where(m.Study.name == st.name))
-    if _imported(st):  # the same Kernel Tuner file imported in both, under whichever name: the same data
-        device = "@" + st.name.rpartition("@")[2]
-        for c in t.scalars(select(m.Study).where(m.Study.name.startswith("kerneltuner:", autoescape=True),
-                                                 m.Study.name.endswith(device, autoescape=True))):
-            if _imported(c) and c.config.get("sha256") == st.config.get("sha256"):
-                return c.id, c.name, False
+    if _imported(st) and device_key is not None:  # the same file imported in both, whatever its name: the same data
+        held = list(t.scalars(select(m.MeasurementRow.study_id).distinct()
+                              .join(m.Device, m.Device.id == m.MeasurementRow.device_id).where(m.Device.key == device_key)))
+        same_file = next((c for c in (t.get(m.Study, i) for i in held)
+                          if _imported(c) and c.config.get("sha256") == st.config.get("sha256")), None)
+        if same_file is not None:
+            _take_end(same_file, st)
+            return same_file.id, same_file.name, False
     # a renamed copy starts with the name, or with its first half where the name was cut to fit
     renamed = t.scalars(select(m.Study).where(m.Study.name.startswith(st.name[:_NAME_MAX // 2], autoescape=True),
                                               m.Study.name.contains(" [from ", autoescape=True)))
     match = same if same is not None and _as_naive(same.started_at) == start else \
         next((c for c in renamed if _as_naive(c.started_at) == start), None)
     if match is not None:
-        if st.finished_at is not None and (match.finished_at is None or _as_naive(match.finished_at) < _as_naive(st.finished_at)):
-            match.status, match.finished_at = st.status, _utc(st.finished_at)
+        _take_end(match, st)
         return match.id, match.name, False
     name = st.name
     if same is not None:
@@ -297,6 +301,12 @@ def _target_study(t: Session, st: m.Study, label: str) -> tuple[int, str, bool]:
     t.add(row)
     t.flush()
     return row.id, name, True
+
+
+def _take_end(match: m.Study, st: m.Study) -> None:
+    """The target's study takes the source's end (status, finished_at) where the source's is later."""
+    if st.finished_at is not None and (match.finished_at is None or _as_naive(match.finished_at) < _as_naive(st.finished_at)):
+        match.status, match.finished_at = st.status, _utc(st.finished_at)
 
 
 def _imported(st: m.Study | None) -> bool:

@@ -109,7 +109,8 @@ def upgrade() -> None:
         # default-named studies without rows here (reserved, or interrupted before their first): the device's count
         for study_id, name in bind.execute(sa.select(_STUDY.c.id, _STUDY.c.name)
                                            .where(_STUDY.c.name.endswith("@" + d.key, autoescape=True))).all():
-            _rename_study(bind, study_id, name, name[:-len(d.key)] + _key(d.key, own), optuna)
+            if study_id not in by_study and name.endswith("@" + d.key):  # SQLite's LIKE ignores case
+                _rename_study(bind, study_id, name, name[:-len(d.key)] + _key(d.key, own), optuna)
 
 
 def downgrade() -> None:
@@ -121,9 +122,13 @@ def downgrade() -> None:
         if m is None:
             continue
         model = m["model"]
+        holder = bind.execute(sa.select(_DEV.c.kind).where(_DEV.c.key == model)).scalar()
+        if holder is not None and holder != "cpu":
+            continue  # another kind of device has that key: this one stays keyed by its count
         for study_id, name in bind.execute(sa.select(_STUDY.c.id, _STUDY.c.name)
                                            .where(_STUDY.c.name.endswith("@" + d.key, autoescape=True))).all():
-            _rename_study(bind, study_id, name, name[:-len(d.key)] + model, optuna)
+            if name.endswith("@" + d.key):  # SQLite's LIKE ignores case
+                _rename_study(bind, study_id, name, name[:-len(d.key)] + model, optuna)
         if model not in first:
             plain = bind.execute(sa.select(_DEV.c.id).where(_DEV.c.key == model)).scalar()
             if plain is None:  # the first device of the model takes its name back, the others join it
