@@ -123,7 +123,8 @@ class TableChoices(RecordingChoices):
         self._scope_base: dict[str, Any] | None = None
 
     def _find(self, event: LookupEvent) -> tuple[str | None, list[dict[str, Any]] | None]:
-        """(key, entries) the table has for a lookup: device key first, then the agnostic one."""
+        """(key, entries) the table has for a lookup: device key first, then the agnostic one, then a
+        CPU key of the model alone (a table from before database revision 0009: :meth:`_key_stale`)."""
         if self.any_key is not None:
             return event.device_key or event.agnostic_key, self.any_key
         for k in (event.device_key, event.agnostic_key, legacy_cpu_key(event.device_key, event.agnostic_key)):
