@@ -687,6 +687,18 @@ def test_merge_reads_its_sources_and_writes_none(cli, tmp_path):
     assert _digest(tmp_path / "b.db") == before
     assert [n for n in sorted(p.name for p in tmp_path.iterdir()) if n.startswith("b.db")] == ["b.db"]
     assert "b.db" in listing
+    # a source no one may write (immutable: root ignores permission bits) is merged, and `current` reads it
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(tmp_path / "b.db")]).returncode != 0:
+        pytest.skip("chattr +i is not available here (not root, or a file system without it)")
+    try:
+        r = cli(["merge", f"sources=[sqlite:///{tmp_path / 'b.db'}]", f"storage.url=sqlite:///{tmp_path / 'c.db'}"],
+                tmp_path, module="zhantune.db")
+        assert r.returncode == 0 and "+1 measurement(s)" in r.stdout, r.stdout + r.stderr
+        r = cli(["current", f"storage.url=sqlite:///{tmp_path / 'b.db'}"], tmp_path, module="zhantune.db")
+        assert r.returncode == 0 and f"revision {head_revision()}" in r.stdout, r.stderr
+    finally:
+        subprocess.run(["chattr", "-i", str(tmp_path / "b.db")])
+    assert _digest(tmp_path / "b.db") == before
 
 
 def test_a_target_that_refuses_writes_is_one_line(cli, tmp_path, postgres):
