@@ -127,10 +127,11 @@ class TableChoices(RecordingChoices):
         CPU key of the model alone (a table from before database revision 0009: :meth:`_key_stale`)."""
         if self.any_key is not None:
             return event.device_key or event.agnostic_key, self.any_key
-        for k in (event.device_key, event.agnostic_key, legacy_cpu_key(event.device_key, event.agnostic_key)):
+        for k in (event.device_key, event.agnostic_key):
             if k is not None and k in self.tf.table:
                 return k, self.tf.table[k]
-        return None, None
+        legacy = legacy_cpu_key(event.device_key, event.agnostic_key)  # only where neither is in the table
+        return (legacy, self.tf.table[legacy]) if legacy in self.tf.table else (None, None)
 
     def _key_stale(self, key: str | None, event: LookupEvent) -> str | None:
         """Why every entry under ``key`` is stale here, or None: the table's torch is another release,

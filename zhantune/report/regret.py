@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -97,9 +97,10 @@ def _pick_devices(store: Store, wanted: list[str] | None) -> list[Any]:
                            "(python -m zhantune ..., python -m zhantune.kerneltuner files=[...])")
     if wanted:
         by_name = {d.key: d for d in devices}
+        names = Counter(d.name for d in devices)
         for d in devices:  # a name stands for its device when no other device has it (nor that key)
             if d.name not in by_name:
-                by_name[d.name] = d if sum(e.name == d.name for e in devices) == 1 else None
+                by_name[d.name] = d if names[d.name] == 1 else None
         several = next((w for w in wanted if w in by_name and by_name[w] is None), None)
         if several is not None:
             raise CompareError(f"device {several!r} (from devices) names several devices: "
