@@ -222,3 +222,31 @@ def test_ctrl_c_in_an_app_without_its_own_handler_is_one_line_and_exit_130(tmp_p
     assert "Traceback" not in out + err and [line for line in err.splitlines() if line.strip()] == [
         "zhantune: interrupted (Ctrl-C)"], err
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback(tmp_path):
+    """``python -m zhantune.kerneltuner files=[A,B] | head -1`` ended in a BrokenPipeError traceback
+    (Hydra's report of any exception); now it stops as a Unix tool does: exit 1, nothing on stderr,
+    and what was stored before the pipe closed (A's import, one transaction) is kept."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sqlalchemy import func, select
+
+    from zhantune.storage import Store
+    from zhantune.storage import orm as m
+
+    url = f"sqlite:///{tmp_path}/kt.db"
+    data = Path(__file__).resolve().parent / "data" / "kerneltuner"
+    files = ",".join(str(data / f"{name}.json.gz") for name in ("convolution_A4000", "gemm_RTX_3090"))
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    proc = subprocess.run([sys.executable, "-m", "zhantune.kerneltuner", f"files=[{files}]", f"storage.url={url}",
+                           f"hydra.run.dir={tmp_path}/hydra"], stdout=write, stderr=subprocess.PIPE, text=True,
+                          cwd=tmp_path, timeout=300)
+    os.close(write)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    with Store(url, read_only=True).session() as s:  # the first file's import is stored whole, the second not begun
+        assert s.scalar(select(func.count()).select_from(m.MeasurementRow)) == 4362

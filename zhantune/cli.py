@@ -75,9 +75,40 @@ class _State:
 
 
 def mark_task_started() -> None:
-    """Called first thing in a task function: what Hydra wrote to stderr until now goes out as is."""
+    """Called first thing in a task function: what Hydra wrote to stderr until now goes out as is,
+    and stdout is watched for a reader that goes away (:class:`_Stdout`)."""
     _State.task_started = True
     _release_stderr()
+    if not isinstance(sys.stdout, _Stdout):
+        sys.stdout = _Stdout(sys.stdout)
+
+
+class _PipeClosed(BaseException):
+    """stdout's reader went away (``python -m zhantune.kerneltuner ... | head``): not an error of the
+    command. A BaseException, so that it passes Hydra's handler (which prints a traceback for any
+    Exception) to :func:`run_app`; it rolls back an open transaction on its way, as Ctrl-C does."""
+
+
+class _Stdout:
+    """sys.stdout, with a write or flush to a closed pipe raising :class:`_PipeClosed`."""
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+
+    def write(self, text: str) -> int:
+        try:
+            return self._real.write(text)
+        except BrokenPipeError:
+            raise _PipeClosed from None
+
+    def flush(self) -> None:
+        try:
+            self._real.flush()
+        except BrokenPipeError:
+            raise _PipeClosed from None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
 
 
 class _HeldStderr(io.StringIO):
@@ -156,6 +187,19 @@ def _launcher_hint(hydra_message: str) -> str:
     return "; the submitit launcher comes with zhantune's cluster extra: pip install 'zhantune[cluster]' (docs/cluster.md)"
 
 
+def _drop_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: what is still buffered for the closed pipe is dropped
+    at exit instead of failing again (the recipe of Python's signal module documentation)."""
+    import os
+
+    real = sys.stdout._real if isinstance(sys.stdout, _Stdout) else sys.stdout
+    sys.stdout = real
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), real.fileno())
+    except (OSError, ValueError, AttributeError):  # no descriptor (a captured stream): nothing to drop
+        pass
+
+
 def run_app(hydra_main: Callable[[], object]) -> None:
     """Run a ``@hydra.main`` function with zhantune's error conventions."""
     msg = check_group_overrides(sys.argv[1:])
@@ -166,6 +210,10 @@ def run_app(hydra_main: Callable[[], object]) -> None:
     sys.stderr = held
     try:
         hydra_main()
+    except _PipeClosed:  # as a Unix tool whose reader stops (| head): no traceback, nothing more written
+        _release_stderr()
+        _drop_stdout()
+        sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C where the app has no handler of its own (check, collect, db): one line
         sys.stderr.write(_hide(_release_stderr()))
         print("zhantune: interrupted (Ctrl-C)", file=sys.stderr)
