@@ -527,6 +527,8 @@ def test_export_skips_entries_a_table_may_not_carry(tmp_path):
     """A stored row that sets a non-knob (a tf32 backend flag; a merged row) or a knob a CPU table
     cannot apply (a fusion limit: read when Inductor schedules the graph) is never exported: the key
     gets the next carried config, else Inductor's default choice."""
+    import torch
+
     from zhantune.inductor.builder import build_table
 
     store = Store(f"sqlite:///{tmp_path}/z.db")
@@ -537,15 +539,15 @@ def test_export_skips_entries_a_table_may_not_carry(tmp_path):
     study = store.study_id("s", {})
     store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
                           template_id=None, params={"cuda.matmul.allow_tf32": True}, median_us=1.0,
-                          config_hash="a", torch_version="2.13.0")
+                          config_hash="a", torch_version=torch.__version__)
     assert build_table(store) == {f"gpu0+{KEY}": [{"template_id": "aten::mm"}]}
     store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
                           template_id=None, params={"max_fusion_size": 8}, median_us=2.0, config_hash="b",
-                          torch_version="2.13.0")
+                          torch_version=torch.__version__)
     assert build_table(store) == {f"gpu0+{KEY}": [{"template_id": "aten::mm"}]}
     store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind="candidate", status="ok",
                           template_id=None, params={"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": 1},
-                          median_us=3.0, config_hash="c", torch_version="2.13.0")
+                          median_us=3.0, config_hash="c", torch_version=torch.__version__)
     assert build_table(store) == {f"gpu0+{KEY}": [{"template_id": "zhantune::config", "config_patch": {
         "max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": 1}}]}
 

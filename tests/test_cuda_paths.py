@@ -1029,6 +1029,38 @@ def test_a_verdict_stored_under_the_old_rule_is_judged_again_by_the_rule_in_use(
     assert shipped(3, 1.04, 1.05) == ("triton::mm", {dev: pytest.approx(1.04)})
 
 
+def test_a_shipped_entry_carries_the_tables_torchs_template_hash(tmp_path):
+    """The export ranked every torch's rows together and built the entry from the config's fastest
+    row: a faster row of another torch gave a table stamped with this torch that torch's
+    template_hash (Inductor drops such an entry as stale: the confirmed claim never applied). Only
+    the table's torch's rows are ranked and shipped."""
+    from dataclasses import replace
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table
+    from zhantune.inductor.choices import LookupEvent
+
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
+    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=hit), "default")
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    mine = Measurement("ok", timing=summarize_us([10.0, 10.5], "t"), lookup=hit, template_hash="HASH_OF_THIS_TORCH")
+    rec.add(mine, "candidate", x, trial_number=0)
+    this_torch = rec.versions
+    rec.versions = dict(this_torch, torch="2.12.0")  # as a database tuned with torch 2.12, then this one, holds
+    rec.add(replace(mine, timing=summarize_us([8.0, 8.5], "t"), template_hash="HASH_OF_TORCH_2_12"),
+            "candidate", x, trial_number=1)
+    rec.versions = this_torch
+    store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                      config_hash=x.config_hash, ratio=1.9, ratio_low=1.9, ratio_high=1.92, rounds=3,
+                      contended=0, confirmed=True, reason="confirmed in every round")
+    (entries,) = build_table(store, min_speedup=1.02).values()
+    assert entries[0]["template_id"] == "triton::mm" and entries[0]["template_hash"] == "HASH_OF_THIS_TORCH"
+    # that torch's table ships that torch's row (its claim was not confirmed with it: the default)
+    assert build_table(store, torch_version="2.12.0")[f"{dev}+{key}"][0]["template_hash"] == "HASH_OF_TORCH_2_12"
+
+
 def test_a_claim_confirmed_with_another_torch_never_ships_in_this_torchs_table(cli, tmp_path):
     """A speedup holds for the torch its paired rounds ran with (the verdict stores it): a table
     stamped with another torch (this process's, or export's torch_version=) ships Inductor's default

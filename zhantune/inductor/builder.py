@@ -182,8 +182,8 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     the default ships, and so it does where no tune left a verdict (an interrupted tune, a database
     from before verdicts): stored times alone were never paired with the default, a busy moment can
     make them. A verdict counts only where its rounds ran with the table's torch (``torch_version``,
-    else this process's: :func:`table_torch`). ``torch_version`` keeps only rows
-    measured with that torch. ``device_agnostic`` keys entries without the device; where several
+    else this process's: :func:`table_torch`), and only rows measured with that torch are ranked
+    and shipped (a template's hash and the lookup key are the torch's). ``device_agnostic`` keys entries without the device; where several
     devices share a problem the fastest device's winners are kept (cross-device choices are the
     compare command's job). Where two problems map to one lookup key with different entries (a
     float32 linear_act with relu and one with gelu, same shape: one addmm lookup on CPU), neither
@@ -197,8 +197,10 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     own_keys = store.default_lookup_keys()
     # every distinct config, so that rows a table may not carry (a tf32 backend flag, zhantune.
     # inductor.knobs; a config patch on CUDA, not_carried) make way for the next ones
+    # only the table's torch's rows: an entry's template_hash and lookup key are that torch's (a
+    # faster row of another torch, the config's representative over all, carried that torch's hash)
     ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)])
-              for d, p, rows in store.ranked_candidates(device_key, torch_version, 1 << 30)
+              for d, p, rows in store.ranked_candidates(device_key, table_torch(torch_version), 1 << 30)
               if problem_ids is None or p.id in problem_ids]
     ranked.sort(key=lambda r: decision_us(r[2][0]) if r[2] else float("inf"))  # the ranking rule's statistic
     table: dict[str, list[dict[str, Any]]] = {}
