@@ -114,6 +114,60 @@ def test_an_exported_and_a_served_entry_carry_even_k(tmp_path):
     assert served.uids == ["triton::mm"] and served.kwargs()["EVEN_K"] is False
 
 
+def test_a_dynamic_k_never_gets_even_k_from_a_table(tmp_path):
+    """A table's key holds the compile's size hints, so a compile with a dynamic K whose hint is the
+    tuned K (a model table of several sequence lengths, recompiled dynamic) finds the entry too:
+    ``EVEN_K: true`` from the tuned K dropped the K masks for every other K (a review reproduced it
+    with use_table and with stock Inductor). use_table computes EVEN_K as Inductor does, on the
+    symbolic K; the export writes ``EVEN_K: false`` where BLOCK_K does not divide K and no EVEN_K
+    where it does, so stock Inductor merges its own (false for a dynamic K)."""
+    from torch._inductor.lookup_table import LookupTableChoices
+    from torch._inductor.virtualized import V
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.inductor.runtime import use_table
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Recorder, Store
+
+    dev = "NVIDIA H100 80GB HBM3"
+    params = {**TRITON_PARAMS, "BLOCK_K": 32}
+    static, dynamic = [(64, 64), (64, 64)], [(64, "k"), ("k", 64)]
+
+    def even_k(table, shapes, stock=False):
+        """EVEN_K of the table's entry as Inductor lowers an mm of ``shapes`` (K hinted 64)."""
+        with fake_cuda():
+            if stock:
+                with inductor_config.patch({"max_autotune_gemm": True, "max_autotune_gemm_backends": "ATEN,TRITON",
+                                            "lookup_table.table": table}), V.set_choices_handler(LookupTableChoices()):
+                    got = lower("mm", shapes, torch.bfloat16, hints={"k": 64})
+            else:
+                with use_table(table, device="cuda") as installed:
+                    got = lower("mm", shapes, torch.bfloat16, hints={"k": 64})
+                assert sum(installed.report.hits.values()) == 1, installed.report.as_dict()
+        assert got.uids == ["triton::mm"] and got.kwargs()["BLOCK_K"] == 32
+        return got.kwargs()["EVEN_K"]
+
+    key = f"{dev}+((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
+    old = {key: [{"template_id": "triton::mm", **params, "EVEN_K": True}]}  # as tables were exported
+    assert even_k(old, static) is True and even_k(old, dynamic) is False
+    assert even_k({key: [{**old[key][0], "EVEN_K": False}]}, static) is False  # never true against the entry
+
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    problem = GemmProblem("mm", (64, 64, 64), "bfloat16")
+    rec = Recorder(store, problem, store.study_id("s", {}), store.device_id(dev, dev, "cuda", {}),
+                   store.problem_id(problem.key, lookup_key=key.split("+", 1)[1], **problem.row_fields()))
+    hit = LookupEvent("mm", key, key.split("+", 1)[1], {"triton::mm": None}, ("triton::mm",))
+    rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t"), lookup=hit), "candidate",
+            Candidate("triton_mm", "template", "triton::mm", params), trial_number=0)
+    exported = build_table(store)
+    assert exported == {key: [{"template_id": "triton::mm", **params}]}
+    assert even_k(exported, static, stock=True) is True and even_k(exported, dynamic, stock=True) is False
+    assert even_k(exported, static) is True and even_k(exported, dynamic) is False
+
+
 def test_use_table_on_cuda_offers_the_persistent_tma_template():
     """Finding 3, the runtime side: a table whose entry is triton::mm_persistent_tma hits only when
     triton.enable_persistent_tma_matmul is on (off by default); use_table(device="cuda") sets it."""
@@ -892,10 +946,13 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     verdict(rec2, x, 1.8)
     assert shipped() == (64, "triton::mm")
     # a replay of the portable table measures and settles the candidate of the tune's config hash
-    # (the entry's EVEN_K, which the table adds, is left out as the measurement adds it again)
+    # (an entry's EVEN_K, where the table has one, is left out as the measurement adds it again)
     table = portable_table(compare(store), store, None)
     ((row, (cand,)),) = table_candidates(table, store.problems_by_lookup_key(), "portable.json", "cuda")
-    assert "EVEN_K" in table[key][0] and cand.config_hash == x.config_hash and row.id == rec.problem_id
+    assert cand.config_hash == x.config_hash and row.id == rec.problem_id
+    odd = {key: [{**table[key][0], "EVEN_K": False}]}  # as exported for a K that BLOCK_K does not divide
+    ((_, (cand,)),) = table_candidates(odd, store.problems_by_lookup_key(), "portable.json", "cuda")
+    assert cand.params.get("EVEN_K") is False and cand.config_hash != x.config_hash
 
 
 def test_a_lookup_key_two_problems_share_with_different_choices_ships_the_default(tmp_path):

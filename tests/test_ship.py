@@ -295,7 +295,7 @@ def test_addmm_template_winner_goes_under_the_key_its_template_hit(tmp_path):
             "candidate", cand, trial_number=0)
     table = build_table(store)
     assert table == {f"{dev}+{expanded_key}": [{"template_id": "triton::mm", "BLOCK_M": 32, "BLOCK_N": 64,
-                                                 "BLOCK_K": 16, "template_hash": "abc", "EVEN_K": True}],
+                                                 "BLOCK_K": 16, "template_hash": "abc"}],  # 16 | K: no EVEN_K
                      f"{dev}+{aten_key}": []}
     assert read_table(table).table == table
 

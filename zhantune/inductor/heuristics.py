@@ -10,7 +10,9 @@
 * :func:`offered_templates`: whether Inductor's mm lowering offers decomposeK and the Triton mm
   templates for a size (the K-to-M/N thresholds of ``tuned_mm``).
 * :func:`derived_kwargs`: the kwargs Inductor derives per config from the problem (``EVEN_K``),
-  which a lookup-table entry must carry itself.
+  which a measured candidate's entry carries itself; :func:`with_derived_kwargs`: what an
+  exported entry carries of them (safe for a dynamic K); :func:`even_k`: Inductor's own rule in a
+  compile, as zhantune.use_table applies it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 __all__ = ["triton_mm_configs", "decompose_k_splits", "template_params", "derived_kwargs", "with_derived_kwargs",
-           "offered_templates",
+           "even_k", "offered_templates",
            "LAUNCH_OPTIONS"]
 
 #: Triton launch options a lookup-table entry may carry beside the template's constexprs
@@ -74,17 +76,19 @@ def template_params(template_id: str) -> frozenset[str] | None:
 
 
 def derived_kwargs(template_id: str, params: dict[str, Any], dims: dict[str, int]) -> dict[str, Any]:
-    """Kwargs Inductor computes per config from the problem, for a template entry with ``params``.
+    """Kwargs Inductor computes per config from the problem, for a template entry with ``params``,
+    in a compile of the static sizes ``dims`` (a tune's: ``K`` is used): ``EVEN_K``, K a multiple of
+    BLOCK_K (for a static K what Inductor's ``statically_known_true`` on ``K % BLOCK_K == 0`` gives:
+    :func:`even_k`).
 
     Inductor merges a lookup-table entry over the kwargs of its *first* heuristic config
     (``LookupTableChoices._create_lookup_choices``), and that config's ``EVEN_K`` was computed from
     its own ``BLOCK_K`` (``MMTemplateConfigMixin._convert_config_to_template_kwargs`` in
-    torch/_inductor/template_heuristics/triton.py: ``EVEN_K = K % BLOCK_K == 0``). An entry without
-    ``EVEN_K`` inherits it: with K=48 a BLOCK_K=32 entry gets ``EVEN_K=True`` from BLOCK_K=16 and
-    its K loop reads past K unmasked. The other kwargs of that config (``ACC_TYPE``,
-    ``USE_FAST_ACCUM``, the TMA options) depend on the op and dtype only, so the first config's are
-    right. ``dims``: the problem's sizes (``K`` is used). Empty for templates without ``BLOCK_K`` and
-    for problems without a ``K``.
+    torch/_inductor/template_heuristics/triton.py). A candidate's entry without ``EVEN_K`` inherits
+    it: with K=48 a BLOCK_K=32 entry gets ``EVEN_K=True`` from BLOCK_K=16 and its K loop reads past
+    K unmasked. The other kwargs of that config (``ACC_TYPE``, ``USE_FAST_ACCUM``, the TMA options)
+    depend on the op and dtype only, so the first config's are right. Empty for templates without
+    ``BLOCK_K`` and for problems without a ``K``.
     """
     if not template_id.startswith("triton::") or "BLOCK_K" not in params or "K" not in dims:
         return {}
@@ -92,9 +96,34 @@ def derived_kwargs(template_id: str, params: dict[str, Any], dims: dict[str, int
 
 
 def with_derived_kwargs(entry: dict[str, Any], dims: dict[str, int]) -> dict[str, Any]:
-    """A lookup-table entry (``{"template_id": ..., kwargs}``) with :func:`derived_kwargs` added for
-    a problem of ``dims``; entries of other kinds (ATen, config patches) unchanged."""
-    return {**entry, **derived_kwargs(entry["template_id"], entry, dims)}
+    """A lookup-table entry (``{"template_id": ..., kwargs}``) as a table ships it for a problem of
+    ``dims``: ``EVEN_K: false`` where K is not a multiple of the entry's BLOCK_K, and no ``EVEN_K``
+    where it is; entries of other kinds (ATen, config patches) unchanged.
+
+    A table's key holds the compile's size hints, so a compile with a dynamic K whose hint is this
+    K finds the entry too: ``EVEN_K: true`` there would drop the K masks for every other K (reads
+    past the rows, wrong results). Without it, Inductor's own value of its first config is merged
+    (:func:`derived_kwargs`): false for a dynamic K; for this static K true where that config's
+    BLOCK_K divides K (the measured kernel), else false (masked: correct, possibly slower than
+    measured). zhantune.use_table computes it for the entry's own BLOCK_K (:func:`even_k`)."""
+    derived = derived_kwargs(entry["template_id"], entry, dims)
+    if not derived:
+        return entry
+    out = {k: v for k, v in entry.items() if k != "EVEN_K"}
+    return out if derived["EVEN_K"] else {**out, "EVEN_K": False}
+
+
+def even_k(kernel_inputs: Any, block_k: int) -> bool:
+    """``EVEN_K`` as Inductor computes it for a config of ``block_k`` in the compile under way:
+    ``statically_known_true(Eq(Mod(K, BLOCK_K), 0))`` on the symbolic K of ``kernel_inputs`` (a
+    torch._inductor.kernel_inputs.MMKernelInputs; MMTemplateConfigMixin._convert_config_to_template_kwargs
+    in torch/_inductor/template_heuristics/triton.py): false for a dynamic K whatever its size hint."""
+    import sympy
+    from torch._inductor.virtualized import V
+    from torch.utils._sympy.functions import Mod
+
+    k = kernel_inputs.mnk_symbolic()[2]
+    return bool(V.graph.sizevars.statically_known_true(sympy.Eq(Mod(k, int(block_k)), 0)))
 
 
 def offered_templates(lookup_op: str, m: int, n: int, k: int) -> dict[str, bool]:

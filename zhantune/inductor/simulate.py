@@ -163,24 +163,36 @@ class Lowered:
         return self.choices[i].params.to_kwargs()
 
 
-def lower(op: str, shapes: list[tuple[int, ...]], dtype: torch.dtype,
-          strides: list[tuple[int, ...] | None] | None = None, index: int = 0) -> Lowered:
+def lower(op: str, shapes: list[tuple[int | str, ...]], dtype: torch.dtype,
+          strides: list[tuple[int, ...] | None] | None = None, index: int = 0,
+          hints: dict[str, int] | None = None) -> Lowered:
     """Call Inductor's lowering of ``op`` ("mm", "addmm", "bmm") on ``cuda:index`` buffers of
     ``shapes`` (contiguous unless ``strides`` says otherwise); the current choices handler
-    (V.choices) and Inductor config apply. Use inside :func:`simulated_cuda` (or with a GPU)."""
+    (V.choices) and Inductor config apply. A size given as a name is a dynamic dimension (a
+    symbol of the graph's ShapeEnv, as Dynamo makes for a dynamic shape) with the size hint
+    ``hints[name]``. Use inside :func:`simulated_cuda` (or with a GPU)."""
+    from torch._dynamo.source import ConstantSource
     from torch._inductor import ir
     from torch._inductor.graph import GraphLowering
     from torch._inductor.kernel import bmm, mm
     from torch._inductor.kernel_template_choice import KernelTemplateChoice
     from torch._inductor.virtualized import V
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
     strides = strides or [None] * len(shapes)
     seen: list[Lowered] = []
-    graph = GraphLowering(torch.fx.symbolic_trace(torch.nn.Identity()))
+    shape_env = ShapeEnv() if hints else None
+    symbols = {name: shape_env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
+               for name, hint in (hints or {}).items()}
+    graph = GraphLowering(torch.fx.symbolic_trace(torch.nn.Identity()), shape_env=shape_env)
     with V.set_graph_handler(graph):
         nodes = []
         for i, (size, stride) in enumerate(zip(shapes, strides, strict=True)):
-            stride = stride or torch.empty(size, device="meta").stride()
+            size = [symbols[d] if isinstance(d, str) else d for d in size]
+            if stride is None:  # contiguous, as torch computes it (a size of 0 counts as 1)
+                stride = [1] * len(size)
+                for d in range(len(size) - 2, -1, -1):
+                    stride[d] = stride[d + 1] * (max(size[d + 1], 1) if isinstance(size[d + 1], int) else size[d + 1])
             layout = ir.FixedLayout(torch.device("cuda", index), dtype, list(size), list(stride))
             graph.graph_inputs[f"arg{i}"] = ir.TensorBox.create(ir.InputBuffer(name=f"arg{i}", layout=layout))
             nodes.append(graph.graph_inputs[f"arg{i}"])

@@ -246,13 +246,16 @@ class TableChoices(RecordingChoices):
         if cpu:
             return self._cpu_hit(report_key, event, fresh, template_choices, kernel_inputs, templates, op_name,
                                  kwarg_overrides)
-        from zhantune.inductor.heuristics import with_derived_kwargs
+        from zhantune.inductor.heuristics import even_k
 
         results: dict[str, list[dict[str, Any]]] = {}
-        k_dim = {"K": int(kernel_inputs.mnk_hinted()[2])} if hasattr(kernel_inputs, "mnk_hinted") else {}
         for e in fresh:
-            if e["template_id"] in hashes:  # EVEN_K from the entry's own BLOCK_K, never another config's
-                cfg = {k: v for k, v in with_derived_kwargs(e, k_dim).items() if k not in ("template_id", "template_hash")}
+            if e["template_id"] in hashes:
+                cfg = {k: v for k, v in e.items() if k not in ("template_id", "template_hash")}
+                if e["template_id"].startswith("triton::") and "BLOCK_K" in cfg and hasattr(kernel_inputs, "mnk_symbolic"):
+                    # EVEN_K from the entry's own BLOCK_K (never another config's), by Inductor's rule on
+                    # this compile's K (false for a dynamic K), and never true where the entry says false
+                    cfg["EVEN_K"] = even_k(kernel_inputs, cfg["BLOCK_K"]) and cfg.get("EVEN_K") is not False
                 results.setdefault(e["template_id"], []).append(cfg)
         if not results:
             why = next((r for r in (not_carried(e, "cuda") for e in fresh) if r), None)
