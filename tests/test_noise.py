@@ -21,6 +21,10 @@ VERDICTS = [  # (rounds, confirmed, reason contains)
     ([Round(100, 50), Round(110, 52), Round(55, 60)], False, "as fast or faster in a round"),  # a flip
     ([Round(100, 120), Round(100, 110)], False, "not faster"),
     ([Round(100, 50), Round(None, 50)], False, "rounds failed"),
+    # a time no measurement gives (NaN slipped past min and max and confirmed; inf, 0) is no side measured
+    ([Round(100, 50), Round(100, float("nan")), Round(100, 51)], False, "rounds failed"),
+    ([Round(float("nan"), 50), Round(100, 50), Round(100, 51)], False, "rounds failed"),
+    ([Round(100, 50), Round(float("inf"), 50), Round(100, 0.0)], False, "2 of 3 rounds failed"),
     ([Round(100, 50, contended=1), Round(100, 50)], False, "taken on a busy machine"),
     ([Round(100, 50, contended=1), Round(50, 60)], False, "taken on a busy machine"),  # checked before a flip
     ([], False, "no round measured both sides"),

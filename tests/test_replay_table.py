@@ -6,6 +6,7 @@ import json
 import sqlite3
 
 import pytest
+import torch
 
 from zhantune.inductor.table import load_table
 from zhantune.report.regret import compare
@@ -68,7 +69,9 @@ def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path)
     agnostic = key.split("+", 1)[1]
     r = cli([f"storage.url={url}", f"table={tmp_path}/portable.json"], tmp_path, module="zhantune.compare")
     assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "portable.json").read_text()) == {agnostic: [{"template_id": "aten::mm"}]}
+    written = json.loads((tmp_path / "portable.json").read_text())
+    assert written["table"] == {agnostic: [{"template_id": "aten::mm"}]}
+    assert written["torch"] == torch.__version__  # the torch its claims must have been confirmed with
     assert f"{p.problem_key}: Inductor's default ships; its portable choice on " in r.stdout
     # the remote tune's 1 round (or, on a busy machine, its rounds taken busy): no claim confirmed
     assert "Remote CPU: not confirmed: unconfirmed: " in r.stdout
@@ -76,7 +79,7 @@ def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path)
     r = cli([f"storage.url={url}", f"table={tmp_path}/portable.json", "min_speedup=null"], tmp_path,
             module="zhantune.compare")
     assert r.returncode == 0, r.stderr
-    portable = json.loads((tmp_path / "portable.json").read_text())
+    portable = json.loads((tmp_path / "portable.json").read_text())["table"]
     assert list(portable) == [agnostic] and "Inductor's default ships" not in r.stdout
     assert portable[agnostic][0]["config_patch"] == p.portable.params
 

@@ -79,12 +79,17 @@ def _compare_app(cfg: DictConfig) -> None:
         console.print(escape(f"html: {out}") + (f" (history and importances of study {escape(repr(study.study_name))})" if study else
                                          " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
     if cfg.table:
+        from zhantune.inductor.builder import table_metadata
         from zhantune.inductor.portable import portable_choices
         from zhantune.inductor.table import write_table
+        from zhantune.storage.engine import redact_url
 
         out = portable_choices(cmp, store, cfg.min_speedup)
-        if out.table:
-            console.print(f"lookup table: {write_table(cfg.table, out.table)} ({len(out.table)} key(s))", markup=False)
+        if out.table:  # stamped with this torch, as export's: its claims were confirmed with it
+            meta = table_metadata(store, out.table, {"portable": True, "min_speedup": cfg.min_speedup,
+                                                     "devices": list(cfg.devices or []) or None}, redact_url(store.url))
+            console.print(f"lookup table: {write_table(cfg.table, out.table, meta)} ({len(out.table)} key(s))",
+                          markup=False)
             _print_withheld(console, out)
         else:
             console.print("[yellow]no portable choice has an Inductor lookup key (imported or replayed "

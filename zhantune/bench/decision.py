@@ -159,7 +159,8 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
     """Settle a speedup claim from paired, interleaved rounds (module docstring for the rules)."""
     n = len(rounds)
     contended = sum(r.contended for r in rounds)
-    ok = [r for r in rounds if r.default_us and r.winner_us]
+    # a side measured (a positive, finite time: a NaN would slip past min and max, and confirm)
+    ok = [r for r in rounds if all(t is not None and 0 < t < math.inf for t in (r.default_us, r.winner_us))]
     if not ok:
         return SpeedupVerdict(None, None, None, n, contended, False, "no round measured both sides")
     per_round = [r.default_us / r.winner_us for r in ok]
