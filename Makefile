@@ -1,4 +1,4 @@
-# make demo: set up and tune mm 512x512x512 fp32 on this CPU (16 measured trials)
+# make demo: set up and tune mm 1x4096x4096 fp32 on this CPU (16 measured trials; a decode-like GEMM)
 # make test: set up (Python packages; Debian's chromium and postgresql-15 for the tests) and run the whole
 #            test suite (the slow end-to-end tests included), two tests at a time (pytest-xdist; most
 #            tests wait on single-threaded compiles or subprocesses), then the tests marked `load`
@@ -13,7 +13,7 @@ system-deps:
 	bash scripts/system_deps.sh
 
 demo: setup
-	.venv/bin/python -m zhantune +op=mm shape=[512,512,512] dtype=float32 device=cpu search.n_trials=16
+	.venv/bin/python -m zhantune +op=mm shape=[1,4096,4096] dtype=float32 device=cpu search.n_trials=16
 
 # the tests that make their own load run alone afterwards: their busy loops would slow the others
 test: setup system-deps

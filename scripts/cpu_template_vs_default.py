@@ -12,7 +12,10 @@ Each case is an inference ``nn.Linear(K, N)`` on an [M, K] input, compiled two w
   this GEMM (``max_autotune_gemm_backends: CPP``, Inductor's own blocking), served per GEMM by
   ``zhantune.use_table`` (the key is the one Inductor's lowering makes, recorded from the default).
 
-The counters confirm what each compiled (prepacked op vs C++ template). Timing: ``--rounds`` rounds,
+Each side compiles its own copy of the module (Dynamo keeps compiled code per code object, so a
+second compile of one module replaces what the first handle runs: until 2026-11-28 this script
+timed the template against itself). The counters confirm what each compiled, and a profiled call of
+each side what it runs (the prepacked op on the default side only). Timing: ``--rounds`` rounds,
 each timing the two sides back to back (order alternating), ``--reps`` calls per side per round;
 per side the median of each round, then the minimum over rounds (noise on a shared machine only adds
 time). Microseconds per call. Prints one row per case and the machine's CPU and ISA flags.
@@ -21,6 +24,8 @@ time). Microseconds per call. Prints one row per case and the machine's CPU and 
 from __future__ import annotations
 
 import argparse
+import copy
+import os
 import re
 import statistics
 import sys
@@ -56,8 +61,9 @@ def cpu_summary() -> str:
 
 
 def compile_linear(model: torch.nn.Module, x: torch.Tensor):
-    """torch.compile with freezing (the caller installs a table or not); returns (compiled, counts)."""
-    torch._dynamo.reset()
+    """torch.compile with freezing (the caller installs a table or not); returns (compiled, counts).
+    Give each compile its own module: the compiled code is kept per code object, guarded by the
+    module, so two compiles of one module leave both handles running the last one's code."""
     packs = counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"]
     templated = counters["inductor"]["cpp_templated_kernel_counter"]
     with torch.no_grad(), inductor_config.patch(freezing=True, force_disable_caches=True):
@@ -77,7 +83,26 @@ def median_call_us(fn, x: torch.Tensor, reps: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def ops_run(fn, x: torch.Tensor) -> set[str]:
+    """The names of the ops one call of ``fn`` runs (torch.profiler; its start and stop lines on
+    stderr are dropped)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    try:
+        with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn(x)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return {e.name for e in prof.events()}
+
+
+PACKED_OPS = {"mkl::_mkl_linear", "mkldnn::_linear_pointwise"}
+
+
 def run_case(dtype: str, m: int, n: int, k: int, rounds: int, reps: int) -> dict:
+    torch._dynamo.reset()
     torch.manual_seed(0)
     model = torch.nn.Linear(k, n).to(DTYPES[dtype]).eval()
     x = torch.randn(m, k, dtype=DTYPES[dtype])
@@ -87,8 +112,10 @@ def run_case(dtype: str, m: int, n: int, k: int, rounds: int, reps: int) -> dict
     (key,) = [e.device_key for e in rec.events if e.offered]
     table = {key: [{"template_id": "zhantune::config", "config_patch": {"max_autotune_gemm_backends": "CPP"}}]}
     with use_table(table):
-        template, (_, templated) = compile_linear(model, x)
+        template, (_, templated) = compile_linear(copy.deepcopy(model), x)
     assert templated == 1, templated
+    ran = {side: ops_run(fn, x) & PACKED_OPS for side, fn in (("default", default), ("template", template))}
+    assert ran["default"] and not ran["template"], f"each side must run its own kernel: {ran}"
     with torch.no_grad():
         ref = model(x).float()
         err = ((template(x).float() - ref).abs().max() / ref.abs().max()).item()
