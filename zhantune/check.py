@@ -128,8 +128,8 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
     console.print(f"run times: the fastest of {cfg.rounds} interleaved rounds per compile; vs default: default / "
                   "this, the median of the rounds (a round's ways one after another), with the per-round range; "
                   "~ (range): no difference shown, only the rounds' range: they disagree on which is faster, or too "
-                  "much for the difference they show, or there is one round, or a round was timed on a busy machine "
-                  "(noise could have made it)")
+                  "much for the difference they show, or there is one round, or a round began on a busy machine "
+                  "or ran contended without SCHED_FIFO, as a tune's claim may not (noise could have made it)")
     if result["contention"].text():
         console.print(f"[yellow]warning: {result['contention'].text()}[/yellow]")
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["conditions", "is_contended", "wait_until_idle", "ContentionCount", "contention_count", "own_pids",
+__all__ = ["conditions", "is_contended", "disturbs_claim", "own_running", "wait_until_idle", "ContentionCount", "contention_count", "own_pids",
            "mark_tune_root", "TUNE_PID_ENV"]
 
 _GOVERNOR = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
@@ -134,15 +134,37 @@ def _gpu(index: int) -> dict[str, Any] | None:
 
 
 def others_running() -> int | None:
-    """Runnable tasks on the machine right now besides the caller (/proc/stat ``procs_running``)."""
+    """Runnable tasks on the machine right now besides this process's (/proc/stat ``procs_running``,
+    less this process's runnable threads: right after a timed run its OpenMP workers still spin for
+    a few milliseconds, and were counted as other work: a review saw every row of a tune at load
+    average 0.7 marked busy)."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
             for line in f:
                 if line.startswith("procs_running "):
-                    return max(0, int(line.split()[1]) - 1)
+                    return max(0, int(line.split()[1]) - 1 - own_running())
     except (OSError, ValueError):
         return None
     return None
+
+
+def own_running() -> int:
+    """This process's runnable threads besides the caller (state R in /proc/self/task/*/stat); 0
+    where /proc cannot tell."""
+    n = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # the thread ended
+            continue
+        end = stat.rfind(b")")  # the state follows the command name, which may hold spaces
+        n += stat[end + 2:end + 3] == b"R"
+    return max(0, n - 1)
 
 
 def conditions(device_kind: str = "cpu", index: int | None = None) -> dict[str, Any]:
@@ -177,6 +199,20 @@ def is_contended(c: dict[str, Any]) -> bool:
         return True
     gpu = c.get("gpu") or {}
     return bool(gpu.get("other_processes"))
+
+
+def disturbs_claim(conditions_: dict[str, Any] | None, contended: bool | None, timing_method: str | None) -> bool:
+    """A timed measurement a paired comparison cannot vouch for (a tune's claim,
+    zhantune.bench.settle; check's ratios, zhantune.bench.model_check): its timed runs began while
+    other tasks still held the cores (``busy_at_start`` after the bounded wait; on CUDA, other
+    processes on the GPU), or it was ``contended`` and not shielded by real-time scheduling (only a
+    ``:fifo`` timing is; niceness alone is not: a 30 us kernel measured 13.5 ms under four busy
+    loops at nice -10). SCHED_FIFO keeps such a run's minimum usable for ranking, but not a ratio:
+    in CI under four busy loops, shielded paired rounds of linear_act 64x64x64 said 1.79x and 1.87x
+    where the same two kernels measured 1.27-1.45x once the load was gone."""
+    if not contended:
+        return False
+    return bool((conditions_ or {}).get("busy_at_start")) or ":fifo" not in (timing_method or "")
 
 
 def _busy(device_kind: str, index: int | None) -> bool:

@@ -70,11 +70,12 @@ def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) 
     """Time every way in ``rounds`` interleaved rounds (round r starts at way r mod n, so no way is
     always first). Per way: ``run_us`` the fastest run over all rounds (the decision statistic, as
     in a tune: one-sided noise cannot make it smaller), ``median_us`` the median of the per-round
-    medians, ``rounds_us`` each round's fastest run, ``contended`` how many of its rounds were
-    timed on a busy machine. Returns (per way, ContentionCount)."""
+    medians, ``rounds_us`` each round's fastest run, ``contended`` how many of its rounds a
+    paired comparison cannot vouch for (begun busy, or contended and not shielded by SCHED_FIFO:
+    zhantune.bench.conditions.disturbs_claim, a tune's claim's rule). Returns (per way, ContentionCount)."""
     import statistics
 
-    from zhantune.bench.conditions import ContentionCount, is_contended
+    from zhantune.bench.conditions import ContentionCount, disturbs_claim, is_contended
 
     names = list(fns)
     timings: dict[str, list[Any]] = {n: [] for n in names}
@@ -85,7 +86,7 @@ def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) 
             timing, seen = _time_once(fns[name], device, bench)
             timings[name].append(timing)
             contended = is_contended(seen)
-            busy[name] += bool(contended)
+            busy[name] += disturbs_claim(seen, contended, timing.method)  # a tune's claim's rule
             contention = contention.add(seen, contended, timing.method)
     out = {}
     for name, ts in timings.items():
@@ -103,8 +104,8 @@ def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     round agrees on which is faster, by a margin the rounds' disagreement cannot explain (the rule of
     a tune's claim, zhantune.bench.decision.beyond_spread, either way, so up to 1% of equal ways are
     marked consistent; check's rounds rotate three ways, so a way and the default are not always
-    back to back; never with one round, nor where a round of either side was timed on a busy
-    machine, as a tune's claim: zhantune.bench.decision.judge_speedup)."""
+    back to back; never with one round, nor where a round of either side was disturbed, by a tune's
+    claim's rule: zhantune.bench.conditions.disturbs_claim)."""
     from zhantune.bench.decision import beyond_spread, paired_ratio
 
     per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zhantune import interrupt
+from zhantune.bench.conditions import disturbs_claim
 from zhantune.bench.decision import Round, SpeedupVerdict, decision_us, judge_speedup, rank_key
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.protocol import Benchmarker
@@ -145,16 +146,8 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
 
 
 def _disturbed(row: Any) -> bool:
-    """A timed row a paired round cannot vouch for: its timed runs began while other tasks still
-    held the cores (``busy_at_start`` after the bounded wait, zhantune.bench.conditions; on CUDA,
-    other processes on the GPU), or it was contended and not shielded by real-time scheduling
-    (only a ``:fifo`` timing is; niceness alone is not: a 30 us kernel measured 13.5 ms under four
-    busy loops at nice -10). SCHED_FIFO keeps such a run's minimum usable for ranking, but not a
-    ratio: in CI under four busy loops, shielded paired rounds of linear_act 64x64x64 said 1.79x and
-    1.87x where the same two kernels measured 1.27-1.45x once the load was gone."""
-    if not row.contended:
-        return False
-    return bool((row.conditions or {}).get("busy_at_start")) or ":fifo" not in (row.timing_method or "")
+    """A timed row a paired round cannot vouch for (zhantune.bench.conditions.disturbs_claim)."""
+    return disturbs_claim(row.conditions, row.contended, row.timing_method)
 
 
 def is_default_kernel(row: Any) -> bool:
