@@ -1226,6 +1226,70 @@ def test_the_default_min_speedup_keeps_a_claim_noise_offsets_reach_out_of_the_ta
     assert "export.torch_version" not in console.export_text()
 
 
+def test_the_summary_says_what_the_table_ships(tmp_path):
+    """The summary said "the table ships Inductor's default" whenever this run confirmed no claim,
+    while the export shipped an earlier run's confirmed config, or (min_speedup=null) the fastest
+    one unpaired; and it stated a confirmed claim whose key another problem's different choice
+    shares, where the default ships (a review's findings). It now says what the run's table ships
+    under the problem's key (export_table's ``shipped``), in the summary and the problems table."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from zhantune.bench.decision import SpeedupVerdict
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.config import ExportConfig
+    from zhantune.inductor.builder import export_table
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.problems import GemmProblem
+    from zhantune.problemset import _claim_cell
+    from zhantune.report.summary import _print_winner
+    from zhantune.storage import Recorder
+
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
+    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=hit), "default")
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    y = Candidate("triton_mm", "template", "triton::mm", {**TRITON_PARAMS, "BLOCK_N": 32})
+    rec.add(Measurement("ok", timing=summarize_us([12.0, 12.5], "t"), lookup=hit), "candidate", x, trial_number=0)
+    best = rec.add(Measurement("ok", timing=summarize_us([10.0, 10.5], "t"), lookup=hit), "candidate", y,
+                   trial_number=1)
+
+    def verdict(cand, ratio, confirmed, problem_id=rec.problem_id):
+        store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=problem_id,
+                          config_hash=cand.config_hash, ratio=ratio, ratio_low=ratio, ratio_high=ratio * 1.01, rounds=3,
+                          contended=0, confirmed=confirmed, reason="confirmed" if confirmed else "unconfirmed: a flip")
+        return SpeedupVerdict(ratio, ratio, ratio * 1.01, 3, 0, confirmed, "unconfirmed: a flip")
+
+    def summary(claim, opts):
+        shipped: dict = {}
+        export_table(store, opts, dev, shipped=shipped)
+        result = SimpleNamespace(best=best, claim=claim, not_carried=None, shipped=shipped.get((rec.device_id,
+                                                                                                rec.problem_id)))
+        console = Console(record=True, width=400)
+        _print_winner(console, result, 20.0, best, opts)
+        return console.export_text(), _claim_cell(SimpleNamespace(**vars(result), claimed=best), opts)
+
+    opts = ExportConfig(path=str(tmp_path / "t.json"))
+    verdict(x, 1.6, True)  # an earlier run confirmed x; this run's winner y did not confirm
+    text, cell = summary(verdict(y, 1.9, False), opts)
+    assert "no candidate beat it in a confirmed paired comparison" in text
+    assert "; the table ships triton::mm BLOCK_K=32 BLOCK_M=32 BLOCK_N=64" in text, text
+    assert "whose speedup paired rounds of an earlier run confirmed" in text and cell == "1.90x (unconfirmed) (table: another config)"
+    text, _ = summary(verdict(y, 1.9, False), ExportConfig(path=str(tmp_path / "t.json"), min_speedup=None))
+    assert "; the table ships triton::mm BLOCK_K=32 BLOCK_M=32 BLOCK_N=32" in text and "export.min_speedup=null" in text
+    # another problem with the same lookup key and another confirmed choice: neither ships
+    twin = GemmProblem("mm", (64, 64, 64), "bfloat16", activation="relu")
+    rec2 = Recorder(store, twin, study_id, rec.device_id, store.problem_id(twin.key, lookup_key=key, **twin.row_fields()))
+    rec2.add(Measurement("ok", timing=summarize_us([11.0, 11.5], "t"), lookup=hit), "candidate", x, trial_number=2)
+    verdict(x, 1.8, True, problem_id=rec2.problem_id)
+    text, cell = summary(verdict(y, 1.9, True), opts)
+    assert "winner: triton_mm, 1.90x faster than inductor default; the table ships Inductor's default (its lookup key " \
+           "is another problem's too" in text, text
+    assert cell == "1.90x (default ships: shared key)"
+
+
 def test_a_tune_that_made_no_claim_exports_the_default(tmp_path):
     """A tune with bench.remeasure_rounds=0 stores a note ("not settled: no paired rounds, no
     claim") and its summary says no candidate beat the default: the export ships the default too,

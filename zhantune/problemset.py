@@ -284,8 +284,13 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
         # the file's problems only: the model's table, whatever else this database holds
         by_key = store.problems_by_key()
         ids = {by_key[r.run.problem.key].id for r in runs if r.run.problem.key in by_key}
-        out.table_path, table = export_table(store, cfg.export, runs[0].run.device.key, problem_ids=ids)
+        shipped: dict = {}  # what each problem's key ships, for its row of the problems table
+        out.table_path, table = export_table(store, cfg.export, runs[0].run.device.key, problem_ids=ids, shipped=shipped)
         out.table_keys = list(table)
+        for dev in store.devices_with_candidates(runs[0].run.device.key):
+            for r in runs:
+                if r.result is not None and r.run.problem.key in by_key:
+                    r.result.shipped = shipped.get((dev.id, by_key[r.run.problem.key].id))
     return out
 
 
@@ -322,7 +327,9 @@ def print_problems_summary(console: Console, result: ProblemsResult) -> None:
 def _claim_cell(r: Any, export: Any) -> str:
     """The speedup as the tune's summary states it: confirmed ratio, "(unconfirmed)", or "-"; "(<
     min_speedup)" where ``export.min_speedup`` keeps a confirmed claim out of the table, "(other
-    torch's table)" where ``export.torch_version`` names another torch (the claim does not ship)."""
+    torch's table)" where ``export.torch_version`` names another torch (the claim does not ship),
+    "(default ships[: shared key])" where the table ships Inductor's default all the same, "(table:
+    another config)" where it ships a config other than the claimed one (an earlier run's claim)."""
     from zhantune.bench.decision import below_min_speedup, other_torch_table
 
     if getattr(r, "same_kernel_as_default", False):
@@ -334,4 +341,10 @@ def _claim_cell(r: Any, export: Any) -> str:
         return f"{claim.ratio:.3f}x (< min_speedup)"
     if claim.confirmed and other_torch_table(export) is not None:
         return f"{claim.ratio:.2f}x (other torch's table)"
-    return f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")
+    cell = f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")
+    shipped = getattr(r, "shipped", None)  # what the table ships under the problem's key
+    if shipped is not None and shipped.row is None and claim.confirmed:
+        return cell + (" (default ships: shared key)" if shipped.shared else " (default ships)")
+    if shipped is not None and shipped.row is not None and shipped.row.config_hash != getattr(r.claimed or r.best, "config_hash", None):
+        return cell + " (table: another config)"
+    return cell

@@ -394,6 +394,7 @@ class _Tune:
         # a Kernel Tuner replay has no lookup table to carry its configs: nothing to say
         result.not_carried = not_carried_reason(result.best, run.device.kind) if run.replay is None else None
         if run.export.enabled and not result.interrupted and run.replay is None:
-            result.table_path, table = export_table(store, run.export, run.device.key)
-            result.table_keys = list(table)
+            shipped: dict = {}  # what the table's key ships for this problem, for the summary
+            result.table_path, table = export_table(store, run.export, run.device.key, shipped=shipped)
+            result.table_keys, result.shipped = list(table), shipped.get((self.device_id, self.problem_id))
         return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from zhantune.bench.conditions import ContentionCount
 from zhantune.bench.decision import SpeedupVerdict
@@ -51,6 +52,10 @@ class TuneResult:
     #: the winner is the ``aten`` config, the very kernel Inductor's default compile runs: a
     #: difference between the two is noise, never a speedup (the summary says so)
     same_kernel_as_default: bool = False
+    #: what the run's table ships under this problem's key (zhantune.inductor.builder.Shipped: the
+    #: tuned row, or None for Inductor's default, and whether a shared key made it so); None: no
+    #: table was written (export off, an interrupted run, a replay)
+    shipped: Any = None
     #: search.transfer: the prior the search started from; None: a cold start
     transfer: Prior | None = None
     #: one line on what transfer did (or why it did nothing), for the summary; None: nothing to say

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from zhantune.storage import Store
 
 __all__ = ["FORMATS", "build_table", "export_table", "check_export_options", "resolve_device_key",
-           "table_metadata", "not_carried_reason", "table_candidates", "claim_clears"]
+           "table_metadata", "not_carried_reason", "table_candidates", "claim_clears", "Shipped"]
 
 #: ``export.format`` values: zhantune wraps the table with its provenance, inductor writes the bare dict
 FORMATS = ("zhantune", "inductor")
@@ -59,17 +60,17 @@ def check_export_options(opts: Any, prefix: str = "", inputs: dict[str, Any] | N
         check_output_path(opts.path, f"{prefix}path", inputs)
 
 
-def export_table(store: Store, opts: Any, device_key: str | None = None,
-                 shared: list[str] | None = None, problem_ids: set[int] | None = None) -> tuple[Path | None, dict]:
+def export_table(store: Store, opts: Any, device_key: str | None = None, shared: list[str] | None = None,
+                 problem_ids: set[int] | None = None, shipped: dict | None = None) -> tuple[Path | None, dict]:
     """Build the table with ``opts`` (an ExportConfig: top_k, min_speedup, device_agnostic,
     torch_version, format, path) and write it to ``opts.path``; returns (path, table). An empty
     table is not written (path None), so an existing file is never replaced by it. ``shared``,
-    ``problem_ids``: as :func:`build_table`'s."""
+    ``problem_ids``, ``shipped``: as :func:`build_table`'s."""
     from zhantune.storage import redact_url
 
     table = build_table(store, device_key=device_key, device_agnostic=opts.device_agnostic, top_k=opts.top_k,
                         min_speedup=opts.min_speedup, torch_version=opts.torch_version, shared=shared,
-                        problem_ids=problem_ids)
+                        problem_ids=problem_ids, shipped=shipped)
     meta = None
     if opts.format == "zhantune":
         options = {"top_k": opts.top_k, "min_speedup": opts.min_speedup, "device_agnostic": opts.device_agnostic,
@@ -167,7 +168,8 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str,
 
 def build_table(store: Store, device_key: str | None = None, device_agnostic: bool = False, top_k: int = 1,
                 min_speedup: float | None = None, torch_version: str | None = None,
-                shared: list[str] | None = None, problem_ids: set[int] | None = None) -> dict[str, list[dict[str, Any]]]:
+                shared: list[str] | None = None, problem_ids: set[int] | None = None,
+                shipped: dict[tuple[int, int], Shipped] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Best correct candidates per (device, problem) from a Store, as a lookup table.
 
     ``top_k`` entries per key, fastest first (1: Inductor compiles that one, no autotuning; more:
@@ -189,7 +191,9 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     float32 linear_act with relu and one with gelu, same shape: one addmm lookup on CPU), neither
     problem's choice was measured for the other: both get Inductor's default choice under their
     own keys, and those keys are appended to ``shared`` (a list, where given). ``problem_ids``: only
-    these problems (a problems file's: a model's table), None: every problem measured."""
+    these problems (a problems file's: a model's table), None: every problem measured. ``shipped``
+    (a dict, where given) gets (device id, problem id) -> :class:`Shipped` for each problem placed
+    in the table: what its key ships, for the tune's summary."""
     from zhantune.inductor.heuristics import with_derived_kwargs
 
     # a claim holds for the torch its paired rounds ran with: the table's (stamped in its metadata)
@@ -207,6 +211,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     seen: set[int] = set()
     owners: dict[str, tuple[str | None, str]] = {}  # key -> (own key, lookup op) of the problem that placed it
     clashes: list[tuple[str | None, str, list[str]]] = []
+    placed_rows: dict[tuple[int, int], tuple[Any, str | None]] = {}
     for device, problem, rows in ranked:
         if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
             continue
@@ -225,6 +230,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
             placed = [(table_key(device.key, problem_key, r, device_agnostic),
                        entry_for(r.template_id, r.params, r.template_hash)) for r in rows]
         own = table_key(device.key, problem_key, None, device_agnostic)
+        placed_rows[(device.id, problem.id)] = (rows[0] if keep else None, own)
         mine: dict[str, list[dict[str, Any]]] = {}
         for key, entry in placed:
             if key:  # with the kwargs Inductor would otherwise take from another config (EVEN_K)
@@ -245,7 +251,19 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     found = _default_for_clashes(table, owners, clashes)
     if shared is not None:
         shared.extend(found)
+    if shipped is not None:
+        shipped.update({k: Shipped(None if own in found else row, own in found) for k, (row, own) in placed_rows.items()})
     return dict(sorted(table.items()))
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """What a table's key ships for one (device, problem): ``row`` the measurement row of the tuned
+    config (its fastest; None: Inductor's default choice), ``shared`` True where the default ships
+    because another problem's different choice has the same lookup key."""
+
+    row: Any
+    shared: bool = False
 
 
 def _tuned_rows(rows: list[Any], key: tuple[int, int], verdicts: dict,

@@ -141,7 +141,7 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
                   run_export: Any = None) -> None:
     """The best config, why a table cannot carry it (if so), and the winner line (``run_export``:
     the run's export options, for a claim below ``min_speedup``)."""
-    claim = getattr(result, "claim", None)
+    claim, shipped = getattr(result, "claim", None), getattr(result, "shipped", None)
     console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)}",
                   highlight=False, markup=False)
     if getattr(result, "not_carried", None):
@@ -166,14 +166,30 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
         elif (other := other_torch_table(run_export)) is not None:  # the run's table is another torch's
             line += (f"; confirmed with this torch, so the table this run exports for torch {other!r} "
                      "(export.torch_version) does not ship it")
+        elif shipped is not None and (shipped.row is None or shipped.row.config_hash != claimed.config_hash):
+            line += _what_ships(shipped, run_export)
         console.print(line, markup=False)
     elif default_us:
         # the reason from the paired rounds when there were any (never the unpaired ratio of the
         # fastest runs as if it were a speedup: the rounds may say the opposite)
         why = claim.reason if claim is not None else "not settled in paired rounds"
         console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it in a confirmed "
-                      f"paired comparison: {claimed.branch if claimed is not None else result.best.branch} {why}; "
-                      "the table ships Inductor's default", markup=False)
+                      f"paired comparison: {claimed.branch if claimed is not None else result.best.branch} {why}"
+                      + ("" if shipped is None else _what_ships(shipped, run_export)), markup=False)
+
+
+def _what_ships(shipped: Any, run_export: Any) -> str:
+    """"; the table ships ..." for the run's table under this problem's key (``shipped``: a
+    zhantune.inductor.builder.Shipped), said where it is not this run's confirmed winner."""
+    if shipped.row is None:
+        return "; the table ships Inductor's default" + (
+            " (its lookup key is another problem's too, whose choice differs: neither was measured for the other)"
+            if shipped.shared else "")
+    row = shipped.row
+    what = f"{row.template_id or row.branch} {compact(row.params)}"
+    if getattr(run_export, "min_speedup", 1.0) is None:
+        return f"; the table ships {what} all the same (export.min_speedup=null: the fastest stored config, no claim)"
+    return f"; the table ships {what}, whose speedup paired rounds of an earlier run confirmed"
 
 
 def _print_notes(console: Console, result: Any) -> None:
