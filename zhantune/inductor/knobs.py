@@ -11,9 +11,16 @@ with one line naming where it came from and what is allowed.
   ``cpp.gemm_max_k_slices``, ``cpp.gemm_thread_factors``, ``cpp.gemm_cache_blocking``); on CUDA the
   backend list (ATEN/TRITON); on both, the fusion limits the shipped ``fusion`` space tunes. Key
   names and meanings from torch/_inductor/config.py.
-- **Template kwargs** (lookup-table entries for ``triton::*`` / ``decompose_k`` / ``aten::*``): the
-  ints, bools and accumulator types Inductor's own entries carry (kwargs built in
-  torch/_inductor/template_heuristics/triton.py and decompose_k.py).
+- **Template kwargs** (lookup-table entries), per template: on ``triton::*`` the tuned config
+  (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``, ``num_warps``, ``num_stages``) and ``EVEN_K``;
+  on ``decompose_k`` ``k_split``; on ``aten::*`` and any other template nothing. Inductor merges an
+  entry over its first heuristic config's kwargs (torch/_inductor/lookup_table/choices.py), which
+  hold what it derives from the inputs, the device and the op (``ACC_TYPE``, ``USE_FAST_ACCUM``,
+  ``A_ROW_MAJOR``, ``NUM_SMS``, ``TMA_SIZE``, ``TMA_EXPERIMENTAL_API``, ...;
+  template_heuristics/triton.py), and passes ``ALLOW_TF32`` beside them (``extra_kwargs``): an entry
+  that sets one of those overrides a derived value with one that may be wrong here, or repeats
+  ``ALLOW_TF32`` (a TypeError that fails the compile); a kwarg on an ATen entry reaches the ATen
+  call (``torch.mm(..., BLOCK_M=64)``, a TypeError at run time).
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from typing import Any
 from zhantune.errors import shown
 
 __all__ = ["DEVICE_KINDS", "CONFIG_KNOBS", "FUSION_KNOBS", "TEMPLATE_KWARGS", "BACKEND_FLAGS", "config_knob_problem",
-           "config_patch_problem", "template_entry_problem", "stored_params_problem", "allowed_config_keys"]
+           "config_patch_problem", "template_entry_problem", "stored_params_problem", "allowed_config_keys",
+           "template_kwargs", "TRITON_KWARGS"]
 
 DEVICE_KINDS = ("cpu", "cuda")
 # matched whole (fullmatch: ``$`` would let a trailing newline through) and ASCII only (``\d``, ``\w``
@@ -122,15 +130,20 @@ TEMPLATE_KWARGS: dict[str, Check] = {
     "GROUP_M": _int(1, 1024),
     "num_warps": _one_of((1, 2, 4, 8, 16, 32)),
     "num_stages": _int(0, 32),
-    "num_consumer_groups": _int(0, 8),
-    "num_buffers_warp_spec": _int(0, 32),
     "k_split": _int(1, 1 << 20),
-    "NUM_SMS": _int(1, 1 << 16),
-    "TMA_SIZE": _int(1, 1024),
-    **{k: _bool for k in ("EVEN_K", "ALLOW_TF32", "USE_FAST_ACCUM", "TMA_EXPERIMENTAL_API", "WARP_SPECIALIZE",
-                          "FLATTEN", "EPILOGUE_SUBTILE", "A_ROW_MAJOR", "B_ROW_MAJOR")},
-    "ACC_TYPE": _one_of(("tl.float32", "tl.float16", "tl.bfloat16", "tl.float64", "tl.int32")),
+    "EVEN_K": _bool,
 }
+
+#: the kwargs a ``triton::*`` entry may set: the tuned config and EVEN_K (module docstring)
+TRITON_KWARGS = frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "EVEN_K"})
+
+
+def template_kwargs(template_id: str) -> frozenset[str]:
+    """The kwargs an entry of this template may set (module docstring): ``triton::*``
+    TRITON_KWARGS, ``decompose_k`` ``k_split``, any other template none."""
+    if template_id.startswith("triton::"):
+        return TRITON_KWARGS
+    return frozenset({"k_split"}) if template_id == "decompose_k" else frozenset()
 
 
 def allowed_config_keys(device_kind: str | None) -> list[str]:
@@ -168,7 +181,8 @@ def template_entry_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
     """(key, why) for the first disallowed key or value of a template entry, or None.
 
     ``template_id`` must look like an Inductor template uid (``triton::mm``, ``decompose_k``),
-    ``template_hash`` a hash string, and every other key is a template kwarg from TEMPLATE_KWARGS.
+    ``template_hash`` a hash string, and every other key a kwarg this template's entries may set
+    (:func:`template_kwargs`) with a value TEMPLATE_KWARGS allows.
     """
     tid = entry.get("template_id")
     if not isinstance(tid, str) or not _TEMPLATE_ID.fullmatch(tid):
@@ -180,11 +194,11 @@ def template_entry_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
             if value is not None and not (isinstance(value, str) and _HASH.fullmatch(value)):
                 return key, "expected a hash string of letters and digits"
             continue
-        check = TEMPLATE_KWARGS.get(key)
-        if check is None:
-            return key, (f"{shown(key)} is not a template kwarg zhantune allows; allowed: "
-                         + ", ".join(sorted(TEMPLATE_KWARGS)))
-        why = check(value)
+        allowed = template_kwargs(tid)
+        if key not in allowed:
+            return key, (f"{shown(key)} is not a kwarg zhantune allows in a {tid} entry (Inductor derives the "
+                         "others from the inputs and the device); allowed: " + (", ".join(sorted(allowed)) or "none"))
+        why = TEMPLATE_KWARGS[key](value)
         if why:
             return key, f"{key}={shown(value)} is not allowed; expected {why}"
     if "EVEN_K" in entry and "BLOCK_K" not in entry:
