@@ -719,7 +719,7 @@ def test_an_exported_table_under_stock_inductors_handler_and_under_use_table(tmp
     from zhantune.bench.timing import summarize_us
     from zhantune.inductor.builder import build_table
     from zhantune.inductor.runtime import use_table
-    from zhantune.inductor.table import stock_inductor_notes
+    from zhantune.inductor.stock import stock_inductor_notes
     from zhantune.problems import GemmProblem
     from zhantune.storage import Recorder, Store
 
@@ -777,6 +777,34 @@ def test_an_exported_table_under_stock_inductors_handler_and_under_use_table(tmp
                 assert stock.uids[0] == "aten::addmm" and stock.uids.count("triton::mm") > 1
     notes = stock_inductor_notes(table)
     assert len(notes) == 2 and notes[0].startswith("1 addmm template key(s)") and notes[1].startswith("1 addmm default")
+
+
+def test_stock_inductor_fails_a_bmm_triton_entry_without_max_autotune_and_the_export_says_so():
+    """Stock Inductor reads bmm keys without max-autotune too (tuned_bmm offers its template
+    regardless); a triton::bmm entry then has no heuristic config to merge over and is dropped, and
+    the lowering is left with no choice (the compile fails: NoValidChoicesError). An mm entry is
+    not read without max-autotune. The export's notes for format=inductor say so; use_table sets
+    max_autotune_gemm and compiles the entry."""
+    from torch._inductor.lookup_table import LookupTableChoices
+    from torch._inductor.virtualized import V
+
+    from zhantune.inductor.runtime import use_table
+    from zhantune.inductor.stock import stock_inductor_notes
+
+    dev = "NVIDIA H100 80GB HBM3"
+    bmm = f"{dev}+((torch.bfloat16, [2, 64, 64], [4096, 64, 1]), (torch.bfloat16, [2, 64, 64], [4096, 64, 1]))+bmm"
+    mm = f"{dev}+((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
+    table = {bmm: [{"template_id": "triton::bmm", **TRITON_PARAMS}], mm: [{"template_id": "triton::mm", **TRITON_PARAMS}]}
+    with fake_cuda():
+        for autotune, bmm_uids, mm_uids in ((False, [], ["aten::mm"]), (True, ["triton::bmm"], ["triton::mm"])):
+            with inductor_config.patch({"max_autotune_gemm": autotune, "lookup_table.table": table}), \
+                    V.set_choices_handler(LookupTableChoices()):
+                assert lower("bmm", [(2, 64, 64), (2, 64, 64)], torch.bfloat16).uids == bmm_uids
+                assert lower("mm", [(64, 64), (64, 64)], torch.bfloat16).uids == mm_uids
+        with use_table(table, device="cuda"):
+            assert lower("bmm", [(2, 64, 64), (2, 64, 64)], torch.bfloat16).uids == ["triton::bmm"]
+    (note,) = stock_inductor_notes(table)
+    assert note.startswith("1 bmm key(s) with a Triton entry") and "NoValidChoicesError" in note
 
 
 DRY_RUN = {  # op -> (shape, dtype, spaces): a size where decomposeK and Triton mm are both offered for mm

@@ -85,7 +85,7 @@ def _export_app(cfg: DictConfig) -> None:
         print(f"{key}: Inductor's default choice: problems with different tuned entries share this lookup key "
               "(one's entry was never measured for the other)")
     if cfg.format == "inductor":
-        from zhantune.inductor.table import stock_inductor_notes
+        from zhantune.inductor.stock import stock_inductor_notes
 
         kinds = {d.kind for d in store.devices() if device is None or d.key == device}
         for note in stock_inductor_notes(table, "cpu" if kinds == {"cpu"} else None):  # without zhantune.use_table

@@ -36,7 +36,7 @@ from zhantune.inductor.knobs import DEVICE_KINDS, FUSION_KNOBS, config_patch_pro
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
            "agnostic_key", "write_table", "read_table", "recheck_table", "check_table", "check_meta", "entry_problem", "not_carried", "carried",
-           "CONFIG_ENTRY_ON_CUDA", "FUSION_ENTRY_ON_CPU", "stock_inductor_notes", "load_table", "parse_key", "MAX_TABLE_BYTES"]
+           "CONFIG_ENTRY_ON_CUDA", "FUSION_ENTRY_ON_CPU", "load_table", "parse_key", "MAX_TABLE_BYTES"]
 
 CONFIG_TEMPLATE_ID = "zhantune::config"
 FORMAT = "zhantune-lookup-table"
@@ -113,38 +113,6 @@ def table_key(device_key: str, problem_key: str | None, best: Any, device_agnost
     if problem_key is None:
         return None
     return problem_key if device_agnostic else f"{device_key}+{problem_key}"
-
-
-def stock_inductor_notes(table: dict[str, list[dict[str, Any]]], device_kind: str | None = None) -> list[str]:
-    """What stock Inductor (its own ``LookupTableChoices`` with ``lookup_table.table`` set) does
-    differently from :func:`zhantune.use_table` with this table, one sentence per kind of key found
-    (empty: stock Inductor compiles every key's entries as zhantune does). Stock Inductor reads a
-    table only under max-autotune (``max_autotune`` or ``max_autotune_gemm``); an empty list is a miss to it (Inductor's default choices for
-    that lookup); it makes no lookup on CPU. Checked against stock Inductor's own handler in
-    tests/test_cuda_paths.py. ``device_kind`` "cpu" (every key's device is a CPU): that one note."""
-    if device_kind == "cpu" and table:
-        return [f"{len(table)} CPU key(s): stock Inductor makes no lookup on CPU; they apply through "
-                "zhantune.use_table only"]
-    counts = {"addmm_template": 0, "addmm_default": 0, "config": 0}
-    for key, entries in table.items():
-        ids = [e.get("template_id") for e in entries]
-        if CONFIG_TEMPLATE_ID in ids:
-            counts["config"] += 1
-        elif key.endswith("+addmm") and ids and all(i.startswith("aten::") for i in ids):
-            counts["addmm_default"] += 1
-        elif key.endswith("+addmm") and ids:
-            counts["addmm_template"] += 1
-    notes = []
-    if counts["addmm_template"]:
-        notes.append(f"{counts['addmm_template']} addmm template key(s): stock Inductor also keeps ATen's addmm (its "
-                     "separate 1-D-bias lookup reads [] as a miss) and autotunes it against the entry when compiling")
-    if counts["addmm_default"]:
-        notes.append(f"{counts['addmm_default']} addmm default key(s): stock Inductor's template lookup (expanded bias) "
-                     "misses, so max-autotune also tries Inductor's own Triton configs")
-    if counts["config"]:
-        notes.append(f"{counts['config']} CPU key(s) ({CONFIG_TEMPLATE_ID} entries): stock Inductor makes no lookup on "
-                     "CPU; they apply through zhantune.use_table only")
-    return notes
 
 
 def write_table(path: str | os.PathLike[str], table: dict[str, list[dict[str, Any]]],

@@ -1,0 +1,52 @@
+"""What stock Inductor does with a zhantune table, where it differs from zhantune.use_table: the
+notes ``python -m zhantune.export format=inductor`` prints (:func:`stock_inductor_notes`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID
+
+__all__ = ["stock_inductor_notes"]
+
+
+def stock_inductor_notes(table: dict[str, list[dict[str, Any]]], device_kind: str | None = None) -> list[str]:
+    """What stock Inductor (its own ``LookupTableChoices`` with ``lookup_table.table`` set) does
+    differently from :func:`zhantune.use_table` with this table, one sentence per kind of key found
+    (empty: stock Inductor compiles every key's entries as zhantune does). Stock Inductor applies
+    mm and addmm entries only under max-autotune (``max_autotune`` or ``max_autotune_gemm``); it
+    reads bmm keys without it too (``tuned_bmm`` offers its template regardless,
+    torch/_inductor/kernel/bmm.py), and a Triton entry there then has no heuristic config to merge
+    over and is dropped, which leaves the lowering no choice: the compile fails
+    (NoValidChoicesError). An empty list is a miss to it (Inductor's default choices for that
+    lookup); it makes no lookup on CPU. Checked against stock Inductor's own handler in
+    tests/test_cuda_paths.py. ``device_kind`` "cpu" (every key's device is a CPU): that one note."""
+    if device_kind == "cpu" and table:
+        return [f"{len(table)} CPU key(s): stock Inductor makes no lookup on CPU; they apply through "
+                "zhantune.use_table only"]
+    counts = {"addmm_template": 0, "addmm_default": 0, "config": 0, "bmm_template": 0}
+    for key, entries in table.items():
+        ids = [e.get("template_id") for e in entries]
+        if key.endswith("+bmm") and any(str(i).startswith("triton::") for i in ids):
+            counts["bmm_template"] += 1
+        if CONFIG_TEMPLATE_ID in ids:
+            counts["config"] += 1
+        elif key.endswith("+addmm") and ids and all(i.startswith("aten::") for i in ids):
+            counts["addmm_default"] += 1
+        elif key.endswith("+addmm") and ids:
+            counts["addmm_template"] += 1
+    notes = []
+    if counts["addmm_template"]:
+        notes.append(f"{counts['addmm_template']} addmm template key(s): stock Inductor also keeps ATen's addmm (its "
+                     "separate 1-D-bias lookup reads [] as a miss) and autotunes it against the entry when compiling")
+    if counts["addmm_default"]:
+        notes.append(f"{counts['addmm_default']} addmm default key(s): stock Inductor's template lookup (expanded bias) "
+                     "misses, so max-autotune also tries Inductor's own Triton configs")
+    if counts["bmm_template"]:
+        notes.append(f"{counts['bmm_template']} bmm key(s) with a Triton entry: stock Inductor reads bmm keys without "
+                     "max-autotune too, finds no config to merge the entry over and fails the compile "
+                     "(NoValidChoicesError): compile with max_autotune_gemm=True")
+    if counts["config"]:
+        notes.append(f"{counts['config']} CPU key(s) ({CONFIG_TEMPLATE_ID} entries): stock Inductor makes no lookup on "
+                     "CPU; they apply through zhantune.use_table only")
+    return notes
