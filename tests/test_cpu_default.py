@@ -109,6 +109,21 @@ def test_default_baseline_is_the_prepacked_linear_a_user_compiles(dtype):
     assert seen_all["cpp_template"] == 0
 
 
+def test_max_autotune_in_the_environment_does_not_change_the_default_baseline():
+    """TORCHINDUCTOR_MAX_AUTOTUNE=1 (Inductor reads it into config.max_autotune at import) made the
+    "inductor default" baseline the C++ template and the ``aten`` candidate not_applied (a review);
+    every benchmark compile now turns max-autotune off unless its candidate's patch turns it on."""
+    problem = GemmProblem.from_config("addmm", [32, 64, 48], "float32", weight_layout="nk")
+    with inductor_config.patch(max_autotune=True, max_autotune_gemm=True):  # as the environment sets it
+        bench = InductorBenchmarker(problem, resolve_device("cpu"), BENCH)
+        default, seen = _counted(bench.inductor_default)
+        assert default.status == "ok" and seen == _default_counts("float32", seen)
+        aten, seen_aten = _counted(bench.measure, Candidate("aten", "config", None, ATEN))
+        assert aten.status == "ok" and seen_aten == seen, aten.error_text
+        cpp, seen_cpp = _counted(bench.measure, Candidate("cpp_gemm", "config", None, CPP))
+        assert cpp.status == "ok" and seen_cpp["cpp_template"] == 1, cpp.error_text
+
+
 def _linear(n: int, k: int, dtype=torch.bfloat16) -> torch.nn.Module:
     return torch.nn.Linear(k, n).to(dtype).eval()
 

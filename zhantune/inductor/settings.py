@@ -36,10 +36,14 @@ KERNEL_CACHE_PATCH: dict[str, Any] = {
     "fx_graph_cache": False, "fx_graph_remote_cache": False,
     "autotune_local_cache": False, "autotune_remote_cache": False,
 }
+#: no max-autotune unless a candidate's own patch turns it on: the default baseline is Inductor's
+#: default whatever the environment says (TORCHINDUCTOR_MAX_AUTOTUNE=1 made it the C++ template on
+#: CPU, and the ``aten`` candidate not_applied)
+NO_MAX_AUTOTUNE: dict[str, Any] = {"max_autotune": False, "max_autotune_gemm": False}
 #: every CPU compile of a benchmark: inference with constant weights (a user's ``freezing=True``
 #: compile), no background pool of compile workers competing with the timed runs for the cores
-CPU_BASE_PATCH: dict[str, Any] = {"freezing": True, "compile_threads": 1, **KERNEL_CACHE_PATCH}
-CUDA_BASE_PATCH: dict[str, Any] = dict(KERNEL_CACHE_PATCH)
+CPU_BASE_PATCH: dict[str, Any] = {"freezing": True, "compile_threads": 1, **NO_MAX_AUTOTUNE, **KERNEL_CACHE_PATCH}
+CUDA_BASE_PATCH: dict[str, Any] = {**NO_MAX_AUTOTUNE, **KERNEL_CACHE_PATCH}
 
 
 def cache_dir_env(cache_dir: str) -> dict[str, str]:
