@@ -169,6 +169,28 @@ def test_use_table_changes_only_the_gemms_it_covers():
     assert _flags() == before
 
 
+def test_a_cpp_entry_under_a_dynamic_m_is_stale_not_a_hit():
+    """With M dynamic (mark_dynamic on the batch) the key holds M's hint, so a C++-template entry
+    tuned for that M was found and counted a hit, but Inductor's template then picks its blocking,
+    thread split and K slices at run time: a kernel nobody measured (a review). Such a lookup is
+    stale: Inductor's default compiles, and the report says why; a static compile still hits."""
+    from zhantune.inductor.table_choices import DYNAMIC_M
+
+    torch.manual_seed(0)
+    lin, x = _linear(64, 48, torch.float32), torch.randn(32, 48)
+    with recording() as rec:
+        _compile(lin, x)
+    (key,) = [e.device_key for e in rec.events if e.offered]
+    with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": {**CPP, "cpp.gemm_cache_blocking": "1,1,8",
+                                                                                "cpp.gemm_max_k_slices": 4}}]}) as t:
+        _, seen = _counted(_compile, lin, x)
+        assert seen["cpp_template"] == 1 and t.report.hits[key] == 1
+        torch._dynamo.mark_dynamic(x, 0)
+        out, seen = _counted(_compile, lin, x)
+        assert seen == _default_counts("float32", seen) and t.report.stale == {key: DYNAMIC_M}
+        torch.testing.assert_close(out, lin(x))
+
+
 def test_a_cpu_key_names_the_thread_count_and_a_model_only_key_is_stale():
     """A CPU's device key is its model and its thread count (zhantune.device.cpu_device_key):
     Inductor's C++ kernels are compiled for that count, and timings with another count are another

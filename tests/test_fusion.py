@@ -73,3 +73,26 @@ def test_a_cpu_table_entry_with_a_fusion_limit_is_stale_not_a_hit():
     assert "schedules the whole graph" in _kernels.report.stale[key]
     # Inductor's default compiled: no C++ template (the entry's backends did not apply either)
     assert counters["inductor"]["cpp_templated_kernel_counter"] == templated
+
+
+def test_a_cpu_fusion_candidate_is_measured_with_its_limit_applied():
+    """A tune's CPU candidate served its fusion limit through the per-GEMM handler, where it never
+    applies (Inductor reads it when it schedules the graph): {CPP, epilogue_fusion: false} was not
+    measured as itself (a review). The limit now applies to the candidate's whole compile, as on
+    CUDA (and, as there, no table carries it: the summary says so): the C++ template's gelu epilogue
+    becomes a kernel of its own."""
+    from zhantune.bench.inductor import InductorBenchmarker
+    from zhantune.candidate import Candidate
+    from zhantune.config import BenchConfig
+
+    problem = GemmProblem.from_config("linear_act", [64, 64, 64], "float32", "gelu")
+    bench = InductorBenchmarker(problem, resolve_device("cpu"), BenchConfig(warmup_ms=1, target_ms=2, min_reps=3))
+    bench.inductor_default()  # records the problem's lookup, as a tune does first
+    kernels = {}
+    cpp = {"max_autotune_gemm_backends": "CPP", "cpp.gemm_thread_factors": None, "cpp.gemm_max_k_slices": 1,
+           "cpp.gemm_cache_blocking": None}
+    for name, params in (("cpp", cpp), ("cpp, no epilogue fusion", {**cpp, "epilogue_fusion": False})):
+        meas, code = run_and_get_code(lambda p=params: bench.measure(Candidate("c", "config", None, p)))
+        assert meas.status == "ok", meas.error_text
+        kernels[name] = sorted(set(re.findall(r"cpp_fused_\w+", "\n".join(code))))
+    assert len(kernels["cpp"]) == 1 and len(kernels["cpp, no epilogue fusion"]) == 2, kernels

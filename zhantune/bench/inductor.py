@@ -39,7 +39,7 @@ from zhantune.device import DeviceInfo
 from zhantune.inductor import cpu_gemm
 from zhantune.inductor.choices import LookupEvent, RecordingChoices, recording
 from zhantune.inductor.heuristics import derived_kwargs
-from zhantune.inductor.knobs import CONFIG_KNOBS
+from zhantune.inductor.knobs import CONFIG_KNOBS, FUSION_KNOBS
 from zhantune.inductor.settings import MAX_AUTOTUNE, backend_flags, base_patch, template_patch
 from zhantune.problems import GemmProblem
 
@@ -163,9 +163,11 @@ class InductorBenchmarker:
             from zhantune.inductor.table_choices import TableChoices
 
             # the GEMM's knobs served under every key, as use_table serves them: only the GEMM's own
-            # lowering changes. Any other config key (a test space's fault injection) is not a table
-            # knob (zhantune.tune checks real spaces) and applies to the whole compile
-            gemm = {k: v for k, v in candidate.params.items() if k in CONFIG_KNOBS["cpu"]}
+            # lowering changes. A fusion limit is read when Inductor schedules the graph, after the
+            # lowering (no table carries it on CPU: FUSION_ENTRY_ON_CPU), and any other config key (a
+            # test space's fault injection) is no table knob: both apply to the whole compile, as on
+            # CUDA (served per GEMM, a fusion limit measured the default compile)
+            gemm = {k: v for k, v in candidate.params.items() if k in CONFIG_KNOBS["cpu"] and k not in FUSION_KNOBS}
             rest = {k: v for k, v in candidate.params.items() if k not in gemm}
             handler = TableChoices(TableFile({}, source="<candidate>"), any_key=[entry_for(None, gemm, None)])
             return self._run({**base, **rest}, table=None, expect=candidate, time_it=time_it, handler=handler)
@@ -266,8 +268,10 @@ class InductorBenchmarker:
 
     def _not_applied(self, expect: Candidate | None, lookup: LookupEvent | None, templated: int) -> str | None:
         if lookup is None:
-            return ("Inductor made no GEMM lookup while compiling: the GEMM did not reach Inductor's "
-                    "GEMM lowering")
+            return ("Inductor made no GEMM lookup while compiling: the GEMM did not reach Inductor's GEMM lowering"
+                    + (" (on CPU the freezing pass fuses a bfloat16 linear with its activation or residual add "
+                       "into oneDNN's linear_pointwise and lowers it directly, where oneDNN does bf16: no "
+                       "lookup, nothing to tune)" if self.device.kind == "cpu" else ""))
         if expect is None:
             return None
         if expect.scope == "template":

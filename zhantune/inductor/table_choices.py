@@ -26,6 +26,10 @@ __all__ = ["TableChoices", "TableReport", "stale_reason", "release", "NOT_FROZEN
 #: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
 NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "
               "compile under torch.no_grad() (in torch 2.13 torch.compile(options={'freezing': True}) does not freeze)")
+#: why a C++-template entry compiled Inductor's default where M is dynamic (TableReport.stale)
+DYNAMIC_M = ("M is dynamic in this compile: Inductor's C++ template then picks its blocking, thread split and "
+             "K slices at run time (cpp_gemm_template.py), so the entry's measured kernel cannot be compiled; "
+             "Inductor's default compiled (compile with static shapes for the tuned kernel)")
 #: why a GPU template entry (triton::*, decompose_k, ...) compiled Inductor's default on CPU (TableReport.stale)
 GPU_ENTRY_ON_CPU = ("{tid} is not a CPU choice (a GPU template, or none Inductor offers): Inductor's CPU GEMM "
                     "offers ATen and its C++ template only "
@@ -161,7 +165,8 @@ class TableChoices(RecordingChoices):
             self.report.stale[report_key] = GPU_ENTRY_ON_CPU.format(tid=entries[0]["template_id"])
             self.report.stale_count[report_key] += 1
         elif entries and ((why := not_carried(entries[0], "cpu"))
-                          or (_wants_cpp(entries[0]) and (why := threads_mismatch(entries[0]["config_patch"], op_name)))):
+                          or (_wants_cpp(entries[0]) and (why := threads_mismatch(entries[0]["config_patch"], op_name)))
+                          or (_wants_cpp(entries[0]) and _dynamic_m(kernel_inputs) and (why := DYNAMIC_M))):
             self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
         else:
@@ -292,7 +297,8 @@ class TableChoices(RecordingChoices):
             return self._stale(key, GPU_ENTRY_ON_CPU.format(tid=entry["template_id"]), template_choices,
                                kernel_inputs, templates, op_name, kwarg_overrides, True)
         if (why := not_carried(entry, "cpu")) or (_wants_cpp(entry) and (why := threads_mismatch(entry["config_patch"],
-                                                                                                    op_name))):
+                                                                                                    op_name))) \
+                or (_wants_cpp(entry) and _dynamic_m(kernel_inputs) and (why := DYNAMIC_M)):
             return self._stale(key, why, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, True)
         if _wants_cpp(entry) and not _cpp_template_applies(kernel_inputs, op_name):
             # Inductor would not offer the template here (a weight that is not a frozen constant,
@@ -342,6 +348,12 @@ def _cpp_template_applies(kernel_inputs: Any, op_name: str) -> bool:
             return bool(check(kernel_inputs.output_layout(), *kernel_inputs.mat1mat2()))
     except Exception:  # an input Inductor's check does not expect: not offered
         return False
+
+
+def _dynamic_m(kernel_inputs: Any) -> bool:
+    """Whether this GEMM's M is a symbol in this compile (a dynamic batch: the key holds its hint)."""
+    m = kernel_inputs.mnk_symbolic()[0] if hasattr(kernel_inputs, "mnk_symbolic") else 0
+    return not isinstance(m, int) and not getattr(m, "is_number", False)
 
 
 def _cpu_entry(entry: dict[str, Any]) -> bool:
