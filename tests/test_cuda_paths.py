@@ -190,7 +190,9 @@ def test_a_cuda_candidate_or_table_compile_autotunes_the_gemm_only():
     (``max_autotune_gemm``) still serves the candidate and the table (the tests above compile under
     these same patches); the kernels' meta, from Inductor's own codegen, has autotuning off."""
     import torch.utils._triton as triton_utils
+    from torch._inductor import ir
     from torch._inductor.codegen.triton import TritonKernel
+    from torch._inductor.utils import _use_conv_autotune_backend, use_triton_template
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
 
@@ -204,9 +206,13 @@ def test_a_cuda_candidate_or_table_compile_autotunes_the_gemm_only():
                 meta = TritonKernel.inductor_meta_common()
                 assert inductor_config.max_autotune_gemm
             assert not meta["max_autotune"] and not meta["max_autotune_pointwise"], tid
+        conv = ir.FixedLayout(torch.device("cuda", 0), torch.bfloat16, [8, 64, 32, 32], [65536, 1024, 32, 1])
+        assert not (use_triton_template(conv) and _use_conv_autotune_backend("TRITON"))  # no table: ATen convs
         with use_table({key: [{"template_id": "triton::mm", **TRITON_PARAMS}]}, device="cuda"):
             meta = TritonKernel.inductor_meta_common()
             assert inductor_config.max_autotune_gemm
+            # nor with one (a review: GEMM max-autotune offered and benchmarked Triton conv templates)
+            assert use_triton_template(conv) and not _use_conv_autotune_backend("TRITON")
         assert not meta["max_autotune"] and not meta["max_autotune_pointwise"]
 
 

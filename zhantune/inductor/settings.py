@@ -131,11 +131,17 @@ def template_patch(template_id: str, device_kind: str = "cuda") -> dict[str, Any
 
 def cuda_table_patch(table: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Inductor config a CUDA table compiles under (zhantune.use_table): GEMM max-autotune
-    (``max_autotune_gemm``, MAX_AUTOTUNE: the model's other kernels compile as without the table)
-    over ATen and Triton (a miss compiles the ATen kernel, zhantune.inductor.table_choices.TableChoices), and
+    (``max_autotune_gemm``, MAX_AUTOTUNE: pointwise and reduction kernels compile as without the
+    table) over ATen and Triton (a miss compiles the ATen kernel,
+    zhantune.inductor.table_choices.TableChoices), convolutions over ATen only (max-autotune would
+    otherwise offer and benchmark Triton conv templates: torch/_inductor/kernel/conv.py), and
     ``triton.enable_persistent_tma_matmul`` when an entry names ``triton::mm_persistent_tma``
-    (Inductor offers that template only then: ``use_triton_tma_template`` in torch/_inductor/utils.py)."""
-    patch: dict[str, Any] = {MAX_AUTOTUNE["cuda"]: True, "max_autotune_gemm_backends": "ATEN,TRITON"}
+    (Inductor offers that template only then: ``use_triton_tma_template`` in torch/_inductor/utils.py).
+    Two graph decisions still follow GEMM max-autotune (README: use_table on CUDA): a 1x1
+    channels-last convolution is lowered as an mm, and ``a @ b + c @ d`` of equal sizes as one
+    ``mm_plus_mm`` (torch/_inductor/fx_passes/post_grad.py)."""
+    patch: dict[str, Any] = {MAX_AUTOTUNE["cuda"]: True, "max_autotune_gemm_backends": "ATEN,TRITON",
+                             "max_autotune_conv_backends": "ATEN"}
     for entries in table.values():
         for e in entries:
             patch.update(TEMPLATE_CONFIG.get(e.get("template_id"), {}))
