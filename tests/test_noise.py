@@ -86,6 +86,54 @@ def _settle_with(conditions: dict, method: str, default_us=(100.0,), winner_us=(
     return settle_speedup(best, default, [SimpleNamespace(name="cpp_gemm", scope="config")], bench, record, 3).verdict
 
 
+@pytest.mark.parametrize("a_us,b_us,verdict", [
+    # apart in every round, but by less than the rounds disagree: the rounds' ranges not overlapping
+    # called this "now a clear winner" (two identical kernels did so in 13% of 3-round settles)
+    ((100.0, 100.5, 101.0), (101.5, 102.0, 101.2), "tie"),
+    ((100.0, 100.5, 101.0), (130.0, 131.0, 130.5), "clear"),  # 1.29-1.31x in every round
+    ((100.2, 100.7, 101.0), (77.0, 77.5, 77.2), "clear"),  # the runner-up is faster now
+    ((100.0, 104.0, 100.5), (102.0, 100.2, 101.0), "tie"),  # a flip
+])
+def test_a_close_call_is_clear_only_by_the_claim_rule(a_us, b_us, verdict):
+    """settle_close_call re-measures the two fastest configs in interleaved rounds; it calls the
+    order "clear" only where every round agrees on which is faster by a margin the rounds'
+    disagreement cannot explain (decision.beyond_spread, a speedup claim's rule), and names the
+    faster one first."""
+    from types import SimpleNamespace
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.settle import settle_close_call
+    from zhantune.bench.timing import Timing
+    from zhantune.candidate import Candidate
+    from zhantune.storage.orm import MeasurementRow
+    from zhantune.storage.rows import measurement_row
+
+    cands = {name: Candidate(name, "config", None, {"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": k})
+             for name, k in (("a", 1), ("b", 2))}
+    times = {"a": list(a_us), "b": list(b_us)}
+    quiet = {"cores": 2, "load_avg_1m": 0.1, "others_running": 0, "busy_at_start": False}
+
+    def timed(us: float, spread: float = 0.0) -> Measurement:
+        return Measurement("ok", Timing(us, us, us + spread, us, us + spread, 100, "cpu:perf_counter:fifo"),
+                           conditions=quiet)
+
+    ids = iter(range(1, 100))
+
+    def record(meas, kind, candidate):
+        return MeasurementRow(id=next(ids), **measurement_row(
+            meas, kind, candidate, study_id=1, device_id=1, problem_id=1, torch_version="t", triton_version=None,
+            conditions=meas.conditions))
+
+    # the search's own runs: within each other's noise (20th-80th percentiles overlap), so re-measured
+    ranked = [record(timed(100.0, 5.0), "candidate", cands["a"]), record(timed(100.1, 5.0), "candidate", cands["b"])]
+    ranked = [SimpleNamespace(**{c.key: getattr(r, c.key) for c in MeasurementRow.__table__.columns}) for r in ranked]
+    bench = SimpleNamespace(measure=lambda c: timed(times[c.branch].pop(0)))
+    got, text = settle_close_call(ranked, [SimpleNamespace(name=n, scope="config") for n in cands], bench, record, 3)
+    assert got == verdict, text
+    faster = "a" if min(100.0, *a_us) <= min(100.1, *b_us) else "b"  # the ranking: every run's minimum
+    assert text.index(cands[faster].describe()) < text.index("is faster than")
+
+
 def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):
     """Rerunning a finished study runs its settles again only when its newest verdict is a paired
     one left unconfirmed by a busy machine, and only when the run settles at all: a confirmed claim,
