@@ -371,6 +371,14 @@ def test_an_aten_template_winner_is_recognised_as_the_defaults_own_kernel(op, in
     assert torch.backends.cuda.matmul.allow_tf32 is False
     assert _is_default_kernel(orm.MeasurementRow(template_id=None, params={"cuda.matmul.allow_tf32": False}))
     assert not _is_default_kernel(orm.MeasurementRow(template_id=None, params={"cuda.matmul.allow_tf32": True}))
+    # CPU: ATen alone is the default compile whatever C++-template knobs ride along (a custom space's
+    # {ATEN, k_slices=2} got paired rounds against itself); CPP in the list, or a fusion limit, is not
+    for params, default in (({"max_autotune_gemm_backends": "ATEN"}, True),
+                            ({"max_autotune_gemm_backends": "aten", "cpp.gemm_max_k_slices": 2}, True),
+                            ({"max_autotune_gemm_backends": "ATEN,CPP"}, False),
+                            ({"max_autotune_gemm_backends": "ATEN", "epilogue_fusion": False}, False),
+                            ({}, False)):
+        assert _is_default_kernel(orm.MeasurementRow(template_id=None, params=params)) is default, params
 
 
 def _tf32(t: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,8 @@ DEFAULT_KERNEL_TEMPLATES = frozenset({"aten::mm", "aten::addmm", "aten::bmm"})
 
 def is_default_kernel(template_id: str | None, params: dict[str, Any] | None) -> bool:
     """A measured config that is the very kernel Inductor's default compile runs: the ``aten`` config
-    (backend list = ATEN only, the CPU path: the prepacked linear), on CUDA an ``aten::<op>`` template
+    (backend list = ATEN only, with or without C++-template knobs, which then apply to nothing: the
+    CPU path, the prepacked linear), on CUDA an ``aten::<op>`` template
     choice (DEFAULT_KERNEL_TEMPLATES; ``aten::bias_addmm`` is another kernel), or torch.backends flags
     set to what they are anyway (``allow_tf32: false``). Its "speedup" over the default is noise, and a
     table ships Inductor's default entry for it."""
@@ -48,4 +49,7 @@ def is_default_kernel(template_id: str | None, params: dict[str, Any] | None) ->
         return template_id in DEFAULT_KERNEL_TEMPLATES
     if params and all(k in BACKEND_FLAGS for k in params):  # the default compile under flags ...
         return all(backend_flag(k) == v for k, v in params.items())  # ... that are this process's own
-    return {k: str(v).upper() for k, v in (params or {}).items()} == {"max_autotune_gemm_backends": "ATEN"}
+    # the backend list ATEN alone (the cpp.gemm_* knobs then change nothing: the template is not offered)
+    backends = str((params or {}).get("max_autotune_gemm_backends", "")).upper().replace(" ", "").split(",")
+    return backends == ["ATEN"] and all(k == "max_autotune_gemm_backends" or k.startswith("cpp.gemm_")
+                                        for k in params)
