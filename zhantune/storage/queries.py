@@ -201,8 +201,9 @@ class Queries(ReportQueries):
         """(device id, problem id, config hash) -> the newest verdict on that config's speedup over
         Inductor's default (a tune or a table's replay settles it): the newest settled in at least
         two paired rounds (what a claim needs, zhantune.bench.decision) where there is one, so that
-        a later verdict that could not judge (a cached winner's "no claim made",
-        ``bench.remeasure_rounds`` 0 or 1) never hides a judged claim; else the newest. Newest by
+        a later verdict of fewer rounds (a cached winner's "no claim made", ``bench.remeasure_rounds``
+        0 or 1: one round can neither confirm a speedup nor refute one, one-sided noise makes a
+        round slow) never hides a judged claim; else the newest. Newest by
         created_at (a merged database's copied verdicts keep theirs), then id. ``torch_version``:
         only verdicts whose paired rounds ran with that torch (None: every verdict)."""
         query = select(m.Verdict).order_by(m.Verdict.created_at, m.Verdict.id)
