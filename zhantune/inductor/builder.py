@@ -179,9 +179,11 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     Inductor's default compile, the key gets Inductor's default choice (:func:`default_entry`)
     instead; None: no check. Where the tune settled the winner's claim (a Verdict: paired,
     interleaved rounds, zhantune.bench.decision) the claim must be confirmed with a ratio of at
-    least ``min_speedup``; where it settled another config (one a table cannot carry on that device:
-    :func:`not_carried`) or made no claim (a verdict without rounds: ``bench.remeasure_rounds=0``),
-    the default ships, and so it does where no tune left a verdict (an interrupted tune, a database
+    least ``min_speedup`` (the fastest config whose claim was, in any run with the table's torch:
+    a faster one never paired or unconfirmed does not hide it); where none was (the tunes settled
+    another config, one a table cannot carry on that device: :func:`not_carried`, or made no claim:
+    a verdict without rounds, ``bench.remeasure_rounds=0``), the default ships, and so it does
+    where no tune left a verdict (an interrupted tune, a database
     from before verdicts): stored times alone were never paired with the default, a busy moment can
     make them. A verdict counts only where its rounds ran with the table's torch (``torch_version``,
     else this process's: :func:`table_torch`), and only rows measured with that torch are ranked
