@@ -250,3 +250,15 @@ def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback(tmp_pa
     assert proc.returncode == 1 and proc.stderr == "", proc.stderr
     with Store(url, read_only=True).session() as s:  # the first file's import is stored whole, the second not begun
         assert s.scalar(select(func.count()).select_from(m.MeasurementRow)) == 4362
+    # a tune's log lines go to stdout too (Hydra's console handler): it stops as on Ctrl-C, no
+    # "--- Logging error ---" traceback per line, and the same command then completes the study
+    tune = [sys.executable, "-m", "zhantune", "bench=replay", f"bench.path={data / 'gemm_RTX_3090.json.gz'}",
+            "search.n_trials=5", "progress=false", f"storage.url=sqlite:///{tmp_path}/r.db",
+            f"hydra.run.dir={tmp_path}/hydra2"]
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.run(tune, stdout=write, stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=300)
+    os.close(write)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+    done = subprocess.run(tune, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0 and "the study holds 5 of 5" in done.stdout, done.stderr[-2000:]

@@ -992,7 +992,7 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     table = portable_table(compare(store), store, None)
     ((row, (cand,)),) = table_candidates(table, store.problems_by_lookup_key(), "portable.json", "cuda")
     assert cand.config_hash == x.config_hash and row.id == rec.problem_id
-    odd = {key: [{**table[key][0], "EVEN_K": False}]}  # as exported for a K that BLOCK_K does not divide
+    odd = {key: [{**table[key][0], "EVEN_K": False}]}  # an entry that sets EVEN_K against the derived value
     ((_, (cand,)),) = table_candidates(odd, store.problems_by_lookup_key(), "portable.json", "cuda")
     assert cand.params.get("EVEN_K") is False and cand.config_hash != x.config_hash
 
@@ -1158,6 +1158,32 @@ def test_a_shipped_entry_carries_the_tables_torchs_template_hash(tmp_path):
     assert entries[0]["template_id"] == "triton::mm" and entries[0]["template_hash"] == "HASH_OF_THIS_TORCH"
     # that torch's table ships that torch's row (its claim was not confirmed with it: the default)
     assert build_table(store, torch_version="2.12.0")[f"{dev}+{key}"][0]["template_hash"] == "HASH_OF_TORCH_2_12"
+
+
+def test_a_build_of_the_same_torch_release_ships(tmp_path):
+    """A GPU database tuned with torch 2.13.0+cu128, merged and exported on a CPU machine
+    (2.13.0+cpu): lookup keys and template sources are one release's (use_table compares the
+    release), so its rows and its confirmed claims ship; an exact-version match left the GPU's keys
+    out of the table (a review)."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table, claims_of_other_torch
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.provenance import torch_release
+
+    gpu_build = torch_release(torch.__version__) + "+cu128"
+    assert gpu_build != torch.__version__
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
+    rec.versions = dict(rec.versions, torch=gpu_build)
+    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    rec.add(Measurement("ok", timing=summarize_us([10.0, 10.5], "t"), lookup=hit), "candidate", x, trial_number=0)
+    store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                      config_hash=x.config_hash, ratio=1.9, ratio_low=1.9, ratio_high=1.92, rounds=3,
+                      contended=0, confirmed=True, reason="confirmed in every round", torch_version=gpu_build)
+    (entries,) = build_table(store, min_speedup=1.02).values()
+    assert entries[0]["template_id"] == "triton::mm" and claims_of_other_torch(store, None, 1.02) == {}
+    assert build_table(store, min_speedup=None, torch_version="2.12.0+cu128") == {}  # another release: none
 
 
 def test_a_claim_confirmed_with_another_torch_never_ships_in_this_torchs_table(cli, tmp_path):

@@ -77,16 +77,22 @@ class _State:
 def mark_task_started() -> None:
     """Called first thing in a task function: what Hydra wrote to stderr until now goes out as is,
     and stdout is watched for a reader that goes away (:class:`_Stdout`)."""
+    import logging
+
     _State.task_started = True
     _release_stderr()
     if not isinstance(sys.stdout, _Stdout):
-        sys.stdout = _Stdout(sys.stdout)
+        real, sys.stdout = sys.stdout, _Stdout(sys.stdout)
+        for handler in logging.getLogger().handlers:  # Hydra's console handler writes to stdout too
+            if isinstance(handler, logging.StreamHandler) and handler.stream is real:
+                handler.setStream(sys.stdout)
 
 
-class _PipeClosed(BaseException):
+class _PipeClosed(KeyboardInterrupt):
     """stdout's reader went away (``python -m zhantune.kerneltuner ... | head``): not an error of the
-    command. A BaseException, so that it passes Hydra's handler (which prints a traceback for any
-    Exception) to :func:`run_app`; it rolls back an open transaction on its way, as Ctrl-C does."""
+    command. A KeyboardInterrupt, so that it passes Hydra's handler (which prints a traceback for any
+    Exception) and logging's (which prints one and goes on) to :func:`run_app`, and a tune stops as
+    on Ctrl-C (its trial handed back, the study resumable)."""
 
 
 class _Stdout:

@@ -16,7 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["software_versions", "environment_fields", "worker_name", "torch_version_info"]
+__all__ = ["software_versions", "environment_fields", "worker_name", "torch_version_info", "torch_release"]
+
+
+def torch_release(version: str | None) -> str | None:
+    """The release part of a torch version ("2.13.0+cpu" -> "2.13.0"): lookup keys, template
+    sources and Inductor's choices are the same across builds of one release (+cpu, +cu128, ...)."""
+    return None if version is None else version.split("+")[0]
 
 
 def torch_version_info() -> Any:

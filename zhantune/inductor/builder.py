@@ -183,13 +183,11 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     a faster one never paired or unconfirmed does not hide it); where none was (the tunes settled
     another config, one a table cannot carry on that device: :func:`not_carried`, or made no claim:
     a verdict without rounds, ``bench.remeasure_rounds=0``), the default ships, and so it does
-    where no tune left a verdict (an interrupted tune, a database
-    from before verdicts): stored times alone were never paired with the default, a busy moment can
-    make them. A verdict counts only where its rounds ran with the table's torch (``torch_version``,
-    else this process's: :func:`table_torch`), and only rows measured with that torch are ranked
-    and shipped (a template's hash and the lookup key are the torch's). ``device_agnostic`` keys entries without the device; where several
-    devices share a problem the fastest device's winners are kept (cross-device choices are the
-    compare command's job). Where two problems map to one lookup key with different entries (a
+    where no tune left a verdict (an interrupted tune, a database from before verdicts): stored
+    times alone were never paired with the default. Verdicts and rows count only where measured
+    with a build of the table's torch release (``torch_version``, else this process's:
+    :func:`table_torch`, :func:`_carried_ranked`). ``device_agnostic`` keys entries without the
+    device; where several devices share a problem the fastest device's winners are kept. Where two problems map to one lookup key with different entries (a
     float32 linear_act with relu and one with gelu, same shape: one addmm lookup on CPU), neither
     problem's choice was measured for the other: both get Inductor's default choice under their
     own keys, and those keys are appended to ``shared`` (a list, where given). ``problem_ids``: only
@@ -198,23 +196,15 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     in the table: what its key ships, for the tune's summary."""
     from zhantune.inductor.heuristics import with_derived_kwargs
 
-    # a claim holds for the torch its paired rounds ran with: the table's (stamped in its metadata)
+    # a claim holds for the torch release its paired rounds ran with: the table's (in its metadata)
     verdicts = store.latest_verdicts(table_torch(torch_version)) if min_speedup is not None else {}
     own_keys = store.default_lookup_keys()
-    # every distinct config, so that rows a table may not carry (a tf32 backend flag, zhantune.
-    # inductor.knobs; a config patch on CUDA, not_carried) make way for the next ones
-    # only the table's torch's rows: an entry's template_hash and lookup key are that torch's (a
-    # faster row of another torch, the config's representative over all, carried that torch's hash)
-    ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)])
-              for d, p, rows in store.ranked_candidates(device_key, table_torch(torch_version), 1 << 30)
-              if problem_ids is None or p.id in problem_ids]
-    ranked.sort(key=lambda r: decision_us(r[2][0]) if r[2] else float("inf"))  # the ranking rule's statistic
     table: dict[str, list[dict[str, Any]]] = {}
     seen: set[int] = set()
     owners: dict[str, tuple[str | None, str]] = {}  # key -> (own key, lookup op) of the problem that placed it
     clashes: list[tuple[str | None, str, list[str]]] = []
     placed_rows: dict[tuple[int, int], tuple[Any, str | None]] = {}
-    for device, problem, rows in ranked:
+    for device, problem, rows in _carried_ranked(store, device_key, torch_version, problem_ids):
         if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
             continue
         rows, keep = _tuned_rows(rows, (device.id, problem.id), verdicts, min_speedup)
@@ -266,6 +256,19 @@ class Shipped:
 
     row: Any
     shared: bool = False
+
+
+def _carried_ranked(store: Store, device_key: str | None, torch_version: str | None,
+                    problem_ids: set[int] | None) -> list[tuple[Any, Any, list[Any]]]:
+    """(device, problem, rows) for :func:`build_table`, fastest problem first by the ranking rule's
+    statistic: every distinct config a table may carry on the device (a tf32 backend flag, zhantune.
+    inductor.knobs, or a config patch on CUDA, not_carried, makes way for the next ones), measured
+    with a build of the table's torch release (an entry's template_hash and lookup key are that
+    release's: a faster row of another torch, the config's representative over all, carried its)."""
+    ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)])
+              for d, p, rows in store.ranked_candidates(device_key, table_torch(torch_version), 1 << 30)
+              if problem_ids is None or p.id in problem_ids]
+    return sorted(ranked, key=lambda r: decision_us(r[2][0]) if r[2] else float("inf"))
 
 
 def _tuned_rows(rows: list[Any], key: tuple[int, int], verdicts: dict,
@@ -348,8 +351,9 @@ def table_metadata(store: Store, table: dict[str, list[dict[str, Any]]], options
     from zhantune.provenance import software_versions
 
     versions = software_versions()
-    devices = [{"key": d.key, "name": d.name, "kind": d.kind}
-               for d in store.devices_with_candidates(options.get("device"))]
+    wanted = options.get("devices")  # compare's devices= (keys or names); None: every device
+    devices = [{"key": d.key, "name": d.name, "kind": d.kind} for d in store.devices_with_candidates(options.get("device"))
+               if not wanted or d.key in wanted or d.name in wanted]
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "zhantune": zhantune.__version__,
             "torch": table_torch(options.get("torch_version")), "triton": versions["triton"],
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -154,8 +154,9 @@ def model_patch(device_kind: str, max_autotune: bool = False) -> dict[str, Any]:
     with max-autotune's stderr tables off (NO_AUTOTUNE_REPORT)."""
     patch: dict[str, Any] = {"freezing": True} if device_kind == "cpu" else {}
     patch.update(NO_AUTOTUNE_REPORT)
-    if max_autotune:
-        patch["max_autotune"] = True
+    # max-autotune only for that way: TORCHINDUCTOR_MAX_AUTOTUNE=1 made the "default" way a
+    # max-autotune compile (max_autotune_gemm is left alone: use_table sets it for a CUDA table)
+    patch["max_autotune"] = max_autotune
     return {**patch, "force_disable_caches": True}
 
 

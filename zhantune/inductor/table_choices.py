@@ -20,6 +20,7 @@ from zhantune.inductor.choices import LookupEvent, RecordingChoices, legacy_cpu_
 from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried
+from zhantune.provenance import torch_release
 
 __all__ = ["TableChoices", "TableReport", "stale_reason", "release", "NOT_FROZEN", "GPU_ENTRY_ON_CPU"]
 
@@ -43,10 +44,7 @@ _CPU_GEMM_KEYS = ("max_autotune_gemm_backends", "cpp.gemm_max_k_slices", "cpp.ge
                   "cpp.gemm_cache_blocking")
 
 
-def release(version: str | None) -> str | None:
-    """The release part of a torch version ("2.13.0+cpu" -> "2.13.0"): lookup keys and template
-    sources are the same across builds of one release."""
-    return None if version is None else version.split("+")[0]
+release = torch_release  # lookup keys and template sources are the same across builds of one release
 
 
 def stale_reason(entry: dict[str, Any], template_hashes: dict[str, str | None]) -> str | None:

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from zhantune.bench.decision import best_per_config, decision_us
+from zhantune.provenance import torch_release
 from zhantune.storage import orm as m
 from zhantune.storage.reads import ReportQueries
 
@@ -122,8 +123,8 @@ class Queries(ReportQueries):
         the decision statistic (zhantune.bench.decision.decision_us: the minimum of a measurement's individually
         timed runs, which one-sided noise cannot make smaller than the truth). A config measured
         several times is represented by its row with the lowest decision statistic (the minimum over
-        rounds; docs/timing.md). ``torch_version`` keeps only rows measured with that torch version
-        (exact string, e.g. "2.13.0+cpu"). ``study_id`` keeps only that study's rows (a replay's best
+        rounds; docs/timing.md). ``torch_version`` keeps only rows measured with a build of that torch
+        release (e.g. "2.13.0+cpu": "2.13.0", "2.13.0+cu128", ...; zhantune.provenance.torch_release). ``study_id`` keeps only that study's rows (a replay's best
         is its own file's, not another recording's of the same device and problem).
         """
         with self.session() as s:
@@ -136,7 +137,7 @@ class Queries(ReportQueries):
             if device_key is not None:
                 q = q.where(m.Device.key == device_key)
             if torch_version is not None:
-                q = q.where(m.MeasurementRow.torch_version == torch_version)
+                q = q.where(_same_release(m.MeasurementRow.torch_version, torch_version))
             if study_id is not None:
                 q = q.where(m.MeasurementRow.study_id == study_id)
             groups: dict[tuple[int, int], tuple[m.Device, m.Problem, list[m.MeasurementRow]]] = {}
@@ -205,10 +206,10 @@ class Queries(ReportQueries):
         0 or 1: one round can neither confirm a speedup nor refute one, one-sided noise makes a
         round slow) never hides a judged claim; else the newest. Newest by
         created_at (a merged database's copied verdicts keep theirs), then id. ``torch_version``:
-        only verdicts whose paired rounds ran with that torch (None: every verdict)."""
+        only verdicts whose paired rounds ran with a build of that torch release (None: every verdict)."""
         query = select(m.Verdict).order_by(m.Verdict.created_at, m.Verdict.id)
         if torch_version is not None:
-            query = query.where(m.Verdict.torch_version == torch_version)
+            query = query.where(_same_release(m.Verdict.torch_version, torch_version))
         with self.session() as s:
             out: dict[tuple[int, int, str | None], m.Verdict] = {}
             for v in s.scalars(query):
@@ -216,3 +217,11 @@ class Queries(ReportQueries):
                 if (v.rounds or 0) >= 2 or key not in out or (out[key].rounds or 0) < 2:
                     out[key] = v
             return out
+
+
+def _same_release(column: Any, version: str) -> Any:
+    """``column`` (a torch version) names a build of ``version``'s release: the release itself or
+    ``release+local`` (zhantune.provenance.torch_release)."""
+    rel = torch_release(version)
+    return or_(column == rel, column.like(rel.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "+%",
+                                          escape="\\"))
