@@ -262,3 +262,24 @@ def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback(tmp_pa
     assert proc.returncode == 1 and proc.stderr == "", proc.stderr
     done = subprocess.run(tune, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0 and "the study holds 5 of 5" in done.stdout, done.stderr[-2000:]
+
+
+def test_checks_miss_hint_names_collect_with_the_models_own_arguments():
+    """check printed a miss as a bare key (a newcomer checking nn.Linear against the demo's mm table
+    could not tell why); it now says what a key must match and prints the collect command for the
+    model, whose words the shell and Hydra read back as the check's own values."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from zhantune.check import _miss_hint
+
+    cfg = OmegaConf.create({"model": "torch.nn:Linear", "model_kwargs": {"in_features": 64, "out_features": 64},
+                            "input_shapes": [[8, 64]]})
+    hint = _miss_hint(cfg)
+    assert "nn.Linear's weight is transposed, weight_layout=nk" in hint
+    command = hint.split("python -m zhantune.collect ", 1)[1].split(", then", 1)[0]
+    parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(shlex.split(command))}
+    assert parsed["model"] == "torch.nn:Linear" and parsed["input_shapes"] == [[8, 64]]
+    assert parsed["model_kwargs"] == {"in_features": 64, "out_features": 64} and parsed["out"] == "problems.yaml"

@@ -131,8 +131,10 @@ def test_a_close_call_is_clear_only_by_the_claim_rule(a_us, b_us, verdict):
     bench = SimpleNamespace(measure=lambda c: timed(times[c.branch].pop(0)))
     got, text = settle_close_call(ranked, [SimpleNamespace(name=n, scope="config") for n in cands], bench, record, 3)
     assert got == verdict, text
-    faster = "a" if min(100.0, *a_us) <= min(100.1, *b_us) else "b"  # the ranking: every run's minimum
-    assert text.index(cands[faster].describe()) < text.index("is faster than")
+    faster, slower = ("a", "b") if min(100.0, *a_us) <= min(100.1, *b_us) else ("b", "a")  # every run's minimum
+    assert text.index(cands[faster].describe()) < text.index(cands[slower].describe())
+    lo, hi = min(a_us if faster == "a" else b_us), max(a_us if faster == "a" else b_us)
+    assert f"{cands[faster].describe()} {lo:,.1f}-{hi:,.1f} us" in text  # the rounds' own numbers
 
 
 def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):

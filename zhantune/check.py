@@ -112,6 +112,8 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
                       soft_wrap=True)
     for key, n in report.misses.items():
         console.print(f"[red]miss[/red]  x{n} {escape(key)}", soft_wrap=True)
+    if report.misses:
+        console.print(_miss_hint(cfg), soft_wrap=True, markup=False, highlight=False)
     for key, why in report.stale.items():
         console.print(f"[yellow]stale[/yellow] {escape(key)}: {escape(why)}", soft_wrap=True)
     coverage = report.coverage or 0.0  # no lookup at all proves nothing
@@ -161,9 +163,29 @@ def _verdict(console: Any, cfg: DictConfig, result: dict[str, Any], tol: float) 
     return 0
 
 
+def _miss_hint(cfg: Any) -> str:
+    """What a miss means and how to tune exactly the model's lookups (collect, then problems=)."""
+    import shlex
+
+    from zhantune.cli import override_arg
+
+    def arg(key: str) -> str:  # a list or a dict as Hydra's grammar reads it, quoted for the shell
+        value = OmegaConf.to_container(cfg[key])
+        return shlex.quote(f"{key}={str(value).replace(' ', '').replace(chr(39), '')}")
+
+    extra = f" {arg('model_kwargs')}" if cfg.get("model_kwargs") else ""
+    return ("a miss: the table has no entry under that key (Inductor's key is the GEMM's op and each input's dtype, "
+            "sizes and strides, exactly: an nn.Linear's weight is transposed, weight_layout=nk, and its bias makes the "
+            "lookup addmm); to tune this model's own lookups: python -m zhantune.collect "
+            f"{override_arg('model', str(cfg.model))}{extra} {arg('input_shapes')} out=problems.yaml, then python -m zhantune "
+            "problems=problems.yaml")
+
+
+
 def main() -> None:
     run_app(_check_app)
 
 
 if __name__ == "__main__":
     main()
+

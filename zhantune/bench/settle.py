@@ -75,11 +75,13 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
     ratios = [pb / pa for pa, pb in pairs]  # > 1: a faster in that round
     n, low, high = len(ratios), min(ratios), max(ratios)
     tied = not (beyond_spread(low, high, n) or beyond_spread(1 / high, 1 / low, n))
+    spans = [f"{min(p[i] for p in pairs):,.1f}-{max(p[i] for p in pairs):,.1f} us" for i in (0, 1)]
     return ("tie" if tied else "clear"), (
-        f"close call re-measured {rounds}x interleaved (minimum of individually timed runs): "
-        f"{cands[first].describe()} {best_us[first]:,.1f} us is faster than {cands[second].describe()} "
-        f"{best_us[second]:,.1f} us; " + ("still within the noise: a tie, either is fine" if tied
-                                         else "now a clear winner in every round (a ranking, not a speedup claim)"))
+        f"close call re-measured {rounds}x interleaved, each round's fastest run: {cands[first].describe()} "
+        f"{spans[first]}, {cands[second].describe()} {spans[second]}; ranked by each config's fastest run of the "
+        f"search and the rounds, {best_us[first]:,.1f} us before {best_us[second]:,.1f} us; "
+        + ("still within the noise: a tie, either is fine" if tied
+           else "now a clear winner in every round (a ranking, not a speedup claim)"))
 
 
 @dataclass
