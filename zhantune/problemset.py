@@ -262,9 +262,13 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
     done = 0
     for i, pr in enumerate(runs, 1):
         share = pr.row.get("share")
-        console.rule(f"[bold]problem {i}/{len(runs)}[/bold] {escape(pr.run.problem.key)} x{pr.row.get('count', 1)}"
-                     + (f" ({share:.0%} of the model's GEMM time)" if share else "")
-                     + f": {pr.n_trials} trials; {done}/{total} done overall")
+        header = (f"[bold]problem {i}/{len(runs)}[/bold] {escape(pr.run.problem.key)} x{pr.row.get('count', 1)}"
+                  + (f" ({share:.0%} of the model's GEMM time)" if share else "")
+                  + f": {pr.n_trials} trials; {done}/{total} done overall")
+        if console.is_terminal:
+            console.rule(header)
+        else:  # a log or a pipe: the line whole (a rule cuts its title to the width)
+            console.print(header, soft_wrap=True)
         pr.result = tune(pr.run, store, TuneProgress(console, pr.run.space) if cfg.progress else None)
         if pr.result.already_finished:
             r = pr.result
