@@ -517,18 +517,12 @@ def test_nvml_readings_match_the_cuda_device_by_uuid_and_leave_out_the_tunes_own
 
     # a worker of the tune (this process) and a compile sidecar below it: both the tune's own
     child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
+                              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                              "print(p.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    grandchild = None
     try:
-        import time
-
-        grandchild = None
-        for _ in range(100):
-            kids = Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()
-            if kids:
-                grandchild = int(kids[0])
-                break
-            time.sleep(0.05)
-        assert grandchild is not None
+        grandchild = int(child.stdout.readline())  # started: no deadline for a busy machine to miss
+        assert Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split() == [str(grandchild)]
         visible = {"uuid": "GPU-" + "5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60", "index": 3}
         others = [{"uuid": f"GPU-other-{i}", "index": i} for i in range(3)]
         procs = {"GPU-5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60": [os.getpid(), child.pid, grandchild],
@@ -563,6 +557,7 @@ def test_nvml_readings_match_the_cuda_device_by_uuid_and_leave_out_the_tunes_own
     finally:
         child.kill()
         child.wait()
+        child.stdout.close()
         if grandchild:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(grandchild, 9)

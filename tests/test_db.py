@@ -243,7 +243,10 @@ def _four_workers_on_one_study(url: str, tmp_path: Path) -> None:
     for p in procs:
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
-        assert "the study has 100 of 100 measured" in out  # each worker's last log line
+        # each worker's last log line; a worker that starts after the others measured all 100 (a
+        # late start on a busy machine) takes the finished study's path, which says so
+        assert ("the study has 100 of 100 measured" in out
+                or "is finished: 100 of 100 trials measured" in " ".join(out.split())), out[-2000:]
     rows = _candidates(url)
     assert len(rows) == 100
     assert len({r.trial_number for r in rows}) == 100  # no trial stored twice

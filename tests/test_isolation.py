@@ -115,7 +115,7 @@ def test_compile_ahead_fills_the_kernel_cache_that_the_timing_worker_compiles_fr
     finally:
         pool.close()
         bench.close()
-    assert not pool.pids and not Path(f"/proc/{pid}").exists()
+    assert not pool.pids and not _running(pid)
 
 
 @pytest.mark.slow

@@ -662,7 +662,10 @@ def test_every_best_named_is_the_exported_entry(cli, tmp_path):
     assert m, out
     branch, params = m.group(1), dict(kv.split("=", 1) for kv in m.group(2).split())
     entry = next(iter(json.loads((tmp_path / "t.json").read_text())["table"].values()))[0]
-    assert {k: str(v) for k, v in entry["config_patch"].items()} == params
+    if branch == "aten":  # ATen ranked best (1.12-1.17x behind the template at 64^3 here: a slow phase flips it)
+        assert entry == {"template_id": "aten::mm"}, entry
+    else:
+        assert {k: str(v) for k, v in entry["config_patch"].items()} == params
     close = re.search(r"close call re-measured .*?: (\S+) ((?:\S+=\S+ )+)[\d,.]+ us is faster", out)
     if close:  # the close call names the same config first
         assert close.group(1) == branch and dict(kv.split("=", 1) for kv in close.group(2).split()) == params

@@ -224,6 +224,7 @@ class IsolatedBenchmarker:
             if self._proc.is_alive():
                 self.signal_group(signal.SIGKILL)
                 self._proc.kill()
+                self._proc.join(timeout=10)  # reaped: no zombie left behind
             self._proc = self._conn = None
 
     def _request(self, request: tuple) -> tuple[str, Any]:
