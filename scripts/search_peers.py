@@ -32,9 +32,12 @@ Strategies (``--strategies``, comma-separated):
 from __future__ import annotations
 
 import argparse
+import atexit
 import gzip
+import importlib.util
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -155,9 +158,13 @@ def main() -> None:
     quiet_known_warnings()
     names = args.files.split(",")
     strategies = args.strategies.split(",")
+    if any(s.startswith("kt:") for s in strategies) and importlib.util.find_spec("kernel_tuner") is None:
+        ap.error("the kt: strategies need kernel-tuner 1.5.0, the optional extra: pip install -e '.[peers]' "
+                 "(or --strategies without kt: rows)")  # before hours of the other rows, not after
     files = {n: load_kerneltuner(DATA / f"{n}.json.gz") for n in names}
     optimum = {n: f.best_time_us() for n, f in files.items()}
     tmp = Path(tempfile.mkdtemp(prefix="zhantune-peers-"))
+    atexit.register(shutil.rmtree, tmp, True)  # the median caches and the transfer database
     priors: dict[str, tuple[dict, str] | None] = {}
     if "zhantune+transfer" in strategies:  # every file in one database; each target reads the others
         store = Store(f"sqlite:///{tmp / 'transfer.db'}")

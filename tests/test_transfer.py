@@ -216,9 +216,10 @@ def test_another_file_of_the_same_name_is_imported_as_its_own_study_and_leaves_t
     assert per_study == {first: 6, second: 6}
 
 
-def _gemm_rows(store: Store, device: str, op: str, dims: dict, dtype: str, times: dict[str, float | None]) -> None:
+def _gemm_rows(store: Store, device: str, op: str, dims: dict, dtype: str, times: dict[str, float | None],
+               kind: str = "cuda") -> None:
     """Store candidate rows (config hash -> median us; None: failed) of a GEMM problem on a device."""
-    did = store.device_id(device, device, "cuda", {})
+    did = store.device_id(device, device, kind, {})
     shape = ",".join(f"{d}={dims[d]}" for d in ("M", "N", "K"))
     pid = store.problem_id(f"{op}[{shape}]:{dtype}", lookup_key=None, op=op, shape={**dims, "B": 1}, dtype=dtype,
                            activation=None, lookup_op=op, flops=2 * dims["M"] * dims["N"] * dims["K"])
@@ -255,6 +256,98 @@ def test_shape_prior_reads_the_nearest_shapes_of_the_same_gemm_on_this_device(tm
     prior = load_prior(store, "gpu", target)
     assert [(s.kind, s.device_key) for s in prior.sources] == [("device", "other")]
     assert prior.scores == {"a": 0.0, "b": pytest.approx(math.log(2))}
+
+
+def test_only_devices_of_this_kind_are_sources_and_shapes_take_over_otherwise(tmp_path):
+    """A CPU's configs (aten config scope, cpp_gemm) share no config hash with a GPU's spaces: the
+    same problem on a CPU in a team's database made a GPU tune's prior score nothing, and crowded out
+    the GPU's own neighbouring shapes (a review's finding)."""
+    from zhantune.problems import GemmProblem
+
+    store = Store(f"sqlite:///{tmp_path / 'k.db'}")
+    _gemm_rows(store, "gpu", "mm", {"M": 64, "N": 64, "K": 128}, "float32", {"a": 10.0, "b": 20.0})
+    _gemm_rows(store, "AMD EPYC (2 threads)", "mm", {"M": 64, "N": 64, "K": 256}, "float32", {"x": 5.0}, kind="cpu")
+    target = GemmProblem.from_config("mm", [64, 64, 256], "float32")
+    prior = load_prior(store, "gpu", target, kind="cuda")
+    assert [(s.kind, s.problem_key) for s in prior.sources] == [("shape", "mm[M=64,N=64,K=128]:float32")]
+    assert [s.device_key for s in load_prior(store, "gpu", target).sources] == ["AMD EPYC (2 threads)"]  # any kind
+
+
+def test_the_replayed_recording_under_another_device_name_is_not_another_device(tmp_path):
+    """The same Kernel Tuner file imported under another device name (devices=[...], a merge, a
+    copied file) was read as another device's measurements: a replay of it "transferred" from
+    itself. A device holding the replayed file's sha256 is never a source; other devices still are."""
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    a100 = load_kerneltuner(CONV_A100)
+    import_kerneltuner(store, load_kerneltuner(CONV_A100, device="A100"))
+    problem = a100.problem()
+    assert [s.device_key for s in load_prior(store, a100.device_key, problem).sources] == ["A100"]  # no recording
+    assert load_prior(store, a100.device_key, problem, recording=a100.sha256) is None
+    import_kerneltuner(store, load_kerneltuner(CONV_A4000))
+    prior = load_prior(store, a100.device_key, problem, recording=a100.sha256)
+    assert [s.device_key for s in prior.sources] == ["NVIDIA RTX A4000"]
+
+
+def test_the_transfer_line_says_what_reached_this_search():
+    """Seeds counted as proposed only when the sampler proposed them (a short run's enqueued
+    Inductor seeds can take every trial); a source none of whose configs is in this space says so;
+    a space too large to enumerate takes no prior."""
+    import types
+
+    import optuna
+
+    from zhantune.search import FeasibleTPESampler, run_search
+    from zhantune.search.feasible import enumerate_feasible
+    from zhantune.search.transfer import Prior, Source, transfer_text
+
+    replay = load_kerneltuner(CONV_A100)
+    space = replay.space()
+    (branch,) = space.branches
+    tuned = [p.name for p in branch.params if p.distribution is not None]
+    points = [{n: e[n] for n in tuned} for e in list(replay.cache.values())[:40]]
+    hashes = [branch.candidate(p).config_hash for p in points]
+    prior = Prior({h: float(i) for i, h in enumerate(hashes[:10])},
+                  [Source("shape", "gpu", "p1", 10, 1.0, frozenset(hashes[:10])),
+                   Source("shape", "gpu", "p2", 2, 2.0, frozenset({"elsewhere-1", "elsewhere-2"}))])
+    sampler = FeasibleTPESampler(seed=0)
+    sampler.set_prior(prior.scores)
+    study = optuna.create_study(sampler=sampler)
+    feasible = enumerate_feasible(space, {})
+    for row in (100, 101):  # the tune's enqueued seeds (Inductor's), measured first
+        assert feasible.trial_params(row) not in points[:10]
+        study.enqueue_trial(feasible.trial_params(row))
+    run_search(study, space, {}, lambda c, n: 1.0, n_trials=2)
+    text = transfer_text(prior, sampler)
+    assert sampler.prior_seeds_proposed == 0
+    assert "their 3 best config(s) were not proposed in this run: Inductor's own seeds" in text, text
+    assert "p1 (10, distance 1.00), p2 (2, none in this space, distance 2.00)" in text, text
+    order: list[str] = []
+    run_search(study, space, {}, lambda c, n: order.append(c.config_hash) or 1.0, n_trials=6)
+    assert order[:3] == hashes[:3] and sampler.prior_seeds_proposed == 3
+    assert "3 of their 3 best config(s) were proposed in this run" in transfer_text(prior, sampler)
+    huge = types.SimpleNamespace(feasible_set=None, prior_scored=None)
+    assert transfer_text(prior, huge).startswith("transfer: not used: ")
+    assert "too large to enumerate" in transfer_text(prior, huge)
+
+
+def test_a_shape_prior_gives_seeds_however_much_it_covers():
+    """The transfer model's premise (another device's ranking holds here, scaled) was measured
+    between devices only: a neighbouring shape scoring most of a small space (a CPU's 50 points) gives
+    seeds (set_prior(model=False)), as docs/search.md says."""
+    from zhantune.search import FeasibleTPESampler
+
+    replay = load_kerneltuner(CONV_A100)
+    space = replay.space()
+    (branch,) = space.branches
+    tuned = [p.name for p in branch.params if p.distribution is not None]
+    scores = {branch.candidate({n: e[n] for n in tuned}).config_hash: float(i)
+              for i, e in enumerate(replay.cache.values())}
+    for model, complete in ((True, True), (False, False)):
+        sampler = FeasibleTPESampler(seed=0)
+        sampler.set_prior(scores, model=model)
+        sampler.bind(space, {})
+        assert sampler.prior_complete is complete
+        assert sampler.prior_seed_count == (0 if complete else 3)
 
 
 def test_a_device_with_an_empty_key_is_never_a_source(tmp_path):

@@ -283,10 +283,10 @@ class _Tune:
 
     def _use_prior(self, sampler: optuna.samplers.BaseSampler) -> None:
         """search.transfer=auto: hand the sampler what the storage holds about this problem elsewhere
-        (zhantune.search.transfer.load_prior). Samplers without ``set_prior`` (all but the default)
-        start cold; the summary says so."""
+        (transfer.load_prior); samplers without ``set_prior`` (all but the default) start cold, as the summary says."""
         run, result = self.run_spec, self.result
-        prior = None if run.search.transfer == "off" else load_prior(self.store, run.device.key, run.problem)
+        prior = None if run.search.transfer == "off" else load_prior(  # a replay's own file is never "another device"
+            self.store, run.device.key, run.problem, kind=run.device.kind, recording=getattr(run.replay, "sha256", None))
         if prior is None:
             return
         set_prior = getattr(sampler, "set_prior", None)
@@ -294,7 +294,7 @@ class _Tune:
             result.transfer_text = (f"transfer: not used: search={run.search.name} takes no prior "
                                     f"({prior.describe()} available; the default search uses them)")
             return
-        set_prior(prior.scores)
+        set_prior(prior.scores, model=prior.kind == "device")  # shapes: seeds only (docs/search.md)
         result.transfer = prior
 
     # -- the search ---------------------------------------------------------------------------

@@ -1,33 +1,26 @@
 """zhantune's default search strategy: TPE over the enumerated feasible set, then a local search.
 
 Kernel spaces are finite and full of holes (constraints, configurations that do not compile), and a
-trial costs seconds. Optuna's TPE draws candidates from its Parzen estimator over the whole box and
-keeps the best of ``n_ei_candidates`` draws: many draws land on infeasible or already-measured points.
-This sampler keeps TPE's model (Bergstra et al. 2011: the density ratio l(x)/g(x) between the best
-``gamma`` share of the measured points and the rest, with Aitchison-Aitken kernels for categorical
-values, as in Optuna's multivariate TPE) but maximises it exactly over every feasible point not yet
-measured, so every trial measures something new and feasible. After ``n_model_trials`` measured
-trials it searches locally: the best-scoring unmeasured point at Hamming distance 1 from the best
-point so far (then 2), a published recipe for categorical spaces (trust regions over Hamming
-distance, Wan et al. 2021, CASMOPOLITAN), falling back to the global maximum when the neighbourhood is
-exhausted. From the first model trial on, every ``cold_model_every``-th proposal (3) comes instead
-from a Bayesian linear model of log time on one-hot parameter values (the transfer model below with
-no source), by Thompson sampling over every unmeasured point: TPE's density ratio keeps a seed in the
-basin of its first good points, the per-value model proposes what its posterior draw says is best
-anywhere (docs/search.md, "Cold start": on the replayed GPU files, 429 against 486 of 600 runs within
-1.10x of the optimum, 71.5% and 81%).
+trial costs seconds; Optuna's TPE keeps the best of ``n_ei_candidates`` draws over the whole box, many
+of them infeasible or measured. This sampler keeps TPE's model (the density ratio l(x)/g(x) between
+the best ``gamma`` share of the measured points and the rest, Aitchison-Aitken kernels; Bergstra et
+al. 2011, Optuna's multivariate TPE) and maximises it exactly over the unmeasured feasible points.
+After ``n_model_trials`` it searches locally: the best-scoring unmeasured point at Hamming distance 1
+from the best so far (trust regions over Hamming distance, Wan et al. 2021, CASMOPOLITAN), globally
+when that is exhausted. Every ``cold_model_every``-th proposal (3) comes from a Bayesian linear model
+of log time on one-hot parameter values (the transfer model with no source), by Thompson sampling
+over every unmeasured point (docs/search.md, "Cold start": 486 against 429 of 600 replayed runs
+within 1.10x of the optimum).
 
 Transfer (:meth:`set_prior`, zhantune.search.transfer): with scores for most configs (other
 devices' measurements of this problem), two of every three proposals come from the transfer model
-(zhantune.search.surrogate.TransferModel: this device's log time as the other devices' score plus
-per-value effects, Thompson sampling) and the third from TPE's density ratio inside the best
-``transfer_quantile`` of the scored configs (the *region*, while the best point measured here lies
-inside it), with its local search; with scores for a few (a neighbouring shape's short tune), their
-best configs are proposed first, then the cold search. docs/search.md has the measurements.
+(zhantune.search.surrogate.TransferModel, Thompson sampling) and the third from TPE inside the best
+``transfer_quantile`` of the scored configs (the *region*); with scores for a few (or from
+neighbouring shapes), their best configs are proposed first, then the cold search.
 
-The sampler needs the space: :func:`zhantune.search.driver.run_search` calls :meth:`bind` before the
-first trial. The study (trials of every worker sharing the storage) is its only state, so several
-workers can use one study. Spaces too large to enumerate fall back to Optuna's multivariate TPE.
+:func:`zhantune.search.driver.run_search` calls :meth:`bind` before the first trial. The study
+(trials of every worker sharing the storage) is its only state, so several workers can use one
+study. Spaces too large to enumerate fall back to Optuna's multivariate TPE.
 """
 
 from __future__ import annotations
@@ -135,7 +128,11 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         #: the scores filled in (TransferModel.filled) with the rows in their order, best first
         self._region: np.ndarray | None = None
         self._filled = self._order = np.zeros(0)
-        self._prior_complete = False
+        self._prior_complete, self._prior_model = False, True
+        #: the config hashes of the feasible points the prior scores, and how many of its seeds this
+        #: sampler proposed (a short run's enqueued seeds may take every trial): for the summary
+        self.prior_hashes: set[str] | None = None
+        self.prior_seeds_proposed = 0
         self._feasible: FeasibleSet | None = None
         #: the point chosen in before_trial for each running trial of this process, by trial number
         #: (a point asked ahead, with compile ahead, counts as tried before the storage says so)
@@ -161,33 +158,36 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
             self._one_hot = one_hot(fs.codes, fs.sizes)
         self._bind_prior()
 
-    def set_prior(self, scores: dict[str, float] | None) -> None:
+    def set_prior(self, scores: dict[str, float] | None, model: bool = True) -> None:
         """Scores of configs measured elsewhere, by config hash (lower is better: the mean log
         regret of zhantune.search.transfer.Prior; inf for a config that failed there); None: none.
-        Takes effect at :meth:`bind` (or at once when already bound)."""
+        ``model``: a complete prior may drive the transfer model (other devices' rankings); False:
+        seeds only, however many configs it scores (neighbouring shapes: the model's premise, a
+        ranking that holds here scaled, is measured between devices, not between shapes). Takes
+        effect at :meth:`bind` (or at once when already bound)."""
         self._prior = dict(scores) if scores else None
+        self._prior_model = model
         if self._feasible is not None:
             self._bind_prior()
 
     def _bind_prior(self) -> None:
-        """Map the prior's scores to feasible rows. A complete prior (scores for at least half of
-        the feasible set) drives the proposals (the transfer model's and TPE's in the region, the
-        best ``transfer_quantile`` of the scored rows); a partial one (a 16-trial tune of a
-        neighbouring shape) gives the seeds, its ``transfer_seeds`` best configs, proposed first."""
+        """Map the prior's scores to feasible rows. A complete prior (scores for at least half of the
+        feasible set; ``model``) drives the proposals (the transfer model's and TPE's in the region,
+        its best ``transfer_quantile``); a partial one gives its ``transfer_seeds`` best, proposed first."""
         fs = self._feasible
         self._seed_rows, self._score, self._region = np.zeros(0, dtype=np.int64), None, None
-        self._prior_complete = False
+        self._prior_complete, self.prior_hashes, self.prior_seeds_proposed = False, None, 0
         if fs is None or not self._prior:
             return
-        score = np.full(len(fs), np.nan)
+        score, self.prior_hashes = np.full(len(fs), np.nan), set()
         for row, (branch, values) in enumerate(fs.points):
-            value = self._prior.get(branch.candidate(values).config_hash)
-            if value is not None:
+            if (value := self._prior.get(chash := branch.candidate(values).config_hash)) is not None:
                 score[row] = value
+                self.prior_hashes.add(chash)
         scored = np.flatnonzero(~np.isnan(score))
         if not len(scored):
             return
-        self._score, self._prior_complete = score, 2 * len(scored) >= len(fs)
+        self._score, self._prior_complete = score, self._prior_model and 2 * len(scored) >= len(fs)
         order = scored[np.argsort(score[scored], kind="stable")]  # ties: by row, deterministic
         if self._prior_complete:
             self._filled = self._model.filled(score)
@@ -215,7 +215,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
 
     @property
     def prior_seed_count(self) -> int:
-        """How many best-scored configs of the prior are proposed first."""
+        """How many best-scored configs of the prior are proposed first (after the enqueued seeds)."""
         return len(self._seed_rows)
 
     @property
@@ -295,6 +295,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         n_startup = self.n_startup_trials
         for row in self._seed_rows:  # transfer: the best configs elsewhere first
             if unseen[row]:
+                self.prior_seeds_proposed += 1
                 return int(row)
         if self._prior_complete:
             every = self.transfer_tpe_every

@@ -3,9 +3,15 @@
 Two kinds of source, read from the same storage the tune writes to:
 
 * **other devices, same problem** (a GEMM of the same op, shape, dtype, activation and weight
-  layout, i.e. the same problem key; a Kernel Tuner import of the same kernel and problem size);
+  layout, i.e. the same problem key; a Kernel Tuner import of the same kernel and problem size), of
+  the same kind as this one (a CPU's configs are not a GPU's); a device holding the very recording
+  this run replays (the same file's sha256 under another device name: a merge, a copied file) is
+  this device, not another;
 * when there is none, for a GEMM: **neighbouring shapes on this device** (same op, dtype,
   activation and weight layout; the ``max_shapes`` nearest in log2 space of M, N, K and B).
+
+Rows of every torch release count: a prior only orders the proposals, and every claim the tune
+makes is measured in this run.
 
 A source's measurements become per-config *log regrets*: ln(time / that source's best time), with
 each config at its lowest decision statistic (zhantune.bench.decision.best_per_config, as compare and
@@ -45,6 +51,7 @@ class Source:
     problem_key: str
     measured: int        # distinct configs measured there (failures included)
     distance: float = 0.0  # shape sources: log2-space distance to the problem being tuned
+    configs: frozenset[str] = field(default=frozenset(), compare=False, repr=False)  # their config hashes
 
 
 @dataclass
@@ -62,15 +69,20 @@ class Prior:
     def measurements(self) -> int:
         return sum(s.measured for s in self.sources)
 
-    def describe(self) -> str:
+    def describe(self, here: set[str] | None = None) -> str:
         """One line for the summary, e.g. ``4,195 prior measurement(s) of this problem from 1 other
-        device: NVIDIA RTX A4000 (4,195)``."""
+        device: NVIDIA RTX A4000 (4,195)`` (distinct configs measured per source). ``here``: the
+        config hashes of this space's feasible points; a source with none of them says so."""
+        def count(src: Source) -> str:
+            if here is None or not src.configs or src.configs & here:
+                return f"{src.measured:,}"
+            return f"{src.measured:,}, none in this space"
         if self.kind == "device":
             where = f"of this problem from {len(self.sources)} other device(s): "
-            items = [f"{s.device_key} ({s.measured:,})" for s in self.sources]
+            items = [f"{s.device_key} ({count(s)})" for s in self.sources]
         else:
             where = f"of {len(self.sources)} neighbouring shape(s) on this device: "
-            items = [f"{s.problem_key} ({s.measured:,}, distance {s.distance:.2f})" for s in self.sources]
+            items = [f"{s.problem_key} ({count(s)}, distance {s.distance:.2f})" for s in self.sources]
         return f"{self.measurements():,} prior measurement(s) {where}{', '.join(items)}"
 
 
@@ -89,18 +101,26 @@ def _log_regrets(rows: list[Any]) -> dict[str, float]:
     return out
 
 
-def device_sources(store: Store, device_key: str, problem_key: str) -> list[tuple[Source, dict[str, float]]]:
-    """The same problem measured on other devices (devices with an empty key, which an older import
-    could make from files without a device name, are never used), by device key."""
-    pid, devices = store.other_devices(problem_key, device_key)
+def device_sources(store: Store, device_key: str, problem_key: str, kind: str | None = None,
+                   recording: str | None = None) -> list[tuple[Source, dict[str, float]]]:
+    """The same problem measured on other devices of ``kind`` (None: any), by device key. Never
+    used: devices with an empty key (an older import of files without a device name could make
+    one), and devices holding ``recording`` (the sha256 of the Kernel Tuner file this run replays:
+    the same recording stored under another device name is this device's own data)."""
+    from zhantune.storage.ingest import file_digest
+
+    pid, devices = store.other_devices(problem_key, device_key, kind)
     if pid is None:
         return []
+    if recording is not None:
+        devices = [(did, key) for did, key in devices
+                   if all(file_digest(config) != recording for _, config in store.studies_holding(key, problem_key))]
     rows = store.measured_configs([(did, pid) for did, _ in devices])
     out = []
     for did, key in devices:
         regrets = _log_regrets(rows.get((did, pid), []))
         if any(math.isfinite(v) for v in regrets.values()):
-            out.append((Source("device", key, problem_key, len(regrets)), regrets))
+            out.append((Source("device", key, problem_key, len(regrets), configs=frozenset(regrets)), regrets))
     return out
 
 
@@ -126,18 +146,22 @@ def shape_sources(store: Store, device_key: str, problem: Any, max_shapes: int =
     for distance, key, pid in others:
         regrets = _log_regrets(rows.get((did, pid), []))
         if any(math.isfinite(v) for v in regrets.values()):
-            out.append((Source("shape", device_key, key, len(regrets), distance), regrets))
+            out.append((Source("shape", device_key, key, len(regrets), distance, frozenset(regrets)), regrets))
         if len(out) == max_shapes:
             break
     return out
 
 
-def load_prior(store: Store, device_key: str, problem: Any, max_shapes: int = 2) -> Prior | None:
+def load_prior(store: Store, device_key: str, problem: Any, max_shapes: int = 2, kind: str | None = None,
+               recording: str | None = None) -> Prior | None:
     """The prior for tuning ``problem`` (a GemmProblem or a replayed problem) on ``device_key``:
-    other devices' measurements of the same problem, else (GEMMs) neighbouring shapes on this
-    device; None when the storage holds neither. The caller checks the storage's stored times first
-    (Store.check_readable: the tune app does, once, when it opens the database)."""
-    found = device_sources(store, device_key, problem.key) or shape_sources(store, device_key, problem, max_shapes)
+    other devices' measurements of the same problem (devices of ``kind``, None: any; never one
+    holding ``recording``, the sha256 of the file a replay replays: :func:`device_sources`), else
+    (GEMMs) neighbouring shapes on this device; None when the storage holds neither. The caller
+    checks the storage's stored times first (Store.check_readable: the tune app does, once, when it
+    opens the database)."""
+    found = (device_sources(store, device_key, problem.key, kind, recording)
+             or shape_sources(store, device_key, problem, max_shapes))
     if not found:
         return None
     sums: dict[str, list[float]] = defaultdict(list)
@@ -153,16 +177,23 @@ def transfer_text(prior: Prior, sampler: Any) -> str:
     (zhantune.search.FeasibleTPESampler's seeds, or its transfer model)."""
     scored = getattr(sampler, "prior_scored", None)
     feasible = len(sampler.feasible_set) if getattr(sampler, "feasible_set", None) is not None else None
-    text = f"transfer: {prior.describe()}"
-    if scored is None or feasible is None:
+    if feasible is None:
+        return (f"transfer: not used: {prior.describe()}; this space is too large to enumerate, and the "
+                "search over it is Optuna's multivariate TPE, which takes no prior")
+    text = f"transfer: {prior.describe(getattr(sampler, 'prior_hashes', None))}"
+    if scored is None:
         return text + "; none of their configs is in this space"
-    seeds = sampler.prior_seed_count
-    if seeds:
-        text += f"; their {seeds} best config(s) were proposed before the sampler's own picks"
+    seeds, proposed = sampler.prior_seed_count, getattr(sampler, "prior_seeds_proposed", 0)
+    if seeds and proposed:
+        text += (f"; {proposed} of their {seeds} best config(s) were proposed in this run, after Inductor's "
+                 "own seeds and before the sampler's own picks")
+    elif seeds:
+        text += (f"; their {seeds} best config(s) were not proposed in this run: Inductor's own seeds, "
+                 "measured first, took its trials (or the configs were measured before)")
     if sampler.prior_complete:
         text += (f"; with their scores for {scored:,} of {feasible:,} feasible configs, proposals came from a "
                  "model of this device's times as their ranking plus per-parameter-value effects, fitted to "
                  "the results here")
         if getattr(sampler, "transfer_tpe_every", 0):
             text += f", and from TPE within their best {sampler.prior_region_size:,}"
-    return text + " (search.transfer=off: a cold start)"
+    return text + " (search.transfer=off for a cold start)"

@@ -139,9 +139,11 @@ class ReportQueries:
                     out.setdefault((row.device_id, row.problem_id), []).append(row)
         return out
 
-    def other_devices(self, problem_key: str, device_key: str) -> tuple[int | None, list[tuple[int, str]]]:
-        """(the problem's id, [(device id, key), ...] of the other devices that measured it, by key);
-        devices with an empty key (an older import of files without a device name) are left out."""
+    def other_devices(self, problem_key: str, device_key: str,
+                      kind: str | None = None) -> tuple[int | None, list[tuple[int, str]]]:
+        """(the problem's id, [(device id, key), ...] of the other devices of ``kind`` (None: any)
+        that measured it, by key); devices with an empty key (an older import of files without a
+        device name) are left out."""
         with self.session() as s:
             problem = s.scalar(select(m.Problem).where(m.Problem.key == problem_key))
             if problem is None:
@@ -150,6 +152,8 @@ class ReportQueries:
                  .join(_M, _M.device_id == m.Device.id)
                  .where(_M.problem_id == problem.id, m.Device.key != device_key, m.Device.key != "")
                  .distinct().order_by(m.Device.key))
+            if kind is not None:
+                q = q.where(m.Device.kind == kind)
             return problem.id, [(did, key) for did, key in s.execute(q)]
 
     def neighbour_problems(self, device_key: str, fields: dict[str, Any],
