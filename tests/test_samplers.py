@@ -281,6 +281,27 @@ def test_a_target_under_an_allowed_prefix_must_resolve_to_a_sampler_class(tmp_pa
     assert isinstance(nested, optuna.samplers.PartialFixedSampler)
 
 
+def test_an_escaped_interpolation_cannot_build_a_target_after_the_check(cli, tmp_path):
+    """The spec arrives resolved, so an escaped ``\\${oc.create:{_target_: ...}}`` arrived as a plain
+    string that instantiate resolved again, building a node whose ``_target_`` no check saw: it ran
+    os.makedirs from a command-line override (a review's finding). Any ``${`` in an instantiated
+    value is refused, and Hydra's own instantiated configs (callbacks) take no override."""
+    made = tmp_path / "made"
+    with pytest.raises(ConfigError, match=r"search.sampler.x=.*an interpolation is not allowed"):
+        make_sampler({"_target_": "optuna.samplers.RandomSampler",
+                      "x": "${oc.create:{_target_:os.makedirs,_args_:['" + str(made) + "']}}"})
+    assert not made.exists()
+    r = cli(["+op=mm", "shape=[64,64,64]", "device=cpu",
+             "+search.sampler.x=\"\\${oc.create:{_target_:os.makedirs,_args_:['" + str(made) + "']}}\""],
+            tmp_path, module="zhantune.space")
+    assert r.returncode == 2 and "an interpolation is not allowed" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not made.exists()
+    r = cli(["current", "storage.url=sqlite:///none.db", "+hydra.callbacks.x._target_=os.makedirs",
+             f"+hydra.callbacks.x._args_=['{made}']"], tmp_path, module="zhantune.db")
+    assert r.returncode == 2 and "such overrides are not allowed" in r.stderr, r.stderr
+    assert not made.exists()
+
+
 def _best_ratio(strategy, seed: int, path: Path) -> float:
     replay = load_kerneltuner(path)
     bench = ReplayBenchmarker(replay)

@@ -37,7 +37,8 @@ def user_error(e: UserError | str) -> None:
 
 
 def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
-    """The message for the first override choosing a config-group option that does not exist."""
+    """The message for the first override choosing a config-group option that does not exist, or
+    naming code for Hydra to instantiate (``hydra.callbacks``, any ``_target_`` or ``()`` under ``hydra.``)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     overrides = [a for a in args if not a.startswith("-")]
@@ -47,6 +48,9 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
         return None  # Hydra reports syntax errors itself
     for o in parsed:
         group = o.key_or_group
+        if group.startswith("hydra.") and (group.startswith("hydra.callbacks") or "_target_" in group or "()" in group):
+            return (f"override {o.input_line}: Hydra instantiates what it names (a callback, a launcher, a "
+                    "logging factory), outside zhantune's _target_ allowlist; such overrides are not allowed")
         if group not in _GROUPS or o.is_delete():
             continue
         available = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))

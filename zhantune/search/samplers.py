@@ -15,7 +15,7 @@ import optuna
 from hydra._internal.utils import _locate
 from hydra.utils import instantiate
 
-from zhantune.errors import ConfigError
+from zhantune.errors import ConfigError, shown
 
 __all__ = ["ALLOWED_TARGET_PREFIXES", "instantiate_allowed", "make_sampler"]
 
@@ -45,10 +45,18 @@ def _check_target(target: Any, where: str) -> None:
 
 
 def _check_targets(node: Any, where: str) -> None:
+    """Every nested ``_target_`` allowed, and no string holding ``${``: the spec arrives resolved,
+    so one is left only by an escaped ``\\${...}``, which instantiate resolves again (an
+    ``oc.create`` there builds a node whose ``_target_`` no check saw: arbitrary code, found in a
+    review)."""
+    if isinstance(node, str) and "${" in node:
+        raise ConfigError(f"{where}={shown(node)}: an interpolation is not allowed in a value that is "
+                          "instantiated (it would be resolved again, after the _target_ allowlist's check)")
     if isinstance(node, dict):
         if "_target_" in node:
             _check_target(node["_target_"], where)
         for k, v in node.items():
+            _check_targets(k, f"{where} key")
             _check_targets(v, f"{where}.{k}")
     elif isinstance(node, list):
         for i, v in enumerate(node):
