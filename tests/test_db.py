@@ -1151,6 +1151,27 @@ def test_a_verdicts_torch_that_no_run_writes_is_refused_by_readers_and_merge(tmp
         check_importable(store, "sources[0]")
 
 
+def test_a_gemm_row_named_like_a_kernel_tuner_template_is_still_allow_listed(tmp_path):
+    """merge skipped the tuning-knob allow-list for any row whose template_id started with
+    ``kerneltuner::``: a GEMM row relabelled so carried ``cpp.march`` into the target (a review's
+    finding). Only a Kernel Tuner problem's rows skip it."""
+    from zhantune.bench.recorded import load_kerneltuner
+    from zhantune.storage.ingest import import_kerneltuner
+    from zhantune.storage.merge import check_importable
+
+    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    import_kerneltuner(store, load_kerneltuner(A100))  # its rows: kerneltuner:: templates, its own parameters
+    check_importable(store, "sources[0]")
+    sid, dev = store.study_id("s", {}), store.device_id("d", "d", "cpu", {})
+    pid = store.problem_id("mm[M=4,N=4,K=4]:float32", op="mm", shape={"M": 4, "N": 4, "K": 4, "B": 1},
+                           dtype="float32", activation=None, lookup_op="mm", flops=128)
+    store.add_measurement(study_id=sid, device_id=dev, problem_id=pid, kind="candidate", status="ok",
+                          template_id="kerneltuner::x", params={"cpp.march": "native"}, median_us=1.0,
+                          torch_version="2.13.0")
+    with pytest.raises(StorageError, match=r"measurement \d+: params.cpp.march: .*nothing was merged"):
+        check_importable(store, "sources[0]")
+
+
 def test_every_stored_time_column_is_checked(tmp_path):
     """Store.check_readable over each time column and kind of bad value (the readers' check, tested
     through them above): 0, negative, text, NaN as text, SQLite's Inf (9e999)."""

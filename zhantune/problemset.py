@@ -26,7 +26,7 @@ from rich.markup import escape
 
 from zhantune.bench.conditions import ContentionCount
 from zhantune.config import CONF_DIR, OpConfig
-from zhantune.errors import ConfigError
+from zhantune.errors import ConfigError, shown
 
 __all__ = ["ProblemRun", "ProblemsResult", "resolve_problems", "tune_problems", "print_problems_summary",
            "measure_defaults", "write_problems", "read_problems", "allocate_trials", "PROBLEMS_FORMAT"]
@@ -89,6 +89,30 @@ def write_problems(path: str | Path, problems: list[Any], header: dict[str, Any]
     return path
 
 
+def _refuse_alias_bombs(path: str | Path, limit: int = 1_000_000) -> None:
+    """Raise ConfigError when the file's YAML, with its aliases expanded, holds over ``limit`` nodes
+    (a plain 1 MiB file holds fewer): nine anchors nine wide in 330 bytes expand to 9^9 nodes, and
+    loading a review's file took 56 s and 500 MB at depth 6, about an hour at depth 8. Counts on the
+    composed node graph, where an alias is the node it names: nothing expands."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        root = yaml.compose(f, Loader=yaml.SafeLoader)
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) not in sizes:
+            sizes[id(node)] = 1  # a node that contains itself counts once
+            children = ([c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode)
+                        else node.value if isinstance(node, yaml.SequenceNode) else [])
+            sizes[id(node)] = 1 + sum(size(c) for c in children)
+        return sizes[id(node)]
+
+    if root is not None and size(root) > limit:
+        raise ConfigError(f"problems={path}: its YAML aliases expand to {size(root):,} values, over the "
+                          f"{limit:,} a problems file may hold (python -m zhantune.collect writes no aliases)")
+
+
 def read_problems(path: str | Path) -> list[dict[str, Any]]:
     """The tunable problems of a problems file, checked; raises ConfigError naming the file and the
     key path (``problems.yaml: problems[1].shape: ...``)."""
@@ -100,9 +124,12 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
         raise ConfigError(f"problems={path}: {size:,} bytes, over the {MAX_PROBLEMS_BYTES >> 20} MiB a problems "
                           "file may hold (a model's file holds a few KiB: one entry per distinct GEMM)")
     try:
+        _refuse_alias_bombs(path)
         doc = OmegaConf.to_container(OmegaConf.load(path))
     except FileNotFoundError:
         raise ConfigError(f"problems={path}: no such file") from None
+    except ConfigError:
+        raise
     except Exception as e:
         raise ConfigError(f"problems={path}: not a YAML problems file: {str(e).splitlines()[0]}") from None
     if not isinstance(doc, dict) or doc.get("format") != PROBLEMS_FORMAT:
@@ -132,12 +159,19 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
                               f"allowed: {', '.join(layouts)}")
         GemmProblem.from_config(row["op"], row.get("shape"), row.get("dtype", "float32"),
                                 source=f"{at}.shape", weight_layout=row.get("weight_layout", "kn"))
-        for name in ("count",):
-            if not isinstance(row.get(name, 1), int) or row.get(name, 1) < 1:
-                raise ConfigError(f"{at}.{name}: {row.get(name)!r} must be a positive integer")
-        share = row.get("share")
-        if share is not None and (not isinstance(share, (int, float)) or not 0 <= share <= 1):
-            raise ConfigError(f"{at}.share: {share!r} must be a number in [0, 1] or null")
+        count, share, key = row.get("count", 1), row.get("share"), row.get("lookup_key")
+        if type(count) is not int or count < 1:  # not a bool: True is an int to isinstance
+            raise ConfigError(f"{at}.count: {shown(count)} must be a positive integer")
+        if share is not None and (type(share) not in (int, float) or not 0 <= share <= 1):
+            raise ConfigError(f"{at}.share: {shown(share)} must be a number in [0, 1] or null")
+        default_us = row.get("default_us")
+        if default_us is not None and (type(default_us) not in (int, float) or not 0 < default_us < float("inf")):
+            raise ConfigError(f"{at}.default_us: {shown(default_us)} must be a positive number of microseconds or null")
+        if key is not None and not (isinstance(key, str) and key.isprintable()):
+            raise ConfigError(f"{at}.lookup_key: {shown(key)} must be one line of text (an Inductor lookup key) or null")
+        for name, kind in (("inputs", list), ("scalars", dict)):
+            if row.get(name) is not None and not isinstance(row[name], kind):
+                raise ConfigError(f"{at}.{name}: {shown(row[name])} must be a {kind.__name__} or null")
         same = (row["op"], str(row["shape"]), row.get("dtype", "float32"), row.get("weight_layout", "kn"),
                 row.get("lookup_key"))
         if same in seen:

@@ -48,9 +48,10 @@ FAILURE_STATUS = {
 }
 
 _REQUIRED_KEYS = ("device_name", "kernel_name", "problem_size", "tune_params_keys", "tune_params", "cache")
-#: the largest Kernel Tuner cache file read, decompressed (the shipped ones: 4.7 to 16.5 MB; a
-#: compressed file of 1 MiB can hold 1 GiB of blanks, which json.load took 2.4 GB of memory to read)
-MAX_KT_BYTES = 512 << 20
+#: the largest Kernel Tuner cache file read, decompressed (the shipped ones: 4.7 to 16.5 MB). JSON of
+#: small objects takes up to ~29 bytes of memory per byte read (a review measured 963 MB for 33 MiB
+#: of ``{},``): 512 MiB, the cap before, let a 0.5 MB gzip file take ~15 GB; 128 MiB bounds it at ~4 GB
+MAX_KT_BYTES = 128 << 20
 TEMPLATE_PREFIX = "kerneltuner::"
 _NO_INDUCTOR = "a Kernel Tuner file records no Inductor compile"
 
@@ -232,6 +233,8 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
         raise ConfigError(f"{source}={path}: not a Kernel Tuner cache file (JSON): {why}") from None
     except RecursionError:
         raise ConfigError(f"{source}={path}: not a Kernel Tuner cache file: JSON nested too deeply") from None
+    except MemoryError:
+        raise ConfigError(f"{source}={path}: not read: its JSON does not fit in this machine's memory") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}={path}: not a Kernel Tuner cache file: top level is not an object")
     missing = [k for k in _REQUIRED_KEYS if k not in data]

@@ -72,7 +72,8 @@ def check_importable(source: Store, where: str) -> None:
       tables or in the Optuna studies it copies; a device kind other than cpu or cuda;
     * a measurement or verdict naming a device, problem, study or environment row that is not there;
     * a time or ratio that is not a positive, finite number (zhantune.storage.reads.TIME_COLUMNS);
-    * an Inductor measurement (any row but a Kernel Tuner replay's, template_id ``kerneltuner::...``)
+    * an Inductor measurement (any row but a Kernel Tuner replay's: template_id ``kerneltuner::...``
+      on a Kernel Tuner problem)
       that sets anything but allow-listed tuning knobs (zhantune.inductor.knobs: what a table
       exported from the merged database may ship);
     * what export writes into a table's keys that is not one line of Inductor's key format: a
@@ -130,9 +131,12 @@ def check_importable(source: Store, where: str) -> None:
     if bad is not None:
         refuse(f"{bad} is not one line of printable text")
     _check_optuna_studies(source, {st.name for st in rows[m.Study]}, refuse)
+    # a Kernel Tuner kernel's parameters (its template id on its problem, which has no lookup key):
+    # never an Inductor table's; the prefix alone let any GEMM row skip the allow-list (a review)
+    recorded = {p.id for p in rows[m.Problem] if p.key.startswith("kerneltuner:") and p.lookup_key is None}
     for r in rows[m.MeasurementRow]:
-        if str(r.template_id or "").startswith(TEMPLATE_PREFIX):
-            continue  # a Kernel Tuner kernel's parameters: never an Inductor table's
+        if str(r.template_id or "").startswith(TEMPLATE_PREFIX) and r.problem_id in recorded:
+            continue
         bad = stored_params_problem(r.template_id, r.params, kinds[r.device_id])
         if bad:
             refuse(f"measurement {r.id}: params.{bad[0]}: {bad[1]}")
