@@ -724,6 +724,49 @@ def test_a_target_that_refuses_writes_is_one_line(cli, tmp_path, postgres):
     engine.dispose()
 
 
+def _run(url: str, workdir: Path, **kw) -> None:
+    p = _worker(url, workdir, kw.pop("n_trials", 0), **kw)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-2000:]
+
+
+def test_a_study_continued_on_two_machines_merges_once_and_back(cli, tmp_path):
+    """A study copied to a second machine and continued on both: merging one into the other stored
+    the clashing trials without trial numbers, and every later merge of the same source (or of the
+    merged database back) added them again, 3 more rows each time; and a hub's renamed copy of a
+    spoke's run, merged back into the spoke, became a second study of that run (a review's findings)."""
+    a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    _run(a, tmp_path / "w", n_trials=5)
+    shutil.copy(tmp_path / "a.db", tmp_path / "b.db")
+    _run(a, tmp_path / "w", more=3, seed=1)
+    _run(b, tmp_path / "w", more=3, seed=2)
+
+    def merge(source: str, target: str) -> str:
+        r = cli(["merge", f"sources=[{source}]", f"storage.url={target}"], tmp_path, module="zhantune.db")
+        assert r.returncode == 0, r.stderr
+        return " ".join(r.stdout.split())
+
+    assert "+3 measurement(s), 5 already there" in merge(b, a)
+    assert "+0 measurement(s), 8 already there" in merge(b, a)   # again: nothing
+    assert "+3 measurement(s), 8 already there" in merge(a, b)   # back: a's own 3 only
+    assert "+0 measurement(s)" in merge(a, b) and "+0 measurement(s)" in merge(b, a)
+    for url in (a, b):
+        rows = _candidates(url)
+        assert len(rows) == 11 and len({(r.created_at, r.config_hash) for r in rows}) == 11
+    # a hub: two machines' runs of one study name; the hub merged back into one of them
+    laptop, desktop, team = (f"sqlite:///{tmp_path / n}.db" for n in ("laptop", "desktop", "team"))
+    _run(laptop, tmp_path / "w", n_trials=4, seed=1)
+    _run(desktop, tmp_path / "w", n_trials=4, seed=2)
+    merge(laptop, team)
+    assert "1 renamed" in merge(desktop, team)
+    back = merge(team, desktop)
+    assert "+4 measurement(s), 4 already there" in back and "1 new stud(y/ies), 0 renamed" not in back, back
+    store = Store(desktop)
+    with store.session() as s:
+        names = sorted(s.scalars(select(m.Study.name)))
+    assert len(names) == 2 and sum(" [from " not in n for n in names) == 1, names  # its own run once, the laptop's
+
+
 def test_one_kernel_tuner_file_imported_into_two_databases_merges_once(cli, tmp_path):
     """Importing a file again into one database adds nothing ("already imported"); imported into two
     databases that are then merged, it was stored twice (the second study renamed, started at

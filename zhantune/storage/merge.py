@@ -236,9 +236,12 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
             # every time, not only for a new study: an interrupted merge's half-copied study is completed
             _copy_optuna_study(source.url, target.url, st.name, name)
     with target.session() as t:
-        have = {(sid, n, _as_naive(c), h) for sid, n, c, h in t.execute(
-            select(m.MeasurementRow.study_id, m.MeasurementRow.trial_number, m.MeasurementRow.created_at,
-                   m.MeasurementRow.config_hash))}
+        M = m.MeasurementRow
+        stored = list(t.execute(select(M.study_id, M.trial_number, M.created_at, M.config_hash, M.kind, M.median_us)))
+        have = {(sid, n, _as_naive(c), h) for sid, n, c, h, _, _ in stored}
+        # a row copied before with its trial number taken (stored without one) is the same row: a
+        # second merge of that source, or this database merged back, added it again (a review)
+        same_run = {(sid, _as_naive(c), h, kind, us) for sid, _, c, h, kind, us in stored}
         taken = {(sid, n) for sid, n, _, _ in have if n is not None}
         numbered = {(sid, n, h) for sid, n, _, h in have if n is not None}
         for r in rows:
@@ -247,7 +250,7 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
                 stats.measurements_skipped += 1  # the same file's row, imported at another time
                 continue
             key = (sid, r.trial_number, _as_naive(r.created_at), r.config_hash)
-            if key in have:
+            if key in have or (sid, key[2], r.config_hash, r.kind, r.median_us) in same_run:
                 stats.measurements_skipped += 1
                 continue
             fields = {k: getattr(r, k) for k in _COPIED}
@@ -257,6 +260,7 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
             t.add(m.MeasurementRow(study_id=sid, device_id=dev_map[r.device_id], problem_id=prob_map[r.problem_id],
                                 environment_id=env_map.get(r.environment_id), **fields))
             have.add(key)
+            same_run.add((sid, key[2], r.config_hash, r.kind, r.median_us))
             if fields["trial_number"] is not None:
                 taken.add((sid, fields["trial_number"]))
             stats.measurements_added += 1
@@ -275,6 +279,11 @@ def _target_study(t: Session, st: m.Study, label: str, device_key: str | None = 
     the source's is the later."""
     start = _as_naive(st.started_at)
     same = t.scalar(select(m.Study).where(m.Study.name == st.name))
+    base = st.name.split(" [from ", 1)[0]  # a copy renamed by an earlier merge: the run it was copied from
+    original = t.scalar(select(m.Study).where(m.Study.name == base)) if base != st.name else None
+    if original is not None and _as_naive(original.started_at) == start:  # merged back where it ran (a review)
+        _take_end(original, st)
+        return original.id, original.name, False
     if _imported(st) and device_key is not None:  # the same file imported in both, whatever its name: the same data
         held = list(t.scalars(select(m.MeasurementRow.study_id).distinct()
                               .join(m.Device, m.Device.id == m.MeasurementRow.device_id).where(m.Device.key == device_key)))
