@@ -941,6 +941,20 @@ def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
     _saved_without_password(tmp_path / "hydra", [r], shown)
 
 
+def test_a_password_the_override_grammar_splits_is_refused_before_anything_is_saved(cli, tmp_path):
+    """``sources=[postgresql+psycopg://u:Se,cRET9@h/db]`` unquoted: Hydra's list grammar splits it at
+    the comma, and the tail ``cRET9@h/db`` was saved in .hydra/config.yaml, masked nowhere (a
+    review's finding). Refused before Hydra runs, naming no part of the password; quoted, it passes."""
+    r = cli(["merge", "sources=[postgresql+psycopg://tuner:Se,cRET9@127.0.0.1:1/zt]", "storage.url=sqlite:///t.db"],
+            tmp_path, module="zhantune.db")
+    assert r.returncode == 2 and "grammar splits or drops" in r.stderr and "cRET9" not in r.stdout + r.stderr
+    assert not (tmp_path / "hydra").exists()  # nothing saved
+    r = cli(["merge", "sources=['postgresql+psycopg://tuner:Se,cRET9@127.0.0.1:1/zt']", "storage.url=sqlite:///t.db"],
+            tmp_path, module="zhantune.db")
+    assert r.returncode == 2 and "cannot open the database" in r.stderr and "grammar" not in r.stderr, r.stderr
+    assert not [p for p in (tmp_path / "hydra").rglob("*") if p.is_file() and "cRET9" in p.read_text()]
+
+
 def _saved_without_password(root: Path, results: list, shown: str, runs: int = 1) -> None:
     """No password in the commands' output, nor in Hydra's saved files under ``root`` (a multirun job's
     overrides escape colons); the ``runs`` runs saved under ``root`` (a run directory is re-used by
