@@ -941,6 +941,22 @@ def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
     _saved_without_password(tmp_path / "hydra", [r], shown)
 
 
+def test_merging_into_a_damaged_database_is_one_line_and_leaves_it(cli, tmp_path):
+    """A target whose schema page is damaged ("malformed database schema", a DatabaseError that is not
+    an OperationalError) was a traceback from the probe (a review's finding)."""
+    Store(f"sqlite:///{tmp_path / 'src.db'}").engine.dispose()
+    Store(f"sqlite:///{tmp_path / 'bad.db'}").engine.dispose()
+    with open(tmp_path / "bad.db", "r+b") as f:
+        f.seek(100)  # past the file header: the first page's b-tree of sqlite_schema
+        f.write(b"\x0d\x00\x00\x00\x05\x0f\x00" + b"\xee" * 3000)
+    before = _digest(tmp_path / "bad.db")
+    r = cli(["merge", f"sources=[sqlite:///{tmp_path / 'src.db'}]", f"storage.url=sqlite:///{tmp_path / 'bad.db'}"],
+            tmp_path, module="zhantune.db")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "not a readable database" in r.stderr and "left untouched" in r.stderr
+    assert _digest(tmp_path / "bad.db") == before
+
+
 def test_a_password_the_override_grammar_splits_is_refused_before_anything_is_saved(cli, tmp_path):
     """``sources=[postgresql+psycopg://u:Se,cRET9@h/db]`` unquoted: Hydra's list grammar splits it at
     the comma, and the tail ``cRET9@h/db`` was saved in .hydra/config.yaml, masked nowhere (a

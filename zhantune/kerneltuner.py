@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
-from zhantune.errors import ConfigError, UserError
+from zhantune.errors import ConfigError, UserError, shown
 
 if TYPE_CHECKING:  # zhantune.bench.recorded imports torch: the app checks its input first
     from zhantune.bench.recorded import KernelTunerFile
@@ -64,6 +64,8 @@ def _import_app(cfg: DictConfig) -> None:
         if not files:
             raise ConfigError("no files given; use files=[A.json.gz,B.json.gz] (Kernel Tuner cache files)")
         for f in files:  # before the heavy imports
+            if not isinstance(f, str) or not f:  # files=[1], [null], [[a]]: was a TypeError traceback
+                raise ConfigError(f"files=[...]: {shown(f)} is not a file path; give paths, e.g. files=[A.json.gz]")
             if not Path(f).exists():
                 raise ConfigError(f"files={f}: no such file")
         devices = _check_devices(files, OmegaConf.to_container(cfg.devices) if OmegaConf.is_list(cfg.devices)

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from zhantune import interrupt
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import register
-from zhantune.errors import StorageError, TableError, UserError
+from zhantune.errors import ConfigError, StorageError, TableError, UserError
 
 __all__ = ["main"]
 
@@ -35,6 +35,8 @@ def _replay_app(cfg: DictConfig) -> None:
     from zhantune.request import check_device_spec, check_file
 
     try:  # before the heavy imports
+        if OmegaConf.is_missing(cfg, "table"):  # ??? in replay.yaml: was Hydra's MissingMandatoryValue traceback
+            raise ConfigError("no table given; use table=PATH (a lookup table JSON, e.g. python -m zhantune.export's)")
         check_file(cfg.table, "table")
         check_device_spec(cfg.device)
     except UserError as e:

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
 from zhantune.errors import StorageError
 from zhantune.paths import SQLITE_SIDE_FILES
@@ -309,6 +309,9 @@ def _probe(url: str, source: str) -> tuple[set[str], str | None]:
             return set(inspect(conn).get_table_names()), current_revision(conn)
     except OperationalError as e:
         raise StorageError(f"{source}={redact_url(url)}: cannot open the database: {first_line(e)}") from None
+    except DatabaseError as e:  # a damaged SQLite file ("database disk image is malformed"): was a traceback
+        raise StorageError(f"{source}={redact_url(url)}: not a readable database ({first_line(e)}); "
+                           "left untouched") from None
     finally:
         probe.dispose()
 
