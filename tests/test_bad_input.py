@@ -851,3 +851,22 @@ def test_an_older_torch_is_refused_in_one_line_before_anything_compiles_or_is_wr
     finally:
         torch.__version__ = real
     assert table_report() is report_before  # nothing was installed
+
+
+def test_a_recorded_failure_text_is_cut_and_escaped(tmp_path):
+    """A Kernel Tuner failure is a name in ``time`` (CompilationFailedConfig, ...); any other text
+    was the error as it was, printed on each trial line and stored: a review's file held 200 KB
+    ending in a terminal escape. Kernel Tuner's own names stay as they are."""
+    from zhantune.bench.recorded import ReplayBenchmarker, load_kerneltuner
+
+    odd = "X" * 200_000 + "\x1b[31m"
+    name = _raw_kt(tmp_path, {"x": [1, 2, 3]}, {"1": {"x": 1, "time": 1.0}, "2": {"x": 2, "time": odd},
+                                               "3": {"x": 3, "time": "CompilationFailedConfig"}})
+    replay = load_kerneltuner(tmp_path / name)
+    (branch,) = replay.space().branches
+    bench = ReplayBenchmarker(replay)
+    got = bench.measure(branch.candidate({"x": 2}))
+    assert got.status == "runtime_error" and len(got.error_text) < 100 and "\x1b" not in got.error_text
+    assert got.error_text.endswith("characters)")  # its length given
+    kt = bench.measure(branch.candidate({"x": 3}))
+    assert (kt.status, kt.error_text) == ("compile_error", "CompilationFailedConfig")

@@ -34,7 +34,7 @@ from zhantune.bench.recorded_checks import check_cache, check_fits, check_params
 from zhantune.bench.timing import summarize_us
 from zhantune.candidate import Candidate
 from zhantune.device import DeviceInfo
-from zhantune.errors import ConfigError
+from zhantune.errors import ConfigError, shown
 from zhantune.search.schema import Branch, Param, Space
 
 __all__ = ["KernelTunerFile", "ReplayProblem", "ReplayBenchmarker", "load_kerneltuner", "entry_times_us", "FAILURE_STATUS",
@@ -325,7 +325,9 @@ class ReplayBenchmarker:
             time.sleep(self.pace * recorded_cost_s(entry))
         t = entry["time"]
         if isinstance(t, str):
-            return Measurement(FAILURE_STATUS.get(t, "runtime_error"), error_text=t)
+            # a name Kernel Tuner writes as is; any other text cut and escaped (a review's file held
+            # 200 KB with a terminal escape, printed and stored whole)
+            return Measurement(FAILURE_STATUS.get(t, "runtime_error"), error_text=t if t in FAILURE_STATUS else shown(t))
         times = entry_times_us(entry)
         if not times:
             return Measurement("invalid", error_text=f"time={t!r} is not a number")

@@ -51,6 +51,11 @@ def _short(v: Any) -> str:
     return shown(v, 40)
 
 
+def _key(k: Any) -> str:
+    """A cache key as written where it is short, printable text; else cut and escaped."""
+    return k if isinstance(k, str) and len(k) <= 40 and k.isprintable() else _short(k)
+
+
 def _is_scalar(v: Any) -> bool:
     """A JSON scalar: what an Optuna categorical choice and a config hash can hold (a float only when
     finite: Python's json reads NaN and Infinity, which standard JSON, and PostgreSQL's, has not)."""
@@ -91,7 +96,7 @@ def check_params(names: Any, tune_params: Any, cache: Any, where: str) -> None:
             raise ConfigError(f"{where}: tune_params.{n} must be a non-empty list")
         bad = next((v for v in values if not _is_scalar(v)), None)
         if bad is not None:
-            raise ConfigError(f"{where}: tune_params.{n} holds {bad!r}; a parameter's values are finite "
+            raise ConfigError(f"{where}: tune_params.{_key(n)} holds {_short(bad)}; a parameter's values are finite "
                               "numbers, strings, booleans or null")
         twice = next((i for i, v in enumerate(values) if any(_same(v, w) for w in values[:i])), None)
         if twice is not None:
@@ -106,10 +111,10 @@ def check_cache(names: list[str], tune_params: dict[str, list[Any]], cache: dict
         raise ConfigError(f"{where}: cache is empty: no recorded configuration to import or replay")
     for key, entry in cache.items():
         if not isinstance(entry, dict) or "time" not in entry or any(n not in entry for n in names):
-            raise ConfigError(f"{where}: cache.{key} lacks 'time' or a parameter of tune_params_keys")
+            raise ConfigError(f"{where}: cache.{_key(key)} lacks 'time' or a parameter of tune_params_keys")
         bad = next((n for n in names if not _is_scalar(entry[n])), None)
         if bad is not None:
-            raise ConfigError(f"{where}: cache.{key}.{bad}={entry[bad]!r}; a parameter's value is a "
+            raise ConfigError(f"{where}: cache.{_key(key)}.{_key(bad)}={_short(entry[bad])}; a parameter's value is a "
                               "finite number, a string, a boolean or null")
         bad = next((n for n in names if entry[n] not in tune_params[n]), None)
         if bad is not None:
@@ -121,7 +126,7 @@ def check_cache(names: list[str], tune_params: dict[str, list[Any]], cache: dict
                               "key is its entry's values of tune_params_keys, joined by commas")
         bad = _bad_time(entry)
         if bad:
-            raise ConfigError(f"{where}: cache.{key}.{bad}; a recorded time is a positive, finite "
+            raise ConfigError(f"{where}: cache.{_key(key)}.{bad}; a recorded time is a positive, finite "
                               f"number of milliseconds up to {MAX_TIME_MS:g} (or a failure name such as "
                               "'CompilationFailedConfig')")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zhantune.bench.decision import claim_holds, decision_us
-from zhantune.errors import ConfigError, TableError
+from zhantune.errors import SHOWN_KEY, ConfigError, TableError, shown
 from zhantune.inductor.knobs import BACKEND_FLAGS
 from zhantune.inductor.table import (
     CONFIG_TEMPLATE_ID,
@@ -144,7 +144,7 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str,
     for key, entries in table.items():
         row = next((p for agnostic, p in problems.items() if key == agnostic or key.endswith("+" + agnostic)), None)
         if row is None:
-            raise TableError(f"{source}: [{key!r}]: no problem with this Inductor input key in the database; "
+            raise TableError(f"{source}: [{shown(key, SHOWN_KEY)}]: no problem with this Inductor input key in the database; "
                              "use the database the table was exported from (or merge it: python -m zhantune.db merge)")
         cands = []
         for i, entry in enumerate(entries):
@@ -154,7 +154,7 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str,
             if template_id == CONFIG_TEMPLATE_ID:
                 patch = entry.get("config_patch")
                 if not isinstance(patch, dict):
-                    raise TableError(f"{source}: [{key!r}][{i}].config_patch: expected an object")
+                    raise TableError(f"{source}: [{shown(key, SHOWN_KEY)}][{i}].config_patch: expected an object")
                 cands.append(Candidate("table", "config", None, dict(patch)))
             elif device_kind == "cpu" and template_id.startswith("aten::"):
                 cands.append(Candidate("table", "config", None, {"max_autotune_gemm_backends": "ATEN"}))
