@@ -380,6 +380,11 @@ CASES = [
      "characters): a study's name is 1 to 512 characters", None),
     ("replay-pace-nan", "zhantune", ["bench=replay", "bench.path={x}", "bench.replay_pace=nan"],
      lambda t: _kt_file(t, "nan.json.gz", 4.0), "bench.replay_pace=nan is not a number; allowed: 0 to 1000", None),
+    # a space value no table may carry: measured, then refused by export and by db merge (whole database)
+    ("space-num-warps-3", "zhantune.space", ["+op=mm", "shape=[4096,4096,4096]", "dtype=bfloat16", "device_profile=H100",
+                                             "space=[triton_mm]", "~space.triton_mm.branches.triton_mm.params.num_warps",
+                                             "+space.triton_mm.branches.triton_mm.params.num_warps={choices:[4,3]}"],
+     None, "branches.triton_mm: num_warps=3: a template kwarg is one of 1, 2, 4, 8, 16, 32", None),
     ("import-file-not-a-path", "zhantune.kerneltuner", ["files=[1]"], None,
      "files=[...]: 1 is not a file path; give paths", None),
     ("import-file-a-list", "zhantune.kerneltuner", ["files=[[a]]"], None,

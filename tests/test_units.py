@@ -113,7 +113,10 @@ def test_table_round_trip_and_malformed(tmp_path):
                            'table["mm[64,64,64]"]: not an Inductor lookup key'),
                           (json.dumps({"format": FORMAT, "format_version": 1,
                                        "table": {agnostic: [{"template_id": "triton::mm", "BLOCK_M": [64]}]}}),
-                           f"table[{json.dumps(agnostic)}][0].BLOCK_M: BLOCK_M=[64] is not allowed")]:
+                           f"table[{json.dumps(agnostic)}][0].BLOCK_M: BLOCK_M=[64] is not allowed"),
+                          # a tl.arange extent: 48 passed the allow-list and failed the user's compile
+                          (json.dumps({key: [{"template_id": "triton::mm", "BLOCK_M": 48}]}),
+                           "BLOCK_M=48 is not allowed")]:
         (tmp_path / "bad.json").write_text(text)
         with pytest.raises(TableError, match=re.escape(message)) as e:
             load_table(tmp_path / "bad.json")

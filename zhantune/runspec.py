@@ -21,10 +21,10 @@ from zhantune.bench.isolated import WorkerSpec
 from zhantune.bench.recorded import KernelTunerFile, ReplayProblem, load_kerneltuner
 from zhantune.config import CONF_DIR, BenchConfig, ExportConfig, SearchConfig, StorageConfig
 from zhantune.device import DeviceInfo, resolve_device
-from zhantune.errors import ConfigError, SpaceError
+from zhantune.errors import ConfigError, SpaceError, shown
 from zhantune.inductor import kernel_store
 from zhantune.inductor.heuristics import offered_templates, template_params
-from zhantune.inductor.knobs import BACKEND_FLAGS, config_knob_problem
+from zhantune.inductor.knobs import BACKEND_FLAGS, TEMPLATE_KWARGS, config_knob_problem
 from zhantune.inductor.settings import KERNEL_CACHE_PATCH
 from zhantune.inductor.templates import inductor_template_ids
 from zhantune.problems import GemmProblem
@@ -149,12 +149,18 @@ def _check_config_keys(space: Space, device: DeviceInfo) -> None:
                     raise SpaceError(f"{b.source}: {key!r} is not a backend flag zhantune sets; allowed: "
                                      f"{', '.join(sorted(BACKEND_FLAGS))}")
             continue
+        values = {**{k: [v] for k, v in b.fixed.items()}, **{p.key: p.values() for p in b.params}}
         if b.scope != "config":
             if device.kind == "cpu":
                 raise SpaceError(f"{b.source}: template branches ({b.template_id}) apply on CUDA only; "
                                  "on CPU use config branches (conf/space/cpp_gemm.yaml)")
+            # what a table may carry (knobs.TEMPLATE_KWARGS): a value outside it was measured, then
+            # refused by export and made db merge refuse the whole database (a review's finding)
+            for key, choices in values.items():
+                bad = next(((v, why) for v in choices if (why := TEMPLATE_KWARGS.get(key, lambda _: None)(v))), None)
+                if bad is not None:
+                    raise SpaceError(f"{b.source}: {key}={shown(bad[0])}: a template kwarg is {bad[1]}")
             continue
-        values = {**{k: [v] for k, v in b.fixed.items()}, **{p.key: p.values() for p in b.params}}
         for key, choices in values.items():
             if key in _RESERVED_CONFIG_KEYS:
                 raise SpaceError(f"{b.source}: {key!r} is set by zhantune itself and cannot be tuned")

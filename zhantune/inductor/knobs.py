@@ -126,7 +126,8 @@ BACKEND_FLAGS = frozenset({
 
 #: template kwarg -> value check (a lookup-table entry's keys besides template_id and template_hash)
 TEMPLATE_KWARGS: dict[str, Check] = {
-    **{k: _int(1, 4096) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
+    # block sizes are tl.arange extents: powers of two (48 passed and failed the user's compile)
+    **{k: _one_of(tuple(1 << i for i in range(13))) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
     "GROUP_M": _int(1, 1024),
     "num_warps": _one_of((1, 2, 4, 8, 16, 32)),
     "num_stages": _int(0, 32),
