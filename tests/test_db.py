@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -216,6 +217,16 @@ def test_newer_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
     with pytest.raises(StorageError, match="schema revision '9999' is newer than this zhantune knows"):
         Store(f"sqlite:///{newer}")
     assert _digest(newer) == digest
+    # a damaged version table: a revision no zhantune wrote, or two rows (Alembic's "more than one
+    # head" traceback in every command before)
+    for statement, message in [("update zt_alembic_version set version_num='deadbeef'", "'deadbeef' is none this"),
+                               ("insert into zt_alembic_version values ('0001')", "'<2 revisions in zt_alembic_version")]:
+        with sqlite3.connect(newer) as con:
+            con.execute(statement)
+        digest = _digest(newer)
+        with pytest.raises(StorageError, match=re.escape(message)):
+            Store(f"sqlite:///{newer}")
+        assert _digest(newer) == digest
     foreign = tmp_path / "foreign.db"
     with sqlite3.connect(foreign) as con:
         con.execute("create table invoices (id integer)")

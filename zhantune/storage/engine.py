@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
-from zhantune.errors import StorageError
+from zhantune.errors import StorageError, shown
 from zhantune.paths import SQLITE_SIDE_FILES
 from zhantune.redact import hide_password, mask, url_secrets
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
@@ -154,8 +154,12 @@ def refuse_foreign_or_newer(where: str, tables: set[str], rev: str | None) -> No
         raise StorageError(f"{where}: not a zhantune database (it has tables "
                            f"{', '.join(sorted(tables - OPTUNA_TABLES)[:3])}); left untouched")
     if rev is not None and rev not in known_revisions():
-        raise StorageError(f"{where}: schema revision {rev!r} is newer than this zhantune knows "
-                           f"(newest {head_revision()}); use a newer zhantune. The database was left untouched")
+        if rev.isdigit() and len(rev) == len(head_revision()) and rev > head_revision():
+            raise StorageError(f"{where}: schema revision {rev!r} is newer than this zhantune knows "
+                               f"(newest {head_revision()}); use a newer zhantune. The database was left untouched")
+        raise StorageError(f"{where}: schema revision {shown(rev)} is none this zhantune knows (0001 to "
+                           f"{head_revision()}): a damaged version table, or another program's. The database "
+                           "was left untouched")
 
 
 def _optuna_script() -> Any:
