@@ -952,6 +952,33 @@ def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
     _saved_without_password(tmp_path / "hydra", [r], shown)
 
 
+def test_a_lock_held_past_the_busy_timeout_is_one_line_with_what_to_do(tmp_path):
+    """Another writer holding SQLite's lock past the busy timeout ended a tune or a merge in a
+    traceback (Optuna's StorageInternalError around "database is locked"; a review held it 30 s):
+    the apps print this line instead (the CLI path takes the 30 s timeout, so it is not run here)."""
+    import optuna
+
+    from zhantune.storage.engine import locked_out
+
+    db = tmp_path / "l.db"
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("create table t (x)")
+    holder.execute("begin exclusive")
+    try:
+        sqlite3.connect(db, timeout=0).execute("insert into t values (1)")
+    except sqlite3.OperationalError as e:
+        try:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from e
+        except optuna.exceptions.StorageInternalError as wrapped:
+            msg = locked_out(wrapped, "sqlite://me:s3cret@/l.db")
+    finally:
+        holder.execute("rollback")
+        holder.close()
+    assert msg.startswith("storage.url=sqlite://me:***@/l.db: another process held the database's write lock")
+    assert msg.endswith("run the same command again to continue") and "s3cret" not in msg
+    assert locked_out(RuntimeError("something else"), "sqlite:///l.db") is None
+
+
 def test_merging_into_a_damaged_database_is_one_line_and_leaves_it(cli, tmp_path):
     """A target whose schema page is damaged ("malformed database schema", a DatabaseError that is not
     an OperationalError) was a traceback from the probe (a review's finding)."""

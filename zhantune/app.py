@@ -46,6 +46,13 @@ def _tune_app(cfg: DictConfig) -> dict | None:
     except UserError as e:
         user_error(e)
         return
+    except Exception as e:
+        from zhantune.storage.engine import locked_out
+
+        if (msg := locked_out(e, cfg.storage.url)) is None:
+            raise
+        user_error(msg)
+        return
     if result.already_finished:
         print_finished(console, result)
         return job_record([(run, result)], cfg.storage.url)  # a multirun's summary: done, not failed

@@ -85,6 +85,12 @@ def _db_app(cfg: DictConfig) -> None:
                       f"{stats.studies_renamed} renamed")
     except UserError as e:
         user_error(e)
+    except Exception as e:
+        from zhantune.storage.engine import locked_out
+
+        if (msg := locked_out(e, url)) is None:
+            raise
+        user_error(msg)
 
 
 def usage() -> str:

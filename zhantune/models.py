@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zhantune.errors import ConfigError
+from zhantune.errors import ConfigError, shown
 
 __all__ = ["mlp", "transformer_block", "load_factory", "build_model", "example_inputs", "ModelRequest", "from_config"]
 
@@ -137,6 +137,10 @@ def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torc
         model = factory(**(kwargs or {}))
     except TypeError as e:
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: {e}") from None
+    except (MemoryError, RuntimeError) as e:  # model_kwargs={d_model: 10000000000}: was a traceback
+        if not isinstance(e, MemoryError) and "allocate" not in str(e):
+            raise
+        raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: its weights do not fit in memory") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model={spec!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model.to(device=device, dtype=dtype).eval()
@@ -154,6 +158,23 @@ def example_inputs(shapes: list[list[int]], dtype: torch.dtype, device: torch.de
     return tuple(out)
 
 
+def _check_inputs_fit(shapes: list[list[int]], dtype: torch.dtype, device: Any) -> None:
+    """Refuse inputs that cannot fit in the device's memory before any is drawn (float32 draws, then
+    ``dtype``): input_shapes=[[10000000,10000000]] asked the allocator for 400 TB, a traceback, and
+    a shape that just fits could push the machine out of memory (a review's finding)."""
+    import math
+
+    from zhantune.runspec import device_memory_bytes
+
+    have = device_memory_bytes(device)
+    sizes = [math.prod(s) for s in shapes
+             if isinstance(s, list) and s and all(type(v) is int and v > 0 for v in s)]
+    need = sum(sizes) * (4 + dtype.itemsize)
+    if have is not None and need > have // 2:
+        raise ConfigError(f"input_shapes={shown(shapes)}: the inputs need {need / 2**30:,.1f} GiB; {device.name} "
+                          f"has {have / 2**30:,.1f} GiB (at most half of it is used for inputs)")
+
+
 class ModelRequest:
     """A model and its example inputs as the collect and check apps are asked for them."""
 
@@ -161,6 +182,7 @@ class ModelRequest:
         from zhantune.problems import DTYPES
 
         self.spec, self.kwargs, self.shapes, self.dtype, self.device = spec, kwargs, shapes, dtype, device
+        _check_inputs_fit(shapes, DTYPES[dtype], device)
         self.model = build_model(spec, kwargs, DTYPES[dtype], device.torch_device)
         self.inputs = example_inputs(shapes, DTYPES[dtype], device.torch_device)
         try:  # one eager call: inputs the model cannot take are bad input, not a compile failure

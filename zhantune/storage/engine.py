@@ -24,7 +24,7 @@ from zhantune.paths import SQLITE_SIDE_FILES
 from zhantune.redact import hide_password, mask, url_secrets
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
+__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "locked_out", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
            "check_sqlite_integrity", "refuse_foreign_or_newer", "refuse_other_optuna_schema", "make_engine", "sqlite_pragmas", "open_existing", "existing_revision",
            "file_lock", "remove_sqlite_files", "canonical_json", "first_line"]
 
@@ -225,6 +225,20 @@ def file_lock(lock: Path) -> Iterator[None]:
             return
         finally:
             f.close()  # closing the file releases the lock
+
+
+def locked_out(e: BaseException, url: str, where: str = "storage.url") -> str | None:
+    """The one-line message for an error caused by SQLite's lock held by another writer past the busy
+    timeout ("database is locked", anywhere in the chain: Optuna wraps it), else None. A tune or a
+    merge ended in a traceback (a review held the lock for over 30 s); the rerun continues."""
+    seen = e
+    while seen is not None:
+        if "database is locked" in str(seen):
+            return (f"{where}={redact_url(url)}: another process held the database's write lock for over "
+                    f"{SQLITE_BUSY_TIMEOUT_MS // 1000} s (SQLite); nothing stored was lost: run the same "
+                    "command again to continue")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def write_refused(e: Exception) -> bool:
