@@ -391,6 +391,9 @@ CASES = [
     ("collect-weights-over-memory", "zhantune.collect", ["model=zhantune.models:mlp", "model_kwargs={d_model:10000000000}",
                                                          "input_shapes=[[4,4]]", "out=p.yaml", "device=cpu"], None,
      "model_kwargs={'d_model': 10000000000}: its weights do not fit in memory", None),
+    # each run's own database in its run folder: a resume measured everything again
+    ("hydra-job-chdir", "zhantune.db", ["current", "storage.url=sqlite:///x.db", "hydra.job.chdir=true"], None,
+     "override hydra.job.chdir=true: zhantune reads and writes paths", None),
     ("import-file-not-a-path", "zhantune.kerneltuner", ["files=[1]"], None,
      "files=[...]: 1 is not a file path; give paths", None),
     ("import-file-a-list", "zhantune.kerneltuner", ["files=[[a]]"], None,

@@ -53,6 +53,10 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
                     f"grammar splits or drops (a comma, a space, a bracket), and the rest would be saved in "
                     f"clear: quote the URL ({group}=['postgresql+psycopg://user:PASSWORD@host/db']) or pass it "
                     "as ${oc.env:VAR}")
+        if group == "hydra.job.chdir" and not o.is_delete() and str(o.value()).lower() == "true":
+            return (f"override {o.input_line}: zhantune reads and writes paths (storage.url's SQLite file, "
+                    "problems=, table=, export.path) from the directory it starts in; with hydra.job.chdir=true "
+                    "each run would get its own database in its run folder")
         if group.startswith("hydra.") and (group.startswith("hydra.callbacks") or "_target_" in group or "()" in group):
             return (f"override {o.input_line}: Hydra instantiates what it names (a callback, a launcher, a "
                     "logging factory), outside zhantune's _target_ allowlist; such overrides are not allowed")

@@ -61,7 +61,7 @@ def _compare_app(cfg: DictConfig) -> None:
 
     console = make_console()
     try:
-        store = Store(cfg.storage.url)
+        store = Store(cfg.storage.url, read_only=True)  # only read: a read-only file is fine
         store.check_readable()
         cmp = compare(store, [str(d) for d in devices] if devices else None)
         # a tune's study, or one a Kernel Tuner import printed (by its name or a part only it has)

@@ -39,7 +39,7 @@ def _export_app(cfg: DictConfig) -> None:
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
-        store = Store(cfg.storage.url)
+        store = Store(cfg.storage.url, read_only=True)  # only read: a read-only file is fine
         store.check_readable()
         device = resolve_device_key(store, cfg.device)
         ids = _problem_ids(store, cfg.problems) if cfg.problems else None
