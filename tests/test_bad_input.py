@@ -391,6 +391,8 @@ CASES = [
     ("collect-weights-over-memory", "zhantune.collect", ["model=zhantune.models:mlp", "model_kwargs={d_model:10000000000}",
                                                          "input_shapes=[[4,4]]", "out=p.yaml", "device=cpu"], None,
      "model_kwargs={'d_model': 10000000000}: its weights do not fit in memory", None),
+    ("sqlite-uri-filename", "zhantune.db", ["current", "storage.url=\"sqlite:///file:x.db?uri=true\""], None,
+     "SQLite URI filenames (file:...?uri=true) are not supported", None),
     # each run's own database in its run folder: a resume measured everything again
     ("hydra-job-chdir", "zhantune.db", ["current", "storage.url=sqlite:///x.db", "hydra.job.chdir=true"], None,
      "override hydra.job.chdir=true: zhantune reads and writes paths", None),

@@ -87,6 +87,11 @@ def check_url(url: str, source: str = "storage.url", writable: bool = True) -> N
         raise StorageError(f"{source}={redact_url(url)!r}: PostgreSQL through psycopg 3: postgresql+psycopg://user@host/db")
     if u.get_backend_name() != "sqlite":
         return
+    if u.query.get("uri") or str(u.database or "").startswith("file:"):
+        # SQLite's URI filenames name the file otherwise than the path these checks read (an old
+        # database was switched to WAL before it was refused as old: a review's finding)
+        raise StorageError(f"{source}={hide_password(url)!r}: SQLite URI filenames (file:...?uri=true) are not "
+                           "supported; give the file's path: sqlite:///FILE")
     path = sqlite_path(url)
     if path is None:  # sqlite:// and sqlite:///:memory: hold nothing after the process ends
         raise StorageError(f"{source}={hide_password(url)!r}: an in-memory SQLite database keeps nothing; give a file: sqlite:///FILE")
