@@ -300,6 +300,11 @@ def test_an_escaped_interpolation_cannot_build_a_target_after_the_check(cli, tmp
              f"+hydra.callbacks.x._args_=['{made}']"], tmp_path, module="zhantune.db")
     assert r.returncode == 2 and "such overrides are not allowed" in r.stderr, r.stderr
     assert not made.exists()
+    # the same through a mapping value of hydra itself (a review of the check)
+    r = cli(["current", "storage.url=sqlite:///none.db",
+             "++hydra={callbacks:{x:{_target_:os.makedirs,_args_:['" + str(made) + "']}}}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 2 and "such overrides are not allowed" in r.stderr, r.stderr
+    assert not made.exists()
 
 
 def _best_ratio(strategy, seed: int, path: Path) -> float:

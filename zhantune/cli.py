@@ -49,15 +49,16 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
     for o in parsed:
         group = o.key_or_group
         if _password_split(o):
+            quoted = ("['postgresql+psycopg://user:PASSWORD@host/db']" if isinstance(o.value(), list)
+                      else "'postgresql+psycopg://user:PASSWORD@host/db'")
             return (f"override {group}=...: a database URL's password holds a character that Hydra's override "
-                    f"grammar splits or drops (a comma, a space, a bracket), and the rest would be saved in "
-                    f"clear: quote the URL ({group}=['postgresql+psycopg://user:PASSWORD@host/db']) or pass it "
-                    "as ${oc.env:VAR}")
+                    f"grammar splits (a comma, a space, a bracket), and the rest would be saved in clear: quote "
+                    f"the URL ({group}={quoted}) or pass it as ${{oc.env:VAR}}")
         if group == "hydra.job.chdir" and not o.is_delete() and str(o.value()).lower() == "true":
             return (f"override {o.input_line}: zhantune reads and writes paths (storage.url's SQLite file, "
                     "problems=, table=, export.path) from the directory it starts in; with hydra.job.chdir=true "
                     "each run would get its own database in its run folder")
-        if group.startswith("hydra.") and (group.startswith("hydra.callbacks") or "_target_" in group or "()" in group):
+        if _hydra_instantiates(o):
             return (f"override {o.input_line}: Hydra instantiates what it names (a callback, a launcher, a "
                     "logging factory), outside zhantune's _target_ allowlist; such overrides are not allowed")
         if group not in _GROUPS or o.is_delete():
@@ -75,29 +76,52 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
     return None
 
 
+def _walk(node: object) -> tuple[list[str], list[str]]:
+    """(every string, every mapping key) in a parsed override value."""
+    strings: list[str] = []
+    keys: list[str] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, str):
+            strings.append(n)
+        elif isinstance(n, dict):
+            keys.extend(str(k) for k in n)
+            stack.extend(n.values())
+        elif isinstance(n, list):
+            stack.extend(n)
+    return strings, keys
+
+
 def _password_split(o: object) -> bool:
-    """Whether a database URL password written in override ``o`` is in none of the strings Hydra
-    parses from it (``sources=[postgresql://u:a,b@h/db]``: the list's items ``...u:a`` and ``b@h/db``;
-    the second was saved to .hydra/config.yaml, masked nowhere: a review's finding)."""
+    """Whether Hydra's grammar split a database URL with a password written in override ``o``: an
+    item of its parsed value holds an ``@`` but no ``://`` (``sources=[postgresql://u:a,b@h/db]``
+    parses to ``...u:a`` and ``b@h/db``; the second was saved to .hydra/config.yaml, masked nowhere:
+    a review's finding). Escaped (``a\\,b``) or quoted, and several URLs in one list, pass."""
     from zhantune.redact import url_secrets
 
     if o.is_sweep_override() or o.is_delete():
         return False
-    secrets = {p for p in url_secrets([o.input_line.partition("=")[2]]) if p}
-    if not secrets:
+    if not any(url_secrets([o.input_line.partition("=")[2]])):
         return False
-    value, strings = o.value(), []
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            strings.append(node)
-        elif isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    whole = max(secrets, key=len)  # url_secrets also reads the pieces of a split one as passwords
-    return not any(whole in v for v in strings)
+    strings, _ = _walk(o.value())
+    return any("@" in v and "://" not in v for v in strings)
+
+
+def _hydra_instantiates(o: object) -> bool:
+    """Whether override ``o`` sets something Hydra instantiates (a callback, a ``_target_``, a logging
+    ``()`` factory) through its key (``hydra.callbacks.x._target_=os.makedirs``) or a mapping value
+    (``++hydra={callbacks: ...}``): code outside the _target_ allowlist. Sweep parameters
+    (``hydra.sweeper.params.*``) are the app's values, not Hydra's, and pass."""
+    group = o.key_or_group
+    if not (group == "hydra" or group.startswith("hydra.")) or group.startswith("hydra.sweeper.params."):
+        return False
+    if group == "hydra" or group.startswith("hydra.callbacks") or "_target_" in group or "()" in group:
+        return True
+    if o.is_delete() or o.is_sweep_override():
+        return False
+    _, keys = _walk(o.value())
+    return any(k in ("_target_", "()", "callbacks") for k in keys)
 
 
 def _hide(text: str) -> str:

@@ -167,9 +167,10 @@ def _check_inputs_fit(shapes: list[list[int]], dtype: torch.dtype, device: Any) 
     from zhantune.runspec import device_memory_bytes
 
     have = device_memory_bytes(device)
-    sizes = [math.prod(s) for s in shapes
-             if isinstance(s, list) and s and all(type(v) is int and v > 0 for v in s)]
-    need = sum(sizes) * (4 + dtype.itemsize)
+    n = sum(math.prod(s) for s in shapes if isinstance(s, list) and s and all(type(v) is int and v > 0 for v in s))
+    # the draw is float32 on the host; .to() copies it to the device, or on CPU to another dtype
+    copy = dtype.itemsize if device.kind == "cuda" or dtype != torch.float32 else 0
+    need = n * copy if device.kind == "cuda" else n * (4 + copy)
     if have is not None and need > have // 2:
         raise ConfigError(f"input_shapes={shown(shapes)}: the inputs need {need / 2**30:,.1f} GiB; {device.name} "
                           f"has {have / 2**30:,.1f} GiB (at most half of it is used for inputs)")

@@ -239,9 +239,9 @@ def locked_out(e: BaseException, url: str, where: str = "storage.url") -> str | 
     seen = e
     while seen is not None:
         if "database is locked" in str(seen):
-            return (f"{where}={redact_url(url)}: another process held the database's write lock for over "
-                    f"{SQLITE_BUSY_TIMEOUT_MS // 1000} s (SQLite); nothing stored was lost: run the same "
-                    "command again to continue")
+            return (f"{where}={redact_url(url)}: the database (or, for a merge, one of its sources) stayed "
+                    f"locked by another process (SQLite waits up to {SQLITE_BUSY_TIMEOUT_MS // 1000} s); nothing "
+                    "stored was lost: run the same command again to continue")
         seen = seen.__cause__ or seen.__context__
     return None
 

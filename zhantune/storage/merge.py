@@ -2,11 +2,14 @@
 
 Rows are matched by their natural keys: device by ``key``, environment by ``fingerprint``, problem by
 ``key``, study by ``name`` and ``started_at`` (the same study, e.g. a database merged twice or workers
-that shared it), measurement by (study, trial number, created_at, config hash). A study of the same
-name that started elsewhere is a different run: it is kept under ``<name> [from <source>]``, with its
-Optuna study copied under that name. Every copied measurement keeps its created_at, versions and
-environment; every settled speedup claim (verdict, matched by study, device, problem, config hash and
-created_at) is copied too, so that the merged database exports what each source would.
+that shared it; a study renamed by an earlier merge, merged back where it ran, by its name before the
+`` [from `` suffix and its start), measurement by (study, trial number, created_at, config hash), or,
+for a row stored without its clashing trial number, by (study, created_at, config hash, kind, median
+time). A study of the same name that started elsewhere is a different run: it is kept under
+``<name> [from <source>]``, with its Optuna study copied under that name. Every copied measurement
+keeps its created_at, versions and environment; every settled speedup claim (verdict, matched by
+study, device, problem, config hash and created_at) is copied too, so that the merged database exports
+what each source would (where two sources' verdicts on one config disagree, the newer one).
 """
 
 from __future__ import annotations
