@@ -741,39 +741,39 @@ def _run(url: str, workdir: Path, **kw) -> None:
     assert p.returncode == 0, err[-2000:]
 
 
-def test_a_study_continued_on_two_machines_merges_once_and_back(cli, tmp_path):
+def test_a_study_continued_on_two_machines_merges_once_and_back(tmp_path):
     """A study copied to a second machine and continued on both: merging one into the other stored
     the clashing trials without trial numbers, and every later merge of the same source (or of the
     merged database back) added them again, 3 more rows each time; and a hub's renamed copy of a
-    spoke's run, merged back into the spoke, became a second study of that run (a review's findings)."""
+    spoke's run, merged back into the spoke, became a second study of that run (a review's findings).
+    Real replay tunes; the merges in process (the CLI's merge is tested above)."""
+    from zhantune.storage.merge import merge_into
+
     a, b = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
     _run(a, tmp_path / "w", n_trials=5)
     shutil.copy(tmp_path / "a.db", tmp_path / "b.db")
     _run(a, tmp_path / "w", more=3, seed=1)
     _run(b, tmp_path / "w", more=3, seed=2)
 
-    def merge(source: str, target: str) -> str:
-        r = cli(["merge", f"sources=[{source}]", f"storage.url={target}"], tmp_path, module="zhantune.db")
-        assert r.returncode == 0, r.stderr
-        return " ".join(r.stdout.split())
+    def merge(source: str, target: str) -> tuple[int, int, int, int]:
+        st = merge_into(Store(target), Store(source, "sources[0]", read_only=True), label=source)
+        return st.measurements_added, st.measurements_skipped, st.studies_new, st.studies_renamed
 
-    assert "+3 measurement(s), 5 already there" in merge(b, a)
-    assert "+0 measurement(s), 8 already there" in merge(b, a)   # again: nothing
-    assert "+3 measurement(s), 8 already there" in merge(a, b)   # back: a's own 3 only
-    assert "+0 measurement(s)" in merge(a, b) and "+0 measurement(s)" in merge(b, a)
+    assert merge(b, a)[:2] == (3, 5)
+    assert merge(b, a)[:2] == (0, 8)   # again: nothing
+    assert merge(a, b)[:2] == (3, 8)   # back: a's own 3 only
+    assert merge(a, b)[0] == 0 and merge(b, a)[0] == 0
     for url in (a, b):
         rows = _candidates(url)
         assert len(rows) == 11 and len({(r.created_at, r.config_hash) for r in rows}) == 11
     # a hub: two machines' runs of one study name; the hub merged back into one of them
     laptop, desktop, team = (f"sqlite:///{tmp_path / n}.db" for n in ("laptop", "desktop", "team"))
-    _run(laptop, tmp_path / "w", n_trials=4, seed=1)
-    _run(desktop, tmp_path / "w", n_trials=4, seed=2)
+    _one_run(laptop).engine.dispose()
+    _one_run(desktop).engine.dispose()
     merge(laptop, team)
-    assert "1 renamed" in merge(desktop, team)
-    back = merge(team, desktop)
-    assert "+4 measurement(s), 4 already there" in back and "1 new stud(y/ies), 0 renamed" not in back, back
-    store = Store(desktop)
-    with store.session() as s:
+    assert merge(desktop, team)[3] == 1  # renamed: s [from ...desktop.db]
+    assert merge(team, desktop) == (1, 1, 0, 1)  # the laptop's run new (renamed), its own matched
+    with Store(desktop).session() as s:
         names = sorted(s.scalars(select(m.Study.name)))
     assert len(names) == 2 and sum(" [from " not in n for n in names) == 1, names  # its own run once, the laptop's
 
@@ -1008,10 +1008,12 @@ def test_a_password_the_override_grammar_splits_is_refused_before_anything_is_sa
     assert r.returncode == 2 and "cannot open the database" in r.stderr and "grammar" not in r.stderr, r.stderr
     assert not [p for p in (tmp_path / "hydra").rglob("*") if p.is_file() and "cRET9" in p.read_text()]
     # not split: escaped (Hydra keeps it whole), and two URLs with passwords in one list
+    from zhantune.cli import check_group_overrides  # what the CLI runs first
+
     for sources in ("sources=[postgresql+psycopg://tuner:Se\\,cRET9@127.0.0.1:1/zt]",
                     "sources=[postgresql+psycopg://u:pw1@127.0.0.1:1/a,postgresql+psycopg://u:pw2@127.0.0.1:1/b]"):
-        r = cli(["merge", sources, "storage.url=sqlite:///t.db"], tmp_path, module="zhantune.db")
-        assert r.returncode == 2 and "cannot open the database" in r.stderr and "grammar" not in r.stderr, r.stderr
+        assert check_group_overrides(["merge", sources, "storage.url=sqlite:///t.db"]) is None, sources
+    assert "grammar splits" in check_group_overrides(["sources=[postgresql+psycopg://u:a,b@127.0.0.1:1/zt]"])
 
 
 def _saved_without_password(root: Path, results: list, shown: str, runs: int = 1) -> None:
