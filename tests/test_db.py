@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import os
@@ -713,6 +714,62 @@ def test_merge_reads_its_sources_and_writes_none(cli, tmp_path):
     finally:
         subprocess.run(["chattr", "-i", str(tmp_path / "b.db")])
     assert _digest(tmp_path / "b.db") == before
+
+
+@contextlib.contextmanager
+def _unwritable(path: Path):
+    """``path`` (a file or a directory) no one may write: mode 444/555, or for root (who ignores
+    modes) the immutable attribute; skips where neither works."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o555 if path.is_dir() else 0o444)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)]).returncode != 0:
+        pytest.skip("chattr +i is not available here (a file system without it)")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("unwritable", ["file", "directory"])
+def test_a_database_this_process_cannot_write_is_read_and_nothing_is_left_beside_it(tmp_path, unwritable):
+    """Reading a WAL database this process may not write (a mode-444 file, or one in a read-only
+    directory) left -wal and -shm files beside it, which this process could not remove and on which
+    the owner's next write failed; in a read-only directory it could not be read at all (a review's
+    findings). The checks, a merge from it and its Optuna study's history read it, write nothing
+    beside it, and the owner writes to it afterwards."""
+    from zhantune.report.studies import load_report_study
+    from zhantune.storage.engine import existing_revision
+    from zhantune.storage.merge import merge_into
+
+    (tmp_path / "ro").mkdir()
+    db = tmp_path / "ro" / "b.db"
+    url = f"sqlite:///{db}"
+    _one_run(url).engine.dispose()
+    storage = optuna.storages.RDBStorage(url)
+    optuna.create_study(study_name="s", storage=storage).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    storage.engine.dispose()
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    before = _digest(db)
+    assert sorted(p.name for p in db.parent.iterdir()) == ["b.db"]
+    with _unwritable(db if unwritable == "file" else db.parent):
+        assert existing_revision(url, "sources[0]", writable=False) == head_revision()
+        source = Store(url, "sources[0]", read_only=True)
+        stats = merge_into(Store(f"sqlite:///{tmp_path / 'all.db'}"), source, label=url)
+        assert stats.measurements_added == 1 and stats.verdicts_added == 1
+        assert len(load_report_study(source, "s").trials) == 2
+        source.engine.dispose()
+        assert sorted(p.name for p in db.parent.iterdir()) == ["b.db"]
+    assert _digest(db) == before
+    store = Store(url)  # the owner writes on
+    store.study_id("later", {})
+    assert "later" in store.study_names()
 
 
 def test_a_target_that_refuses_writes_is_one_line(cli, tmp_path, postgres):

@@ -11,9 +11,10 @@ import fcntl
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Engine, make_url
@@ -26,7 +27,7 @@ from zhantune.storage.migrate import current_revision, head_revision, known_revi
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "locked_out", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
            "check_sqlite_integrity", "refuse_foreign_or_newer", "refuse_other_optuna_schema", "make_engine", "sqlite_pragmas", "open_existing", "existing_revision",
-           "file_lock", "remove_sqlite_files", "canonical_json", "first_line"]
+           "sqlite_reader", "optuna_storage", "file_lock", "remove_sqlite_files", "canonical_json", "first_line"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: database backends zhantune is tested on (SQLite: one machine; PostgreSQL: many)
@@ -115,14 +116,44 @@ def check_url(url: str, source: str = "storage.url", writable: bool = True) -> N
         raise StorageError(f"{source}={hide_password(url)}: directory {parent} is not writable")
 
 
+def sqlite_reader(path: Path) -> Callable[[], sqlite3.Connection]:
+    """Connections that only read the SQLite file ``path`` (a SQLAlchemy ``creator``). Where this
+    process may write the file and its directory: a plain connection, whose close checkpoints and
+    removes the -wal it used (a read-only open of a WAL database leaves its -wal and -shm behind).
+    Elsewhere (a mode-444 file, a read-only directory, another user's file) a plain or read-only
+    open would create -wal and -shm files this process cannot remove, owned by it, on which the
+    owner's next write fails, or fail for want of them: with no -wal or -journal beside the file it
+    is opened ``immutable=1`` (nothing created or locked; a write by another process during the
+    read is not seen), else ``mode=ro`` (the pending WAL read through the files that exist)."""
+    def connect() -> sqlite3.Connection:
+        parent = path.parent if str(path.parent) else Path(".")
+        if os.access(path, os.W_OK) and os.access(parent, os.W_OK):
+            return sqlite3.connect(path, check_same_thread=False)
+        pending = any(Path(f"{path}{s}").exists() for s in ("-wal", "-journal"))
+        return sqlite3.connect(f"file:{quote(str(path.resolve()))}?{'mode=ro' if pending else 'immutable=1'}",
+                               uri=True, check_same_thread=False)
+    return connect
+
+
+def optuna_storage(url: str) -> Any:
+    """What Optuna's ``load_study``, ``copy_study`` and ``get_all_study_summaries`` take as the
+    storage to read ``url`` from: the URL, or for an SQLite file an RDBStorage whose connections
+    come from :func:`sqlite_reader` (Optuna's own would write a read-only file's side files)."""
+    path = sqlite_path(url)
+    if path is None:
+        return url
+    import optuna
+
+    return optuna.storages.RDBStorage(url, engine_kwargs={"creator": sqlite_reader(path)})
+
+
 def _check_sqlite_file(path: Path, url: str, source: str = "storage.url") -> None:
     """Refuse a file that is not a readable SQLite database, through SQLite alone: opening and
     closing the file with plain I/O would drop the POSIX locks that this process's open connections
     hold on it (SQLite's "how to corrupt a database", section 2.2), after which another process may
-    checkpoint and remove the WAL under them. The connection only reads; it is not opened read-only
-    because a read-only connection to a WAL database leaves its -wal and -shm files behind."""
+    checkpoint and remove the WAL under them. The connection only reads (:func:`sqlite_reader`)."""
     try:
-        con = sqlite3.connect(path)
+        con = sqlite_reader(path)()
         try:
             con.execute("PRAGMA schema_version").fetchone()
         finally:
@@ -139,7 +170,7 @@ def check_sqlite_integrity(path: Path, where: str) -> None:
     ``where`` (e.g. ``storage.url=sqlite:///x.db``). Read through a plain connection, as
     :func:`_check_sqlite_file` explains."""
     try:
-        con = sqlite3.connect(path)
+        con = sqlite_reader(path)()
         try:
             result = [r[0] for r in con.execute("PRAGMA quick_check").fetchall()]
         finally:
@@ -256,7 +287,9 @@ def write_refused(e: Exception) -> bool:
 def make_engine(url: str, wal: bool = True) -> Engine:
     """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite;
     ``wal`` False: the file's journal mode is left as it is, for a database only read)."""
-    engine = create_engine(url, json_serializer=canonical_json)
+    path = sqlite_path(url)
+    reader = {} if wal or path is None else {"creator": sqlite_reader(path)}
+    engine = create_engine(url, json_serializer=canonical_json, **reader)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", sqlite_pragmas if wal else sqlite_read_pragmas)
     return engine
@@ -326,7 +359,8 @@ def _probe(url: str, source: str) -> tuple[set[str], str | None]:
     """(table names, zhantune's schema revision) of the database at ``url``, read through a plain
     engine (zhantune's own would switch a SQLite file to WAL mode, a write); raises StorageError
     naming ``source`` when it cannot be opened (a server that cannot be reached, a login refused)."""
-    probe = create_engine(url)
+    path = sqlite_path(url)
+    probe = create_engine(url, **({} if path is None else {"creator": sqlite_reader(path)}))
     try:
         with probe.connect() as conn:
             return set(inspect(conn).get_table_names()), current_revision(conn)

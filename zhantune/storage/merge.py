@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from zhantune.errors import StorageError
 from zhantune.quiet import quiet_optuna
 from zhantune.storage import orm as m
-from zhantune.storage.engine import first_line, redact_url
+from zhantune.storage.engine import first_line, optuna_storage, redact_url
 from zhantune.storage.store import Store
 
 __all__ = ["MergeStats", "merge_into", "check_importable", "check_recordings", "check_device_kinds"]
@@ -152,9 +152,10 @@ def _check_optuna_studies(source: Store, names: set[str], refuse: Callable[[str]
     if "studies" not in inspect(source.engine).get_table_names():
         return
     try:
-        for summary in optuna.get_all_study_summaries(source.url, include_best_trial=False):
+        storage = optuna_storage(source.url)
+        for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
             if summary.study_name in names:
-                optuna.load_study(study_name=summary.study_name, storage=source.url).get_trials(deepcopy=False)
+                optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(deepcopy=False)
     except (ValueError, TypeError, KeyError) as e:  # json.JSONDecodeError is a ValueError
         refuse(f"Optuna's tables: a stored value does not decode ({first_line(e)})")
 
@@ -360,15 +361,16 @@ def _copy_optuna_study(source_url: str, target_url: str, name: str, new_name: st
     it already as a prefix of the source's trials (a merge interrupted half way through copy_study,
     or an earlier copy of a study that went on), the missing trials are added. A target study whose
     trials differ from the source's (another lineage) is left as it is."""
-    names = {s.study_name for s in optuna.get_all_study_summaries(source_url, include_best_trial=False)}
+    source = optuna_storage(source_url)  # only read (a read-only file keeps no side files)
+    names = {s.study_name for s in optuna.get_all_study_summaries(source, include_best_trial=False)}
     if name not in names:
         return  # imported data has no Optuna study
     targets = {s.study_name for s in optuna.get_all_study_summaries(target_url, include_best_trial=False)}
     if new_name not in targets:
-        optuna.copy_study(from_study_name=name, from_storage=source_url, to_storage=target_url,
+        optuna.copy_study(from_study_name=name, from_storage=source, to_storage=target_url,
                           to_study_name=new_name)
         return
-    src = optuna.load_study(study_name=name, storage=source_url)
+    src = optuna.load_study(study_name=name, storage=source)
     dst = optuna.load_study(study_name=new_name, storage=target_url)
     have, want = dst.get_trials(deepcopy=False), src.get_trials(deepcopy=False)
     if len(have) < len(want) and all(_same_trial(a, b) for a, b in zip(have, want, strict=False)):

@@ -34,6 +34,7 @@ from zhantune.storage.engine import (
     refuse_other_optuna_schema,
     remove_sqlite_files,
     sqlite_path,
+    sqlite_reader,
     write_refused,
 )
 from zhantune.storage.migrate import current_revision, head_revision, upgrade
@@ -88,9 +89,8 @@ class Store(Queries):
         head = head_revision()
         path = sqlite_path(self.url)
         self._creating = path is not None and not path.exists()  # under the lock: no one else is creating it
-        # an existing SQLite file is read through a plain connection first (zhantune's engine would
-        # switch it to WAL mode, a write); it only reads
-        probe = (create_engine(f"sqlite:///{path}")
+        # an existing SQLite file is only read first (zhantune's engine would switch it to WAL mode)
+        probe = (create_engine(f"sqlite:///{path}", creator=sqlite_reader(path))
                  if path is not None and path.exists() and path.stat().st_size else self.engine)
         try:
             with probe.connect() as conn:
