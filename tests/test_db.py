@@ -24,7 +24,7 @@ from sqlalchemy import create_engine, func, inspect, select
 from zhantune.errors import StorageError
 from zhantune.storage import Store, make_engine
 from zhantune.storage import orm as m
-from zhantune.storage.engine import OPTUNA_TABLES
+from zhantune.storage.engine import OPTUNA_TABLES, existing_revision
 from zhantune.storage.migrate import VERSION_TABLE, current_revision, head_revision
 
 HERE = Path(__file__).resolve().parent
@@ -218,8 +218,9 @@ def test_newer_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
     with pytest.raises(StorageError, match="schema revision '9999' is newer than this zhantune knows"):
         Store(f"sqlite:///{newer}")
     assert _digest(newer) == digest
+    assert existing_revision(f"sqlite:///{newer}", allow_newer=True, writable=False) == "9999"  # `db current`
     # a damaged version table: a revision no zhantune wrote, or two rows (Alembic's "more than one
-    # head" traceback in every command before)
+    # head" traceback in every command before; `db current` printed it and exited 0)
     for statement, message in [("update zt_alembic_version set version_num='deadbeef'", "'deadbeef' is none this"),
                                ("insert into zt_alembic_version values ('0001')", "'<2 revisions in zt_alembic_version")]:
         with sqlite3.connect(newer) as con:
@@ -227,6 +228,8 @@ def test_newer_foreign_and_corrupt_databases_are_refused_untouched(tmp_path):
         digest = _digest(newer)
         with pytest.raises(StorageError, match=re.escape(message)):
             Store(f"sqlite:///{newer}")
+        with pytest.raises(StorageError, match=re.escape(message)):
+            existing_revision(f"sqlite:///{newer}", allow_newer=True, writable=False)
         assert _digest(newer) == digest
     foreign = tmp_path / "foreign.db"
     with sqlite3.connect(foreign) as con:
@@ -744,7 +747,6 @@ def test_a_database_this_process_cannot_write_is_read_and_nothing_is_left_beside
     findings). The checks, a merge from it and its Optuna study's history read it, write nothing
     beside it, and the owner writes to it afterwards."""
     from zhantune.report.studies import load_report_study
-    from zhantune.storage.engine import existing_revision
     from zhantune.storage.merge import merge_into
 
     (tmp_path / "ro").mkdir()

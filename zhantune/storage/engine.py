@@ -190,12 +190,17 @@ def refuse_foreign_or_newer(where: str, tables: set[str], rev: str | None) -> No
         raise StorageError(f"{where}: not a zhantune database (it has tables "
                            f"{', '.join(sorted(tables - OPTUNA_TABLES)[:3])}); left untouched")
     if rev is not None and rev not in known_revisions():
-        if rev.isdigit() and len(rev) == len(head_revision()) and rev > head_revision():
+        if _newer(rev):
             raise StorageError(f"{where}: schema revision {rev!r} is newer than this zhantune knows "
                                f"(newest {head_revision()}); use a newer zhantune. The database was left untouched")
         raise StorageError(f"{where}: schema revision {shown(rev)} is none this zhantune knows (0001 to "
                            f"{head_revision()}): a damaged version table, or another program's. The database "
                            "was left untouched")
+
+
+def _newer(rev: str) -> bool:
+    """Whether ``rev`` reads as a zhantune schema revision after this zhantune's newest."""
+    return rev.isdigit() and len(rev) == len(head_revision()) and rev > head_revision()
 
 
 def _optuna_script() -> Any:
@@ -338,7 +343,7 @@ def existing_revision(url: str, source: str = "storage.url", allow_newer: bool =
             raise StorageError(f"{source}={hide_password(url)}: no database at {path}")
         check_sqlite_integrity(path, f"{source}={hide_password(url)}")
     tables, rev = _probe(url, source)
-    if not (allow_newer and rev is not None):  # `current` reports any zhantune revision, newer too
+    if not (allow_newer and rev is not None and _newer(rev)):  # `current` reports a newer revision too
         refuse_foreign_or_newer(f"{source}={hide_password(url)}", tables, rev)
     return rev
 
