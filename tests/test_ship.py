@@ -175,10 +175,12 @@ def test_malformed_table_is_one_line_exit_2_naming_file_and_key_path(cli, tmp_pa
     ({"weight_layout": "zz"}, "problems[0].weight_layout: 'zz' for op addmm; allowed: kn, nk"),
     ({"bogus": 1}, "problems[0].bogus: not a key of a problem (a typo?); allowed: op, shape, dtype"),
     ({"twice": True}, "problems[1]: the same problem and lookup key as problems[0]: it would be tuned twice"),
+    ({"shape": [10**9, 10**9, 64]}, "problems[0].shape=[1000000000,1000000000,64]: addmm in float32 needs at least"),
 ])
 def test_malformed_problems_file_is_one_line_naming_file_and_key_path(cli, tmp_path, existing_db, edit, message):
     """A problems file of another format version, or a problem whose dtype or layout is not allowed,
-    is refused naming the file and the key; the database is left as it was."""
+    or whose shape cannot fit in memory (named as a shape= override before), is refused naming the
+    file and the key; the database is left as it was."""
     row = {"op": "addmm", "shape": [64, 64, 64], "dtype": "float32", "weight_layout": "nk", "count": 1}
     doc = {"format": "zhantune-problems", "format_version": 1, "problems": [row]}
     if "format_version" in edit:

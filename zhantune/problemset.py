@@ -266,7 +266,15 @@ def resolve_problems(cfg: DictConfig) -> list[ProblemRun]:
     if cfg.search.min_trials < 1:
         raise ConfigError(f"search.min_trials={cfg.search.min_trials} must be at least 1")
     counts = allocate_trials(rows, total, cfg.search.min_trials)
-    runs = [ProblemRun(row, n, resolve_run(_problem_cfg(cfg, row, n))) for row, n in zip(rows, counts, strict=True)]
+    runs = []
+    for i, (row, n) in enumerate(zip(rows, counts, strict=True)):
+        try:
+            runs.append(ProblemRun(row, n, resolve_run(_problem_cfg(cfg, row, n))))
+        except ConfigError as e:
+            if not str(e).startswith("shape="):
+                raise
+            # the row's shape reached resolve_run as a shape= override: name the file and row instead
+            raise ConfigError(f"{cfg.problems}: problems[{i}].{e}") from None
     # the largest share first: with search.transfer=auto the later, smaller problems start from the
     # winners of their neighbouring shapes (zhantune.search.transfer); ties keep the file's order
     weights = _weights(rows)
