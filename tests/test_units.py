@@ -282,3 +282,30 @@ def test_a_table_printed_off_a_terminal_cuts_no_cell():
     print_table(Console(file=out, width=60, force_terminal=False), table)
     text = out.getvalue()
     assert key in text and "154.6" in text and "(share of the model's GEMM time)" in text and "…" not in text
+
+
+def test_weights_that_do_not_fit_on_the_device_are_one_line(monkeypatch):
+    """Copying the built model to a GPU without room for it raised torch.OutOfMemoryError, a
+    traceback (collect and check); it is one line naming the model, the device and the dtype. (On
+    CPU: the copy fails as CUDA's caching allocator fails it.) Any other error is not hidden."""
+    from zhantune.models import build_model
+
+    kwargs = {"d_model": 64, "hidden": 128, "layers": 1}
+
+    def oom(self, *args, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                                     "of 79.19 GiB of which 1.2 GiB is free.\nSee documentation for Memory Management")
+
+    monkeypatch.setattr(torch.nn.Module, "to", oom)
+    with pytest.raises(ConfigError, match=re.escape(
+            f"model='zhantune.models:mlp' with model_kwargs={kwargs}: its weights do not fit in the memory of cuda:0 "
+            "in torch.bfloat16 (CUDA out of memory. Tried to allocate 2.00 GiB.")) as e:
+        build_model("zhantune.models:mlp", kwargs, dtype=torch.bfloat16, device="cuda:0")
+    assert "\n" not in str(e.value)
+
+    def other(self, *args, **kw):
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    monkeypatch.setattr(torch.nn.Module, "to", other)
+    with pytest.raises(RuntimeError, match="same device"):
+        build_model("zhantune.models:mlp", kwargs, dtype=torch.bfloat16, device="cuda:0")

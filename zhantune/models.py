@@ -138,12 +138,25 @@ def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torc
     except TypeError as e:
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: {e}") from None
     except (MemoryError, RuntimeError) as e:  # model_kwargs={d_model: 10000000000}: was a traceback
-        if not isinstance(e, MemoryError) and "allocate" not in str(e):
+        if not _out_of_memory(e):
             raise
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: its weights do not fit in memory") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model={spec!r} returned {type(model).__name__}, not a torch.nn.Module")
-    return model.to(device=device, dtype=dtype).eval()
+    try:
+        return model.to(device=device, dtype=dtype).eval()
+    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError copying to a GPU: was a traceback
+        if not _out_of_memory(e):
+            raise
+        raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: its weights do not fit in the memory of "
+                          f"{device} in {dtype} ({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})") from None
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation that failed: a MemoryError, torch.OutOfMemoryError (a
+    RuntimeError: "CUDA out of memory. Tried to allocate ..."), or the CPU allocator's RuntimeError
+    ("DefaultCPUAllocator: can't allocate memory")."""
+    return isinstance(e, MemoryError) or "out of memory" in str(e) or "allocate" in str(e)
 
 
 def example_inputs(shapes: list[list[int]], dtype: torch.dtype, device: torch.device | str = "cpu",
