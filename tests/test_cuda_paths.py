@@ -934,10 +934,10 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     Inductor's default anywhere. It now applies the export's rule on every compared device: a claim
     confirmed in paired rounds (at least min_speedup); where a device's tunes settled the problem and
     not that config, or no verdict exists (stored times alone, however fast), the problem's key gets
-    Inductor's default choice."""
+    Inductor's default choice. So does the export's device-agnostic table."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
-    from zhantune.inductor.builder import table_candidates
+    from zhantune.inductor.builder import build_table, table_candidates
     from zhantune.inductor.choices import LookupEvent
     from zhantune.inductor.portable import portable_table, unconfirmed_portable
     from zhantune.report.regret import compare
@@ -976,12 +976,17 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     verdict(rec2, y, 2.1)  # the A100's tune settled its own winner: x's speedup there was never paired
     assert unconfirmed_portable(compare(store), store, 1.02) == {p.problem_key: {other: "never paired with the default"}}
     assert shipped() == (None, "aten::mm") and shipped(None) == (64, "triton::mm")
+    # the export's device-agnostic key applies on both devices: it shipped the fastest device's
+    # (the A100's) confirmed y, never paired on the H100 (a review's finding); now the default
+    assert build_table(store, device_agnostic=True, min_speedup=1.02) == {key: [{"template_id": "aten::mm"}]}
+    assert build_table(store, min_speedup=1.02)[f"{other}+{key}"][0]["BLOCK_N"] == 32  # its own key: its own claim
     verdict(rec2, x, 1.01)  # paired, confirmed, below min_speedup
     assert unconfirmed_portable(compare(store), store, 1.02) == {
         p.problem_key: {other: "confirmed at 1.010x, below min_speedup"}}
     assert shipped() == (None, "aten::mm") and shipped(1.0) == (64, "triton::mm")
     verdict(rec2, x, 1.8)
     assert shipped() == (64, "triton::mm")
+    assert build_table(store, device_agnostic=True, min_speedup=1.02)[key][0]["BLOCK_N"] == 64  # x: confirmed on both
     # a replay of the portable table measures and settles the candidate of the tune's config hash
     # (an entry's EVEN_K, where the table has one, is left out as the measurement adds it again)
     table = portable_table(compare(store), store, None)

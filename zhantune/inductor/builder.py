@@ -175,25 +175,23 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     ``top_k`` entries per key, fastest first (1: Inductor compiles that one, no autotuning; more:
     Inductor autotunes among them). Each entry goes under the key of the lookup it hit
     (:func:`table_key`); where none is under the problem's own key, that key maps to ``[]``.
-    ``min_speedup``: where the best candidate is not at least this many times faster than
-    Inductor's default compile, the key gets Inductor's default choice (:func:`default_entry`)
-    instead; None: no check. Where the tune settled the winner's claim (a Verdict: paired,
-    interleaved rounds, zhantune.bench.decision) the claim must be confirmed with a ratio of at
-    least ``min_speedup`` (the fastest config whose claim was, in any run with the table's torch:
-    a faster one never paired or unconfirmed does not hide it); where none was (the tunes settled
-    another config, one a table cannot carry on that device: :func:`not_carried`, or made no claim:
-    a verdict without rounds, ``bench.remeasure_rounds=0``), the default ships, and so it does
-    where no tune left a verdict (an interrupted tune, a database from before verdicts): stored
-    times alone were never paired with the default. Verdicts and rows count only where measured
-    with a build of the table's torch release (``torch_version``, else this process's:
-    :func:`table_torch`, :func:`_carried_ranked`). ``device_agnostic`` keys entries without the
-    device; where several devices share a problem the fastest device's winners are kept. Where two problems map to one lookup key with different entries (a
-    float32 linear_act with relu and one with gelu, same shape: one addmm lookup on CPU), neither
-    problem's choice was measured for the other: both get Inductor's default choice under their
-    own keys, and those keys are appended to ``shared`` (a list, where given). ``problem_ids``: only
-    these problems (a problems file's: a model's table), None: every problem measured. ``shipped``
-    (a dict, where given) gets (device id, problem id) -> :class:`Shipped` for each problem placed
-    in the table: what its key ships, for the tune's summary."""
+    ``min_speedup`` (None: no check): a tuned entry ships only where its claim (a Verdict: paired,
+    interleaved rounds, zhantune.bench.decision) was confirmed with a ratio of at least this (the
+    fastest config whose claim was, in any run with the table's torch: a faster one never paired or
+    unconfirmed does not hide it); elsewhere the key gets Inductor's default choice
+    (:func:`default_entry`): where the tunes settled another config, one a table cannot carry on
+    that device (:func:`not_carried`), made no claim (``bench.remeasure_rounds=0``) or left no
+    verdict (an interrupted tune, a database from before verdicts): stored times alone were never
+    paired with the default. Verdicts and rows count only where measured with a build of the
+    table's torch release (``torch_version``, else this process's: :func:`table_torch`).
+    ``device_agnostic`` keys entries without the device: the fastest device's ranking is used, and
+    a tuned entry ships only where its claim cleared on every device that measured the problem (the
+    key applies on each, as in compare's portable table). Where two problems map to one lookup key
+    with different entries (a float32 linear_act with relu and one with gelu: one addmm lookup on
+    CPU), neither choice was measured for the other: both get the default under their own keys,
+    appended to ``shared`` (a list, where given). ``problem_ids``: only these problems (a problems
+    file's), None: every problem measured. ``shipped`` (a dict, where given) gets (device id,
+    problem id) -> :class:`Shipped` for each problem placed: what its key ships, for the summary."""
     from zhantune.inductor.heuristics import with_derived_kwargs
 
     # a claim holds for the torch release its paired rounds ran with: the table's (in its metadata)
@@ -204,10 +202,13 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     owners: dict[str, tuple[str | None, str]] = {}  # key -> (own key, lookup op) of the problem that placed it
     clashes: list[tuple[str | None, str, list[str]]] = []
     placed_rows: dict[tuple[int, int], tuple[Any, str | None]] = {}
-    for device, problem, rows in _carried_ranked(store, device_key, torch_version, problem_ids):
+    ranked = _carried_ranked(store, device_key, torch_version, problem_ids)
+    for device, problem, rows in ranked:
         if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
             continue
-        rows, keep = _tuned_rows(rows, (device.id, problem.id), verdicts, min_speedup)
+        # one key for every device (device_agnostic): the claim must clear on each that measured it
+        keys = [(d.id, p.id) for d, p, r in ranked if p.id == problem.id and r] if device_agnostic else []
+        rows, keep = _tuned_rows(rows, keys or [(device.id, problem.id)], verdicts, min_speedup)
         rows = rows[:max(1, top_k)]
         if keep and is_default_kernel(rows[0].template_id, rows[0].params):
             keep = False  # the default's own kernel: Inductor's default entry, never a "tuned" one
@@ -236,8 +237,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
             if any(table[key] != mine[key] for key in clash):
                 clashes.append((own, lookup_op, clash))
             continue
-        if device_agnostic:
-            seen.add(problem.id)
+        seen.update([problem.id] if device_agnostic else [])
         table.update(mine)
         owners.update((key, (own, lookup_op)) for key in mine)
     found = _default_for_clashes(table, owners, clashes)
@@ -271,16 +271,17 @@ def _carried_ranked(store: Store, device_key: str | None, torch_version: str | N
     return sorted(ranked, key=lambda r: decision_us(r[2][0]) if r[2] else float("inf"))
 
 
-def _tuned_rows(rows: list[Any], key: tuple[int, int], verdicts: dict,
+def _tuned_rows(rows: list[Any], keys: list[tuple[int, int]], verdicts: dict,
                 min_speedup: float | None) -> tuple[list[Any], bool]:
-    """(rows from the one to ship, whether a tuned entry ships) for one (device id, problem id)
-    ``key``, by :func:`build_table`'s rule."""
+    """(rows from the one to ship, whether a tuned entry ships) for one problem's (device id,
+    problem id) ``keys`` (one device; or each device a device-agnostic key covers, all of which must
+    have confirmed the claim), by :func:`build_table`'s rule."""
     if min_speedup is None:
         return rows, bool(rows)
     # the fastest carried config whose claim was confirmed in paired rounds (a faster one whose
     # claim failed, or that was never paired, does not hide it)
-    first = next((i for i, r in enumerate(rows) if claim_clears(verdicts.get((*key, r.config_hash)), min_speedup)),
-                 None)
+    first = next((i for i, r in enumerate(rows)
+                  if all(claim_clears(verdicts.get((*k, r.config_hash)), min_speedup) for k in keys)), None)
     if first is not None:
         return rows[first:], True
     # none confirmed: the tunes settled configs and none cleared (no paired rounds, a claim that
