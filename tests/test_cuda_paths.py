@@ -375,6 +375,7 @@ def test_an_aten_template_winner_is_recognised_as_the_defaults_own_kernel(op, in
     # {ATEN, k_slices=2} got paired rounds against itself); CPP in the list, or a fusion limit, is not
     for params, default in (({"max_autotune_gemm_backends": "ATEN"}, True),
                             ({"max_autotune_gemm_backends": "aten", "cpp.gemm_max_k_slices": 2}, True),
+                            ({"max_autotune_gemm_backends": "ATEN, aten"}, True),  # a review's: was settled as a speedup
                             ({"max_autotune_gemm_backends": "ATEN,CPP"}, False),
                             ({"max_autotune_gemm_backends": "ATEN", "epilogue_fusion": False}, False),
                             ({}, False)):

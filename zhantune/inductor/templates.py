@@ -49,7 +49,8 @@ def is_default_kernel(template_id: str | None, params: dict[str, Any] | None) ->
         return template_id in DEFAULT_KERNEL_TEMPLATES
     if params and all(k in BACKEND_FLAGS for k in params):  # the default compile under flags ...
         return all(backend_flag(k) == v for k, v in params.items())  # ... that are this process's own
-    # the backend list ATEN alone (the cpp.gemm_* knobs then change nothing: the template is not offered)
-    backends = str((params or {}).get("max_autotune_gemm_backends", "")).upper().replace(" ", "").split(",")
-    return backends == ["ATEN"] and all(k == "max_autotune_gemm_backends" or k.startswith("cpp.gemm_")
+    # the backend list ATEN alone (the cpp.gemm_* knobs then change nothing: the template is not
+    # offered), however written: Inductor strips each comma-separated part (torch/_inductor/utils.py)
+    backends = {b.strip() for b in str((params or {}).get("max_autotune_gemm_backends", "")).upper().split(",")}
+    return backends - {""} == {"ATEN"} and all(k == "max_autotune_gemm_backends" or k.startswith("cpp.gemm_")
                                         for k in params)
