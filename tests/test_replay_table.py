@@ -83,6 +83,7 @@ def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path)
     assert r.returncode == 0, r.stderr
     portable = json.loads((tmp_path / "portable.json").read_text())["table"]
     assert list(portable) == [agnostic] and "Inductor's default ships" not in r.stdout
+    assert "note: min_speedup=null: each key's fastest stored config ships as it was measured, never paired" in r.stdout
     assert portable[agnostic][0]["config_patch"] == p.portable.params
 
 

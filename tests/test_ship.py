@@ -280,11 +280,14 @@ def test_export_options_on_a_real_cpu_tune(tune_cfg, cli, tmp_path):
             module="zhantune.export")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "bare.json").read_text()) == build_table(store, top_k=2)
-    # min_speedup=null claims nothing, and says so; a CPU table: stock Inductor makes no lookup on
-    # CPU, so that is the one other note (no GPU one)
+    # min_speedup=null claims nothing, and says so, as top_k=2's second entries do (a review's
+    # finding: nothing said so); a CPU table: stock Inductor makes no lookup on CPU (no GPU note)
     notes = [" ".join(line.split()) for line in r.stdout.split("\nnote: ")[1:]]
     assert notes == ["min_speedup=null: each key's fastest stored config ships as it was measured, never paired "
                      "with Inductor's default: the table claims no speedup",
+                     "top_k=2: a key's entries after the first are the next fastest stored configs, never paired "
+                     "with Inductor's default; Inductor autotunes among them when it compiles (CUDA; a CPU GEMM "
+                     "compiles the first entry only)",
                      "1 CPU key(s): stock Inductor makes no lookup on CPU; they apply through "
                      "zhantune.use_table only"], r.stdout
     r = cli([f"storage.url={url}", "path=none.json", "torch_version=0.0.0"], tmp_path, module="zhantune.export")

@@ -79,7 +79,7 @@ def _compare_app(cfg: DictConfig) -> None:
         console.print(escape(f"html: {out}") + (f" (history and importances of study {escape(repr(study.study_name))})" if study else
                                          " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
     if cfg.table:
-        from zhantune.inductor.builder import table_metadata
+        from zhantune.inductor.builder import NO_CLAIM_NOTE, table_metadata
         from zhantune.inductor.portable import portable_choices
         from zhantune.inductor.table import write_table
         from zhantune.storage.engine import redact_url
@@ -91,6 +91,8 @@ def _compare_app(cfg: DictConfig) -> None:
             console.print(f"lookup table: {write_table(cfg.table, out.table, meta)} ({len(out.table)} key(s))",
                           markup=False)
             _print_withheld(console, out)
+            if cfg.min_speedup is None:
+                console.print(f"note: {NO_CLAIM_NOTE}", markup=False, soft_wrap=True)
         else:
             console.print("[yellow]no portable choice has an Inductor lookup key (imported or replayed "
                           "problems have none); no table written[/yellow]")

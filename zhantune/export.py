@@ -65,15 +65,18 @@ def _export_app(cfg: DictConfig) -> None:
           + (f"; {defaults} of them Inductor's default choice: no tuned config confirmed faster in paired rounds"
              + (f" by at least min_speedup={cfg.min_speedup:g}" if cfg.min_speedup is not None else "")
              + " (each tune's summary says why)" if defaults else ""))
-    from zhantune.inductor.builder import claims_of_other_torch, table_torch
+    from zhantune.inductor.builder import NO_CLAIM_NOTE, claims_of_other_torch, table_torch
 
     if cfg.device_agnostic:
-        print("note: device_agnostic=true: each key's entry was measured (and any claim confirmed) on one device, "
-              "and applies on every device that loads the table; python -m zhantune.compare table=... picks "
-              "configs measured on every device")
+        print("note: device_agnostic=true: each key applies on every device that loads the table; its entry is "
+              "the fastest device's, shipped only where its claim was confirmed on every device that measured the "
+              "problem; python -m zhantune.compare table=... picks configs by their regret on every device")
     if cfg.min_speedup is None:
-        print("note: min_speedup=null: each key's fastest stored config ships as it was measured, never paired "
-              "with Inductor's default: the table claims no speedup")
+        print(f"note: {NO_CLAIM_NOTE}")
+    if cfg.top_k > 1:
+        print(f"note: top_k={cfg.top_k}: a key's entries after the first are the next fastest stored configs, never "
+              "paired with Inductor's default; Inductor autotunes among them when it compiles (CUDA; a CPU GEMM "
+              "compiles the first entry only)")
     others = claims_of_other_torch(store, cfg.torch_version, cfg.min_speedup, device, ids)
     for other, n in sorted(others.items(), key=lambda item: item[0] or ""):
         with_torch = f"with torch {other}" if other else "before zhantune recorded a claim's torch"

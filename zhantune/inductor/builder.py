@@ -166,6 +166,11 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str,
     return out
 
 
+#: what export and compare print for a table written with min_speedup=null
+NO_CLAIM_NOTE = ("min_speedup=null: each key's fastest stored config ships as it was measured, never paired "
+                 "with Inductor's default: the table claims no speedup")
+
+
 def build_table(store: Store, device_key: str | None = None, device_agnostic: bool = False, top_k: int = 1,
                 min_speedup: float | None = None, torch_version: str | None = None,
                 shared: list[str] | None = None, problem_ids: set[int] | None = None,
