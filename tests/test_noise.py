@@ -137,6 +137,58 @@ def test_a_close_call_is_clear_only_by_the_claim_rule(a_us, b_us, verdict):
     assert f"{cands[faster].describe()} {lo:,.1f}-{hi:,.1f} us" in text  # the rounds' own numbers
 
 
+def test_a_close_call_measured_on_a_busy_machine_is_unconfirmed_and_its_rounds_alternate():
+    """A review's finding: the close call printed "clear winner in the search's own runs" from two
+    measurements a slow phase could have set apart, and its re-measured rounds always ran the same
+    config first and never asked whether a round began busy. Now: "unconfirmed" where a row it rests
+    on began busy (or ran contended without SCHED_FIFO), and the rounds alternate their order."""
+    from types import SimpleNamespace
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.settle import settle_close_call
+    from zhantune.bench.timing import Timing
+    from zhantune.candidate import Candidate
+    from zhantune.storage.orm import MeasurementRow
+    from zhantune.storage.rows import measurement_row
+
+    cands = {name: Candidate(name, "config", None, {"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": k})
+             for name, k in (("a", 1), ("b", 2))}
+    quiet = {"cores": 2, "load_avg_1m": 0.1, "others_running": 0, "busy_at_start": False}
+    busy = {**quiet, "others_running": 3, "busy_at_start": True}
+    ids = iter(range(1, 100))
+
+    def timed(us: float, spread: float, conditions: dict) -> Measurement:
+        return Measurement("ok", Timing(us, us, us + spread, us, us + spread, 100, "cpu:perf_counter:fifo"),
+                           conditions=conditions)
+
+    def record(meas, kind, candidate):
+        row = MeasurementRow(id=next(ids), **measurement_row(
+            meas, kind, candidate, study_id=1, device_id=1, problem_id=1, torch_version="t", triton_version=None,
+            conditions=meas.conditions))
+        return SimpleNamespace(**{c.key: getattr(row, c.key) for c in MeasurementRow.__table__.columns})
+
+    branches = [SimpleNamespace(name=n, scope="config") for n in cands]
+    # apart in the search's own runs (20th-80th percentiles do not overlap), the runner-up's taken busy
+    apart = [record(timed(100.0, 1.0, quiet), "candidate", cands["a"]), record(timed(130.0, 1.0, busy), "candidate", cands["b"])]
+    got, text = settle_close_call(apart, branches, None, record, 3)
+    assert got == "unconfirmed" and "unconfirmed: measured on a busy machine" in text, text
+    apart[1] = record(timed(130.0, 1.0, quiet), "candidate", cands["b"])
+    assert settle_close_call(apart, branches, None, record, 3)[0] == "clear"
+    # within each other's noise: re-measured; a clear order from rounds one of which began busy
+    close = [record(timed(100.0, 5.0, quiet), "candidate", cands["a"]), record(timed(100.1, 5.0, quiet), "candidate", cands["b"])]
+    order: list[str] = []
+    rounds = {"a": [(100.2, quiet), (100.7, busy), (101.0, quiet)], "b": [(120.0, quiet), (121.0, quiet), (120.5, quiet)]}
+
+    def measure(c):
+        order.append(c.branch)
+        us, conditions = rounds[c.branch].pop(0)
+        return timed(us, 0.0, conditions)
+
+    got, text = settle_close_call(close, branches, SimpleNamespace(measure=measure), record, 3)
+    assert got == "unconfirmed" and "1 of 3 round(s) taken on a busy machine" in text, text
+    assert order == ["a", "b", "b", "a", "a", "b"]
+
+
 def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):
     """Rerunning a finished study runs its settles again only when its newest verdict is a paired
     one left unconfirmed by a busy machine, and only when the run settles at all: a confirmed claim,
@@ -666,7 +718,8 @@ def test_every_best_named_is_the_exported_entry(cli, tmp_path):
         assert entry == {"template_id": "aten::mm"}, entry
     else:
         assert {k: str(v) for k, v in entry["config_patch"].items()} == params
-    close = re.search(r"close call re-measured .*?: (\S+) ((?:\S+=\S+ )+)[\d,.]+ us is faster", out)
+    # (the close call's line names the faster config first, whether clear, a tie or unconfirmed)
+    close = re.search(r"close call re-measured \d+x interleaved(?:, each round's fastest run)?: (\S+) ((?:\S+=\S+ )*)", out)
     if close:  # the close call names the same config first
         assert close.group(1) == branch and dict(kv.split("=", 1) for kv in close.group(2).split()) == params
     winner = re.search(r"winner: (\S+),", out)

@@ -47,26 +47,32 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
     verdict is "clear" where the rounds agree on which is faster by a margin their disagreement
     cannot explain (the rule of a speedup claim, zhantune.bench.decision.beyond_spread, on each
     round's ratio of the two; two identical kernels pass it in under 1% of settles, where the
-    rounds' ranges not overlapping passed 13% at 3 rounds), else "tie"; the sentence names the
-    configs in the order the ranking now gives."""
+    rounds' ranges not overlapping passed 13% at 3 rounds), else "tie"; "unconfirmed" where it would
+    be "clear" but a measurement it rests on was taken on a busy machine (:func:`_disturbed`); the
+    sentence names the configs in the order the ranking now gives."""
     from zhantune.bench.timing import is_tie
 
     if len(ranked) < 2:
         return None, None
     a, b = ranked[:2]
     if not is_tie(a, b):
-        return "clear", (f"clear winner in the search's own runs (not re-measured): the runner-up's were "
-                         f"{decision_us(b) / decision_us(a):.2f}x slower, their 20th-80th percentiles apart; "
-                         "a ranking, not a speedup claim")
+        busy = _disturbed(a) or _disturbed(b)  # a slow phase under one of them could have set them apart
+        return ("unconfirmed" if busy else "clear"), (
+            f"clear winner in the search's own runs (not re-measured): the runner-up's were "
+            f"{decision_us(b) / decision_us(a):.2f}x slower, their 20th-80th percentiles apart; a ranking, not a "
+            "speedup claim" + ("; unconfirmed: measured on a busy machine, noise could have made it" if busy else ""))
     cands = [_candidate(row, branches) for row in (a, b)]
     if None in cands:  # measured by another space (a cached row): cannot be rebuilt here
         return "tie", "close call with a config outside this space: not re-measured"
     pairs: list[tuple[float, float]] = []  # each round's two decision statistics, where both measured
+    busy = 0  # rounds a paired comparison cannot vouch for (zhantune.bench.conditions.disturbs_claim)
     with interrupt.interruptible():
-        for _ in range(rounds):
-            got = [record(bench.measure(cand), "remeasure", cand) for cand in cands]
-            if all(row.status == "ok" for row in got):
+        for i in range(rounds):  # the order alternates, as a speedup claim's rounds do
+            order = (0, 1) if i % 2 == 0 else (1, 0)
+            got = dict(zip(order, (record(bench.measure(cands[j]), "remeasure", cands[j]) for j in order), strict=True))
+            if all(row.status == "ok" for row in got.values()):
                 pairs.append((decision_us(got[0]), decision_us(got[1])))
+                busy += any(_disturbed(row) for row in got.values())
     if not pairs:
         return "tie", "close call: a re-measurement failed"
     # the two configs in the order the ranking now gives (one rule for every "best")
@@ -76,6 +82,11 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
     n, low, high = len(ratios), min(ratios), max(ratios)
     tied = not (beyond_spread(low, high, n) or beyond_spread(1 / high, 1 / low, n))
     spans = [f"{min(p[i] for p in pairs):,.1f}-{max(p[i] for p in pairs):,.1f} us" for i in (0, 1)]
+    if not tied and busy:
+        return "unconfirmed", (
+            f"close call re-measured {rounds}x interleaved: {cands[first].describe()} ranked before "
+            f"{cands[second].describe()} ({best_us[first]:,.1f} us before {best_us[second]:,.1f} us, each config's "
+            f"fastest run); unconfirmed: {busy} of {n} round(s) taken on a busy machine, noise could have set them apart")
     return ("tie" if tied else "clear"), (
         f"close call re-measured {rounds}x interleaved, each round's fastest run: {cands[first].describe()} "
         f"{spans[first]}, {cands[second].describe()} {spans[second]}; ranked by each config's fastest run of the "

@@ -197,8 +197,8 @@ def _print_notes(console: Console, result: Any) -> None:
     if getattr(result, "speedup_text", None):
         console.print(result.speedup_text, markup=False)
     if getattr(result, "verdict_text", None):
-        console.print(("[yellow]" if result.verdict == "tie" else "") + escape(result.verdict_text)
-                      + ("[/yellow]" if result.verdict == "tie" else ""))
+        console.print(("[yellow]" if result.verdict != "clear" else "") + escape(result.verdict_text)
+                      + ("[/yellow]" if result.verdict != "clear" else ""))
     contention = getattr(result, "contention", None)
     if contention is not None and contention.text():
         console.print(f"[yellow]warning: {contention.text()}[/yellow]")
