@@ -162,6 +162,11 @@ def test_problems_file_swept_by_jobs_into_one_database_then_one_export(postgres,
     assert [len(r["studies"]) for r in records] == [3, 3]
     for i in range(3):  # each problem's one trial measured by exactly one of the jobs
         assert sum(r["studies"][i]["measured"] for r in records) == 1
+    # no paired rounds (bench.remeasure_rounds=0): each study's best time is no claim, and the
+    # summary's studies say so beside it (a review's finding: only the best time was listed)
+    claims = [s["claim"] for r in records for s in r["studies"]]  # "not settled": a job that measured none of it
+    assert set(claims) <= {"unconfirmed: Inductor's default ships", "not settled"} and claims.count("not settled") < 6
+    assert out.count("unconfirmed: Inductor's default ships") == 3, out[-3000:]  # each study's row
     rows = _rows(url)
     assert len(rows) == 3 and len({(r.problem_id, r.config_hash) for r in rows}) == 3
 

@@ -50,9 +50,18 @@ def job_record(runs: list[tuple[Any, Any]], storage_url: str) -> dict[str, Any]:
             "resettled": bool(getattr(result, "resettled", False)),
             "best_us": decision_us(best) if best is not None else None,
             "best": _describe(best) if best is not None else None,
+            "claim": _claim(result.claim),
         })
     return {"zhantune_job": 1, "worker": worker_name(), "storage": redact_url(storage_url),
             "ended_at": dt.datetime.now(dt.timezone.utc).isoformat(), "studies": studies}
+
+
+def _claim(verdict: Any) -> str:
+    """The study's speedup claim over Inductor's default, as its table ships it (a SpeedupVerdict
+    or None): the best config's time alone is not a claim (a sweep's summary listed only that)."""
+    if verdict is None:
+        return "not settled"
+    return f"confirmed {verdict.claim_text()}" if verdict.confirmed else "unconfirmed: Inductor's default ships"
 
 
 def _describe(row: Any) -> str:
@@ -130,6 +139,7 @@ def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
     for col in ("job", "worker", "study", "measured", "retried", "dead trials failed", "waited s", "study measured"):
         jobs.add_column(col, justify="left" if col in ("worker", "study") else "right")
     last: dict[str, dict[str, Any]] = {}
+    claims: dict[str, tuple[str, str]] = {}
     for r in records:
         for s in r["studies"]:
             jobs.add_row(str(r.get("job")), escape(r["worker"]), escape(s["study"]), str(s["measured"]), str(s["retried"]),
@@ -138,17 +148,21 @@ def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
                          + (" (finished before the job)" if s.get("already_finished") else ""))
             if s["study"] not in last or r["ended_at"] >= last[s["study"]]["ended_at"]:
                 last[s["study"]] = {**s, "ended_at": r["ended_at"]}
+            # the newest job that settled the study's claim (a job that measured none of it settled nothing)
+            if s.get("claim") not in (None, "not settled") and r["ended_at"] >= claims.get(s["study"], ("",))[0]:
+                claims[s["study"]] = (r["ended_at"], s["claim"])
     console.print(jobs)
     missing = None if n_jobs is None else n_jobs - len(records)
     if missing:
         console.print(f"[yellow]{missing} job(s) wrote no record (failed, killed or interrupted): see their logs "
                       "(with submitit: .submitit/<job id>/ in the sweep directory)[/yellow]")
     studies = Table(title="studies (as their last job left them)")
-    for col in ("study", "measured", "best us", "best config"):
+    for col in ("study", "measured", "best us", "best config", "speedup vs default (paired)"):
         studies.add_column(col, justify="right" if col in ("measured", "best us") else "left")
     for name, s in sorted(last.items()):
         studies.add_row(escape(name), f"{s['study_measured']}/{s['n_trials']}",
-                        f"{s['best_us']:,.1f}" if s["best_us"] is not None else "-", escape(s["best"] or "-"))
+                        f"{s['best_us']:,.1f}" if s["best_us"] is not None else "-", escape(s["best"] or "-"),
+                        escape(claims.get(name, ("", s.get("claim") or "-"))[1]))
     console.print(studies)
     if records:
         console.print(f"one table from every problem: python -m zhantune.export storage.url=... "
