@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 from pathlib import Path
@@ -72,6 +73,13 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     r = cli([*tune_args, "export.path=table.json"], cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "inductor default" in r.stdout and "best config:" in r.stdout
+    # the summary's TFLOP/s are at each row's minimum, the statistic every comparison uses (they were
+    # at the median, which one-sided noise inflates: a review's finding)
+    cells = re.findall(r"│ (eager|inductor default|best candidate: \S+) +│ ok +│ +([\d,.]+) │ +([\d,.]+) │ +([\d.]+) │",
+                       r.stdout)
+    assert len(cells) >= 3, r.stdout[-3000:]
+    for _, _median, min_us, tflops in cells:
+        assert float(tflops) == pytest.approx(2 * 64 * 48 * 32 / float(min_us.replace(",", "")) / 1e6, rel=0.02, abs=6e-4)
     # the tune compiled in its own kernel cache and deleted it: in the user's Inductor cache only the
     # finished binaries it keeps for the next tune (bench.kernel_store=auto: zhantune-kernels/<torch
     # and compiler>/, no temporary name; force_disable_caches left a directory per compile there), and
