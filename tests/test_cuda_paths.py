@@ -981,6 +981,8 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     # (the A100's) confirmed y, never paired on the H100 (a review's finding); now the default
     assert build_table(store, device_agnostic=True, min_speedup=1.02) == {key: [{"template_id": "aten::mm"}]}
     assert build_table(store, min_speedup=1.02)[f"{other}+{key}"][0]["BLOCK_N"] == 32  # its own key: its own claim
+    # so it is where the export names one device (the tune's own export does): its key applies on both
+    assert build_table(store, dev, device_agnostic=True, min_speedup=1.02) == {key: [{"template_id": "aten::mm"}]}
     verdict(rec2, x, 1.01)  # paired, confirmed, below min_speedup
     assert unconfirmed_portable(compare(store), store, 1.02) == {
         p.problem_key: {other: "confirmed at 1.010x, below min_speedup"}}
@@ -988,6 +990,11 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     verdict(rec2, x, 1.8)
     assert shipped() == (64, "triton::mm")
     assert build_table(store, device_agnostic=True, min_speedup=1.02)[key][0]["BLOCK_N"] == 64  # x: confirmed on both
+    # a CPU that measured the problem too (no claim there) is another kind: a GPU's key is not its
+    cpu = Recorder(store, rec.problem, store.study_id("s3", {}), store.device_id("AMD EPYC", "AMD EPYC", "cpu", {}),
+                   rec.problem_id)
+    cpu.add(Measurement("ok", timing=summarize_us([50.0, 51.0], "t")), "candidate", x, trial_number=0)
+    assert build_table(store, device_agnostic=True, min_speedup=1.02)[key][0]["BLOCK_N"] == 64
     # a replay of the portable table measures and settles the candidate of the tune's config hash
     # (an entry's EVEN_K, where the table has one, is left out as the measurement adds it again)
     table = portable_table(compare(store), store, None)

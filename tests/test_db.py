@@ -774,6 +774,49 @@ def test_a_database_this_process_cannot_write_is_read_and_nothing_is_left_beside
     assert "later" in store.study_names()
 
 
+def test_a_pending_wal_of_a_database_this_process_cannot_write_is_read_through_a_link(tmp_path):
+    """A file this process may not write with a -wal beside it (its writer still open, or killed)
+    is opened mode=ro: the WAL's committed rows are read and nothing is added beside it. Through a
+    symbolic link in another directory too: the -wal is the target's (a review's finding: the link's
+    directory had none, and the reader ignored the WAL's rows)."""
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "links").mkdir()
+    db, link = tmp_path / "ro" / "b.db", tmp_path / "links" / "b.db"
+    _one_run(f"sqlite:///{db}").engine.dispose()
+    writer = sqlite3.connect(db)
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("update zt_study set name = 'renamed'")
+    writer.commit()  # in the -wal only
+    link.symlink_to(db)
+    beside = sorted(p.name for p in db.parent.iterdir())
+    assert beside == ["b.db", "b.db-shm", "b.db-wal"]
+    try:
+        with _unwritable(db):
+            for path in (db, link):
+                source = Store(f"sqlite:///{path}", "sources[0]", read_only=True)
+                assert source.study_names() == {"renamed"}, path
+                source.engine.dispose()
+            assert sorted(p.name for p in db.parent.iterdir()) == beside and list(link.parent.iterdir()) == [link]
+    finally:
+        writer.close()
+
+
+def test_a_database_changed_under_a_lock_free_reader_is_one_line():
+    """An immutable read (a file this process may not write) takes no lock: another process's write
+    during it can make SQLite report "database disk image is malformed" (a review's reproduction:
+    thousands of such errors in a loop). A read-only Store says the database changed while it read
+    it, one line, exit code 2; for a store that writes it stays an internal error with its traceback."""
+    from sqlalchemy.exc import DatabaseError
+
+    from zhantune.storage.engine import users_side
+
+    e = DatabaseError("SELECT 1", {}, sqlite3.DatabaseError("database disk image is malformed"))
+    assert users_side(e, "sources[0]=sqlite:///b.db", True) == (
+        "sources[0]=sqlite:///b.db: the database changed while this process read it (it may not write the file, so "
+        "it reads without SQLite's locks); run the command again")
+    assert users_side(e, "storage.url=sqlite:///b.db", False) is None
+
+
 def test_a_target_that_refuses_writes_is_one_line(cli, tmp_path, postgres):
     """Merging into a PostgreSQL database as a role allowed only SELECT was a traceback (exit 1,
     "permission denied for table zt_study"): one line naming the target, exit 2, nothing written."""

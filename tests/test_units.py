@@ -309,3 +309,26 @@ def test_weights_that_do_not_fit_on_the_device_are_one_line(monkeypatch):
     monkeypatch.setattr(torch.nn.Module, "to", other)
     with pytest.raises(RuntimeError, match="same device"):
         build_model("zhantune.models:mlp", kwargs, dtype=torch.bfloat16, device="cuda:0")
+
+
+def test_a_sweeps_summary_names_the_claim_its_table_ships():
+    """The multirun summary listed each study's best time and config alone; its claim column says
+    whether the paired claim was confirmed, for which config (the best a table carries, where the
+    best is not), and whether an export at min_speedup ships it (a review's finding)."""
+    from types import SimpleNamespace
+
+    from zhantune.bench.decision import SpeedupVerdict
+    from zhantune.multirun import _claim
+
+    best = SimpleNamespace(config_hash="a", template_id=None, branch="fusion", params={"epilogue_fusion": False})
+    carried = SimpleNamespace(config_hash="b", template_id="triton::mm", branch="triton", params={"BLOCK_M": 64})
+    confirmed = SpeedupVerdict(1.01, 1.005, 1.02, 5, 0, True, "r")
+    result = SimpleNamespace(claim=confirmed, claimed=carried, best=best)
+    assert _claim(result, 1.02) == ("confirmed 1.01x (rounds 1.00-1.02x, n=5) for triton::mm {BLOCK_M=64}, the best a "
+                                    "table carries; below export.min_speedup=1.02: Inductor's default ships")
+    assert _claim(SimpleNamespace(claim=confirmed, claimed=carried, best=carried), None) == \
+        "confirmed 1.01x (rounds 1.00-1.02x, n=5)"
+    unconfirmed = SpeedupVerdict(1.3, 0.9, 1.5, 3, 0, False, "rounds disagree")
+    assert _claim(SimpleNamespace(claim=unconfirmed, claimed=carried, best=carried), 1.02) == \
+        "unconfirmed: Inductor's default ships"
+    assert _claim(SimpleNamespace(claim=None, claimed=None, best=None), 1.02) == "not settled"

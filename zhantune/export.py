@@ -69,8 +69,8 @@ def _export_app(cfg: DictConfig) -> None:
 
     if cfg.device_agnostic:
         print("note: device_agnostic=true: each key applies on every device that loads the table; its entry is "
-              "the fastest device's, shipped only where its claim was confirmed on every device that measured the "
-              "problem; python -m zhantune.compare table=... picks configs by their regret on every device")
+              "the fastest device's, shipped only where its claim was confirmed on every device of that kind that "
+              "measured the problem; python -m zhantune.compare table=... picks configs by their regret on every device")
     if cfg.min_speedup is None:
         print(f"note: {NO_CLAIM_NOTE}")
     if cfg.top_k > 1:

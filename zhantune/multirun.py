@@ -50,18 +50,27 @@ def job_record(runs: list[tuple[Any, Any]], storage_url: str) -> dict[str, Any]:
             "resettled": bool(getattr(result, "resettled", False)),
             "best_us": decision_us(best) if best is not None else None,
             "best": _describe(best) if best is not None else None,
-            "claim": _claim(result.claim),
+            "claim": _claim(result, run.cfg.export.get("min_speedup")),
         })
     return {"zhantune_job": 1, "worker": worker_name(), "storage": redact_url(storage_url),
             "ended_at": dt.datetime.now(dt.timezone.utc).isoformat(), "studies": studies}
 
 
-def _claim(verdict: Any) -> str:
-    """The study's speedup claim over Inductor's default, as its table ships it (a SpeedupVerdict
-    or None): the best config's time alone is not a claim (a sweep's summary listed only that)."""
-    if verdict is None:
+def _claim(result: Any, min_speedup: float | None) -> str:
+    """The study's speedup claim over Inductor's default (a TuneResult's ``claim``, about its
+    ``claimed`` config, the best a table can carry) and whether an export at ``min_speedup`` ships
+    it: the best config's time alone is not a claim (a sweep's summary listed only that)."""
+    v = result.claim
+    if v is None:
         return "not settled"
-    return f"confirmed {verdict.claim_text()}" if verdict.confirmed else "unconfirmed: Inductor's default ships"
+    if not v.confirmed:
+        return "unconfirmed: Inductor's default ships"
+    text = f"confirmed {v.claim_text()}"
+    if result.claimed is not None and result.best is not None and result.claimed.config_hash != result.best.config_hash:
+        text += f" for {_describe(result.claimed)}, the best a table carries"
+    if min_speedup is not None and v.ratio < min_speedup:
+        text += f"; below export.min_speedup={min_speedup:g}: Inductor's default ships"
+    return text
 
 
 def _describe(row: Any) -> str:

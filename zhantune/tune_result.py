@@ -32,7 +32,8 @@ class TuneResult:
     interrupted: bool = False
     table_path: Path | None = None
     table_keys: list[str] = field(default_factory=list)
-    #: "clear", "tie" (within noise after re-measuring) or None (fewer than two correct configs)
+    #: the close call's: "clear", "tie" (within noise after re-measuring), "unconfirmed" (clear but
+    #: measured on a busy machine) or None (fewer than two correct configs)
     verdict: str | None = None
     verdict_text: str | None = None
     #: timed rows taken on a busy machine, and what was done about it (zhantune.bench.conditions)

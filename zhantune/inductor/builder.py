@@ -190,8 +190,8 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     paired with the default. Verdicts and rows count only where measured with a build of the
     table's torch release (``torch_version``, else this process's: :func:`table_torch`).
     ``device_agnostic`` keys entries without the device: the fastest device's ranking is used, and
-    a tuned entry ships only where its claim cleared on every device that measured the problem (the
-    key applies on each, as in compare's portable table). Where two problems map to one lookup key
+    a tuned entry ships only where its claim cleared on every device of its kind that measured the
+    problem, ``device_key`` or not (the key applies on each, as in compare's portable table). Where two problems map to one lookup key
     with different entries (a float32 linear_act with relu and one with gelu: one addmm lookup on
     CPU), neither choice was measured for the other: both get the default under their own keys,
     appended to ``shared`` (a list, where given). ``problem_ids``: only these problems (a problems
@@ -207,12 +207,12 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     owners: dict[str, tuple[str | None, str]] = {}  # key -> (own key, lookup op) of the problem that placed it
     clashes: list[tuple[str | None, str, list[str]]] = []
     placed_rows: dict[tuple[int, int], tuple[Any, str | None]] = {}
-    ranked = _carried_ranked(store, device_key, torch_version, problem_ids)
-    for device, problem, rows in ranked:
+    # device_agnostic: one key for every device of a kind, a claim must clear on each that measured it
+    measured_on = _measured_on(store, torch_version, problem_ids) if device_agnostic else {}
+    for device, problem, rows in _carried_ranked(store, device_key, torch_version, problem_ids):
         if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
             continue
-        # one key for every device (device_agnostic): the claim must clear on each that measured it
-        keys = [(d.id, p.id) for d, p, r in ranked if p.id == problem.id and r] if device_agnostic else []
+        keys = [(d, problem.id) for d, kind in measured_on.get(problem.id, []) if kind == device.kind]
         rows, keep = _tuned_rows(rows, keys or [(device.id, problem.id)], verdicts, min_speedup)
         rows = rows[:max(1, top_k)]
         if keep and is_default_kernel(rows[0].template_id, rows[0].params):
@@ -261,6 +261,17 @@ class Shipped:
 
     row: Any
     shared: bool = False
+
+
+def _measured_on(store: Store, torch_version: str | None, problem_ids: set[int] | None) -> dict[int, list[tuple[int, str]]]:
+    """problem id -> (device id, kind) of every device that measured it with a build of the
+    table's torch release, whatever device an export names (its device-agnostic key applies on
+    each device of that kind)."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    for d, p, _ in store.ranked_candidates(None, table_torch(torch_version), 1):
+        if problem_ids is None or p.id in problem_ids:
+            out.setdefault(p.id, []).append((d.id, d.kind))
+    return out
 
 
 def _carried_ranked(store: Store, device_key: str | None, torch_version: str | None,

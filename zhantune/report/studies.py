@@ -16,7 +16,7 @@ from zhantune.bench.decision import decision_us
 from zhantune.errors import ConfigError
 from zhantune.quiet import quiet_optuna
 from zhantune.storage import Store
-from zhantune.storage.engine import optuna_storage, redact_url
+from zhantune.storage.engine import optuna_reader, redact_url
 
 __all__ = ["study_names", "load_report_study"]
 
@@ -26,7 +26,7 @@ quiet_optuna()
 def study_names(store: Store) -> list[str]:
     """Every study in the database: zhantune's and Optuna's (a tune has both under one name)."""
     names = store.study_names()
-    names |= {x.study_name for x in optuna.get_all_study_summaries(optuna_storage(store.url), include_best_trial=False)}
+    names |= {x.study_name for x in optuna.get_all_study_summaries(optuna_reader(store.url), include_best_trial=False)}
     return sorted(names)
 
 
@@ -42,7 +42,7 @@ def load_report_study(store: Store, name: str, option: str = "study") -> optuna.
                               f"{', '.join(map(repr, hits or names)) or 'none'}")
         name = hits[0]
     try:
-        return optuna.load_study(study_name=name, storage=optuna_storage(store.url))
+        return optuna.load_study(study_name=name, storage=optuna_reader(store.url))
     except KeyError:  # a zhantune study without an Optuna study (a Kernel Tuner import)
         return _study_from_measurements(store, name)
 

@@ -98,7 +98,7 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
     t.add_column("status")
     t.add_column("median us", justify="right")
     t.add_column("min us", justify="right")
-    t.add_column("TFLOP/s at min", justify="right")
+    t.add_column("TFLOP/s", justify="right")  # at the minimum, as "min us"
     t.add_column("speedup vs default", justify="right")
     unfrozen = getattr(result, "default_unfrozen", None)
     rows = [(label, r) for label, r in (("eager", result.eager), ("inductor default", result.default),

@@ -11,23 +11,24 @@ import fcntl
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
+from sqlalchemy.pool import NullPool
 
 from zhantune.errors import StorageError, shown
 from zhantune.paths import SQLITE_SIDE_FILES
 from zhantune.redact import hide_password, mask, url_secrets
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
+from zhantune.storage.sqlite_files import optuna_reader, sqlite_path, sqlite_reader
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "locked_out", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
            "check_sqlite_integrity", "refuse_foreign_or_newer", "refuse_other_optuna_schema", "make_engine", "sqlite_pragmas", "open_existing", "existing_revision",
-           "sqlite_reader", "optuna_storage", "file_lock", "remove_sqlite_files", "canonical_json", "first_line"]
+           "sqlite_reader", "optuna_reader", "users_side", "file_lock", "remove_sqlite_files", "canonical_json", "first_line"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: database backends zhantune is tested on (SQLite: one machine; PostgreSQL: many)
@@ -51,18 +52,6 @@ def redact_url(url: str) -> str:
     if secrets and "@" in (u.host or ""):  # a raw '@' in the password: SQLAlchemy reads part of it as the host
         return mask(url, secrets)
     return mask(u.render_as_string(hide_password=True), secrets)
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The file of a ``sqlite:///`` URL (None for other engines, in-memory SQLite and a URL that
-    does not parse: check_url names what is wrong with it)."""
-    try:
-        u = make_url(url)
-    except (ArgumentError, ValueError):
-        return None
-    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
-        return None
-    return Path(u.database)
 
 
 def check_url(url: str, source: str = "storage.url", writable: bool = True) -> None:
@@ -116,37 +105,6 @@ def check_url(url: str, source: str = "storage.url", writable: bool = True) -> N
         raise StorageError(f"{source}={hide_password(url)}: directory {parent} is not writable")
 
 
-def sqlite_reader(path: Path) -> Callable[[], sqlite3.Connection]:
-    """Connections that only read the SQLite file ``path`` (a SQLAlchemy ``creator``). Where this
-    process may write the file and its directory: a plain connection, whose close checkpoints and
-    removes the -wal it used (a read-only open of a WAL database leaves its -wal and -shm behind).
-    Elsewhere (a mode-444 file, a read-only directory, another user's file) a plain or read-only
-    open would create -wal and -shm files this process cannot remove, owned by it, on which the
-    owner's next write fails, or fail for want of them: with no -wal or -journal beside the file it
-    is opened ``immutable=1`` (nothing created or locked; a write by another process during the
-    read is not seen), else ``mode=ro`` (the pending WAL read through the files that exist)."""
-    def connect() -> sqlite3.Connection:
-        parent = path.parent if str(path.parent) else Path(".")
-        if os.access(path, os.W_OK) and os.access(parent, os.W_OK):
-            return sqlite3.connect(path, check_same_thread=False)
-        pending = any(Path(f"{path}{s}").exists() for s in ("-wal", "-journal"))
-        return sqlite3.connect(f"file:{quote(str(path.resolve()))}?{'mode=ro' if pending else 'immutable=1'}",
-                               uri=True, check_same_thread=False)
-    return connect
-
-
-def optuna_storage(url: str) -> Any:
-    """What Optuna's ``load_study``, ``copy_study`` and ``get_all_study_summaries`` take as the
-    storage to read ``url`` from: the URL, or for an SQLite file an RDBStorage whose connections
-    come from :func:`sqlite_reader` (Optuna's own would write a read-only file's side files)."""
-    path = sqlite_path(url)
-    if path is None:
-        return url
-    import optuna
-
-    return optuna.storages.RDBStorage(url, engine_kwargs={"creator": sqlite_reader(path)})
-
-
 def _check_sqlite_file(path: Path, url: str, source: str = "storage.url") -> None:
     """Refuse a file that is not a readable SQLite database, through SQLite alone: opening and
     closing the file with plain I/O would drop the POSIX locks that this process's open connections
@@ -161,7 +119,10 @@ def _check_sqlite_file(path: Path, url: str, source: str = "storage.url") -> Non
     except sqlite3.DatabaseError as e:
         if "not a database" in str(e):
             raise StorageError(f"{source}={hide_password(url)}: {path} is not an SQLite database; left untouched") from None
-        raise StorageError(f"{source}={hide_password(url)}: {path} is not a readable SQLite database ({e}); "
+        wal, shm = (Path(f"{path.resolve()}{x}").exists() for x in ("-wal", "-shm"))
+        why = (f"; its -wal is beside it without its -shm, which this process may not create in {path.resolve().parent}"
+               if wal and not shm else "")
+        raise StorageError(f"{source}={hide_password(url)}: {path} is not a readable SQLite database ({e}{why}); "
                            "left untouched") from None
 
 
@@ -289,11 +250,26 @@ def write_refused(e: Exception) -> bool:
     return getattr(orig, "sqlstate", None) == "42501" or "readonly database" in str(orig)
 
 
+def users_side(e: Exception, where: str, read_only: bool) -> str | None:
+    """The one line for a failed statement that is the user's database, not a bug (exit code 2), or
+    None: a write it refuses (:func:`write_refused`), or, for a database only read (``read_only``),
+    an SQLite file found "malformed" after it passed its integrity check when opened: another
+    process wrote it while this one read it without locks (:func:`sqlite_reader`)."""
+    if write_refused(e):
+        return f"{where}: the database refuses this user's writes ({first_line(getattr(e, 'orig', e))}); give one it may write to"
+    if read_only and "malformed" in str(getattr(e, "orig", "")):
+        return (f"{where}: the database changed while this process read it (it may not write the file, so it "
+                "reads without SQLite's locks); run the command again")
+    return None
+
+
 def make_engine(url: str, wal: bool = True) -> Engine:
     """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite;
     ``wal`` False: the file's journal mode is left as it is, for a database only read)."""
     path = sqlite_path(url)
-    reader = {} if wal or path is None else {"creator": sqlite_reader(path)}
+    # a reader's connections are not pooled: each session decides again how to open the file
+    # (a -wal another process began since is then read, not ignored by an immutable open)
+    reader = {} if wal or path is None else {"creator": sqlite_reader(path), "poolclass": NullPool}
     engine = create_engine(url, json_serializer=canonical_json, **reader)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", sqlite_pragmas if wal else sqlite_read_pragmas)

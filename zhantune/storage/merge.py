@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from zhantune.errors import StorageError
 from zhantune.quiet import quiet_optuna
 from zhantune.storage import orm as m
-from zhantune.storage.engine import first_line, optuna_storage, redact_url
+from zhantune.storage.engine import first_line, optuna_reader, redact_url
 from zhantune.storage.store import Store
 
 __all__ = ["MergeStats", "merge_into", "check_importable", "check_recordings", "check_device_kinds"]
@@ -152,7 +152,7 @@ def _check_optuna_studies(source: Store, names: set[str], refuse: Callable[[str]
     if "studies" not in inspect(source.engine).get_table_names():
         return
     try:
-        storage = optuna_storage(source.url)
+        storage = optuna_reader(source.url)
         for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
             if summary.study_name in names:
                 optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(deepcopy=False)
@@ -361,7 +361,7 @@ def _copy_optuna_study(source_url: str, target_url: str, name: str, new_name: st
     it already as a prefix of the source's trials (a merge interrupted half way through copy_study,
     or an earlier copy of a study that went on), the missing trials are added. A target study whose
     trials differ from the source's (another lineage) is left as it is."""
-    source = optuna_storage(source_url)  # only read (a read-only file keeps no side files)
+    source = optuna_reader(source_url)  # a file this process may not write keeps no side files
     names = {s.study_name for s in optuna.get_all_study_summaries(source, include_best_trial=False)}
     if name not in names:
         return  # imported data has no Optuna study

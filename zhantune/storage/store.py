@@ -35,7 +35,7 @@ from zhantune.storage.engine import (
     remove_sqlite_files,
     sqlite_path,
     sqlite_reader,
-    write_refused,
+    users_side,
 )
 from zhantune.storage.migrate import current_revision, head_revision, upgrade
 from zhantune.storage.queries import Queries
@@ -180,9 +180,8 @@ class Store(Queries):
             raise
         except SQLAlchemyError as e:
             s.rollback()
-            if write_refused(e):  # the user's database or role, not a bug: one line, exit code 2
-                raise StorageError(f"{self.option}={redact_url(self.url)}: the database refuses this user's writes "
-                                   f"({first_line(e.orig)}); give one it may write to") from None
+            if (msg := users_side(e, f"{self.option}={redact_url(self.url)}", self.read_only)) is not None:
+                raise StorageError(msg) from None  # the user's database or role, not a bug: exit code 2
             raise StorageInternalError(f"storage.url={redact_url(self.url)}: {first_line(e)}") from e
         except BaseException:
             s.rollback()
