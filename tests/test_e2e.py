@@ -77,7 +77,7 @@ def test_cli_tune_stores_every_trial_and_exports_inductors_key(cli, tmp_path):
     # at the median, which one-sided noise inflates: a review's finding)
     cells = re.findall(r"│ (eager|inductor default|best candidate: \S+) +│ ok +│ +([\d,.]+) │ +([\d,.]+) │ +([\d.]+) │",
                        r.stdout)
-    assert len(cells) >= 3, r.stdout[-3000:]
+    assert {c[0] for c in cells} >= {"eager", "inductor default"}, r.stdout[-3000:]  # a longer label may wrap
     for _, _median, min_us, tflops in cells:
         assert float(tflops) == pytest.approx(2 * 64 * 48 * 32 / float(min_us.replace(",", "")) / 1e6, rel=0.02, abs=6e-4)
     # the tune compiled in its own kernel cache and deleted it: in the user's Inductor cache only the
