@@ -801,20 +801,36 @@ def test_a_pending_wal_of_a_database_this_process_cannot_write_is_read_through_a
         writer.close()
 
 
-def test_a_database_changed_under_a_lock_free_reader_is_one_line():
+def test_a_database_changed_under_a_lock_free_reader_is_one_line(tmp_path):
     """An immutable read (a file this process may not write) takes no lock: another process's write
     during it can make SQLite report "database disk image is malformed" (a review's reproduction:
-    thousands of such errors in a loop). A read-only Store says the database changed while it read
-    it, one line, exit code 2; for a store that writes it stays an internal error with its traceback."""
+    thousands of such errors in a loop). A read-only Store of such a file says the database changed
+    while it read it, one line, exit code 2; where it reads with locks (a file it may write), or
+    writes, "malformed" is damage: an internal error with its traceback. And reading a database
+    without Optuna's tables gives it none (Optuna's reader created them: a review's finding)."""
     from sqlalchemy.exc import DatabaseError
 
+    from zhantune.report.studies import study_names
     from zhantune.storage.engine import users_side
 
+    db = tmp_path / "b.db"
+    url = f"sqlite:///{db}"
+    _one_run(url).engine.dispose()
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        for table in OPTUNA_TABLES:
+            con.execute(f"drop table if exists {table}")
+        con.commit()
+        before = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
     e = DatabaseError("SELECT 1", {}, sqlite3.DatabaseError("database disk image is malformed"))
-    assert users_side(e, "sources[0]=sqlite:///b.db", True) == (
-        "sources[0]=sqlite:///b.db: the database changed while this process read it (it may not write the file, so "
-        "it reads without SQLite's locks); run the command again")
-    assert users_side(e, "storage.url=sqlite:///b.db", False) is None
+    assert users_side(e, "sources[0]=...", url) is None and users_side(e, "storage.url=...", None) is None
+    with _unwritable(db):
+        assert users_side(e, f"sources[0]={url}", url) == (
+            f"sources[0]={url}: the database changed while this process read it (it may not write the file, so "
+            "it reads without SQLite's locks); run the command again")
+        assert study_names(Store(url, "sources[0]", read_only=True)) == ["s"]
+    assert study_names(Store(url, "sources[0]", read_only=True)) == ["s"]
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        assert {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")} == before
 
 
 def test_a_target_that_refuses_writes_is_one_line(cli, tmp_path, postgres):

@@ -331,4 +331,6 @@ def test_a_sweeps_summary_names_the_claim_its_table_ships():
     unconfirmed = SpeedupVerdict(1.3, 0.9, 1.5, 3, 0, False, "rounds disagree")
     assert _claim(SimpleNamespace(claim=unconfirmed, claimed=carried, best=carried), 1.02) == \
         "unconfirmed: Inductor's default ships"
+    assert _claim(SimpleNamespace(claim=unconfirmed, claimed=carried, best=carried), None) == \
+        "unconfirmed (export.min_speedup=null: the fastest ships, claimed or not)"
     assert _claim(SimpleNamespace(claim=None, claimed=None, best=None), 1.02) == "not settled"

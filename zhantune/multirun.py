@@ -64,7 +64,8 @@ def _claim(result: Any, min_speedup: float | None) -> str:
     if v is None:
         return "not settled"
     if not v.confirmed:
-        return "unconfirmed: Inductor's default ships"
+        return ("unconfirmed: Inductor's default ships" if min_speedup is not None else
+                "unconfirmed (export.min_speedup=null: the fastest ships, claimed or not)")
     text = f"confirmed {v.claim_text()}"
     if result.claimed is not None and result.best is not None and result.claimed.config_hash != result.best.config_hash:
         text += f" for {_describe(result.claimed)}, the best a table carries"

@@ -207,10 +207,10 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     owners: dict[str, tuple[str | None, str]] = {}  # key -> (own key, lookup op) of the problem that placed it
     clashes: list[tuple[str | None, str, list[str]]] = []
     placed_rows: dict[tuple[int, int], tuple[Any, str | None]] = {}
-    # device_agnostic: one key for every device of a kind, a claim must clear on each that measured it
-    measured_on = _measured_on(store, torch_version, problem_ids) if device_agnostic else {}
-    for device, problem, rows in _carried_ranked(store, device_key, torch_version, problem_ids):
-        if problem.id in seen:  # another device was faster on this problem (device-agnostic keys)
+    ranked = _carried_ranked(store, None if device_agnostic else device_key, torch_version, problem_ids)
+    measured_on = _measured_on(ranked) if device_agnostic else {}  # a claim must clear on each device of a kind
+    for device, problem, rows in ranked:
+        if problem.id in seen or device.key != (device_key or device.key):  # seen: a faster device placed it
             continue
         keys = [(d, problem.id) for d, kind in measured_on.get(problem.id, []) if kind == device.kind]
         rows, keep = _tuned_rows(rows, keys or [(device.id, problem.id)], verdicts, min_speedup)
@@ -263,13 +263,13 @@ class Shipped:
     shared: bool = False
 
 
-def _measured_on(store: Store, torch_version: str | None, problem_ids: set[int] | None) -> dict[int, list[tuple[int, str]]]:
-    """problem id -> (device id, kind) of every device that measured it with a build of the
-    table's torch release, whatever device an export names (its device-agnostic key applies on
-    each device of that kind)."""
+def _measured_on(ranked: list[tuple[Any, Any, list[Any]]]) -> dict[int, list[tuple[int, str]]]:
+    """problem id -> (device id, kind) of every device whose carried configs rank it
+    (:func:`_carried_ranked` of every device, whatever device an export names: a device-agnostic
+    key applies on each device of its kind)."""
     out: dict[int, list[tuple[int, str]]] = {}
-    for d, p, _ in store.ranked_candidates(None, table_torch(torch_version), 1):
-        if problem_ids is None or p.id in problem_ids:
+    for d, p, rows in ranked:
+        if rows:
             out.setdefault(p.id, []).append((d.id, d.kind))
     return out
 

@@ -26,7 +26,8 @@ quiet_optuna()
 def study_names(store: Store) -> list[str]:
     """Every study in the database: zhantune's and Optuna's (a tune has both under one name)."""
     names = store.study_names()
-    names |= {x.study_name for x in optuna.get_all_study_summaries(optuna_reader(store.url), include_best_trial=False)}
+    if "studies" in store.tables():  # Optuna's: a database of imports only has none
+        names |= {x.study_name for x in optuna.get_all_study_summaries(optuna_reader(store.url), include_best_trial=False)}
     return sorted(names)
 
 
@@ -42,6 +43,8 @@ def load_report_study(store: Store, name: str, option: str = "study") -> optuna.
                               f"{', '.join(map(repr, hits or names)) or 'none'}")
         name = hits[0]
     try:
+        if "studies" not in store.tables():  # no Optuna tables at all: a database of imports only
+            raise KeyError(name)
         return optuna.load_study(study_name=name, storage=optuna_reader(store.url))
     except KeyError:  # a zhantune study without an Optuna study (a Kernel Tuner import)
         return _study_from_measurements(store, name)

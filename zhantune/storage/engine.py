@@ -24,7 +24,7 @@ from zhantune.errors import StorageError, shown
 from zhantune.paths import SQLITE_SIDE_FILES
 from zhantune.redact import hide_password, mask, url_secrets
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
-from zhantune.storage.sqlite_files import optuna_reader, sqlite_path, sqlite_reader
+from zhantune.storage.sqlite_files import optuna_reader, read_mode, sqlite_path, sqlite_reader
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "locked_out", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
            "check_sqlite_integrity", "refuse_foreign_or_newer", "refuse_other_optuna_schema", "make_engine", "sqlite_pragmas", "open_existing", "existing_revision",
@@ -121,7 +121,7 @@ def _check_sqlite_file(path: Path, url: str, source: str = "storage.url") -> Non
             raise StorageError(f"{source}={hide_password(url)}: {path} is not an SQLite database; left untouched") from None
         wal, shm = (Path(f"{path.resolve()}{x}").exists() for x in ("-wal", "-shm"))
         why = (f"; its -wal is beside it without its -shm, which this process may not create in {path.resolve().parent}"
-               if wal and not shm else "")
+               if wal and not shm and not os.access(path.resolve().parent, os.W_OK) else "")
         raise StorageError(f"{source}={hide_password(url)}: {path} is not a readable SQLite database ({e}{why}); "
                            "left untouched") from None
 
@@ -250,14 +250,16 @@ def write_refused(e: Exception) -> bool:
     return getattr(orig, "sqlstate", None) == "42501" or "readonly database" in str(orig)
 
 
-def users_side(e: Exception, where: str, read_only: bool) -> str | None:
+def users_side(e: Exception, where: str, read_url: str | None) -> str | None:
     """The one line for a failed statement that is the user's database, not a bug (exit code 2), or
-    None: a write it refuses (:func:`write_refused`), or, for a database only read (``read_only``),
-    an SQLite file found "malformed" after it passed its integrity check when opened: another
-    process wrote it while this one read it without locks (:func:`sqlite_reader`)."""
+    None: a write it refuses (:func:`write_refused`), or, for a database only read (``read_url``, a
+    read-only Store's) from an SQLite file read without locks (:func:`read_mode` "immutable"), the
+    file found "malformed" after it passed its integrity check when opened: another process wrote
+    it during the read (elsewhere "malformed" is damage, with its traceback)."""
     if write_refused(e):
         return f"{where}: the database refuses this user's writes ({first_line(getattr(e, 'orig', e))}); give one it may write to"
-    if read_only and "malformed" in str(getattr(e, "orig", "")):
+    path = sqlite_path(read_url) if read_url else None
+    if path is not None and read_mode(path) == "immutable" and "malformed" in str(getattr(e, "orig", "")):
         return (f"{where}: the database changed while this process read it (it may not write the file, so it "
                 "reads without SQLite's locks); run the command again")
     return None
@@ -267,9 +269,11 @@ def make_engine(url: str, wal: bool = True) -> Engine:
     """A SQLAlchemy engine with zhantune's JSON serializer (and WAL + busy timeout on SQLite;
     ``wal`` False: the file's journal mode is left as it is, for a database only read)."""
     path = sqlite_path(url)
-    # a reader's connections are not pooled: each session decides again how to open the file
-    # (a -wal another process began since is then read, not ignored by an immutable open)
-    reader = {} if wal or path is None else {"creator": sqlite_reader(path), "poolclass": NullPool}
+    # a reader of a file it may not write: its connections are not pooled, each session decides again
+    # how to open the file (a -wal another process began since is then read, not ignored by an
+    # immutable open); one it may write reads through pooled plain connections (no write per session)
+    reader = ({} if wal or path is None else
+              {"creator": sqlite_reader(path), **({"poolclass": NullPool} if read_mode(path) != "plain" else {})})
     engine = create_engine(url, json_serializer=canonical_json, **reader)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", sqlite_pragmas if wal else sqlite_read_pragmas)

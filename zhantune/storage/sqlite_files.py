@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
-__all__ = ["sqlite_path", "sqlite_reader", "optuna_reader"]
+__all__ = ["sqlite_path", "read_mode", "sqlite_reader", "optuna_reader"]
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -29,6 +29,15 @@ def sqlite_path(url: str) -> Path | None:
         return None
     return Path(u.database)
 
+
+def read_mode(path: Path) -> str:
+    """How :func:`sqlite_reader` opens ``path``: "plain" (this process may write the file and its
+    directory), "ro" (it may not, and a -wal or -journal is beside the file) or "immutable" (it may
+    not, and none is: read without SQLite's locks)."""
+    path = path.resolve()
+    if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
+        return "plain"
+    return "ro" if any(Path(f"{path}{s}").exists() for s in ("-wal", "-journal")) else "immutable"
 
 
 def sqlite_reader(path: Path) -> Callable[[], sqlite3.Connection]:
@@ -46,11 +55,10 @@ def sqlite_reader(path: Path) -> Callable[[], sqlite3.Connection]:
     path = path.resolve()
 
     def connect() -> sqlite3.Connection:
-        parent = path.parent if str(path.parent) else Path(".")
-        if os.access(path, os.W_OK) and os.access(parent, os.W_OK):
+        mode = read_mode(path)
+        if mode == "plain":
             return sqlite3.connect(path, check_same_thread=False)
-        pending = any(Path(f"{path}{s}").exists() for s in ("-wal", "-journal"))
-        return sqlite3.connect(f"file:{quote(str(path))}?{'mode=ro' if pending else 'immutable=1'}",
+        return sqlite3.connect(f"file:{quote(str(path))}?{'mode=ro' if mode == 'ro' else 'immutable=1'}",
                                uri=True, check_same_thread=False)
     return connect
 
@@ -58,10 +66,13 @@ def sqlite_reader(path: Path) -> Callable[[], sqlite3.Connection]:
 def optuna_reader(url: str) -> Any:
     """What Optuna's ``load_study``, ``copy_study`` and ``get_all_study_summaries`` take as the
     storage to read ``url`` from: the URL, or for an SQLite file an RDBStorage whose connections
-    come from :func:`sqlite_reader` (Optuna's own would write a read-only file's side files)."""
+    come from :func:`sqlite_reader` (Optuna's own would write a read-only file's side files), which
+    never creates Optuna's tables (a database of imports only has none: the caller checks)."""
     path = sqlite_path(url)
     if path is None:
         return url
     import optuna
 
-    return optuna.storages.RDBStorage(url, engine_kwargs={"creator": sqlite_reader(path), "poolclass": NullPool})
+    pool = {"poolclass": NullPool} if read_mode(path) != "plain" else {}
+    return optuna.storages.RDBStorage(url, engine_kwargs={"creator": sqlite_reader(path), **pool},
+                                      skip_table_creation=True)

@@ -180,7 +180,7 @@ class Store(Queries):
             raise
         except SQLAlchemyError as e:
             s.rollback()
-            if (msg := users_side(e, f"{self.option}={redact_url(self.url)}", self.read_only)) is not None:
+            if (msg := users_side(e, f"{self.option}={redact_url(self.url)}", self.url if self.read_only else None)):
                 raise StorageError(msg) from None  # the user's database or role, not a bug: exit code 2
             raise StorageInternalError(f"storage.url={redact_url(self.url)}: {first_line(e)}") from e
         except BaseException:
