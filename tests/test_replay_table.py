@@ -100,5 +100,12 @@ def test_replay_table_errors(cli, tmp_path):
     r = cli([f"table={tmp_path}/empty.json", f"storage.url={url}", "device=cpu"], tmp_path, module="zhantune.replay")
     assert r.returncode == 2 and "empty.json: holds no lookup keys, nothing to measure" in r.stderr
     assert "Traceback" not in r.stderr
+    # its only keys are another kind's device's: they are there, and left out for this kind
+    (tmp_path / "gpu.json").write_text(json.dumps({
+        "format": "zhantune-lookup-table", "format_version": 1, "devices": [{"key": "NVIDIA H100", "kind": "cuda"}],
+        "table": {"NVIDIA H100+((torch.float32, [8, 8], [8, 1]),)+mm": [{"template_id": "aten::mm"}]}}))
+    r = cli([f"table={tmp_path}/gpu.json", f"storage.url={url}", "device=cpu"], tmp_path, module="zhantune.replay")
+    assert r.returncode == 2 and ("gpu.json: holds no lookup keys for a cpu device (its 1 key(s) are of cuda devices: "
+                                  "replay it on one), nothing to measure") in r.stderr, r.stderr
     with sqlite3.connect(tmp_path / "empty.db") as con:  # no study was made for it
         assert con.execute("select count(*) from studies").fetchone() == (0,)

@@ -45,7 +45,7 @@ def _replay_app(cfg: DictConfig) -> None:
     from zhantune.config import check_bench
     from zhantune.device import resolve_device
     from zhantune.inductor.builder import table_candidates
-    from zhantune.inductor.table import load_table
+    from zhantune.inductor.table import read_table
     from zhantune.redact import hide_password
     from zhantune.storage import Store, sqlite_path
     from zhantune.table_replay import measure_table
@@ -58,9 +58,13 @@ def _replay_app(cfg: DictConfig) -> None:
         if path is not None and not path.exists():
             raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
         device = resolve_device(cfg.device)
-        table = load_table(cfg.table, device.kind)  # only allow-listed knobs (zhantune.inductor.knobs)
+        tf = read_table(cfg.table, device.kind)  # only allow-listed knobs (zhantune.inductor.knobs)
+        table = tf.table
         if not table:  # a replay of it would store an empty study and say nothing
-            raise TableError(f"table={cfg.table}: holds no lookup keys, nothing to measure")
+            others = sorted(set(tf.other_kind.values()))
+            raise TableError(f"table={cfg.table}: holds no lookup keys" + (
+                f" for a {device.kind} device (its {len(tf.other_kind)} key(s) are of {', '.join(others)} devices: "
+                "replay it on one)" if others else "") + ", nothing to measure")
         store = Store(cfg.storage.url)
         work = table_candidates(table, store.problems_by_lookup_key(), str(cfg.table), device.kind)
         work = [(row, _search_branches(store, row.id, cands)) for row, cands in work]

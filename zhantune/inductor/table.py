@@ -46,11 +46,16 @@ FORMAT_VERSION = 1
 #: (torch/_inductor/lookup_table/choices.py make_lookup_key)
 #: (the device part ends at the first "+((": a ROCm device key, gcnArchName, holds "+", e.g.
 #: "gfx90a:sramecc+:xnack-")
-_KEY = re.compile(r"^(?:(?P<device>.+?)\+(?=\(\())?(?P<inputs>\(\(.*\),?\))(?:\+(?P<scalars>[^+]*))?\+(?P<op>[A-Za-z_][\w]*)$")
+#: (a device part never holds "+((": the pattern then matches in time linear in the key's length;
+#: with ".+?" a crafted 180 KB key took two minutes to refuse)
+_KEY = re.compile(r"^(?:(?P<device>(?:(?!\+\(\().)+?)\+(?=\(\())?(?P<inputs>\(\(.*\),?\))(?:\+(?P<scalars>[^+]*))?\+(?P<op>[A-Za-z_][\w]*)$")
 #: a version string in the wrapper (PEP 440 with a local part: "2.13.0+cpu", "2.13.0a0+git1234abc")
 _VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}", re.ASCII)
 #: the largest table file read (tables hold a few entries per GEMM; this is thousands of models' worth)
 MAX_TABLE_BYTES = 64 << 20
+#: the longest lookup key read (Inductor's are a few hundred characters: device, three tensors' dtype,
+#: sizes and strides, the scalars, the op)
+MAX_KEY_CHARS = 4096
 
 
 @dataclass
@@ -275,6 +280,10 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
     devices = meta.get("devices", [])
     if not isinstance(devices, list) or not all(isinstance(d, dict) and isinstance(d.get("key"), str) for d in devices):
         raise TableError(f"{where}: devices: expected a list of objects with a string key")
+    for i, d in enumerate(devices):  # a device part of a lookup key: its entries are checked for its kind
+        if not (d["key"].strip() and d["key"].isprintable() and len(d["key"]) <= SHOWN_KEY and "+((" not in d["key"]):
+            raise TableError(f"{where}: devices[{i}].key={shown_json(d['key'])}: expected a device key, the part of "
+                             "a lookup key before '+((' (one line of printable text, not empty)")
     if not isinstance(meta.get("options", {}), dict):
         raise TableError(f"{where}: options: expected an object")
 
@@ -292,12 +301,16 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
                          f"got {type(table).__name__}")
     for key, entries in table.items():
         k = f"[{shown_json(key)}]"
+        if isinstance(key, str) and len(key) > MAX_KEY_CHARS:
+            raise TableError(f"{where}: {path(k)}: a key of {len(key):,} characters is not an Inductor lookup key "
+                             f"(those are a few hundred; at most {MAX_KEY_CHARS:,} are read)")
         if not isinstance(key, str) or not key.isprintable() or parse_key(key) is None:
             raise TableError(f"{where}: {path(k)}: not an Inductor lookup key "
                              "(expected '[device+]((dtype, size, stride), ...)[+scalars]+op')")
         if not isinstance(entries, list):
             raise TableError(f"{where}: {path(k)}: expected a list of entries, got {type(entries).__name__}")
-        kind = (device_kinds or {}).get(parse_key(key)["device"] or "", device_kind)
+        device = parse_key(key)["device"]  # a key without one: the kind read for, as _checked keeps it
+        kind = (device_kinds or {}).get(device, device_kind) if device is not None else device_kind
         for i, entry in enumerate(entries):
             at = path(k, f"[{i}]")
             if not isinstance(entry, dict) or not isinstance(entry.get("template_id"), str):
