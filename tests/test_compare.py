@@ -258,8 +258,66 @@ def test_the_speedup_chart_shows_paired_claims_and_marks_the_rest_unconfirmed(tm
     assert unconfirmed.marker.pattern.shape == "/"
     doc = json.loads(write_json(tmp_path / "c.json", cmp).read_text())
     assert {p["problem"]: p["confirmed_speedup"] for p in doc["problems"]} == {small: {dev: 1.6}, large: {}}
+    claims = {p["problem"]: p["claims"][dev] for p in doc["problems"]}
+    assert claims[small]["confirmed"] and claims[small]["rounds"] == 3 and claims[small]["ratio_low"] == 1.55
+    import torch
+
+    assert claims[large] == {"confirmed": False, "reason": "not confirmed: r", "ratio": 1.9, "ratio_low": 1.55,
+                             "ratio_high": 1.65, "rounds": 3, "torch_version": torch.__version__}
+    assert "never paired with one another" in doc["times"] and doc["min_speedup"] == 1.02
     write_html_report(tmp_path / "r.html", cmp)
     assert _charts(tmp_path / "r.html")["speedup-over-default"] == "drawn"
+
+
+@pytest.mark.parametrize("ratio, torch_version, min_speedup, reason", [
+    (1.01, None, 1.02, "confirmed at 1.010x, below min_speedup"),
+    (1.01, None, None, None),  # min_speedup=null: any confirmed claim
+    (1.15, "2.12.0+cpu", 1.02, "confirmed with torch 2.12.0+cpu, not with this torch "),
+    (1.15, None, 1.02, None),
+])
+def test_compares_claims_are_the_ones_the_export_ships(cli, tmp_path, ratio, torch_version, min_speedup, reason):
+    """compare's JSON, CSV, chart and terminal call a winner's speedup confirmed only where the
+    export (and compare's own table=) would ship it: a claim of this torch's release, at least
+    min_speedup. A 1.01x claim or one paired under another torch was "confirmed" in the JSON and the
+    report while the same command's table shipped the default."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.candidate import Candidate
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.problems import GemmProblem
+    from zhantune.report.html import _speedup
+    from zhantune.storage import Recorder
+
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    dev = "NVIDIA H100 80GB HBM3"
+    device_id = store.device_id(dev, dev, "cuda", {})
+    study_id = store.study_id("s", {})
+    problem = GemmProblem("mm", (64, 64, 64), "bfloat16")
+    rec = Recorder(store, problem, study_id, device_id, store.problem_id(problem.key, **problem.row_fields()))
+    hit = LookupEvent("mm", f"{dev}+k", "k", {"triton::mm": None}, ("triton::mm",))
+    rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=hit), "default")
+    cand = Candidate("triton_mm", "template", "triton::mm",
+                     {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3, "GROUP_M": 8})
+    rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t"), lookup=hit), "candidate", cand, trial_number=0)
+    store.add_verdict(study_id=study_id, device_id=device_id, problem_id=rec.problem_id, config_hash=cand.config_hash,
+                      ratio=ratio, ratio_low=ratio - 0.001, ratio_high=ratio + 0.001, rounds=3, contended=0,
+                      confirmed=True, reason="r", **({"torch_version": torch_version} if torch_version else {}))
+    (p,) = compare(store, min_speedup=min_speedup).problems
+    assert p.claims[dev].confirmed is (reason is None) and p.claims[dev].ratio == ratio
+    assert reason is None or p.claims[dev].reason.startswith(reason), p.claims[dev]
+    assert p.confirmed_speedup == ({dev: ratio} if reason is None else {})
+    bars = {bar.name for bar in _speedup(compare(store, min_speedup=min_speedup)).data}
+    assert bars == {f"{dev}: " + ("confirmed in paired rounds" if reason is None else "unconfirmed (unpaired fastest runs)")}
+    r = cli([f"storage.url=sqlite:///{tmp_path}/z.db", "json=c.json", "csv=c.csv", f"min_speedup={min_speedup or 'null'}"],
+            tmp_path, module="zhantune.compare")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (doc,) = json.loads((tmp_path / "c.json").read_text())["problems"]
+    assert doc["claims"][dev]["confirmed"] is (reason is None) and doc["confirmed_speedup"] == p.confirmed_speedup
+    with open(tmp_path / "c.csv", newline="") as f:
+        (row,) = csv.DictReader(f)
+    assert row["claim_confirmed"] == str(reason is None) and row["claim_reason"] == p.claims[dev].reason
+    line = next(x for x in r.stdout.splitlines() if x.startswith("speedup of "))
+    assert (f"confirmed {ratio:.3f}x (3 paired round(s)" in line) is (reason is None), line
 
 
 @pytest.mark.parametrize("where, message", [

@@ -201,3 +201,16 @@ def test_multirun_over_shapes(cli, tmp_path):
     con = sqlite3.connect(tmp_path / "zhantune.db")
     assert con.execute("select count(*) from zt_problem").fetchone()[0] == 2
     assert len(load_table(tmp_path / "zhantune_table.json")) == 2
+
+    def claims(sweep: str) -> list[str]:
+        return [s["claim"] for i in (0, 1) for s in json.loads((tmp_path / sweep / str(i) / "zhantune_job.json")
+                                                                .read_text())["studies"]]
+
+    # the same sweep again: each study is finished, and its job record says what its tune settled
+    # (it said "not settled", the stored verdict unread)
+    first = claims("sweep")
+    assert "not settled" not in first, first
+    r = cli(["-m", "+op=mm", "shape=[32,32,32],[48,32,16]", "search.n_trials=1", "device=cpu", "progress=false",
+             "space=[aten]", "bench.isolate=false", f"hydra.sweep.dir={tmp_path}/sweep2"], cwd=tmp_path)
+    assert r.returncode == 0 and "finished before the job" in r.stdout, r.stderr[-3000:]
+    assert claims("sweep2") == first

@@ -157,6 +157,35 @@ def test_a_table_of_cpu_and_gpu_devices_loads_on_each_kind(tmp_path):
     write_table(tmp_path / "bare.json", table)
     with pytest.raises(TableError, match="max_autotune_gemm_backends='CPP' is not allowed"):
         read_table(tmp_path / "bare.json", "cuda")
+    # a device-free key is checked for the kind read for, the kind it is kept for: a devices entry of
+    # an empty key made it checked as the other kind's and kept (TRITON reached a CPU compile)
+    triton = {inputs: [{"template_id": "zhantune::config", "config_patch": {"max_autotune_gemm_backends": "TRITON"}}]}
+    for key in ("", " ", "a\nb", "x+((y"):
+        (tmp_path / "dev.json").write_text(json.dumps({**meta, "devices": [{"key": key, "kind": "cuda"}], "table": triton}))
+        with pytest.raises(TableError, match=re.escape(f"devices[0].key={json.dumps(key)}: expected a device key")):
+            read_table(tmp_path / "dev.json", "cpu")
+    (tmp_path / "dev.json").write_text(json.dumps({**meta, "devices": [{"key": "NVIDIA H100", "kind": "cuda"}],
+                                                   "table": triton}))
+    with pytest.raises(TableError, match="max_autotune_gemm_backends='TRITON' is not allowed"):
+        read_table(tmp_path / "dev.json", "cpu")
+
+
+def test_a_crafted_long_key_is_refused_at_once():
+    """Reading a key took time quadratic in its length (a 180 KB key of "+((" took two minutes to
+    refuse): the pattern now runs in linear time and a key longer than any of Inductor's is refused."""
+    import time
+
+    from zhantune.inductor.table import MAX_KEY_CHARS, check_table, parse_key
+
+    n = 30_000
+    for key in ("x" + "+((" * n + "))+" * n, "((" * n + "))+" * n, "((" + "))+((" * n + "+mm+"):
+        start = time.process_time()
+        assert parse_key(key) is None
+        assert time.process_time() - start < 5  # was minutes; a regression is not a slower machine
+    long = "cpu+((torch.float32," + " " * MAX_KEY_CHARS + "[8], [1]),)+mm"
+    assert parse_key(long) is not None
+    with pytest.raises(TableError, match=f"a key of {len(long):,} characters is not an Inductor lookup key"):
+        check_table({long: []}, "t.json")
 
 
 def test_a_cpu_model_at_two_thread_counts_is_two_devices_of_one_name(tmp_path):
@@ -334,3 +363,36 @@ def test_a_sweeps_summary_names_the_claim_its_table_ships():
     assert _claim(SimpleNamespace(claim=unconfirmed, claimed=carried, best=carried), None) == \
         "unconfirmed (export.min_speedup=null: the fastest ships, claimed or not)"
     assert _claim(SimpleNamespace(claim=None, claimed=None, best=None), 1.02) == "not settled"
+
+
+@pytest.mark.parametrize("torch_version, rounds, low, confirmed, reason", [
+    (None, 3, 1.14, True, "r"),
+    ("2.12.0+cpu", 3, 1.14, False, "confirmed with torch 2.12.0+cpu, not with this torch"),
+    (None, 1, 1.14, False, "confirmed by a rule zhantune no longer uses"),  # one round: never a claim now
+    (None, 3, 0.9, False, "confirmed by a rule zhantune no longer uses"),  # slower in a round
+])
+def test_a_finished_studys_claim_is_its_stored_verdict_judged_as_the_export_judges_it(
+        tmp_path, torch_version, rounds, low, confirmed, reason):
+    """A run that finds its study finished measures nothing; its result (the multirun job record,
+    a problems file's table) carries the study's newest stored verdict, confirmed only where the
+    export would ship it, and the config it is about."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.candidate import Candidate
+    from zhantune.storage import Recorder
+    from zhantune.tune_result import stored_claim
+
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    device_id = store.device_id("dev", "dev", "cpu", {})
+    study_id = store.study_id("s", {})
+    problem = GemmProblem("mm", (64, 64, 64), "float32")
+    rec = Recorder(store, problem, study_id, device_id, store.problem_id(problem.key, **problem.row_fields()))
+    assert stored_claim(store, study_id, "dev") == (None, None)
+    cand = Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP"})
+    rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t")), "candidate", cand, trial_number=0)
+    store.add_verdict(study_id=study_id, device_id=device_id, problem_id=rec.problem_id, config_hash=cand.config_hash,
+                      ratio=1.15, ratio_low=low, ratio_high=1.16, rounds=rounds, contended=0, confirmed=True,
+                      reason="r", **({"torch_version": torch_version} if torch_version else {}))
+    claim, claimed = stored_claim(store, study_id, "dev")
+    assert claim.confirmed is confirmed and claim.reason.startswith(reason) and claim.ratio == 1.15, claim
+    assert claimed.config_hash == cand.config_hash

@@ -3,8 +3,10 @@
 Reads every device in ``storage.url`` (or ``devices=[...]``, by key or name) and prints, per problem,
 each device's best config, the regret of each device's winner on the others, and the config that
 loses least everywhere; then the device x device regret matrix. One device works too (its winners;
-with ``study=``, the report draws the search history). ``csv=``, ``json=``, ``html=`` write
-the same data; ``table=`` writes the portable choices as device-agnostic lookup-table entries, each
+with ``study=``, the report draws the search history), and each winner's speedup claim over
+Inductor's default where paired rounds judged one (zhantune.report.regret.Claim, at
+``min_speedup``). ``json=`` writes the whole comparison, ``csv=`` its regret rows, ``html=`` the
+report with charts (zhantune.report.outputs, zhantune.report.html); ``table=`` writes the portable choices as device-agnostic lookup-table entries, each
 only where it may replace Inductor's default on every compared device (``min_speedup``, the export's
 rule; else the default's entry). Definitions in :mod:`zhantune.report.regret`; the portable table:
 zhantune.inductor.portable.
@@ -63,7 +65,7 @@ def _compare_app(cfg: DictConfig) -> None:
     try:
         store = Store(cfg.storage.url, read_only=True)  # only read: a read-only file is fine
         store.check_readable()
-        cmp = compare(store, [str(d) for d in devices] if devices else None)
+        cmp = compare(store, [str(d) for d in devices] if devices else None, cfg.min_speedup)
         # a tune's study, or one a Kernel Tuner import printed (by its name or a part only it has)
         study = load_report_study(store, str(cfg.study)) if cfg.study else None
     except UserError as e:

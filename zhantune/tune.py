@@ -35,14 +35,13 @@ from zhantune.search.study import MAX_RETRIES, Heartbeat, HeartbeatSettings, ope
 from zhantune.search.transfer import load_prior, transfer_text
 from zhantune.storage import ClaimLost, MeasurementRow, Recorder, Store, redact_url
 from zhantune.storage.ingest import refuse_merge, replay_study
-from zhantune.tune_result import TuneResult
+from zhantune.tune_result import TuneResult, stored_claim
 
 __all__ = ["TuneResult", "tune", "settle", "study_budget", "RunSpec", "resolve_run", "FINISHED", "EXHAUSTED"]
 
 log = logging.getLogger(__name__)
 
-#: zt_study.status of a study that ended without an interrupt, and of one whose every feasible
-#: point is measured (more trials cannot measure anything new)
+#: zt_study.status of a study that ended without an interrupt, and of one whose every feasible point is measured
 FINISHED, EXHAUSTED = "finished", "exhausted"
 
 
@@ -125,10 +124,11 @@ def _finished_result(run: RunSpec, store: Store, row: Any, target: int) -> TuneR
     dev = next((d for d in store.devices() if d.key == run.device.key), None)
     stored = (store.stored_baselines(row.id, dev.id, run.problem.key, versions["torch"], versions["triton"])
               if dev is not None else {})
-    return TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), _study_best(run, store, row.id),
-                      default_unfrozen=stored.get("default_unfrozen"), target=target,
-                      before=store.trial_counts(row.id)[0],
-                      already_finished=True, exhausted=row.status == EXHAUSTED, baselines_reused=bool(stored))
+    result = TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), _study_best(run, store, row.id),
+                        default_unfrozen=stored.get("default_unfrozen"), target=target, before=store.trial_counts(row.id)[0],
+                        already_finished=True, exhausted=row.status == EXHAUSTED, baselines_reused=bool(stored))
+    result.claim, result.claimed = stored_claim(store, row.id, run.device.key)  # what its tunes settled
+    return result
 
 
 def _own_rows(run: RunSpec, study_id: int) -> int | None:

@@ -13,7 +13,31 @@ from zhantune.bench.decision import SpeedupVerdict
 from zhantune.search.transfer import Prior
 from zhantune.storage import MeasurementRow
 
-__all__ = ["TuneResult"]
+__all__ = ["TuneResult", "stored_claim"]
+
+
+def stored_claim(store: Any, study_id: int, device_key: str) -> tuple[SpeedupVerdict | None, MeasurementRow | None]:
+    """A finished study's claim from the database, for a run that measures nothing: its newest
+    verdict (Store.study_verdict) as the SpeedupVerdict a tune's settle leaves, confirmed only
+    where the rule in use holds (zhantune.bench.decision.claim_holds) and its rounds ran with this
+    torch's release, as the export ships claims; and the fastest row of the config it is about (None
+    where the verdict names none). (None, None) where no verdict was stored."""
+    from zhantune.bench.decision import claim_holds
+    from zhantune.provenance import software_versions, torch_release
+
+    v = store.study_verdict(study_id)
+    if v is None:
+        return None, None
+    this = software_versions()["torch"]
+    confirmed = claim_holds(v) and torch_release(v.torch_version) == torch_release(this)
+    reason = v.reason
+    if claim_holds(v) and not confirmed:
+        reason = f"confirmed with torch {v.torch_version or '(not recorded)'}, not with this torch {this}"
+    elif v.confirmed and not confirmed:
+        reason = "confirmed by a rule zhantune no longer uses (docs/timing.md): settle it again"
+    claimed = next((row for _, problem, rows in store.ranked_candidates(device_key, top_k=1 << 30)
+                    if problem.id == v.problem_id for row in rows if row.config_hash == v.config_hash), None)
+    return SpeedupVerdict(v.ratio, v.ratio_low, v.ratio_high, v.rounds or 0, v.contended or 0, confirmed, reason), claimed
 
 
 @dataclass

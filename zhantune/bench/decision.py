@@ -155,6 +155,25 @@ def claim_holds(verdict: Any) -> bool:
                 and beyond_spread(v.ratio_low, v.ratio_high, v.rounds or 0))
 
 
+def claim_status(verdict: Any, other_torch: Any, min_speedup: float | None, torch: str) -> str | None:
+    """None where a stored ``verdict`` (the newest with this ``torch`` release, Store.latest_verdicts)
+    carries a claim that the export ships: :func:`claim_holds`, and a ratio of at least
+    ``min_speedup`` (None: any confirmed claim). Else why not: "confirmed with torch X, not with
+    this torch Y" (``other_torch``: the newest verdict of any torch), "confirmed at R.RRRx, below
+    min_speedup", "not confirmed: REASON" (paired rounds that did not confirm it), or "never paired
+    with the default" (no verdict, or one of no rounds). The one wording of export, compare's table,
+    its JSON and its report."""
+    if claim_holds(verdict) and (min_speedup is None or verdict.ratio >= min_speedup):
+        return None
+    if verdict is None and other_torch is not None and claim_holds(other_torch):
+        return f"confirmed with torch {other_torch.torch_version or '(not recorded)'}, not with this torch {torch}"
+    if claim_holds(verdict):
+        return f"confirmed at {verdict.ratio:.3f}x, below min_speedup"
+    if verdict is not None and verdict.rounds:
+        return f"not confirmed: {verdict.reason}"
+    return "never paired with the default"
+
+
 def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
     """Settle a speedup claim from paired, interleaved rounds (module docstring for the rules)."""
     n = len(rounds)

@@ -70,7 +70,7 @@ def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) 
     """Time every way in ``rounds`` interleaved rounds (round r starts at way r mod n, so no way is
     always first). Per way: ``run_us`` the fastest run over all rounds (the decision statistic, as
     in a tune: one-sided noise cannot make it smaller), ``median_us`` the median of the per-round
-    medians, ``rounds_us`` each round's fastest run, ``contended`` how many of its rounds a
+    medians, ``rounds_us`` each round's fastest run, ``disturbed_rounds`` how many of its rounds a
     paired comparison cannot vouch for (begun busy, or contended and not shielded by SCHED_FIFO:
     zhantune.bench.conditions.disturbs_claim, a tune's claim's rule). Returns (per way, ContentionCount)."""
     import statistics
@@ -92,7 +92,7 @@ def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) 
     for name, ts in timings.items():
         out[name] = {"run_us": min(t.min_us for t in ts), "median_us": statistics.median(t.median_us for t in ts),
                      "rounds_us": [t.min_us for t in ts], "n": sum(t.n for t in ts), "method": ts[0].method,
-                     "contended": busy[name]}
+                     "disturbed_rounds": busy[name]}
     return out, contention
 
 
@@ -105,14 +105,23 @@ def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     a tune's claim, zhantune.bench.decision.beyond_spread, either way, so up to 1% of equal ways are
     marked consistent; check's rounds rotate three ways, so a way and the default are not always
     back to back; never with one round, nor where a round of either side was disturbed, by a tune's
-    claim's rule: zhantune.bench.conditions.disturbs_claim)."""
+    claim's rule: zhantune.bench.conditions.disturbs_claim). Where not consistent, ``ratio`` is None
+    (the terminal shows "~"), the median is ``unconfirmed_ratio`` and ``reason`` says why."""
     from zhantune.bench.decision import beyond_spread, paired_ratio
 
     per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
-    n, low, high = len(per_round), min(per_round), max(per_round)
-    consistent = beyond_spread(low, high, n) or beyond_spread(1 / high, 1 / low, n)
-    consistent = consistent and not (way.get("contended") or default.get("contended"))
-    return {"ratio": paired_ratio(per_round), "ratio_low": low, "ratio_high": high, "consistent": consistent}
+    n, low, high, ratio = len(per_round), min(per_round), max(per_round), paired_ratio(per_round)
+    reason = None
+    if n < 2:
+        reason = "one round: no difference can be shown"
+    elif way.get("disturbed_rounds") or default.get("disturbed_rounds"):
+        reason = "a round began on a busy machine or ran contended without SCHED_FIFO: noise could have made it"
+    elif not (beyond_spread(low, high, n) or beyond_spread(1 / high, 1 / low, n)):
+        reason = "the rounds disagree on which is faster, or by too little for their spread"
+    if reason is None:
+        return {"ratio": ratio, "ratio_low": low, "ratio_high": high, "consistent": True, "reason": None}
+    return {"ratio": None, "unconfirmed_ratio": ratio, "ratio_low": low, "ratio_high": high, "consistent": False,
+            "reason": reason}
 
 
 def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
@@ -152,6 +161,9 @@ def _check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
     times, contention = time_interleaved({n: c["fn"] for n, c in compiled.items()}, device, bench, rounds)
     ways: dict[str, dict[str, Any]] = {}
     for name, c in compiled.items():
+        vs = versus(times[name], times["default"])
+        if name == "default":
+            vs["reason"] = "the default itself"
         ways[name] = {"compile_s": c["compile_s"], **times[name], "error": relative_error(c["out"], reference),
-                      "vs_default": versus(times[name], times["default"])}
+                      "vs_default": vs}
     return {"report": compiled["table"]["report"], "ways": ways, "contention": contention}

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from zhantune.bench.decision import claim_holds
-from zhantune.inductor.builder import claim_clears, table_torch
+from zhantune.bench.decision import claim_status
+from zhantune.inductor.builder import table_torch
 from zhantune.inductor.table import carried, default_entry, entry_for, parse_key, table_key
 from zhantune.inductor.templates import is_default_kernel
 
@@ -100,18 +100,10 @@ def _withheld(entries: list[tuple[Any, Any, dict[str, Any]]], store: Store,
             continue  # the default's own kernel: its key gets the default's entry, nothing to confirm
         for dev in p.portable.regret:
             key = (device_ids[dev], problem.id, p.portable.config_hash)
-            v, other = verdicts.get(key), any_torch.get(key)
-            if claim_clears(v, min_speedup):
-                continue
-            if v is None and other is not None and claim_holds(other):
-                why = f"confirmed with torch {other.torch_version or '(not recorded)'}, not with this torch {torch}"
-            elif v is not None and claim_holds(v):
-                why = f"confirmed at {v.ratio:.3f}x, below min_speedup"
-            elif v is not None and v.rounds:
-                why = f"not confirmed: {v.reason}"
-            else:  # settled without this config, or never settled (an interrupted tune): no claim
-                why = "never paired with the default"
-            out.setdefault(p.problem_key, {})[dev] = why
+            # never paired: settled without this config, or never settled (an interrupted tune)
+            why = claim_status(verdicts.get(key), any_torch.get(key), min_speedup, torch)
+            if why is not None:
+                out.setdefault(p.problem_key, {})[dev] = why
     return out
 
 

@@ -13,15 +13,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from zhantune.report.console import compact, print_table
-from zhantune.report.regret import Choice, Comparison
+from zhantune.report.regret import Choice, Claim, Comparison
 
-__all__ = ["STORED_TIMES", "print_comparison", "comparison_records", "write_csv", "write_json"]
+__all__ = ["STORED_TIMES", "claim_text", "print_comparison", "comparison_records", "write_csv", "write_json"]
 
 
 #: what compare's times and ratios are (printed above its tables, written into its HTML report)
-STORED_TIMES = ("times: each config's fastest stored run on each device (its tunes' and imports' own runs, never "
-                "paired with one another); regrets are ratios of these stored times, not paired measurements. A "
-                "speedup over Inductor's default is claimed only by a tune's or a replay's paired rounds")
+STORED_TIMES = ("times: each config's stored time on each device, its fastest run (a Kernel Tuner import's: the "
+                "median of its recorded runs), from its tunes' and imports' own runs, never paired with one another; "
+                "regrets are ratios of these stored times, not paired measurements. A speedup over Inductor's "
+                "default is claimed only by a tune's or a replay's paired rounds")
 
 
 def _x(v: float | None) -> str:
@@ -63,6 +64,9 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: b
         for a in cmp.devices:
             if a in p.winner:
                 console.print(f"winner of {a}: {_params(p.winner[a])}", soft_wrap=True, highlight=False, markup=False)
+            if a in p.claims and p.claims[a].ratio is not None:  # a tune or a replay paired it with the default
+                console.print(f"speedup of {a}'s winner over Inductor's default there: {claim_text(p.claims[a])}",
+                              soft_wrap=True, highlight=False, markup=False)
         if several:
             differ = _differing(list(p.winner.values()))
             console.print("params that differ between the winners: " + (", ".join(differ) or "none"),
@@ -91,8 +95,30 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: b
                                                      for p in cmp.most_disagreeing(top)), highlight=False, markup=False)
 
 
+def claim_text(c: Claim) -> str:
+    """A :class:`Claim` in one phrase: "confirmed 1.149x (3 paired rounds, 1.140-1.170x)", or
+    "no claim (R.RRRx in N paired rounds): REASON", or "no claim: REASON"."""
+    if c.ratio is None:
+        return f"no claim: {c.reason}"
+    spread = f"{c.rounds} paired round(s), {c.ratio_low:.3f}-{c.ratio_high:.3f}x" if c.ratio_low and c.ratio_high \
+        else f"{c.rounds} paired round(s)"
+    if c.confirmed:
+        return f"confirmed {c.ratio:.3f}x ({spread})"
+    return f"no claim ({c.ratio:.3f}x in {spread}): {c.reason}"
+
+
+def _claim(c: Claim | None) -> dict[str, Any] | None:
+    return None if c is None else {
+        "confirmed": c.confirmed, "reason": c.reason, "ratio": c.ratio, "ratio_low": c.ratio_low,
+        "ratio_high": c.ratio_high, "rounds": c.rounds, "torch_version": c.torch_version}
+
+
 def comparison_records(cmp: Comparison) -> list[dict[str, Any]]:
-    """One flat record per (problem, device A's winner, device B): the CSV rows."""
+    """One flat record per (problem, device A's winner, device B): the CSV rows. Times in
+    microseconds, stored and never paired with one another (:data:`STORED_TIMES`); ``regret`` is
+    their ratio. The ``claim_*`` columns, on the row where B is A, are the winner's speedup claim over
+    Inductor's default there (:class:`zhantune.report.regret.Claim`: paired rounds; ``claim_confirmed``
+    is what the export ships at ``min_speedup``), empty elsewhere."""
     rows = []
     for p in cmp.problems:
         for a, w in p.winner.items():
@@ -100,12 +126,16 @@ def comparison_records(cmp: Comparison) -> list[dict[str, Any]]:
                 if b not in p.best_us:
                     continue
                 r = p.regret.get((a, b))
+                c = p.claims.get(a) if a == b else None
                 rows.append({
                     "problem": p.problem_key, "winner_of": a, "run_on": b, "best_us_on": p.best_us[b],
                     "winner_us_on": None if r is None or math.isinf(r) else r * p.best_us[b],
                     "regret": None if r is None else (r if math.isfinite(r) else "inf"),
                     "config_hash": w.config_hash, "template_id": w.template_id,
                     "params": json.dumps(w.params, sort_keys=True),
+                    "claim_confirmed": None if c is None else c.confirmed,
+                    "claim_ratio": None if c is None else c.ratio,
+                    "claim_reason": None if c is None else c.reason,
                 })
     return rows
 
@@ -126,18 +156,26 @@ def _choice(c: Choice | None) -> dict[str, Any] | None:
         return None
     return {"config_hash": c.config_hash, "template_id": c.template_id, "params": c.params,
             "regret": {d: (r if math.isfinite(r) else "inf") for d, r in c.regret.items()},
-            "worst_regret": c.worst_regret if math.isfinite(c.worst_regret) else "inf"}
+            "worst_regret": c.worst_regret if math.isfinite(c.worst_regret) else "inf",
+            "geomean_regret": c.geomean_regret if math.isfinite(c.geomean_regret) else "inf"}
 
 
 def write_json(path: str | Path, cmp: Comparison) -> Path:
-    """Everything in the comparison; infinite regrets are written as the string "inf"."""
+    """Everything in the comparison; infinite regrets are written as the string "inf". ``times``
+    says what the times (microseconds) and regrets are: stored, never paired with one another;
+    ``claims``: per device, its winner's speedup over Inductor's default from paired rounds, judged
+    at ``min_speedup`` (:class:`zhantune.report.regret.Claim`); ``confirmed_speedup``: the ratios of
+    the confirmed ones, what the export ships."""
     doc = {
+        "times": STORED_TIMES,
+        "min_speedup": cmp.min_speedup,
         "devices": [{"key": d, "name": cmp.device_names[d]} for d in cmp.devices],
         "matrix": [{"winner_of": a, "run_on": b, "geomean_regret": v if v is None or math.isfinite(v) else "inf"}
                    for (a, b), v in cmp.matrix.items()],
         "problems": [{
             "problem": p.problem_key, "flops": p.flops, "best_us": p.best_us, "default_us": p.default_us,
             "confirmed_speedup": p.confirmed_speedup,
+            "claims": {d: _claim(c) for d, c in p.claims.items()},
             "winners": {d: _choice(c) for d, c in p.winner.items()},
             "portable": _choice(p.portable), "portable_geomean": _choice(p.portable_geomean),
             "disagreement": p.disagreement if math.isfinite(p.disagreement) else "inf",

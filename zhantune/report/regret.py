@@ -22,8 +22,15 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from zhantune.bench.decision import best_per_config, claim_holds, decision_us
+from zhantune.bench.decision import (
+    DEFAULT_MIN_SPEEDUP,
+    best_per_config,
+    claim_holds,
+    claim_status,
+    decision_us,
+)
 from zhantune.errors import UserError
+from zhantune.inductor.builder import table_torch
 from zhantune.storage.engine import redact_url
 
 if TYPE_CHECKING:
@@ -54,6 +61,23 @@ class Choice:
         return statistics.geometric_mean(self.regret.values())
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A device's winner's speedup over Inductor's default as its newest stored verdict says
+    (Store.latest_verdicts; ratios of the default's time to the winner's, paired rounds' median,
+    lowest and highest; torch_version: the torch the rounds ran with). ``confirmed``: the claim
+    the export ships (zhantune.bench.decision.claim_status: this torch's release, the rule in use,
+    at least ``min_speedup``); else ``reason`` says why not. Never the unpaired stored times."""
+
+    confirmed: bool
+    reason: str
+    ratio: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    rounds: int = 0
+    torch_version: str | None = None
+
+
 @dataclass
 class ProblemComparison:
     """One problem across the devices: best times (us), each device's winner, Inductor's default
@@ -67,9 +91,15 @@ class ProblemComparison:
     regret: dict[tuple[str, str], float]   # (A, B) -> regret of A's winner on B
     portable: Choice | None                # min worst regret
     portable_geomean: Choice | None        # min geometric-mean regret
-    #: device -> its winner's speedup over Inductor's default confirmed in paired, interleaved rounds
-    #: (the winner's newest verdict there, Store.latest_verdicts); a device without one has no claim
-    confirmed_speedup: dict[str, float] = field(default_factory=dict)
+    #: device -> its winner's speedup claim over Inductor's default there (:class:`Claim`)
+    claims: dict[str, Claim] = field(default_factory=dict)
+
+    @property
+    def confirmed_speedup(self) -> dict[str, float]:
+        """Device -> its winner's speedup over Inductor's default where a claim was confirmed in
+        paired, interleaved rounds with this torch release and clears ``min_speedup`` (what the
+        export ships); a device without one has no claim."""
+        return {d: c.ratio for d, c in self.claims.items() if c.confirmed and c.ratio is not None}
 
     @property
     def disagreement(self) -> float:
@@ -85,6 +115,7 @@ class Comparison:
     device_names: dict[str, str]
     problems: list[ProblemComparison]
     matrix: dict[tuple[str, str], float | None]  # geometric-mean regret of A's winners on B
+    min_speedup: float | None = DEFAULT_MIN_SPEEDUP  # what each Claim was judged at
 
     def most_disagreeing(self, n: int = 5) -> list[ProblemComparison]:
         return sorted(self.problems, key=lambda p: -p.disagreement)[:n]
@@ -113,9 +144,12 @@ def _pick_devices(store: Store, wanted: list[str] | None) -> list[Any]:
     return devices
 
 
-def compare(store: Store, devices: list[str] | None = None) -> Comparison:
+def compare(store: Store, devices: list[str] | None = None,
+            min_speedup: float | None = DEFAULT_MIN_SPEEDUP) -> Comparison:
     """Compare the devices (keys or names; None: all) over every problem measured on two or more;
-    with one device, over every problem measured on it (its winners; every regret is 1).
+    with one device, over every problem measured on it (its winners; every regret is 1). Each
+    winner's claim over Inductor's default (:class:`Claim`) is judged as the export judges it, at
+    ``min_speedup`` (None: any confirmed claim).
 
     Raises CompareError (exit code 2) for an empty database, an unknown device, or no problem
     measured on two of the devices (on the device, for one).
@@ -124,7 +158,8 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
     ids = {d.id: d.key for d in devs}
     time, failed, configs, default_us = _times(store, ids)
     problems = store.problems(list(time))
-    verdicts = store.latest_verdicts()
+    torch = table_torch(None)  # claims as this torch's export ships them
+    verdicts, any_torch = store.latest_verdicts(torch), store.latest_verdicts()
     key_ids = {key: dev_id for dev_id, key in ids.items()}
     out = []
     for pid in sorted(time, key=lambda i: problems[i].key):
@@ -132,10 +167,11 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
         if len(per_dev) < min(2, len(devs)):
             continue
         p = _compare_problem(problems[pid], per_dev, failed[pid], configs, default_us.get(pid, {}))
-        # the winner's own claim on its device (confirmed, re-judged by the rule in use), never
-        # another config's: the chart draws it as the speedup of the best config
-        p.confirmed_speedup = {d: v.ratio for d, w in p.winner.items()
-                               if (v := verdicts.get((key_ids[d], pid, w.config_hash))) is not None and claim_holds(v)}
+        # the winner's own claim on its device (re-judged by the rule in use), never another
+        # config's: the chart draws it as the speedup of the best config
+        for d, w in p.winner.items():
+            key = (key_ids[d], pid, w.config_hash)
+            p.claims[d] = _claim(verdicts.get(key), any_torch.get(key), min_speedup, torch)
         out.append(p)
     if not out:
         raise CompareError(f"no problem was measured on two of the devices {', '.join(repr(d.key) for d in devs)}"
@@ -146,7 +182,16 @@ def compare(store: Store, devices: list[str] | None = None) -> Comparison:
         for b in keys:
             regrets = [p.regret[(a, b)] for p in out if (a, b) in p.regret]
             matrix[(a, b)] = statistics.geometric_mean(regrets) if regrets else None
-    return Comparison(keys, {d.key: d.name for d in devs}, out, matrix)
+    return Comparison(keys, {d.key: d.name for d in devs}, out, matrix, min_speedup)
+
+
+def _claim(verdict: Any, other_torch: Any, min_speedup: float | None, torch: str) -> Claim:
+    why = claim_status(verdict, other_torch, min_speedup, torch)
+    v = verdict if verdict is not None or not claim_holds(other_torch) else other_torch  # the one the reason names
+    if v is None:
+        return Claim(False, why or "")
+    return Claim(why is None, why or f"confirmed in {v.rounds} paired rounds", v.ratio, v.ratio_low, v.ratio_high,
+                 v.rounds or 0, v.torch_version)
 
 
 def _times(store: Store, ids: dict[int, str]) -> tuple[dict, dict, dict, dict]:
