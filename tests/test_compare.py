@@ -308,7 +308,9 @@ def test_compares_claims_are_the_ones_the_export_ships(cli, tmp_path, ratio, tor
     assert p.confirmed_speedup == ({dev: ratio} if reason is None else {})
     bars = {bar.name for bar in _speedup(compare(store, min_speedup=min_speedup)).data}
     assert bars == {f"{dev}: " + ("confirmed in paired rounds" if reason is None else "unconfirmed (unpaired fastest runs)")}
-    r = cli([f"storage.url=sqlite:///{tmp_path}/z.db", "json=c.json", "csv=c.csv", f"min_speedup={min_speedup or 'null'}"],
+    if min_speedup is None or torch_version is not None:
+        return  # the command's outputs: a claim below min_speedup and one that ships are enough
+    r = cli([f"storage.url=sqlite:///{tmp_path}/z.db", "json=c.json", "csv=c.csv", f"min_speedup={min_speedup}"],
             tmp_path, module="zhantune.compare")
     assert r.returncode == 0, r.stderr[-3000:]
     (doc,) = json.loads((tmp_path / "c.json").read_text())["problems"]

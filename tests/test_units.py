@@ -363,6 +363,20 @@ def test_a_sweeps_summary_names_the_claim_its_table_ships():
     assert _claim(SimpleNamespace(claim=unconfirmed, claimed=carried, best=carried), None) == \
         "unconfirmed (export.min_speedup=null: the fastest ships, claimed or not)"
     assert _claim(SimpleNamespace(claim=None, claimed=None, best=None), 1.02) == "not settled"
+    # confirmed, but the job's table ships something else under the problem's key: said, as the tune's summary says
+    strong = SpeedupVerdict(1.3, 1.25, 1.35, 3, 0, True, "r")
+    shared = SimpleNamespace(row=None, shared=True)
+    assert _claim(SimpleNamespace(claim=strong, claimed=carried, best=carried, shipped=shared), 1.02) == (
+        "confirmed 1.30x (rounds 1.25-1.35x, n=3); the table ships Inductor's default (its lookup key is another "
+        "problem's too, whose choice differs: neither was measured for the other)")
+    earlier = SimpleNamespace(row=SimpleNamespace(config_hash="c", template_id="triton::mm", branch="t",
+                                                  params={"BLOCK_M": 32}), shared=False)
+    assert _claim(SimpleNamespace(claim=strong, claimed=carried, best=carried, shipped=earlier), 1.02,
+                  SimpleNamespace(min_speedup=1.02)).endswith(
+        "; the table ships triton::mm BLOCK_M=32, whose speedup paired rounds of an earlier run confirmed")
+    same = SimpleNamespace(row=carried, shared=False)
+    assert _claim(SimpleNamespace(claim=strong, claimed=carried, best=carried, shipped=same), 1.02) == \
+        "confirmed 1.30x (rounds 1.25-1.35x, n=3)"
 
 
 @pytest.mark.parametrize("torch_version, rounds, low, confirmed, reason", [

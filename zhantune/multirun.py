@@ -50,16 +50,19 @@ def job_record(runs: list[tuple[Any, Any]], storage_url: str) -> dict[str, Any]:
             "resettled": bool(getattr(result, "resettled", False)),
             "best_us": decision_us(best) if best is not None else None,
             "best": _describe(best) if best is not None else None,
-            "claim": _claim(result, run.cfg.export.get("min_speedup")),
+            "claim": _claim(result, run.cfg.export.get("min_speedup"), getattr(run, "export", None)),
         })
     return {"zhantune_job": 1, "worker": worker_name(), "storage": redact_url(storage_url),
             "ended_at": dt.datetime.now(dt.timezone.utc).isoformat(), "studies": studies}
 
 
-def _claim(result: Any, min_speedup: float | None) -> str:
+def _claim(result: Any, min_speedup: float | None, export: Any = None) -> str:
     """The study's speedup claim over Inductor's default (a TuneResult's ``claim``, about its
     ``claimed`` config, the best a table can carry) and whether an export at ``min_speedup`` ships
-    it: the best config's time alone is not a claim (a sweep's summary listed only that)."""
+    it: the best config's time alone is not a claim (a sweep's summary listed only that); where the
+    job's table (``result.shipped``; ``export``: the run's export options) ships something else under
+    the problem's key (Inductor's default for a shared key or another device's claim, an earlier
+    run's config), it says what (zhantune.report.summary.what_ships)."""
     v = result.claim
     if v is None:
         return "not settled"
@@ -67,10 +70,16 @@ def _claim(result: Any, min_speedup: float | None) -> str:
         return ("unconfirmed: Inductor's default ships" if min_speedup is not None else
                 "unconfirmed (export.min_speedup=null: the fastest ships, claimed or not)")
     text = f"confirmed {v.claim_text()}"
-    if result.claimed is not None and result.best is not None and result.claimed.config_hash != result.best.config_hash:
-        text += f" for {_describe(result.claimed)}, the best a table carries"
+    claimed = result.claimed
+    if claimed is not None and result.best is not None and claimed.config_hash != result.best.config_hash:
+        text += f" for {_describe(claimed)}, the best a table carries"
     if min_speedup is not None and v.ratio < min_speedup:
-        text += f"; below export.min_speedup={min_speedup:g}: Inductor's default ships"
+        return text + f"; below export.min_speedup={min_speedup:g}: Inductor's default ships"
+    shipped = getattr(result, "shipped", None)  # what this job's table ships under the problem's key
+    if shipped is not None and (shipped.row is None or claimed is None or shipped.row.config_hash != claimed.config_hash):
+        from zhantune.report.summary import what_ships
+
+        text += what_ships(shipped, export)
     return text
 
 

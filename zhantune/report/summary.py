@@ -13,7 +13,7 @@ from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, below_min_speedup, deci
 from zhantune.report.console import compact
 from zhantune.storage.engine import redact_url
 
-__all__ = ["TuneProgress", "print_summary"]
+__all__ = ["TuneProgress", "print_summary", "what_ships"]
 
 
 def _us(v: float | None) -> str:
@@ -169,7 +169,7 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
             line += (f"; confirmed with this torch, so the table this run exports for torch {other!r} "
                      "(export.torch_version) does not ship it")
         elif shipped is not None and (shipped.row is None or shipped.row.config_hash != claimed.config_hash):
-            line += _what_ships(shipped, run_export)
+            line += what_ships(shipped, run_export)
         console.print(line, markup=False)
     elif default_us:
         # the reason from the paired rounds when there were any (never the unpaired ratio of the
@@ -177,10 +177,10 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
         why = claim.reason if claim is not None else "not settled in paired rounds"
         console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it in a confirmed "
                       f"paired comparison: {claimed.branch if claimed is not None else result.best.branch} {why}"
-                      + ("" if shipped is None else _what_ships(shipped, run_export)), markup=False)
+                      + ("" if shipped is None else what_ships(shipped, run_export)), markup=False)
 
 
-def _what_ships(shipped: Any, run_export: Any) -> str:
+def what_ships(shipped: Any, run_export: Any) -> str:
     """"; the table ships ..." for the run's table under this problem's key (``shipped``: a
     zhantune.inductor.builder.Shipped), said where it is not this run's confirmed winner."""
     if shipped.row is None:
