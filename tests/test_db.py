@@ -829,6 +829,31 @@ def test_a_database_changed_under_a_lock_free_reader_is_one_line(tmp_path):
             "it reads without SQLite's locks); run the command again")
         assert study_names(Store(url, "sources[0]", read_only=True)) == ["s"]
     assert study_names(Store(url, "sources[0]", read_only=True)) == ["s"]
+    # Optuna's reads (compare's history, merge's study copy) say it too: Optuna wraps the error
+    import optuna
+
+    from zhantune.errors import StorageError
+    from zhantune.report.studies import load_report_study
+
+    def malformed(*args, **kwargs):
+        try:
+            raise e
+        except DatabaseError as cause:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from cause
+
+    other = tmp_path / "c.db"  # with Optuna's tables
+    other_url = f"sqlite:///{other}"
+    _one_run(other_url).engine.dispose()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(optuna, "get_all_study_summaries", malformed)
+        mp.setattr(optuna, "copy_study", malformed)
+        with _unwritable(other):
+            for read in (study_names, lambda store: load_report_study(store, "s")):
+                with pytest.raises(StorageError, match="the database changed while this process read it"):
+                    read(Store(other_url, "sources[0]", read_only=True))
+        # a file this process may write: "malformed" is damage, not this (Optuna's error, its traceback)
+        with pytest.raises(optuna.exceptions.StorageInternalError):
+            study_names(Store(other_url, "sources[0]", read_only=True))
     with contextlib.closing(sqlite3.connect(db)) as con:
         assert {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")} == before
 

@@ -6,9 +6,9 @@ loses least everywhere; then the device x device regret matrix. One device works
 with ``study=``, the report draws the search history), and each winner's speedup claim over
 Inductor's default where paired rounds judged one (zhantune.report.regret.Claim, at
 ``min_speedup``). ``json=`` writes the whole comparison, ``csv=`` its regret rows, ``html=`` the
-report with charts (zhantune.report.outputs, zhantune.report.html); ``table=`` writes the portable choices as device-agnostic lookup-table entries, each
-only where it may replace Inductor's default on every compared device (``min_speedup``, the export's
-rule; else the default's entry). Definitions in :mod:`zhantune.report.regret`; the portable table:
+report with charts (zhantune.report.outputs, zhantune.report.html); ``table=`` writes the portable
+choices as device-agnostic lookup-table entries, each only where it may replace Inductor's default
+on every compared device (``min_speedup``, the export's rule; else the default's entry). Definitions in :mod:`zhantune.report.regret`; the portable table:
 zhantune.inductor.portable.
 """
 

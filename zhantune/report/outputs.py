@@ -96,8 +96,8 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: b
 
 
 def claim_text(c: Claim) -> str:
-    """A :class:`Claim` in one phrase: "confirmed 1.149x (3 paired rounds, 1.140-1.170x)", or
-    "no claim (R.RRRx in N paired rounds): REASON", or "no claim: REASON"."""
+    """A :class:`Claim` in one phrase: "confirmed 1.149x (3 paired round(s), 1.140-1.170x)", or
+    "no claim (R.RRRx in N paired round(s), L-Hx): REASON", or "no claim: REASON"."""
     if c.ratio is None:
         return f"no claim: {c.reason}"
     spread = f"{c.rounds} paired round(s), {c.ratio_low:.3f}-{c.ratio_high:.3f}x" if c.ratio_low and c.ratio_high \

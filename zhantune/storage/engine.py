@@ -28,7 +28,7 @@ from zhantune.storage.sqlite_files import optuna_reader, read_mode, sqlite_path,
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "locked_out", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
            "check_sqlite_integrity", "refuse_foreign_or_newer", "refuse_other_optuna_schema", "make_engine", "sqlite_pragmas", "open_existing", "existing_revision",
-           "sqlite_reader", "optuna_reader", "users_side", "file_lock", "remove_sqlite_files", "canonical_json", "first_line"]
+           "sqlite_reader", "optuna_reader", "optuna_reads", "users_side", "file_lock", "remove_sqlite_files", "canonical_json", "first_line"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: database backends zhantune is tested on (SQLite: one machine; PostgreSQL: many)
@@ -263,6 +263,25 @@ def users_side(e: Exception, where: str, read_url: str | None) -> str | None:
         return (f"{where}: the database changed while this process read it (it may not write the file, so it "
                 "reads without SQLite's locks); run the command again")
     return None
+
+
+@contextlib.contextmanager
+def optuna_reads(where: str, read_url: str | None) -> Iterator[None]:
+    """Optuna's reads of a database only read (``read_url``, a read-only Store's; None: one it
+    writes): a read without locks that finds the file "malformed" says so in :func:`users_side`'s
+    one line ("the database changed while this process read it", StorageError), as zhantune's own
+    queries do; Optuna wraps SQLAlchemy's error in its StorageInternalError. Anything else
+    propagates as it is."""
+    from optuna.exceptions import StorageInternalError
+
+    try:
+        yield
+    except (DatabaseError, StorageInternalError) as e:
+        cause = e if isinstance(e, DatabaseError) else e.__cause__
+        if read_url and isinstance(cause, DatabaseError) and not write_refused(cause) \
+                and (msg := users_side(cause, where, read_url)):
+            raise StorageError(msg) from None
+        raise
 
 
 def make_engine(url: str, wal: bool = True) -> Engine:

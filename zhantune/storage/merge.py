@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from zhantune.errors import StorageError
 from zhantune.quiet import quiet_optuna
 from zhantune.storage import orm as m
-from zhantune.storage.engine import first_line, optuna_reader, redact_url
+from zhantune.storage.engine import first_line, optuna_reader, optuna_reads, redact_url
 from zhantune.storage.store import Store
 
 __all__ = ["MergeStats", "merge_into", "check_importable", "check_recordings", "check_device_kinds"]
@@ -153,9 +153,10 @@ def _check_optuna_studies(source: Store, names: set[str], refuse: Callable[[str]
         return
     try:
         storage = optuna_reader(source.url)
-        for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-            if summary.study_name in names:
-                optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(deepcopy=False)
+        with optuna_reads(f"{source.option}={redact_url(source.url)}", source.url if source.read_only else None):
+            for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+                if summary.study_name in names:
+                    optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(deepcopy=False)
     except (ValueError, TypeError, KeyError) as e:  # json.JSONDecodeError is a ValueError
         refuse(f"Optuna's tables: a stored value does not decode ({first_line(e)})")
 
@@ -238,7 +239,8 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
             stats.studies_renamed += 1
         if has_optuna:  # else Optuna's storage would give the source its tables (a write)
             # every time, not only for a new study: an interrupted merge's half-copied study is completed
-            _copy_optuna_study(source.url, target.url, st.name, name)
+            with optuna_reads(f"{source.option}={redact_url(source.url)}", source.url if source.read_only else None):
+                _copy_optuna_study(source.url, target.url, st.name, name)
     with target.session() as t:
         M = m.MeasurementRow
         stored = list(t.execute(select(M.study_id, M.trial_number, M.created_at, M.config_hash, M.kind, M.median_us)))
