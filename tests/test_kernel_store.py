@@ -5,6 +5,9 @@ compile failed or was killed."""
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +62,9 @@ def test_only_a_build_whose_compiler_returned_enters_the_store_and_a_stored_one_
                             capture_output=True, text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert (scratch / "k.so").read_bytes() == b"\x7fELF half" and not _files(store)
+    # the worker's replacement would load it by its name: the tune deletes it once the worker is gone
+    (scratch / "kept.so").write_bytes(whole_elf := Path(sys.executable).resolve().read_bytes())
+    assert kernel_store.prune_partial(scratch) == [scratch / "k.so"] and (scratch / "kept.so").read_bytes() == whole_elf
 
     bad = tmp_path / "bad.cpp"
     bad.write_text("this is not C++\n")
@@ -101,6 +107,69 @@ def test_store_directory_per_torch_and_compiler_and_its_errors(tmp_path, monkeyp
     assert auto.parent == tmp_path / "inductor" / "zhantune-kernels" and auto.is_dir()
     assert auto.name.startswith("torch-") and kernel_store.store_dir(str(tmp_path / "mine")).name == auto.name
     assert kernel_store.store_dir("off") is None and kernel_store.store_dir(None) is None
+    assert kernel_store.store_dir(False) is None  # Hydra's bench.kernel_store=false (it made a directory ./False)
+    for word in ("OFF", "no", True):
+        with pytest.raises(ConfigError, match=re.escape(f"bench.kernel_store={word}: allowed: auto, off (or false, "
+                                                        f"null), or a directory (./{word} for one of that name)")):
+            kernel_store.store_dir(word)
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match=r"bench.kernel_store=.*/file/x: cannot create .*allowed: auto, off"):
         kernel_store.store_dir(str(tmp_path / "file" / "x"))
+
+
+def test_half_written_binaries_are_deleted_unless_a_compiler_still_writes_them(tmp_path):
+    """What a killed build leaves in the tune's cache (an ISA check binary emptied by a kill made every
+    later compile of that tune fall back to a lower vector ISA: a review's reproduction) is deleted;
+    a whole binary, and one a live compiler holds open, are not."""
+    scratch = tmp_path / "scratch"
+    (scratch / "73").mkdir(parents=True)
+    (scratch / "73" / "isa.so").write_bytes(b"")
+    (scratch / "k.o").write_bytes(b"\x7fELF half")
+    (scratch / "w.so").write_bytes(Path(sys.executable).resolve().read_bytes())
+    (scratch / "notes.txt").write_text("")
+    with open(scratch / "live.so", "wb") as f:
+        f.write(b"\x7fELF")
+        f.flush()
+        assert sorted(p.name for p in kernel_store.prune_partial(scratch)) == ["isa.so", "k.o"]
+    assert sorted(p.name for p in _files(scratch)) == ["live.so", "notes.txt", "w.so"]
+    assert kernel_store.prune_partial(scratch) == [scratch / "live.so"]  # its writer is gone
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_a_store_another_user_could_write_is_never_used(tmp_path, monkeypatch, caplog):
+    """A binary in the store is loaded into the tune: another user who could put one there (a
+    directory of theirs on the way, e.g. /tmp/torchinductor_<user> made first, or one anyone may
+    write) would run code as the tuning user (a review's reproduction, as root). auto then goes
+    without the store, saying why; a directory given is refused; a stored file of another user is
+    built again, never loaded."""
+    import torch._inductor.cpp_builder as cb
+
+    shared = tmp_path / "inductor"
+    shared.mkdir()
+    os.chown(shared, 65534, 65534)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    with caplog.at_level(logging.WARNING, logger="zhantune.inductor.kernel_store"):
+        assert kernel_store.store_dir("auto") is None
+    assert f"{shared} belongs to another user (uid 65534)" in caplog.text
+    with pytest.raises(ConfigError, match=re.escape(f"{shared} belongs to another user (uid 65534), so a binary")):
+        kernel_store.store_dir(str(shared / "mine"))
+    os.chown(shared, 0, 0)
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=re.escape(f"{shared} is writable by other users (mode 777)")):
+        kernel_store.store_dir(str(shared / "mine"))
+    shared.chmod(0o1777)  # sticky, as /tmp: the entries below are checked
+    store = kernel_store.store_dir(str(shared / "mine"))
+    assert store is not None and (store.stat().st_mode & 0o777) == 0o700
+
+    source = tmp_path / "k.cpp"
+    source.write_text(SOURCE)
+    compiled: list[str] = []
+    real = cb.run_compile_cmd
+    monkeypatch.setattr(cb, "run_compile_cmd", lambda cmd, cwd: compiled.append(cmd) or real(cmd, cwd))
+    with kernel_store.serving(store, str(tmp_path / "tune1")):
+        _builder(source, tmp_path / "tune1").build()
+    assert len(compiled) == 1 and kernel_store._whole(store / "k.so")
+    os.chown(store / "k.so", 65534, 65534)  # put there by another user
+    with kernel_store.serving(store, str(tmp_path / "tune2")):
+        _builder(source, tmp_path / "tune2").build()
+    assert len(compiled) == 2 and (store / "k.so").stat().st_uid == 0  # built again, and replaced

@@ -208,11 +208,30 @@ class IsolatedBenchmarker:
 
     def _kill(self) -> None:
         if self._proc is not None:
+            pid = self._proc.pid
             self.abort()
             self._proc.join(timeout=30)
             self._conn.close()
+            self._prune(pid)
         self._proc = self._conn = None
         self.restarts += 1
+
+    def _prune(self, group: int) -> None:
+        """Once the killed worker's process group (its compilers) is gone, delete what its builds left
+        half-written in the tune's kernel cache (zhantune.inductor.kernel_store.prune_partial): Inductor
+        would load it by name, or take a failed ISA check for a missing ISA."""
+        cache_dir = self.spec.args.get("cache_dir")
+        if not cache_dir:
+            return
+        for _ in range(100):  # at most 5 s: SIGKILL ends a compiler at once
+            try:
+                os.killpg(group, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.05)
+        from zhantune.inductor.kernel_store import prune_partial
+
+        prune_partial(cache_dir)
 
     def close(self) -> None:
         if self._proc is not None:

@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import uuid
@@ -31,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["store_dir", "serve", "serving"]
+__all__ = ["store_dir", "serve", "serving", "prune_partial"]
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,13 @@ def store_dir(setting: str | None) -> Path | None:
     else Inductor's default, torch/_inductor/runtime/cache_dir_utils.py), or the path given; None for
     None or ``"off"``. Creates the directory; raises ConfigError when it cannot. Call it before
     :func:`zhantune.inductor.settings.scratch_cache_dir` sets the tune's own cache directory."""
-    if setting is None or str(setting) == "off":
+    from zhantune.errors import ConfigError
+
+    if setting is None or setting is False or str(setting) == "off":  # false: Hydra's boolean for "off"
         return None
+    if setting is True or str(setting).lower() in _WORDS and str(setting) != "auto":
+        raise ConfigError(f"bench.kernel_store={setting}: allowed: auto, off (or false, null), or a directory "
+                          f"(./{setting} for one of that name)")
     if str(setting) == "auto":
         from torch._inductor.runtime.cache_dir_utils import cache_dir
 
@@ -56,13 +62,56 @@ def store_dir(setting: str | None) -> Path | None:
         root = Path(os.path.expanduser(str(setting))).absolute()
     path = root / _tag()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
     except OSError as e:
-        from zhantune.errors import ConfigError
-
         raise ConfigError(f"bench.kernel_store={setting}: cannot create {path} ({e.strerror or e}); "
                           "allowed: auto, off, or a directory zhantune may write") from None
-    return path
+    why = _unsafe(path)
+    if why is None:
+        return path.resolve()  # the directories checked, not a link that could be pointed elsewhere later
+    if str(setting) == "auto":  # not the user's choice: the tune goes on, building its own
+        log.warning("bench.kernel_store=auto: not used, %s (a binary put there would run in this tune); every "
+                    "kernel is built for this tune only", why)
+        return None
+    raise ConfigError(f"bench.kernel_store={setting}: {why}, so a binary put there would run in this tune; "
+                      "allowed: a directory only this user (or root) may write, auto, or off")
+
+
+#: words that name a setting rather than a directory (``bench.kernel_store=OFF``, ``no``)
+_WORDS = {"auto", "off", "on", "false", "true", "no", "yes", "none", "null"}
+
+
+def _unsafe(path: Path) -> str | None:
+    """Why another user could put a file in the store at ``path``, or None: every directory from the
+    file system's root down to it must belong to this user or to root, and be writable by no one
+    else, unless it is sticky (/tmp: there only an entry's owner may replace it, and the entry below
+    is checked)."""
+    uid = os.geteuid()
+    resolved = path.resolve()
+    for d in [*reversed(resolved.parents), resolved]:
+        try:
+            st = d.stat()
+        except OSError as e:
+            return f"{d} cannot be checked ({e.strerror or e})"
+        if st.st_uid not in (uid, 0):
+            return f"{d} belongs to another user (uid {st.st_uid})"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return f"{d} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _trusted(kept: Path) -> bool:
+    """A stored file this process may load: a regular file (not a link) of this user or root that
+    no one else may write, in a directory of the store that no one else may write."""
+    try:
+        st = kept.lstat()
+        parent = kept.parent.lstat()
+    except OSError:
+        return False
+    uid = os.geteuid()
+    return (stat.S_ISREG(st.st_mode) and st.st_uid in (uid, 0) and not st.st_mode & 0o022
+            and parent.st_uid in (uid, 0) and not parent.st_mode & 0o022)
 
 
 def _tag() -> str:
@@ -138,7 +187,7 @@ def _stored_build(original: Any) -> Any:
         kept = _stored_path(target)
         if kept is None:
             return original(self)
-        if _whole(kept) and _put(kept, target):
+        if _trusted(kept) and _whole(kept) and _put(kept, target):
             log.debug("kernel store: %s from %s", target.name, kept)
             return None
         original(self)  # raises when the compiler fails; a killed build never returns here
@@ -185,6 +234,45 @@ def _whole(path: Path) -> bool:
     return shoff > 0 and shnum > 0 and shoff + shentsize * shnum <= size
 
 
+def prune_partial(scratch: str | Path) -> list[Path]:
+    """Delete the binaries that a killed build left half-written in a tune's cache directory
+    ``scratch``: every ``.so`` and ``.o`` under it that is not a whole ELF file (:func:`_whole`) and
+    that no process holds open (a live compiler writes its output while it holds it open). Inductor
+    builds a binary only where its name is missing (its ISA checks too: one emptied by a kill made
+    every later compile of the tune fall back to a lower vector ISA). Call it once the killed
+    worker's process group is gone. Returns the deleted paths."""
+    root = Path(scratch)
+    partial = [p for p in root.rglob("*") if p.suffix in KEPT_SUFFIXES and not p.is_symlink() and p.is_file()
+               and not _whole(p)] if root.is_dir() else []
+    if not partial:
+        return []
+    held = _open_files()
+    out = []
+    for p in partial:
+        if str(p.resolve()) not in held:
+            with contextlib.suppress(OSError):
+                p.unlink()
+                out.append(p)
+    if out:
+        log.info("removed %d half-written binar%s a killed build left: %s", len(out), "y" if len(out) == 1 else "ies",
+                 ", ".join(p.name for p in out))
+    return out
+
+
+def _open_files() -> set[str]:
+    """Every file some process (of those this one may inspect) holds open, by path (/proc/PID/fd)."""
+    held: set[str] = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()) if os.path.isdir("/proc") else ():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return held
+
+
 def _put(source: Path, dest: Path) -> bool:
     """Copy ``source`` to a new name beside ``dest``, then move it to ``dest``: a reader of ``dest``
     sees the whole file or none (a name of its own per copy, so two machines sharing the store never
@@ -193,9 +281,10 @@ def _put(source: Path, dest: Path) -> bool:
     file system refuses (the store unwritable, full): the tune goes on without it."""
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         shutil.copyfile(source, tmp)
         shutil.copymode(source, tmp)
+        os.chmod(tmp, stat.S_IMODE(os.stat(tmp).st_mode) & ~0o022)  # writable by this user alone (_trusted)
         with open(tmp, "rb") as f:  # on disk before its final name (a power loss leaves no empty entry)
             os.fsync(f.fileno())
         os.replace(tmp, dest)
