@@ -89,6 +89,12 @@ def test_interrupted_study_resumes_to_its_total_with_the_stored_baselines(tmp_pa
     assert third.returncode == 0, err[-3000:]
     assert "is finished: 6 of 6 trials measured; nothing to measure" in " ".join(out.split())
     assert _kinds(db) == {**baselines, "candidate": 6}
+    # ... and what its paired rounds settled, from the stored verdict (the second run's)
+    with sqlite3.connect(db) as con:
+        ratio, confirmed = con.execute("select ratio, confirmed from zt_verdict order by id desc limit 1").fetchone()
+    said = re.search(r"speedup vs default, its stored paired rounds: (confirmed|no claim \()([\d.]+)x", " ".join(out.split()))
+    assert (said is None) is (ratio is None), out[-2000:]
+    assert said is None or float(said.group(2)) == pytest.approx(ratio, abs=0.006), (said.group(0), ratio, confirmed)
     assert not list(tmp_path.glob("*.zt-lock"))  # no lock file left in the working directory
 
 

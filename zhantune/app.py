@@ -91,6 +91,11 @@ def print_finished(console: Console, result: Any) -> None:
     if result.best is not None:
         console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)} "
                       f"({decision_us(result.best):,.1f} us)", highlight=False, markup=False)
+    claim = result.claim  # its newest stored verdict, judged by the rule in use (zhantune.tune_result.stored_claim)
+    if claim is not None and claim.ratio is not None:
+        console.print("speedup vs default, its stored paired rounds: " + (
+            f"confirmed {claim.claim_text()}" if claim.confirmed else f"no claim ({claim.claim_text()}): {claim.reason}"),
+            highlight=False, markup=False)
 
 
 def _problems(cfg: DictConfig, console: Console) -> dict | None:

@@ -37,7 +37,8 @@ def stored_claim(store: Any, study_id: int, device_key: str) -> tuple[SpeedupVer
         reason = "confirmed by a rule zhantune no longer uses (docs/timing.md): settle it again"
     claimed = next((row for _, problem, rows in store.ranked_candidates(device_key, top_k=1 << 30)
                     if problem.id == v.problem_id for row in rows if row.config_hash == v.config_hash), None)
-    return SpeedupVerdict(v.ratio, v.ratio_low, v.ratio_high, v.rounds or 0, v.contended or 0, confirmed, reason), claimed
+    ratio = v.ratio if v.ratio_low is not None and v.ratio_high is not None else None  # a row without its range
+    return SpeedupVerdict(ratio, v.ratio_low, v.ratio_high, v.rounds or 0, v.contended or 0, confirmed, reason), claimed
 
 
 @dataclass
