@@ -247,14 +247,26 @@ def test_the_speedup_chart_shows_paired_claims_and_marks_the_rest_unconfirmed(tm
                               config_hash=other.config_hash, ratio=3.0, ratio_low=2.9, ratio_high=3.0, rounds=3,
                               contended=0, confirmed=True, reason="r")
     cmp = compare(store)
+    import sqlalchemy as sa
+
+    from zhantune.storage import orm as m
+
     by_key = {p.problem_key: p for p in cmp.problems}
     small, large = (GemmProblem("mm", (s, s, s), "bfloat16").key for s in (64, 128))
     assert by_key[small].confirmed_speedup == {dev: pytest.approx(1.6)} and by_key[large].confirmed_speedup == {}
 
     bars = {bar.name: dict(zip(bar.x, bar.y, strict=True)) for bar in _speedup(cmp).data}
+    # the large problem's winner was paired and not confirmed: its paired ratio, hatched, with the reason
     assert bars == {f"{dev}: confirmed in paired rounds": {small: pytest.approx(1.6)},
-                    f"{dev}: unconfirmed (unpaired fastest runs)": {large: pytest.approx(2.0)}}
-    unconfirmed = next(b for b in _speedup(cmp).data if "unconfirmed" in b.name)
+                    f"{dev}: paired rounds, no claim": {large: pytest.approx(1.9)}}
+    paired = next(b for b in _speedup(cmp).data if "no claim" in b.name)
+    assert paired.marker.pattern.shape == "x" and list(paired.hovertext) == ["not confirmed: r"]
+    # never paired: the unpaired ratio of the fastest runs, hatched and named unconfirmed
+    with store.session() as s:
+        s.execute(sa.delete(m.Verdict).where(m.Verdict.ratio == 1.9))
+    bars = {bar.name: dict(zip(bar.x, bar.y, strict=True)) for bar in _speedup(compare(store)).data}
+    assert bars[f"{dev}: unconfirmed (unpaired fastest runs)"] == {large: pytest.approx(2.0)}
+    unconfirmed = next(b for b in _speedup(compare(store)).data if "unconfirmed" in b.name)
     assert unconfirmed.marker.pattern.shape == "/"
     doc = json.loads(write_json(tmp_path / "c.json", cmp).read_text())
     assert {p["problem"]: p["confirmed_speedup"] for p in doc["problems"]} == {small: {dev: 1.6}, large: {}}
@@ -307,7 +319,7 @@ def test_compares_claims_are_the_ones_the_export_ships(cli, tmp_path, ratio, tor
     assert reason is None or p.claims[dev].reason.startswith(reason), p.claims[dev]
     assert p.confirmed_speedup == ({dev: ratio} if reason is None else {})
     bars = {bar.name for bar in _speedup(compare(store, min_speedup=min_speedup)).data}
-    assert bars == {f"{dev}: " + ("confirmed in paired rounds" if reason is None else "unconfirmed (unpaired fastest runs)")}
+    assert bars == {f"{dev}: " + ("confirmed in paired rounds" if reason is None else "paired rounds, no claim")}
     if min_speedup is None or torch_version is not None:
         return  # the command's outputs: a claim below min_speedup and one that ships are enough
     r = cli([f"storage.url=sqlite:///{tmp_path}/z.db", "json=c.json", "csv=c.csv", f"min_speedup={min_speedup}"],

@@ -108,6 +108,12 @@ def test_store_directory_per_torch_and_compiler_and_its_errors(tmp_path, monkeyp
     assert auto.name.startswith("torch-") and kernel_store.store_dir(str(tmp_path / "mine")).name == auto.name
     assert kernel_store.store_dir("off") is None and kernel_store.store_dir(None) is None
     assert kernel_store.store_dir(False) is None  # Hydra's bench.kernel_store=false (it made a directory ./False)
+    old = os.umask(0o002)  # Ubuntu's for users: every directory made 0775, which the store then refused
+    try:
+        made = kernel_store.store_dir(str(tmp_path / "a" / "b"))
+    finally:
+        os.umask(old)
+    assert made is not None and all((d.stat().st_mode & 0o777) == 0o700 for d in (tmp_path / "a", made.parent, made))
     for word in ("OFF", "no", True):
         with pytest.raises(ConfigError, match=re.escape(f"bench.kernel_store={word}: allowed: auto, off (or false, "
                                                         f"null), or a directory (./{word} for one of that name)")):
@@ -157,6 +163,12 @@ def test_a_store_another_user_could_write_is_never_used(tmp_path, monkeypatch, c
     shared.chmod(0o777)
     with pytest.raises(ConfigError, match=re.escape(f"{shared} is writable by other users (mode 777)")):
         kernel_store.store_dir(str(shared / "mine"))
+    os.chown(shared, 0, 65534)
+    shared.chmod(0o775)  # a group other users are in
+    with pytest.raises(ConfigError, match=re.escape(f"{shared} is writable by other users (mode 775)")):
+        kernel_store.store_dir(str(shared / "mine"))
+    os.chown(shared, 0, 0)  # the owner's own group (a umask of 002 leaves directories so): no one else
+    assert kernel_store.store_dir(str(shared / "mine")) is not None
     shared.chmod(0o1777)  # sticky, as /tmp: the entries below are checked
     store = kernel_store.store_dir(str(shared / "mine"))
     assert store is not None and (store.stat().st_mode & 0o777) == 0o700

@@ -374,6 +374,13 @@ def test_a_sweeps_summary_names_the_claim_its_table_ships():
     assert _claim(SimpleNamespace(claim=strong, claimed=carried, best=carried, shipped=earlier), 1.02,
                   SimpleNamespace(min_speedup=1.02)).endswith(
         "; the table ships triton::mm BLOCK_M=32, whose speedup paired rounds of an earlier run confirmed")
+    # unconfirmed, or below the floor, while the table ships an earlier run's confirmed config: said
+    for claim, start in ((unconfirmed, "unconfirmed; "), (confirmed, "confirmed 1.01x (rounds 1.00-1.02x, n=5) for "
+                                                           "triton::mm {BLOCK_M=64}, the best a table carries; below "
+                                                           "export.min_speedup=1.02; ")):
+        got = _claim(SimpleNamespace(claim=claim, claimed=carried, best=best, shipped=earlier), 1.02)
+        assert got == start + "the table ships triton::mm BLOCK_M=32, whose speedup paired rounds of an earlier run " \
+                              "confirmed", got
     same = SimpleNamespace(row=carried, shared=False)
     assert _claim(SimpleNamespace(claim=strong, claimed=carried, best=carried, shipped=same), 1.02) == \
         "confirmed 1.30x (rounds 1.25-1.35x, n=3)"
@@ -401,12 +408,21 @@ def test_a_finished_studys_claim_is_its_stored_verdict_judged_as_the_export_judg
     study_id = store.study_id("s", {})
     problem = GemmProblem("mm", (64, 64, 64), "float32")
     rec = Recorder(store, problem, study_id, device_id, store.problem_id(problem.key, **problem.row_fields()))
-    assert stored_claim(store, study_id, "dev") == (None, None)
+    assert stored_claim(store, study_id) == (None, None)
     cand = Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP"})
     rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t")), "candidate", cand, trial_number=0)
     store.add_verdict(study_id=study_id, device_id=device_id, problem_id=rec.problem_id, config_hash=cand.config_hash,
                       ratio=1.15, ratio_low=low, ratio_high=1.16, rounds=rounds, contended=0, confirmed=True,
                       reason="r", **({"torch_version": torch_version} if torch_version else {}))
-    claim, claimed = stored_claim(store, study_id, "dev")
+    claim, claimed = stored_claim(store, study_id)
     assert claim.confirmed is confirmed and claim.reason.startswith(reason) and claim.ratio == 1.15, claim
     assert claimed.config_hash == cand.config_hash
+    # a later run's "no claim made" (no rounds: a cached winner) hides no judged claim, as in the export
+    store.add_verdict(study_id=study_id, device_id=device_id, problem_id=rec.problem_id, config_hash=cand.config_hash,
+                      ratio=None, ratio_low=None, ratio_high=None, rounds=0, contended=0, confirmed=False,
+                      reason="no claim made")
+    again, _ = stored_claim(store, study_id)
+    if torch_version is None and rounds >= 2:
+        assert again.ratio == 1.15 and again.confirmed is confirmed, again
+    else:  # the note is the newest: one round judges nothing, another torch's claim does not ship here
+        assert again.ratio is None and not again.confirmed, again

@@ -66,21 +66,25 @@ def _claim(result: Any, min_speedup: float | None, export: Any = None) -> str:
     v = result.claim
     if v is None:
         return "not settled"
-    if not v.confirmed:
-        return ("unconfirmed: Inductor's default ships" if min_speedup is not None else
-                "unconfirmed (export.min_speedup=null: the fastest ships, claimed or not)")
-    text = f"confirmed {v.claim_text()}"
+    if not v.confirmed and min_speedup is None:
+        return "unconfirmed (export.min_speedup=null: the fastest ships, claimed or not)"
     claimed = result.claimed
-    if claimed is not None and result.best is not None and claimed.config_hash != result.best.config_hash:
-        text += f" for {_describe(claimed)}, the best a table carries"
-    if min_speedup is not None and v.ratio < min_speedup:
-        return text + f"; below export.min_speedup={min_speedup:g}: Inductor's default ships"
     shipped = getattr(result, "shipped", None)  # what this job's table ships under the problem's key
-    if shipped is not None and (shipped.row is None or claimed is None or shipped.row.config_hash != claimed.config_hash):
-        from zhantune.report.summary import what_ships
+    text = "unconfirmed"
+    if v.confirmed:
+        text = f"confirmed {v.claim_text()}"
+        if claimed is not None and result.best is not None and claimed.config_hash != result.best.config_hash:
+            text += f" for {_describe(claimed)}, the best a table carries"
+    if not v.confirmed or min_speedup is not None and v.ratio < min_speedup:
+        text += "" if not v.confirmed else f"; below export.min_speedup={min_speedup:g}"
+        if shipped is None or shipped.row is None:  # no table, or its default for the key
+            return text + ": Inductor's default ships"
+    elif shipped is None or (shipped.row is not None and claimed is not None
+                             and shipped.row.config_hash == claimed.config_hash):
+        return text
+    from zhantune.report.summary import what_ships
 
-        text += what_ships(shipped, export)
-    return text
+    return text + what_ships(shipped, export)
 
 
 def _describe(row: Any) -> str:

@@ -127,7 +127,7 @@ def _finished_result(run: RunSpec, store: Store, row: Any, target: int) -> TuneR
     result = TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), _study_best(run, store, row.id),
                         default_unfrozen=stored.get("default_unfrozen"), target=target, before=store.trial_counts(row.id)[0],
                         already_finished=True, exhausted=row.status == EXHAUSTED, baselines_reused=bool(stored))
-    result.claim, result.claimed = stored_claim(store, row.id, run.device.key)  # what its tunes settled
+    result.claim, result.claimed = stored_claim(store, row.id)  # what its tunes settled
     return result
 
 

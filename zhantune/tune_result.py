@@ -16,27 +16,30 @@ from zhantune.storage import MeasurementRow
 __all__ = ["TuneResult", "stored_claim"]
 
 
-def stored_claim(store: Any, study_id: int, device_key: str) -> tuple[SpeedupVerdict | None, MeasurementRow | None]:
-    """A finished study's claim from the database, for a run that measures nothing: its newest
-    verdict (Store.study_verdict) as the SpeedupVerdict a tune's settle leaves, confirmed only
-    where the rule in use holds (zhantune.bench.decision.claim_holds) and its rounds ran with this
-    torch's release, as the export ships claims; and the fastest row of the config it is about (None
-    where the verdict names none). (None, None) where no verdict was stored."""
+def stored_claim(store: Any, study_id: int) -> tuple[SpeedupVerdict | None, MeasurementRow | None]:
+    """A finished study's claim from the database, for a run that measures nothing: the verdict on
+    the config its newest verdict is about (Store.study_verdict), as the export reads it
+    (Store.latest_verdicts: this torch's release first, a judged claim before a later "no claim
+    made") and as the SpeedupVerdict a tune's settle leaves, confirmed only where the rule in use
+    holds (zhantune.bench.decision.claim_holds) and its rounds ran with this torch's release; and
+    the fastest row of that config (None where the verdict names none). (None, None) where no
+    verdict was stored."""
     from zhantune.bench.decision import claim_holds
     from zhantune.provenance import software_versions, torch_release
 
-    v = store.study_verdict(study_id)
-    if v is None:
+    newest = store.study_verdict(study_id)
+    if newest is None:
         return None, None
     this = software_versions()["torch"]
+    key = (newest.device_id, newest.problem_id, newest.config_hash)
+    v = store.latest_verdicts(this).get(key) or store.latest_verdicts().get(key) or newest
     confirmed = claim_holds(v) and torch_release(v.torch_version) == torch_release(this)
     reason = v.reason
     if claim_holds(v) and not confirmed:
         reason = f"confirmed with torch {v.torch_version or '(not recorded)'}, not with this torch {this}"
     elif v.confirmed and not confirmed:
         reason = "confirmed by a rule zhantune no longer uses (docs/timing.md): settle it again"
-    claimed = next((row for _, problem, rows in store.ranked_candidates(device_key, top_k=1 << 30)
-                    if problem.id == v.problem_id for row in rows if row.config_hash == v.config_hash), None)
+    claimed = store.config_best(v.device_id, v.problem_id, v.config_hash) if v.config_hash else None
     ratio = v.ratio if v.ratio_low is not None and v.ratio_high is not None else None  # a row without its range
     return SpeedupVerdict(ratio, v.ratio_low, v.ratio_high, v.rounds or 0, v.contended or 0, confirmed, reason), claimed
 

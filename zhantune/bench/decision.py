@@ -159,14 +159,18 @@ def claim_status(verdict: Any, other_torch: Any, min_speedup: float | None, torc
     """None where a stored ``verdict`` (the newest with this ``torch`` release, Store.latest_verdicts)
     carries a claim that the export ships: :func:`claim_holds`, and a ratio of at least
     ``min_speedup`` (None: any confirmed claim). Else why not: "confirmed with torch X, not with
-    this torch Y" (``other_torch``: the newest verdict of any torch), "confirmed at R.RRRx, below
-    min_speedup", "not confirmed: REASON" (paired rounds that did not confirm it), or "never paired
-    with the default" (no verdict, or one of no rounds). The one wording of export, compare's table,
+    this torch Y" (``other_torch``: the newest verdict of any torch; "never paired with this torch
+    Y; with torch X: not confirmed: REASON" where that one did not confirm it), "confirmed at
+    R.RRRx, below min_speedup", "not confirmed: REASON" (paired rounds that did not confirm it), or
+    "never paired with the default" (no verdict, or one of no rounds). The one wording of export, compare's table,
     its JSON and its report."""
     if claim_holds(verdict) and (min_speedup is None or verdict.ratio >= min_speedup):
         return None
     if verdict is None and other_torch is not None and claim_holds(other_torch):
         return f"confirmed with torch {other_torch.torch_version or '(not recorded)'}, not with this torch {torch}"
+    if verdict is None and other_torch is not None and other_torch.rounds:
+        return (f"never paired with this torch {torch}; with torch {other_torch.torch_version or '(not recorded)'}: "
+                f"not confirmed: {other_torch.reason}")
     if claim_holds(verdict):
         return f"confirmed at {verdict.ratio:.3f}x, below min_speedup"
     if verdict is not None and verdict.rounds:

@@ -15,6 +15,7 @@ benchmarker is built so: tests/faults.py).
 from __future__ import annotations
 
 import importlib
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -26,6 +27,8 @@ from typing import Any
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.protocol import Benchmarker
 from zhantune.candidate import Candidate
+
+log = logging.getLogger(__name__)
 
 __all__ = ["WorkerSpec", "IsolatedBenchmarker", "build"]
 
@@ -231,7 +234,10 @@ class IsolatedBenchmarker:
             time.sleep(0.05)
         from zhantune.inductor.kernel_store import prune_partial
 
-        prune_partial(cache_dir)
+        try:
+            prune_partial(cache_dir)
+        except OSError as e:  # the worker is gone all the same; its replacement may fail on what it left
+            log.warning("could not check the kernel cache for half-written binaries: %s", e)
 
     def close(self) -> None:
         if self._proc is not None:

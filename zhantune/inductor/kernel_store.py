@@ -62,14 +62,17 @@ def store_dir(setting: str | None) -> Path | None:
         root = Path(os.path.expanduser(str(setting))).absolute()
     path = root / _tag()
     try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.mkdir(mode=0o700, exist_ok=True)
+        for d in [*reversed(path.parents), path]:  # each one it makes 0700, whatever the umask
+            if not d.exists():
+                d.mkdir(mode=0o700, exist_ok=True)
+                d.chmod(0o700)
+        resolved = path.resolve()  # checked and used as one path: no link re-read in between
     except OSError as e:
         raise ConfigError(f"bench.kernel_store={setting}: cannot create {path} ({e.strerror or e}); "
                           "allowed: auto, off, or a directory zhantune may write") from None
-    why = _unsafe(path)
+    why = _unsafe(resolved)
     if why is None:
-        return path.resolve()  # the directories checked, not a link that could be pointed elsewhere later
+        return resolved
     if str(setting) == "auto":  # not the user's choice: the tune goes on, building its own
         log.warning("bench.kernel_store=auto: not used, %s (a binary put there would run in this tune); every "
                     "kernel is built for this tune only", why)
@@ -82,36 +85,45 @@ def store_dir(setting: str | None) -> Path | None:
 _WORDS = {"auto", "off", "on", "false", "true", "no", "yes", "none", "null"}
 
 
-def _unsafe(path: Path) -> str | None:
-    """Why another user could put a file in the store at ``path``, or None: every directory from the
-    file system's root down to it must belong to this user or to root, and be writable by no one
-    else, unless it is sticky (/tmp: there only an entry's owner may replace it, and the entry below
-    is checked)."""
-    uid = os.geteuid()
-    resolved = path.resolve()
+def _unsafe(resolved: Path) -> str | None:
+    """Why another user could put a file in the store at ``resolved`` (a path without links), or
+    None: every directory from the file system's root down to it must belong to this user or to
+    root, and be writable by no one else (:func:`_others_write`), unless it is sticky (/tmp: there
+    only an entry's owner may replace it, and the entry below is checked)."""
     for d in [*reversed(resolved.parents), resolved]:
         try:
-            st = d.stat()
+            st = d.lstat()
         except OSError as e:
             return f"{d} cannot be checked ({e.strerror or e})"
-        if st.st_uid not in (uid, 0):
+        if st.st_uid not in (os.geteuid(), 0):
             return f"{d} belongs to another user (uid {st.st_uid})"
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        if _others_write(st) and not st.st_mode & stat.S_ISVTX:
             return f"{d} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
     return None
 
 
-def _trusted(kept: Path) -> bool:
-    """A stored file this process may load: a regular file (not a link) of this user or root that
-    no one else may write, in a directory of the store that no one else may write."""
-    try:
-        st = kept.lstat()
-        parent = kept.parent.lstat()
-    except OSError:
+def _others_write(st: os.stat_result) -> bool:
+    """Whether a user other than the owner may write the file or directory: others may, or its group
+    may and that group is not the owner's private group (the group of the owner's name that no one
+    else is a member of, under which a umask of 002 leaves files group-writable)."""
+    if st.st_mode & 0o002:
+        return True
+    if not st.st_mode & 0o020:
         return False
-    uid = os.geteuid()
-    return (stat.S_ISREG(st.st_mode) and st.st_uid in (uid, 0) and not st.st_mode & 0o022
-            and parent.st_uid in (uid, 0) and not parent.st_mode & 0o022)
+    import grp
+    import pwd
+
+    try:
+        group, owner = grp.getgrgid(st.st_gid), pwd.getpwuid(st.st_uid)
+    except KeyError:
+        return True
+    return not (group.gr_name == owner.pw_name and set(group.gr_mem) <= {owner.pw_name})
+
+
+def _trusted(st: os.stat_result) -> bool:
+    """A stored file this process may load (``st``: the open file's fstat): a regular file of this
+    user or root that no one else may write."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid in (os.geteuid(), 0) and not _others_write(st)
 
 
 def _tag() -> str:
@@ -187,7 +199,7 @@ def _stored_build(original: Any) -> Any:
         kept = _stored_path(target)
         if kept is None:
             return original(self)
-        if _trusted(kept) and _whole(kept) and _put(kept, target):
+        if _put(kept, target, stored=True):
             log.debug("kernel store: %s from %s", target.name, kept)
             return None
         original(self)  # raises when the compiler fails; a killed build never returns here
@@ -210,12 +222,13 @@ def _stored_path(target: Path) -> Path | None:
     return _served["store"] / relative
 
 
-def _whole(path: Path) -> bool:
+def _whole(path: Path | Any) -> bool:
     """``path`` is a whole ELF file: its header's section header table (which the linker and the
     assembler write last) ends within the file. False for a missing, empty, truncated or non-ELF file
     (a store entry a power loss emptied, an orphaned linker's half-written output)."""
     try:
-        with open(path, "rb") as f:
+        with contextlib.nullcontext(path) if hasattr(path, "read") else open(path, "rb") as f:
+            f.seek(0)
             head = f.read(64)
             size = os.fstat(f.fileno()).st_size
     except OSError:
@@ -241,9 +254,13 @@ def prune_partial(scratch: str | Path) -> list[Path]:
     builds a binary only where its name is missing (its ISA checks too: one emptied by a kill made
     every later compile of the tune fall back to a lower vector ISA). Call it once the killed
     worker's process group is gone. Returns the deleted paths."""
-    root = Path(scratch)
-    partial = [p for p in root.rglob("*") if p.suffix in KEPT_SUFFIXES and not p.is_symlink() and p.is_file()
-               and not _whole(p)] if root.is_dir() else []
+    partial = []
+    for folder, _, names in os.walk(scratch):  # errors (a directory Triton removes meanwhile) are skipped
+        for name in names:
+            p = Path(folder, name)
+            with contextlib.suppress(OSError):
+                if p.suffix in KEPT_SUFFIXES and stat.S_ISREG(p.lstat().st_mode) and not _whole(p):
+                    partial.append(p)
     if not partial:
         return []
     held = _open_files()
@@ -273,20 +290,27 @@ def _open_files() -> set[str]:
     return held
 
 
-def _put(source: Path, dest: Path) -> bool:
+def _put(source: Path, dest: Path, stored: bool = False) -> bool:
     """Copy ``source`` to a new name beside ``dest``, then move it to ``dest``: a reader of ``dest``
     sees the whole file or none (a name of its own per copy, so two machines sharing the store never
     write one temporary file). A copy, not a link: a compiler writing its output in place (the
-    assembler truncates an existing ``.o``) must never write into the store's file. False when the
-    file system refuses (the store unwritable, full): the tune goes on without it."""
+    assembler truncates an existing ``.o``) must never write into the store's file. ``stored``: the
+    source is a store entry, served only when the file opened (never through a link) is
+    :func:`_trusted` and a whole ELF file (:func:`_whole`), checked on what is copied. False when
+    it is not, or when the file system refuses (the store unwritable, full): the tune goes on."""
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
     try:
-        dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        shutil.copyfile(source, tmp)
-        shutil.copymode(source, tmp)
-        os.chmod(tmp, stat.S_IMODE(os.stat(tmp).st_mode) & ~0o022)  # writable by this user alone (_trusted)
-        with open(tmp, "rb") as f:  # on disk before its final name (a power loss leaves no empty entry)
-            os.fsync(f.fileno())
+        with open(os.open(source, os.O_RDONLY | (os.O_NOFOLLOW if stored else 0)), "rb") as src:
+            st = os.fstat(src.fileno())
+            if stored and not (_trusted(st) and _whole(src)):
+                return False
+            dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with open(tmp, "xb") as out:
+                src.seek(0)
+                shutil.copyfileobj(src, out)
+                os.fchmod(out.fileno(), stat.S_IMODE(st.st_mode) & ~0o022)  # writable by this user alone
+                out.flush()
+                os.fsync(out.fileno())  # on disk before its final name (a power loss leaves no empty entry)
         os.replace(tmp, dest)
         return True
     except OSError:

@@ -3,7 +3,8 @@
 Per problem, the configurations: each device's best config and the portable choice, every
 parameter in full. Charts, each only where it has data: the device x device regret heatmap (two
 devices or more); per problem and device, the speedup of the best config over Inductor's default
-(where the default was measured: a claim confirmed in paired rounds, else hatched, unconfirmed);
+(where the default was measured: a claim confirmed in paired rounds; else hatched: paired rounds'
+ratio without a claim, or the unpaired ratio, unconfirmed);
 best time against problem size (FLOPs); and, for a chosen study, its optimisation history and
 parameter importances. The charts the report holds are listed in ``<meta name="zhantune-charts">``
 (scripts/render_report.py checks that each drew data).
@@ -42,19 +43,26 @@ def _regret_heatmap(cmp: Comparison) -> go.Figure | None:
 
 def _speedup(cmp: Comparison) -> go.Figure | None:
     """Per problem and device: the speedup over Inductor's default confirmed in paired rounds (solid
-    bars: the verdict's ratio), else the unpaired ratio of the fastest runs, hatched and named
+    bars: the verdict's ratio, a claim the export ships); else, where paired rounds judged it
+    without a claim (not confirmed, below ``min_speedup``, another torch's), their ratio, hatched
+    "x", with the reason on hover; else the unpaired ratio of the fastest runs, hatched "/" and named
     "unconfirmed" (noise could have made it). None where no default was measured."""
     fig = go.Figure()
     for d in cmp.devices:
         probs = [p for p in cmp.problems if d in p.default_us and d in p.best_us]
         confirmed = [p for p in probs if d in p.confirmed_speedup]
-        unconfirmed = [p for p in probs if d not in p.confirmed_speedup]
+        paired = [p for p in probs if d not in p.confirmed_speedup and d in p.claims and p.claims[d].ratio is not None]
+        unpaired = [p for p in probs if p not in confirmed and p not in paired]
         if confirmed:
             fig.add_bar(name=f"{d}: confirmed in paired rounds", x=[p.problem_key for p in confirmed],
                         y=[p.confirmed_speedup[d] for p in confirmed])
-        if unconfirmed:
-            fig.add_bar(name=f"{d}: unconfirmed (unpaired fastest runs)", x=[p.problem_key for p in unconfirmed],
-                        y=[p.default_us[d] / p.best_us[d] for p in unconfirmed], marker_pattern_shape="/")
+        if paired:
+            fig.add_bar(name=f"{d}: paired rounds, no claim", x=[p.problem_key for p in paired],
+                        y=[p.claims[d].ratio for p in paired], hovertext=[p.claims[d].reason for p in paired],
+                        marker_pattern_shape="x")
+        if unpaired:
+            fig.add_bar(name=f"{d}: unconfirmed (unpaired fastest runs)", x=[p.problem_key for p in unpaired],
+                        y=[p.default_us[d] / p.best_us[d] for p in unpaired], marker_pattern_shape="/")
     if not fig.data:
         return None  # no Inductor default measured (imported or replayed data)
     fig.update_layout(title="Speedup of the best config over Inductor's default (hatched: unconfirmed)",

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from zhantune.bench.decision import (
     DEFAULT_MIN_SPEEDUP,
     best_per_config,
-    claim_holds,
     claim_status,
     decision_us,
 )
@@ -187,7 +186,7 @@ def compare(store: Store, devices: list[str] | None = None,
 
 def _claim(verdict: Any, other_torch: Any, min_speedup: float | None, torch: str) -> Claim:
     why = claim_status(verdict, other_torch, min_speedup, torch)
-    v = verdict if verdict is not None or not claim_holds(other_torch) else other_torch  # the one the reason names
+    v = verdict if verdict is not None else other_torch  # the one the reason names (another torch's: it says so)
     if v is None:
         return Claim(False, why or "")
     return Claim(why is None, why or f"confirmed in {v.rounds} paired rounds", v.ratio, v.ratio_low, v.ratio_high,

@@ -239,8 +239,7 @@ def merge_into(target: Store, source: Store, label: str) -> MergeStats:
             stats.studies_renamed += 1
         if has_optuna:  # else Optuna's storage would give the source its tables (a write)
             # every time, not only for a new study: an interrupted merge's half-copied study is completed
-            with optuna_reads(f"{source.option}={redact_url(source.url)}", source.url if source.read_only else None):
-                _copy_optuna_study(source.url, target.url, st.name, name)
+            _copy_optuna_study(source, target.url, st.name, name)
     with target.session() as t:
         M = m.MeasurementRow
         stored = list(t.execute(select(M.study_id, M.trial_number, M.created_at, M.config_hash, M.kind, M.median_us)))
@@ -358,15 +357,18 @@ def _copy_verdicts(target: Store, verdicts: list, study_map: dict[int, int], dev
             stats.verdicts_added += 1
 
 
-def _copy_optuna_study(source_url: str, target_url: str, name: str, new_name: str) -> None:
-    """Copy the source's Optuna study ``name`` to the target as ``new_name``; where the target holds
-    it already as a prefix of the source's trials (a merge interrupted half way through copy_study,
-    or an earlier copy of a study that went on), the missing trials are added. A target study whose
-    trials differ from the source's (another lineage) is left as it is."""
-    source = optuna_reader(source_url)  # a file this process may not write keeps no side files
-    names = {s.study_name for s in optuna.get_all_study_summaries(source, include_best_trial=False)}
-    if name not in names:
-        return  # imported data has no Optuna study
+def _copy_optuna_study(store: Store, target_url: str, name: str, new_name: str) -> None:
+    """Copy the source's (``store``'s) Optuna study ``name`` to the target as ``new_name``; where the
+    target holds it already as a prefix of the source's trials (a merge interrupted half way through
+    copy_study, or an earlier copy of a study that went on), the missing trials are added. A target
+    study whose trials differ from the source's (another lineage) is left as it is. The source's
+    study is read whole first (engine.optuna_reads: its errors name the source, never the target's)."""
+    with optuna_reads(f"{store.option}={redact_url(store.url)}", store.url if store.read_only else None):
+        reader = optuna_reader(store.url)  # a file this process may not write keeps no side files
+        if name not in {s.study_name for s in optuna.get_all_study_summaries(reader, include_best_trial=False)}:
+            return  # imported data has no Optuna study
+        source = optuna.storages.InMemoryStorage()
+        optuna.copy_study(from_study_name=name, from_storage=reader, to_storage=source)
     targets = {s.study_name for s in optuna.get_all_study_summaries(target_url, include_best_trial=False)}
     if new_name not in targets:
         optuna.copy_study(from_study_name=name, from_storage=source, to_storage=target_url,

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from zhantune.bench.decision import best_per_config, decision_us
+from zhantune.bench.decision import best_per_config, decision_us, rank_key
 from zhantune.provenance import torch_release
 from zhantune.storage import orm as m
 from zhantune.storage.reads import ReportQueries
@@ -53,6 +53,16 @@ class Queries(ReportQueries):
                                    m.MeasurementRow.status == "ok", m.MeasurementRow.lookup_key.is_not(None))
                             .order_by(m.MeasurementRow.id).limit(1)).first()
             return None if row is None else (row[0], row[1])
+
+    def config_best(self, device_id: int, problem_id: int, config_hash: str | None) -> m.MeasurementRow | None:
+        """The fastest correct row (candidate or re-measurement; zhantune.bench.decision.rank_key) of
+        one config for one problem on one device; None when there is none."""
+        with self.session() as s:
+            rows = list(s.scalars(select(m.MeasurementRow).where(
+                m.MeasurementRow.device_id == device_id, m.MeasurementRow.problem_id == problem_id,
+                m.MeasurementRow.config_hash == config_hash, m.MeasurementRow.status == "ok",
+                m.MeasurementRow.kind.in_(("candidate", "remeasure")), m.MeasurementRow.median_us.is_not(None))))
+            return min(rows, key=rank_key, default=None)
 
     def count_measurements(self, study_id: int) -> int:
         """How many measurement rows a study holds (every kind)."""
