@@ -281,6 +281,26 @@ def test_the_speedup_chart_shows_paired_claims_and_marks_the_rest_unconfirmed(tm
     assert _charts(tmp_path / "r.html")["speedup-over-default"] == "drawn"
 
 
+def test_a_claim_paired_only_under_another_torch_is_named_so():
+    """This torch's note that no claim was made (a cached winner, no rounds) does not hide that
+    another torch's rounds paired the config: "never paired" was said of it."""
+    from types import SimpleNamespace
+
+    from zhantune.bench.decision import claim_status
+
+    note = SimpleNamespace(confirmed=False, ratio=None, ratio_low=None, ratio_high=None, rounds=0, reason="no claim made",
+                           torch_version="2.13.0+cpu")
+    confirmed = SimpleNamespace(confirmed=True, ratio=1.3, ratio_low=1.25, ratio_high=1.35, rounds=3, reason="r",
+                                torch_version="2.12.0+cpu")
+    refuted = SimpleNamespace(**{**confirmed.__dict__, "confirmed": False, "reason": "slower in a round"})
+    for verdict in (None, note):
+        assert claim_status(verdict, confirmed, 1.02, "2.13.0+cpu") == (
+            "confirmed with torch 2.12.0+cpu, not with this torch 2.13.0+cpu")
+        assert claim_status(verdict, refuted, 1.02, "2.13.0+cpu") == (
+            "never paired with this torch 2.13.0+cpu; with torch 2.12.0+cpu: not confirmed: slower in a round")
+    assert claim_status(note, note, 1.02, "2.13.0+cpu") == "never paired with the default"
+
+
 @pytest.mark.parametrize("ratio, torch_version, min_speedup, reason", [
     (1.01, None, 1.02, "confirmed at 1.010x, below min_speedup"),
     (1.01, None, None, None),  # min_speedup=null: any confirmed claim

@@ -167,8 +167,9 @@ def test_a_store_another_user_could_write_is_never_used(tmp_path, monkeypatch, c
     shared.chmod(0o775)  # a group other users are in
     with pytest.raises(ConfigError, match=re.escape(f"{shared} is writable by other users (mode 775)")):
         kernel_store.store_dir(str(shared / "mine"))
-    os.chown(shared, 0, 0)  # the owner's own group (a umask of 002 leaves directories so): no one else
-    assert kernel_store.store_dir(str(shared / "mine")) is not None
+    os.chown(shared, 0, 0)  # root's group: a process of any uid may run with gid 0
+    with pytest.raises(ConfigError, match=re.escape(f"{shared} is writable by other users (mode 775)")):
+        kernel_store.store_dir(str(shared / "mine"))
     shared.chmod(0o1777)  # sticky, as /tmp: the entries below are checked
     store = kernel_store.store_dir(str(shared / "mine"))
     assert store is not None and (store.stat().st_mode & 0o777) == 0o700
@@ -185,3 +186,50 @@ def test_a_store_another_user_could_write_is_never_used(tmp_path, monkeypatch, c
     with kernel_store.serving(store, str(tmp_path / "tune2")):
         _builder(source, tmp_path / "tune2").build()
     assert len(compiled) == 2 and (store / "k.so").stat().st_uid == 0  # built again, and replaced
+    (store / "k.so").unlink()
+    os.mkfifo(store / "k.so")  # opening a FIFO to read waits for a writer: the tune must not
+    with kernel_store.serving(store, str(tmp_path / "tune3")):
+        _builder(source, tmp_path / "tune3").build()
+    assert len(compiled) == 3 and kernel_store._whole(store / "k.so")
+
+
+def test_group_write_is_the_owners_only_in_a_private_group_no_one_else_is_in(monkeypatch):
+    """A umask of 002 leaves the owner's directories group-writable: fine where the group is the
+    owner's private one. A member listed in the group, a user whose primary group it is, gid 0, or
+    ids without names are other writers."""
+    import grp
+    import pwd
+    import stat as st
+    from types import SimpleNamespace
+
+    users = [SimpleNamespace(pw_name="ann", pw_uid=1000, pw_gid=1000), SimpleNamespace(pw_name="bob", pw_uid=1001,
+                                                                                      pw_gid=1001)]
+    groups = {1000: SimpleNamespace(gr_name="ann", gr_mem=[]), 1001: SimpleNamespace(gr_name="bob", gr_mem=["ann"]),
+              0: SimpleNamespace(gr_name="root", gr_mem=[])}
+    monkeypatch.setattr(grp, "getgrgid", lambda gid: groups[gid])
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: next(u for u in users + [SimpleNamespace(
+        pw_name="root", pw_uid=0, pw_gid=0)] if u.pw_uid == uid))
+    monkeypatch.setattr(pwd, "getpwall", lambda: users)
+
+    def writes(mode: int, uid: int, gid: int) -> bool:
+        return kernel_store._others_write(os.stat_result((st.S_IFDIR | mode, 0, 0, 1, uid, gid, 0, 0, 0, 0)))
+
+    assert not writes(0o775, 1000, 1000) and not writes(0o755, 1001, 1001)
+    assert writes(0o777, 1000, 1000)  # others
+    assert writes(0o775, 1001, 1001)  # ann is listed in bob's group
+    users.append(SimpleNamespace(pw_name="cat", pw_uid=1002, pw_gid=1000))
+    assert writes(0o775, 1000, 1000)  # cat's primary group is ann's
+    assert writes(0o775, 0, 0)  # root's group
+    assert writes(0o775, 1000, 4242)  # a group without a name
+
+
+def test_a_link_inside_the_store_never_leads_out_of_it(tmp_path):
+    """The file name is opened without following a link; a directory of the store that is a link to
+    elsewhere (another user's directory) is not followed either: its builds are neither served nor kept."""
+    store, scratch, elsewhere = tmp_path / "store", tmp_path / "scratch", tmp_path / "elsewhere"
+    for d in (store, scratch / "ab", scratch / "cd", elsewhere):
+        d.mkdir(parents=True)
+    (store / "ab").symlink_to(elsewhere, target_is_directory=True)
+    with kernel_store.serving(store, str(scratch)):
+        assert kernel_store._stored_path(scratch / "ab" / "k.so") is None
+        assert kernel_store._stored_path(scratch / "cd" / "k.so") == store.resolve() / "cd" / "k.so"

@@ -381,6 +381,11 @@ def test_a_sweeps_summary_names_the_claim_its_table_ships():
         got = _claim(SimpleNamespace(claim=claim, claimed=carried, best=best, shipped=earlier), 1.02)
         assert got == start + "the table ships triton::mm BLOCK_M=32, whose speedup paired rounds of an earlier run " \
                               "confirmed", got
+    # no claim ships and the key is shared: the shared key said, with or without a floor
+    for floor, start in ((1.02, "unconfirmed; "), (None, "unconfirmed (export.min_speedup=null: the fastest ships, "
+                                                           "claimed or not); ")):
+        got = _claim(SimpleNamespace(claim=unconfirmed, claimed=carried, best=carried, shipped=shared), floor)
+        assert got.startswith(start + "the table ships Inductor's default (its lookup key is another problem's"), got
     same = SimpleNamespace(row=carried, shared=False)
     assert _claim(SimpleNamespace(claim=strong, claimed=carried, best=carried, shipped=same), 1.02) == \
         "confirmed 1.30x (rounds 1.25-1.35x, n=3)"

@@ -66,21 +66,20 @@ def _claim(result: Any, min_speedup: float | None, export: Any = None) -> str:
     v = result.claim
     if v is None:
         return "not settled"
-    if not v.confirmed and min_speedup is None:
-        return "unconfirmed (export.min_speedup=null: the fastest ships, claimed or not)"
-    claimed = result.claimed
-    shipped = getattr(result, "shipped", None)  # what this job's table ships under the problem's key
-    text = "unconfirmed"
+    claimed, shipped = result.claimed, getattr(result, "shipped", None)  # what this job's table ships
     if v.confirmed:
         text = f"confirmed {v.claim_text()}"
         if claimed is not None and result.best is not None and claimed.config_hash != result.best.config_hash:
             text += f" for {_describe(claimed)}, the best a table carries"
-    if not v.confirmed or min_speedup is not None and v.ratio < min_speedup:
-        text += "" if not v.confirmed else f"; below export.min_speedup={min_speedup:g}"
-        if shipped is None or shipped.row is None:  # no table, or its default for the key
-            return text + ": Inductor's default ships"
-    elif shipped is None or (shipped.row is not None and claimed is not None
-                             and shipped.row.config_hash == claimed.config_hash):
+        none_ships = min_speedup is not None and v.ratio < min_speedup
+        text += f"; below export.min_speedup={min_speedup:g}" if none_ships else ""
+    else:
+        none_ships = min_speedup is not None
+        text = "unconfirmed" + ("" if none_ships else " (export.min_speedup=null: the fastest ships, claimed or not)")
+    if none_ships and (shipped is None or shipped.row is None and not shipped.shared):
+        return text + ": Inductor's default ships"
+    if shipped is None or (shipped.row is not None and claimed is not None and not none_ships
+                           and shipped.row.config_hash == claimed.config_hash):
         return text
     from zhantune.report.summary import what_ships
 

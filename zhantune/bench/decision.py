@@ -166,9 +166,10 @@ def claim_status(verdict: Any, other_torch: Any, min_speedup: float | None, torc
     its JSON and its report."""
     if claim_holds(verdict) and (min_speedup is None or verdict.ratio >= min_speedup):
         return None
-    if verdict is None and other_torch is not None and claim_holds(other_torch):
+    unjudged = verdict is None or not verdict.rounds  # none here, or this torch's note that no claim was made
+    if unjudged and other_torch is not None and other_torch is not verdict and claim_holds(other_torch):
         return f"confirmed with torch {other_torch.torch_version or '(not recorded)'}, not with this torch {torch}"
-    if verdict is None and other_torch is not None and other_torch.rounds:
+    if unjudged and other_torch is not None and other_torch is not verdict and other_torch.rounds:
         return (f"never paired with this torch {torch}; with torch {other_torch.torch_version or '(not recorded)'}: "
                 f"not confirmed: {other_torch.reason}")
     if claim_holds(verdict):

@@ -115,9 +115,12 @@ def _others_write(st: os.stat_result) -> bool:
 
     try:
         group, owner = grp.getgrgid(st.st_gid), pwd.getpwuid(st.st_uid)
-    except KeyError:
+    except KeyError:  # a group or owner without a name (a container's arbitrary ids): not known private
         return True
-    return not (group.gr_name == owner.pw_name and set(group.gr_mem) <= {owner.pw_name})
+    # root's group is no one's private group (a process of any uid may run with gid 0); the group's
+    # members are its listed ones and the users whose primary group it is
+    members = set(group.gr_mem) | {u.pw_name for u in pwd.getpwall() if u.pw_gid == st.st_gid}
+    return st.st_gid == 0 or group.gr_name != owner.pw_name or not members <= {owner.pw_name}
 
 
 def _trusted(st: os.stat_result) -> bool:
@@ -174,7 +177,7 @@ def serve(store: str | Path | None, scratch: str) -> Any:
     from torch._inductor.cpp_builder import CppBuilder
 
     original = CppBuilder.build
-    _served.update(scratch=Path(scratch).resolve(), store=Path(store))
+    _served.update(scratch=Path(scratch).resolve(), store=Path(store).resolve())
     CppBuilder.build = _stored_build(original)  # type: ignore[method-assign]
     return original
 
@@ -217,9 +220,11 @@ def _stored_path(target: Path) -> Path | None:
         return None
     try:
         relative = target.resolve().relative_to(_served["scratch"])
+        kept = _served["store"] / relative
+        kept.parent.resolve().relative_to(_served["store"])  # no link inside the store leads out of it
     except ValueError:  # Inductor's precompiled headers, a preprocessing run in a temporary directory
         return None
-    return _served["store"] / relative
+    return kept
 
 
 def _whole(path: Path | Any) -> bool:
@@ -300,11 +305,15 @@ def _put(source: Path, dest: Path, stored: bool = False) -> bool:
     it is not, or when the file system refuses (the store unwritable, full): the tune goes on."""
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
     try:
-        with open(os.open(source, os.O_RDONLY | (os.O_NOFOLLOW if stored else 0)), "rb") as src:
+        # a store entry: never through a link, and a FIFO there opens at once (then fails _trusted)
+        with open(os.open(source, os.O_RDONLY | (os.O_NOFOLLOW | os.O_NONBLOCK if stored else 0)), "rb") as src:
             st = os.fstat(src.fileno())
             if stored and not (_trusted(st) and _whole(src)):
                 return False
-            dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for d in reversed(dest.parents):  # each one it makes 0700, whatever the umask
+                if not d.exists():
+                    d.mkdir(mode=0o700, exist_ok=True)
+                    d.chmod(0o700)
             with open(tmp, "xb") as out:
                 src.seek(0)
                 shutil.copyfileobj(src, out)
