@@ -32,7 +32,8 @@ def stored_claim(store: Any, study_id: int) -> tuple[SpeedupVerdict | None, Meas
         return None, None
     this = software_versions()["torch"]
     key = (newest.device_id, newest.problem_id, newest.config_hash)
-    v = store.latest_verdicts(this).get(key) or store.latest_verdicts().get(key) or newest
+    v = store.latest_verdicts(this).get(key)
+    v = v or store.latest_verdicts().get(key) or newest  # every torch's verdicts read only where needed
     confirmed = claim_holds(v) and torch_release(v.torch_version) == torch_release(this)
     reason = v.reason
     if claim_holds(v) and not confirmed:
