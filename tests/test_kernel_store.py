@@ -114,6 +114,15 @@ def test_store_directory_per_torch_and_compiler_and_its_errors(tmp_path, monkeyp
     finally:
         os.umask(old)
     assert made is not None and all((d.stat().st_mode & 0o777) == 0o700 for d in (tmp_path / "a", made.parent, made))
+    # a copy into the store that a kill interrupted is swept once it is an hour old, never a live one
+    (made / "73").mkdir()
+    old, live = made / "73" / ".k.so.0a1b.tmp", made / "73" / ".k.so.2c3d.tmp"
+    for f in (old, live, made / "73" / "k.so"):
+        f.write_bytes(b"x")
+    os.utime(old, (1, 1))
+    os.utime(made / "73" / "k.so", (1, 1))
+    assert kernel_store.store_dir(str(tmp_path / "a" / "b")) == made
+    assert sorted(p.name for p in (made / "73").iterdir()) == [".k.so.2c3d.tmp", "k.so"]
     for word in ("OFF", "no", True):
         with pytest.raises(ConfigError, match=re.escape(f"bench.kernel_store={word}: allowed: auto, off (or false, "
                                                         f"null), or a directory (./{word} for one of that name)")):

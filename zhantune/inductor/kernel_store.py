@@ -27,6 +27,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,6 +73,7 @@ def store_dir(setting: str | None) -> Path | None:
                           "allowed: auto, off, or a directory zhantune may write") from None
     why = _unsafe(resolved)
     if why is None:
+        _sweep_copies(resolved)
         return resolved
     if str(setting) == "auto":  # not the user's choice: the tune goes on, building its own
         log.warning("bench.kernel_store=auto: not used, %s (a binary put there would run in this tune); every "
@@ -79,6 +81,18 @@ def store_dir(setting: str | None) -> Path | None:
         return None
     raise ConfigError(f"bench.kernel_store={setting}: {why}, so a binary put there would run in this tune; "
                       "allowed: a directory only this user (or root) may write, auto, or off")
+
+
+def _sweep_copies(store: Path, older_than_s: float = 3600.0) -> None:
+    """Delete the temporary copies (``.NAME.HEX.tmp``, :func:`_put`) that a process killed in the
+    middle of a copy left in ``store``, once they are an hour old (a live copy takes seconds)."""
+    cutoff = time.time() - older_than_s
+    for folder, _, names in os.walk(store):  # errors (a directory removed meanwhile) are skipped
+        for name in names:
+            if name.startswith(".") and name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    if Path(folder, name).lstat().st_mtime < cutoff:
+                        Path(folder, name).unlink()
 
 
 #: words that name a setting rather than a directory (``bench.kernel_store=OFF``, ``no``)
