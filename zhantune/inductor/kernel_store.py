@@ -63,10 +63,7 @@ def store_dir(setting: str | None) -> Path | None:
         root = Path(os.path.expanduser(str(setting))).absolute()
     path = root / _tag()
     try:
-        for d in [*reversed(path.parents), path]:  # each one it makes 0700, whatever the umask
-            if not d.exists():
-                d.mkdir(mode=0o700, exist_ok=True)
-                d.chmod(0o700)
+        _private_dirs(path)
         resolved = path.resolve()  # checked and used as one path: no link re-read in between
     except OSError as e:
         raise ConfigError(f"bench.kernel_store={setting}: cannot create {path} ({e.strerror or e}); "
@@ -81,6 +78,15 @@ def store_dir(setting: str | None) -> Path | None:
         return None
     raise ConfigError(f"bench.kernel_store={setting}: {why}, so a binary put there would run in this tune; "
                       "allowed: a directory only this user (or root) may write, auto, or off")
+
+
+def _private_dirs(path: Path) -> None:
+    """Make ``path`` and its missing parents, each one it makes 0700 whatever the umask (mkdir's
+    ``parents=True`` gives parents the umask's mode). Raises OSError."""
+    for d in [*reversed(path.parents), path]:
+        if not d.exists():
+            d.mkdir(mode=0o700, exist_ok=True)
+            d.chmod(0o700)
 
 
 def _sweep_copies(store: Path, older_than_s: float = 3600.0) -> None:
@@ -324,10 +330,7 @@ def _put(source: Path, dest: Path, stored: bool = False) -> bool:
             st = os.fstat(src.fileno())
             if stored and not (_trusted(st) and _whole(src)):
                 return False
-            for d in reversed(dest.parents):  # each one it makes 0700, whatever the umask
-                if not d.exists():
-                    d.mkdir(mode=0o700, exist_ok=True)
-                    d.chmod(0o700)
+            _private_dirs(dest.parent)
             with open(tmp, "xb") as out:
                 src.seek(0)
                 shutil.copyfileobj(src, out)

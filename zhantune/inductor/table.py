@@ -304,12 +304,13 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
         if isinstance(key, str) and len(key) > MAX_KEY_CHARS:
             raise TableError(f"{where}: {path(k)}: a key of {len(key):,} characters is not an Inductor lookup key "
                              f"(those are a few hundred; at most {MAX_KEY_CHARS:,} are read)")
-        if not isinstance(key, str) or not key.isprintable() or parse_key(key) is None:
+        parsed = parse_key(key) if isinstance(key, str) and key.isprintable() else None
+        if parsed is None:
             raise TableError(f"{where}: {path(k)}: not an Inductor lookup key "
                              "(expected '[device+]((dtype, size, stride), ...)[+scalars]+op')")
         if not isinstance(entries, list):
             raise TableError(f"{where}: {path(k)}: expected a list of entries, got {type(entries).__name__}")
-        device = parse_key(key)["device"]  # a key without one: the kind read for, as _checked keeps it
+        device = parsed["device"]  # a key without one: the kind read for, as _checked keeps it
         kind = (device_kinds or {}).get(device, device_kind) if device is not None else device_kind
         for i, entry in enumerate(entries):
             at = path(k, f"[{i}]")

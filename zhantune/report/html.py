@@ -49,10 +49,11 @@ def _speedup(cmp: Comparison) -> go.Figure | None:
     "unconfirmed" (noise could have made it). None where no default was measured."""
     fig = go.Figure()
     for d in cmp.devices:
-        probs = [p for p in cmp.problems if d in p.default_us and d in p.best_us]
-        confirmed = [p for p in probs if d in p.confirmed_speedup]
-        paired = [p for p in probs if d not in p.confirmed_speedup and d in p.claims and p.claims[d].ratio is not None]
-        unpaired = [p for p in probs if p not in confirmed and p not in paired]
+        confirmed, paired, unpaired = [], [], []
+        for p in (p for p in cmp.problems if d in p.default_us and d in p.best_us):
+            claim = p.claims.get(d)
+            (confirmed if d in p.confirmed_speedup else paired if claim is not None and claim.ratio is not None
+             else unpaired).append(p)
         if confirmed:
             fig.add_bar(name=f"{d}: confirmed in paired rounds", x=[p.problem_key for p in confirmed],
                         y=[p.confirmed_speedup[d] for p in confirmed])

@@ -27,16 +27,10 @@ def study_names(store: Store) -> list[str]:
     """Every study in the database: zhantune's and Optuna's (a tune has both under one name)."""
     names = store.study_names()
     if "studies" in store.tables():  # Optuna's: a database of imports only has none
-        with _reads(store):
+        with optuna_reads(store):
             names |= {x.study_name for x in optuna.get_all_study_summaries(optuna_reader(store.url),
                                                                            include_best_trial=False)}
     return sorted(names)
-
-
-def _reads(store: Store) -> Any:
-    """Optuna's reads of ``store`` (zhantune.storage.engine.optuna_reads): one line where the file
-    changed under a lock-free reader."""
-    return optuna_reads(f"{store.option}={redact_url(store.url)}", store.url if store.read_only else None)
 
 
 def load_report_study(store: Store, name: str, option: str = "study") -> optuna.Study:
@@ -53,7 +47,7 @@ def load_report_study(store: Store, name: str, option: str = "study") -> optuna.
     try:
         if "studies" not in store.tables():  # no Optuna tables at all: a database of imports only
             raise KeyError(name)
-        with _reads(store):  # every trial read here, once: the report's charts read them again and again
+        with optuna_reads(store):  # every trial read here, once: the report's charts read them again and again
             memory = optuna.storages.InMemoryStorage()
             optuna.copy_study(from_study_name=name, from_storage=optuna_reader(store.url), to_storage=memory)
             return optuna.load_study(study_name=name, storage=memory)

@@ -266,13 +266,15 @@ def users_side(e: Exception, where: str, read_url: str | None) -> str | None:
 
 
 @contextlib.contextmanager
-def optuna_reads(where: str, read_url: str | None) -> Iterator[None]:
-    """Optuna's reads of a database only read (``read_url``, a read-only Store's; None: one it
-    writes): a read without locks that finds the file "malformed" says so in :func:`users_side`'s
-    one line ("the database changed while this process read it", StorageError), as zhantune's own
-    queries do; Optuna wraps SQLAlchemy's error in its StorageInternalError. Anything else
-    propagates as it is."""
+def optuna_reads(store: Any) -> Iterator[None]:
+    """Optuna's reads of ``store`` (a zhantune Store; only a read-only one is read without locks): a
+    read without locks that finds the file "malformed" says so in :func:`users_side`'s one line
+    ("the database changed while this process read it", StorageError), named by the store's option,
+    as zhantune's own queries do; Optuna wraps SQLAlchemy's error in its StorageInternalError.
+    Anything else propagates as it is."""
     from optuna.exceptions import StorageInternalError
+
+    where, read_url = f"{store.option}={redact_url(store.url)}", store.url if store.read_only else None
 
     try:
         yield

@@ -153,7 +153,7 @@ def _check_optuna_studies(source: Store, names: set[str], refuse: Callable[[str]
         return
     try:
         storage = optuna_reader(source.url)
-        with optuna_reads(f"{source.option}={redact_url(source.url)}", source.url if source.read_only else None):
+        with optuna_reads(source):
             for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
                 if summary.study_name in names:
                     optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(deepcopy=False)
@@ -363,7 +363,7 @@ def _copy_optuna_study(store: Store, target_url: str, name: str, new_name: str) 
     copy_study, or an earlier copy of a study that went on), the missing trials are added. A target
     study whose trials differ from the source's (another lineage) is left as it is. The source's
     study is read whole first (engine.optuna_reads: its errors name the source, never the target's)."""
-    with optuna_reads(f"{store.option}={redact_url(store.url)}", store.url if store.read_only else None):
+    with optuna_reads(store):
         reader = optuna_reader(store.url)  # a file this process may not write keeps no side files
         if name not in {s.study_name for s in optuna.get_all_study_summaries(reader, include_best_trial=False)}:
             return  # imported data has no Optuna study
