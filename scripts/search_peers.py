@@ -27,6 +27,11 @@ Strategies (``--strategies``, comma-separated):
     python scripts/search_peers.py                                   # 5 files x 20 seeds x 100 trials
     python scripts/search_peers.py --trials 50 --strategies zhantune,zhantune+transfer
     python scripts/search_peers.py --files convolution_A100 --seeds 5 --strategies kt:pso,zhantune
+
+``--source`` replaces what ``zhantune+transfer`` reads, to measure a source that does not hold:
+``reversed`` (the target's own scores, negated: its ranking backwards) or ``permuted`` (the target's
+own scores shuffled over its configs, seeded: a device unrelated to it); ``real`` (default) is the
+other devices' files.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from search_efficiency import ReplayObjective, sampler_for  # noqa: E402  (scrip
 from zhantune.bench.recorded import KernelTunerFile, entry_times_us, load_kerneltuner  # noqa: E402
 from zhantune.quiet import quiet_known_warnings  # noqa: E402
 from zhantune.search.driver import run_search  # noqa: E402
-from zhantune.search.transfer import load_prior  # noqa: E402
+from zhantune.search.transfer import device_sources, load_prior  # noqa: E402
 from zhantune.storage import Store  # noqa: E402
 from zhantune.storage.ingest import import_kerneltuner  # noqa: E402
 
@@ -78,6 +83,19 @@ def zhantune_run(replay: KernelTunerFile, strategy: str, seed: int, trials: int,
     stats = run_search(study, replay.space(), {}, measure, n_trials=trials, seed=seed)
     assert stats.measured == trials, (strategy, seed, stats)
     return measure.best
+
+
+def misleading_scores(store: Store, replay: KernelTunerFile, source: str) -> dict[str, float]:
+    """The target's own scores (log regret by config hash), ``reversed`` (finite ones negated: its
+    ranking backwards) or ``permuted`` (every score moved to another config, seeded by the file's
+    name: a source unrelated to the target)."""
+    own = dict(next(r for s, r in device_sources(store, "", replay.problem().key) if s.device_key == replay.device_key))
+    if source == "reversed":
+        return {h: (-v if np.isfinite(v) else v) for h, v in own.items()}
+    keys = sorted(own)
+    values = np.array([own[h] for h in keys])
+    np.random.default_rng(sum(replay.path.name.encode())).shuffle(values)
+    return dict(zip(keys, values.tolist(), strict=True))
 
 
 def median_cache(replay: KernelTunerFile, folder: Path) -> Path:
@@ -153,6 +171,9 @@ def main() -> None:
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--trials", type=int, default=100)
+    ap.add_argument("--source", choices=["real", "reversed", "permuted"], default="real",
+                    help="what zhantune+transfer reads: the other devices' files, or the target's own scores "
+                         "reversed or shuffled")
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     quiet_known_warnings()
@@ -171,6 +192,9 @@ def main() -> None:
         for f in files.values():
             import_kerneltuner(store, f)
         for n, f in files.items():
+            if args.source != "real":
+                priors[n] = (misleading_scores(store, f, args.source), f"its own scores, {args.source}")
+                continue
             prior = load_prior(store, f.device_key, f.problem())
             priors[n] = (prior.scores, ", ".join(s.device_key for s in prior.sources)) if prior else None
     caches = {n: median_cache(f, tmp) for n, f in files.items()} if any(s.startswith("kt:") for s in strategies) else {}

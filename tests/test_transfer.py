@@ -330,6 +330,39 @@ def test_the_transfer_line_says_what_reached_this_search():
     assert "too large to enumerate" in transfer_text(prior, huge)
 
 
+def test_the_peer_benchmark_misleads_transfer_with_the_targets_own_scores(conv_db):
+    """scripts/search_peers.py --source: the "never hurts" measurement reads the target's own log
+    regrets (its best config 0, the rest ln of their median over the best median, from the raw
+    file) reversed or shuffled over its configs; shuffled: the same values, on other configs."""
+    import importlib.util
+    import sys
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        spec = importlib.util.spec_from_file_location("search_peers", scripts / "search_peers.py")
+        peers = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(peers)
+    finally:
+        sys.path.remove(str(scripts))
+    replay = load_kerneltuner(CONV_A4000)
+    store = Store(f"sqlite:///{conv_db}")
+    backwards = peers.misleading_scores(store, replay, "reversed")
+    shuffled = peers.misleading_scores(store, replay, "permuted")
+    store.engine.dispose()
+    (branch,) = replay.space().branches
+    tuned = [p.name for p in branch.params if p.distribution is not None]
+    medians = {branch.candidate({n: e[n] for n in tuned}).config_hash: statistics.median(e["times"])
+               for e in _raw(CONV_A4000)["cache"].values() if not isinstance(e["time"], str)}
+    best = min(medians.values())
+    for chash, median in medians.items():
+        assert backwards[chash] == pytest.approx(-math.log(median / best), abs=1e-9)
+    assert sorted(backwards) == sorted(shuffled)
+    assert sorted(map(str, backwards.values())) == sorted(str(-v if math.isfinite(v) else v) for v in shuffled.values())
+    moved = sum(shuffled[h] != -backwards[h] for h in medians)
+    assert moved > 0.9 * len(medians), moved
+
+
 def test_a_shape_prior_gives_seeds_however_much_it_covers():
     """The transfer model's premise (another device's ranking holds here, scaled) was measured
     between devices only: a neighbouring shape scoring most of a small space (a CPU's 50 points) gives
