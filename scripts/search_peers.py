@@ -87,14 +87,19 @@ def zhantune_run(replay: KernelTunerFile, strategy: str, seed: int, trials: int,
 
 def misleading_scores(store: Store, replay: KernelTunerFile, source: str) -> dict[str, float]:
     """The target's own scores (log regret by config hash), ``reversed`` (finite ones negated: its
-    ranking backwards) or ``permuted`` (every score moved to another config, seeded by the file's
-    name: a source unrelated to the target)."""
-    own = dict(next(r for s, r in device_sources(store, "", replay.problem().key) if s.device_key == replay.device_key))
+    ranking backwards; its failed configs stay failed, which a real backwards device would not know)
+    or ``permuted`` (the scores shuffled over its configs, failures included, one shuffle per file
+    seeded by its name: a source unrelated to the target)."""
+    own = next((r for s, r in device_sources(store, "", replay.problem().key) if s.device_key == replay.device_key),
+               None)
+    if own is None:
+        raise SystemExit(f"{replay.path.name}: its device {replay.device_key!r} has no rows of its problem in the "
+                         "benchmark's database")
     if source == "reversed":
         return {h: (-v if np.isfinite(v) else v) for h, v in own.items()}
     keys = sorted(own)
     values = np.array([own[h] for h in keys])
-    np.random.default_rng(sum(replay.path.name.encode())).shuffle(values)
+    np.random.default_rng(sum(replay.path.name.encode())).shuffle(values)  # the seed docs/search.md measured
     return dict(zip(keys, values.tolist(), strict=True))
 
 

@@ -330,10 +330,11 @@ def test_the_transfer_line_says_what_reached_this_search():
     assert "too large to enumerate" in transfer_text(prior, huge)
 
 
-def test_the_peer_benchmark_misleads_transfer_with_the_targets_own_scores(conv_db):
+def test_the_peer_benchmark_misleads_transfer_with_the_targets_own_scores(tmp_path, conv_db):
     """scripts/search_peers.py --source: the "never hurts" measurement reads the target's own log
     regrets (its best config 0, the rest ln of their median over the best median, from the raw
-    file) reversed or shuffled over its configs; shuffled: the same values, on other configs."""
+    file; not its sibling's, which the database holds too) reversed or shuffled over its configs;
+    shuffled: the same values, on other configs, the same on every call."""
     import importlib.util
     import sys
 
@@ -345,10 +346,14 @@ def test_the_peer_benchmark_misleads_transfer_with_the_targets_own_scores(conv_d
         spec.loader.exec_module(peers)
     finally:
         sys.path.remove(str(scripts))
+    db = tmp_path / "z.db"
+    shutil.copy(conv_db, db)
+    store = Store(f"sqlite:///{db}")
+    import_kerneltuner(store, load_kerneltuner(CONV_A100))  # the sibling, first by device key
     replay = load_kerneltuner(CONV_A4000)
-    store = Store(f"sqlite:///{conv_db}")
     backwards = peers.misleading_scores(store, replay, "reversed")
     shuffled = peers.misleading_scores(store, replay, "permuted")
+    assert peers.misleading_scores(store, replay, "permuted") == shuffled
     store.engine.dispose()
     (branch,) = replay.space().branches
     tuned = [p.name for p in branch.params if p.distribution is not None]
