@@ -187,6 +187,8 @@ def main() -> None:
     if any(s.startswith("kt:") for s in strategies) and importlib.util.find_spec("kernel_tuner") is None:
         ap.error("the kt: strategies need kernel-tuner 1.5.0, the optional extra: pip install -e '.[peers]' "
                  "(or --strategies without kt: rows)")  # before hours of the other rows, not after
+    if args.source != "real" and "zhantune+transfer" not in strategies:
+        ap.error(f"--source {args.source} replaces what zhantune+transfer reads: add it to --strategies")
     files = {n: load_kerneltuner(DATA / f"{n}.json.gz") for n in names}
     optimum = {n: f.best_time_us() for n, f in files.items()}
     tmp = Path(tempfile.mkdtemp(prefix="zhantune-peers-"))
@@ -197,11 +199,10 @@ def main() -> None:
         for f in files.values():
             import_kerneltuner(store, f)
         for n, f in files.items():
-            if args.source != "real":
-                priors[n] = (misleading_scores(store, f, args.source), f"its own scores, {args.source}")
-                continue
             prior = load_prior(store, f.device_key, f.problem())
             priors[n] = (prior.scores, ", ".join(s.device_key for s in prior.sources)) if prior else None
+            if prior and args.source != "real":  # the same targets as the real source: those with a sibling
+                priors[n] = (misleading_scores(store, f, args.source), f"its own scores, {args.source}")
     caches = {n: median_cache(f, tmp) for n, f in files.items()} if any(s.startswith("kt:") for s in strategies) else {}
 
     print(f"{args.trials} distinct configurations per run (failures count), {args.seeds} seeds; ratio of the best "
