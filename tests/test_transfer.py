@@ -343,10 +343,15 @@ def test_the_peer_benchmark_misleads_transfer_with_the_targets_own_scores(tmp_pa
 
     scripts = Path(__file__).resolve().parents[1] / "scripts"
     monkeypatch.syspath_prepend(str(scripts))  # the script imports search_efficiency from its folder
-    monkeypatch.delitem(sys.modules, "search_efficiency", raising=False)  # gone again after the test
     spec = importlib.util.spec_from_file_location("search_peers", scripts / "search_peers.py")
     peers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peers)
+    before = sys.modules.pop("search_efficiency", None)
+    try:
+        spec.loader.exec_module(peers)
+    finally:  # the worker's later tests see the modules they saw before
+        sys.modules.pop("search_efficiency", None)
+        if before is not None:
+            sys.modules["search_efficiency"] = before
     db = tmp_path / "z.db"
     shutil.copy(conv_db, db)
     store = Store(f"sqlite:///{db}")
