@@ -59,18 +59,32 @@ def _binaries(cache: Path) -> set[Path]:
 
 def _process_state(pid: int) -> str:
     """The state letter of /proc/<pid>/stat (R running, S sleeping, T stopped)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
+    return _process_state_at(Path(f"/proc/{pid}"))
+
+
+def _process_state_at(proc: Path) -> str:
+    """The state letter in ``proc``/stat (a /proc/<pid> or /proc/<pid>/task/<tid> directory)."""
+    stat = (proc / "stat").read_text()
     return stat[stat.rindex(")") + 2]
 
 
 def _stopped(pid: int) -> str:
-    """"T" when the process is stopped, or has SIGSTOP pending: one in uninterruptible sleep ("D",
-    e.g. writing a kernel to a busy disk) stops the moment it returns from the kernel, and
-    CompilePool.pause waits at most a second for it. Else the state letter."""
-    state = _process_state(pid)
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
-    return "T" if state == "T" or pending & (1 << (signal.SIGSTOP - 1)) else state
+    """"T" when the process's group stop has begun: one of its threads is stopped or has SIGSTOP
+    pending. A thread in uninterruptible sleep ("D", e.g. writing a kernel to a busy disk) stops the
+    moment it returns from the kernel, and CompilePool.pause waits at most a second for it; in a
+    multi-threaded worker another thread may have taken the SIGSTOP already, which leaves none
+    pending on a thread still in "D" (seen on this machine: ['D'] with nothing pending). Else the
+    main thread's state letter."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            state = _process_state_at(task)
+            status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
+        except OSError:  # the thread ended
+            continue
+        pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+        if state == "T" or pending & (1 << (signal.SIGSTOP - 1)):
+            return "T"
+    return _process_state(pid)
 
 
 @pytest.mark.slow
