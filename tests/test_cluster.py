@@ -8,7 +8,6 @@ import datetime as dt
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from procs import kill_while
 from sqlalchemy import select
 
 from zhantune.search.study import RETRY_OF_ATTR
@@ -89,17 +89,19 @@ def _kill_mid_trial(log: Path, launcher: subprocess.Popen, timeout_s: float = 18
     """SIGKILL the job that writes ``log`` while it measures (after its second trial): returns its
     pid, the trial it was measuring and when it was killed."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while not log.exists() or not log.read_text():
         assert launcher.poll() is None, launcher.communicate()[1][-3000:]
-        lines = log.read_text().splitlines() if log.exists() else []
-        measuring = [ln for ln in lines if ": measuring " in ln]
-        if len(measuring) >= 3 and ": measuring " in lines[-1]:
-            pid = int(re.search(r"worker [^:]+:(\d+)", lines[0]).group(1))
-            number = int(re.search(r"trial (\d+): measuring", lines[-1]).group(1))
-            os.kill(pid, signal.SIGKILL)
-            return pid, number, dt.datetime.now()
+        assert time.monotonic() < deadline, f"no {log} after {timeout_s} s"
         time.sleep(0.02)
-    raise AssertionError(f"no trial measured in {log} after {timeout_s} s")
+    pid = int(re.search(r"worker [^:]+:(\d+)", log.read_text().splitlines()[0]).group(1))
+
+    def measuring() -> bool:  # after its second trial, in the middle of one
+        lines = log.read_text().splitlines()
+        return sum(": measuring " in ln for ln in lines) >= 3 and ": measuring " in lines[-1]
+
+    kill_while(pid, measuring, timeout_s)  # stopped first, so the trial cannot end between check and kill
+    number = int(re.search(r"trial (\d+): measuring", log.read_text().splitlines()[-1]).group(1))
+    return pid, number, dt.datetime.now()
 
 
 @pytest.mark.slow

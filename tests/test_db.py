@@ -19,6 +19,7 @@ import optuna
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from procs import kill_while
 from sqlalchemy import create_engine, func, inspect, select
 
 from zhantune.errors import StorageError
@@ -502,16 +503,14 @@ def test_a_claimed_trial_without_heartbeat_is_retried_on_resume(tmp_path):
     # bench.replay_pace=1: every answer takes the recorded measurement's time (0.48 s or more)
     proc = _worker(url, tmp_path / "w", 50, path=GEMM, extra=("bench.replay_pace=1", "storage.heartbeat_interval_s=null"))
     log = tmp_path / "w" / "hydra" / "app.log"
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None and time.monotonic() < deadline
+
+    def measuring() -> bool:  # after its first trial, in the middle of one
         lines = log.read_text().splitlines() if log.exists() else []
-        if sum(": measuring " in ln for ln in lines) >= 2 and ": measuring " in lines[-1]:
-            proc.kill()
-            break
-        time.sleep(0.02)
+        return sum(": measuring " in ln for ln in lines) >= 2 and ": measuring " in lines[-1]
+
+    kill_while(proc.pid, measuring)  # stopped first, so the trial cannot end between check and kill
     proc.wait(timeout=60)
-    killed = int(lines[-1].split("trial ")[1].split(":")[0])
+    killed = int(log.read_text().splitlines()[-1].split("trial ")[1].split(":")[0])
     rows = _candidates(url)
     again = _worker(url, tmp_path / "w2", len(rows) + 2, path=GEMM,
                     extra=("storage.heartbeat_interval_s=1", "storage.grace_period_s=2"))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from faults import faulty_spec
+from procs import state_at, stop_begun
 
 from zhantune.bench.compile_pool import CompilePool, default_compile_workers
 
@@ -59,32 +60,15 @@ def _binaries(cache: Path) -> set[Path]:
 
 def _process_state(pid: int) -> str:
     """The state letter of /proc/<pid>/stat (R running, S sleeping, T stopped)."""
-    return _process_state_at(Path(f"/proc/{pid}"))
-
-
-def _process_state_at(proc: Path) -> str:
-    """The state letter in ``proc``/stat (a /proc/<pid> or /proc/<pid>/task/<tid> directory)."""
-    stat = (proc / "stat").read_text()
-    return stat[stat.rindex(")") + 2]
+    return state_at(Path(f"/proc/{pid}"))
 
 
 def _stopped(pid: int) -> str:
-    """"T" when the process's group stop has begun: one of its threads is stopped or has SIGSTOP
-    pending. A thread in uninterruptible sleep ("D", e.g. writing a kernel to a busy disk) stops the
-    moment it returns from the kernel, and CompilePool.pause waits at most a second for it; in a
-    multi-threaded worker another thread may have taken the SIGSTOP already, which leaves none
-    pending on a thread still in "D" (seen on this machine: ['D'] with nothing pending). Else the
-    main thread's state letter."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            state = _process_state_at(task)
-            status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
-        except OSError:  # the thread ended
-            continue
-        pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
-        if state == "T" or pending & (1 << (signal.SIGSTOP - 1)):
-            return "T"
-    return _process_state(pid)
+    """"T" when the process's group stop has begun (procs.stop_begun: a thread stopped or with
+    SIGSTOP pending; one in "D" stops the moment it returns from the kernel, and CompilePool.pause
+    waits at most a second for it; seen on this machine: ['D'] with nothing pending on the main
+    thread), else the main thread's state letter."""
+    return "T" if stop_begun(pid) else _process_state(pid)
 
 
 @pytest.mark.slow
@@ -139,18 +123,24 @@ def test_a_compile_timeout_kills_the_compiler_with_the_timing_worker(tmp_path, t
     used to run on, a core busy through every later timed run (found in a review, 2026-11-27)."""
     from zhantune.tune import resolve_run
 
-    run = resolve_run(tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[cpp_gemm]",
-                                f"storage.url=sqlite:///{tmp_path}/x.db", "bench.kernel_store=off",
-                                "bench.compile_timeout_s=15"]))
     path, started = _hanging_compiler(tmp_path)
     monkeypatch.setenv("PATH", path)  # the worker's (spawned below), not ours
-    bench = run.benchmarker(str(tmp_path / "kernels"))
-    try:
-        got = bench.measure(run.space.branch("cpp_gemm").candidate(
-            {"k_slices": 1, "thread_factors": None, "cache_blocking": "4,1,16"}))
-    finally:
-        bench.close()
-    assert got.status == "timeout" and "compile exceeded 15 s" in got.error_text, got
+    # 15 s reaches the compiler on this machine (the worker's first compile calls g++ after Dynamo,
+    # AOT and freezing); where a busy machine did not get that far, the limit was all the test saw,
+    # and it runs again with a longer one
+    for limit_s in (15, 120):
+        run = resolve_run(tune_cfg(["+op=mm", "shape=[64,64,64]", "device=cpu", "space=[cpp_gemm]",
+                                    f"storage.url=sqlite:///{tmp_path}/x.db", "bench.kernel_store=off",
+                                    f"bench.compile_timeout_s={limit_s}"]))
+        bench = run.benchmarker(str(tmp_path / f"kernels{limit_s}"))
+        try:
+            got = bench.measure(run.space.branch("cpp_gemm").candidate(
+                {"k_slices": 1, "thread_factors": None, "cache_blocking": "4,1,16"}))
+        finally:
+            bench.close()
+        assert got.status == "timeout" and f"compile exceeded {limit_s} s" in got.error_text, got
+        if started.exists():
+            break
     _all_gone(started)
 
 
@@ -229,7 +219,8 @@ def test_a_cuda_tune_pauses_its_compile_workers_while_it_times(tmp_path, tune_cf
     # the workers' spec stays the CPU run's: they compile and time on this CPU
     monkeypatch.setattr(run, "worker_spec", dataclasses.replace(run).worker_spec)
     run.device = dataclasses.replace(run.device, kind="cuda")
-    assert run.compile_workers() == 1  # bench.compile_workers=null: at least one on CUDA
+    # bench.compile_workers=null: at least one on CUDA (one per four cores, at most four)
+    assert run.compile_workers() == default_compile_workers("cuda") >= 1
 
     stopped: list[list[str]] = []
     real_pause = CompilePool.pause
@@ -243,7 +234,7 @@ def test_a_cuda_tune_pauses_its_compile_workers_while_it_times(tmp_path, tune_cf
     assert result.measured == 2 and not result.interrupted
     # both candidates were timed with every compile worker stopped (the baselines are timed before
     # the pool has anything to compile)
-    assert len(stopped) >= 2 and all(states == ["T"] for states in stopped), stopped
+    assert len(stopped) >= 2 and all(states and set(states) == {"T"} for states in stopped), stopped
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import kill_while
 
 from zhantune.report.console import LOG_WIDTH
 
@@ -160,11 +161,8 @@ def test_a_killed_tunes_orphaned_trial_is_not_counted_as_measured(tmp_path):
 
     first = start()
     _wait_for_candidates(db, 2, first)
-    deadline = time.monotonic() + 120
-    while _in_flight(db) == 0:  # a trial is being measured: its claim has no row yet
-        assert time.monotonic() < deadline and first.poll() is None
-        time.sleep(0.05)
-    first.kill()
+    # killed while a trial is measured (its claim has no row yet), checked again once stopped
+    kill_while(first.pid, lambda: _in_flight(db) == 1, timeout_s=120, poll_s=0.05)
     first.communicate(timeout=60)
     measured = _kinds(db)["candidate"]
     assert _in_flight(db) == 1 and measured < 6
@@ -208,11 +206,7 @@ def test_a_rerun_at_once_after_a_kill_waits_for_the_dead_claim_before_calling_th
 
     first = start("bench.replay_pace=1")  # each answer takes its compile time (0.4 s) and runs
     _wait_for_candidates(db, 1, first)
-    deadline = time.monotonic() + 120
-    while _in_flight(db) == 0:
-        assert time.monotonic() < deadline and first.poll() is None
-        time.sleep(0.05)
-    first.kill()
+    kill_while(first.pid, lambda: _in_flight(db) == 1, timeout_s=120, poll_s=0.05)
     first.communicate(timeout=60)
     assert _in_flight(db) == 1
 
