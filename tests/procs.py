@@ -8,6 +8,7 @@ thread seen stopped), checks again, and kills only a process it saw in the state
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -23,7 +24,11 @@ def state_at(proc: Path) -> str:
 
 
 def _threads(pid: int) -> list[Path]:
-    return list(Path(f"/proc/{pid}/task").iterdir())
+    """/proc/<pid>/task/*, or none where the process is gone."""
+    try:
+        return list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
 
 
 def stop_begun(pid: int) -> bool:
@@ -54,23 +59,39 @@ def all_stopped(pid: int) -> bool:
     return bool(states) and all(s in "Tt" for s in states)
 
 
-def kill_while(pid: int, condition: Callable[[], bool], timeout_s: float = 180.0, poll_s: float = 0.02) -> None:
+def kill_while(pid: int, condition: Callable[[], bool], timeout_s: float = 180.0, poll_s: float = 0.02,
+               stop_wait_s: float = 10.0) -> None:
     """SIGKILL process ``pid`` at a moment ``condition()`` holds, checked again while the process is
     stopped: poll ``condition``; when it holds, SIGSTOP the process, wait until every thread is
-    stopped (at most 10 s), check again, then SIGKILL it (or SIGCONT it and go on polling where the
-    condition no longer holds: it changed before the stop took hold). Raises AssertionError when the
-    condition is not seen within ``timeout_s`` or the process ends first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert Path(f"/proc/{pid}").exists() and state_at(Path(f"/proc/{pid}")) != "Z", f"process {pid} ended"
-        if condition():
-            os.kill(pid, signal.SIGSTOP)
-            stop_by = time.monotonic() + 10
-            while not all_stopped(pid) and time.monotonic() < stop_by:
-                time.sleep(0.001)
-            if all_stopped(pid) and condition():
-                os.kill(pid, signal.SIGKILL)
-                return
-            os.kill(pid, signal.SIGCONT)
-        time.sleep(poll_s)
-    raise AssertionError(f"the condition never held while process {pid} ran ({timeout_s:.0f} s)")
+    stopped (at most ``stop_wait_s``), check again, then SIGKILL it (or SIGCONT it and go on polling
+    where the condition no longer holds: it changed before the stop took hold). The signals go
+    through a pidfd, so a pid reused after the process ended is never signalled. Whatever ends the
+    wait (the condition raising, Ctrl-C) continues a process it stopped. Raises AssertionError when
+    the condition is not seen within ``timeout_s`` or the process ends first."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise AssertionError(f"process {pid} ended") from None
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                assert state_at(Path(f"/proc/{pid}")) != "Z"
+            except (OSError, AssertionError):
+                raise AssertionError(f"process {pid} ended") from None
+            if condition():
+                signal.pidfd_send_signal(fd, signal.SIGSTOP)
+                try:
+                    stop_by = time.monotonic() + stop_wait_s
+                    while not all_stopped(pid) and time.monotonic() < stop_by:
+                        time.sleep(0.001)
+                    if all_stopped(pid) and condition():
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                        return
+                finally:
+                    with contextlib.suppress(ProcessLookupError):  # killed, or ended: nothing to continue
+                        signal.pidfd_send_signal(fd, signal.SIGCONT)
+            time.sleep(poll_s)
+        raise AssertionError(f"the condition never held while process {pid} ran ({timeout_s:.0f} s)")
+    finally:
+        os.close(fd)

@@ -85,21 +85,28 @@ def _rows(url: str) -> list[m.MeasurementRow]:
         return list(s.scalars(select(m.MeasurementRow).where(m.MeasurementRow.kind == "candidate")))
 
 
-def _kill_mid_trial(log: Path, launcher: subprocess.Popen, timeout_s: float = 180) -> tuple[int, int, dt.datetime]:
-    """SIGKILL the job that writes ``log`` while it measures (after its second trial): returns its
-    pid, the trial it was measuring and when it was killed."""
+def _kill_mid_trial(log: Path, launcher: subprocess.Popen, url: str,
+                    timeout_s: float = 180) -> tuple[int, int, dt.datetime]:
+    """SIGKILL the job that writes ``log`` while it measures (after its second trial; the trial not
+    stored in ``url``): returns its pid, the trial it was measuring and when it was killed."""
     deadline = time.monotonic() + timeout_s
-    while not log.exists() or not log.read_text():
+    while not (worker := re.search(r"worker [^:]+:(\d+)", log.read_text() if log.exists() else "")):
         assert launcher.poll() is None, launcher.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, f"no {log} after {timeout_s} s"
+        assert time.monotonic() < deadline, f"no worker line in {log} after {timeout_s} s"
         time.sleep(0.02)
-    pid = int(re.search(r"worker [^:]+:(\d+)", log.read_text().splitlines()[0]).group(1))
+    pid = int(worker.group(1))
 
-    def measuring() -> bool:  # after its second trial, in the middle of one
+    def measuring() -> bool:  # after its second trial, in the middle of one: logged, its row not stored
         lines = log.read_text().splitlines()
-        return sum(": measuring " in ln for ln in lines) >= 3 and ": measuring " in lines[-1]
+        if sum(": measuring " in ln for ln in lines) < 3 or ": measuring " not in lines[-1]:
+            return False
+        number = int(re.search(r"trial (\d+): measuring", lines[-1]).group(1))
+        return number not in {r.trial_number for r in _rows(url)}
 
-    kill_while(pid, measuring, timeout_s)  # stopped first, so the trial cannot end between check and kill
+    try:  # checked again once stopped: the trial cannot end between check and kill
+        kill_while(pid, measuring, max(1.0, deadline - time.monotonic()))
+    except AssertionError as e:
+        raise AssertionError(f"{e}; launcher: {launcher.communicate()[1][-3000:]}") from None
     number = int(re.search(r"trial (\d+): measuring", log.read_text().splitlines()[-1]).group(1))
     return pid, number, dt.datetime.now()
 
@@ -113,7 +120,7 @@ def test_two_jobs_split_one_study_and_retry_a_killed_jobs_trial(postgres, tmp_pa
                         "search.seed=0,1", f"storage.url={url}", f"storage.heartbeat_interval_s={HEARTBEAT_S}",
                         f"storage.grace_period_s={GRACE_S}"], tmp_path)
     log1 = tmp_path / "sweep" / "1" / "app.log"
-    pid, killed, killed_at = _kill_mid_trial(log1, launcher)
+    pid, killed, killed_at = _kill_mid_trial(log1, launcher, url)
     out, err = launcher.communicate(timeout=600)
     # the launcher waits for job 0 (which finishes the study), then reports job 1's death
     assert launcher.returncode == 1 and "UncompletedJobError" in err, err[-3000:]

@@ -504,11 +504,14 @@ def test_a_claimed_trial_without_heartbeat_is_retried_on_resume(tmp_path):
     proc = _worker(url, tmp_path / "w", 50, path=GEMM, extra=("bench.replay_pace=1", "storage.heartbeat_interval_s=null"))
     log = tmp_path / "w" / "hydra" / "app.log"
 
-    def measuring() -> bool:  # after its first trial, in the middle of one
+    def measuring() -> bool:  # after its first trial, in the middle of one: logged, its row not stored
         lines = log.read_text().splitlines() if log.exists() else []
-        return sum(": measuring " in ln for ln in lines) >= 2 and ": measuring " in lines[-1]
+        if sum(": measuring " in ln for ln in lines) < 2 or ": measuring " not in lines[-1]:
+            return False
+        number = int(lines[-1].split("trial ")[1].split(":")[0])
+        return number not in {r.trial_number for r in _candidates(url)}
 
-    kill_while(proc.pid, measuring)  # stopped first, so the trial cannot end between check and kill
+    kill_while(proc.pid, measuring)  # checked again once stopped: the trial cannot end between check and kill
     proc.wait(timeout=60)
     killed = int(log.read_text().splitlines()[-1].split("trial ")[1].split(":")[0])
     rows = _candidates(url)

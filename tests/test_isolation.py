@@ -141,6 +141,7 @@ def test_a_compile_timeout_kills_the_compiler_with_the_timing_worker(tmp_path, t
         assert got.status == "timeout" and f"compile exceeded {limit_s} s" in got.error_text, got
         if started.exists():
             break
+    assert started.exists(), "no compiler started within 120 s"
     _all_gone(started)
 
 
@@ -207,8 +208,10 @@ def test_a_cuda_tune_pauses_its_compile_workers_while_it_times(tmp_path, tune_cf
     """Issue 17, finding 10: on CUDA a compile-ahead worker runs its candidate once to check it, on
     the GPU being timed, so the tune pauses the pool during timed runs there too (it used to, on CPU
     only). The tune job decides by the run's device kind: a CPU GEMM whose run is labelled ``cuda``
-    (the workers still compile and time on this CPU) gets the CUDA default of one compile worker,
-    and the real pool is stopped, as process groups, whenever the timing worker times."""
+    (the workers still compile and time on this CPU) gets the CUDA default of at least one compile
+    worker (taken for 2 cores: one, on any machine), and the real pool is stopped, as process groups,
+    whenever the timing worker times."""
+    import zhantune.runspec
     from zhantune.storage import Store
     from zhantune.tune import resolve_run, tune
 
@@ -219,8 +222,11 @@ def test_a_cuda_tune_pauses_its_compile_workers_while_it_times(tmp_path, tune_cf
     # the workers' spec stays the CPU run's: they compile and time on this CPU
     monkeypatch.setattr(run, "worker_spec", dataclasses.replace(run).worker_spec)
     run.device = dataclasses.replace(run.device, kind="cuda")
-    # bench.compile_workers=null: at least one on CUDA (one per four cores, at most four)
-    assert run.compile_workers() == default_compile_workers("cuda") >= 1
+    # bench.compile_workers=null: one per four cores, at most four, at least one on CUDA (none on a
+    # 2-core CPU), taken for 2 cores whatever this machine has
+    monkeypatch.setattr(zhantune.runspec, "default_compile_workers",
+                        lambda kind, cores=None: default_compile_workers(kind, cores=2))
+    assert run.compile_workers() == 1
 
     stopped: list[list[str]] = []
     real_pause = CompilePool.pause
@@ -234,7 +240,7 @@ def test_a_cuda_tune_pauses_its_compile_workers_while_it_times(tmp_path, tune_cf
     assert result.measured == 2 and not result.interrupted
     # both candidates were timed with every compile worker stopped (the baselines are timed before
     # the pool has anything to compile)
-    assert len(stopped) >= 2 and all(states and set(states) == {"T"} for states in stopped), stopped
+    assert len(stopped) >= 2 and all(states == ["T"] for states in stopped), stopped
 
 
 @pytest.mark.slow
