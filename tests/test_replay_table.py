@@ -39,7 +39,13 @@ def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path)
 
     r = cli([f"table={tmp_path}/remote.json", f"storage.url={url}", "device=cpu"], tmp_path, module="zhantune.replay")
     assert r.returncode == 0, r.stderr
-    assert "inductor default ok" in r.stdout
+    # each measurement's median and its fastest run, the statistic every decision uses
+    assert re.search(r"inductor default ok median [\d,.]+ us, fastest [\d,.]+ us", r.stdout), r.stdout
+    # the replay warns of a busy machine where its timed rows were taken so, as a tune's summary does
+    with sqlite3.connect(db) as con:
+        (contended,), = con.execute("select count(*) from zt_measurement m join zt_study s on m.study_id = s.id "
+                                    "where s.name like 'replay:%' and m.contended").fetchall()
+    assert ("timed measurement(s) were taken on a busy machine" in r.stdout) == (contended > 0), r.stdout
     # the entry's speedup over the default here, settled in paired rounds as a tune settles its winner
     with sqlite3.connect(db) as con:
         verdicts = con.execute("select v.rounds, v.config_hash from zt_verdict v join zt_study s on v.study_id = s.id "
@@ -112,3 +118,25 @@ def test_replay_table_errors(cli, tmp_path):
                                   "replay it on one), nothing to measure") in r.stderr, r.stderr
     with sqlite3.connect(tmp_path / "empty.db") as con:  # no study was made for it
         assert con.execute("select count(*) from studies").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(("default_us", "warned"), [(100.0, False), (115.0, False), (183.0, True), (50.0, True)])
+def test_a_replayed_default_kernel_beyond_noise_from_the_default_is_a_warning(default_us, warned):
+    """A table entry that is the default's own kernel is not paired (nothing to claim); where the two
+    measurements of that one kernel differ beyond noise (1.2x either way) the replay says so, as a
+    tune's summary does, instead of leaving 623 us against 340 us unexplained (a newcomer's finding)."""
+    from types import SimpleNamespace
+
+    from zhantune.table_replay import _settle
+
+    def row(us: float) -> SimpleNamespace:
+        return SimpleNamespace(template_id=None, params={"max_autotune_gemm_backends": "ATEN"}, min_us=us,
+                               median_us=us * 1.1, timing_method="cpu_wall:fifo", problem_id=1)
+
+    said: list[str] = []
+    never = SimpleNamespace(add=lambda *a, **k: pytest.fail("the default's own kernel is not re-measured"))
+    _settle(None, 1, 1, row(100.0), row(default_us), None, None, never, 3, said.append)
+    assert said[0] == "    the winner is the kernel Inductor's default compile runs: no speedup to claim"
+    assert any("warning: the same kernel measured" in line for line in said) is warned, said
+    if warned:
+        assert f"{default_us / 100:.2f}x apart" in said[1]

@@ -363,6 +363,11 @@ def test_a_sweeps_summary_names_the_claim_its_table_ships():
     assert _claim(SimpleNamespace(claim=unconfirmed, claimed=carried, best=carried), None) == \
         "unconfirmed (export.min_speedup=null: the fastest ships, claimed or not)"
     assert _claim(SimpleNamespace(claim=None, claimed=None, best=None), 1.02) == "not settled"
+    # the default's own kernel best: no claim to confirm (it was "unconfirmed", as if a speedup might be)
+    same = SimpleNamespace(claim=unconfirmed, claimed=None, best=best, same_kernel_as_default=True)
+    for floor in (1.02, None):
+        assert _claim(same, floor) == ("none: the best is the default's own kernel; "
+                                       "Inductor's default ships")
     # confirmed, but the job's table ships something else under the problem's key: said, as the tune's summary says
     strong = SpeedupVerdict(1.3, 1.25, 1.35, 3, 0, True, "r")
     shared = SimpleNamespace(row=None, shared=True)

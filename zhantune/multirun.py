@@ -62,7 +62,10 @@ def _claim(result: Any, min_speedup: float | None, export: Any = None) -> str:
     it: the best config's time alone is not a claim (a sweep's summary listed only that); where the
     job's table (``result.shipped``; ``export``: the run's export options) ships something else under
     the problem's key (Inductor's default for a shared key or another device's claim, an earlier
-    run's config), it says what (zhantune.report.summary.what_ships)."""
+    run's config), it says what (zhantune.report.summary.what_ships). A best that is the default's
+    own kernel claims nothing, and its key ships the default."""
+    if getattr(result, "same_kernel_as_default", False):  # as the tune's summary: no speedup, nothing unconfirmed
+        return "none: the best is the default's own kernel; Inductor's default ships"
     v = result.claim
     if v is None:
         return "not settled"

@@ -84,8 +84,11 @@ def _search_branches(store: Any, problem_id: int, cands: list[Any]) -> list[Any]
 
 
 def _print(problem_key: str, cand: Any, meas: Any) -> None:
-    """One line per measurement: the problem's default, then each entry indented."""
-    time = f" {meas.timing.median_us:,.1f} us" if meas.timing else ""
+    """One line per measurement: the problem's default, then each entry indented; the median of its
+    timed runs and the fastest, the statistic every decision uses (zhantune.bench.decision.decision_us)."""
+    t = meas.timing
+    time = f" median {t.median_us:,.1f} us, fastest {t.min_us:,.1f} us" if t and t.min_us else (
+        f" {t.median_us:,.1f} us" if t else "")
     if cand is None:
         print(f"{problem_key}: inductor default {meas.status}{time}")
     else:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zhantune import interrupt
+from zhantune.bench.conditions import contention_count
 from zhantune.bench.measurement import Measurement
 from zhantune.candidate import Candidate
 from zhantune.device import DeviceInfo
@@ -32,7 +33,9 @@ def measure_table(store: Store, device: DeviceInfo, work: list[tuple[Any, list[C
     BenchConfig) and stored in the study ``study_name`` (created with ``config``); each candidate
     measured ok is then settled against the default in ``bench.remeasure_rounds`` paired rounds
     (:func:`_settle`; none for the default's own kernel or with 0 rounds), its verdict stored and its
-    sentence passed to ``say``. Ctrl-C or SIGTERM marks the study interrupted
+    sentence passed to ``say`` (with a warning where the default's own kernel measured beyond
+    noise, 1.2x, from the default, and at the end where timed measurements were taken on a busy
+    machine, as a tune's summary warns). Ctrl-C or SIGTERM marks the study interrupted
     and raises SystemExit(130); a finished run marks it finished."""
     from zhantune.bench.inductor import InductorBenchmarker
     from zhantune.problems import GemmProblem
@@ -64,6 +67,9 @@ def measure_table(store: Store, device: DeviceInfo, work: list[tuple[Any, list[C
             "run the same command again to measure the table again")
         raise SystemExit(130) from None
     store.finish_study(study_id)
+    busy = contention_count(store.timed_conditions(study_id)).text()
+    if busy:  # as a tune's summary warns: the times above were taken so
+        say(f"warning: {busy}")
 
 
 def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: Any, cand: Candidate, bench: Any,
@@ -72,7 +78,9 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     its verdict, the newest of that config on this device: the export and compare follow it, as they
     follow a rerun tune's. No verdict where no rounds ran (the default's own kernel, ``rounds`` 0):
     a replay that claims nothing leaves what the tunes settled as it was."""
-    from zhantune.bench.settle import settle_speedup
+    from zhantune.bench.decision import decision_us
+    from zhantune.bench.settle import is_default_kernel, settle_speedup
+    from zhantune.report.summary import NOISE_RATIO
 
     settled = settle_speedup(row, default_row, (), bench, rec.add, rounds, cand)
     v = settled.verdict
@@ -81,3 +89,8 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
                           config_hash=cand.config_hash, ratio=v.ratio, ratio_low=v.ratio_low, ratio_high=v.ratio_high,
                           rounds=v.rounds, contended=v.contended, confirmed=v.confirmed, reason=v.reason)
     say(f"    {settled.text or v.reason}")
+    if is_default_kernel(row):  # one kernel twice: a gap beyond noise is not a speedup (a tune's summary says so too)
+        ratio = decision_us(settled.default) / decision_us(row)
+        if not 1 / NOISE_RATIO <= ratio <= NOISE_RATIO:
+            say(f"    warning: the same kernel measured {ratio:.2f}x apart (each side's fastest run): the timing was "
+                "disturbed, or this entry's compile does not run what the default's runs; not a speedup")

@@ -20,7 +20,7 @@ from zhantune import interrupt
 from zhantune.bench.conditions import contention_count, mark_tune_root
 from zhantune.bench.decision import claim_holds, rank_key
 from zhantune.bench.protocol import Benchmarker
-from zhantune.bench.settle import is_default_kernel, settle_close_call, settle_speedup
+from zhantune.bench.settle import settle_close_call, settle_speedup
 from zhantune.candidate import Candidate
 from zhantune.errors import ConfigError
 from zhantune.inductor.builder import export_table, not_carried_reason
@@ -390,7 +390,6 @@ class _Tune:
                                else EXHAUSTED if result.exhausted else FINISHED)
         result.contention = contention_count(store.timed_conditions(self.study_id))
         result.best = _study_best(run, store, self.study_id)
-        result.same_kernel_as_default = result.best is not None and is_default_kernel(result.best)
         # a Kernel Tuner replay has no lookup table to carry its configs: nothing to say
         result.not_carried = not_carried_reason(result.best, run.device.kind) if run.replay is None else None
         if run.export.enabled and not result.interrupted and run.replay is None:

@@ -79,9 +79,6 @@ class TuneResult:
     #: why a lookup table cannot carry the best config on this device (a compile-wide setting on
     #: CUDA: fusion limits, TF32), or None; the summary says so and the table does not ship it
     not_carried: str | None = None
-    #: the winner is the ``aten`` config, the very kernel Inductor's default compile runs: a
-    #: difference between the two is noise, never a speedup (the summary says so)
-    same_kernel_as_default: bool = False
     #: what the run's table ships under this problem's key (zhantune.inductor.builder.Shipped: the
     #: tuned row, or None for Inductor's default, and whether a shared key made it so); None: no
     #: table was written (export off, an interrupted run, a replay)
@@ -111,6 +108,16 @@ class TuneResult:
     study_measured: int = 0
     #: seconds this worker waited for other workers' trials once every remaining trial was claimed
     waited_s: float = 0.0
+
+    @property
+    def same_kernel_as_default(self) -> bool:
+        """The best config is the very kernel Inductor's default compile runs (the ``aten`` config;
+        zhantune.bench.settle.is_default_kernel): a difference between the two is noise, never a
+        speedup (the summary says so). From ``best``, so that a finished study's result, read from
+        the database, says it as the run that measured it did."""
+        from zhantune.bench.settle import is_default_kernel
+
+        return self.best is not None and is_default_kernel(self.best)
 
     @property
     def done(self) -> int:
