@@ -401,6 +401,9 @@ CASES = [
     ("import-file-a-list", "zhantune.kerneltuner", ["files=[[a]]"], None,
      "files=[...]: ['a'] is not a file path; give paths", None),
     ("replay-table-missing", "zhantune.replay", ["device=cpu"], None, "no table given; use table=PATH", None),
+    # Hydra's two sentences on one line, the first ended by its full stop (it read ".; To append")
+    ("op-without-plus", "zhantune", ["op=mm"], None,
+     "Could not override 'op'. No match in the defaults list. To append to your default list use +op=mm", None),
     ("import-nul-in-device-name", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "nul.json.gz", 4.0, device_name="GPU\x00X"),
      "device name (from device_name) 'GPU\\x00X' (5 characters)", None),

@@ -202,7 +202,10 @@ def one_line(hydra_message: str) -> str:
     'str' could not be converted to Float")."""
     lines = [line.strip() for line in hydra_message.splitlines()
              if line.strip() and not line[:1].isspace() and "HYDRA_FULL_ERROR" not in line]
-    return "; ".join(lines) or "invalid command line"
+    out = ""
+    for line in lines:  # a line that ends its sentence is followed by a space, not "; " (".; To append")
+        out += ("" if not out else " " if out.endswith(".") else "; ") + line
+    return out or "invalid command line"
 
 
 def _unparsable_override(args: list[str]) -> str | None:
