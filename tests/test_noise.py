@@ -356,6 +356,10 @@ def test_contention_count_says_how_many_were_busy_and_what_was_done():
     assert busy == ContentionCount(5, 2, 1.0, 4)
     assert busy.text().startswith("2 of 5 timed measurement(s) were taken on a busy machine")
     assert "waited 1.0 s in all for idle cores (bench.busy_wait_s); 4 of 5 timed under SCHED_FIFO" in busy.text()
+    # a tune's ending says what it does about it; a command that claims nothing (collect) says its own
+    assert busy.text().endswith("; rankings use each config's fastest run and a speedup is claimed only from "
+                                "paired rounds begun with the cores free (and shielded, or not contended at all)")
+    assert busy.text("the shares may move").endswith("4 of 5 timed under SCHED_FIFO; the shares may move")
 
 
 def test_check_times_its_compiles_in_rotated_interleaved_rounds():

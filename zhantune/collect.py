@@ -102,8 +102,10 @@ def _print_problems(console: Any, title: str, problems: list[Any], contention: C
                   f"{p.default_us:.1f}" if p.default_us else "-", f"{p.share:.0%}" if p.share else "-",
                   escape(p.reason or ""))
     print_table(console, t)
-    if contention.text():
-        console.print(f"[yellow]warning: {contention.text()}[/yellow]")
+    busy = contention.text("each default time is its fastest run; the shares, and so the order problems= tunes "
+                           "them in, may move on an idle machine")
+    if busy:
+        console.print(f"[yellow]warning: {escape(busy)}[/yellow]")
 
 
 def main() -> None:

@@ -240,6 +240,11 @@ def wait_until_idle(max_wait_s: float, device_kind: str = "cpu", index: int | No
     return {"waited_s": time.monotonic() - start if max_wait_s > 0 else 0.0, "busy_at_start": busy}
 
 
+#: ContentionCount.text's default ending: what a tune, a check and a replay do with their times
+CLAIMS = ("rankings use each config's fastest run and a speedup is claimed only from paired rounds begun with the "
+          "cores free (and shielded, or not contended at all)")
+
+
 @dataclass(frozen=True)
 class ContentionCount:
     """How many timed measurements were taken contended, and what was done about it: ``waited_s``
@@ -261,16 +266,18 @@ class ContentionCount:
         return ContentionCount(self.timed + other.timed, self.contended + other.contended,
                                self.waited_s + other.waited_s, self.shielded + other.shielded)
 
-    def text(self) -> str | None:
-        """One sentence for a summary, or None when no timed measurement was contended."""
+    def text(self, uses: str = CLAIMS) -> str | None:
+        """One sentence for a summary, or None when no timed measurement was contended. ``uses``: what
+        the command does with the times that the busy machine could mislead (default: a tune's
+        rankings and claims, :data:`CLAIMS`)."""
         if not self.contended:
             return None
         shield = (f"all {self.timed} timed under SCHED_FIFO" if self.shielded == self.timed
                   else f"{self.shielded} of {self.timed} timed under SCHED_FIFO")
         return (f"{self.contended} of {self.timed} timed measurement(s) were taken on a busy machine (other "
                 f"runnable tasks or a load average above the core count); waited {self.waited_s:.1f} s in all for "
-                f"idle cores (bench.busy_wait_s); {shield}; rankings use each config's fastest run and a speedup is claimed only from "
-                "paired rounds begun with the cores free (and shielded, or not contended at all)")
+                f"idle cores (bench.busy_wait_s); {shield}; {uses}")
+
 
 
 def contention_count(rows: list[tuple[dict[str, Any] | None, bool | None, str | None]]) -> ContentionCount:
