@@ -368,6 +368,15 @@ def test_a_sweeps_summary_names_the_claim_its_table_ships():
     for floor in (1.02, None):
         assert _claim(same, floor) == ("none: the best is the default's own kernel; "
                                        "Inductor's default ships")
+    # ... unless the table ships an earlier run's confirmed config under the key all the same; and a
+    # job that settled nothing says so, whatever the study's best
+    confirmed_before = SimpleNamespace(row=SimpleNamespace(config_hash="x", template_id=None, branch="cpp_gemm",
+                                                           params={"k_slices": 2}), shared=False)
+    assert _claim(SimpleNamespace(**vars(same), shipped=confirmed_before), 1.02) == (
+        "none: the best is the default's own kernel; the table ships cpp_gemm k_slices=2, whose speedup paired "
+        "rounds of an earlier run confirmed")
+    assert _claim(SimpleNamespace(claim=None, claimed=None, best=best, same_kernel_as_default=True), 1.02) == \
+        "not settled"
     # confirmed, but the job's table ships something else under the problem's key: said, as the tune's summary says
     strong = SpeedupVerdict(1.3, 1.25, 1.35, 3, 0, True, "r")
     shared = SimpleNamespace(row=None, shared=True)
@@ -436,3 +445,21 @@ def test_a_finished_studys_claim_is_its_stored_verdict_judged_as_the_export_judg
         assert again.ratio == 1.15 and again.confirmed is confirmed, again
     else:  # the note is the newest: one round judges nothing, another torch's claim does not ship here
         assert again.ratio is None and not again.confirmed, again
+
+
+def test_same_kernel_as_default_is_about_the_claimed_config_else_the_best():
+    """The summary's "(noise)", the problems table's "- (same kernel)" and a multirun's "none" are
+    about the config the claim is about: a carried template claimed while the fastest row is the
+    default's own kernel (a not-carried point, or another study's aten row) is not "the same kernel";
+    where nothing was settled, the best decides (a finished study read back from the database too)."""
+    from types import SimpleNamespace
+
+    from zhantune.tune_result import TuneResult
+
+    aten = SimpleNamespace(template_id=None, params={"max_autotune_gemm_backends": "ATEN"})
+    cpp = SimpleNamespace(template_id=None, params={"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": 2})
+    assert TuneResult("s", 1, None, None, aten).same_kernel_as_default
+    assert not TuneResult("s", 1, None, None, cpp).same_kernel_as_default
+    assert not TuneResult("s", 1, None, None, None).same_kernel_as_default
+    assert not TuneResult("s", 1, None, None, aten, claimed=cpp).same_kernel_as_default
+    assert TuneResult("s", 1, None, None, cpp, claimed=aten).same_kernel_as_default

@@ -204,7 +204,7 @@ def one_line(hydra_message: str) -> str:
              if line.strip() and not line[:1].isspace() and "HYDRA_FULL_ERROR" not in line]
     out = ""
     for line in lines:  # a line that ends its sentence is followed by a space, not "; " (".; To append")
-        out += ("" if not out else " " if out.endswith(".") else "; ") + line
+        out += ("" if not out else " " if out.endswith((".", "?", "!")) else "; ") + line
     return out or "invalid command line"
 
 

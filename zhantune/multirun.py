@@ -64,12 +64,16 @@ def _claim(result: Any, min_speedup: float | None, export: Any = None) -> str:
     the problem's key (Inductor's default for a shared key or another device's claim, an earlier
     run's config), it says what (zhantune.report.summary.what_ships). A best that is the default's
     own kernel claims nothing, and its key ships the default."""
-    if getattr(result, "same_kernel_as_default", False):  # as the tune's summary: no speedup, nothing unconfirmed
-        return "none: the best is the default's own kernel; Inductor's default ships"
     v = result.claim
     if v is None:
         return "not settled"
     claimed, shipped = result.claimed, getattr(result, "shipped", None)  # what this job's table ships
+    if getattr(result, "same_kernel_as_default", False):  # as the tune's summary: no speedup, nothing unconfirmed
+        if shipped is not None and shipped.row is not None:  # an earlier run's confirmed config all the same
+            from zhantune.report.summary import what_ships
+
+            return "none: the best is the default's own kernel" + what_ships(shipped, export)
+        return "none: the best is the default's own kernel; Inductor's default ships"
     if v.confirmed:
         text = f"confirmed {v.claim_text()}"
         if claimed is not None and result.best is not None and claimed.config_hash != result.best.config_hash:

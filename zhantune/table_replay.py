@@ -43,6 +43,7 @@ def measure_table(store: Store, device: DeviceInfo, work: list[tuple[Any, list[C
 
     device_id = store.device_id(device.key, device.name, device.kind, device.properties)
     study_id = store.study_id(study_name, config)
+    earlier = len(store.timed_conditions(study_id))  # an earlier replay of a table of this name, this device
     try:
         for row, cands in work:
             problem = GemmProblem.from_config(row.op, [row.shape[d] for d in OPS[row.op]], row.dtype, row.activation,
@@ -67,7 +68,7 @@ def measure_table(store: Store, device: DeviceInfo, work: list[tuple[Any, list[C
             "run the same command again to measure the table again")
         raise SystemExit(130) from None
     store.finish_study(study_id)
-    busy = contention_count(store.timed_conditions(study_id)).text()
+    busy = contention_count(store.timed_conditions(study_id)[earlier:]).text()
     if busy:  # as a tune's summary warns: the times above were taken so
         say(f"warning: {busy}")
 
@@ -90,7 +91,8 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
                           rounds=v.rounds, contended=v.contended, confirmed=v.confirmed, reason=v.reason)
     say(f"    {settled.text or v.reason}")
     if is_default_kernel(row):  # one kernel twice: a gap beyond noise is not a speedup (a tune's summary says so too)
-        ratio = decision_us(settled.default) / decision_us(row)
-        if not 1 / NOISE_RATIO <= ratio <= NOISE_RATIO:
-            say(f"    warning: the same kernel measured {ratio:.2f}x apart (each side's fastest run): the timing was "
-                "disturbed, or this entry's compile does not run what the default's runs; not a speedup")
+        default_us, entry_us = decision_us(settled.default), decision_us(row)
+        if not 1 / NOISE_RATIO <= default_us / entry_us <= NOISE_RATIO:
+            say(f"    warning: one kernel, two times: the default's fastest run {default_us:,.1f} us, this entry's "
+                f"{entry_us:,.1f} us ({default_us / entry_us:.2f}x): the timing was disturbed, or this entry's compile "
+                "does not run what the default's runs; not a speedup")

@@ -111,13 +111,15 @@ class TuneResult:
 
     @property
     def same_kernel_as_default(self) -> bool:
-        """The best config is the very kernel Inductor's default compile runs (the ``aten`` config;
-        zhantune.bench.settle.is_default_kernel): a difference between the two is noise, never a
-        speedup (the summary says so). From ``best``, so that a finished study's result, read from
-        the database, says it as the run that measured it did."""
+        """The config the claim is about (``claimed``; ``best`` where nothing was settled) is the very
+        kernel Inductor's default compile runs (the ``aten`` config; zhantune.bench.settle
+        .is_default_kernel): a difference between the two is noise, never a speedup (the summary says
+        so). From the rows, so that a finished study's result, read from the database, says it as
+        the run that measured it did."""
         from zhantune.bench.settle import is_default_kernel
 
-        return self.best is not None and is_default_kernel(self.best)
+        row = self.claimed or self.best
+        return row is not None and is_default_kernel(row)
 
     @property
     def done(self) -> int:

@@ -148,10 +148,10 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
                   highlight=False, markup=False)
     if getattr(result, "not_carried", None):
         console.print(f"[yellow]not in the lookup table: {escape(result.not_carried)}[/yellow]")
-    best_us = decision_us(result.best)
-    if default_us and getattr(result, "same_kernel_as_default", False):
-        ratio = default_us / best_us
-        line = f"winner: {result.best.branch}, the kernel Inductor's default compile runs too: its {ratio:.2f}x here is "
+    if default_us and getattr(result, "same_kernel_as_default", False):  # of the claimed config (else the best)
+        same = claimed or result.best
+        ratio = default_us / decision_us(same)
+        line = f"winner: {same.branch}, the kernel Inductor's default compile runs too: its {ratio:.2f}x here is "
         if _within_noise(ratio):
             console.print(line + "measurement noise, not a speedup", markup=False)
         else:  # seen on an H200 under torch 2.11: aten::addmm compiled with the expanded bias, 0.63x
