@@ -62,8 +62,9 @@ def _claim(result: Any, min_speedup: float | None, export: Any = None) -> str:
     it: the best config's time alone is not a claim (a sweep's summary listed only that); where the
     job's table (``result.shipped``; ``export``: the run's export options) ships something else under
     the problem's key (Inductor's default for a shared key or another device's claim, an earlier
-    run's config), it says what (zhantune.report.summary.what_ships). A best that is the default's
-    own kernel claims nothing, and its key ships the default."""
+    run's config), it says what (zhantune.report.summary.what_ships). A claimed config that is the
+    default's own kernel claims nothing ("none: ..."), and its key ships the default (or an earlier
+    run's confirmed config, said so)."""
     v = result.claim
     if v is None:
         return "not settled"

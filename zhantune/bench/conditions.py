@@ -279,7 +279,6 @@ class ContentionCount:
                 f"idle cores (bench.busy_wait_s); {shield}; {uses}")
 
 
-
 def contention_count(rows: list[tuple[dict[str, Any] | None, bool | None, str | None]]) -> ContentionCount:
     """Sum (conditions, contended, timing method) of timed measurements into a ContentionCount."""
     count = ContentionCount()
