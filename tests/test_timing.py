@@ -203,10 +203,10 @@ def test_an_aten_winner_is_never_reported_as_a_speedup_over_the_default(tune_cfg
     best_row = next(line for line in text.splitlines() if "best candidate: aten" in line)
     # the table's speedup cell says so too: noise within 1.2x, a difference the summary flags beyond
     from zhantune.bench.decision import decision_us
-    from zhantune.report.summary import _within_noise
+    from zhantune.report.summary import within_noise
 
     ratio = decision_us(result.default) / decision_us(result.best)
-    within = _within_noise(ratio)
+    within = within_noise(ratio)
     assert ("x (noise)" if within else "x (same kernel: differs)") in best_row, (ratio, best_row)
     assert ("measurement noise" in text) == within and ("a gap this large" in text) != within
     # eager and the unfrozen default were never paired against the default: their ratios say so

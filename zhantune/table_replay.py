@@ -81,7 +81,7 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     a replay that claims nothing leaves what the tunes settled as it was."""
     from zhantune.bench.decision import decision_us
     from zhantune.bench.settle import is_default_kernel, settle_speedup
-    from zhantune.report.summary import NOISE_RATIO
+    from zhantune.report.summary import within_noise
 
     settled = settle_speedup(row, default_row, (), bench, rec.add, rounds, cand)
     v = settled.verdict
@@ -92,7 +92,7 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     say(f"    {settled.text or v.reason}")
     if is_default_kernel(row):  # one kernel twice: a gap beyond noise is not a speedup (a tune's summary says so too)
         default_us, entry_us = decision_us(settled.default), decision_us(row)
-        if not 1 / NOISE_RATIO <= default_us / entry_us <= NOISE_RATIO:
+        if not within_noise(default_us / entry_us):
             say(f"    warning: one kernel, two times: the default's fastest run {default_us:,.1f} us, this entry's "
                 f"{entry_us:,.1f} us ({default_us / entry_us:.2f}x): the timing was disturbed, or this entry's compile "
                 "does not run what the default's runs; not a speedup")

@@ -119,7 +119,7 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
             speed += " (unconfirmed)"
         elif is_claimed and speed != "-":
             if same_kernel:  # the default compile runs this very kernel: never a speedup
-                speed += " (noise)" if _within_noise(default_us / mine) else " (same kernel: differs)"
+                speed += " (noise)" if within_noise(default_us / mine) else " (same kernel: differs)"
             elif claim is not None and claim.ratio is not None:
                 speed = f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")
             elif claim is None or not claim.confirmed:
@@ -135,7 +135,9 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
 NOISE_RATIO = 1.2
 
 
-def _within_noise(ratio: float) -> bool:
+def within_noise(ratio: float) -> bool:
+    """Whether a ratio between two measurements of one kernel is noise (within 1.2x either way,
+    :data:`NOISE_RATIO`), not a difference worth a warning."""
     return 1 / NOISE_RATIO <= ratio <= NOISE_RATIO
 
 
@@ -152,7 +154,7 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
         same = claimed or result.best
         ratio = default_us / decision_us(same)
         line = f"winner: {same.branch}, the kernel Inductor's default compile runs too: its {ratio:.2f}x here is "
-        if _within_noise(ratio):
+        if within_noise(ratio):
             console.print(line + "measurement noise, not a speedup", markup=False)
         else:  # seen on an H200 under torch 2.11: aten::addmm compiled with the expanded bias, 0.63x
             console.print(f"[yellow]{escape(line)}not a speedup, and a gap this large says the candidate's compile may not "
