@@ -377,6 +377,14 @@ def test_a_sweeps_summary_names_the_claim_its_table_ships():
         "rounds of an earlier run confirmed")
     assert _claim(SimpleNamespace(claim=None, claimed=None, best=best, same_kernel_as_default=True), 1.02) == \
         "not settled"
+    # the claimed config (the fastest a table carries) is the default's kernel, a faster one no table carries
+    assert _claim(SimpleNamespace(claim=unconfirmed, claimed=carried, best=best, same_kernel_as_default=True), 1.02) \
+        == "none: the best a table carries is the default's own kernel; Inductor's default ships"
+    from zhantune.problemset import _claim_cell
+
+    assert _claim_cell(SimpleNamespace(same_kernel_as_default=True, shipped=None), None) == "- (same kernel)"
+    assert _claim_cell(SimpleNamespace(same_kernel_as_default=True, shipped=confirmed_before), None) == \
+        "- (same kernel) (table: another config)"
     # confirmed, but the job's table ships something else under the problem's key: said, as the tune's summary says
     strong = SpeedupVerdict(1.3, 1.25, 1.35, 3, 0, True, "r")
     shared = SimpleNamespace(row=None, shared=True)

@@ -103,7 +103,7 @@ def _print_problems(console: Any, title: str, problems: list[Any], contention: C
                   escape(p.reason or ""))
     print_table(console, t)
     busy = contention.text("each default time is its fastest run; the shares, and so the order problems= tunes "
-                           "them in, may move on an idle machine")
+                           "them in, may differ on an idle machine")
     if busy:
         console.print(f"[yellow]warning: {escape(busy)}[/yellow]")
 

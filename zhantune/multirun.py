@@ -63,18 +63,20 @@ def _claim(result: Any, min_speedup: float | None, export: Any = None) -> str:
     job's table (``result.shipped``; ``export``: the run's export options) ships something else under
     the problem's key (Inductor's default for a shared key or another device's claim, an earlier
     run's config), it says what (zhantune.report.summary.what_ships). A claimed config that is the
-    default's own kernel claims nothing ("none: ..."), and its key ships the default (or an earlier
-    run's confirmed config, said so)."""
+    default's own kernel claims nothing ("none: ..."), and its key ships the default (or what the
+    table ships instead, said so)."""
     v = result.claim
     if v is None:
         return "not settled"
     claimed, shipped = result.claimed, getattr(result, "shipped", None)  # what this job's table ships
     if getattr(result, "same_kernel_as_default", False):  # as the tune's summary: no speedup, nothing unconfirmed
-        if shipped is not None and shipped.row is not None:  # an earlier run's confirmed config all the same
+        best_carried = claimed is not None and result.best is not None and claimed.config_hash != result.best.config_hash
+        text = f"none: the best{' a table carries' if best_carried else ''} is the default's own kernel"
+        if shipped is not None and shipped.row is not None:  # what the table ships instead, said so
             from zhantune.report.summary import what_ships
 
-            return "none: the best is the default's own kernel" + what_ships(shipped, export)
-        return "none: the best is the default's own kernel; Inductor's default ships"
+            return text + what_ships(shipped, export)
+        return text + "; Inductor's default ships"
     if v.confirmed:
         text = f"confirmed {v.claim_text()}"
         if claimed is not None and result.best is not None and claimed.config_hash != result.best.config_hash:

@@ -379,7 +379,8 @@ def _claim_cell(r: Any, export: Any) -> str:
     from zhantune.bench.decision import below_min_speedup, other_torch_table
 
     if getattr(r, "same_kernel_as_default", False):
-        return "- (same kernel)"
+        shipped = getattr(r, "shipped", None)  # an earlier run's config ships all the same: said
+        return "- (same kernel)" + (" (table: another config)" if shipped is not None and shipped.row is not None else "")
     claim = r.claim
     if claim is None or claim.ratio is None:
         return "-"

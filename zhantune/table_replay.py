@@ -93,6 +93,6 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     if is_default_kernel(row):  # one kernel twice: a gap beyond noise is not a speedup (a tune's summary says so too)
         default_us, entry_us = decision_us(settled.default), decision_us(row)
         if not within_noise(default_us / entry_us):
-            say(f"    warning: one kernel, two times: the default's fastest run {default_us:,.1f} us, this entry's "
-                f"{entry_us:,.1f} us ({default_us / entry_us:.2f}x): the timing was disturbed, or this entry's compile "
-                "does not run what the default's runs; not a speedup")
+            say(f"    warning: this entry is the default's own kernel, yet the default's fastest run took "
+                f"{default_us:,.1f} us and this entry's {entry_us:,.1f} us (default / entry {default_us / entry_us:.2f}x); "
+                "the timing was disturbed, or this entry's compile does not run what the default's runs; not a speedup")

@@ -13,7 +13,7 @@ from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, below_min_speedup, deci
 from zhantune.report.console import compact
 from zhantune.storage.engine import redact_url
 
-__all__ = ["TuneProgress", "print_summary", "what_ships"]
+__all__ = ["NOISE_RATIO", "TuneProgress", "print_summary", "what_ships", "within_noise"]
 
 
 def _us(v: float | None) -> str:
@@ -154,12 +154,14 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
         same = claimed or result.best
         ratio = default_us / decision_us(same)
         line = f"winner: {same.branch}, the kernel Inductor's default compile runs too: its {ratio:.2f}x here is "
+        # the table ships Inductor's default for it, unless an earlier run's config all the same (said)
+        ships = what_ships(shipped, run_export) if shipped is not None and shipped.row is not None else ""
         if within_noise(ratio):
-            console.print(line + "measurement noise, not a speedup", markup=False)
+            console.print(line + "measurement noise, not a speedup" + ships, markup=False)
         else:  # seen on an H200 under torch 2.11: aten::addmm compiled with the expanded bias, 0.63x
             console.print(f"[yellow]{escape(line)}not a speedup, and a gap this large says the candidate's compile may not "
-                          "run what the default runs (or the timing was disturbed); an exported table ships "
-                          "Inductor's default[/yellow]")
+                          "run what the default runs (or the timing was disturbed)"
+                          + escape(ships or "; an exported table ships Inductor's default") + "[/yellow]")
     elif default_us and claim is not None and claim.confirmed:
         floor = below_min_speedup(claim, run_export)
         line = f"winner: {claimed.branch}, {claim.ratio:.{2 if floor is None else 3}f}x faster than inductor default"
