@@ -524,6 +524,31 @@ def test_a_thread_started_while_timed_does_not_keep_the_raised_priority():
     assert policies.strip() == f"[{os.SCHED_OTHER}]", r.stdout
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="real-time scheduling needs root or CAP_SYS_NICE")
+def test_a_thread_gone_before_the_block_changes_it_does_not_keep_new_threads_real_time(monkeypatch):
+    """A thread in the block's list that ended before it was put under FIFO (a pool thread of an
+    earlier test, in CI) is no FIFO creator: the threads started inside the block still leave it at
+    the caller's old policy (they stayed FIFO for good, and every later block then skipped them)."""
+    from zhantune.bench import timing
+
+    real = timing._thread_ids
+    gone = max(real()) + 100_000  # a thread id no thread of this process has
+    monkeypatch.setattr(timing, "_thread_ids", lambda: [*real(), gone] if not calls else real())
+    calls: list[int] = []
+    stop = threading.Event()
+    with timing.realtime(True) as took:
+        calls.append(1)  # the block's list, taken on entry, held the gone thread
+        assert took
+        t = threading.Thread(target=stop.wait)
+        t.start()
+        assert os.sched_getscheduler(t.native_id) == os.SCHED_FIFO  # inherited from its creator
+    try:
+        assert os.sched_getscheduler(t.native_id) == os.sched_getscheduler(0) != os.SCHED_FIFO
+    finally:
+        stop.set()
+        t.join()
+
+
 def _busy(started=None) -> None:
     if started is not None:
         started.release()

@@ -165,12 +165,24 @@ def _from_fifo(saved: list[tuple[int, int, int]], known: set[int] | None = None)
         with contextlib.suppress(OSError):
             os.sched_setscheduler(tid, policy, os.sched_param(prio))
     mine = next(((policy, prio) for tid, policy, prio in saved if tid == threading.get_native_id()), None)
-    if known is None or mine is None or len(saved) < len(known):
-        return  # a thread that was FIFO already (or is gone) may have started the new ones: left as they are
+    if known is None or mine is None or any(_policy(tid) == os.SCHED_FIFO for tid in known):
+        # a thread FIFO before the block (every one changed is restored by now) may have started the
+        # new ones: left as they are. A thread gone since does not count: it was never FIFO here (it
+        # counted before, and a pool thread that ended between the block's list and its change left
+        # the OpenMP pool started inside it real-time for good, in CI)
+        return
     for tid in set(_thread_ids()) - known:
         with contextlib.suppress(OSError):
             if os.sched_getscheduler(tid) == os.SCHED_FIFO:
                 os.sched_setscheduler(tid, mine[0], os.sched_param(mine[1]))
+
+
+def _policy(tid: int) -> int | None:
+    """Thread ``tid``'s scheduling policy, or None where it is gone (or not Linux)."""
+    try:
+        return os.sched_getscheduler(tid)
+    except (OSError, AttributeError):
+        return None
 
 
 @contextlib.contextmanager
