@@ -69,8 +69,9 @@ def _claim(result: Any, min_speedup: float | None, export: Any = None) -> str:
     if v is None:
         return "not settled"
     claimed, shipped = result.claimed, getattr(result, "shipped", None)  # what this job's table ships
+    # the claim is about the best a table carries, not the best (a faster config no table can carry)
+    best_carried = claimed is not None and result.best is not None and claimed.config_hash != result.best.config_hash
     if getattr(result, "same_kernel_as_default", False):  # as the tune's summary: no speedup, nothing unconfirmed
-        best_carried = claimed is not None and result.best is not None and claimed.config_hash != result.best.config_hash
         text = f"none: the best{' a table carries' if best_carried else ''} is the default's own kernel"
         if shipped is not None and shipped.row is not None:  # what the table ships instead, said so
             from zhantune.report.summary import what_ships
@@ -79,7 +80,7 @@ def _claim(result: Any, min_speedup: float | None, export: Any = None) -> str:
         return text + "; Inductor's default ships"
     if v.confirmed:
         text = f"confirmed {v.claim_text()}"
-        if claimed is not None and result.best is not None and claimed.config_hash != result.best.config_hash:
+        if best_carried:
             text += f" for {_describe(claimed)}, the best a table carries"
         none_ships = min_speedup is not None and v.ratio < min_speedup
         text += f"; below export.min_speedup={min_speedup:g}" if none_ships else ""
