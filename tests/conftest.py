@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import io
+import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,12 +18,86 @@ REPO = Path(__file__).resolve().parents[1]
 def run_cli(args: list[str], cwd: Path, module: str = "zhantune", timeout: int = 600,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m <module> ARGS`` in ``cwd`` (Hydra's output dir inside cwd); ``env``: variables
-    set on top of this process's environment."""
+    set on top of this process's environment.
+
+    The run is a process of its own either way: forked from this worker's fork server
+    (tests/forkserver.py, which has the CLI's light imports done) when the run's environment is the
+    one the server started with, else a fresh ``python -m`` (``ZHANTUNE_TEST_FORKSERVER=0``: always)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", module, *args, f"hydra.run.dir={cwd}/hydra"],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
-    )
+    argv = [*args, f"hydra.run.dir={cwd}/hydra"]
+    server = _fork_server(env)
+    if server is not None:
+        return server.run(module, argv, Path(cwd), env, timeout)
+    return subprocess.run([sys.executable, "-m", module, *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+#: variables that differ between runs without changing what an import reads
+_PER_TEST = ("PYTEST_CURRENT_TEST",)
+
+
+def _same_env(a: dict[str, str], b: dict[str, str]) -> bool:
+    return {k: v for k, v in a.items() if k not in _PER_TEST} == {k: v for k, v in b.items() if k not in _PER_TEST}
+
+
+class _ForkServer:
+    """This worker's client of tests/forkserver.py (one run at a time)."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "forkserver.py")], cwd=REPO, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+
+    def _reply(self, timeout: float | None) -> dict | None:
+        """The server's next reply line, or None when none came within ``timeout`` seconds."""
+        line = b""
+        while not line.endswith(b"\n"):
+            if not select.select([self.proc.stdout], [], [], timeout)[0]:
+                return None
+            byte = self.proc.stdout.read(1)
+            if not byte:
+                raise RuntimeError(f"fork server ended (exit {self.proc.wait()})")
+            line += byte
+        return json.loads(line)
+
+    def run(self, module: str, argv: list[str], cwd: Path, env: dict[str, str],
+            timeout: float) -> subprocess.CompletedProcess:
+        with tempfile.TemporaryDirectory(prefix="zt-cli-") as tmp:
+            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+            req = {"module": module, "args": argv, "cwd": str(cwd), "env": env, "stdout": str(out),
+                   "stderr": str(err)}
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            pid = self._reply(None)["pid"]
+            done = self._reply(timeout)
+            if done is None:  # as subprocess.run: kill the child, then raise with what it wrote
+                os.kill(pid, signal.SIGKILL)
+                self._reply(None)
+            text = [io.TextIOWrapper(io.BytesIO(p.read_bytes())).read() if p.exists() else "" for p in (out, err)]
+        cmd = [sys.executable, "-m", module, *argv]
+        if done is None:
+            raise subprocess.TimeoutExpired(cmd, timeout, output=text[0], stderr=text[1])
+        return subprocess.CompletedProcess(cmd, done["returncode"], text[0], text[1])
+
+
+#: this worker's fork servers, the most recently used last (one per environment a run had)
+_SERVERS: list[_ForkServer] = []
+
+
+def _fork_server(env: dict[str, str]) -> _ForkServer | None:
+    """This worker's fork server for ``env``'s run, started on first use (None: a fresh process)."""
+    if env.get("ZHANTUNE_TEST_FORKSERVER") == "0":
+        return None
+    for s in list(_SERVERS):
+        if s.proc.poll() is not None:
+            _SERVERS.remove(s)
+        elif _same_env(s.env, env):
+            _SERVERS.remove(s)
+            _SERVERS.append(s)
+            return s
+    if len(_SERVERS) >= 3:  # end the least recently used one (its stdin closes, it exits)
+        _SERVERS.pop(0).proc.stdin.close()
+    _SERVERS.append(_ForkServer(env))
+    return _SERVERS[-1]
 
 
 @pytest.fixture
