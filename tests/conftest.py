@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
-import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -20,14 +22,17 @@ def run_cli(args: list[str], cwd: Path, module: str = "zhantune", timeout: int =
     """Run ``python -m <module> ARGS`` in ``cwd`` (Hydra's output dir inside cwd); ``env``: variables
     set on top of this process's environment.
 
-    The run is a process of its own either way: forked from this worker's fork server
-    (tests/forkserver.py, which has the CLI's light imports done) when the run's environment is the
-    one the server started with, else a fresh ``python -m`` (``ZHANTUNE_TEST_FORKSERVER=0``: always)."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
+    The run is a process of its own either way: forked from this worker's fork server for the run's
+    environment (tests/forkserver.py, which has the CLI's light imports done), else a fresh
+    ``python -m`` (``ZHANTUNE_TEST_FORKSERVER=0`` in ``env``: always; runs forked from one server
+    share its hash seed, so of two runs compared for an order that could depend on it, one runs
+    fresh)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
     argv = [*args, f"hydra.run.dir={cwd}/hydra"]
     server = _fork_server(env)
-    if server is not None:
-        return server.run(module, argv, Path(cwd), env, timeout)
+    done = None if server is None else server.run(module, argv, Path(cwd), env, timeout)
+    if done is not None:
+        return done
     return subprocess.run([sys.executable, "-m", module, *argv], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env)
 
@@ -41,42 +46,85 @@ def _same_env(a: dict[str, str], b: dict[str, str]) -> bool:
 
 
 class _ForkServer:
-    """This worker's client of tests/forkserver.py (one run at a time)."""
+    """This worker's client of tests/forkserver.py (one run at a time), started for ``env``."""
 
     def __init__(self, env: dict[str, str]):
         self.env = env
-        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "forkserver.py")], cwd=REPO, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.sock, theirs = socket.socketpair()
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "forkserver.py"), str(theirs.fileno())],
+                                     cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     pass_fds=(theirs.fileno(),))
+        theirs.close()
+        self.replies = b""
 
-    def _reply(self, timeout: float | None) -> dict | None:
-        """The server's next reply line, or None when none came within ``timeout`` seconds."""
-        line = b""
-        while not line.endswith(b"\n"):
-            if not select.select([self.proc.stdout], [], [], timeout)[0]:
-                return None
-            byte = self.proc.stdout.read(1)
-            if not byte:
+    def close(self) -> None:
+        self.sock.close()  # the server ends once its run has
+        self.proc.kill()
+        self.proc.wait()
+
+    def _reply(self) -> dict:
+        while b"\n" not in self.replies:
+            got = self.sock.recv(4096)
+            if not got:
                 raise RuntimeError(f"fork server ended (exit {self.proc.wait()})")
-            line += byte
+            self.replies += got
+        line, self.replies = self.replies.split(b"\n", 1)
         return json.loads(line)
 
     def run(self, module: str, argv: list[str], cwd: Path, env: dict[str, str],
-            timeout: float) -> subprocess.CompletedProcess:
-        with tempfile.TemporaryDirectory(prefix="zt-cli-") as tmp:
-            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-            req = {"module": module, "args": argv, "cwd": str(cwd), "env": env, "stdout": str(out),
-                   "stderr": str(err)}
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())
-            pid = self._reply(None)["pid"]
-            done = self._reply(timeout)
-            if done is None:  # as subprocess.run: kill the child, then raise with what it wrote
-                os.kill(pid, signal.SIGKILL)
-                self._reply(None)
-            text = [io.TextIOWrapper(io.BytesIO(p.read_bytes())).read() if p.exists() else "" for p in (out, err)]
+            timeout: float) -> subprocess.CompletedProcess | None:
+        """The run's result as subprocess.run(capture_output=True, text=True) gives it, or None when
+        the server cannot fork it (a module it has imported: run it fresh)."""
+        umask = os.umask(0o022)
+        os.umask(umask)
+        req = {"module": module, "args": argv, "cwd": str(cwd), "env": env, "umask": umask}
+        pipes = [os.pipe(), os.pipe()]
+        try:
+            socket.send_fds(self.sock, [json.dumps(req).encode()], [w for _, w in pipes])
+        finally:
+            for _, w in pipes:
+                os.close(w)
+        try:
+            first = self._reply()
+            if first.get("fresh"):
+                return None
+            out, late = _read_to_end([r for r, _ in pipes], timeout)
+            if late:  # as subprocess.run: kill the child (only), then raise with what it wrote
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(first["pid"], signal.SIGKILL)
+            done = self._reply()
+        except BaseException:  # the protocol is mid-run: this server is done with
+            if self in _SERVERS:
+                _SERVERS.remove(self)
+            self.close()
+            raise
+        finally:
+            for r, _ in pipes:
+                os.close(r)
         cmd = [sys.executable, "-m", module, *argv]
-        if done is None:
-            raise subprocess.TimeoutExpired(cmd, timeout, output=text[0], stderr=text[1])
+        if late:
+            raise subprocess.TimeoutExpired(cmd, timeout, output=out[0] or None, stderr=out[1] or None)
+        text = [io.TextIOWrapper(io.BytesIO(b)).read() for b in out]
         return subprocess.CompletedProcess(cmd, done["returncode"], text[0], text[1])
+
+
+def _read_to_end(fds: list[int], timeout: float) -> tuple[list[bytes], bool]:
+    """Everything written to ``fds`` until every writer has closed them, and whether ``timeout``
+    seconds passed first (subprocess.run's communicate)."""
+    got, live = {fd: b"" for fd in fds}, list(fds)
+    deadline = time.monotonic() + timeout
+    while live:
+        left = deadline - time.monotonic()
+        ready = select.select(live, [], [], max(left, 0))[0] if left > 0 else []
+        if not ready:
+            return [got[fd] for fd in fds], True
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if chunk:
+                got[fd] += chunk
+            else:
+                live.remove(fd)
+    return [got[fd] for fd in fds], False
 
 
 #: this worker's fork servers, the most recently used last (one per environment a run had)
@@ -94,8 +142,8 @@ def _fork_server(env: dict[str, str]) -> _ForkServer | None:
             _SERVERS.remove(s)
             _SERVERS.append(s)
             return s
-    if len(_SERVERS) >= 3:  # end the least recently used one (its stdin closes, it exits)
-        _SERVERS.pop(0).proc.stdin.close()
+    if len(_SERVERS) >= 3:  # end the least recently used one
+        _SERVERS.pop(0).close()
     _SERVERS.append(_ForkServer(env))
     return _SERVERS[-1]
 
