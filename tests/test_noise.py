@@ -173,7 +173,8 @@ def test_a_close_call_measured_on_a_busy_machine_is_unconfirmed_and_its_rounds_a
     got, text = settle_close_call(apart, branches, None, record, 3)
     assert got == "unconfirmed" and "unconfirmed: measured on a busy machine" in text, text
     apart[1] = record(timed(130.0, 1.0, quiet), "candidate", cands["b"])
-    assert settle_close_call(apart, branches, None, record, 3)[0] == "clear"
+    got, text = settle_close_call(apart, branches, None, record, 3)
+    assert got == "clear" and "percentiles 100.0-101.0 us, the runner-up's 130.0-131.0 us" in text, text
     # within each other's noise: re-measured; a clear order from rounds one of which began busy
     close = [record(timed(100.0, 5.0, quiet), "candidate", cands["a"]), record(timed(100.1, 5.0, quiet), "candidate", cands["b"])]
     order: list[str] = []
@@ -187,6 +188,50 @@ def test_a_close_call_measured_on_a_busy_machine_is_unconfirmed_and_its_rounds_a
     got, text = settle_close_call(close, branches, SimpleNamespace(measure=measure), record, 3)
     assert got == "unconfirmed" and "1 of 3 round(s) taken on a busy machine" in text, text
     assert order == ["a", "b", "b", "a", "a", "b"]
+
+
+def test_a_first_place_by_the_fastest_run_alone_against_a_faster_spread_is_re_measured():
+    """A newcomer's finding: the demo printed "clear winner in the search's own runs: the runner-up's
+    were 1.00x slower" for two configs whose fastest runs differed by 0.02% while the runner-up's
+    20th-80th percentiles (1,603-1,706 us) lay wholly below the winner's (1,735-1,967 us). Spreads
+    apart the other way from the ranking are a close call: re-measured in rounds."""
+    from types import SimpleNamespace
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.settle import settle_close_call
+    from zhantune.bench.timing import Timing
+    from zhantune.candidate import Candidate
+    from zhantune.storage.orm import MeasurementRow
+    from zhantune.storage.rows import measurement_row
+
+    cands = {name: Candidate(name, "config", None, {"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": k})
+             for name, k in (("a", 1), ("b", 2))}
+    quiet = {"cores": 2, "load_avg_1m": 0.1, "others_running": 0, "busy_at_start": False}
+    ids = iter(range(1, 100))
+
+    def row(median, fastest, p20, p80, name):
+        meas = Measurement("ok", Timing(median, fastest, p80 + 50, p20, p80, 100, "cpu:perf_counter:fifo"),
+                           conditions=quiet)
+        r = MeasurementRow(id=next(ids), **measurement_row(
+            meas, "candidate", cands[name], study_id=1, device_id=1, problem_id=1, torch_version="t",
+            triton_version=None, conditions=quiet))
+        return SimpleNamespace(**{c.key: getattr(r, c.key) for c in MeasurementRow.__table__.columns})
+
+    ranked = [row(1850.0, 1536.43, 1734.8, 1967.3, "a"), row(1650.0, 1536.77, 1603.4, 1706.1, "b")]
+    measured: list[str] = []
+
+    def measure(c):
+        measured.append(c.branch)
+        return Measurement("ok", Timing(1600.0, 1600.0, 1600.0, 1600.0, 1600.0, 100, "cpu:perf_counter:fifo"),
+                           conditions=quiet)
+
+    def record(meas, kind, candidate):
+        return row(meas.timing.median_us, meas.timing.min_us, meas.timing.p20_us, meas.timing.p80_us, candidate.branch)
+
+    got, text = settle_close_call(ranked, [SimpleNamespace(name=n, scope="config") for n in cands],
+                                  SimpleNamespace(measure=measure), record, 3)
+    assert sorted(measured) == ["a", "a", "a", "b", "b", "b"] and got == "tie", text
+    assert "clear winner" not in text and text.startswith("close call re-measured 3x interleaved"), text
 
 
 def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):

@@ -42,7 +42,9 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
                       rounds: int) -> tuple[str | None, str | None]:
     """(verdict, sentence) on the two fastest configs ``ranked`` (rows, fastest first, as
     Store.ranked_candidates gives them): None, None with fewer than two; "clear" when they are not
-    within each other's noise (:func:`zhantune.bench.timing.is_tie`); else both are measured
+    within each other's noise (:func:`zhantune.bench.timing.is_tie`) and the first one's runs are
+    the faster ones (its 80th percentile below the runner-up's 20th: a first place by the fastest run
+    alone, against the runner-up's faster spread, is a close call); else both are measured
     ``rounds`` more times, interleaved, stored through ``record`` (kind ``remeasure``), and the
     verdict is "clear" where the rounds agree on which is faster by a margin their disagreement
     cannot explain (the rule of a speedup claim, zhantune.bench.decision.beyond_spread, on each
@@ -50,16 +52,17 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
     rounds' ranges not overlapping passed 13% at 3 rounds), else "tie"; "unconfirmed" where it would
     be "clear" but a measurement it rests on was taken on a busy machine (:func:`_disturbed`); the
     sentence names the configs in the order the ranking now gives."""
-    from zhantune.bench.timing import is_tie
+    from zhantune.bench.timing import is_tie, run_range_us
 
     if len(ranked) < 2:
         return None, None
     a, b = ranked[:2]
-    if not is_tie(a, b):
+    (a20, a80), (b20, b80) = run_range_us(a), run_range_us(b)
+    if not is_tie(a, b) and a80 < b20:
         busy = _disturbed(a) or _disturbed(b)  # a slow phase under one of them could have set them apart
         return ("unconfirmed" if busy else "clear"), (
-            f"clear winner in the search's own runs (not re-measured): the runner-up's were "
-            f"{decision_us(b) / decision_us(a):.2f}x slower, their 20th-80th percentiles apart; a ranking, not a "
+            f"clear winner in the search's own runs (not re-measured): its runs' 20th-80th percentiles "
+            f"{a20:,.1f}-{a80:,.1f} us, the runner-up's {b20:,.1f}-{b80:,.1f} us; a ranking, not a "
             "speedup claim" + ("; unconfirmed: measured on a busy machine, noise could have made it" if busy else ""))
     cands = [_candidate(row, branches) for row in (a, b)]
     if None in cands:  # measured by another space (a cached row): cannot be rebuilt here
