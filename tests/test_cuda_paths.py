@@ -1258,7 +1258,7 @@ def test_the_default_min_speedup_keeps_a_claim_noise_offsets_reach_out_of_the_ta
     from zhantune.config import ExportConfig
     from zhantune.inductor.builder import export_table
     from zhantune.inductor.choices import LookupEvent
-    from zhantune.problemset import _claim_cell
+    from zhantune.report.problems import claim_cell
     from zhantune.report.summary import _print_winner
 
     dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
@@ -1285,7 +1285,7 @@ def test_the_default_min_speedup_keeps_a_claim_noise_offsets_reach_out_of_the_ta
         below = ships == "aten::mm"
         assert f"winner: triton_mm, {v.ratio:.{3 if below else 2}f}x faster than inductor default" in text
         assert ("below export.min_speedup (1.02): an exported table does not ship it" in text) == below
-        assert _claim_cell(SimpleNamespace(claim=v), opts).endswith("(< min_speedup)") == below
+        assert claim_cell(SimpleNamespace(claim=v), opts).endswith("(< min_speedup)") == below
     # a run whose table is another torch's (export.torch_version): this torch's claim does not ship there
     other = ExportConfig(path=str(tmp_path / "t.json"), torch_version="9.9.9")
     assert export_table(store, other, dev)[1] == {}
@@ -1293,9 +1293,9 @@ def test_the_default_min_speedup_keeps_a_claim_noise_offsets_reach_out_of_the_ta
     _print_winner(console, SimpleNamespace(best=best, claim=v, not_carried=None), 20.0, best, other)
     assert ("1.03x faster than inductor default; confirmed with this torch, so the table this run exports for "
             "torch '9.9.9' (export.torch_version) does not ship it") in console.export_text()
-    assert _claim_cell(SimpleNamespace(claim=v), other) == "1.03x (other torch's table)"
+    assert claim_cell(SimpleNamespace(claim=v), other) == "1.03x (other torch's table)"
     same = ExportConfig(path=str(tmp_path / "t.json"), torch_version=torch.__version__)
-    assert _claim_cell(SimpleNamespace(claim=v), same) == "1.03x"
+    assert claim_cell(SimpleNamespace(claim=v), same) == "1.03x"
     off = ExportConfig(path=str(tmp_path / "t.json"), torch_version="9.9.9", enabled=False)  # no table at all
     console = Console(record=True, width=400)
     _print_winner(console, SimpleNamespace(best=best, claim=v, not_carried=None), 20.0, best, off)
@@ -1319,7 +1319,7 @@ def test_the_summary_says_what_the_table_ships(tmp_path):
     from zhantune.inductor.builder import export_table
     from zhantune.inductor.choices import LookupEvent
     from zhantune.problems import GemmProblem
-    from zhantune.problemset import _claim_cell
+    from zhantune.report.problems import claim_cell
     from zhantune.report.summary import _print_winner
     from zhantune.storage import Recorder
 
@@ -1345,7 +1345,7 @@ def test_the_summary_says_what_the_table_ships(tmp_path):
                                                                                                 rec.problem_id)))
         console = Console(record=True, width=400)
         _print_winner(console, result, 20.0, best, opts)
-        return console.export_text(), _claim_cell(SimpleNamespace(**vars(result), claimed=best), opts)
+        return console.export_text(), claim_cell(SimpleNamespace(**vars(result), claimed=best), opts)
 
     opts = ExportConfig(path=str(tmp_path / "t.json"))
     verdict(x, 1.6, True)  # an earlier run confirmed x; this run's winner y did not confirm

@@ -380,11 +380,16 @@ def test_a_sweeps_summary_names_the_claim_its_table_ships():
     # the claimed config (the fastest a table carries) is the default's kernel, a faster one no table carries
     assert _claim(SimpleNamespace(claim=unconfirmed, claimed=carried, best=best, same_kernel_as_default=True), 1.02) \
         == "none: the best a table carries is the default's own kernel; Inductor's default ships"
-    from zhantune.problemset import _claim_cell
+    from zhantune.report.problems import claim_cell
 
-    assert _claim_cell(SimpleNamespace(same_kernel_as_default=True, shipped=None), None) == "- (same kernel)"
-    assert _claim_cell(SimpleNamespace(same_kernel_as_default=True, shipped=confirmed_before), None) == \
+    assert claim_cell(SimpleNamespace(same_kernel_as_default=True, shipped=None), None) == "- (same kernel)"
+    assert claim_cell(SimpleNamespace(same_kernel_as_default=True, shipped=confirmed_before), None) == \
         "- (same kernel) (table: another config)"
+    # a newcomer's finding: the problems table said "- (same kernel)" for 232.8 us against 319.8 us
+    ok = lambda us: SimpleNamespace(status="ok", min_us=us, median_us=us, timing_method="cpu:perf_counter:fifo")  # noqa: E731
+    for entry_us, cell in ((319.8, "- (same kernel: differs)"), (250.0, "- (same kernel)")):
+        r = SimpleNamespace(same_kernel_as_default=True, shipped=None, default=ok(232.8), claimed=None, best=ok(entry_us))
+        assert claim_cell(r, None) == cell
     # confirmed, but the job's table ships something else under the problem's key: said, as the tune's summary says
     strong = SpeedupVerdict(1.3, 1.25, 1.35, 3, 0, True, "r")
     shared = SimpleNamespace(row=None, shared=True)

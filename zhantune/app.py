@@ -23,7 +23,7 @@ register()
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def _tune_app(cfg: DictConfig) -> dict | None:
     """Returns what the job did (zhantune.multirun.job_record: a multirun's summary reads it)."""
-    mark_task_started()
+    mark_task_started(cfg)
     interrupt.install()  # Ctrl-C and SIGTERM stop the study cleanly (exit code 130)
     from zhantune.request import check_request
 
@@ -100,7 +100,8 @@ def print_finished(console: Console, result: Any) -> None:
 
 def _problems(cfg: DictConfig, console: Console) -> dict | None:
     from zhantune.multirun import job_record
-    from zhantune.problemset import print_problems_summary, resolve_problems, tune_problems
+    from zhantune.problemset import resolve_problems, tune_problems
+    from zhantune.report.problems import print_problems_summary
     from zhantune.storage import Store
 
     try:

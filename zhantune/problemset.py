@@ -28,8 +28,7 @@ from zhantune.bench.conditions import ContentionCount
 from zhantune.config import CONF_DIR, OpConfig
 from zhantune.errors import ConfigError, shown
 
-__all__ = ["ProblemRun", "ProblemsResult", "resolve_problems", "tune_problems", "print_problems_summary",
-           "measure_defaults", "write_problems", "read_problems", "allocate_trials", "PROBLEMS_FORMAT"]
+__all__ = ["ProblemRun", "ProblemsResult", "resolve_problems", "tune_problems", "measure_defaults", "write_problems", "read_problems", "allocate_trials", "PROBLEMS_FORMAT"]
 
 PROBLEMS_FORMAT = "zhantune-problems"
 #: the keys of a problem in the file (python -m zhantune.collect writes them all; a hand-written
@@ -338,60 +337,3 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
                 if r.result is not None and r.run.problem.key in by_key:
                     r.result.shipped = shipped.get((dev.id, by_key[r.run.problem.key].id))
     return out
-
-
-def print_problems_summary(console: Console, result: ProblemsResult) -> None:
-    """One row per problem: the default's and the best config's time (microseconds, the decision
-    statistic: fastest run, zhantune.bench.decision.decision_us) and the settled, paired speedup claim
-    (zhantune.bench.decision; "unconfirmed" ones ship the default); then the machine's contention
-    over all problems' timed measurements."""
-    from rich.table import Table
-
-    from zhantune.bench.decision import decision_us
-    from zhantune.report.console import print_table
-
-    t = Table(title="problems")
-    for col in ("problem", "count", "trials", "default min us", "best min us", "speedup (paired)"):
-        t.add_column(col, justify="left" if col == "problem" else "right")
-    contention = ContentionCount()
-    for pr in result.runs:
-        r = pr.result
-        if r is None:
-            continue
-        d = decision_us(r.default) if r.default is not None and r.default.status == "ok" else None
-        b = decision_us(r.best) if r.best is not None else None
-        t.add_row(escape(pr.run.problem.key), str(pr.row.get("count", 1)), str(r.done),
-                  f"{d:,.1f}" if d else "-", f"{b:,.1f}" if b else "-", _claim_cell(r, getattr(pr.run, "export", None)))
-        contention += r.contention
-    print_table(console, t)
-    if contention.text():
-        console.print(f"[yellow]warning: {contention.text()}[/yellow]")
-    if result.table_path is not None:
-        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))", markup=False)
-
-
-def _claim_cell(r: Any, export: Any) -> str:
-    """The speedup as the tune's summary states it: confirmed ratio, "(unconfirmed)", or "-"; "(<
-    min_speedup)" where ``export.min_speedup`` keeps a confirmed claim out of the table, "(other
-    torch's table)" where ``export.torch_version`` names another torch (the claim does not ship),
-    "(default ships[: shared key])" where the table ships Inductor's default all the same, "(table:
-    another config)" where it ships a config other than the claimed one (an earlier run's claim)."""
-    from zhantune.bench.decision import below_min_speedup, other_torch_table
-
-    if getattr(r, "same_kernel_as_default", False):
-        shipped = getattr(r, "shipped", None)  # an earlier run's config ships all the same: said
-        return "- (same kernel)" + (" (table: another config)" if shipped is not None and shipped.row is not None else "")
-    claim = r.claim
-    if claim is None or claim.ratio is None:
-        return "-"
-    if below_min_speedup(claim, export) is not None:  # 3 decimals: 1.017x shows as 1.02x with 2
-        return f"{claim.ratio:.3f}x (< min_speedup)"
-    if claim.confirmed and other_torch_table(export) is not None:
-        return f"{claim.ratio:.2f}x (other torch's table)"
-    cell = f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")
-    shipped = getattr(r, "shipped", None)  # what the table ships under the problem's key
-    if shipped is not None and shipped.row is None and claim.confirmed:
-        return cell + (" (default ships: shared key)" if shipped.shared else " (default ships)")
-    if shipped is not None and shipped.row is not None and shipped.row.config_hash != getattr(r.claimed or r.best, "config_hash", None):
-        return cell + " (table: another config)"
-    return cell

@@ -13,7 +13,7 @@ from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, below_min_speedup, deci
 from zhantune.report.console import compact
 from zhantune.storage.engine import redact_url
 
-__all__ = ["NOISE_RATIO", "TuneProgress", "print_summary", "what_ships", "within_noise"]
+__all__ = ["NOISE_RATIO", "TuneProgress", "print_summary", "what_ships", "within_noise", "same_kernel_gap"]
 
 
 def _us(v: float | None) -> str:
@@ -139,6 +139,20 @@ def within_noise(ratio: float) -> bool:
     """Whether a ratio between two measurements of one kernel is noise (within 1.2x either way,
     :data:`NOISE_RATIO`), not a difference worth a warning."""
     return 1 / NOISE_RATIO <= ratio <= NOISE_RATIO
+
+
+def same_kernel_gap(result: Any) -> tuple[float, float] | None:
+    """(default's, entry's) decision statistic in microseconds where the config a tune's claim is
+    about (``result.claimed``, else ``result.best``) is the kernel Inductor's default compile runs
+    and the two measured beyond :data:`NOISE_RATIO` apart either way; else None (``result``: a
+    zhantune.tune.TuneResult)."""
+    default, same = getattr(result, "default", None), getattr(result, "claimed", None) or getattr(result, "best", None)
+    if not getattr(result, "same_kernel_as_default", False) or default is None or same is None:
+        return None
+    if default.status != "ok" or same.status != "ok":
+        return None
+    d, e = decision_us(default), decision_us(same)
+    return None if within_noise(d / e) else (d, e)
 
 
 def _print_winner(console: Console, result: Any, default_us: float | None, claimed: Any,
