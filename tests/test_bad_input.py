@@ -404,6 +404,14 @@ CASES = [
     # Hydra's two sentences on one line, the first ended by its full stop (it read ".; To append")
     ("op-without-plus", "zhantune", ["op=mm"], None,
      "Could not override 'op'. No match in the defaults list. To append to your default list use +op=mm", None),
+    # Hydra's message for a mistyped key suggests the '+', which adds a key nothing reads (a newcomer's finding)
+    ("plus-typo", "zhantune", ["+op=mm", "shape=[4,4,4]", "+serch.n_trials=4"], None,
+     "override +serch.n_trials=...: 'serch' is not an option, and nothing would read it; options: op, shape,", None),
+    ("plus-plus-typo-nested", "zhantune", ["+op=mm", "shape=[4,4,4]", "++search.n_trails=4"], None,
+     "override ++search.n_trails=...: 'search.n_trails' is not an option of search, and nothing would read it; "
+     "options of search: ", None),
+    ("plus-typo-collect", "zhantune.collect", ["model=zhantune.models:mlp", "input_shapes=[[4,64]]", "+outt=p.yaml"],
+     None, "override +outt=...: 'outt' is not an option, and nothing would read it; options: model,", None),
     ("import-nul-in-device-name", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "nul.json.gz", 4.0, device_name="GPU\x00X"),
      "device name (from device_name) 'GPU\\x00X' (5 characters)", None),

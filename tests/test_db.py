@@ -1056,9 +1056,12 @@ def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
     shown = url.replace(":s3cret@", ":***@")
     path = _kt_file(tmp_path, "k_GPU.json.gz", 4.0)
     replay = ["bench=replay", f"bench.path={path}", "progress=false"]
-    r = cli([*replay, "search.n_trials=2", f"storage.url={url}", f"+storage.uri={url}"], tmp_path)  # and a typo
+    r = cli([*replay, "search.n_trials=2", f"storage.url={url}"], tmp_path)
     assert r.returncode == 0 and f"database: {shown}" in " ".join(r.stdout.split()), r.stdout[-2000:] + r.stderr[-2000:]
     _saved_without_password(tmp_path / "hydra", [r], shown)
+    r = cli([*replay, "search.n_trials=2", f"storage.url={url}", f"+storage.uri={url}"], tmp_path)  # and a typo
+    assert r.returncode == 2 and "'storage.uri' is not an option of storage" in r.stderr, r.stderr
+    _saved_without_password(tmp_path / "hydra", [r], shown)  # Hydra saved the config before the check
     r = cli(["-m", *replay, "search.n_trials=3,4", f"++storage.url={slash}", "hydra.sweep.dir=sweep"], tmp_path)
     assert r.returncode == 0 and f"storage of the jobs: {shown}" in " ".join(r.stdout.split()), r.stdout[-2000:]
     _saved_without_password(tmp_path / "sweep", [r], shown, runs=2)

@@ -59,7 +59,7 @@ def _check_options(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="check")
 def _check_app(cfg: DictConfig) -> None:
-    mark_task_started()
+    mark_task_started(cfg)
     try:
         _check_options(cfg)
     except UserError as e:

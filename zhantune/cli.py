@@ -13,6 +13,7 @@ import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from zhantune.config import CONF_DIR
 from zhantune.errors import INTERRUPTED_EXIT_CODE, USER_ERROR_EXIT_CODE, UserError
@@ -76,6 +77,38 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
     return None
 
 
+def added_key_problem(cfg: Any) -> str | None:
+    """The message for the first ``+key=value`` or ``++key=value`` override of this Hydra job that
+    added a key its app's config schema (the dataclasses of zhantune.config) does not have: nothing
+    reads such a key, so the option would be silently ignored (Hydra's own message for a mistyped
+    key suggests the ``+``). Keys under a free-form mapping (``space``, ``search.sampler``) pass."""
+    import dataclasses
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        task = list(HydraConfig.get().overrides.task)
+    except ValueError:  # not in a Hydra job (the compose API)
+        return None
+    for o in OverridesParser.create().parse_overrides(task):
+        if not (o.is_add() or o.is_force_add()) or o.key_or_group.startswith("hydra."):
+            continue
+        node, path = cfg, o.key_or_group.split(".")
+        for i, part in enumerate(path):
+            schema = OmegaConf.get_type(node)
+            if dataclasses.is_dataclass(schema) and part not in (names := [f.name for f in dataclasses.fields(schema)]):
+                where = ".".join(path[:i])
+                return (f"override {'+' * (1 + o.is_force_add())}{o.key_or_group}=...: {'.'.join(path[:i + 1])!r} is not "
+                        f"an option{f' of {where}' if where else ''}, and nothing would read it; options"
+                        f"{f' of {where}' if where else ''}: {', '.join(names)}")
+            node = node.get(part) if isinstance(node, DictConfig) else None
+            if not isinstance(node, DictConfig):
+                break
+    return None
+
+
 def _walk(node: object) -> tuple[list[str], list[str]]:
     """(every string, every mapping key) in a parsed override value."""
     strings: list[str] = []
@@ -136,11 +169,16 @@ class _State:
     task_started = False
 
 
-def mark_task_started() -> None:
+def mark_task_started(cfg: Any = None) -> None:
     """Called first thing in a task function: what Hydra wrote to stderr until now goes out as is,
-    and stdout is watched for a reader that goes away (:class:`_Stdout`)."""
+    and stdout is watched for a reader that goes away (:class:`_Stdout`). ``cfg``: the composed
+    config, whose keys a ``+``/``++`` override added are checked first (:func:`added_key_problem`;
+    exit code 2)."""
     import logging
 
+    msg = None if cfg is None else added_key_problem(cfg)
+    if msg:
+        user_error(msg)
     _State.task_started = True
     _release_stderr()
     if not isinstance(sys.stdout, _Stdout):

@@ -38,7 +38,7 @@ register()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="collect")
 def _collect_app(cfg: DictConfig) -> None:
-    mark_task_started()
+    mark_task_started(cfg)
     from zhantune.request import check_model_request
 
     try:  # before torch is imported (seconds)

@@ -31,7 +31,7 @@ register()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="compare")
 def _compare_app(cfg: DictConfig) -> None:
-    mark_task_started()
+    mark_task_started(cfg)
     from zhantune.paths import check_output_path
     from zhantune.redact import hide_password
     from zhantune.storage import Store, sqlite_path

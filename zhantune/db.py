@@ -32,7 +32,7 @@ _command: list[str] = []
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="db")
 def _db_app(cfg: DictConfig) -> None:
-    mark_task_started()
+    mark_task_started(cfg)
     from sqlalchemy.exc import SQLAlchemyError
 
     from zhantune.storage import Store

@@ -24,7 +24,7 @@ register()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def _export_app(cfg: DictConfig) -> None:
-    mark_task_started()
+    mark_task_started(cfg)
     from zhantune.inductor.builder import check_export_options, export_table, resolve_device_key
     from zhantune.redact import hide_password
     from zhantune.storage import Store, sqlite_path

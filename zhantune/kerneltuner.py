@@ -56,7 +56,7 @@ def _check_distinct(loaded: list[KernelTunerFile]) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="kerneltuner")
 def _import_app(cfg: DictConfig) -> None:
-    mark_task_started()
+    mark_task_started(cfg)
     try:
         if cfg.files and not OmegaConf.is_list(cfg.files):
             raise ConfigError(f"files={cfg.files}: expected a list of Kernel Tuner cache files, e.g. files=[{cfg.files}]")

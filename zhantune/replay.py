@@ -30,7 +30,7 @@ register()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="replay")
 def _replay_app(cfg: DictConfig) -> None:
-    mark_task_started()
+    mark_task_started(cfg)
     interrupt.install()
     from zhantune.request import check_device_spec, check_file
 

@@ -31,7 +31,7 @@ register()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="space_app")
 def _space_app(cfg: DictConfig) -> None:
-    mark_task_started()
+    mark_task_started(cfg)
     from zhantune.request import check_request
 
     try:  # bad input is refused before torch and Inductor are imported
