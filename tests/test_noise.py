@@ -228,10 +228,21 @@ def test_a_first_place_by_the_fastest_run_alone_against_a_faster_spread_is_re_me
     def record(meas, kind, candidate):
         return row(meas.timing.median_us, meas.timing.min_us, meas.timing.p20_us, meas.timing.p80_us, candidate.branch)
 
-    got, text = settle_close_call(ranked, [SimpleNamespace(name=n, scope="config") for n in cands],
-                                  SimpleNamespace(measure=measure), record, 3)
+    branches = [SimpleNamespace(name=n, scope="config") for n in cands]
+    got, text = settle_close_call(ranked, branches, SimpleNamespace(measure=measure), record, 3)
     assert sorted(measured) == ["a", "a", "a", "b", "b", "b"] and got == "tie", text
     assert "clear winner" not in text and text.startswith("close call re-measured 3x interleaved"), text
+    # every round finds the runner-up faster, but the first one's search run stays the fastest run of
+    # all (the ranking the table uses): not "a clear winner" for the first one (a review's finding)
+    rounds = {"a": 1740.0, "b": 1600.0}
+
+    def measure(c):
+        us = rounds[c.branch]
+        return Measurement("ok", Timing(us, us, us, us, us, 100, "cpu:perf_counter:fifo"), conditions=quiet)
+
+    got, text = settle_close_call(ranked, branches, SimpleNamespace(measure=measure), record, 3)
+    assert got == "tie" and "every round found the second faster" in text and "now a clear winner" not in text, text
+    assert text.index(cands["a"].describe()) < text.index(cands["b"].describe())
 
 
 def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):

@@ -1,8 +1,8 @@
 """A tune's settles: re-measure what a decision hangs on, interleaved, before it is reported.
 
 * the **close call** (:func:`settle_close_call`): the two fastest configs within each other's
-  noise are measured again in alternating rounds, and the ranking then uses each config's lowest
-  decision statistic;
+  noise (or first only by the fastest run, the runner-up's runs faster) are measured again in
+  alternating rounds, and the ranking then uses each config's lowest decision statistic;
 * the **speedup claim** (:func:`settle_speedup`): the winner a table can carry and Inductor's
   default are measured in paired, interleaved rounds and judged by
   zhantune.bench.decision.judge_speedup; an unconfirmed claim ships Inductor's default.
@@ -52,13 +52,13 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
     rounds' ranges not overlapping passed 13% at 3 rounds), else "tie"; "unconfirmed" where it would
     be "clear" but a measurement it rests on was taken on a busy machine (:func:`_disturbed`); the
     sentence names the configs in the order the ranking now gives."""
-    from zhantune.bench.timing import is_tie, run_range_us
+    from zhantune.bench.timing import run_range_us
 
     if len(ranked) < 2:
         return None, None
     a, b = ranked[:2]
     (a20, a80), (b20, b80) = run_range_us(a), run_range_us(b)
-    if not is_tie(a, b) and a80 < b20:
+    if a80 < b20:  # not within each other's noise (timing.is_tie), and the first one's runs the faster
         busy = _disturbed(a) or _disturbed(b)  # a slow phase under one of them could have set them apart
         return ("unconfirmed" if busy else "clear"), (
             f"clear winner in the search's own runs (not re-measured): its runs' 20th-80th percentiles "
@@ -83,8 +83,16 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
     first, second = (0, 1) if best_us[0] <= best_us[1] else (1, 0)
     ratios = [pb / pa for pa, pb in pairs]  # > 1: a faster in that round
     n, low, high = len(ratios), min(ratios), max(ratios)
-    tied = not (beyond_spread(low, high, n) or beyond_spread(1 / high, 1 / low, n))
+    # the config every round found faster by the claim rule's margin (None: none such)
+    clear = 0 if beyond_spread(low, high, n) else 1 if beyond_spread(1 / high, 1 / low, n) else None
+    tied = clear is None
     spans = [f"{min(p[i] for p in pairs):,.1f}-{max(p[i] for p in pairs):,.1f} us" for i in (0, 1)]
+    if clear is not None and clear != first:  # the rounds say the other one: no clear winner
+        return "tie", (
+            f"close call re-measured {rounds}x interleaved, each round's fastest run: {cands[first].describe()} "
+            f"{spans[first]}, {cands[second].describe()} {spans[second]}; every round found the second faster, "
+            f"yet the first one's fastest run ({best_us[first]:,.1f} us, against {best_us[second]:,.1f} us) ranks it "
+            "first, as the table does: no clear winner, either is fine")
     if not tied and busy:
         return "unconfirmed", (
             f"close call re-measured {rounds}x interleaved: {cands[first].describe()} ranked before "
