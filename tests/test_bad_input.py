@@ -491,6 +491,14 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(cli, tmp_path, existin
     assert _listing(tmp_path) == before
 
 
+def test_an_added_key_that_an_interpolation_reads_is_not_refused(cli, tmp_path):
+    """A review's finding: the check of '+' overrides (bad-input cases plus-typo*) refused a helper key
+    that the config reads through an interpolation."""
+    path = _kt_file(tmp_path, "k_GPU.json.gz", 4.0)
+    r = cli(["bench=replay", f"bench.path={path}", "+T=2", "search.n_trials=${T}", "progress=false"], cwd=tmp_path)
+    assert r.returncode == 0 and "trials: 2 measured" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
 def test_a_table_file_named_with_a_newline_is_named_on_one_line(tmp_path):
     """read_table names the file in every error; a newline in its name (from Python, where the CLI's
     override grammar does not reach) is written as its escape, so the error stays one line."""

@@ -81,8 +81,10 @@ def added_key_problem(cfg: Any) -> str | None:
     """The message for the first ``+key=value`` or ``++key=value`` override of this Hydra job that
     added a key its app's config schema (the dataclasses of zhantune.config) does not have: nothing
     reads such a key, so the option would be silently ignored (Hydra's own message for a mistyped
-    key suggests the ``+``). Keys under a free-form mapping (``space``, ``search.sampler``) pass."""
+    key suggests the ``+``). Keys under a free-form mapping (``space``, ``search.sampler``) pass, and
+    so does a key an interpolation reads (``+M=64 'shape=[${M},${M},${M}]'``)."""
     import dataclasses
+    import re
 
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -92,10 +94,16 @@ def added_key_problem(cfg: Any) -> str | None:
         task = list(HydraConfig.get().overrides.task)
     except ValueError:  # not in a Hydra job (the compose API)
         return None
+    # every name an interpolation reads (``${a.b}``, ``${oc.select:a.b,0}``), unresolved
+    read = {name for ref in re.findall(r"\$\{([^}]*)\}", OmegaConf.to_yaml(cfg))
+            for name in re.findall(r"[A-Za-z_][\w.]*", ref.split(":", 1)[-1])}
     for o in OverridesParser.create().parse_overrides(task):
         if not (o.is_add() or o.is_force_add()) or o.key_or_group.startswith("hydra."):
             continue
         node, path = cfg, o.key_or_group.split(".")
+        if any(n == o.key_or_group or n.startswith(o.key_or_group + ".") or o.key_or_group.startswith(n + ".")
+               for n in read):
+            continue
         for i, part in enumerate(path):
             schema = OmegaConf.get_type(node)
             if dataclasses.is_dataclass(schema) and part not in (names := [f.name for f in dataclasses.fields(schema)]):
