@@ -73,9 +73,12 @@ def _claim(result: Any, min_speedup: float | None, export: Any = None) -> str:
     best_carried = claimed is not None and result.best is not None and claimed.config_hash != result.best.config_hash
     if getattr(result, "same_kernel_as_default", False):  # as the tune's summary: no speedup, nothing unconfirmed
         text = f"none: the best{' a table carries' if best_carried else ''} is the default's own kernel"
-        if shipped is not None and shipped.row is not None:  # what the table ships instead, said so
-            from zhantune.report.summary import what_ships
+        from zhantune.report.summary import same_kernel_gap, what_ships
 
+        if gap := same_kernel_gap(result):  # as the tune's summary warns
+            text += (f", yet measured {gap[1]:,.1f} us against the default's {gap[0]:,.1f} us (default / entry "
+                     f"{gap[0] / gap[1]:.2f}x): its compile may not run what the default runs")
+        if shipped is not None and shipped.row is not None:  # what the table ships instead, said so
             return text + what_ships(shipped, export)
         return text + "; Inductor's default ships"
     if v.confirmed:

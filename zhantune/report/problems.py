@@ -39,7 +39,10 @@ def print_problems_summary(console: Console, result: Any) -> None:
     print_table(console, t)
     for pr in result.runs:  # as the tune's summary warns (report.summary): "(same kernel: differs)"
         if pr.result is not None and (gap := same_kernel_gap(pr.result)):
-            console.print(f"[yellow]warning: {escape(pr.run.problem.key)}: its best config is the kernel Inductor's default "
+            r = pr.result  # the claim is about the best a table carries (the best unless a compile-wide setting)
+            same = r.claimed is None or r.best is None or r.claimed.config_hash == r.best.config_hash
+            what = "its best config" if same else "the best config a table carries"
+            console.print(f"[yellow]warning: {escape(pr.run.problem.key)}: {what} is the kernel Inductor's default "
                           f"compile runs, yet the default's fastest run took {gap[0]:,.1f} us and this one's "
                           f"{gap[1]:,.1f} us (default / entry {gap[0] / gap[1]:.2f}x): the candidate's compile may not "
                           "run what the default runs (or the timing was disturbed)[/yellow]")
