@@ -410,6 +410,10 @@ CASES = [
     ("plus-plus-typo-nested", "zhantune", ["+op=mm", "shape=[4,4,4]", "++search.n_trails=4"], None,
      "override ++search.n_trails=...: 'search.n_trails' is not an option of search, and nothing would read it; "
      "options of search: ", None),
+    # a resolver's argument is not a key (a review's finding: ${oc.env:PW} let +PW=... pass)
+    ("plus-typo-read-by-a-resolver", "zhantune", ["+op=mm", "shape=[4,4,4]", "+HOME=x",
+                                                  "storage.url=sqlite:///${oc.env:HOME}/x.db"], None,
+     "override +HOME=...: 'HOME' is not an option, and nothing would read it", None),
     ("plus-typo-collect", "zhantune.collect", ["model=zhantune.models:mlp", "input_shapes=[[4,64]]", "+outt=p.yaml"],
      None, "override +outt=...: 'outt' is not an option, and nothing would read it; options: model,", None),
     ("import-nul-in-device-name", "zhantune.kerneltuner", ["files=[{x}]"],

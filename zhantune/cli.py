@@ -94,9 +94,14 @@ def added_key_problem(cfg: Any) -> str | None:
         task = list(HydraConfig.get().overrides.task)
     except ValueError:  # not in a Hydra job (the compose API)
         return None
-    # every name an interpolation reads (``${a.b}``, ``${oc.select:a.b,0}``), unresolved
-    read = {name for ref in re.findall(r"\$\{([^}]*)\}", OmegaConf.to_yaml(cfg))
-            for name in re.findall(r"[A-Za-z_][\w.]*", ref.split(":", 1)[-1])}
+    # every absolute key an interpolation reads: ``${a.b}`` and oc.select's first argument
+    # (``${oc.select:a.b,0}``); another resolver's arguments (``${oc.env:PW}``) and relative keys are not keys
+    read = set()
+    for ref in re.findall(r"\$\{([^${}]*)\}", OmegaConf.to_yaml(cfg)):
+        resolver, _, args = ref.strip().partition(":") if ":" in ref else ("", "", ref.strip())
+        name = args.split(",")[0].strip() if resolver.strip() in ("", "oc.select") else ""
+        if re.fullmatch(r"[A-Za-z_][\w.]*", name):
+            read.add(name)
     for o in OverridesParser.create().parse_overrides(task):
         if not (o.is_add() or o.is_force_add()) or o.key_or_group.startswith("hydra."):
             continue

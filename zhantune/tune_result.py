@@ -61,7 +61,8 @@ class TuneResult:
     interrupted: bool = False
     table_path: Path | None = None
     table_keys: list[str] = field(default_factory=list)
-    #: the close call's: "clear", "tie" (within noise after re-measuring), "unconfirmed" (clear but
+    #: the close call's: "clear", "tie" (within noise after re-measuring, or the rounds favouring the
+    #: config the ranking puts second), "unconfirmed" (clear but
     #: measured on a busy machine) or None (fewer than two correct configs)
     verdict: str | None = None
     verdict_text: str | None = None

@@ -49,7 +49,9 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
     verdict is "clear" where the rounds agree on which is faster by a margin their disagreement
     cannot explain (the rule of a speedup claim, zhantune.bench.decision.beyond_spread, on each
     round's ratio of the two; two identical kernels pass it in under 1% of settles, where the
-    rounds' ranges not overlapping passed 13% at 3 rounds), else "tie"; "unconfirmed" where it would
+    rounds' ranges not overlapping passed 13% at 3 rounds) and that one is first by the ranking
+    (each config's fastest run, which the table uses), else "tie" (the sentence says where the
+    rounds favour the config the ranking puts second); "unconfirmed" where it would
     be "clear" but a measurement it rests on was taken on a busy machine (:func:`_disturbed`); the
     sentence names the configs in the order the ranking now gives."""
     from zhantune.bench.timing import run_range_us
@@ -91,8 +93,9 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
         return "tie", (
             f"close call re-measured {rounds}x interleaved, each round's fastest run: {cands[first].describe()} "
             f"{spans[first]}, {cands[second].describe()} {spans[second]}; every round found the second faster, "
-            f"yet the first one's fastest run ({best_us[first]:,.1f} us, against {best_us[second]:,.1f} us) ranks it "
-            "first, as the table does: no clear winner, either is fine")
+            f"yet the first one's single fastest run ({best_us[first]:,.1f} us, against {best_us[second]:,.1f} us) "
+            "ranks it first, and a table ships it: the rounds and the ranking disagree, no clear winner"
+            + (f" ({busy} of {n} round(s) taken on a busy machine)" if busy else ""))
     if not tied and busy:
         return "unconfirmed", (
             f"close call re-measured {rounds}x interleaved: {cands[first].describe()} ranked before "
