@@ -174,8 +174,11 @@ def test_problems_file_swept_by_jobs_into_one_database_then_one_export(postgres,
     # no paired rounds (bench.remeasure_rounds=0): each study's best time is no claim, and the
     # summary's studies say so beside it (a review's finding: only the best time was listed)
     claims = [s["claim"] for r in records for s in r["studies"]]  # "not settled": a job that measured none of it
-    same = "none: the best is the default's own kernel; Inductor's default ships"
-    assert set(claims) <= {"unconfirmed: Inductor's default ships", same, "not settled"}, claims
+    # the default's own kernel (with its gap to the default's time where the two tiny timings are over
+    # 1.2x apart, as they can be with two jobs on two cores: CI saw 99.7 us against 39.3 us)
+    same = "none: the best is the default's own kernel"
+    assert all(c in ("unconfirmed: Inductor's default ships", "not settled") or c.startswith(same)
+               and c.endswith("; Inductor's default ships") for c in claims), claims
     assert claims.count("not settled") < 6
     # each study's row (the one trial: ATen, the default's own kernel, or a template's config)
     assert out.count("unconfirmed: Inductor's default ships") + out.count(same) == 3, out[-3000:]

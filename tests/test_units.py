@@ -373,7 +373,7 @@ def test_a_sweeps_summary_names_the_claim_its_table_ships():
     apart = SimpleNamespace(**{**vars(same), "best": timed(319.8), "default": timed(232.8)})
     assert _claim(apart, 1.02) == ("none: the best is the default's own kernel, yet measured 319.8 us against the "
                                    "default's 232.8 us (default / entry 0.73x): its compile may not run what the "
-                                   "default runs; Inductor's default ships")
+                                   "default runs, or the timing was disturbed; Inductor's default ships")
     # ... unless the table ships an earlier run's confirmed config under the key all the same; and a
     # job that settled nothing says so, whatever the study's best
     confirmed_before = SimpleNamespace(row=SimpleNamespace(config_hash="x", template_id=None, branch="cpp_gemm",

@@ -77,7 +77,7 @@ def _claim(result: Any, min_speedup: float | None, export: Any = None) -> str:
 
         if gap := same_kernel_gap(result):  # as the tune's summary warns
             text += (f", yet measured {gap[1]:,.1f} us against the default's {gap[0]:,.1f} us (default / entry "
-                     f"{gap[0] / gap[1]:.2f}x): its compile may not run what the default runs")
+                     f"{gap[0] / gap[1]:.2f}x): its compile may not run what the default runs, or the timing was disturbed")
         if shipped is not None and shipped.row is not None:  # what the table ships instead, said so
             return text + what_ships(shipped, export)
         return text + "; Inductor's default ships"
@@ -167,6 +167,8 @@ def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from zhantune.report.console import print_table
+
     console = Console()
     if not console.is_terminal:  # a launcher's log file: wide rows rather than wrapped cells
         console = Console(width=200)
@@ -199,7 +201,7 @@ def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
         studies.add_row(escape(name), f"{s['study_measured']}/{s['n_trials']}",
                         f"{s['best_us']:,.1f}" if s["best_us"] is not None else "-", escape(s["best"] or "-"),
                         escape(claims.get(name, ("", s.get("claim") or "-"))[1]))
-    console.print(studies)
+    print_table(console, studies)  # as wide as its cells: a claim is never wrapped
     if records:
         console.print(f"one table from every problem: python -m zhantune.export storage.url=... "
                       f"(storage of the jobs: {records[-1]['storage']})", markup=False)
