@@ -416,6 +416,17 @@ CASES = [
      "override +HOME=...: 'HOME' is not an option, and nothing would read it", None),
     ("plus-typo-collect", "zhantune.collect", ["model=zhantune.models:mlp", "input_shapes=[[4,64]]", "+outt=p.yaml"],
      None, "override +outt=...: 'outt' is not an option, and nothing would read it; options: model,", None),
+    # an interpolation that does not resolve: it was a Hydra traceback with exit code 1, from wherever it was read
+    ("interpolation-missing-key", "zhantune", ["+op=mm", "shape=[4,4,4]", "dtype=${nope}"], None,
+     "override dtype=${nope}: Interpolation key 'nope' not found; an interpolation reads a key of this config", None),
+    ("interpolation-unset-variable", "zhantune.db", ["current", "storage.url=sqlite:///${oc.env:ZT_UNSET_VAR}/x.db"],
+     None, "override storage.url=sqlite:///${oc.env:ZT_UNSET_VAR}/x.db: KeyError raised while resolving "
+     "interpolation: \"Environment variable 'ZT_UNSET_VAR' not found\"", None),
+    ("interpolation-wrong-type", "zhantune.space", ["+op=mm", "shape=[4,4,4]", "search.n_trials=${dtype}"], None,
+     "override search.n_trials=${dtype}: While dereferencing interpolation '${dtype}': Value 'float32' of type "
+     "'str' could not be converted to Integer", None),
+    ("interpolation-in-a-list", "zhantune", ["+op=mm", "shape=[4,${nope},4]"], None,
+     "override shape=[4,${nope},4]: Interpolation key 'nope' not found", None),
     ("import-nul-in-device-name", "zhantune.kerneltuner", ["files=[{x}]"],
      lambda t: _kt_file(t, "nul.json.gz", 4.0, device_name="GPU\x00X"),
      "device name (from device_name) 'GPU\\x00X' (5 characters)", None),
@@ -501,6 +512,9 @@ def test_an_added_key_that_an_interpolation_reads_is_not_refused(cli, tmp_path):
     path = _kt_file(tmp_path, "k_GPU.json.gz", 4.0)
     r = cli(["bench=replay", f"bench.path={path}", "+T=2", "search.n_trials=${T}", "progress=false"], cwd=tmp_path)
     assert r.returncode == 0 and "trials: 2 measured" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    # and the value it reads is resolved before it is checked (the shape check saw '${M}' and refused it)
+    r = cli(["+op=mm", "+M=64", "shape=[${M},${M},32]", "device=cpu"], cwd=tmp_path, module="zhantune.space")
+    assert r.returncode == 0 and "mm[M=64,N=64,K=32]:float32" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
 
 
 def test_a_table_file_named_with_a_newline_is_named_on_one_line(tmp_path):

@@ -91,7 +91,7 @@ def added_key_problem(cfg: Any) -> str | None:
     from omegaconf import DictConfig, OmegaConf
 
     try:
-        task = list(HydraConfig.get().overrides.task)
+        task = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
     except ValueError:  # not in a Hydra job (the compose API)
         return None
     # every absolute key an interpolation reads: ``${a.b}`` and oc.select's first argument
@@ -119,6 +119,46 @@ def added_key_problem(cfg: Any) -> str | None:
             node = node.get(part) if isinstance(node, DictConfig) else None
             if not isinstance(node, DictConfig):
                 break
+    return None
+
+
+def unresolved_problem(cfg: Any) -> str | None:
+    """The message for the first value of the composed config whose interpolation does not resolve
+    (``dtype=${nope}``, ``${oc.env:UNSET}``, an interpolated value of the wrong type), naming the
+    override it came from, or the config key where a config file holds it; None when every value
+    resolves. Checked before the task starts, so that a bad interpolation is a one-line user error
+    (exit code 2) and not a traceback after hours of tuning."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        key = str(getattr(e, "full_key", "") or "")
+        why = str(getattr(e, "msg", None) or e).splitlines()[0]
+        where = _override_of(key) or (f"config key {key}" if key else "the config")
+        return (f"{where}: {why}; an interpolation reads a key of this config (${{search.seed}}) or a resolver's "
+                "value (${oc.env:NAME} of a variable that is set)")
+    return None
+
+
+def _override_of(key: str) -> str | None:
+    """``override <as typed>`` for the command-line override that set ``key`` (or a key above it)."""
+    import re
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    try:
+        task = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
+        parsed = OverridesParser.create().parse_overrides(task)
+    except Exception:  # not in a Hydra job, or nothing to parse
+        return None
+    for o in reversed(parsed):  # the last override of a key wins
+        name = o.key_or_group
+        if key == name or re.match(re.escape(name) + r"[.\[]", key):
+            return f"override {o.input_line}"
     return None
 
 
@@ -189,7 +229,7 @@ def mark_task_started(cfg: Any = None) -> None:
     exit code 2)."""
     import logging
 
-    msg = None if cfg is None else added_key_problem(cfg)
+    msg = None if cfg is None else added_key_problem(cfg) or unresolved_problem(cfg)
     if msg:
         user_error(msg)
     _State.task_started = True

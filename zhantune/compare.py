@@ -48,7 +48,7 @@ def _compare_app(cfg: DictConfig) -> None:
             raise ConfigError(f"top={cfg.top} must be at least 0 (how many of the most-disagreeing problems to list)")
         if cfg.devices is not None and not OmegaConf.is_list(cfg.devices):
             raise ConfigError(f"devices={cfg.devices!r} must be a list of device keys or names, e.g. devices=[A,B]")
-        devices = OmegaConf.to_container(cfg.devices) if cfg.devices is not None else None
+        devices = OmegaConf.to_container(cfg.devices, resolve=True) if cfg.devices is not None else None
         for option in ("csv", "json", "html", "table"):
             if cfg[option]:
                 check_output_path(cfg[option], option)

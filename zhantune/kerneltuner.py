@@ -68,7 +68,7 @@ def _import_app(cfg: DictConfig) -> None:
                 raise ConfigError(f"files=[...]: {shown(f)} is not a file path; give paths, e.g. files=[A.json.gz]")
             if not Path(f).exists():
                 raise ConfigError(f"files={f}: no such file")
-        devices = _check_devices(files, OmegaConf.to_container(cfg.devices) if OmegaConf.is_list(cfg.devices)
+        devices = _check_devices(files, OmegaConf.to_container(cfg.devices, resolve=True) if OmegaConf.is_list(cfg.devices)
                                  else cfg.devices)
         from zhantune.bench.recorded import load_kerneltuner
         from zhantune.storage import Store

@@ -223,10 +223,10 @@ def from_config(cfg) -> ModelRequest:
     dtype = cfg.dtype or ("float32" if device.kind == "cpu" else "bfloat16")
     if dtype not in DTYPES:
         raise ConfigError(f"dtype={dtype!r}; allowed: {', '.join(DTYPES)}")
-    shapes = OmegaConf.to_container(cfg.input_shapes) if cfg.input_shapes is not None else None
+    shapes = OmegaConf.to_container(cfg.input_shapes, resolve=True) if cfg.input_shapes is not None else None
     if not isinstance(shapes, list) or not shapes or not all(isinstance(s, list) for s in shapes):
         raise ConfigError(f"input_shapes={shapes}: expected a list of shapes, e.g. [[64,256]]")
-    kwargs = OmegaConf.to_container(cfg.model_kwargs) if cfg.model_kwargs else {}
+    kwargs = OmegaConf.to_container(cfg.model_kwargs, resolve=True) if cfg.model_kwargs else {}
     if not isinstance(kwargs, dict):
         raise ConfigError(f"model_kwargs={kwargs}: expected a mapping, e.g. model_kwargs={{d_model:64}}")
     return ModelRequest(cfg.model, kwargs, shapes, dtype, device)

@@ -161,8 +161,8 @@ def config_secrets(config: Any) -> set[str]:
         if key in config:
             found |= url_secrets(_option_strings(config, key, False) + _option_strings(config, key, True))
     overrides = OmegaConf.select(config, "hydra.overrides.task", default=None)
-    if overrides is not None:
-        found |= override_secrets(overrides)
+    if overrides is not None:  # as typed: ``dtype=${nope}`` is a string here, not an interpolation to resolve
+        found |= override_secrets(OmegaConf.to_container(overrides, resolve=False))
     _KNOWN.update(found)
     return found
 

@@ -70,7 +70,7 @@ def check_request(cfg: Any) -> None:
             raise ConfigError(f"no shape given; use shape=[{','.join(cfg.op.dims)}]")
         shape = cfg.shape
         if isinstance(shape, ListConfig):
-            shape = OmegaConf.to_container(shape)
+            shape = OmegaConf.to_container(shape, resolve=True)
         check_problem(cfg.op.name, shape, cfg.dtype, cfg.op.activation, weight_layout=cfg.weight_layout)
         check_device_spec(cfg.device)
     else:
@@ -225,7 +225,7 @@ def check_model_request(cfg: Any) -> None:
     check_device_spec(cfg.device)
     if cfg.dtype is not None and cfg.dtype not in DTYPE_NAMES:
         raise ConfigError(f"dtype={cfg.dtype!r}; allowed: {', '.join(DTYPE_NAMES)}")
-    shapes = OmegaConf.to_container(cfg.input_shapes) if isinstance(cfg.input_shapes, ListConfig) else cfg.input_shapes
+    shapes = OmegaConf.to_container(cfg.input_shapes, resolve=True) if isinstance(cfg.input_shapes, ListConfig) else cfg.input_shapes
     if not isinstance(shapes, list) or not shapes or not all(isinstance(s, list) for s in shapes):
         raise ConfigError(f"input_shapes={shapes}: expected a list of shapes, e.g. [[64,256]]")
     kwargs = cfg.model_kwargs

@@ -243,7 +243,7 @@ def resolve_run(cfg: DictConfig, preview: bool = False) -> RunSpec:
     check_torch(what="the zhantune.space dry run" if preview else "tuning with Inductor (bench=inductor)")
     shape = cfg.shape
     if isinstance(shape, ListConfig):
-        shape = OmegaConf.to_container(shape)
+        shape = OmegaConf.to_container(shape, resolve=True)
     problem = GemmProblem.from_config(cfg.op.name, shape, cfg.dtype, cfg.op.activation,
                                       weight_layout=cfg.weight_layout)
     device = _profile_device(profile_name) if profile_name else resolve_device(cfg.device)
