@@ -106,6 +106,12 @@ def test_store_directory_per_torch_and_compiler_and_its_errors(tmp_path, monkeyp
     auto = kernel_store.store_dir("auto")
     assert auto.parent == tmp_path / "inductor" / "zhantune-kernels" and auto.is_dir()
     assert auto.name.startswith("torch-") and kernel_store.store_dir(str(tmp_path / "mine")).name == auto.name
+    # headers from elsewhere (CPATH) build another binary from the same command line: another directory
+    for name in kernel_store.COMPILER_ENV:
+        monkeypatch.setenv(name, str(tmp_path / "other"))
+        assert kernel_store.store_dir("auto").name != auto.name, name
+        monkeypatch.delenv(name)
+    assert kernel_store.store_dir("auto").name == auto.name
     assert kernel_store.store_dir("off") is None and kernel_store.store_dir(None) is None
     assert kernel_store.store_dir(False) is None  # Hydra's bench.kernel_store=false (it made a directory ./False)
     old = os.umask(0o002)  # Ubuntu's for users: every directory made 0775, which the store then refused

@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 
 #: what a build leaves that the store keeps: shared objects and the objects a cpp_wrapper links
 KEPT_SUFFIXES = (".so", ".o")
+#: the environment variables that change what GCC (and Clang) builds from one command line: where
+#: headers, libraries and the compiler's own programs are found ("Environment Variables Affecting
+#: GCC" in GCC's manual); Inductor's binary names hash the source and command line only
+COMPILER_ENV = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
 _served: dict[str, Path] = {}  # the scratch directory and the store this process serves, while serving
 
 
@@ -154,8 +158,10 @@ def _tag() -> str:
     Python's version, the C++ compiler's version text (Inductor's ``get_compiler_version_info``,
     torch/_inductor/cpp_builder.py), what ``-march=native`` means on this CPU (the command line says
     only ``-march=native`` and the vector family: two AVX-512 CPUs of other generations would share
-    names; ``-Q --help=target``) and the CPU's model and flags (/proc/cpuinfo). A store on a disk
-    that several machines share keeps one directory per kind of machine."""
+    names; ``-Q --help=target``), the environment variables that change what the compiler builds
+    from one command line (:data:`COMPILER_ENV`: other headers, libraries or compiler programs) and
+    the CPU's model and flags (/proc/cpuinfo). A store on a disk that several machines share keeps
+    one directory per kind of machine."""
     import torch
     from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
 
@@ -167,6 +173,7 @@ def _tag() -> str:
                                  timeout=60, env={**os.environ, "LC_ALL": "C"}).stdout]
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # no compiler: nothing will be built
         parts.append(repr(e))
+    parts += [f"{name}={os.environ[name]}" for name in COMPILER_ENV if name in os.environ]
     parts += _cpu_identity()
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return f"torch-{torch.__version__.replace('+', '_')}-{digest}"
