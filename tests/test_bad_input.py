@@ -161,6 +161,23 @@ def _file(tmp: Path) -> str:
     return "afile"
 
 
+class _Touch:
+    """Unpickled, creates ``path`` (a file the case's listing would show)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _pickle(tmp: Path) -> str:
+    import pickle
+
+    (tmp / "config.pickle").write_bytes(pickle.dumps(_Touch(tmp / "pwned")))
+    return "config.pickle"
+
+
 def _dir(tmp: Path) -> str:
     (tmp / "adir").mkdir()
     return "adir"
@@ -416,6 +433,11 @@ CASES = [
      "override +HOME=...: 'HOME' is not an option, and nothing would read it", None),
     ("plus-typo-collect", "zhantune.collect", ["model=zhantune.models:mlp", "input_shapes=[[4,64]]", "+outt=p.yaml"],
      None, "override +outt=...: 'outt' is not an option, and nothing would read it; options: model,", None),
+    # Hydra's rerun unpickles the file (a pickle runs code: here it would create 'pwned'), any prefix of the option too
+    ("experimental-rerun", "zhantune", ["--experimental-rerun", "{x}"], _pickle,
+     "--experimental-rerun: Hydra's rerun unpickles the file it names", None),
+    ("experimental-rerun-prefix", "zhantune.export", ["--exp={x}"], _pickle,
+     "--experimental-rerun: Hydra's rerun unpickles the file it names", None),
     # an interpolation that does not resolve: it was a Hydra traceback with exit code 1, from wherever it was read
     ("interpolation-missing-key", "zhantune", ["+op=mm", "shape=[4,4,4]", "dtype=${nope}"], None,
      "override dtype=${nope}: Interpolation key 'nope' not found; an interpolation reads a key of this config", None),

@@ -42,6 +42,14 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
     naming code for Hydra to instantiate (``hydra.callbacks``, any ``_target_`` or ``()`` under ``hydra.``)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    # hydra/main.py: pickle.load of the file named, before any other check (argparse takes any
+    # unambiguous prefix of the option, --exp FILE too)
+    rerun = next((a for a in args if len(a.split("=", 1)[0]) > 2 and "--experimental-rerun".startswith(a.split("=", 1)[0])),
+                 None)
+    if rerun is not None:
+        return ("--experimental-rerun: Hydra's rerun unpickles the file it names (a run's .hydra/config.pickle), "
+                "and a pickle can run any code, outside zhantune's _target_ allowlist; not allowed: run the "
+                "overrides in that run's .hydra/overrides.yaml again instead")
     overrides = [a for a in args if not a.startswith("-")]
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
