@@ -256,6 +256,32 @@ def test_sampler_arguments_are_checked():
         make_sampler({"_target_": "os.system", "command": "true"})
 
 
+def test_a_sampler_argument_of_the_wrong_type_is_refused_before_a_stored_study_changes(cli, tmp_path):
+    """Optuna's samplers keep what they are given: TPESampler(n_startup_trials='abc') failed only at
+    its first ask, with a traceback, after the finished study it resumed was marked running with the
+    bad run's config (a helper's finding). Plain-typed arguments are checked against the constructor's
+    signature, nested ones too; what the signature does not type plainly (a Callable) is not judged."""
+    with pytest.raises(ConfigError, match=r"^search.sampler.n_startup_trials='abc' is not an integer \(what "
+                                          r"optuna.samplers.TPESampler's constructor takes for n_startup_trials\)$"):
+        make_sampler({"_target_": "optuna.samplers.TPESampler", "n_startup_trials": "abc"})
+    with pytest.raises(ConfigError, match=r"^search.sampler.base_sampler.seed=1.5 is not an integer or null"):
+        make_sampler({"_target_": "optuna.samplers.PartialFixedSampler", "fixed_params": {},
+                      "base_sampler": {"_target_": "optuna.samplers.RandomSampler", "seed": 1.5}})
+    with pytest.raises(ConfigError, match=r"^search.sampler.multivariate='yes' is not a boolean or null"):
+        make_sampler({"_target_": "optuna.samplers.TPESampler", "multivariate": "yes"})
+    assert isinstance(make_sampler({"_target_": "optuna.samplers.TPESampler", "prior_weight": 2, "seed": None,
+                                    "multivariate": True}), optuna.samplers.TPESampler)  # an int for a float
+    replay = ["bench=replay", f"bench.path={DATA / 'gemm_RTX_3090.json.gz'}", "progress=false", "export.enabled=false"]
+    r = cli([*replay, "search.n_trials=2"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    before = (tmp_path / "zhantune.db").read_bytes()
+    r = cli([*replay, "search.more_trials=2", "search=tpe", "search.sampler.n_startup_trials=abc"], tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "zhantune: search.sampler.n_startup_trials='abc' is not an integer (what optuna.samplers.TPESampler's "
+        "constructor takes for n_startup_trials)"], r.stderr[-3000:]
+    assert (tmp_path / "zhantune.db").read_bytes() == before
+
+
 def test_a_target_under_an_allowed_prefix_must_resolve_to_a_sampler_class(tmp_path):
     """A prefix is not enough: Hydra resolves ``zhantune.scratch.shutil.copyfile`` through module
     attributes to ``shutil.copyfile``; it, and zhantune's own functions, are refused before any call."""

@@ -63,9 +63,55 @@ def _check_targets(node: Any, where: str) -> None:
             _check_targets(v, f"{where}[{i}]")
 
 
+def _check_arguments(node: Any, where: str) -> None:
+    """Every argument of every nested ``_target_`` of the type its constructor's signature declares,
+    where that is a plain one (``int``, ``float``, ``bool``, ``str``, ``None`` or a union of them, as
+    written in the signature; anything else is not judged): Optuna's samplers keep what they are
+    given and fail only at the first ask, e.g. TPESampler's ``n_startup_trials='abc'`` as ``'<' not
+    supported`` after a finished study had been resumed and marked running (a helper's finding)."""
+    if isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_arguments(v, f"{where}[{i}]")
+    if not isinstance(node, dict):
+        return
+    try:
+        params = inspect.signature(_locate(node["_target_"]).__init__).parameters if "_target_" in node else {}
+    except Exception:  # no signature to read: not judged
+        params = {}
+    for key, value in node.items():
+        _check_arguments(value, f"{where}.{key}")
+        plain = _plain_types(params[key].annotation) if key in params else None
+        if plain is not None and not any(_is(value, t) for t in plain):
+            names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+            raise ConfigError(f"{where}.{key}={shown(value)} is not {' or '.join(names[t] for t in plain)} (what "
+                              f"{node['_target_']}'s constructor takes for {key})")
+
+
+_PLAIN = {"int": int, "float": float, "bool": bool, "str": str, "None": type(None)}
+
+
+def _plain_types(annotation: Any) -> tuple[type, ...] | None:
+    """An annotation as written (``'int | None'``, or the type itself) as its plain types; None for
+    anything else (a Callable, a class, a generic). Read from the text, never evaluated."""
+    if isinstance(annotation, type) and annotation in _PLAIN.values():
+        return (annotation,)
+    if not isinstance(annotation, str):
+        return None
+    parts = [_PLAIN.get(t.strip()) for t in annotation.split("|")]
+    return None if None in parts else tuple(parts)
+
+
+def _is(value: Any, t: type) -> bool:
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, t) and (t is bool or not isinstance(value, bool))
+
+
 def instantiate_allowed(spec: dict[str, Any], where: str) -> Any:
-    """hydra.utils.instantiate after checking every nested ``_target_`` against the allowlist."""
+    """hydra.utils.instantiate after checking every nested ``_target_`` against the allowlist and
+    its plain-typed arguments against its constructor's signature."""
     _check_targets(spec, where)
+    _check_arguments(spec, where)
     try:
         return instantiate(spec)
     except Exception as e:
