@@ -131,7 +131,7 @@ class BenchConfig:
 #: BenchConfig field -> (lowest, highest) value allowed (None: unbounded), checked by check_bench
 BENCH_RANGES: dict[str, tuple[float | None, float | None]] = {
     "warmup_ms": (0.0, 600_000.0), "target_ms": (0.001, 600_000.0), "min_reps": (1, None),
-    "max_reps": (1, None), "compile_timeout_s": (0.001, None), "run_timeout_s": (0.001, None),
+    "max_reps": (1, None), "compile_timeout_s": (0.001, 604_800.0), "run_timeout_s": (0.001, 604_800.0),
     "compile_workers": (0, 64), "remeasure_rounds": (0, 1000), "nice": (-20, 19), "busy_wait_s": (0.0, 600.0),
     "replay_pace": (0.0, 1000.0),
 }

@@ -39,6 +39,8 @@ def _replay_app(cfg: DictConfig) -> None:
             raise ConfigError("no table given; use table=PATH (a lookup table JSON, e.g. python -m zhantune.export's)")
         check_file(cfg.table, "table")
         check_device_spec(cfg.device)
+        if not 0 <= cfg.seed < 2**32:  # as search.seed: the seed of the inputs each entry is timed on
+            raise ConfigError(f"seed={cfg.seed} must be in [0, {2**32 - 1}] (the random seed of the inputs)")
     except UserError as e:
         user_error(e)
         return

@@ -155,13 +155,16 @@ def check_search(cfg: Any) -> None:
                           "Inductor's own configs to measure first")
     if not 0 <= s.seed < 2**32:
         raise ConfigError(f"search.seed={s.seed} must be in [0, {2**32 - 1}] (the samplers' random seed)")
-    if s.timeout_s is not None and s.timeout_s <= 0:
-        raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive (or null for no limit)")
+    if s.timeout_s is not None and not 0 < s.timeout_s <= 31_536_000:  # NaN too: a comparison with it is false
+        raise ConfigError(f"search.timeout_s={s.timeout_s} must be positive and at most 31536000 (a year), "
+                          "or null for no limit")
     if s.get("transfer", "auto") not in TRANSFER_MODES:
         raise ConfigError(f"search.transfer={s.transfer!r}; allowed: {', '.join(TRANSFER_MODES)}")
     beat, grace = cfg.storage.get("heartbeat_interval_s"), cfg.storage.get("grace_period_s")
-    if beat is not None and beat < 1:
-        raise ConfigError(f"storage.heartbeat_interval_s={beat} must be at least 1 (whole seconds; null: off)")
+    if beat is not None and not 1 <= beat <= 86_400:
+        raise ConfigError(f"storage.heartbeat_interval_s={beat} must be 1 to 86400 (whole seconds; null: off)")
+    if grace is not None and grace > 604_800:
+        raise ConfigError(f"storage.grace_period_s={grace} must be at most 604800 (a week)")
     if beat is not None and (grace is None or grace <= beat):
         raise ConfigError(f"storage.grace_period_s={grace} must be more than storage.heartbeat_interval_s={beat} "
                           "(else a live worker's trial would be taken for a dead one's)")
