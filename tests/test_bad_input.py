@@ -408,6 +408,13 @@ CASES = [
     ("collect-weights-over-memory", "zhantune.collect", ["model=zhantune.models:mlp", "model_kwargs={d_model:10000000000}",
                                                          "input_shapes=[[4,4]]", "out=p.yaml", "device=cpu"], None,
      "model_kwargs={'d_model': 10000000000}: its weights do not fit in memory", None),
+    # the driver's arguments: ?timeout=abc was a ValueError traceback from the engine, in every app
+    ("sqlite-query-argument", "zhantune.export", ["path=e.json", "storage.url='sqlite:///zhantune.db?timeout=abc'"],
+     None, "storage.url='sqlite:///zhantune.db?timeout=abc': a SQLite URL takes no query parameters here (timeout;",
+     None),
+    ("sqlite-query-argument-source", "zhantune.db", ["merge", "sources=['sqlite:///zhantune.db?timeout=abc']",
+                                                     "storage.url=sqlite:///m.db"], None,
+     "sources[0]='sqlite:///zhantune.db?timeout=abc': a SQLite URL takes no query parameters here", None),
     ("sqlite-uri-filename", "zhantune.db", ["current", "storage.url=\"sqlite:///file:x.db?uri=true\""], None,
      "SQLite URI filenames (file:...?uri=true) are not supported", None),
     # each run's own database in its run folder: a resume measured everything again

@@ -82,6 +82,10 @@ def check_url(url: str, source: str = "storage.url", writable: bool = True) -> N
         # database was switched to WAL before it was refused as old: a review's finding)
         raise StorageError(f"{source}={hide_password(url)!r}: SQLite URI filenames (file:...?uri=true) are not "
                            "supported; give the file's path: sqlite:///FILE")
+    if u.query:  # the driver's arguments (timeout=, check_same_thread=, ...): ?timeout=abc was a traceback
+        raise StorageError(f"{source}={hide_password(url)!r}: a SQLite URL takes no query parameters here "
+                           f"({', '.join(sorted(u.query))}; zhantune sets the busy timeout and journal mode itself): "
+                           "sqlite:///FILE")
     path = sqlite_path(url)
     if path is None:  # sqlite:// and sqlite:///:memory: hold nothing after the process ends
         raise StorageError(f"{source}={hide_password(url)!r}: an in-memory SQLite database keeps nothing; give a file: sqlite:///FILE")
