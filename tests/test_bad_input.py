@@ -178,6 +178,12 @@ def _pickle(tmp: Path) -> str:
     return "config.pickle"
 
 
+def _link_loop(tmp: Path) -> str:
+    (tmp / "loop1.yaml").symlink_to("loop2.yaml")
+    (tmp / "loop2.yaml").symlink_to("loop1.yaml")
+    return "loop1.yaml"
+
+
 def _dir(tmp: Path) -> str:
     (tmp / "adir").mkdir()
     return "adir"
@@ -445,6 +451,11 @@ CASES = [
      "--experimental-rerun: Hydra's rerun unpickles the file it names", None),
     ("experimental-rerun-prefix", "zhantune.export", ["--exp={x}"], _pickle,
      "--experimental-rerun: Hydra's rerun unpickles the file it names", None),
+    # a loop of symbolic links: Path.resolve's RuntimeError traceback (Python 3.11) in the output path's check
+    ("problems-link-loop", "zhantune", ["problems={x}"], _link_loop,
+     "problems=loop1.yaml: a symbolic link to nothing (or a loop of links)", None),
+    ("export-path-link-loop", "zhantune.export", ["path={x}", "problems=loop2.yaml"], _link_loop,
+     "path=loop1.yaml: is a symbolic link to nothing (or a loop of links); give a file name", None),
     # an interpolation that does not resolve: it was a Hydra traceback with exit code 1, from wherever it was read
     ("interpolation-missing-key", "zhantune", ["+op=mm", "shape=[4,4,4]", "dtype=${nope}"], None,
      "override dtype=${nope}: Interpolation key 'nope' not found; an interpolation reads a key of this config", None),

@@ -32,6 +32,8 @@ def check_output_path(path: str | os.PathLike[str], option: str,
         raise ConfigError(f"{where}: expected a file name")
     if p.is_dir():
         raise ConfigError(f"{where}: is a directory; give a file name")
+    if p.is_symlink() and not p.exists():
+        raise ConfigError(f"{where}: is a symbolic link to nothing (or a loop of links); give a file name")
     for name, value in (inputs or {}).items():
         if value and _same_file(p, Path(str(value))):
             raise ConfigError(f"{where}: is the file of {name}={value}, which this command reads; writing there "
@@ -62,7 +64,11 @@ def _same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:
+        pass
+    try:
         return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):  # a symbolic link loop (RuntimeError on Python 3.11): as written
+        return a.absolute() == b.absolute()
 
 
 #: the first 16 bytes of every SQLite database file (https://www.sqlite.org/fileformat.html)

@@ -251,7 +251,8 @@ def check_file(path: object, option: str) -> None:
 
     p = Path(str(path))
     if not p.exists():
-        raise ConfigError(f"{option}={path}: no such file")
+        raise ConfigError(f"{option}={path}: " + ("a symbolic link to nothing (or a loop of links)" if p.is_symlink()
+                                                  else "no such file"))
     if p.is_dir():
         raise ConfigError(f"{option}={path}: is a directory; give a file")
     if not p.is_file():
