@@ -512,6 +512,11 @@ CASES = [
      lambda t: _table(t, {"template_id": "aten::mm"}), "bench.target_ms=0.0 must be at least 0.001", None),
     ("collect-wrong-input-shape", "zhantune.collect", ["model=zhantune.models:mlp", "input_shapes=[[4,7]]"], None,
      "input_shapes=[[4, 7]]: model='zhantune.models:mlp' cannot take inputs of these shapes", None),
+    # the factory refusing its kwargs: torch's RuntimeError for a negative size was a traceback (only TypeError was caught)
+    ("collect-factory-raises", "zhantune.collect", ["model=zhantune.models:mlp", "input_shapes=[[4,64]]",
+                                                    "model_kwargs={d_model:-4}"], None,
+     "model='zhantune.models:mlp' with model_kwargs={'d_model': -4}: the factory raised RuntimeError: Trying to "
+     "create tensor with negative dimension -4", None),
     ("collect-builtin-factory", "zhantune.collect", ["model=os:system", "input_shapes=[[4,7]]",
                                                      "model_kwargs={command:'touch pwned'}"], None,
      "model='os:system': builtin_function_or_method 'system' is not a Python function", None),

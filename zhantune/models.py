@@ -138,9 +138,13 @@ def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torc
     except TypeError as e:
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: {e}") from None
     except (MemoryError, RuntimeError) as e:  # model_kwargs={d_model: 10000000000}: was a traceback
-        if not _out_of_memory(e):
-            raise
+        if not _out_of_memory(e):  # {d_model: -4}: torch's RuntimeError for a negative size, the factory's answer
+            raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: the factory raised "
+                              f"{type(e).__name__}: {_first_line(e)}") from None
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: its weights do not fit in memory") from None
+    except (ValueError, AssertionError, KeyError, IndexError, ZeroDivisionError) as e:  # the factory refuses its kwargs
+        raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: the factory raised "
+                          f"{type(e).__name__}: {_first_line(e)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model={spec!r} returned {type(model).__name__}, not a torch.nn.Module")
     try:
@@ -150,6 +154,10 @@ def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torc
             raise
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: its weights do not fit in the memory of "
                           f"{device} in {dtype} ({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def _out_of_memory(e: BaseException) -> bool:
