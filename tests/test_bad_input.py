@@ -456,6 +456,16 @@ CASES = [
      "problems=loop1.yaml: a symbolic link to nothing (or a loop of links)", None),
     ("export-path-link-loop", "zhantune.export", ["path={x}", "problems=loop2.yaml"], _link_loop,
      "path=loop1.yaml: is a symbolic link to nothing (or a loop of links); give a file name", None),
+    # a later job of a sweep: Hydra's 6-line error (exit 1), or a refusal once the earlier jobs had measured and stored
+    ("sweep-wrong-type", "zhantune", ["-m", "bench=replay", "bench.path={x}", "search.seed=0,abc"],
+     lambda t: _kt_file(t, "k_GPU.json.gz", 4.0),
+     "sweep job #1 (search.seed=abc): Error merging override search.seed=abc; Value 'abc' of type 'str' could not "
+     "be converted to Integer", None),
+    ("sweep-checked-value", "zhantune", ["-m", "bench=replay", "bench.path={x}", "search.seed=0,-1"],
+     lambda t: _kt_file(t, "k_GPU.json.gz", 4.0), "sweep job #1 (search.seed=-1): search.seed=-1 must be in", None),
+    ("sweep-interpolation", "zhantune", ["-m", "bench=replay", "bench.path={x}", "search.n_trials=1,${nope}"],
+     lambda t: _kt_file(t, "k_GPU.json.gz", 4.0),
+     "sweep job #1 (search.n_trials=${nope}): config key search.n_trials: Interpolation key 'nope' not found", None),
     # an interpolation that does not resolve: it was a Hydra traceback with exit code 1, from wherever it was read
     ("interpolation-missing-key", "zhantune", ["+op=mm", "shape=[4,4,4]", "dtype=${nope}"], None,
      "override dtype=${nope}: Interpolation key 'nope' not found; an interpolation reads a key of this config", None),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,47 @@ def _describe(row: Any) -> str:
     return f"{row.template_id or row.branch} {{{params}}}"
 
 
+def _check_every_job(config: DictConfig) -> None:
+    """Compose and check every job of a sweep (Hydra's basic sweeper) before the first one runs, so
+    that a bad value in a later job (``search.seed=0,abc``, ``search.seed=0,-1``, ``dtype=float32,${nope}``)
+    is one line with exit code 2 before anything is measured or stored, not Hydra's multi-line error
+    (exit code 1) or a refusal after the earlier jobs' work."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict
+
+    from zhantune.cli import one_line, unresolved_problem, user_error
+    from zhantune.errors import UserError
+    from zhantune.request import check_request
+
+    if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(".BasicSweeper"):
+        return
+    task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+    parsed = OverridesParser.create().parse_overrides(task)
+    swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
+    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    loader = GlobalHydra.instance().config_loader()
+    for i, job in enumerate(jobs if len(jobs) > 1 else []):  # a single job checks itself, as a plain run
+        # the job's swept values, as typed (the sweeper escapes what the grammar would read: '$\{', ':')
+        shown = " ".join(re.sub(r"\\(.)", r"\1", o) for o in job if o.lstrip("+~").split("=", 1)[0] in swept)
+        where = f"sweep job #{i} ({shown})"
+        try:
+            cfg = loader.load_sweep_config(config, list(job))
+        except Exception as e:  # Hydra's own: a value of the wrong type, an unknown key
+            cause = f"; {one_line(str(e.__cause__))}" if e.__cause__ is not None else ""
+            user_error(f"{where}: {one_line(str(e))}{cause}")
+        with open_dict(cfg):  # the job's own config, as its task function gets it
+            del cfg["hydra"]
+        msg = unresolved_problem(cfg)
+        if msg:
+            user_error(f"{where}: {msg}")
+        try:
+            check_request(cfg)
+        except UserError as e:
+            user_error(f"{where}: {e}")
+
+
 class MultirunSummary(Callback):
     """Hydra callback of the tune app: job records in multirun jobs, a summary in the launcher."""
 
@@ -113,6 +155,7 @@ class MultirunSummary(Callback):
         # not reworded as a one-line user error (zhantune.cli.run_app)
         from zhantune.cli import mark_task_started
 
+        _check_every_job(config)
         mark_task_started()
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
