@@ -451,6 +451,10 @@ CASES = [
      "--experimental-rerun: Hydra's rerun unpickles the file it names", None),
     ("experimental-rerun-prefix", "zhantune.export", ["--exp={x}"], _pickle,
      "--experimental-rerun: Hydra's rerun unpickles the file it names", None),
+    # os.access says yes to root for /proc (and a read-only mount): the write failed at the end, with a traceback
+    ("export-path-in-proc", "zhantune.export", ["path=/proc/x.json"], None,
+     "path=/proc/x.json: cannot create a file in /proc" if os.geteuid() == 0 else "path=/proc/x.json: directory /proc "
+     "is not writable", None),
     # a loop of symbolic links: Path.resolve's RuntimeError traceback (Python 3.11) in the output path's check
     ("problems-link-loop", "zhantune", ["problems={x}"], _link_loop,
      "problems=loop1.yaml: a symbolic link to nothing (or a loop of links)", None),

@@ -47,6 +47,7 @@ def check_output_path(path: str | os.PathLike[str], option: str,
             raise ConfigError(f"{where}: exists and is not a regular file")
         if not os.access(p, os.W_OK) or not os.access(p.parent, os.W_OK | os.X_OK):
             raise ConfigError(f"{where}: not writable")
+        _probe(p.parent, where)
         return p
     parent = p.parent
     while not parent.exists() and parent != parent.parent:
@@ -55,7 +56,21 @@ def check_output_path(path: str | os.PathLike[str], option: str,
         raise ConfigError(f"{where}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{where}: directory {parent} is not writable")
+    _probe(parent, where)
     return p
+
+
+def _probe(directory: Path, where: str) -> None:
+    """Create and remove a file in ``directory``, as the writer will (a new name, then a rename):
+    os.access answers for the permission bits only, and for root it says yes to /proc or a
+    read-only mount, where the write then failed at the end of the work (a helper's finding)."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".zhantune-probe-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot create a file in {directory} ({e.strerror or type(e).__name__})") from None
 
 
 def _same_file(a: Path, b: Path) -> bool:
