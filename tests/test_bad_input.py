@@ -455,6 +455,11 @@ CASES = [
     ("export-path-in-proc", "zhantune.export", ["path=/proc/x.json"], None,
      "path=/proc/x.json: cannot create a file in /proc" if os.geteuid() == 0 else "path=/proc/x.json: directory /proc "
      "is not writable", None),
+    # Hydra's own setup failing: its traceback had been joined into one line, four chained exceptions long
+    ("hydra-run-dir-is-a-file", "zhantune.db", ["current"], lambda t: ((t / "hydra").write_text("x"), "")[1],
+     "Hydra's setup failed: FileExistsError: [Errno 17] File exists: ", None),
+    ("hydra-logging-level", "zhantune.db", ["current", "hydra.job_logging.root.level=NOPE"], None,
+     "Hydra's setup failed: ValueError: Unable to configure root logger (ValueError: Unknown level: 'NOPE')", None),
     # a loop of symbolic links: Path.resolve's RuntimeError traceback (Python 3.11) in the output path's check
     ("problems-link-loop", "zhantune", ["problems={x}"], _link_loop,
      "problems=loop1.yaml: a symbolic link to nothing (or a loop of links)", None),

@@ -298,7 +298,20 @@ def _release_stderr() -> str:
 def one_line(hydra_message: str) -> str:
     """Hydra's multi-line composition error as one line: its unindented lines joined, without the
     HYDRA_FULL_ERROR hint (e.g. "Error merging override bench.target_ms=abc; Value 'abc' of type
-    'str' could not be converted to Float")."""
+    'str' could not be converted to Float"). A Python traceback (Hydra's setup of its run directory
+    or logging failed) is its first and last exception, with where the run directory goes for an
+    OSError (a current directory in /proc, ``hydra.run.dir=`` naming a file)."""
+    import re
+
+    errors = [line.strip() for line in hydra_message.splitlines()
+              if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Warning)\b", line)]
+    if "Traceback (most recent call last)" in hydra_message and errors:
+        text = errors[-1] if errors[0] == errors[-1] else f"{errors[-1]} ({errors[0]})"
+        if re.match(r"(\w+\.)*(OSError|FileNotFoundError|FileExistsError|PermissionError|NotADirectoryError|"
+                    r"IsADirectoryError|ReadOnlyFileSystemError)\b", errors[0]):
+            text += ("; Hydra could not create the run's directory (hydra.run.dir, by default outputs/DATE/TIME "
+                     "under the current directory): run from a directory you can write, or give hydra.run.dir=DIR")
+        return "Hydra's setup failed: " + text
     lines = [line.strip() for line in hydra_message.splitlines()
              if line.strip() and not line[:1].isspace() and "HYDRA_FULL_ERROR" not in line]
     out = ""
