@@ -235,7 +235,23 @@ CASES = [
     # first source is merged (the JSON one merged good.db, then failed with a traceback)
     ("merge-undecodable-json", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
      _broken_source("update zt_study set config = 'not json'"),
-     "sources[1]=sqlite:///bad.db: table zt_study: a stored value does not decode", None),
+     "sources[1]=sqlite:///bad.db: study 1: config 'not json' is not a JSON object; nothing was merged", None),
+    # a JSON value of the wrong kind decodes, then failed where it was used (AttributeError in merge)
+    ("merge-device-properties-not-an-object", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
+     _broken_source("update zt_device set properties = '\"x\"'"),
+     "sources[1]=sqlite:///bad.db: device 1: properties '\"x\"' is not a JSON object; nothing was merged", None),
+    # an edited database in the readers: JSONDecodeError, ValueError or 'no such table' tracebacks, a tune's after
+    # its study was marked running
+    ("export-edited-params", "zhantune.export", ["path=e.json", "storage.url=sqlite:///{x}"],
+     _broken_source("update zt_measurement set params = '[1,2]'"),
+     "storage.url=sqlite:///bad.db: measurement 1: params '[1,2]' is not a JSON object; no zhantune run writes it", None),
+    ("compare-edited-date", "zhantune.compare", ["storage.url=sqlite:///{x}"],
+     _broken_source("update zt_measurement set created_at = 'yesterday'"),
+     "storage.url=sqlite:///bad.db: measurement 1: created_at 'yesterday' is not a date; no zhantune run writes it",
+     None),
+    ("tune-dropped-table", "zhantune", ["+op=mm", "shape=[4,4,4]", "storage.url=sqlite:///{x}"],
+     _broken_source("drop table zt_claim"),
+     "storage.url=sqlite:///bad.db: table zt_claim of schema revision 0009 is missing; no zhantune run drops it", None),
     ("merge-dangling-device", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
      _broken_source("update zt_measurement set device_id = 99", {"cpp.march": "native"}),
      "sources[1]=sqlite:///bad.db: measurement 1: device_id 99 names no row", None),

@@ -85,91 +85,6 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
     return None
 
 
-def added_key_problem(cfg: Any) -> str | None:
-    """The message for the first ``+key=value`` or ``++key=value`` override of this Hydra job that
-    added a key its app's config schema (the dataclasses of zhantune.config) does not have: nothing
-    reads such a key, so the option would be silently ignored (Hydra's own message for a mistyped
-    key suggests the ``+``). Keys under a free-form mapping (``space``, ``search.sampler``) pass, and
-    so does a key an interpolation reads (``+M=64 'shape=[${M},${M},${M}]'``)."""
-    import dataclasses
-    import re
-
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import DictConfig, OmegaConf
-
-    try:
-        task = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
-    except ValueError:  # not in a Hydra job (the compose API)
-        return None
-    # every absolute key an interpolation reads: ``${a.b}`` and oc.select's first argument
-    # (``${oc.select:a.b,0}``); another resolver's arguments (``${oc.env:PW}``) and relative keys are not keys
-    read = set()
-    for ref in re.findall(r"\$\{([^${}]*)\}", OmegaConf.to_yaml(cfg)):
-        resolver, _, args = ref.strip().partition(":") if ":" in ref else ("", "", ref.strip())
-        name = args.split(",")[0].strip() if resolver.strip() in ("", "oc.select") else ""
-        if re.fullmatch(r"[A-Za-z_][\w.]*", name):
-            read.add(name)
-    for o in OverridesParser.create().parse_overrides(task):
-        if not (o.is_add() or o.is_force_add()) or o.key_or_group.startswith("hydra."):
-            continue
-        node, path = cfg, o.key_or_group.split(".")
-        if any(n == o.key_or_group or n.startswith(o.key_or_group + ".") or o.key_or_group.startswith(n + ".")
-               for n in read):
-            continue
-        for i, part in enumerate(path):
-            schema = OmegaConf.get_type(node)
-            if dataclasses.is_dataclass(schema) and part not in (names := [f.name for f in dataclasses.fields(schema)]):
-                where = ".".join(path[:i])
-                return (f"override {'+' * (1 + o.is_force_add())}{o.key_or_group}=...: {'.'.join(path[:i + 1])!r} is not "
-                        f"an option{f' of {where}' if where else ''}, and nothing would read it; options"
-                        f"{f' of {where}' if where else ''}: {', '.join(names)}")
-            node = node.get(part) if isinstance(node, DictConfig) else None
-            if not isinstance(node, DictConfig):
-                break
-    return None
-
-
-def unresolved_problem(cfg: Any) -> str | None:
-    """The message for the first value of the composed config whose interpolation does not resolve
-    (``dtype=${nope}``, ``${oc.env:UNSET}``, an interpolated value of the wrong type), naming the
-    override it came from, or the config key where a config file holds it; None when every value
-    resolves. Checked before the task starts, so that a bad interpolation is a one-line user error
-    (exit code 2) and not a traceback after hours of tuning."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as e:
-        key = str(getattr(e, "full_key", "") or "")
-        why = str(getattr(e, "msg", None) or e).splitlines()[0]
-        where = _override_of(key) or (f"config key {key}" if key else "the config")
-        return (f"{where}: {why}; an interpolation reads a key of this config (${{search.seed}}) or a resolver's "
-                "value (${oc.env:NAME} of a variable that is set)")
-    return None
-
-
-def _override_of(key: str) -> str | None:
-    """``override <as typed>`` for the command-line override that set ``key`` (or a key above it)."""
-    import re
-
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    try:
-        task = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
-        parsed = OverridesParser.create().parse_overrides(task)
-    except Exception:  # not in a Hydra job, or nothing to parse
-        return None
-    for o in reversed(parsed):  # the last override of a key wins
-        name = o.key_or_group
-        if key == name or re.match(re.escape(name) + r"[.\[]", key):
-            return f"override {o.input_line}"
-    return None
-
-
 def _walk(node: object) -> tuple[list[str], list[str]]:
     """(every string, every mapping key) in a parsed override value."""
     strings: list[str] = []
@@ -233,9 +148,11 @@ class _State:
 def mark_task_started(cfg: Any = None) -> None:
     """Called first thing in a task function: what Hydra wrote to stderr until now goes out as is,
     and stdout is watched for a reader that goes away (:class:`_Stdout`). ``cfg``: the composed
-    config, whose keys a ``+``/``++`` override added are checked first (:func:`added_key_problem`;
-    exit code 2)."""
+    config, whose keys a ``+``/``++`` override added and whose interpolations are checked first
+    (zhantune.composed.added_key_problem, unresolved_problem; exit code 2)."""
     import logging
+
+    from zhantune.composed import added_key_problem, unresolved_problem
 
     msg = None if cfg is None else added_key_problem(cfg) or unresolved_problem(cfg)
     if msg:

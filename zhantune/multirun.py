@@ -116,7 +116,8 @@ def _check_every_job(config: DictConfig) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf, open_dict
 
-    from zhantune.cli import one_line, unresolved_problem, user_error
+    from zhantune.cli import one_line, user_error
+    from zhantune.composed import unresolved_problem
     from zhantune.errors import UserError
     from zhantune.request import check_request
 

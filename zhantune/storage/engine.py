@@ -154,6 +154,13 @@ def refuse_foreign_or_newer(where: str, tables: set[str], rev: str | None) -> No
     if rev is None and tables - OPTUNA_TABLES:
         raise StorageError(f"{where}: not a zhantune database (it has tables "
                            f"{', '.join(sorted(tables - OPTUNA_TABLES)[:3])}); left untouched")
+    if rev is not None and rev == head_revision():  # a table dropped by hand: no such table, mid-run
+        from zhantune.storage.orm import Base
+
+        missing = sorted(t for t in Base.metadata.tables if t not in tables)
+        if missing:
+            raise StorageError(f"{where}: table {', '.join(missing)} of schema revision {rev} is missing; no zhantune "
+                               "run drops it (an edited database?): nothing was read")
     if rev is not None and rev not in known_revisions():
         if _newer(rev):
             raise StorageError(f"{where}: schema revision {rev!r} is newer than this zhantune knows "

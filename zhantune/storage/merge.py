@@ -93,6 +93,9 @@ def check_importable(source: Store, where: str) -> None:
     def refuse(what: str) -> NoReturn:
         raise StorageError(f"{where}={redact_url(source.url)}: {what}; nothing was merged")
 
+    bad = source.bad_stored_value()  # a JSON value of the wrong kind decodes, then fails where it is used
+    if bad:
+        refuse(bad)
     rows: dict[type, list] = {}
     with source.session() as s:
         for cls in (m.Device, m.Environment, m.Problem, m.Study, m.MeasurementRow, m.Verdict):

@@ -50,6 +50,33 @@ class ReportQueries:
                     return f"{what} {found[0]}: {col.key} {found[1]!r}"
         return None
 
+    def bad_stored_value(self) -> str | None:
+        """On SQLite, whose columns keep any value (PostgreSQL's types refuse these): the first JSON
+        value that does not parse or is not an object (or null), or date that does not read as one,
+        as ``measurement 1: params 'not json' is not a JSON object``; None when every one reads. No zhantune run writes
+        them; an edited database did, and SQLAlchemy raised JSONDecodeError or ValueError in the
+        middle of a tune, after its study had been marked running (a helper's finding)."""
+        from sqlalchemy import JSON, DateTime, String, func, or_, type_coerce
+
+        if not self.url.startswith("sqlite"):
+            return None
+        with self.session() as s:
+            for cls in (m.Device, m.Environment, m.Problem, m.Study, m.Claim, m.Verdict, _M):
+                for col in cls.__table__.columns:
+                    if isinstance(col.type, JSON):
+                        bad, holds = or_(func.json_valid(col) == 0, func.json_type(col).not_in(("object", "null"))), \
+                            "a JSON object"
+                    elif isinstance(col.type, DateTime):
+                        bad, holds = func.julianday(col).is_(None), "a date"
+                    else:
+                        continue
+                    found = s.execute(select(cls.__table__.c.id, type_coerce(col, String)).where(col.is_not(None), bad)
+                                      .order_by(cls.__table__.c.id).limit(1)).first()
+                    if found is not None:
+                        what = cls.__tablename__.removeprefix("zt_")
+                        return f"{what} {found[0]}: {col.key} {found[1]!r:.120} is not {holds}"
+        return None
+
     def bad_verdict_version(self) -> str | None:
         """The first verdict whose torch or triton version is neither null nor one line of printable
         text (what no zhantune run writes; the export prints a claim's torch), as ``verdict 3:

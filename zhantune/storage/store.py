@@ -131,10 +131,10 @@ class Store(Queries):
         if bad is not None:
             raise StorageError(f"{self.option}={redact_url(self.url)}: {bad} is not a positive, finite number; "
                                "no zhantune run writes it (an edited database?): nothing was read")
-        bad = self.bad_verdict_version()
-        if bad is not None:
-            raise StorageError(f"{self.option}={redact_url(self.url)}: {bad} is not one line of printable text; no "
-                               "zhantune run writes it (an edited database?): nothing was read")
+        bad = self.bad_stored_value() or ((v := self.bad_verdict_version()) and f"{v} is not one line of printable text")
+        if bad:
+            raise StorageError(f"{self.option}={redact_url(self.url)}: {bad}; no zhantune run writes it (an edited "
+                               "database?): nothing was read")
         for d in self.devices():
             for what, value in (("key", d.key), ("name", d.name)):
                 if not (isinstance(value, str) and value.isprintable()):
