@@ -156,7 +156,7 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
         if row.get("weight_layout", "kn") not in layouts:
             raise ConfigError(f"{at}.weight_layout: {row.get('weight_layout')!r} for op {row['op']}; "
                               f"allowed: {', '.join(layouts)}")
-        GemmProblem.from_config(row["op"], row.get("shape"), row.get("dtype", "float32"),
+        GemmProblem.from_config(row["op"], row.get("shape"), row.get("dtype", "float32"), _op_activation(row["op"]),
                                 source=f"{at}.shape", weight_layout=row.get("weight_layout", "kn"))
         count, share, key = row.get("count", 1), row.get("share"), row.get("lookup_key")
         if type(count) is not int or count < 1:  # not a bool: True is an int to isinstance
@@ -187,11 +187,16 @@ def problem_keys(path: str | Path) -> list[str]:
     from zhantune.problems import GemmProblem
 
     keys = []
-    for r in read_problems(path):  # the op file's activation, as a tune of the row takes it (_problem_cfg)
-        activation = OmegaConf.load(CONF_DIR / "op" / f"{r['op']}.yaml").get("activation")
-        keys.append(GemmProblem.from_config(r["op"], r["shape"], r.get("dtype", "float32"), activation,
+    for r in read_problems(path):
+        keys.append(GemmProblem.from_config(r["op"], r["shape"], r.get("dtype", "float32"), _op_activation(r["op"]),
                                             weight_layout=r.get("weight_layout", "kn")).key)
     return keys
+
+
+def _op_activation(op: str) -> str | None:
+    """The op file's activation (conf/op/<op>.yaml), as a tune of a problems file's row takes it
+    (_problem_cfg): a row has no activation of its own; linear_act's was refused for lacking one."""
+    return OmegaConf.load(CONF_DIR / "op" / f"{op}.yaml").get("activation")
 
 
 def allocate_trials(rows: list[dict[str, Any]], total: int, min_trials: int) -> list[int]:
