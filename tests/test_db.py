@@ -1269,6 +1269,27 @@ def test_merge_into_postgresql(tmp_path, postgres):
     assert stats.measurements_added == 10 and len(_candidates(target)) == 10
 
 
+def test_a_json_value_of_the_wrong_kind_on_postgresql_is_refused_by_readers_and_merge(tmp_path, postgres):
+    """PostgreSQL's json type holds any valid JSON: a device's properties edited to a string reached
+    merge as a str and raised AttributeError (a review's finding); it is refused in one line, as on SQLite."""
+    from sqlalchemy import text
+
+    from zhantune.storage.merge import check_importable
+
+    url = postgres.new_database()
+    store = Store(url)
+    store.device_id("cpu-x", "cpu-x", "cpu", {"threads": 2})
+    store.check_readable()  # what a run writes reads
+    with store.engine.begin() as conn:
+        conn.execute(text("""update zt_device set properties = '"x"'"""))
+    with pytest.raises(StorageError, match=r"device 1: properties '\"x\"' is not a JSON object; no zhantune run"):
+        store.check_readable()
+    with pytest.raises(StorageError, match=r"sources\[0\]=.*: device 1: properties '\"x\"' is not a JSON object; "
+                                           r"nothing was merged"):
+        check_importable(store, "sources[0]")
+    store.engine.dispose()
+
+
 def test_merge_keeps_the_settled_claims_so_the_merged_export_ships_what_the_source_did(cli, tmp_path):
     """A tune's paired rounds did not confirm its best config's speedup (verdict), so its database
     exports Inductor's default although the config's stored time is lower. The merged database

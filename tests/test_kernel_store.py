@@ -103,6 +103,8 @@ def test_store_directory_per_torch_and_compiler_and_its_errors(tmp_path, monkeyp
     """auto: zhantune-kernels/ in Inductor's cache directory, one directory per torch, Python and
     compiler; off and null: no store; a directory that cannot be made: one-line ConfigError."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    for name in kernel_store.COMPILER_ENV:  # a machine's own CPATH or LIBRARY_PATH (CUDA modules, conda) aside
+        monkeypatch.delenv(name, raising=False)
     auto = kernel_store.store_dir("auto")
     assert auto.parent == tmp_path / "inductor" / "zhantune-kernels" and auto.is_dir()
     assert auto.name.startswith("torch-") and kernel_store.store_dir(str(tmp_path / "mine")).name == auto.name
@@ -112,6 +114,11 @@ def test_store_directory_per_torch_and_compiler_and_its_errors(tmp_path, monkeyp
         assert kernel_store.store_dir("auto").name != auto.name, name
         monkeypatch.delenv(name)
     assert kernel_store.store_dir("auto").name == auto.name
+    monkeypatch.setenv("CPATH", "include")  # relative: another directory from another working directory
+    in_tmp = kernel_store.store_dir("auto").name
+    monkeypatch.chdir(tmp_path / "inductor")
+    assert kernel_store.store_dir("auto").name != in_tmp
+    monkeypatch.delenv("CPATH")
     assert kernel_store.store_dir("off") is None and kernel_store.store_dir(None) is None
     assert kernel_store.store_dir(False) is None  # Hydra's bench.kernel_store=false (it made a directory ./False)
     old = os.umask(0o002)  # Ubuntu's for users: every directory made 0775, which the store then refused

@@ -68,14 +68,16 @@ def unresolved_problem(cfg: Any) -> str | None:
     except OmegaConfBaseException as e:
         key = str(getattr(e, "full_key", "") or "")
         why = str(getattr(e, "msg", None) or e).splitlines()[0]
-        where = _override_of(key) or (f"config key {key}" if key else "the config")
-        return (f"{where}: {why}; an interpolation reads a key of this config (${{search.seed}}) or a resolver's "
-                "value (${oc.env:NAME} of a variable that is set)")
+        where = _override_of(cfg, key) or (f"config key {key}" if key else "the config")
+        return (f"{where}: {why}; an interpolation reads a key of this config (${{section.option}}) or a "
+                "resolver's value (${oc.env:NAME} of a variable that is set)")
     return None
 
 
-def _override_of(key: str) -> str | None:
-    """``override <as typed>`` for the command-line override that set ``key`` (or a key above it)."""
+def _override_of(cfg: Any, key: str) -> str | None:
+    """``override <as typed>`` for the command-line override that set ``key`` (or a key above it),
+    else for the override whose own value does not resolve (``search.seed=${oc.env:UNSET}`` fails
+    first where a shipped file reads it: search.sampler.seed is ``${search.seed}``)."""
     import re
 
     from hydra.core.hydra_config import HydraConfig
@@ -90,5 +92,15 @@ def _override_of(key: str) -> str | None:
     for o in reversed(parsed):  # the last override of a key wins
         name = o.key_or_group
         if key == name or re.match(re.escape(name) + r"[.\[]", key):
+            return f"override {o.input_line}"
+    # the deepest keys first, so that a group choice (search=tpe) is not taken for the value under it
+    for o in sorted(parsed, key=lambda o: -o.key_or_group.count(".")):
+        if o.is_delete() or o.key_or_group.startswith("hydra."):
+            continue
+        try:
+            node = OmegaConf.select(cfg, o.key_or_group, throw_on_resolution_failure=True)
+            if OmegaConf.is_config(node):
+                OmegaConf.to_container(node, resolve=True)
+        except Exception:
             return f"override {o.input_line}"
     return None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
 __all__ = ["MultirunSummary", "job_record", "JOB_RECORD"]
@@ -110,16 +110,12 @@ def _check_every_job(config: DictConfig) -> None:
     """Compose and check every job of a sweep (Hydra's basic sweeper) before the first one runs, so
     that a bad value in a later job (``search.seed=0,abc``, ``search.seed=0,-1``, ``dtype=float32,${nope}``)
     is one line with exit code 2 before anything is measured or stored, not Hydra's multi-line error
-    (exit code 1) or a refusal after the earlier jobs' work."""
+    (exit code 1) or a refusal after the earlier jobs' work. Each job is set up as the launcher sets
+    it up (:func:`_check_job`), and Hydra's global config is put back as it was."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf, open_dict
-
-    from zhantune.cli import one_line, user_error
-    from zhantune.composed import unresolved_problem
-    from zhantune.errors import UserError
-    from zhantune.request import check_request
 
     if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(".BasicSweeper"):
         return
@@ -127,25 +123,56 @@ def _check_every_job(config: DictConfig) -> None:
     parsed = OverridesParser.create().parse_overrides(task)
     swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
     jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-    loader = GlobalHydra.instance().config_loader()
-    for i, job in enumerate(jobs if len(jobs) > 1 else []):  # a single job checks itself, as a plain run
-        # the job's swept values, as typed (the sweeper escapes what the grammar would read: '$\{', ':')
-        shown = " ".join(re.sub(r"\\(.)", r"\1", o) for o in job if o.lstrip("+~").split("=", 1)[0] in swept)
-        where = f"sweep job #{i} ({shown})"
-        try:
-            cfg = loader.load_sweep_config(config, list(job))
-        except Exception as e:  # Hydra's own: a value of the wrong type, an unknown key
-            cause = f"; {one_line(str(e.__cause__))}" if e.__cause__ is not None else ""
-            user_error(f"{where}: {one_line(str(e))}{cause}")
-        with open_dict(cfg):  # the job's own config, as its task function gets it
-            del cfg["hydra"]
-        msg = unresolved_problem(cfg)
-        if msg:
-            user_error(f"{where}: {msg}")
-        try:
-            check_request(cfg)
-        except UserError as e:
-            user_error(f"{where}: {e}")
+    loader, hydra_config = GlobalHydra.instance().config_loader(), HydraConfig.instance()
+    before = hydra_config.cfg
+    try:
+        for i, job in enumerate(jobs if len(jobs) > 1 else []):  # a single job checks itself, as a plain run
+            _check_job(config, loader, hydra_config, i, job, swept)
+    finally:
+        hydra_config.cfg = before
+
+
+#: a character Hydra's sweeper escapes in each job's overrides, with its backslash
+_UNESCAPE = re.compile(r"\\([\\{}():=,\[\] ])")
+
+
+def _check_job(config: DictConfig, loader: Any, hydra_config: Any, i: int, job: list[str], swept: set[str]) -> None:
+    """One job of :func:`_check_every_job`: composed, with hydra.job.num and id and
+    hydra.runtime.output_dir set as the launcher sets them (``${hydra:job.num}``,
+    ``${hydra:runtime.cwd}`` resolve), then checked as the job's task function checks it; a failure
+    other than a user error is left to the job itself."""
+    from omegaconf import open_dict
+
+    from zhantune.cli import one_line, user_error
+    from zhantune.composed import unresolved_problem
+    from zhantune.errors import UserError
+    from zhantune.request import check_request
+
+    # the job's swept values, as typed (the sweeper escapes what the grammar would read: '$\{', ':')
+    shown = " ".join(re.sub(r"\\(.)", r"\1", o) for o in job if o.lstrip("+~").split("=", 1)[0] in swept)
+    where = f"sweep job #{i} ({shown})"
+    try:
+        cfg = loader.load_sweep_config(config, list(job))
+    except Exception as e:  # Hydra's own: a value of the wrong type, an unknown key
+        cause = f"; {one_line(str(e.__cause__))}" if e.__cause__ is not None else ""
+        user_error(f"{where}: {one_line(str(e))}{cause}")
+    try:
+        with open_dict(cfg):
+            cfg.hydra.job.num, cfg.hydra.job.id = i, str(i)
+            cfg.hydra.runtime.output_dir = str(Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir))
+        hydra_config.set_config(cfg)
+        task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # as the task function gets it
+    except Exception:
+        return
+    msg = unresolved_problem(task)
+    if msg:  # its override as typed, not as the sweeper escaped it ($\{nope\})
+        user_error(where + ": " + _UNESCAPE.sub(r"\1", msg))
+    try:
+        check_request(task)
+    except UserError as e:
+        user_error(f"{where}: {e}")
+    except Exception:  # not the input's fault, or not seen until the job runs: the job reports it
+        return
 
 
 class MultirunSummary(Callback):

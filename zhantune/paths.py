@@ -32,8 +32,8 @@ def check_output_path(path: str | os.PathLike[str], option: str,
         raise ConfigError(f"{where}: expected a file name")
     if p.is_dir():
         raise ConfigError(f"{where}: is a directory; give a file name")
-    if p.is_symlink() and not p.exists():
-        raise ConfigError(f"{where}: is a symbolic link to nothing (or a loop of links); give a file name")
+    if _link_loop(p):  # a link to nothing is fine: the writer replaces it, as before
+        raise ConfigError(f"{where}: is a loop of symbolic links; give a file name")
     for name, value in (inputs or {}).items():
         if value and _same_file(p, Path(str(value))):
             raise ConfigError(f"{where}: is the file of {name}={value}, which this command reads; writing there "
@@ -71,6 +71,19 @@ def _probe(directory: Path, where: str) -> None:
             pass
     except OSError as e:
         raise ConfigError(f"{where}: cannot create a file in {directory} ({e.strerror or type(e).__name__})") from None
+
+
+def _link_loop(p: Path) -> bool:
+    """Whether ``p`` is a symbolic link that leads back to itself (ELOOP), not one to nothing."""
+    import errno
+
+    if not p.is_symlink():
+        return False
+    try:
+        os.path.realpath(p, strict=True)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -173,7 +173,9 @@ def _tag() -> str:
                                  timeout=60, env={**os.environ, "LC_ALL": "C"}).stdout]
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # no compiler: nothing will be built
         parts.append(repr(e))
-    parts += [f"{name}={os.environ[name]}" for name in COMPILER_ENV if name in os.environ]
+    # each entry as an absolute path: CPATH=include names another directory from another working directory
+    parts += [f"{name}={os.pathsep.join(os.path.abspath(d) if d else d for d in os.environ[name].split(os.pathsep))}"
+              for name in COMPILER_ENV if name in os.environ]
     parts += _cpu_identity()
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return f"torch-{torch.__version__.replace('+', '_')}-{digest}"

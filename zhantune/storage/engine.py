@@ -82,10 +82,11 @@ def check_url(url: str, source: str = "storage.url", writable: bool = True) -> N
         # database was switched to WAL before it was refused as old: a review's finding)
         raise StorageError(f"{source}={hide_password(url)!r}: SQLite URI filenames (file:...?uri=true) are not "
                            "supported; give the file's path: sqlite:///FILE")
-    if u.query:  # the driver's arguments (timeout=, check_same_thread=, ...): ?timeout=abc was a traceback
-        raise StorageError(f"{source}={hide_password(url)!r}: a SQLite URL takes no query parameters here "
-                           f"({', '.join(sorted(u.query))}; zhantune sets the busy timeout and journal mode itself): "
-                           "sqlite:///FILE")
+    try:  # the driver's arguments (?timeout=30) read as it will read them: ?timeout=abc was a traceback
+        u.get_dialect()().create_connect_args(u)
+    except (ValueError, TypeError) as e:
+        raise StorageError(f"{source}={hide_password(url)!r}: a query parameter does not read as the SQLite driver's "
+                           f"argument ({e}); e.g. ?timeout=30 (seconds), or none") from None
     path = sqlite_path(url)
     if path is None:  # sqlite:// and sqlite:///:memory: hold nothing after the process ends
         raise StorageError(f"{source}={hide_password(url)!r}: an in-memory SQLite database keeps nothing; give a file: sqlite:///FILE")
@@ -150,17 +151,16 @@ def check_sqlite_integrity(path: Path, where: str) -> None:
 def refuse_foreign_or_newer(where: str, tables: set[str], rev: str | None) -> None:
     """Refuse a database that holds tables other than zhantune's and Optuna's but no zhantune
     schema, or a zhantune schema newer than this zhantune knows; raises StorageError naming
-    ``where``. ``rev`` is zhantune's schema revision (zhantune.storage.migrate.current_revision)."""
+    ``where``; or one of the current revision that lacks one of its tables. ``rev`` is zhantune's
+    schema revision (zhantune.storage.migrate.current_revision)."""
     if rev is None and tables - OPTUNA_TABLES:
         raise StorageError(f"{where}: not a zhantune database (it has tables "
                            f"{', '.join(sorted(tables - OPTUNA_TABLES)[:3])}); left untouched")
-    if rev is not None and rev == head_revision():  # a table dropped by hand: no such table, mid-run
-        from zhantune.storage.orm import Base
+    from zhantune.storage.orm import Base
 
-        missing = sorted(t for t in Base.metadata.tables if t not in tables)
-        if missing:
-            raise StorageError(f"{where}: table {', '.join(missing)} of schema revision {rev} is missing; no zhantune "
-                               "run drops it (an edited database?): nothing was read")
+    if rev == head_revision() and (missing := sorted(set(Base.metadata.tables) - tables)):  # dropped by hand
+        raise StorageError(f"{where}: table {', '.join(missing)} of schema revision {rev} is missing; no zhantune "
+                           "run drops it (an edited database?): nothing was read")
     if rev is not None and rev not in known_revisions():
         if _newer(rev):
             raise StorageError(f"{where}: schema revision {rev!r} is newer than this zhantune knows "

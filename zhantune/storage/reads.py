@@ -51,27 +51,35 @@ class ReportQueries:
         return None
 
     def bad_stored_value(self) -> str | None:
-        """On SQLite, whose columns keep any value (PostgreSQL's types refuse these): the first JSON
-        value that does not parse or is not an object (or null), or date that does not read as one,
-        as ``measurement 1: params 'not json' is not a JSON object``; None when every one reads. No zhantune run writes
-        them; an edited database did, and SQLAlchemy raised JSONDecodeError or ValueError in the
-        middle of a tune, after its study had been marked running (a helper's finding)."""
-        from sqlalchemy import JSON, DateTime, String, func, or_, type_coerce
+        """The first JSON value that is not an object (or null) and, on SQLite, whose columns keep
+        any value, that does not parse, or date that does not read as one, as ``measurement 1:
+        params 'not json' is not a JSON object``; None when every one reads. No zhantune run writes
+        them; an edited database did, and SQLAlchemy raised JSONDecodeError or ValueError, or a
+        string in place of a mapping raised AttributeError, in the middle of a tune (after its study
+        had been marked running) or a merge (a helper's finding). PostgreSQL's json type holds only
+        valid JSON and its timestamps only dates: there the kind of each JSON value is checked."""
+        from sqlalchemy import JSON, DateTime, String, cast, func, or_
+        from sqlalchemy.exc import OperationalError
 
-        if not self.url.startswith("sqlite"):
-            return None
+        sqlite = self.url.startswith("sqlite")
         with self.session() as s:
             for cls in (m.Device, m.Environment, m.Problem, m.Study, m.Claim, m.Verdict, _M):
                 for col in cls.__table__.columns:
-                    if isinstance(col.type, JSON):
+                    if isinstance(col.type, JSON) and sqlite:
                         bad, holds = or_(func.json_valid(col) == 0, func.json_type(col).not_in(("object", "null"))), \
                             "a JSON object"
-                    elif isinstance(col.type, DateTime):
+                    elif isinstance(col.type, JSON):
+                        bad, holds = func.json_typeof(col).not_in(("object", "null")), "a JSON object"
+                    elif isinstance(col.type, DateTime) and sqlite:
                         bad, holds = func.julianday(col).is_(None), "a date"
                     else:
                         continue
-                    found = s.execute(select(cls.__table__.c.id, type_coerce(col, String)).where(col.is_not(None), bad)
-                                      .order_by(cls.__table__.c.id).limit(1)).first()
+                    try:
+                        found = s.execute(select(cls.__table__.c.id, cast(col, String))
+                                          .where(col.is_not(None), bad).order_by(cls.__table__.c.id).limit(1)).first()
+                    except OperationalError:  # an SQLite built without its JSON functions: not checked
+                        s.rollback()
+                        continue
                     if found is not None:
                         what = cls.__tablename__.removeprefix("zt_")
                         return f"{what} {found[0]}: {col.key} {found[1]!r:.120} is not {holds}"
