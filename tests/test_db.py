@@ -1074,11 +1074,16 @@ def test_a_password_in_a_database_url_is_never_shown(cli, tmp_path, postgres):
     _saved_without_password(tmp_path / "hydra", [r], f"{base}?password=***")
     r = cli(["current", f"storage.uri={url}"], tmp_path, module="zhantune.db")  # Hydra's message, echoed
     assert r.returncode == 2 and f"use +storage.uri={shown}" in r.stderr and "s3cret" not in r.stderr, r.stderr
-    # a sweep over URLs whose first job does not compose: Hydra saved multirun.yaml, no job ran
+    # a sweep over URLs whose first job does not compose: refused before any job ran (every job is checked first;
+    # Hydra had saved multirun.yaml before, which must not hold the password either where it is written)
     r = cli(["-m", *replay, "search.n_trials=abc,1", f"storage.url=sqlite:///a.db,{url}", "hydra.sweep.dir=nojob"],
             tmp_path)
-    assert r.returncode != 0 and not list((tmp_path / "nojob").glob("*/.hydra")), r.stdout + r.stderr
-    assert "s3cret" not in r.stdout + r.stderr + (tmp_path / "nojob" / "multirun.yaml").read_text()
+    assert r.returncode == 2 and not list((tmp_path / "nojob").glob("*/.hydra")), r.stdout + r.stderr
+    assert "sweep job #0 (search.n_trials=abc storage.url=sqlite:///a.db): Error merging override" in r.stderr
+    saved = tmp_path / "nojob" / "multirun.yaml"
+    assert "s3cret" not in r.stdout + r.stderr + (saved.read_text() if saved.exists() else "")
+    r = cli(["-m", *replay, "search.n_trials=1,abc", f"storage.url={url}", "hydra.sweep.dir=nojob2"], tmp_path)
+    assert r.returncode == 2 and "search.n_trials=abc" in r.stderr and "s3cret" not in r.stdout + r.stderr, r.stderr
     # a password from the environment (an interpolation) in an error; one with a quote, unparsable
     r = cli(["current", "storage.url=sqlite://me:${oc.env:ZT_PW}@/nowhere/x.db"], tmp_path, module="zhantune.db",
             env={"ZT_PW": "s3cret"})

@@ -83,8 +83,8 @@ def check_url(url: str, source: str = "storage.url", writable: bool = True) -> N
         raise StorageError(f"{source}={hide_password(url)!r}: SQLite URI filenames (file:...?uri=true) are not "
                            "supported; give the file's path: sqlite:///FILE")
     try:  # the driver's arguments (?timeout=30) read as it will read them: ?timeout=abc was a traceback
-        u.get_dialect()().create_connect_args(u)
-    except (ValueError, TypeError) as e:
+        u.query and u.get_dialect()().create_connect_args(u)
+    except (ValueError, TypeError, ArgumentError) as e:
         raise StorageError(f"{source}={hide_password(url)!r}: a query parameter does not read as the SQLite driver's "
                            f"argument ({e}); e.g. ?timeout=30 (seconds), or none") from None
     path = sqlite_path(url)
