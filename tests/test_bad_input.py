@@ -471,6 +471,11 @@ CASES = [
     ("export-path-in-proc", "zhantune.export", ["path=/proc/x.json"], None,
      "path=/proc/x.json: cannot create a file in /proc" if os.geteuid() == 0 else "path=/proc/x.json: directory /proc "
      "is not writable", None),
+    # argparse's 8 lines of usage before its error
+    ("argparse-bad-choice", "zhantune", ["--cfg", "nope"], None,
+     "argument --cfg/-c: invalid choice: 'nope' (choose from 'job', 'hydra', 'all'); --help lists the options", None),
+    ("argparse-unknown-flag", "zhantune.export", ["--nope"], None,
+     "unrecognized arguments: --nope; --help lists the options", None),
     # Hydra's own setup failing: its traceback had been joined into one line, four chained exceptions long
     ("hydra-run-dir-is-a-file", "zhantune.db", ["current"], lambda t: ((t / "hydra").write_text("x"), "")[1],
      "Hydra's setup failed: FileExistsError: [Errno 17] File exists: ", None),

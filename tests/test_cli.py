@@ -262,6 +262,13 @@ def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback(tmp_pa
     assert proc.returncode == 1 and proc.stderr == "", proc.stderr
     done = subprocess.run(tune, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 0 and "the study holds 5 of 5" in done.stdout, done.stderr[-2000:]
+    # before the task: Hydra prints an app's --help itself (python -m zhantune.export --help | head -1)
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.run([sys.executable, "-m", "zhantune.export", "--help"], stdout=write, stderr=subprocess.PIPE,
+                          text=True, cwd=tmp_path, timeout=300)
+    os.close(write)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
 
 
 def test_checks_miss_hint_names_collect_with_the_models_own_arguments():

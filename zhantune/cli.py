@@ -314,6 +314,12 @@ def run_app(hydra_main: Callable[[], object]) -> None:
         _release_stderr()
         _drop_stdout()
         sys.exit(1)
+    except BrokenPipeError:  # the same before the task started (--help | head); a task's own is its error
+        if _State.task_started:
+            raise
+        _release_stderr()
+        _drop_stdout()
+        sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C where the app has no handler of its own (check, collect, db): one line
         sys.stderr.write(_hide(_release_stderr()))
         print("zhantune: interrupted (Ctrl-C)", file=sys.stderr)
@@ -328,6 +334,10 @@ def run_app(hydra_main: Callable[[], object]) -> None:
             why = "not valid in Hydra's override grammar" if bad and override_secrets([bad]) else one_line(text)
             user_error((f"override {bad}: " if bad else "") + why + (quoting_hint(bad) if bad else "")
                        + _launcher_hint(text))
+        error = next((line.split(": error: ", 1)[1] for line in text.splitlines() if ": error: " in line), None)
+        if e.code == 2 and not _State.task_started and text.lstrip().startswith("usage:") and error:
+            # argparse's usage (8 lines) then its error: the error, and where the options are listed
+            user_error(f"{error}; --help lists the options (Hydra's own: --cfg job|hydra|all, --info, -m, ...)")
         sys.stderr.write(_hide(text))
         raise
     finally:  # any other way out before the task started: Hydra's text as it was
