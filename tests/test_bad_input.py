@@ -471,6 +471,14 @@ CASES = [
     ("export-path-in-proc", "zhantune.export", ["path=/proc/x.json"], None,
      "path=/proc/x.json: cannot create a file in /proc" if os.geteuid() == 0 else "path=/proc/x.json: directory /proc "
      "is not writable", None),
+    # raised through Hydra before the task, or when the sweeper made its directory: tracebacks (exit 1)
+    ("hydra-option-unset-variable", "zhantune.db", ["current", "hydra.output_subdir=${oc.env:ZT_UNSET_DIR}"], None,
+     "Hydra's setup failed: hydra.output_subdir: InterpolationResolutionError: KeyError raised while resolving "
+     "interpolation: \"Environment variable 'ZT_UNSET_DIR' not found\"", None),
+    ("sweep-dir-under-a-file", "zhantune", ["-m", "bench=replay", "bench.path={x}", "search.seed=0,1",
+                                            "hydra.sweep.dir=afile/x"],
+     lambda t: (_file(t), _kt_file(t, "k_GPU.json.gz", 4.0))[1],
+     "hydra.sweep.dir=afile/x: afile is not a directory this user can write in; give hydra.sweep.dir=DIR", None),
     # argparse's 8 lines of usage before its error
     ("argparse-bad-choice", "zhantune", ["--cfg", "nope"], None,
      "argument --cfg/-c: invalid choice: 'nope' (choose from 'job', 'hydra', 'all'); --help lists the options", None),

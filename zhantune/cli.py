@@ -340,5 +340,12 @@ def run_app(hydra_main: Callable[[], object]) -> None:
             user_error(f"{error}; --help lists the options (Hydra's own: --cfg job|hydra|all, --info, -m, ...)")
         sys.stderr.write(_hide(text))
         raise
+    except Exception as e:  # raised through Hydra before the task (hydra.run.dir=${oc.env:UNSET}): its setup
+        if _State.task_started:
+            raise
+        why = (str(getattr(e, "msg", None) or e).strip().splitlines() or [""])[0]
+        _release_stderr()
+        key = getattr(e, "full_key", None)  # an OmegaConf error's option
+        user_error(f"Hydra's setup failed: {f'{key}: ' if key else ''}{type(e).__name__}: {why}")
     finally:  # any other way out before the task started: Hydra's text as it was
         sys.stderr.write(_hide(_release_stderr()))

@@ -117,6 +117,7 @@ def _check_every_job(config: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    _check_sweep_dir(config)
     if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith(".BasicSweeper"):
         return
     task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
@@ -130,6 +131,25 @@ def _check_every_job(config: DictConfig) -> None:
             _check_job(config, loader, hydra_config, i, job, swept)
     finally:
         hydra_config.cfg = before
+
+
+def _check_sweep_dir(config: DictConfig) -> None:
+    """The sweep's directory (hydra.sweep.dir), which the sweeper creates once this callback returns,
+    must be one this user can create: under a file it was a NotADirectoryError traceback (exit 1)."""
+    import os
+
+    from zhantune.cli import one_line, user_error
+
+    try:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+    except Exception as e:  # an interpolation that does not resolve
+        user_error(f"hydra.sweep.dir: {one_line(str(e))}")
+    parent = sweep_dir
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        user_error(f"hydra.sweep.dir={sweep_dir}: {parent} is not a directory this user can write in; give "
+                   "hydra.sweep.dir=DIR")
 
 
 #: a character Hydra's sweeper escapes in each job's overrides, with its backslash
