@@ -1,4 +1,5 @@
-# make demo: set up and tune mm 1x4096x4096 fp32 on this CPU (16 measured trials; a decode-like GEMM)
+# make demo: set up and tune mm 1x4096x4096 fp32 on this CPU (16 measured trials; a decode-like GEMM, x @ W with
+#            W stored [K, N]: an nn.Linear's weight is [N, K], weight_layout=nk, another lookup key)
 # make test: set up (Python packages; Debian's chromium and postgresql-15 for the tests) and run the whole
 #            test suite (the slow end-to-end tests included), two tests at a time (pytest-xdist; most
 #            tests wait on single-threaded compiles or subprocesses), then the tests marked `load`

@@ -451,6 +451,11 @@ CASES = [
     ("op-without-plus", "zhantune", ["op=mm"], None,
      "Could not override 'op'. No match in the defaults list. To append to your default list use +op=mm", None),
     # Hydra's message for a mistyped key suggests the '+', which adds a key nothing reads (a newcomer's finding)
+    # Hydra's message for a mistyped key advises the '+', which the next run refuses (a newcomer's finding)
+    ("typo", "zhantune", ["+op=mm", "shape=[4,4,4]", "serch.n_trials=4"], None,
+     "override serch.n_trials=...: 'serch' is not an option; did you mean search? (options: op, shape,", None),
+    ("typo-nested-export", "zhantune.export", ["pth=x.json"], None,
+     "override pth=...: 'pth' is not an option; did you mean path? (options: enabled, path,", None),
     ("plus-typo", "zhantune", ["+op=mm", "shape=[4,4,4]", "+serch.n_trials=4"], None,
      "override +serch.n_trials=...: 'serch' is not an option, and nothing would read it; options: op, shape,", None),
     ("plus-plus-typo-nested", "zhantune", ["+op=mm", "shape=[4,4,4]", "++search.n_trails=4"], None,

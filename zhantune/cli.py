@@ -237,6 +237,32 @@ def one_line(hydra_message: str) -> str:
     return out or "invalid command line"
 
 
+def _unknown_key(hydra_message: str) -> str | None:
+    """For Hydra's "Could not override 'serch.n_trials'. To append to your config use
+    +serch.n_trials=4; Key 'serch' not in 'TuneConfig'": the key is not an option (a '+' would add
+    one that nothing reads, and is refused), the closest option and the options there; None for
+    any other message (a newcomer followed Hydra's advice into a second error)."""
+    import dataclasses
+    import difflib
+    import re
+
+    from zhantune import config
+
+    m = re.search(r"Could not override '([^']+)'\. To append to your config use \+\S+\s+Key '([^']+)' not in "
+                  r"'(\w+)'", " ".join(hydra_message.split()))
+    schema = getattr(config, m.group(3), None) if m else None
+    if not (dataclasses.is_dataclass(schema) and m.group(2) in m.group(1).split(".")):
+        return None
+    key, part = m.group(1), m.group(2)
+    where = ".".join(key.split(".")[:key.split(".").index(part)])
+    names = [f.name for f in dataclasses.fields(schema)]
+    close = difflib.get_close_matches(part, names, n=1)
+    of = f" of {where}" if where else ""
+    return (f"override {key}=...: {'.'.join(filter(None, (where, part)))!r} is not an option{of}"
+            + (f"; did you mean {'.'.join(filter(None, (where, close[0])))}?" if close else "")
+            + f" (options{of}: {', '.join(names)})")
+
+
 def _unparsable_override(args: list[str]) -> str | None:
     """The first argument Hydra's override grammar rejects (its own message does not name it)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -332,8 +358,8 @@ def run_app(hydra_main: Callable[[], object]) -> None:
 
             # Hydra's parser message may quote any piece of the value: not shown for a database password
             why = "not valid in Hydra's override grammar" if bad and override_secrets([bad]) else one_line(text)
-            user_error((f"override {bad}: " if bad else "") + why + (quoting_hint(bad) if bad else "")
-                       + _launcher_hint(text))
+            user_error(_unknown_key(text) or (f"override {bad}: " if bad else "") + why
+                       + (quoting_hint(bad) if bad else "") + _launcher_hint(text))
         error = next((line.split(": error: ", 1)[1] for line in text.splitlines() if ": error: " in line), None)
         if e.code == 2 and not _State.task_started and text.lstrip().startswith("usage:") and error:
             # argparse's usage (8 lines) then its error: the error, and where the options are listed

@@ -86,7 +86,10 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     _print_notes(console, result)
     console.print(f"database: {escape(redact_url(str(db)))}  study: {escape(result.study_name)}")
     if result.table_path is not None:
-        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))", markup=False)
+        # how it is used: a CPU entry (a config patch) is applied by zhantune's handler, not by stock Inductor
+        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s)); use it: "
+                      f"zhantune.use_table({str(result.table_path)!r}) before torch.compile (README: Ship a table "
+                      "with a model)", markup=False)
 
 
 def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Table:
