@@ -452,6 +452,7 @@ CASES = [
      "Could not override 'op'. No match in the defaults list. To append to your default list use +op=mm", None),
     # Hydra's message for a mistyped key suggests the '+', which adds a key nothing reads (a newcomer's finding)
     # Hydra's message for a mistyped key advises the '+', which the next run refuses (a newcomer's finding)
+    ("check-table-missing", "zhantune.check", [*MLP, "table=nope.json"], None, "table=nope.json: no such file", None),
     ("typo", "zhantune", ["+op=mm", "shape=[4,4,4]", "serch.n_trials=4"], None,
      "override serch.n_trials=...: 'serch' is not an option; did you mean search? (options: op, shape,", None),
     ("typo-nested-export", "zhantune.export", ["pth=x.json"], None,

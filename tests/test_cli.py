@@ -99,7 +99,8 @@ def test_unwritable_storage_file_is_refused(cli, tmp_path, existing_db):
 def test_export_without_database(cli, tmp_path):
     r = cli(["storage.url=sqlite:///missing.db"], cwd=tmp_path, module="zhantune.export")
     assert r.returncode == 2
-    assert r.stderr.strip() == "zhantune: storage.url=sqlite:///missing.db: no database at missing.db"
+    assert r.stderr.strip() == ("zhantune: storage.url=sqlite:///missing.db: no database at missing.db (a tune, "
+                                "python -m zhantune ..., writes one; or give the storage.url of yours)")
 
 
 def test_space_dry_run_prints_sizes_before_and_after_constraints(cli, tmp_path):

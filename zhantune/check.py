@@ -43,10 +43,11 @@ COVERAGE_EXIT_CODE = 1
 def _check_options(cfg: DictConfig) -> None:
     """What needs no torch (importing it takes seconds); raises ConfigError."""
     from zhantune.paths import check_output_path
-    from zhantune.request import check_model_request
+    from zhantune.request import check_file, check_model_request
 
     if not cfg.table:
         raise ConfigError("no table given; use table=FILE (written by python -m zhantune or zhantune.export)")
+    check_file(cfg.table, "table")  # 'nope.json: cannot read' named no option
     if not 0.0 <= cfg.min_coverage <= 1.0:
         raise ConfigError(f"min_coverage={cfg.min_coverage} must be in [0, 1]")
     if cfg.rounds < 1:

@@ -39,7 +39,8 @@ def _compare_app(cfg: DictConfig) -> None:
     try:  # the command line first: the report's modules (Plotly, Optuna) take a while to import
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
-            raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
+            raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path} (a tune, "
+                               "python -m zhantune ..., writes one; or give the storage.url of yours)")
         if cfg.min_speedup is not None and not 1.0 <= cfg.min_speedup < math.inf:
             raise ConfigError(f"min_speedup={cfg.min_speedup} must be a number of at least 1.0 (1.0: a portable "
                               "entry where confirmed not slower than the default on every device; null: always "

@@ -38,7 +38,8 @@ def _export_app(cfg: DictConfig) -> None:
             check_file(cfg.problems, "problems")
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
-            raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
+            raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path} (a tune, "
+                               "python -m zhantune ..., writes one; or give the storage.url of yours)")
         store = Store(cfg.storage.url, read_only=True)  # only read: a read-only file is fine
         store.check_readable()
         device = resolve_device_key(store, cfg.device)

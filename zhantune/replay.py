@@ -58,7 +58,8 @@ def _replay_app(cfg: DictConfig) -> None:
         check_bench(cfg.bench)
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
-            raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path}")
+            raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path} (a tune, "
+                               "python -m zhantune ..., writes one; or give the storage.url of yours)")
         device = resolve_device(cfg.device)
         tf = read_table(cfg.table, device.kind)  # only allow-listed knobs (zhantune.inductor.knobs)
         table = tf.table
