@@ -99,6 +99,46 @@ def test_interrupted_study_resumes_to_its_total_with_the_stored_baselines(tmp_pa
     assert not list(tmp_path.glob("*.zt-lock"))  # no lock file left in the working directory
 
 
+def test_a_rerun_shows_the_defaults_fastest_run_of_every_run_before(tmp_path):
+    """The stored baselines a rerun re-uses: the default's row is its fastest ok run of every run of
+    the study (the paired rounds' default rows included), as the summary says; a rerun showed the first
+    baseline instead (3,185.3 us after a run that had shown 3,097.7 us: a newcomer's finding). A failed
+    row never stands in, and a failed first default still means no stored set."""
+    import torch
+
+    from zhantune.storage import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'z.db'}")
+    study = store.study_id("s", {})
+    dev = store.device_id("cpu-x", "cpu-x", "cpu", {})
+    prob = store.problem_id("mm[M=4,N=4,K=4]:float32", op="mm", shape={"M": 4, "N": 4, "K": 4, "B": 1},
+                            dtype="float32", activation=None, weight_layout="kn", lookup_op="mm", lookup_key=None,
+                            flops=128)
+
+    def row(kind: str, min_us: float | None, status: str = "ok", trial: int | None = None) -> int:
+        return store.add_measurement(study_id=study, device_id=dev, problem_id=prob, kind=kind, status=status,
+                                     template_id=None, params={}, median_us=None if min_us is None else min_us + 5,
+                                     min_us=min_us, trial_number=trial, torch_version=torch.__version__)
+
+    row("eager", 50.0)
+    first = row("default", 100.0)
+    row("default_unfrozen", 120.0)
+    row("candidate", 90.0, trial=0)
+    row("default", 101.0)  # the first run's paired rounds: slower, then faster
+    fastest = row("default", 97.0)
+    row("default", None, status="error")
+    row("remeasure", 91.0)
+
+    def stored():
+        return store.stored_baselines(study, dev, "mm[M=4,N=4,K=4]:float32", torch.__version__, None)
+
+    got = stored()
+    assert got["default"].id == fastest != first and got["default_unfrozen"].min_us == 120.0
+    with store.engine.begin() as conn:  # a failed first default: measured again, as before
+        conn.exec_driver_sql(f"update zt_measurement set status = 'error' where id = {first}")
+    assert stored() == {}
+
+
 @pytest.mark.slow
 def test_new_environment_or_the_option_measures_the_baselines_again(tmp_path):
     db = tmp_path / "zhantune.db"

@@ -240,4 +240,4 @@ def _print_notes(console: Console, result: Any) -> None:
     if getattr(result, "baselines_reused", False) and result.eager is not None:
         console.print(f"baselines: stored ones re-used (measured {result.eager.created_at:%Y-%m-%d %H:%M} "
                       "with this torch; bench.remeasure_baselines=true measures them again); the default's row "
-                      "above is its fastest run, this run's paired rounds included")
+                      "above is its fastest run, every run's paired rounds included")

@@ -75,8 +75,13 @@ class Queries(ReportQueries):
         """The newest baselines a study stored for this device and problem, measured with these
         torch and triton versions: {kind: row} with the newest ``eager`` row and the first row of
         each other baseline kind after it (``default``, on CPU ``default_unfrozen``: they are stored
-        together, before any speedup re-measurement of the default). Empty when there is no such
-        set or its eager or default measurement is not ``ok`` (zhantune.tune then measures them)."""
+        together, before any speedup re-measurement of the default), except that ``default`` is the
+        fastest ok one of every run's (zhantune.bench.decision.rank_key: the paired rounds of earlier
+        runs too, as the summary's "its fastest run" says; a rerun showed a slower default than the
+        run before it, a newcomer's finding). Empty when there is no such set or its eager or first
+        default measurement is not ``ok`` (zhantune.tune then measures them)."""
+        from zhantune.bench.decision import rank_key
+
         with self.session() as s:
             mine = (select(m.MeasurementRow).join(m.Problem, m.MeasurementRow.problem_id == m.Problem.id)
                     .where(m.MeasurementRow.study_id == study_id, m.MeasurementRow.device_id == device_id,
@@ -90,7 +95,9 @@ class Queries(ReportQueries):
             later = mine.where(m.MeasurementRow.id > eager.id,
                                m.MeasurementRow.kind.not_in(("eager", "candidate", "remeasure")))
             for row in s.scalars(later.order_by(m.MeasurementRow.id)):
-                rows.setdefault(row.kind, row)
+                first = rows.setdefault(row.kind, row)
+                if row.kind == "default" and "ok" == first.status == row.status and rank_key(row) < rank_key(first):
+                    rows["default"] = row
         if rows.get("default") is None or any(r.status != "ok" for r in (rows["eager"], rows["default"])):
             return {}
         return rows
