@@ -40,7 +40,8 @@ class TuneProgress:
             TextColumn("{task.description}"), console=self.console, transient=False,
         )
         self._progress.start()
-        description = f"best {_us(decision_us(best))} us" if best is not None else ""
+        # the best config's fastest run (the ranking's statistic); a trial line gives each trial's median
+        description = f"best {_us(decision_us(best))} us (fastest run)" if best is not None else ""
         self._task = self._progress.add_task(description, total=total, completed=completed)
 
     def update(self, result: Any, candidate: Any, meas: Any) -> None:
@@ -49,10 +50,10 @@ class TuneProgress:
         best = decision_us(result.best) if result.best is not None else None  # the ranking's statistic
         done = getattr(result, "done", result.measured)
         self._progress.update(self._task, completed=done,
-                              description=f"best {_us(best)} us | {counts} | cached={result.cached}")
+                              description=f"best {_us(best)} us (fastest run) | {counts} | cached={result.cached}")
         total = self._progress.tasks[0].total
         line = (f"trial {done}/{total:.0f} {meas.status}"
-                + (f" {meas.timing.median_us:,.1f} us" if meas.timing else "")
+                + (f" {meas.timing.median_us:,.1f} us" if meas.timing else "")  # the median of its runs
                 + f" {candidate.branch}"
                 + (f" {compact(candidate.params, self._fixed.get(candidate.branch, ()))}" if candidate.params else "")
                 + (f" ({meas.error_text})" if meas.error_text and not meas.ok else ""))
