@@ -324,7 +324,7 @@ CASES = [
     ("table-dev-zero", "zhantune.check", [*MLP, "table=/dev/zero"], None,
      "/dev/zero: not a regular file", None),
     ("table-fifo", "zhantune.check", [*MLP, "table={x}"], _fifo, "fifo.json: not a regular file", None),
-    ("table-dir", "zhantune.check", [*MLP, "table={x}"], _dir, "adir: not a regular file", None),
+    ("table-dir", "zhantune.check", [*MLP, "table={x}"], _dir, "table=adir: is a directory; give a file", None),
     ("table-huge-int", "zhantune.check", [*MLP, "table={x}"],
      lambda t: _raw(t, f'{{"{KEY}": [{{"template_id": "triton::mm", "BLOCK_M": {"1" * 5000}}}]}}'),
      "raw.json: not a table: Exceeds the limit (4300 digits)", None),

@@ -28,7 +28,9 @@ BAD_INPUTS = [
 HYDRA_ERRORS = [
     (["+op=mm", "shape=[4,4,4]", "bench.compile_workers=abc"],
      "bench.compile_workers=abc; Value 'abc' of type 'str' could not be converted to Integer"),
-    (["+op=mm", "shape=[4,4,4]", "bench.nope=1"], "Key 'nope' not in 'BenchConfig'"),
+    # Hydra's message for a key that is not an option advises a '+' (refused next): the options instead
+    (["+op=mm", "shape=[4,4,4]", "bench.nope=1"], "override bench.nope=...: 'bench.nope' is not an option of bench "
+                                                  "(options of bench: name,"),
     (["+op=mm", "shape=[4,4,4]", "search.n_trials=[1"], "override search.n_trials=[1: no viable alternative"),
 ]
 
