@@ -40,8 +40,8 @@ class TuneProgress:
             TextColumn("{task.description}"), console=self.console, transient=False,
         )
         self._progress.start()
-        # the ranking's statistic of the best config; a trial line gives each trial's median
-        description = f"best {_us(decision_us(best))} us{_which(best)}" if best is not None else ""
+        # the ranking's statistic of the best config (README); a trial line gives each trial's median
+        description = f"best {_us(decision_us(best))} us" if best is not None else ""
         self._task = self._progress.add_task(description, total=total, completed=completed)
 
     def update(self, result: Any, candidate: Any, meas: Any) -> None:
@@ -50,8 +50,7 @@ class TuneProgress:
         best = decision_us(result.best) if result.best is not None else None  # the ranking's statistic
         done = getattr(result, "done", result.measured)
         self._progress.update(self._task, completed=done,
-                              description=f"best {_us(best)} us{_which(result.best)} | {counts} | "
-                                          f"cached={result.cached}")
+                              description=f"best {_us(best)} us | {counts} | cached={result.cached}")
         total = self._progress.tasks[0].total
         line = (f"trial {done}/{total:.0f} {meas.status}"
                 + (f" {meas.timing.median_us:,.1f} us" if meas.timing else "")  # the median of its runs
@@ -63,15 +62,6 @@ class TuneProgress:
     def stop(self) -> None:
         if self._progress is not None:
             self._progress.stop()
-
-
-def _which(row: Any) -> str:
-    """Which of a row's times the progress bar's best is (zhantune.bench.decision.decision_us): the
-    fastest run, or a recording's median; nothing before there is a best."""
-    if row is None:
-        return ""
-    recorded = row.min_us is None or (row.timing_method or "").startswith("kerneltuner")  # as decision_value
-    return " (median)" if recorded else " (fastest run)"
 
 
 def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
