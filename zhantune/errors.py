@@ -20,6 +20,7 @@ __all__ = [
     "shown",
     "shown_json",
     "SHOWN_KEY",
+    "first_line",
 ]
 
 USER_ERROR_EXIT_CODE = 2
@@ -88,3 +89,9 @@ class StorageInternalError(ZhantuneError):
 
 class TableError(UserError):
     """A lookup-table file is malformed."""
+
+
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """The first line of an error's message, at most ``limit`` characters (its type's name when it
+    has none)."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zhantune.errors import ConfigError, shown
+from zhantune.errors import ConfigError, first_line, shown
 
 __all__ = ["mlp", "transformer_block", "load_factory", "build_model", "example_inputs", "ModelRequest", "from_config"]
 
@@ -140,11 +140,11 @@ def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torc
     except (MemoryError, RuntimeError) as e:  # model_kwargs={d_model: 10000000000}: was a traceback
         if not _out_of_memory(e):  # {d_model: -4}: torch's RuntimeError for a negative size, the factory's answer
             raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: the factory raised "
-                              f"{type(e).__name__}: {_first_line(e)}") from None
+                              f"{type(e).__name__}: {first_line(e)}") from None
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: its weights do not fit in memory") from None
     except (ValueError, AssertionError, KeyError, IndexError, ZeroDivisionError) as e:  # the factory refuses its kwargs
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: the factory raised "
-                          f"{type(e).__name__}: {_first_line(e)}") from None
+                          f"{type(e).__name__}: {first_line(e)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model={spec!r} returned {type(model).__name__}, not a torch.nn.Module")
     try:
@@ -154,10 +154,6 @@ def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torc
             raise
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: its weights do not fit in the memory of "
                           f"{device} in {dtype} ({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})") from None
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def _out_of_memory(e: BaseException) -> bool:

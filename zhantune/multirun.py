@@ -152,8 +152,9 @@ def _check_sweep_dir(config: DictConfig) -> None:
                    "hydra.sweep.dir=DIR")
 
 
-#: a character Hydra's sweeper escapes in each job's overrides, with its backslash
-_UNESCAPE = re.compile(r"\\([\\{}():=,\[\] ])")
+#: a character Hydra's sweeper escapes in each job's overrides, with its backslash (the ESC token of
+#: hydra/_internal/grammar/utils.py: backslash, ()[]{}:=, space and tab)
+_UNESCAPE = re.compile(r"\\([\\{}():=,\[\] \t])")
 
 
 def _check_job(config: DictConfig, loader: Any, hydra_config: Any, i: int, job: list[str], swept: set[str]) -> None:
@@ -169,7 +170,7 @@ def _check_job(config: DictConfig, loader: Any, hydra_config: Any, i: int, job: 
     from zhantune.request import check_request
 
     # the job's swept values, as typed (the sweeper escapes what the grammar would read: '$\{', ':')
-    shown = " ".join(re.sub(r"\\(.)", r"\1", o) for o in job if o.lstrip("+~").split("=", 1)[0] in swept)
+    shown = " ".join(_UNESCAPE.sub(r"\1", o) for o in job if o.lstrip("+~").split("=", 1)[0] in swept)
     where = f"sweep job #{i} ({shown})"
     try:
         cfg = loader.load_sweep_config(config, list(job))

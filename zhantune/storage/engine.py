@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 from sqlalchemy.pool import NullPool
 
-from zhantune.errors import StorageError, shown
+from zhantune.errors import StorageError, first_line, shown
 from zhantune.paths import SQLITE_SIDE_FILES
 from zhantune.redact import hide_password, mask, url_secrets
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
@@ -393,8 +393,3 @@ def _probe(url: str, source: str) -> tuple[set[str], str | None]:
 def canonical_json(value: Any) -> str:
     """JSON columns (params, configs) are stored canonically: sorted keys, no spaces."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def first_line(e: BaseException) -> str:
-    """The first line of an error's message (its type's name when it has none)."""
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
