@@ -319,12 +319,28 @@ def test_the_transfer_line_says_what_reached_this_search():
     run_search(study, space, {}, lambda c, n: 1.0, n_trials=2)
     text = transfer_text(prior, sampler)
     assert sampler.prior_seeds_proposed == 0
-    assert "their 3 best config(s) were not proposed in this run: Inductor's own seeds" in text, text
+    assert "of their 3 best config(s), 3 not reached before this run's trials ended" in text, text
     assert "p1 (10, distance 1.00), p2 (2, none in this space, distance 2.00)" in text, text
     order: list[str] = []
     run_search(study, space, {}, lambda c, n: order.append(c.config_hash) or 1.0, n_trials=6)
     assert order[:3] == hashes[:3] and sampler.prior_seeds_proposed == 3
-    assert "3 of their 3 best config(s) were proposed in this run" in transfer_text(prior, sampler)
+    assert "of their 3 best config(s), 3 proposed in this run, after" in transfer_text(prior, sampler)
+    assert "already measured" not in transfer_text(prior, sampler)
+    # a resumed run (a new sampler on the same study) finds them measured: it says so, not that they
+    # were not reached; a two-trial run whose sampler proposed two of three leaves one not reached
+    resumed = FeasibleTPESampler(seed=1)
+    resumed.set_prior(prior.scores)
+    study.sampler = resumed
+    run_search(study, space, {}, lambda c, n: 1.0, n_trials=7)
+    text = transfer_text(prior, resumed)
+    assert "of their 3 best config(s), 3 already measured in this study" in text, text
+    assert "proposed in this run" not in text and "not reached" not in text, text
+    short = FeasibleTPESampler(seed=0)
+    short.set_prior(prior.scores)
+    run_search(optuna.create_study(sampler=short), space, {}, lambda c, n: 1.0, n_trials=2)
+    text = transfer_text(prior, short)
+    assert "of their 3 best config(s), 2 proposed in this run, after Inductor's own seeds and before the " \
+           "sampler's own picks, 1 not reached before this run's trials ended" in text, text
     huge = types.SimpleNamespace(feasible_set=None, prior_scored=None)
     assert transfer_text(prior, huge).startswith("transfer: not used: ")
     assert "too large to enumerate" in transfer_text(prior, huge)

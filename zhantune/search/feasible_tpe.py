@@ -129,10 +129,10 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         self._region: np.ndarray | None = None
         self._filled = self._order = np.zeros(0)
         self._prior_complete, self._prior_model = False, True
-        #: the config hashes of the feasible points the prior scores, and how many of its seeds this
-        #: sampler proposed (a short run's enqueued seeds may take every trial): for the summary
+        #: for the summary: the config hashes of the feasible points the prior scores, how many of its
+        #: seeds this sampler proposed, and how many it found tried (earlier, or Inductor's own seeds)
         self.prior_hashes: set[str] | None = None
-        self.prior_seeds_proposed = 0
+        self.prior_seeds_proposed = self.prior_seeds_tried = 0
         self._feasible: FeasibleSet | None = None
         #: the point chosen in before_trial for each running trial of this process, by trial number
         #: (a point asked ahead, with compile ahead, counts as tried before the storage says so)
@@ -176,7 +176,8 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         its best ``transfer_quantile``); a partial one gives its ``transfer_seeds`` best, proposed first."""
         fs = self._feasible
         self._seed_rows, self._score, self._region = np.zeros(0, dtype=np.int64), None, None
-        self._prior_complete, self.prior_hashes, self.prior_seeds_proposed = False, None, 0
+        self._prior_complete, self.prior_hashes = False, None
+        self.prior_seeds_proposed = self.prior_seeds_tried = 0
         if fs is None or not self._prior:
             return
         score, self.prior_hashes = np.full(len(fs), np.nan), set()
@@ -245,8 +246,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
             return
         if "fixed_params" in trial.system_attrs:
             return  # an enqueued point (seeds, dedupe): Optuna answers it from the queue
-        row = self.next_row(study)
-        if row is not None:
+        if (row := self.next_row(study)) is not None:
             self._pending[trial.number] = self._feasible.trial_params(row)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
@@ -293,6 +293,8 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         if not unseen.any():
             return None
         n_startup = self.n_startup_trials
+        tried_before = int((~unseen[self._seed_rows]).sum()) - self.prior_seeds_proposed
+        self.prior_seeds_tried = max(self.prior_seeds_tried, tried_before)
         for row in self._seed_rows:  # transfer: the best configs elsewhere first
             if unseen[row]:
                 self.prior_seeds_proposed += 1
@@ -332,8 +334,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         """Whether TPE's proposals stay in the transfer region: until ``transfer_startup_trials`` of
         its points have results, then while the best result is in it (a better point outside, one of
         Inductor's own configs or the model's, means the other devices' ranking does not hold here)."""
-        region = self._region
-        inside = [v for r, v in zip(rows, values, strict=True) if region[r]]
+        inside = [v for r, v in zip(rows, values, strict=True) if self._region[r]]
         if len(inside) < self.transfer_startup_trials:
             return True
         return min(inside) <= min(values)

@@ -172,6 +172,15 @@ def load_prior(store: Store, device_key: str, problem: Any, max_shapes: int = 2,
     return Prior(scores, [src for src, _ in found])
 
 
+def _seed_fates(proposed: int, tried: int, seeds: int) -> list[str]:
+    """What became of a partial prior's ``seeds`` best configs in this run, for the summary."""
+    left = seeds - proposed - tried
+    return [text for n, text in (
+        (proposed, f"{proposed} proposed in this run, after Inductor's own seeds and before the sampler's own picks"),
+        (tried, f"{tried} already measured in this study (earlier, or as one of Inductor's own seeds)"),
+        (left, f"{left} not reached before this run's trials ended (Inductor's own seeds are measured first)")) if n > 0]
+
+
 def transfer_text(prior: Prior, sampler: Any) -> str:
     """The summary's line on how ``prior`` seeded the search of ``sampler``
     (zhantune.search.FeasibleTPESampler's seeds, or its transfer model)."""
@@ -184,12 +193,9 @@ def transfer_text(prior: Prior, sampler: Any) -> str:
     if scored is None:
         return text + "; none of their configs is in this space"
     seeds, proposed = sampler.prior_seed_count, getattr(sampler, "prior_seeds_proposed", 0)
-    if seeds and proposed:
-        text += (f"; {proposed} of their {seeds} best config(s) were proposed in this run, after Inductor's "
-                 "own seeds and before the sampler's own picks")
-    elif seeds:
-        text += (f"; their {seeds} best config(s) were not proposed in this run: Inductor's own seeds, "
-                 "measured first, took its trials (or the configs were measured before)")
+    if seeds:
+        text += f"; of their {seeds} best config(s), " + ", ".join(_seed_fates(
+            proposed, getattr(sampler, "prior_seeds_tried", 0), seeds))
     if sampler.prior_complete:
         text += (f"; with their scores for {scored:,} of {feasible:,} feasible configs, proposals came from a "
                  "model of this device's times as their ranking plus per-parameter-value effects, fitted to "
