@@ -189,6 +189,17 @@ def _dir(tmp: Path) -> str:
     return "adir"
 
 
+def _user_module(tmp: Path) -> str:
+    """A user's model module in the working directory, with a bug in its factory and its forward,
+    and one that raises when imported."""
+    (tmp / "usermod.py").write_text(
+        "import torch\nfrom torch import nn\n\n\ndef helper(n):\n    return nn.Linear(n, -n)\n\n\n"
+        "class Fwd(nn.Module):\n\n    def forward(self, x):\n        return x @ torch.ones(3, 3) + self.missing\n\n\n"
+        "def bad(n: int = 4):\n    return helper(n)\n\n\ndef fwd():\n    return Fwd()\n")
+    (tmp / "usermod_at_import.py").write_text("raise RuntimeError('boom')\n")
+    return "usermod"
+
+
 # (id, module, arguments with {x} filled in by setup, setup, message, database checked unchanged)
 CASES = [
     ("kernel-store-in-a-file", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", "bench.kernel_store={x}/k"],
@@ -569,7 +580,18 @@ CASES = [
     ("check-bench-target-ms", "zhantune.check", [*MLP, "table={x}", "bench.target_ms=0"],
      lambda t: _table(t, {"template_id": "aten::mm"}), "bench.target_ms=0.0 must be at least 0.001", None),
     ("collect-wrong-input-shape", "zhantune.collect", ["model=zhantune.models:mlp", "input_shapes=[[4,7]]"], None,
-     "input_shapes=[[4, 7]]: model='zhantune.models:mlp' cannot take inputs of these shapes", None),
+     "input_shapes=[[4, 7]]: model='zhantune.models:mlp' failed on inputs of these shapes (RuntimeError: mat1 and "
+     "mat2 shapes cannot be multiplied (4x7 and 256x1024) (at ", None),
+    # a bug in the user's model: one line, but with where their code raised it (the traceback's use)
+    ("collect-forward-bug", "zhantune.collect", ["model={x}:fwd", "input_shapes=[[4,3]]"], _user_module,
+     "model='usermod:fwd' failed on inputs of these shapes (AttributeError: 'Fwd' object has no attribute "
+     "'missing' (at usermod.py:12 in forward))", None),
+    ("collect-factory-bug", "zhantune.collect", ["model={x}:bad", "input_shapes=[[4,3]]"], _user_module,
+     "model='usermod:bad' with model_kwargs={}: the factory raised RuntimeError: Trying to create tensor with "
+     "negative dimension -4: [-4, 4] (at usermod.py:6 in helper)", None),
+    ("collect-import-raises", "zhantune.collect", ["model={x}_at_import:fwd", "input_shapes=[[4,3]]"], _user_module,
+     "model='usermod_at_import:fwd': importing 'usermod_at_import' raised RuntimeError: boom (at "
+     "usermod_at_import.py:1 in <module>)", None),
     # the factory refusing its kwargs: torch's RuntimeError for a negative size was a traceback (only TypeError was caught)
     ("collect-factory-raises", "zhantune.collect", ["model=zhantune.models:mlp", "input_shapes=[[4,64]]",
                                                     "model_kwargs={d_model:-4}"], None,

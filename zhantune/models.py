@@ -17,7 +17,7 @@ from torch import nn
 
 from zhantune.errors import ConfigError, first_line, shown
 
-__all__ = ["mlp", "transformer_block", "load_factory", "build_model", "example_inputs", "ModelRequest", "from_config"]
+__all__ = ["mlp", "transformer_block", "load_factory", "build_model", "example_inputs", "ModelRequest", "from_config", "raised_at"]
 
 
 def mlp(d_model: int = 256, hidden: int = 1024, layers: int = 2) -> nn.Module:
@@ -99,6 +99,9 @@ def load_factory(spec: str, source: str = "model") -> Callable[..., nn.Module]:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigError(f"{source}={spec!r}: cannot import {module_name!r}: {e}") from None
+    except Exception as e:  # the module's own code failed (a SyntaxError, a RuntimeError at import)
+        raise ConfigError(f"{source}={spec!r}: importing {module_name!r} raised {type(e).__name__}: "
+                          f"{first_line(e)}{raised_at(e)}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigError(f"{source}={spec!r}: {module_name} has no callable {attr!r}")
@@ -140,11 +143,11 @@ def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torc
     except (MemoryError, RuntimeError) as e:  # model_kwargs={d_model: 10000000000}: was a traceback
         if not _out_of_memory(e):  # {d_model: -4}: torch's RuntimeError for a negative size, the factory's answer
             raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: the factory raised "
-                              f"{type(e).__name__}: {first_line(e)}") from None
+                              f"{type(e).__name__}: {first_line(e)}{raised_at(e)}") from None
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: its weights do not fit in memory") from None
     except (ValueError, AssertionError, KeyError, IndexError, ZeroDivisionError) as e:  # the factory refuses its kwargs
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: the factory raised "
-                          f"{type(e).__name__}: {first_line(e)}") from None
+                          f"{type(e).__name__}: {first_line(e)}{raised_at(e)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model={spec!r} returned {type(model).__name__}, not a torch.nn.Module")
     try:
@@ -154,6 +157,32 @@ def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torc
             raise
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: its weights do not fit in the memory of "
                           f"{device} in {dtype} ({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})") from None
+
+
+def raised_at(e: BaseException) -> str:
+    """Where the user's code raised ``e``, for a one-line error: " (at FILE:LINE in FUNCTION)" of the
+    innermost frame outside torch and Python's own library (the frame that raised it when every
+    frame is), FILE relative to the current directory when under it; "" without a traceback, and for a
+    SyntaxError (its message names the file and line)."""
+    import os
+    import sysconfig
+    import traceback
+
+    if isinstance(e, SyntaxError):  # its message names the file and line; its frames are the importer's
+        return ""
+    frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ is not None else []
+    library = tuple(os.path.realpath(p) + os.sep for p in {os.path.dirname(torch.__file__),
+                                                           sysconfig.get_path("stdlib"), sysconfig.get_path("purelib")})
+    mine = os.path.realpath(__file__)
+    users = [f for f in frames if os.path.realpath(f.filename) != mine or f.name != "build_model"]
+    users = [f for f in users if not (f.filename.startswith("<") or os.path.realpath(f.filename).startswith(library))] \
+        or frames
+    if not users:
+        return ""
+    where = users[-1]
+    path = os.path.relpath(where.filename) if os.path.realpath(where.filename).startswith(os.getcwd() + os.sep) \
+        else where.filename
+    return f" (at {path}:{where.lineno} in {where.name})"
 
 
 def _out_of_memory(e: BaseException) -> bool:
@@ -206,10 +235,9 @@ class ModelRequest:
         try:  # one eager call: inputs the model cannot take are bad input, not a compile failure
             with torch.no_grad():
                 self.model(*self.inputs)
-        except Exception as e:
-            first = next((line for line in str(e).splitlines() if line.strip()), "")
-            raise ConfigError(f"input_shapes={shapes}: model={spec!r} cannot take inputs of these shapes "
-                              f"({type(e).__name__}: {first[:200]})") from None
+        except Exception as e:  # a shape the model cannot take, or a bug in its forward: where it was raised
+            raise ConfigError(f"input_shapes={shapes}: model={spec!r} failed on inputs of these shapes "
+                              f"({type(e).__name__}: {first_line(e, 200)}{raised_at(e)})") from None
 
 
 def from_config(cfg) -> ModelRequest:
