@@ -8,6 +8,7 @@ import ctypes
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +120,22 @@ def test_store_directory_per_torch_and_compiler_and_its_errors(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path / "inductor")
     assert kernel_store.store_dir("auto").name != in_tmp
     monkeypatch.delenv("CPATH")
+    # another compiler file of the same version text first in PATH (a wrapper, another build): another
+    # directory; a link to the same file: the same one
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    compiler = shutil.which(get_cpp_compiler())
+    (tmp_path / "wrap").mkdir()
+    (tmp_path / "wrap" / Path(compiler).name).write_text(f'#!/bin/sh\nexec {compiler} "$@"\n')
+    (tmp_path / "wrap" / Path(compiler).name).chmod(0o755)
+    (tmp_path / "link").mkdir()
+    (tmp_path / "link" / Path(compiler).name).symlink_to(compiler)
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", f"{tmp_path / 'link'}{os.pathsep}{path}")
+    assert kernel_store.store_dir("auto").name == auto.name
+    monkeypatch.setenv("PATH", f"{tmp_path / 'wrap'}{os.pathsep}{path}")
+    assert kernel_store.store_dir("auto").name != auto.name
+    monkeypatch.setenv("PATH", path)
     assert kernel_store.store_dir("off") is None and kernel_store.store_dir(None) is None
     assert kernel_store.store_dir(False) is None  # Hydra's bench.kernel_store=false (it made a directory ./False)
     old = os.umask(0o002)  # Ubuntu's for users: every directory made 0775, which the store then refused

@@ -161,14 +161,15 @@ def _tag() -> str:
     names; ``-Q --help=target``), the environment variables that change what the compiler builds
     from one command line (:data:`COMPILER_ENV`: other headers, libraries or compiler programs) and
     the CPU's model and flags (/proc/cpuinfo). A store on a disk that several machines share keeps
-    one directory per kind of machine."""
+    one directory per kind of machine. The compiler is named with the file PATH finds for it."""
     import torch
     from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
 
     parts = [torch.__version__, str(torch.version.git_version), sys.version]
     try:
         compiler = get_cpp_compiler()
-        parts += [compiler, get_compiler_version_info(compiler),
+        found = shutil.which(compiler)  # which g++ PATH finds: two of one version may differ (a wrapper, a build)
+        parts += [compiler, os.path.realpath(found) if found else "", get_compiler_version_info(compiler),
                   subprocess.run([compiler, "-march=native", "-Q", "--help=target"], capture_output=True, text=True,
                                  timeout=60, env={**os.environ, "LC_ALL": "C"}).stdout]
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # no compiler: nothing will be built
