@@ -605,7 +605,7 @@ CASES = [
      "override space.evil: branches.b: 'cpp.march' is not a tuning knob zhantune allows on cpu", None),
     ("space-march-value", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu",
                                        "+space.evil={branches:{b:{scope:config,fixed:{max_autotune_gemm_backends:'CPP,TRITON'}}}}"],
-     None, "max_autotune_gemm_backends='CPP,TRITON' is not allowed; expected a comma-separated list of ATEN, CPP",
+     None, "max_autotune_gemm_backends='CPP,TRITON' is not allowed; expected one of ATEN, CPP (one backend",
      None),
 ]
 
@@ -755,10 +755,12 @@ def test_export_skips_entries_a_table_may_not_carry(tmp_path):
 
 KNOB_ROWS = [  # (device kind, key, value, allowed)
     ("cpu", "max_autotune_gemm_backends", "CPP", True),
-    ("cpu", "max_autotune_gemm_backends", "aten,cpp", True),
+    ("cpu", "max_autotune_gemm_backends", "cpp", True),
+    ("cpu", "max_autotune_gemm_backends", "aten,cpp", False),  # the compile would autotune between the two
+    ("cpu", "max_autotune_gemm_backends", "ATEN, aten", True),  # one backend
     ("cpu", "max_autotune_gemm_backends", "TRITON", False),
     ("cpu", "max_autotune_gemm_backends", " cpp ,\u2003aten\n", False),  # Inductor would get the spaces
-    ("cpu", "max_autotune_gemm_backends", "ATEN, CPP", True),  # Inductor strips each part
+    ("cpu", "max_autotune_gemm_backends", "CPP ,cpp", True),  # Inductor strips each part
     ("cuda", "max_autotune_gemm_backends", "tr\u0131ton", False),  # dotless i: "TRITON" once upper-cased
     ("cpu", "cpp.gemm_thread_factors", "1,2,1", True),
     ("cpu", "cpp.gemm_thread_factors", None, True),
@@ -778,7 +780,8 @@ KNOB_ROWS = [  # (device kind, key, value, allowed)
     ("cuda", "max_fusion_unique_io_buffers", None, True),
     ("cuda", "max_fusion_size", 0, False),
     ("cuda", "triton.cudagraphs", True, False),
-    ("cuda", "max_autotune_gemm_backends", "ATEN,TRITON", True),
+    ("cuda", "max_autotune_gemm_backends", "TRITON", True),
+    ("cuda", "max_autotune_gemm_backends", "ATEN,TRITON", False),
     ("cuda", "max_autotune_gemm_backends", "CUTLASS", False),
 ]
 

@@ -7,9 +7,9 @@ Only the knobs below are accepted, each with a checked type and range; anything 
 with one line naming where it came from and what is allowed.
 
 - **Config patches** (``zhantune::config`` entries, ``scope: config`` space branches), per device
-  kind: on CPU the C++ GEMM template's knobs (``max_autotune_gemm_backends`` from ATEN/CPP,
+  kind: on CPU the C++ GEMM template's knobs (``max_autotune_gemm_backends``: ATEN or CPP, one,
   ``cpp.gemm_max_k_slices``, ``cpp.gemm_thread_factors``, ``cpp.gemm_cache_blocking``); on CUDA the
-  backend list (ATEN/TRITON); on both, the fusion limits the shipped ``fusion`` space tunes. Key
+  backend (ATEN or TRITON); on both, the fusion limits the shipped ``fusion`` space tunes. Key
   names and meanings from torch/_inductor/config.py.
 - **Template kwargs** (lookup-table entries), per template: on ``triton::*`` the tuned config
   (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``, ``num_warps``, ``num_stages``) and ``EVEN_K``;
@@ -76,8 +76,10 @@ def _backends(allowed: tuple[str, ...]) -> Check:
         # utils.py): "trıton" (dotless i) upper-cases to TRITON, and a newline or an em space would
         # reach Inductor's config with the value
         parts = v.upper().split(",") if isinstance(v, str) and len(v) <= 64 and _BACKENDS.fullmatch(v) else None
-        if not parts or any(p.strip(" ") not in allowed for p in parts):
-            return f"a comma-separated list of {', '.join(allowed)}"
+        # one backend (a list of it, "ATEN, aten", is the same): a table entry or a candidate is one
+        # kernel, and "ATEN,CPP" would make the user's compile autotune between the two
+        if not parts or any(p.strip(" ") not in allowed for p in parts) or len({p.strip(" ") for p in parts}) > 1:
+            return f"one of {', '.join(allowed)} (one backend: a list makes the compile autotune among them)"
         return None
     return check
 
