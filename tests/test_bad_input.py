@@ -334,6 +334,13 @@ CASES = [
     ("table-deep", "zhantune.check", [*MLP, "table={x}"], _deep, "JSON nested too deeply", None),
     ("table-dev-zero", "zhantune.check", [*MLP, "table=/dev/zero"], None,
      "/dev/zero: not a regular file", None),
+    # a regular file whose read fails (as a failing disk's): was OSError's traceback, exit 1
+    ("table-read-fails", "zhantune.check", [*MLP, "table=/proc/self/mem"], None,
+     "/proc/self/mem: cannot read: Input/output error", None),
+    # under the size cap, but 1.7 GB as Python lists: refused before it is parsed
+    ("table-many-lists", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: _raw(t, f'{{"{KEY}": [' + ",".join(["[]"] * 2_100_000) + "]}"),
+     "more than 2,000,000 '[' and '{' characters; a lookup table has a few per GEMM", None),
     ("table-fifo", "zhantune.check", [*MLP, "table={x}"], _fifo, "fifo.json: not a regular file", None),
     ("table-dir", "zhantune.check", [*MLP, "table={x}"], _dir, "table=adir: is a directory; give a file", None),
     ("table-huge-int", "zhantune.check", [*MLP, "table={x}"],
@@ -458,6 +465,7 @@ CASES = [
     ("import-file-a-list", "zhantune.kerneltuner", ["files=[[a]]"], None,
      "files=[...]: ['a'] is not a file path; give paths", None),
     ("replay-table-missing", "zhantune.replay", ["device=cpu"], None, "no table given; use table=PATH", None),
+    ("replay-table-empty", "zhantune.replay", ["device=cpu", "table="], None, "no table given; use table=PATH", None),
     # Hydra's two sentences on one line, the first ended by its full stop (it read ".; To append")
     ("op-without-plus", "zhantune", ["op=mm"], None,
      "Could not override 'op'. No match in the defaults list. To append to your default list use +op=mm", None),
@@ -878,6 +886,46 @@ def test_use_table_of_a_bad_table_file_object_changes_no_inductor_config():
     with pytest.raises(TableError, match="torch: expected a string or null"):
         use_table(bad)
     assert inductor_config.save_config_portable() == before and table_report() is report_before
+
+
+def test_use_table_removed_in_any_order_leaves_what_was_there_and_refuses_what_is_not_a_table():
+    """Two installs removed first-in first (a review: the first table stayed in effect after both
+    were removed, and removing it alone switched the second off), or one removed inside the other's
+    block: each remove() leaves exactly the tables still installed, the last one in effect. Keys
+    that are not strings (a Python dict's) and a table that is not a path, dict or TableFile (None
+    read a file named "None") are refused."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.virtualized import V
+
+    from zhantune.errors import TableError
+    from zhantune.inductor import cpu_gemm
+    from zhantune.inductor.runtime import use_table
+
+    def state():
+        return inductor_config.lookup_table.table, type(V.choices), cpu_gemm._users
+
+    before = state()
+    table_a, table_b = {KEY: [{"template_id": "aten::mm"}]}, {KEY: [{"template_id": "aten::bmm"}]}
+    a, b = use_table(table_a), use_table(table_b)
+    a.remove()
+    assert V.choices is b.handler and inductor_config.lookup_table.table == table_b and cpu_gemm._users == 1
+    b.remove()
+    assert state() == before
+    with use_table(table_a) as a:
+        b = use_table(table_b)
+    assert V.choices is b.handler and inductor_config.lookup_table.table == table_b
+    b.remove()
+    a.remove()  # again: nothing
+    assert state() == before
+    for bad, match in (({KEY: [{"template_id": "aten::mm", 1: 2}]}, r"\[0\]: the key 1 is not a string"),
+                       ({KEY: [{"template_id": "zhantune::config", "config_patch": {1: 2}}]},
+                        r"\[0\]\.config_patch: the key 1 is not a string")):
+        with pytest.raises(TableError, match=match):
+            use_table(bad)
+    for bad in (None, 123):
+        with pytest.raises(TypeError, match="expected a path, a dict or a TableFile"):
+            use_table(bad)
+    assert state() == before
 
 
 PLAIN_CALL = textwrap.dedent("""

@@ -35,7 +35,7 @@ def _replay_app(cfg: DictConfig) -> None:
     from zhantune.request import check_device_spec, check_file
 
     try:  # before the heavy imports
-        if OmegaConf.is_missing(cfg, "table"):  # ??? in replay.yaml: was Hydra's MissingMandatoryValue traceback
+        if OmegaConf.is_missing(cfg, "table") or not cfg.table:  # ??? in replay.yaml: was Hydra's traceback; '': "a directory"
             raise ConfigError("no table given; use table=PATH (a lookup table JSON, e.g. python -m zhantune.export's)")
         check_file(cfg.table, "table")
         check_device_spec(cfg.device)

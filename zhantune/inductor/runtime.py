@@ -65,8 +65,15 @@ class InstalledTable:
         # the table in Inductor's config, so that Inductor's FX graph cache keys differ per table;
         # on CPU nothing else (the hooks act per GEMM), on CUDA the table's compile settings
         self.handler = TableChoices(tf)  # first: a handler that cannot be made leaves nothing set
-        self._patch = inductor_config.patch({**({} if device == "cpu" else cuda_table_patch(tf.table)),
-                                             "lookup_table.table": tf.table})
+        self._install()
+        self._removed = False
+        # installed until remove(), whether or not the caller keeps this object: the handler's
+        # context manager is a generator that would restore the previous handler when collected
+        _INSTALLED.append(self)
+
+    def _install(self) -> None:
+        self._patch = inductor_config.patch({**({} if self.device == "cpu" else cuda_table_patch(self.tf.table)),
+                                             "lookup_table.table": self.tf.table})
         with contextlib.ExitStack() as undo:  # an install that fails part-way undoes what it did
             self._patch.__enter__()
             undo.callback(self._patch.__exit__, None, None, None)
@@ -75,23 +82,31 @@ class InstalledTable:
             self._choices = V.set_choices_handler(self.handler)
             self._choices.__enter__()
             undo.pop_all()
-        self._removed = False
-        # installed until remove(), whether or not the caller keeps this object: the handler's
-        # context manager is a generator that would restore the previous handler when collected
-        _INSTALLED.append(self)
+
+    def _uninstall(self) -> None:
+        self._choices.__exit__(None, None, None)
+        cpu_gemm.uninstall()
+        self._patch.__exit__(None, None, None)
 
     @property
     def report(self) -> TableReport:
         return self.handler.report
 
     def remove(self) -> None:
+        """Restore what was in effect before this table. Tables installed after it stay in effect:
+        Inductor's handler and config patches restore last in, first out, so those are taken off
+        first and put back after (removing the first of two installs left it in effect, a review found)."""
         if self._removed:
             return
         self._removed = True
-        _INSTALLED.remove(self)
-        self._choices.__exit__(None, None, None)
-        cpu_gemm.uninstall()
-        self._patch.__exit__(None, None, None)
+        at = _INSTALLED.index(self)
+        later = _INSTALLED[at + 1:]
+        for table in reversed(later):
+            table._uninstall()
+        self._uninstall()
+        del _INSTALLED[at]
+        for table in later:
+            table._install()
 
     def __enter__(self) -> InstalledTable:
         return self
@@ -118,6 +133,8 @@ def use_table(table: str | os.PathLike[str] | dict[str, Any] | TableFile, device
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device={device!r}; allowed: cpu, cuda")
+    if not isinstance(table, (str, os.PathLike, dict, TableFile)):  # use_table(None) read a file named "None"
+        raise TypeError(f"use_table: expected a path, a dict or a TableFile, got {type(table).__name__}")
     check_torch(what="zhantune.use_table")
     if isinstance(table, TableFile):  # read for another kind, or built in Python: checked again for this one
         table = recheck_table(table, device)

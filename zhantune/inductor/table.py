@@ -53,6 +53,9 @@ _KEY = re.compile(r"^(?:(?P<device>(?:(?!\+\(\().)+?)\+(?=\(\())?(?P<inputs>\(\(
 _VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}", re.ASCII)
 #: the largest table file read (tables hold a few entries per GEMM; this is thousands of models' worth)
 MAX_TABLE_BYTES = 64 << 20
+#: the most '[' and '{' characters read (lookup keys hold a few each): 64 MiB of "[]," would take
+#: about 1.7 GB as Python lists; a table of 100,000 GEMMs has well under a million
+MAX_TABLE_BRACKETS = 2_000_000
 #: the longest lookup key read (Inductor's are a few hundred characters: device, three tensors' dtype,
 #: sizes and strides, the scalars, the op)
 MAX_KEY_CHARS = 4096
@@ -226,10 +229,16 @@ def _read_json(path: str, where: str) -> Any:
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory itself
         os.close(fd)
         raise TableError(f"{where}: not a regular file (a table is a JSON file)")
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(MAX_TABLE_BYTES + 1)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_TABLE_BYTES + 1)
+    except OSError as e:  # a failing disk or network file system; /proc/self/mem
+        raise TableError(f"{where}: cannot read: {e.strerror or e}") from None
     if len(raw) > MAX_TABLE_BYTES:
         raise TableError(f"{where}: larger than {MAX_TABLE_BYTES >> 20} MiB; a lookup table is far smaller")
+    if raw.count(b"[") + raw.count(b"{") > MAX_TABLE_BRACKETS:
+        raise TableError(f"{where}: more than {MAX_TABLE_BRACKETS:,} '[' and '{{' characters; a lookup table has "
+                         "a few per GEMM")
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         """An object whose keys are all different: with a duplicate, which one counts depends on
@@ -316,6 +325,9 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
             at = path(k, f"[{i}]")
             if not isinstance(entry, dict) or not isinstance(entry.get("template_id"), str):
                 raise TableError(f"{where}: {at}: an entry must be an object with a string template_id")
+            for obj, inside in ((entry, ""), (entry.get("config_patch"), ".config_patch")):  # a Python dict's
+                if isinstance(obj, dict) and (name := next((n for n in obj if not isinstance(n, str)), None)) is not None:
+                    raise TableError(f"{where}: {at}{inside}: the key {shown(name)} is not a string (JSON's keys are)")
             bad = entry_problem(entry, kind)
             if bad:
                 name, why = bad
