@@ -325,7 +325,7 @@ def test_the_transfer_line_says_what_reached_this_search():
     run_search(study, space, {}, lambda c, n: order.append(c.config_hash) or 1.0, n_trials=6)
     assert order[:3] == hashes[:3] and sampler.prior_seeds_proposed == 3
     assert "of their 3 best config(s), 3 proposed in this run, after" in transfer_text(prior, sampler)
-    assert "already measured" not in transfer_text(prior, sampler)
+    assert "already tried" not in transfer_text(prior, sampler)
     # a resumed run (a new sampler on the same study) finds them measured: it says so, not that they
     # were not reached; a two-trial run whose sampler proposed two of three leaves one not reached
     resumed = FeasibleTPESampler(seed=1)
@@ -333,7 +333,7 @@ def test_the_transfer_line_says_what_reached_this_search():
     study.sampler = resumed
     run_search(study, space, {}, lambda c, n: 1.0, n_trials=7)
     text = transfer_text(prior, resumed)
-    assert "of their 3 best config(s), 3 already measured in this study" in text, text
+    assert "of their 3 best config(s), 3 already tried in this study" in text, text
     assert "proposed in this run" not in text and "not reached" not in text, text
     short = FeasibleTPESampler(seed=0)
     short.set_prior(prior.scores)

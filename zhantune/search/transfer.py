@@ -177,7 +177,7 @@ def _seed_fates(proposed: int, tried: int, seeds: int) -> list[str]:
     left = seeds - proposed - tried
     return [text for n, text in (
         (proposed, f"{proposed} proposed in this run, after Inductor's own seeds and before the sampler's own picks"),
-        (tried, f"{tried} already measured in this study (earlier, or as one of Inductor's own seeds)"),
+        (tried, f"{tried} already tried in this study (earlier, or as one of Inductor's own seeds)"),
         (left, f"{left} not reached before this run's trials ended (Inductor's own seeds are measured first)")) if n > 0]
 
 
