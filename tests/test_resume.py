@@ -220,6 +220,41 @@ def test_a_killed_tunes_orphaned_trial_is_not_counted_as_measured(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_study_a_timed_out_run_marked_finished_with_a_dead_claim_is_measured_to_its_budget(tmp_path):
+    """A helper's: a tune killed mid-trial, then a rerun whose search.timeout_s ends while it waits
+    for the dead claim, marked the study finished with 5 of 6 measured; every later run counted the
+    dead claim as used and said the study was finished with nothing to measure, for good. A later
+    run now retries the dead trial once its heartbeat is stale and ends with 6 of 6."""
+    db = tmp_path / "f.db"
+    args = ["bench=replay", f"bench.path={A100}", "search.n_trials=6", "search.transfer=off",
+            f"storage.url=sqlite:///{db}", "storage.heartbeat_interval_s=1", "storage.grace_period_s=8"]
+    env = dict({k: v for k, v in os.environ.items() if k != "COLUMNS"}, PYTHONWARNINGS="ignore")
+
+    def start(*extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "zhantune", *args, *extra, f"hydra.run.dir={tmp_path}/hydra"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    first = start("bench.replay_pace=1")  # each answer takes its recorded compile time and runs
+    _wait_for_candidates(db, 2, first)
+    kill_while(first.pid, lambda: _in_flight(db) == 1, timeout_s=120, poll_s=0.05)
+    first.communicate(timeout=60)
+    # at once: the dead claim is not stale yet; it measures the rest, waits for that one and times out
+    timed_out = start("search.timeout_s=3")
+    out, err = timed_out.communicate(timeout=300)
+    assert timed_out.returncode == 0, err[-3000:]
+    assert _kinds(db)["candidate"] == 5 and _in_flight(db) == 1, out[-2000:]
+    with sqlite3.connect(db) as con:
+        assert con.execute("select status from zt_study").fetchone()[0] == "finished"
+    time.sleep(8)
+    last = start()
+    out, err = last.communicate(timeout=300)
+    assert last.returncode == 0, err[-3000:]
+    assert "nothing to measure" not in out, out[-2000:]
+    assert _kinds(db)["candidate"] == 6 and _in_flight(db) == 0, out[-2000:]
+    assert "the study holds 6 of 6" in " ".join(out.split()), out[-2000:]
+
+
+@pytest.mark.slow
 def test_a_rerun_at_once_after_a_kill_waits_for_the_dead_claim_before_calling_the_space_exhausted(tmp_path):
     """A space smaller than search.n_trials, its tune killed mid-trial and rerun at once (the dead
     claim's heartbeat not stale yet): the rerun measures every other point, then waits for that claim

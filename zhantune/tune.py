@@ -73,13 +73,14 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
         refuse_merge(store, run.replay, "bench.path", "bench.device_name=NAME", adopt=run.search.study_name)
         run.search.study_name = replay_study(store, run.replay, run.problem.key, run.device.key,
                                              run.search.study_name)
-    row, used, target = study_budget(run, store)
+    row, _, target = study_budget(run, store)
     others = sorted(store.study_problem_keys(row.id) - {run.problem.key}) if row is not None else []
     if others:
         raise ConfigError(f"search.study_name={run.study_name!r} is the study of {others[0]}, not of "
                           f"{run.problem.key}: one study tunes one problem; choose another name or drop it")
-    finished = row is not None and (row.status == FINISHED and used >= target or row.status == EXHAUSTED
-                                    and _same_space(row.config, run))
+    # measured, not used: a dead worker's claim stays in flight until a search retries it
+    finished = row is not None and (row.status == FINISHED and store.trial_counts(row.id)[0] >= target
+                                    or row.status == EXHAUSTED and _same_space(row.config, run))
     if finished and not _settle_again(run, store, row.id):
         return _finished_result(run, store, row, target)
     mark_tune_root()  # NVML's "other processes" leave out this tune's workers (conditions.own_pids)
