@@ -59,6 +59,22 @@ def test_claims_split_the_study_budget_and_a_released_claim_stores_nothing(tmp_p
     assert store.claim(study, "c", 5, limit=2) == "spent"
 
 
+def test_the_heartbeat_reads_the_storages_grace_period_through_optunas_cache(tmp_path):
+    """The grace period a worker waits for and beats a claimless trial at is the storage's
+    (storage.grace_period_s), not two heartbeats: Optuna 5 wraps RDBStorage in a _CachedStorage,
+    which has no grace_period (a helper measured 20 s in the message and a retry 81 s after a kill,
+    of a 60 s grace)."""
+    from zhantune.search.study import Heartbeat, HeartbeatSettings, open_study
+
+    study = open_study("s", f"sqlite:///{tmp_path / 'h.db'}", optuna.samplers.RandomSampler(),
+                       HeartbeatSettings(10, 60))
+    beat = Heartbeat(study)
+    try:
+        assert (beat.interval_s, beat.grace_period_s) == (10, 60)
+    finally:
+        beat.close()
+
+
 def test_a_missing_launcher_names_the_cluster_extra(monkeypatch):
     import importlib.util
 

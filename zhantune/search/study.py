@@ -122,7 +122,10 @@ class Heartbeat:
         self._storage = study._storage  # Optuna's RDBStorage (a BaseHeartbeat); no public accessor
         self.interval_s = int(self._storage.get_heartbeat_interval())
         #: a trial whose heartbeat is this old is failed by the next worker that looks (Optuna's default: 2 beats)
-        self.grace_period_s = int(getattr(self._storage, "grace_period", None) or 2 * self.interval_s)
+        # RDBStorage's own attribute (Optuna 5 wraps it in a _CachedStorage without one: read as 2 beats, 20 s,
+        # the wait message said 20 s of a 60 s grace and a dead trial got a beat at 20 s, retried 20 s late)
+        rdb = getattr(self._storage, "_backend", self._storage)
+        self.grace_period_s = int(getattr(rdb, "grace_period", None) or 2 * self.interval_s)
         self._held: dict[int, int] = {}  # trial number -> Optuna's trial id
         self._lock = threading.Lock()
         self._stop = threading.Event()
