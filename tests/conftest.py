@@ -210,3 +210,14 @@ def _no_table_outlives_its_test():
     for installed in reversed(list(runtime._INSTALLED if runtime else [])):
         installed.remove()
 
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 100 KiB tmpfs: too small for a new zhantune database (needs mount, i.e. root)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)

@@ -1019,18 +1019,6 @@ def test_every_shipped_space_sets_only_allow_listed_knobs():
     assert checked > 20
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 100 KiB tmpfs: too small for a new zhantune database (needs mount, i.e. root)."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=False)
-
-
 def test_disk_full_while_creating_the_database_is_one_line_and_leaves_no_file(cli, tmp_path, tiny_disk):
     r = cli(["+op=mm", "shape=[64,64,64]", "device=cpu", "progress=false", f"storage.url=sqlite:///{tiny_disk}/z.db",
              "export.enabled=false"], cwd=tmp_path)

@@ -45,6 +45,30 @@ def db(tmp_path_factory):
     return url
 
 
+def test_a_report_that_does_not_fit_on_the_disk_leaves_the_old_one_and_says_so_in_one_line(cli, tmp_path, db,
+                                                                                           tiny_disk):
+    """A helper's: on a full disk, compare's html= replaced the old report by 4,096 bytes of it, with
+    a traceback. Every report (html, csv, json), like the table, is written beside it and renamed
+    over it whole: the old file is left as it was, no temporary file stays, one line with exit 2."""
+    old = {name: f"old {name}\n" for name in ("r.html", "r.csv", "r.json")}
+    for name, text in old.items():
+        (tiny_disk / name).write_text(text)
+    with open(tiny_disk / "filler", "wb", buffering=0) as f:  # the rest of the 100 KiB, a page at a time
+        try:
+            while True:
+                f.write(b"x" * 4096)
+        except OSError:
+            pass
+    for option in ("html", "csv", "json"):
+        r = cli([f"storage.url={db}", f"{option}={tiny_disk}/r.{option}"], cwd=tmp_path, module="zhantune.compare")
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+        assert f"{option}={tiny_disk}/r.{option}: cannot write: No space left on device; the file there is " \
+               "unchanged" in lines[0] and "Traceback" not in r.stderr, lines
+    assert {p.name for p in tiny_disk.iterdir()} == {*old, "filler"}
+    assert all((tiny_disk / name).read_text() == text for name, text in old.items())
+
+
 def test_regrets_and_portable_choice_match_an_independent_computation(db):
     a, b = _times(A100, _median), _times(A4000, _median)
     win_a, win_b = min(a, key=a.get), min(b, key=b.get)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import hydra
@@ -31,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from zhantune.cli import mark_task_started, run_app, user_error
 from zhantune.config import check_bench, register
 from zhantune.errors import ConfigError, UserError
+from zhantune.paths import write_atomic
 
 __all__ = ["main"]
 
@@ -88,7 +88,10 @@ def _check_app(cfg: DictConfig) -> None:
     tol = TOLERANCES[req.dtype]
     _print_report(console, cfg, tf, req.device, result, tol)
     if cfg.json:
-        _write_json(cfg, req.device, result, tol)
+        try:  # a full disk: one line, the old file left as it was
+            _write_json(cfg, req.device, result, tol)
+        except UserError as e:
+            user_error(e)
     code = _verdict(console, cfg, result, tol)
     if code:
         sys.exit(code)
@@ -143,7 +146,7 @@ def _write_json(cfg: DictConfig, device: Any, result: dict[str, Any], tol: float
            "ways": result["ways"], "tolerance": tol, "rounds": cfg.rounds,
            "contention": {"timed": c.timed, "contended": c.contended, "waited_s": c.waited_s,
                           "shielded": c.shielded}}
-    Path(cfg.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    write_atomic(cfg.json, json.dumps(doc, indent=2) + "\n", "json")
 
 
 def _verdict(console: Any, cfg: DictConfig, result: dict[str, Any], tol: float) -> int:

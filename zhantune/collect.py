@@ -80,7 +80,11 @@ def _collect_app(cfg: DictConfig) -> None:
     header = {"model": cfg.model, "model_kwargs": kwargs, "input_shapes": shapes, "dtype": dtype,
               "device": {"key": device.key, "name": device.name, "kind": device.kind},
               **{k: None if v is None else str(v) for k, v in software_versions().items()}, "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-    out = write_problems(cfg.out, problems, header)
+    try:  # a full disk: one line, the old file left as it was
+        out = write_problems(cfg.out, problems, header)
+    except UserError as e:
+        user_error(e)
+        return
     _print_problems(console, f"GEMM problems of {cfg.model} on {device.name}", problems, contention)
     n = sum(1 for p in problems if p.problem is not None and p.reason is None)
     console.print(f"wrote {n} problem(s) to {out}; tune them with: python -m zhantune problems={out}", markup=False)

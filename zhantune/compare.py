@@ -15,6 +15,7 @@ zhantune.inductor.portable.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -57,10 +58,9 @@ def _compare_app(cfg: DictConfig) -> None:
         user_error(e)
         return
     from zhantune.report.console import make_console
-    from zhantune.report.html import write_html_report
-    from zhantune.report.outputs import print_comparison, write_csv, write_json
+    from zhantune.report.outputs import print_comparison
     from zhantune.report.regret import compare
-    from zhantune.report.studies import load_report_study, study_names
+    from zhantune.report.studies import load_report_study
 
     console = make_console()
     try:
@@ -73,6 +73,18 @@ def _compare_app(cfg: DictConfig) -> None:
         user_error(e)
         return
     print_comparison(console, cmp, cfg.top, history=study is not None and bool(cfg.html))  # no hint to do it again
+    try:  # a full disk: one line (the old file is left as it was: zhantune.paths.write_atomic)
+        _write_outputs(cfg, console, store, cmp, study)
+    except UserError as e:
+        user_error(e)
+
+
+def _write_outputs(cfg: DictConfig, console: Any, store: Any, cmp: Any, study: Any) -> None:
+    """The files compare was asked for: csv, json, html (with ``study``'s history), the portable table."""
+    from zhantune.report.html import write_html_report
+    from zhantune.report.outputs import write_csv, write_json
+    from zhantune.report.studies import study_names
+
     if cfg.csv:
         console.print(f"csv: {write_csv(cfg.csv, cmp)}", soft_wrap=True, markup=False)
     if cfg.json:
@@ -91,7 +103,7 @@ def _compare_app(cfg: DictConfig) -> None:
         if out.table:  # stamped with this torch, as export's: its claims were confirmed with it
             meta = table_metadata(store, out.table, {"portable": True, "min_speedup": cfg.min_speedup,
                                                      "devices": list(cfg.devices or []) or None}, redact_url(store.url))
-            console.print(f"lookup table: {write_table(cfg.table, out.table, meta)} ({len(out.table)} key(s))",
+            console.print(f"lookup table: {write_table(cfg.table, out.table, meta, 'table')} ({len(out.table)} key(s))",
                           markup=False)
             _print_withheld(console, out)
             if cfg.min_speedup is None:

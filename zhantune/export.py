@@ -45,7 +45,7 @@ def _export_app(cfg: DictConfig) -> None:
         device = resolve_device_key(store, cfg.device)
         ids = _problem_ids(store, cfg.problems) if cfg.problems else None
         shared: list[str] = []
-        out, table = export_table(store, cfg, device, shared, ids)
+        out, table = export_table(store, cfg, device, shared, ids, option="path")
         problems = store.problems_by_key().values() if out is None and not device else None
         if problems is not None and not any(p.lookup_key for p in problems):
             raise UserError(f"nothing to export from {redact_url(cfg.storage.url)}: "

@@ -9,7 +9,7 @@ from typing import Any
 
 from zhantune.errors import ConfigError
 
-__all__ = ["check_output_path", "SQLITE_SIDE_FILES"]
+__all__ = ["check_output_path", "write_atomic", "SQLITE_SIDE_FILES"]
 
 #: the files SQLite keeps beside a database ``X`` while it is open: ``X-wal``, ``X-shm``, ``X-journal``
 SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
@@ -58,6 +58,35 @@ def check_output_path(path: str | os.PathLike[str], option: str,
         raise ConfigError(f"{where}: directory {parent} is not writable")
     _probe(parent, where)
     return p
+
+
+def write_atomic(path: str | os.PathLike[str], text: str, option: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically: into a temporary file beside it, renamed over
+    it once whole, so that a reader never sees half a file and a write that fails (a full disk)
+    leaves the previous file as it was; a symbolic link's target is written. The file gets an
+    ordinary file's mode (0666 less the umask); missing folders are created. Raises ConfigError
+    naming ``option`` (``html=report.html: cannot write: No space left on device; ...``)."""
+    import tempfile
+
+    dest = Path(os.path.realpath(path))
+    tmp = None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # an ordinary file, not mkstemp's private 0600
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, dest)
+        tmp = None
+    except OSError as e:
+        raise ConfigError(f"{option}={path}: cannot write: {e.strerror or e}; "
+                          f"{'the file there is unchanged' if dest.exists() else 'nothing was written'}") from None
+    finally:
+        if tmp is not None:  # no stray .NAME.*.tmp beside the path
+            Path(tmp).unlink(missing_ok=True)
+    return Path(path)
 
 
 def _probe(directory: Path, where: str) -> None:

@@ -27,6 +27,7 @@ from rich.markup import escape
 from zhantune.bench.conditions import ContentionCount
 from zhantune.config import CONF_DIR, OpConfig
 from zhantune.errors import ConfigError, shown
+from zhantune.paths import write_atomic
 
 __all__ = ["ProblemRun", "ProblemsResult", "resolve_problems", "tune_problems", "measure_defaults", "write_problems", "read_problems", "allocate_trials", "PROBLEMS_FORMAT"]
 
@@ -82,10 +83,7 @@ def write_problems(path: str | Path, problems: list[Any], header: dict[str, Any]
         else:
             skipped.append({"op": p.op_name, **row, "reason": p.reason})
     doc = {"format": PROBLEMS_FORMAT, "format_version": 1, **header, "problems": tunable, "skipped": skipped}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(doc)), encoding="utf-8")
-    return path
+    return write_atomic(path, OmegaConf.to_yaml(OmegaConf.create(doc)), "out")
 
 
 def _refuse_alias_bombs(path: str | Path, limit: int = 1_000_000) -> None:

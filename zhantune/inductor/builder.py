@@ -61,11 +61,12 @@ def check_export_options(opts: Any, prefix: str = "", inputs: dict[str, Any] | N
 
 
 def export_table(store: Store, opts: Any, device_key: str | None = None, shared: list[str] | None = None,
-                 problem_ids: set[int] | None = None, shipped: dict | None = None) -> tuple[Path | None, dict]:
+                 problem_ids: set[int] | None = None, shipped: dict | None = None,
+                 option: str = "export.path") -> tuple[Path | None, dict]:
     """Build the table with ``opts`` (an ExportConfig: top_k, min_speedup, device_agnostic,
-    torch_version, format, path) and write it to ``opts.path``; returns (path, table). An empty
-    table is not written (path None), so an existing file is never replaced by it. ``shared``,
-    ``problem_ids``, ``shipped``: as :func:`build_table`'s."""
+    torch_version, format, path) and write it to ``opts.path`` (named ``option`` in errors: a full
+    disk); returns (path, table). An empty table is not written (path None), so an existing file is
+    never replaced by it. ``shared``, ``problem_ids``, ``shipped``: as :func:`build_table`'s."""
     from zhantune.storage import redact_url
 
     table = build_table(store, device_key=device_key, device_agnostic=opts.device_agnostic, top_k=opts.top_k,
@@ -78,7 +79,7 @@ def export_table(store: Store, opts: Any, device_key: str | None = None, shared:
         meta = table_metadata(store, table, options, redact_url(store.url))
     if not table:
         return None, table
-    return write_table(opts.path, table, meta), table
+    return write_table(opts.path, table, meta, option), table
 
 
 def resolve_device_key(store: Store, spec: Any, option: str = "device") -> str | None:

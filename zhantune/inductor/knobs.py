@@ -79,7 +79,7 @@ def _backends(allowed: tuple[str, ...]) -> Check:
         # one backend (a list of it, "ATEN, aten", is the same): a table entry or a candidate is one
         # kernel, and "ATEN,CPP" would make the user's compile autotune between the two
         if not parts or any(p.strip(" ") not in allowed for p in parts) or len({p.strip(" ") for p in parts}) > 1:
-            return f"one of {', '.join(allowed)} (one backend: a list makes the compile autotune among them)"
+            return f"one of {', '.join(allowed)} (one backend)"
         return None
     return check
 

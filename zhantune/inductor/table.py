@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,28 +123,19 @@ def table_key(device_key: str, problem_key: str | None, best: Any, device_agnost
 
 
 def write_table(path: str | os.PathLike[str], table: dict[str, list[dict[str, Any]]],
-                meta: dict[str, Any] | None = None) -> Path:
-    """Write the table as JSON, atomically (a reader never sees half a file); wrapped in ``meta``
-    (:func:`table_metadata`) when given, else the bare dict Inductor takes. Raises TableError, and
-    writes nothing, when the table is one :func:`read_table` would refuse (a key or value from a
-    database edited elsewhere: a device key with a newline or a terminal escape)."""
+                meta: dict[str, Any] | None = None, option: str = "export.path") -> Path:
+    """Write the table as JSON, atomically (zhantune.paths.write_atomic: a reader never sees half a
+    file, a failed write leaves the old one); wrapped in ``meta`` (:func:`table_metadata`) when
+    given, else the bare dict Inductor takes. Raises TableError, and writes nothing, when the table
+    is one :func:`read_table` would refuse (a key or value from a database edited elsewhere: a
+    device key with a newline or a terminal escape); ConfigError naming ``option`` when the file
+    cannot be written (a full disk)."""
+    from zhantune.paths import write_atomic
+
     path = Path(path)
     check_table(table, f"{path} (not written)")
-    path.parent.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = table if meta is None else {**meta, "table": table}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # an ordinary file, not mkstemp's private 0600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)  # no stray .NAME.*.tmp beside the path
-        raise
-    return path
+    return write_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n", option)
 
 
 def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str | None = None) -> TableFile:

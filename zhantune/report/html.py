@@ -19,6 +19,7 @@ from pathlib import Path
 import optuna
 import plotly.graph_objects as go
 
+from zhantune.paths import write_atomic
 from zhantune.report.outputs import STORED_TIMES
 from zhantune.report.regret import Choice, Comparison
 
@@ -172,10 +173,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}} td.config{{font-f
 {''.join(f'<p class="note">{n}</p>' for n in notes)}
 {''.join(parts)}
 </body></html>"""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)  # check_output_path: missing folders are created
-    out.write_text(doc, encoding="utf-8")
-    return out
+    return write_atomic(path, doc, "html")
 
 
 def charts_in(html_text: str) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from zhantune.paths import write_atomic
 from zhantune.report.console import compact, print_table
 from zhantune.report.regret import Choice, Claim, Comparison
 
@@ -141,14 +143,12 @@ def comparison_records(cmp: Comparison) -> list[dict[str, Any]]:
 
 
 def write_csv(path: str | Path, cmp: Comparison) -> Path:
-    out = Path(path)
     rows = comparison_records(cmp)
-    out.parent.mkdir(parents=True, exist_ok=True)  # check_output_path: missing folders are created
-    with open(out, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return out
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_atomic(path, text.getvalue(), "csv")
 
 
 def _choice(c: Choice | None) -> dict[str, Any] | None:
@@ -181,7 +181,4 @@ def write_json(path: str | Path, cmp: Comparison) -> Path:
             "disagreement": p.disagreement if math.isfinite(p.disagreement) else "inf",
         } for p in cmp.problems],
     }
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)  # check_output_path: missing folders are created
-    out.write_text(json.dumps(doc, indent=1, sort_keys=True), encoding="utf-8")
-    return out
+    return write_atomic(path, json.dumps(doc, indent=1, sort_keys=True), "json")
