@@ -46,11 +46,13 @@ VERDICTS = [  # (rounds, confirmed, reason contains)
 ]
 
 
-def _settle_with(conditions: dict, method: str, default_us=(100.0,), winner_us=(50.0,), conditions_of=None):
-    """settle_speedup of a 50 us C++ GEMM winner over a 100 us default, every timed run under
-    ``conditions`` (or, for the settle's own measurements, ``conditions_of()``) and timing
-    ``method``, rows built as a tune stores them (measurement_row); ``default_us``/``winner_us``:
-    each side's successive timings (the last one repeats)."""
+def _settle_with(conditions: dict, method: str, default_us=(100.0,), winner_us=(50.0,), conditions_of=None,
+                 best_us=50.0, baseline_us=100.0):
+    """settle_speedup of a C++ GEMM winner (its search row ``best_us``) over Inductor's default (its
+    baseline row ``baseline_us``), every timed run under ``conditions`` (or, for the settle's own
+    measurements, ``conditions_of()``) and timing ``method``, rows built as a tune stores them
+    (measurement_row); ``default_us``/``winner_us``: each side's successive timings in the settle
+    (the last one repeats)."""
     from types import SimpleNamespace
 
     from zhantune.bench.measurement import Measurement
@@ -83,7 +85,7 @@ def _settle_with(conditions: dict, method: str, default_us=(100.0,), winner_us=(
             meas, kind, candidate, study_id=1, device_id=1, problem_id=1, torch_version="t", triton_version=None,
             conditions=meas.conditions))
 
-    best, default = record(timed(50.0), "candidate", cand), record(timed(100.0), "default", None)
+    best, default = record(timed(best_us), "candidate", cand), record(timed(baseline_us), "default", None)
     return settle_speedup(best, default, [SimpleNamespace(name="cpp_gemm", scope="config")], bench, record, 3).verdict
 
 
@@ -355,6 +357,22 @@ def test_the_first_pair_is_not_judged_and_a_disturbed_one_changes_nothing():
     v = _settle_with(quiet, "cpu:perf_counter:fifo", default_us=(13500.0, 52.0), winner_us=(50.0,),
                      conditions_of=lambda: next(busy_first, quiet))
     assert v.confirmed and v.contended == 0 and v.ratio == pytest.approx(1.04), v
+
+
+def test_rounds_that_agree_are_no_claim_when_the_defaults_fastest_measurement_is_as_fast_as_the_winners():
+    """A helper's: a tune's default measured 76.6 us as its baseline and 85-89 us through the
+    settle's rounds, the winner 78.3 us in the search and 78.4-79.7 us in the rounds; three rounds
+    agreed on 1.09x and it shipped, for two kernels that 13 replays measured equal (0.91-1.23x).
+    Noise only adds time: the default's fastest (76.6) below the winner's (78.3) contradicts any
+    speedup. A real one, whose default never ran as fast as the winner, is still confirmed."""
+    quiet = {"cores": 2, "load_avg_1m": 0.1, "others_running": 0, "busy_at_start": False, "waited_s": 0.0}
+    v = _settle_with(quiet, "cpu:perf_counter:fifo", default_us=(86.0, 86.9, 86.5, 87.6), winner_us=(78.4, 79.6, 79.0, 79.4),
+                     best_us=78.3, baseline_us=76.6)
+    assert not v.confirmed and v.ratio == pytest.approx(86.5 / 79.0), v
+    assert "the default's fastest measurement in this run (76.6 us) is as fast as the winner's (78.3 us)" in v.reason
+    v = _settle_with(quiet, "cpu:perf_counter:fifo", default_us=(86.0, 86.9, 86.5, 87.6), winner_us=(78.4, 79.6, 79.0, 79.4),
+                     best_us=78.3, baseline_us=84.9)
+    assert v.confirmed and v.reason.startswith("confirmed"), v
 
 
 @pytest.mark.parametrize("rounds,confirmed,reason", VERDICTS)

@@ -30,6 +30,7 @@ compile's per-call overhead makes it 3.9x eager's time, measured, and that is re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Iterable
@@ -212,6 +213,26 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
                               f"the rounds disagree ({ratio_spread(per_round):.3f}x, their largest ratio over their "
                               f"smallest): noise could have made it")
     return verdict(True, "confirmed in every round, beyond the rounds' disagreement")
+
+
+def against_fastest(verdict: SpeedupVerdict, default_us: Iterable[float | None],
+                    winner_us: Iterable[float | None]) -> SpeedupVerdict:
+    """A confirmed ``verdict`` checked against every measurement of the two kernels in the run
+    (microseconds, each row's decision statistic: the baselines and the search's too, not only the
+    rounds'): noise only adds time, so the default's fastest at or below the winner's fastest
+    contradicts any speedup, whatever the rounds agreed on. A helper measured it: the default's
+    compiled kernel ran 85-89 us through a settle's rounds and 76.6 us as its baseline, the winner
+    78.3-79.7 us, and three rounds confirmed 1.09x for two kernels that replays found equal (13
+    settles, 0.91-1.23x). Unconfirmed then, its ratio kept; other verdicts are returned as they are."""
+    if not verdict.confirmed:
+        return verdict
+    d = min((t for t in default_us if t is not None and 0 < t < math.inf), default=None)
+    w = min((t for t in winner_us if t is not None and 0 < t < math.inf), default=None)
+    if d is None or w is None or d > w:
+        return verdict
+    return dataclasses.replace(verdict, confirmed=False, reason=(
+        f"unconfirmed: the default's fastest measurement in this run ({d:,.1f} us) is as fast as the winner's "
+        f"({w:,.1f} us): the rounds' difference is not the kernels' (noise only adds time)"))
 
 
 #: export.min_speedup's default: two copies of one kernel were confirmed 1.002-1.015x apart on a

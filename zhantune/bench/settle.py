@@ -19,7 +19,15 @@ from typing import Any
 
 from zhantune import interrupt
 from zhantune.bench.conditions import disturbs_claim
-from zhantune.bench.decision import Round, SpeedupVerdict, beyond_spread, decision_us, judge_speedup, rank_key
+from zhantune.bench.decision import (
+    Round,
+    SpeedupVerdict,
+    against_fastest,
+    beyond_spread,
+    decision_us,
+    judge_speedup,
+    rank_key,
+)
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.protocol import Benchmarker
 from zhantune.candidate import Candidate
@@ -143,17 +151,15 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
     cand = candidate or _candidate(best, branches)
     if cand is None:  # the winner was measured by another space (a cached row)
         return _no_claim(default, "the winner was measured by another study's space: not re-measured, no claim")
-    paired, defaults = [], [default]
+    paired, defaults, winners = [], [default], [best]
 
     def measure(side: str) -> Any:
-        """One measurement of ``side`` (default or winner), stored; an ok default row is kept."""
-        if side == "default":
-            meas = bench.measure_default()
-            row = record(meas, "default", None)
-            if meas.ok:
-                defaults.append(row)
-            return row
-        return record(bench.measure(cand), "remeasure", cand)
+        """One measurement of ``side`` (default or winner), stored; an ok row is kept."""
+        meas = bench.measure_default() if side == "default" else bench.measure(cand)
+        row = record(meas, "default", None) if side == "default" else record(meas, "remeasure", cand)
+        if meas.ok:
+            (defaults if side == "default" else winners).append(row)
+        return row
 
     with interrupt.interruptible():
         # round 0, not judged (a compile may fall between its two sides): both sides compiled (and
@@ -166,11 +172,17 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
             paired.append(Round(*(decision_us(got[s]) if got.get(s) is not None and got[s].status == "ok"
                                   else None for s in ("default", "winner")),
                                 contended=sum(1 for r in got.values() if _disturbed(r))))
-    verdict = judge_speedup(paired)
+    # the rounds' verdict, then against every measurement of the two (the baseline's and the search's too)
+    verdict = against_fastest(judge_speedup(paired), map(_ok_us, defaults), map(_ok_us, winners))
     text = (f"speedup vs default, median of {len(paired)} paired interleaved round(s) (each side's fastest run, "
             "back to back): "
             f"{verdict.claim_text()}" + ("" if verdict.confirmed or verdict.ratio is None else f"; {verdict.reason}"))
     return SpeedupSettle(verdict, min(defaults, key=rank_key), text)
+
+
+def _ok_us(row: Any) -> float | None:
+    """An ok row's decision statistic (microseconds), None for any other."""
+    return decision_us(row) if row is not None and row.status == "ok" else None
 
 
 def _disturbed(row: Any) -> bool:
