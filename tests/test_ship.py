@@ -126,6 +126,8 @@ def test_collect_tune_export_then_every_key_hits_in_a_fresh_process(cli, tmp_pat
     assert sorted(old["report"]["stale"]) == sorted(tf.table)
     assert all("torch 2.1.0" in why for why in old["report"]["stale"].values())
     assert old["report"]["hits"] == {} and old["report"]["coverage"] == 0.0
+    # every entry stale: the table's compile is the default's, code for code, and no ratio is shown
+    assert old["ways"]["table"]["vs_default"]["reason"] == "the same code as the default compile: any difference is noise"
     assert "stale" in r.stdout and "below min_coverage" in r.stdout
 
 

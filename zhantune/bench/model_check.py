@@ -26,6 +26,7 @@ def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], tabl
 
     import torch
     from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
 
     from zhantune.inductor.runtime import use_table
 
@@ -35,7 +36,7 @@ def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], tabl
         with torch.no_grad(), inductor_config.patch(patch):
             compiled = torch.compile(mine)
             t0 = time.perf_counter()
-            out = compiled(*inputs)
+            out, code = run_and_get_code(compiled, *inputs)  # the code Inductor wrote: is it the default's?
             if device.kind == "cuda":  # pragma: no cover - needs a GPU
                 torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
@@ -47,7 +48,18 @@ def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], tabl
         with torch.no_grad():
             return compiled(*inputs)
 
-    return {"fn": fn, "compile_s": compile_s, "out": out, "report": installed.report if installed is not None else None}
+    return {"fn": fn, "compile_s": compile_s, "out": out, "code": _comparable(code),
+            "report": installed.report if installed is not None else None}
+
+
+def _comparable(code: list[str]) -> str:
+    """Inductor's output code less what differs between two compiles of one graph: the AOT id and
+    the frozen parameters' addresses in their comments (``_frozen_param3 = None  # device(...) ... 7f2e...``)."""
+    import re
+
+    text = "\n".join(code)
+    text = re.sub(r"(?m)^# AOT ID: .*$", "", text)
+    return re.sub(r"(?m)^(_frozen_param\d+ = None  # .*) [0-9a-f]+$", r"\1", text)
 
 
 def _time_once(fn: Any, device: Any, bench: Any) -> tuple[Any, dict[str, Any]]:
@@ -96,7 +108,12 @@ def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) 
     return out, contention
 
 
-def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+#: a difference check calls one only beyond this factor either way: export.min_speedup's default, for
+#: the offsets two copies of one kernel showed in paired rounds (up to 1.015x: docs/timing.md)
+CHECK_FLOOR = 1.02
+
+
+def versus(way: dict[str, Any], default: dict[str, Any], same_code: bool = False) -> dict[str, Any]:
     """The paired comparison of a way with the default: ``ratio`` = the median over the rounds of
     default / way (each side's fastest run in the round; > 1: the way is faster; one round's ways
     run one after another, so a slow phase of the machine inflates them alike, as in a tune's claim:
@@ -105,19 +122,26 @@ def versus(way: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
     a tune's claim, zhantune.bench.decision.beyond_spread, either way, so up to 1% of equal ways are
     marked consistent; check's rounds rotate three ways, so a way and the default are not always
     back to back; never with one round, nor where a round of either side was disturbed, by a tune's
-    claim's rule: zhantune.bench.conditions.disturbs_claim). Where not consistent, ``ratio`` is None
+    claim's rule: zhantune.bench.conditions.disturbs_claim), within :data:`CHECK_FLOOR` of 1, or where
+    the way compiled the very code of the default (``same_code``: a table of the default's kernels; a
+    helper saw "1.01x" printed for it under bursty load). Where not consistent, ``ratio`` is None
     (the terminal shows "~"), the median is ``unconfirmed_ratio`` and ``reason`` says why."""
     from zhantune.bench.decision import beyond_spread, paired_ratio
 
     per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
     n, low, high, ratio = len(per_round), min(per_round), max(per_round), paired_ratio(per_round)
     reason = None
-    if n < 2:
+    if same_code:
+        reason = "the same code as the default compile: any difference is noise"
+    elif n < 2:
         reason = "one round: no difference can be shown"
     elif way.get("disturbed_rounds") or default.get("disturbed_rounds"):
         reason = "a round began on a busy machine or ran contended without SCHED_FIFO: noise could have made it"
     elif not (beyond_spread(low, high, n) or beyond_spread(1 / high, 1 / low, n)):
         reason = "the rounds disagree on which is faster, or by too little for their spread"
+    elif 1 / CHECK_FLOOR < ratio < CHECK_FLOOR:
+        reason = (f"within {CHECK_FLOOR - 1:.0%} of the default: two copies of one kernel measured up to 1.015x apart "
+                  "in paired rounds (export.min_speedup's floor)")
     if reason is None:
         return {"ratio": ratio, "ratio_low": low, "ratio_high": high, "consistent": True, "reason": None}
     return {"ratio": None, "unconfirmed_ratio": ratio, "ratio_low": low, "ratio_high": high, "consistent": False,
@@ -161,7 +185,7 @@ def _check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
     times, contention = time_interleaved({n: c["fn"] for n, c in compiled.items()}, device, bench, rounds)
     ways: dict[str, dict[str, Any]] = {}
     for name, c in compiled.items():
-        vs = versus(times[name], times["default"])
+        vs = versus(times[name], times["default"], same_code=name != "default" and c["code"] == compiled["default"]["code"])
         if name == "default":
             vs["reason"] = "the default itself"
         ways[name] = {"compile_s": c["compile_s"], **times[name], "error": relative_error(c["out"], reference),
