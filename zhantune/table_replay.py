@@ -79,7 +79,7 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     its verdict, the newest of that config on this device: the export and compare follow it, as they
     follow a rerun tune's. No verdict where no rounds ran (the default's own kernel, ``rounds`` 0):
     a replay that claims nothing leaves what the tunes settled as it was."""
-    from zhantune.bench.decision import decision_us
+    from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, decision_us
     from zhantune.bench.settle import is_default_kernel, settle_speedup
     from zhantune.report.summary import within_noise
 
@@ -89,7 +89,10 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
         store.add_verdict(study_id=study_id, device_id=device_id, problem_id=row.problem_id,
                           config_hash=cand.config_hash, ratio=v.ratio, ratio_low=v.ratio_low, ratio_high=v.ratio_high,
                           rounds=v.rounds, contended=v.contended, confirmed=v.confirmed, reason=v.reason)
-    say(f"    {settled.text or v.reason}")
+    floor = DEFAULT_MIN_SPEEDUP  # as a tune's summary says it: a confirmed claim under the floor does not ship
+    below = (f"; below export.min_speedup ({floor} by default): the export ships Inductor's default for it"
+             if v.confirmed and v.ratio is not None and v.ratio < floor else "")
+    say(f"    {settled.text or v.reason}{below}")
     if is_default_kernel(row):  # one kernel twice: a gap beyond noise is not a speedup (a tune's summary says so too)
         default_us, entry_us = decision_us(settled.default), decision_us(row)
         if not within_noise(default_us / entry_us):
