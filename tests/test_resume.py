@@ -220,6 +220,25 @@ def test_a_killed_tunes_orphaned_trial_is_not_counted_as_measured(tmp_path):
 
 
 @pytest.mark.slow
+def test_ctrl_c_while_the_baselines_are_measured_stops_them_and_stores_none(tmp_path):
+    """A helper's: Ctrl-C during the baselines was acted on only once all three were measured and
+    stored (16 s at shape [128,64,80]; 29 s with a long bench.target_ms). They are interruptible now:
+    the run stops with exit 130 and stores no baseline (a rerun measures them)."""
+    db = tmp_path / "zhantune.db"
+    p = _tune(tmp_path, "bench.target_ms=30000", "bench.warmup_ms=0", "progress=false")  # 30 s per baseline
+    deadline = time.monotonic() + 120
+    while not db.exists() and time.monotonic() < deadline:  # the study's row is made before the baselines
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.1)
+    time.sleep(3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, out[-2000:] + err[-2000:]
+    assert "Traceback" not in err and "interrupted" in out + err, err[-2000:]
+    assert _kinds(db) == {}, _kinds(db)  # no eager, default or default_unfrozen row
+
+
+@pytest.mark.slow
 def test_a_study_a_timed_out_run_marked_finished_with_a_dead_claim_is_measured_to_its_budget(tmp_path):
     """A helper's: a tune killed mid-trial, then a rerun whose search.timeout_s ends while it waits
     for the dead claim, marked the study finished with 5 of 6 measured; every later run counted the

@@ -49,8 +49,7 @@ def study_budget(run: RunSpec, store: Store) -> tuple[Any, int, int]:
     """(the study's row or None, trials it has used, its budget): ``search.n_trials`` is the
     study's total over all runs; ``search.more_trials=N`` makes it what the study holds plus N."""
     row = store.study(run.study_name)
-    used = store.trials_used(row.id) if row is not None else 0
-    more = run.search.more_trials
+    used, more = (store.trials_used(row.id) if row is not None else 0), run.search.more_trials
     return row, used, (used + more if more is not None else run.search.n_trials)
 
 
@@ -173,8 +172,7 @@ def settle(run: RunSpec, store: Store, bench: Benchmarker, rec: Recorder, proble
         result.claimed = best
         settled = settle_speedup(best, default, run.space.branches, bench, rec.add, rounds)
         result.default = settled.default
-        if settled.text is not None:
-            result.speedup_text = settled.text
+        result.speedup_text = settled.text if settled.text is not None else result.speedup_text
         v = settled.verdict
         store.add_verdict(study_id=result.study_id, device_id=rec.device_id, problem_id=problem_id,
                           config_hash=best.config_hash, ratio=v.ratio, ratio_low=v.ratio_low, ratio_high=v.ratio_high,
@@ -251,9 +249,11 @@ class _Tune:
         if stored:
             self.problem_id = stored["eager"].problem_id
             if any(b.scope == "template" for b in run.space.branches):
-                bench.record_lookup()  # untimed: template candidates are served under the key it records
+                with interrupt.interruptible():  # Ctrl-C stops a compile at once (it waited for every baseline)
+                    bench.record_lookup()  # untimed: template candidates are served under the key it records
         else:
-            baselines = bench.baselines()
+            with interrupt.interruptible():  # nothing is stored until all three are measured
+                baselines = bench.baselines()
             fields = run.problem.row_fields()
             if bench.lookup is not None:  # the op Inductor looked the GEMM up with (linear_act on a GPU: mm)
                 fields["lookup_op"] = bench.lookup.op_name
