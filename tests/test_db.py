@@ -1112,7 +1112,7 @@ def test_a_lock_held_past_the_busy_timeout_is_one_line_with_what_to_do(tmp_path)
     the apps print this line instead (the CLI path takes the 30 s timeout, so it is not run here)."""
     import optuna
 
-    from zhantune.storage.engine import locked_out
+    from zhantune.storage.rerun import locked_out
 
     db = tmp_path / "l.db"
     holder = sqlite3.connect(db, isolation_level=None)
@@ -1131,6 +1131,62 @@ def test_a_lock_held_past_the_busy_timeout_is_one_line_with_what_to_do(tmp_path)
     assert msg.startswith("storage.url=sqlite://me:***@/l.db: the database (or, for a merge, one of its sources) stayed locked")
     assert msg.endswith("run the same command again to continue") and "s3cret" not in msg
     assert locked_out(RuntimeError("something else"), "sqlite:///l.db") is None
+    # two merges or imports into one database at once (a helper's, 0.2 s apart): the second's row was
+    # there already (UNIQUE); a rerun skips what is there. Only for them: in a tune it is a bug's
+    from sqlalchemy.exc import IntegrityError
+
+    race = IntegrityError("INSERT ...", {}, sqlite3.IntegrityError("UNIQUE constraint failed: zt_measurement.study_id"))
+    assert locked_out(race, "sqlite:///l.db", concurrent=True) == (
+        "storage.url=sqlite:///l.db: another merge or import wrote the same rows at the same time; nothing stored was "
+        "lost: run the same command again to finish this one")
+    assert locked_out(race, "sqlite:///l.db") is None
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """An 8 MiB tmpfs (needs mount, i.e. root): room for a database, then filled."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def _fill(disk: Path) -> Path:
+    """The rest of ``disk`` taken by one file, a page at a time; returns it."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"x" * 4096)
+    return filler
+
+
+def test_a_full_disk_under_a_tune_or_a_merge_is_one_line_and_the_rerun_continues(cli, tmp_path, small_disk):
+    """A helper's: on a full disk a tune ended in Optuna's traceback saying "invalid data in the
+    commit, e.g. exceeding max length" (the cause, SQLite's "database or disk is full", further down
+    the chain), and a merge in zhantune's StorageInternalError. One line now, exit 2, and once space
+    is freed the same command continues to the budget."""
+    url = f"sqlite:///{small_disk}/z.db"
+    replay = ["bench=replay", f"bench.path={GEMM}", f"storage.url={url}", "progress=false"]
+    r = cli([*replay, "search.n_trials=2"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    Store(f"sqlite:///{tmp_path / 'src.db'}").engine.dispose()
+    assert cli(["files=[" + str(A100) + "]", f"storage.url=sqlite:///{tmp_path / 'src.db'}"], cwd=tmp_path,
+               module="zhantune.kerneltuner").returncode == 0
+    filler = _fill(small_disk)
+    for args, module in (([*replay, "search.n_trials=8"], "zhantune"),
+                         (["merge", f"sources=[sqlite:///{tmp_path / 'src.db'}]", f"storage.url={url}"], "zhantune.db")):
+        r = cli(args, cwd=tmp_path, module=module)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert lines[0] == (f"zhantune: storage.url={url}: the disk holding the database is full; nothing stored was "
+                            "lost: free some space and run the same command again to continue"), lines
+    filler.unlink()
+    r = cli([*replay, "search.n_trials=8"], cwd=tmp_path)
+    assert r.returncode == 0 and "the study holds 8 of 8" in " ".join(r.stdout.split()), r.stdout[-2000:]
 
 
 def test_merging_into_a_damaged_database_is_one_line_and_leaves_it(cli, tmp_path):

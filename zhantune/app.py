@@ -47,7 +47,7 @@ def _tune_app(cfg: DictConfig) -> dict | None:
         user_error(e)
         return
     except Exception as e:
-        from zhantune.storage.engine import locked_out
+        from zhantune.storage.rerun import locked_out
 
         if (msg := locked_out(e, cfg.storage.url)) is None:
             raise

@@ -86,9 +86,9 @@ def _db_app(cfg: DictConfig) -> None:
     except UserError as e:
         user_error(e)
     except Exception as e:
-        from zhantune.storage.engine import locked_out
+        from zhantune.storage.rerun import locked_out
 
-        if (msg := locked_out(e, url)) is None:
+        if (msg := locked_out(e, url, concurrent=True)) is None:
             raise
         user_error(msg)
 

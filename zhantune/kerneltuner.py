@@ -97,6 +97,12 @@ def _import_app(cfg: DictConfig) -> None:
                   "has" + ("; put the database's password in place of ***" if url != cfg.storage.url else "") + ")")
     except UserError as e:
         user_error(e)
+    except Exception as e:  # the database locked past the busy timeout, a full disk, an import beside this one
+        from zhantune.storage.rerun import locked_out
+
+        if (msg := locked_out(e, cfg.storage.url, concurrent=True)) is None:
+            raise
+        user_error(msg)
 
 
 def main() -> None:

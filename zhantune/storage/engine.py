@@ -26,7 +26,7 @@ from zhantune.redact import hide_password, mask, url_secrets
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
 from zhantune.storage.sqlite_files import optuna_reader, read_mode, sqlite_path, sqlite_reader
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "locked_out", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
+__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
            "check_sqlite_integrity", "refuse_foreign_or_newer", "refuse_other_optuna_schema", "make_engine", "sqlite_pragmas", "open_existing", "existing_revision",
            "sqlite_reader", "optuna_reader", "optuna_reads", "users_side", "file_lock", "remove_sqlite_files", "canonical_json", "first_line"]
 
@@ -124,11 +124,23 @@ def _check_sqlite_file(path: Path, url: str, source: str = "storage.url") -> Non
     except sqlite3.DatabaseError as e:
         if "not a database" in str(e):
             raise StorageError(f"{source}={hide_password(url)}: {path} is not an SQLite database; left untouched") from None
+        if "disk I/O error" in str(e) and _free_bytes(path.resolve().parent) < 1 << 16:  # opening a WAL file needs room
+            raise StorageError(f"{source}={hide_password(url)}: the disk holding the database is full; nothing stored "
+                               "was lost: free some space and run the same command again to continue") from None
         wal, shm = (Path(f"{path.resolve()}{x}").exists() for x in ("-wal", "-shm"))
         why = (f"; its -wal is beside it without its -shm, which this process may not create in {path.resolve().parent}"
                if wal and not shm and not os.access(path.resolve().parent, os.W_OK) else "")
         raise StorageError(f"{source}={hide_password(url)}: {path} is not a readable SQLite database ({e}{why}); "
                            "left untouched") from None
+
+
+def _free_bytes(directory: Path) -> int:
+    """Bytes this user may still write under ``directory`` (a large number where it cannot tell)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return 1 << 62
+    return st.f_bavail * st.f_frsize
 
 
 def check_sqlite_integrity(path: Path, where: str) -> None:
@@ -238,20 +250,6 @@ def file_lock(lock: Path) -> Iterator[None]:
             return
         finally:
             f.close()  # closing the file releases the lock
-
-
-def locked_out(e: BaseException, url: str, where: str = "storage.url") -> str | None:
-    """The one-line message for an error caused by SQLite's lock held by another writer past the busy
-    timeout ("database is locked", anywhere in the chain: Optuna wraps it), else None. A tune or a
-    merge ended in a traceback (a review held the lock for over 30 s); the rerun continues."""
-    seen = e
-    while seen is not None:
-        if "database is locked" in str(seen):
-            return (f"{where}={redact_url(url)}: the database (or, for a merge, one of its sources) stayed "
-                    f"locked by another process (SQLite waits up to {SQLITE_BUSY_TIMEOUT_MS // 1000} s); nothing "
-                    "stored was lost: run the same command again to continue")
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 def write_refused(e: Exception) -> bool:
