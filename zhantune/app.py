@@ -58,8 +58,10 @@ def _tune_app(cfg: DictConfig) -> dict | None:
         return job_record([(run, result)], cfg.storage.url)  # a multirun's summary: done, not failed
     print_summary(console, run, result, cfg.storage.url)
     if result.interrupted:
-        console.print(f"[yellow]interrupted: run the same command again to resume the study (it measures "
-                      f"the {max(0, result.target - result.done)} trial(s) still missing)[/yellow]")
+        missing = max(0, result.target - result.done)  # none: the settle was interrupted (it said "the 0 trial(s)")
+        console.print("[yellow]interrupted: run the same command again to " + (
+            f"resume the study (it measures the {missing} trial(s) still missing)" if missing else
+            "settle the speedup (the search is done; the paired rounds run again)") + "[/yellow]")
         sys.exit(130)
     return job_record([(run, result)], cfg.storage.url)
 

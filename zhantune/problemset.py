@@ -68,6 +68,12 @@ def measure_defaults(problems: list[Any], device: Any, bench: Any) -> Contention
     return contention
 
 
+def _measured(store: Any, pr: Any) -> int:
+    """Trials the study of ``pr`` (a ProblemRun) holds measured, at most its share."""
+    row = store.study(pr.run.study_name)
+    return min(store.trial_counts(row.id)[0], pr.n_trials) if row is not None else 0
+
+
 def write_problems(path: str | Path, problems: list[Any], header: dict[str, Any]) -> Path:
     """Write the problems file (YAML); ``header`` names the model, inputs, device and versions."""
     tunable, skipped = [], []
@@ -303,8 +309,8 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
 
     out = ProblemsResult(runs)
     total = sum(r.n_trials for r in runs)
-    done = 0
     for i, pr in enumerate(runs, 1):
+        done = sum(_measured(store, r) for r in runs)  # a resumed run's earlier trials too (it said 0/6)
         share = pr.row.get("share")
         header = (f"[bold]problem {i}/{len(runs)}[/bold] {escape(pr.run.problem.key)} x{pr.row.get('count', 1)}"
                   + (f" ({share:.0%} of the model's GEMM time)" if share else "")
@@ -322,7 +328,6 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
                           highlight=False)
         if pr.result.transfer_text:
             console.print(pr.result.transfer_text, markup=False)
-        done += pr.n_trials
         if pr.result.interrupted:
             out.interrupted = True
             return out
