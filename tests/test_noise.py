@@ -375,6 +375,42 @@ def test_rounds_that_agree_are_no_claim_when_the_defaults_fastest_measurement_is
     assert v.confirmed and v.reason.startswith("confirmed"), v
 
 
+def test_check_times_each_way_as_compiled_and_finds_the_defaults_own_code(tmp_path, monkeypatch):
+    """check compiles its ways one after another, then times them: no timed call may compile again
+    (a review found the code capture's torch._dynamo.reset() had dropped every way compiled before
+    the last, so "table" recompiled without its table and timed the default). A table of the
+    default's own kernel compiles the default's very code: no ratio."""
+    import json
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    import zhantune.bench.model_check as mc
+    from zhantune.config import BenchConfig
+    from zhantune.device import resolve_device
+    from zhantune.inductor.gemms import collect
+    from zhantune.inductor.table import read_table
+
+    torch.manual_seed(0)
+    model, x, device = torch.nn.Linear(64, 96).eval(), torch.randn(8, 64), resolve_device("cpu")
+    keys = [f"{device.key}+{p.lookup_key}" for p in collect(model, (x,), device)]
+    (tmp_path / "t.json").write_text(json.dumps({k: [{"template_id": "aten::addmm"}] for k in keys}))
+    real, graphs = mc.time_interleaved, []
+
+    def timed(fns, *args, **kwargs):
+        graphs.append(counters["stats"]["unique_graphs"])
+        out = real(fns, *args, **kwargs)
+        graphs.append(counters["stats"]["unique_graphs"])
+        return out
+
+    monkeypatch.setattr(mc, "time_interleaved", timed)
+    bench = BenchConfig(warmup_ms=1.0, target_ms=2.0, busy_wait_s=0.0)
+    result = mc.check_model(model, (x,), device, read_table(tmp_path / "t.json", "cpu"), bench, max_autotune=False,
+                            rounds=2)
+    assert graphs[0] == graphs[1], graphs  # nothing compiled while timing
+    assert result["ways"]["table"]["vs_default"]["reason"] == "the same code as the default compile: any difference is noise"
+
+
 @pytest.mark.parametrize("rounds,confirmed,reason", VERDICTS)
 def test_judge_speedup(rounds, confirmed, reason):
     v = judge_speedup(rounds)

@@ -23,20 +23,25 @@ def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], tabl
     compiles its own copy, so that Dynamo keeps one graph per way and calling one never recompiles
     another."""
     import copy
+    from unittest import mock
 
     import torch
     from torch._inductor import config as inductor_config
-    from torch._inductor.utils import run_and_get_code
+    from torch._inductor.graph import GraphLowering
 
     from zhantune.inductor.runtime import use_table
 
+    codes: list[str] = []
     mine = copy.deepcopy(model)
     installed = use_table(table, device.kind) if table is not None else None
     try:
         with torch.no_grad(), inductor_config.patch(patch):
             compiled = torch.compile(mine)
             t0 = time.perf_counter()
-            out, code = run_and_get_code(compiled, *inputs)  # the code Inductor wrote: is it the default's?
+            # the code Inductor writes (is it the default's?), as run_and_get_code takes it but without its
+            # torch._dynamo.reset(), which dropped the ways compiled before: their timed calls recompiled
+            with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+                out = compiled(*inputs)
             if device.kind == "cuda":  # pragma: no cover - needs a GPU
                 torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
@@ -48,7 +53,7 @@ def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], tabl
         with torch.no_grad():
             return compiled(*inputs)
 
-    return {"fn": fn, "compile_s": compile_s, "out": out, "code": _comparable(code),
+    return {"fn": fn, "compile_s": compile_s, "out": out, "code": _comparable(codes) if codes else None,
             "report": installed.report if installed is not None else None}
 
 
@@ -185,7 +190,8 @@ def _check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
     times, contention = time_interleaved({n: c["fn"] for n, c in compiled.items()}, device, bench, rounds)
     ways: dict[str, dict[str, Any]] = {}
     for name, c in compiled.items():
-        vs = versus(times[name], times["default"], same_code=name != "default" and c["code"] == compiled["default"]["code"])
+        same = name != "default" and c["code"] is not None and c["code"] == compiled["default"]["code"]
+        vs = versus(times[name], times["default"], same_code=same)
         if name == "default":
             vs["reason"] = "the default itself"
         ways[name] = {"compile_s": c["compile_s"], **times[name], "error": relative_error(c["out"], reference),
