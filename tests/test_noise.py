@@ -47,12 +47,12 @@ VERDICTS = [  # (rounds, confirmed, reason contains)
 
 
 def _settle_with(conditions: dict, method: str, default_us=(100.0,), winner_us=(50.0,), conditions_of=None,
-                 best_us=50.0, baseline_us=100.0):
+                 best_us=50.0, baseline_us=100.0, this_run=True):
     """settle_speedup of a C++ GEMM winner (its search row ``best_us``) over Inductor's default (its
     baseline row ``baseline_us``), every timed run under ``conditions`` (or, for the settle's own
     measurements, ``conditions_of()``) and timing ``method``, rows built as a tune stores them
     (measurement_row); ``default_us``/``winner_us``: each side's successive timings in the settle
-    (the last one repeats)."""
+    (the last one repeats); ``this_run``: the search and baseline rows were measured by this run."""
     from types import SimpleNamespace
 
     from zhantune.bench.measurement import Measurement
@@ -86,7 +86,8 @@ def _settle_with(conditions: dict, method: str, default_us=(100.0,), winner_us=(
             conditions=meas.conditions))
 
     best, default = record(timed(best_us), "candidate", cand), record(timed(baseline_us), "default", None)
-    return settle_speedup(best, default, [SimpleNamespace(name="cpp_gemm", scope="config")], bench, record, 3).verdict
+    return settle_speedup(best, default, [SimpleNamespace(name="cpp_gemm", scope="config")], bench, record, 3,
+                          earlier=(best, default) if this_run else ()).verdict
 
 
 @pytest.mark.parametrize("a_us,b_us,verdict", [
@@ -373,6 +374,11 @@ def test_rounds_that_agree_are_no_claim_when_the_defaults_fastest_measurement_is
     v = _settle_with(quiet, "cpu:perf_counter:fifo", default_us=(86.0, 86.9, 86.5, 87.6), winner_us=(78.4, 79.6, 79.0, 79.4),
                      best_us=78.3, baseline_us=84.9)
     assert v.confirmed and v.reason.startswith("confirmed"), v
+    # a baseline stored by an earlier run (a resumed study: another phase of the machine, or another
+    # machine of the device key) is not this run's evidence
+    v = _settle_with(quiet, "cpu:perf_counter:fifo", default_us=(86.0, 86.9, 86.5, 87.6),
+                     winner_us=(78.4, 79.6, 79.0, 79.4), best_us=78.3, baseline_us=76.6, this_run=False)
+    assert v.confirmed, v
 
 
 def test_check_times_each_way_as_compiled_and_finds_the_defaults_own_code(tmp_path, monkeypatch):

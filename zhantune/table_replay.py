@@ -83,7 +83,7 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     from zhantune.bench.settle import is_default_kernel, settle_speedup
     from zhantune.report.summary import within_noise
 
-    settled = settle_speedup(row, default_row, (), bench, rec.add, rounds, cand)
+    settled = settle_speedup(row, default_row, (), bench, rec.add, rounds, cand, earlier=(row, default_row))
     v = settled.verdict
     if v.rounds:
         store.add_verdict(study_id=study_id, device_id=device_id, problem_id=row.problem_id,

@@ -83,8 +83,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     if finished and not _settle_again(run, store, row.id):
         return _finished_result(run, store, row, target)
     mark_tune_root()  # NVML's "other processes" leave out this tune's workers (conditions.own_pids)
-    sampler = make_sampler(run.search.sampler)
-    n_compile = run.compile_workers()
+    sampler, n_compile = make_sampler(run.search.sampler), run.compile_workers()
     # one kernel cache for this tune, shared by the timing and compile-ahead workers, deleted at its end
     with scratch_cache_dir(kernel_store=run.kernel_store) as cache_dir:
         bench = run.benchmarker(cache_dir)
@@ -170,7 +169,8 @@ def settle(run: RunSpec, store: Store, bench: Benchmarker, rec: Recorder, proble
         if default is None or default.status != "ok" or best is None:
             return
         result.claimed = best
-        settled = settle_speedup(best, default, run.space.branches, bench, rec.add, rounds)
+        settled = settle_speedup(best, default, run.space.branches, bench, rec.add, rounds,
+                                 earlier=[r for r in (default, best) if r.id in rec.stored_ids])
         result.default = settled.default
         result.speedup_text = settled.text if settled.text is not None else result.speedup_text
         v = settled.verdict

@@ -217,10 +217,10 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
 
 def against_fastest(verdict: SpeedupVerdict, default_us: Iterable[float | None],
                     winner_us: Iterable[float | None]) -> SpeedupVerdict:
-    """A confirmed ``verdict`` checked against every measurement of the two kernels in the run
-    (microseconds, each row's decision statistic: the baselines and the search's too, not only the
-    rounds'): noise only adds time, so the default's fastest at or below the winner's fastest
-    contradicts any speedup, whatever the rounds agreed on. A helper measured it: the default's
+    """A confirmed ``verdict`` checked against every measurement of the two kernels in this run
+    (microseconds, each row's decision statistic: the run's baseline and search rows too, not only the
+    rounds'; never another run's): noise only adds time, so the default's fastest at or below the
+    winner's fastest contradicts the speedup, whatever the rounds agreed on. A helper measured it: the default's
     compiled kernel ran 85-89 us through a settle's rounds and 76.6 us as its baseline, the winner
     78.3-79.7 us, and three rounds confirmed 1.09x for two kernels that replays found equal (13
     settles, 0.91-1.23x). Unconfirmed then, its ratio kept; other verdicts are returned as they are."""

@@ -133,7 +133,7 @@ def _no_claim(default: Any, reason: str) -> SpeedupSettle:
 
 
 def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benchmarker, record: Record,
-                   rounds: int, candidate: Candidate | None = None) -> SpeedupSettle:
+                   rounds: int, candidate: Candidate | None = None, earlier: Sequence[Any] = ()) -> SpeedupSettle:
     """Settle the speedup claim of ``best`` (the fastest row a table can carry) over Inductor's
     default (``default``, its ok row; always, not only when their times overlap): one measurement of
     each first (it compiles what is not kept compiled; stored, not judged), then ``rounds``
@@ -143,7 +143,10 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
     (and no claim) when the winner is the kernel the default compile runs (:func:`is_default_kernel`),
     when ``rounds`` is 0, or when its branch is not in ``branches`` (a row of another space).
     ``candidate``: the candidate ``best`` measured, where the caller has it (a table's replay, which
-    has no space); else rebuilt from ``branches``."""
+    has no space); else rebuilt from ``branches``. ``earlier``: rows of the two this run measured
+    before the settle (a default's baseline of kind ``default``, the winner's search row), which
+    zhantune.bench.decision.against_fastest weighs with the settle's own; never another run's (another
+    machine of the device key, another phase, another torch)."""
     if is_default_kernel(best):
         return _no_claim(default, "the winner is the kernel Inductor's default compile runs: no speedup to claim")
     if rounds == 0:
@@ -151,14 +154,18 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
     cand = candidate or _candidate(best, branches)
     if cand is None:  # the winner was measured by another space (a cached row)
         return _no_claim(default, "the winner was measured by another study's space: not re-measured, no claim")
-    paired, defaults, winners = [], [default], [best]
+    paired, defaults = [], [default]
+    seen_default = [r for r in earlier if r.kind == "default"]  # against_fastest's evidence: this run's rows
+    seen_winner = [r for r in earlier if r.kind != "default"]
 
     def measure(side: str) -> Any:
         """One measurement of ``side`` (default or winner), stored; an ok row is kept."""
         meas = bench.measure_default() if side == "default" else bench.measure(cand)
         row = record(meas, "default", None) if side == "default" else record(meas, "remeasure", cand)
         if meas.ok:
-            (defaults if side == "default" else winners).append(row)
+            (seen_default if side == "default" else seen_winner).append(row)
+            if side == "default":
+                defaults.append(row)
         return row
 
     with interrupt.interruptible():
@@ -172,8 +179,8 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
             paired.append(Round(*(decision_us(got[s]) if got.get(s) is not None and got[s].status == "ok"
                                   else None for s in ("default", "winner")),
                                 contended=sum(1 for r in got.values() if _disturbed(r))))
-    # the rounds' verdict, then against every measurement of the two (the baseline's and the search's too)
-    verdict = against_fastest(judge_speedup(paired), map(_ok_us, defaults), map(_ok_us, winners))
+    # the rounds' verdict, then against every measurement of the two in this run (the baseline's, the search's)
+    verdict = against_fastest(judge_speedup(paired), map(_ok_us, seen_default), map(_ok_us, seen_winner))
     text = (f"speedup vs default, median of {len(paired)} paired interleaved round(s) (each side's fastest run, "
             "back to back): "
             f"{verdict.claim_text()}" + ("" if verdict.confirmed or verdict.ratio is None else f"; {verdict.reason}"))

@@ -74,6 +74,8 @@ class Recorder:
         self.device_id, self.problem_id = device_id, problem_id
         self.versions = software_versions()
         self.environment_id = store.environment_id(environment_fields())
+        #: the ids of the rows stored through this Recorder: this run's own measurements
+        self.stored_ids: set[int] = set()
 
     def add(self, meas: Measurement, kind: str, candidate: Candidate | None = None,
             trial_number: int | None = None, claimed: bool = False) -> m.MeasurementRow:
@@ -91,4 +93,5 @@ class Recorder:
                                  triton_version=self.versions["triton"], problem=self.problem, conditions=seen)
         with interrupt.deferred():  # Ctrl-C never cuts a row's write in half
             row_id = self.store.add_measurement(claimed=claimed, **fields)
+        self.stored_ids.add(row_id)
         return m.MeasurementRow(id=row_id, **fields)
