@@ -207,7 +207,7 @@ def _no_table_outlives_its_test():
     handler installed for every later test of the same xdist worker: remove what is left, newest first."""
     yield
     runtime = sys.modules.get("zhantune.inductor.runtime")  # never imported: nothing was installed
-    for installed in reversed(list(runtime._INSTALLED if runtime else [])):
+    for installed in reversed(list(runtime._installed() if runtime else [])):
         installed.remove()
 
 

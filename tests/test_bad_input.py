@@ -926,6 +926,16 @@ def test_use_table_removed_in_any_order_leaves_what_was_there_and_refuses_what_i
         with pytest.raises(TypeError, match="expected a path, a dict or a TableFile"):
             use_table(bad)
     assert state() == before
+    # per thread, as Inductor's handler is: another thread's remove() is refused, its own works
+    import threading
+
+    a, errors = use_table(table_a), []
+    t = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, a.remove)))
+    t.start()
+    t.join()
+    assert errors and "in the thread that installed it" in str(errors[0].value) and V.choices is a.handler
+    a.remove()
+    assert state() == before
 
 
 PLAIN_CALL = textwrap.dedent("""

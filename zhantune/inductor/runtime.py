@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import Any
 
 from torch._inductor import config as inductor_config
@@ -66,10 +67,10 @@ class InstalledTable:
         # on CPU nothing else (the hooks act per GEMM), on CUDA the table's compile settings
         self.handler = TableChoices(tf)  # first: a handler that cannot be made leaves nothing set
         self._install()
-        self._removed = False
+        self._removed, self._thread = False, threading.get_ident()
         # installed until remove(), whether or not the caller keeps this object: the handler's
         # context manager is a generator that would restore the previous handler when collected
-        _INSTALLED.append(self)
+        _installed().append(self)
 
     def _install(self) -> None:
         self._patch = inductor_config.patch({**({} if self.device == "cpu" else cuda_table_patch(self.tf.table)),
@@ -98,13 +99,16 @@ class InstalledTable:
         first and put back after (removing the first of two installs left it in effect, a review found)."""
         if self._removed:
             return
-        self._removed = True
-        at = _INSTALLED.index(self)
-        later = _INSTALLED[at + 1:]
+        if threading.get_ident() != self._thread:  # Inductor's handler is per thread: another's would be undone
+            raise RuntimeError("remove() a table in the thread that installed it (use_table is per thread)")
+        stack = _installed()
+        at = stack.index(self)
+        later = stack[at + 1:]
         for table in reversed(later):
             table._uninstall()
         self._uninstall()
-        del _INSTALLED[at]
+        del stack[at]
+        self._removed = True
         for table in later:
             table._install()
 
@@ -116,8 +120,14 @@ class InstalledTable:
 
 
 _last_report: list[TableReport] = []
-#: tables installed and not yet removed (a plain ``use_table(...)`` call keeps working)
-_INSTALLED: list[InstalledTable] = []
+#: per thread, the tables installed and not yet removed, in order (a plain ``use_table(...)`` call keeps working)
+_LOCAL = threading.local()
+
+
+def _installed() -> list[InstalledTable]:
+    if not hasattr(_LOCAL, "tables"):
+        _LOCAL.tables = []
+    return _LOCAL.tables
 
 
 def use_table(table: str | os.PathLike[str] | dict[str, Any] | TableFile, device: str = "cpu") -> InstalledTable:
