@@ -28,7 +28,9 @@ def locked_out(e: BaseException, url: str, where: str = "storage.url", concurren
         if "database or disk is full" in text or getattr(getattr(seen, "orig", seen), "sqlstate", None) == "53100":
             return (f"{where}={redact_url(url)}: the disk holding the database is full; nothing stored was lost: "
                     "free some space and run the same command again to continue")
-        if concurrent and isinstance(seen, IntegrityError):
+        orig = getattr(seen, "orig", None)  # a unique row only: a NOT NULL or foreign key would fail every time
+        if concurrent and isinstance(seen, IntegrityError) and (
+                "UNIQUE constraint failed" in str(orig) or getattr(orig, "sqlstate", None) == "23505"):
             return (f"{where}={redact_url(url)}: another merge or import wrote the same rows at the same time; "
                     "nothing stored was lost: run the same command again to finish this one")
         seen = seen.__cause__ or seen.__context__
