@@ -482,3 +482,26 @@ def test_same_kernel_as_default_is_about_the_claimed_config_else_the_best():
     assert not TuneResult("s", 1, None, None, None).same_kernel_as_default
     assert not TuneResult("s", 1, None, None, aten, claimed=cpp).same_kernel_as_default
     assert TuneResult("s", 1, None, None, cpp, claimed=aten).same_kernel_as_default
+
+
+def test_write_atomic_keeps_a_files_mode_replaces_a_link_and_fits_any_name(tmp_path):
+    """zhantune.paths.write_atomic (reports, tables, problems files): a review found it reset a 0600
+    file to 0644, wrote through a link whose directory check_output_path had not checked, and named
+    its temporary file after the target (a 250-byte name then failed after the work was done)."""
+    from zhantune.errors import ConfigError
+    from zhantune.paths import write_atomic
+
+    private = tmp_path / "private.json"
+    private.write_text("old")
+    private.chmod(0o600)
+    write_atomic(private, "new", "json")
+    assert private.read_text() == "new" and (private.stat().st_mode & 0o777) == 0o600
+    (tmp_path / "link.html").symlink_to(private)
+    write_atomic(tmp_path / "link.html", "report", "html")
+    assert not (tmp_path / "link.html").is_symlink() and private.read_text() == "new"
+    long = tmp_path / ("x" * 250 + ".html")
+    write_atomic(long, "ok", "html")
+    assert long.read_text() == "ok"
+    with pytest.raises(ConfigError, match=r"^json=.*bad.json: cannot write: .*surrogates not allowed; nothing was written"):
+        write_atomic(tmp_path / "bad.json", "\udcff", "json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["private.json", "link.html", long.name])

@@ -3,6 +3,7 @@ because the file it was asked to write cannot be written."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -63,30 +64,35 @@ def check_output_path(path: str | os.PathLike[str], option: str,
 def write_atomic(path: str | os.PathLike[str], text: str, option: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically: into a temporary file beside it, renamed over
     it once whole, so that a reader never sees half a file and a write that fails (a full disk)
-    leaves the previous file as it was; a symbolic link's target is written. The file gets an
-    ordinary file's mode (0666 less the umask); missing folders are created. Raises ConfigError
-    naming ``option`` (``html=report.html: cannot write: No space left on device; ...``)."""
+    leaves the previous file as it was. A file that was there keeps its mode (a new one gets 0666
+    less the umask); a symbolic link there is replaced by the file, as :func:`check_output_path`
+    checked its directory; missing folders are created. Raises ConfigError naming ``option``
+    (``html=report.html: cannot write: No space left on device; ...``)."""
+    import stat
     import tempfile
 
-    dest = Path(os.path.realpath(path))
-    tmp = None
+    dest, tmp = Path(path), None
     try:
+        old = dest.stat().st_mode if dest.is_file() and not dest.is_symlink() else None
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # an ordinary file, not mkstemp's private 0600
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".zt-", suffix=".tmp")  # short: any file name fits
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            umask = os.umask(0)
+            os.umask(umask)
+            with contextlib.suppress(OSError):  # vfat, CIFS: no modes
+                os.fchmod(f.fileno(), stat.S_IMODE(old) if old is not None else 0o666 & ~umask)
             f.write(text)
         os.replace(tmp, dest)
         tmp = None
-    except OSError as e:
-        raise ConfigError(f"{option}={path}: cannot write: {e.strerror or e}; "
-                          f"{'the file there is unchanged' if dest.exists() else 'nothing was written'}") from None
+    except (OSError, UnicodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ConfigError(f"{option}={path}: cannot write: {why}; "
+                          f"{'the file there is unchanged' if os.path.lexists(dest) else 'nothing was written'}") from None
     finally:
-        if tmp is not None:  # no stray .NAME.*.tmp beside the path
-            Path(tmp).unlink(missing_ok=True)
-    return Path(path)
+        if tmp is not None:  # no stray temporary file beside the path
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return dest
 
 
 def _probe(directory: Path, where: str) -> None:
