@@ -170,12 +170,11 @@ def raised_at(e: BaseException) -> str:
 
     if isinstance(e, SyntaxError):  # its message names the file and line; its frames are the importer's
         return ""
-    frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ is not None else []
+    # the first frame is the one that caught it (zhantune's build_model, load_factory, ModelRequest)
+    frames = traceback.extract_tb(e.__traceback__)[1:] if e.__traceback__ is not None else []
     library = tuple(os.path.realpath(p) + os.sep for p in {os.path.dirname(torch.__file__),
                                                            sysconfig.get_path("stdlib"), sysconfig.get_path("purelib")})
-    mine = os.path.realpath(__file__)
-    users = [f for f in frames if os.path.realpath(f.filename) != mine or f.name != "build_model"]
-    users = [f for f in users if not (f.filename.startswith("<") or os.path.realpath(f.filename).startswith(library))] \
+    users = [f for f in frames if not (f.filename.startswith("<") or os.path.realpath(f.filename).startswith(library))] \
         or frames
     if not users:
         return ""
