@@ -290,11 +290,11 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         tried.extend(fs.row_of(params) for number, params in self._pending.items() if known.get(number, (-1,))[0] < 0)
         unseen = np.ones(len(fs), dtype=bool)
         unseen[tried] = False
+        tried_before = int((~unseen[self._seed_rows]).sum()) - self.prior_seeds_proposed
+        self.prior_seeds_tried = max(self.prior_seeds_tried, tried_before)
         if not unseen.any():
             return None
         n_startup = self.n_startup_trials
-        tried_before = int((~unseen[self._seed_rows]).sum()) - self.prior_seeds_proposed
-        self.prior_seeds_tried = max(self.prior_seeds_tried, tried_before)
         for row in self._seed_rows:  # transfer: the best configs elsewhere first
             if unseen[row]:
                 self.prior_seeds_proposed += 1
