@@ -10,6 +10,7 @@ back until then, is joined into one line, and the exit code is 2.
 from __future__ import annotations
 
 import io
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -346,9 +347,10 @@ def run_app(hydra_main: Callable[[], object]) -> None:
         _release_stderr()
         _drop_stdout()
         sys.exit(1)
-    except KeyboardInterrupt:  # Ctrl-C where the app has no handler of its own (check, collect, db): one line
+    except KeyboardInterrupt as e:  # Ctrl-C where the app has no handler of its own (check, collect, db): one line
         sys.stderr.write(_hide(_release_stderr()))
-        print("zhantune: interrupted (Ctrl-C)", file=sys.stderr)
+        print("zhantune: interrupted (" + ("SIGTERM" if f"signal {signal.SIGTERM.value}" in str(e) else "Ctrl-C") + ")",
+              file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT_CODE)
     except SystemExit as e:
         text = _release_stderr()

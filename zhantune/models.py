@@ -156,7 +156,7 @@ def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torc
         if not _out_of_memory(e):
             raise
         raise ConfigError(f"model={spec!r} with model_kwargs={kwargs}: its weights do not fit in the memory of "
-                          f"{device} in {dtype} ({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})") from None
+                          f"{device} in {dtype} ({first_line(e, 200)})") from None
 
 
 def raised_at(e: BaseException) -> str:

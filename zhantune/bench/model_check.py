@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP
+
 __all__ = ["check_model", "time_interleaved", "versus"]
 
 
@@ -113,9 +115,9 @@ def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) 
     return out, contention
 
 
-#: a difference check calls one only beyond this factor either way: export.min_speedup's default, for
+#: a difference check calls one only from this factor either way: export.min_speedup's default, for
 #: the offsets two copies of one kernel showed in paired rounds (up to 1.015x: docs/timing.md)
-CHECK_FLOOR = 1.02
+CHECK_FLOOR = DEFAULT_MIN_SPEEDUP
 
 
 def versus(way: dict[str, Any], default: dict[str, Any], same_code: bool = False) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import optuna
 from hydra._internal.utils import _locate
 from hydra.utils import instantiate
 
-from zhantune.errors import ConfigError, shown
+from zhantune.errors import ConfigError, first_line, shown
 
 __all__ = ["ALLOWED_TARGET_PREFIXES", "instantiate_allowed", "make_sampler"]
 
@@ -118,8 +118,7 @@ def instantiate_allowed(spec: dict[str, Any], where: str) -> Any:
         root = e  # Hydra wraps the target's own error (e.g. FeasibleTPESampler's ValueError naming the value)
         while root.__cause__ is not None or (root.__context__ is not None and not root.__suppress_context__):
             root = root.__cause__ or root.__context__
-        text = str(root).strip().splitlines()[0] if str(root).strip() else type(root).__name__
-        raise ConfigError(f"{where}: cannot instantiate {spec.get('_target_')!r}: {text}") from None
+        raise ConfigError(f"{where}: cannot instantiate {spec.get('_target_')!r}: {first_line(root)}") from None
 
 
 def make_sampler(spec: dict[str, Any]) -> optuna.samplers.BaseSampler:
