@@ -214,10 +214,16 @@ def _no_table_outlives_its_test():
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 100 KiB tmpfs: too small for a new zhantune database (needs mount, i.e. root)."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=False)
+    from disks import tmpfs
+
+    with tmpfs(tmp_path / "tiny", "100k") as mnt:
+        yield mnt
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """An 8 MiB tmpfs (needs mount, i.e. root): room for a database, then filled (disks.fill)."""
+    from disks import tmpfs
+
+    with tmpfs(tmp_path / "disk", "8m") as mnt:
+        yield mnt

@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from disks import fill
 
 from zhantune.bench.recorded import load_kerneltuner
 from zhantune.report.browser import chart_status, render_dom, screenshot
@@ -53,12 +54,7 @@ def test_a_report_that_does_not_fit_on_the_disk_leaves_the_old_one_and_says_so_i
     old = {name: f"old {name}\n" for name in ("r.html", "r.csv", "r.json")}
     for name, text in old.items():
         (tiny_disk / name).write_text(text)
-    with open(tiny_disk / "filler", "wb", buffering=0) as f:  # the rest of the 100 KiB, a page at a time
-        try:
-            while True:
-                f.write(b"x" * 4096)
-        except OSError:
-            pass
+    fill(tiny_disk)  # the rest of the 100 KiB
     for option in ("html", "csv", "json"):
         r = cli([f"storage.url={db}", f"{option}={tiny_disk}/r.{option}"], cwd=tmp_path, module="zhantune.compare")
         lines = [line for line in r.stderr.splitlines() if line.strip()]

@@ -19,6 +19,7 @@ import optuna
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from disks import fill
 from procs import kill_while
 from sqlalchemy import create_engine, func, inspect, select
 
@@ -1144,28 +1145,6 @@ def test_a_lock_held_past_the_busy_timeout_is_one_line_with_what_to_do(tmp_path)
     assert locked_out(broken, "sqlite:///l.db", concurrent=True) is None  # the same every time: not a race
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """An 8 MiB tmpfs (needs mount, i.e. root): room for a database, then filled."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=False)
-
-
-def _fill(disk: Path) -> Path:
-    """The rest of ``disk`` taken by one file, a page at a time; returns it."""
-    filler = disk / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(b"x" * 4096)
-    return filler
-
-
 def test_a_full_disk_under_a_tune_or_a_merge_is_one_line_and_the_rerun_continues(cli, tmp_path, small_disk):
     """A helper's: on a full disk a tune ended in Optuna's traceback saying "invalid data in the
     commit, e.g. exceeding max length" (the cause, SQLite's "database or disk is full", further down
@@ -1178,7 +1157,7 @@ def test_a_full_disk_under_a_tune_or_a_merge_is_one_line_and_the_rerun_continues
     Store(f"sqlite:///{tmp_path / 'src.db'}").engine.dispose()
     assert cli(["files=[" + str(A100) + "]", f"storage.url=sqlite:///{tmp_path / 'src.db'}"], cwd=tmp_path,
                module="zhantune.kerneltuner").returncode == 0
-    filler = _fill(small_disk)
+    filler = fill(small_disk)
     for args, module in (([*replay, "search.n_trials=8"], "zhantune"),
                          (["merge", f"sources=[sqlite:///{tmp_path / 'src.db'}]", f"storage.url={url}"], "zhantune.db")):
         r = cli(args, cwd=tmp_path, module=module)
