@@ -417,6 +417,44 @@ def test_check_times_each_way_as_compiled_and_finds_the_defaults_own_code(tmp_pa
     assert result["ways"]["table"]["vs_default"]["reason"] == "the same code as the default compile: any difference is noise"
 
 
+def test_a_replayed_entry_confirmed_below_the_floor_says_the_default_ships(tmp_path):
+    """A helper's: a table's replay printed "1.01x (rounds 1.01-1.01x, n=3)" with nothing more while
+    its export shipped the default; a tune's summary says so. The replay's line says it too now."""
+    from types import SimpleNamespace
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import Timing
+    from zhantune.candidate import Candidate
+    from zhantune.storage import Store
+    from zhantune.storage.orm import MeasurementRow
+    from zhantune.storage.rows import measurement_row
+    from zhantune.table_replay import _settle
+
+    quiet = {"cores": 2, "load_avg_1m": 0.1, "others_running": 0, "busy_at_start": False, "waited_s": 0.0}
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    study, dev = store.study_id("replay:t.json@cpu", {}), store.device_id("cpu", "cpu", "cpu", {})
+    prob = store.problem_id("p", op="mm", shape={"M": 4, "N": 4, "K": 4}, dtype="float32", activation=None,
+                            lookup_op="mm", flops=128)
+    cand = Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": 1})
+
+    def timed(us: float) -> Measurement:
+        return Measurement("ok", Timing(us, us, us, us, us, 100, "cpu:perf_counter:fifo"), conditions=dict(quiet))
+
+    ids = iter(range(1, 100))
+
+    def record(meas, kind, candidate):
+        return MeasurementRow(id=next(ids), **measurement_row(meas, kind, candidate, study_id=study, device_id=dev,
+                                                              problem_id=prob, torch_version="t", triton_version=None,
+                                                              conditions=meas.conditions))
+
+    said: list[str] = []
+    bench = SimpleNamespace(measure=lambda c: timed(100.0), measure_default=lambda: timed(101.0))
+    _settle(store, study, dev, record(timed(100.0), "candidate", cand), record(timed(101.0), "default", None), cand,
+            bench, SimpleNamespace(add=record), 3, said.append)
+    assert "1.01x (rounds 1.01-1.01x, n=3); below export.min_speedup (1.02 by default): the export ships " \
+           "Inductor's default for it" in said[0], said
+
+
 @pytest.mark.parametrize("rounds,confirmed,reason", VERDICTS)
 def test_judge_speedup(rounds, confirmed, reason):
     v = judge_speedup(rounds)
