@@ -309,8 +309,9 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
 
     out = ProblemsResult(runs)
     total = sum(r.n_trials for r in runs)
+    measured = [_measured(store, r) for r in runs]  # a resumed run's earlier trials too (it said 0/6)
     for i, pr in enumerate(runs, 1):
-        done = sum(_measured(store, r) for r in runs)  # a resumed run's earlier trials too (it said 0/6)
+        done = sum(measured)
         share = pr.row.get("share")
         header = (f"[bold]problem {i}/{len(runs)}[/bold] {escape(pr.run.problem.key)} x{pr.row.get('count', 1)}"
                   + (f" ({share:.0%} of the model's GEMM time)" if share else "")
@@ -320,11 +321,12 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
         else:  # a log or a pipe: the line whole (a rule cuts its title to the width)
             console.print(header, soft_wrap=True)
         pr.result = tune(pr.run, store, TuneProgress(console, pr.run.space) if cfg.progress else None)
+        measured[i - 1] = _measured(store, pr)  # one query per problem, not every problem's at every header
         if pr.result.already_finished:
             r = pr.result
-            measured = (f"{r.before} of {r.target} trials measured" if r.before <= r.target
-                        else f"{r.before} trials measured, this share {r.target}")
-            console.print(f"study {escape(repr(r.study_name))} is finished ({measured}): nothing to measure",
+            held = (f"{r.before} of {r.target} trials measured" if r.before <= r.target
+                    else f"{r.before} trials measured, this share {r.target}")
+            console.print(f"study {escape(repr(r.study_name))} is finished ({held}): nothing to measure",
                           highlight=False)
         if pr.result.transfer_text:
             console.print(pr.result.transfer_text, markup=False)
