@@ -199,9 +199,11 @@ def test_a_printed_override_reads_back_through_the_shell_and_hydra(value):
     assert OverridesParser.create().parse_override(word).value() == value
 
 
-def test_ctrl_c_in_an_app_without_its_own_handler_is_one_line_and_exit_130(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_in_an_app_without_its_own_handler_is_one_line_and_exit_130(tmp_path, sig):
     """Ctrl-C in collect (check and db are the same: no handler of their own) printed a 200-line
-    KeyboardInterrupt traceback; zhantune.cli.run_app ends it with one line and exit code 130."""
+    KeyboardInterrupt traceback; zhantune.cli.run_app ends it with one line and exit code 130.
+    SIGTERM killed it without a word (exit -15, no cleanup); now it stops the same way."""
     import os
     import signal
     import subprocess
@@ -217,13 +219,13 @@ def test_ctrl_c_in_an_app_without_its_own_handler_is_one_line_and_exit_130(tmp_p
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline().strip() == "ready"  # inside the model's factory: collect is working
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, sig))
         out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 130, err
     assert "Traceback" not in out + err and [line for line in err.splitlines() if line.strip()] == [
-        "zhantune: interrupted (Ctrl-C)"], err
+        "zhantune: interrupted (" + ("Ctrl-C" if sig == "SIGINT" else "SIGTERM") + ")"], err
     assert not (tmp_path / "p.yaml").exists()
 
 

@@ -327,6 +327,21 @@ def _drop_stdout() -> None:
         pass
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (``kill``, a batch scheduler's stop) as Ctrl-C in the apps without a handler of their own
+    (merge, import, compare, export, check, collect): its default killed them without a word and
+    without the cleanup a KeyboardInterrupt runs (a transaction rolled back, a half-written output's
+    temporary file removed). The tune app installs zhantune.interrupt's handler over this one."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
 def run_app(hydra_main: Callable[[], object]) -> None:
     """Run a ``@hydra.main`` function with zhantune's error conventions."""
     msg = check_group_overrides(sys.argv[1:])
@@ -335,6 +350,7 @@ def run_app(hydra_main: Callable[[], object]) -> None:
     held = _HeldStderr()
     held.real = sys.stderr
     sys.stderr = held
+    _sigterm_as_interrupt()
     try:
         hydra_main()
     except _PipeClosed:  # as a Unix tool whose reader stops (| head): no traceback, nothing more written
