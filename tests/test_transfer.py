@@ -341,6 +341,20 @@ def test_the_transfer_line_says_what_reached_this_search():
     text = transfer_text(prior, short)
     assert "of their 3 best config(s), 2 proposed in this run, after Inductor's own seeds and before the " \
            "sampler's own picks, 1 not reached before this run's trials ended" in text, text
+    # a run of enqueued seeds alone (Inductor's own, here the prior's best two among them) never asks
+    # the sampler: the study's trials tell which seeds were measured (it said "3 not reached")
+    enqueued = FeasibleTPESampler(seed=0)
+    enqueued.set_prior(prior.scores)
+    only_seeds = optuna.create_study(sampler=enqueued)
+    best_two = sorted((r for r in range(len(feasible)) if feasible.config_hash(r) in hashes[:2]),
+                      key=lambda r: hashes.index(feasible.config_hash(r)))
+    for row in (best_two[1], 100, best_two[0]):
+        only_seeds.enqueue_trial(feasible.trial_params(row))
+    run_search(only_seeds, space, {}, lambda c, n: 1.0, n_trials=3)
+    assert enqueued.prior_seeds_proposed == 0
+    text = transfer_text(prior, enqueued, only_seeds)
+    assert "of their 3 best config(s), 2 already tried in this study (earlier, or as one of Inductor's own " \
+           "seeds), 1 not reached before" in text, text
     huge = types.SimpleNamespace(feasible_set=None, prior_scored=None)
     assert transfer_text(prior, huge).startswith("transfer: not used: ")
     assert "too large to enumerate" in transfer_text(prior, huge)

@@ -371,7 +371,7 @@ class _Tune:
                 self.progress.stop()
         result.infeasible, result.interrupted, result.exhausted = stats.infeasible, stats.interrupted, stats.exhausted
         if result.transfer is not None:
-            result.transfer_text = transfer_text(result.transfer, sampler)
+            result.transfer_text = transfer_text(result.transfer, sampler, study)
         result.retried, result.study_measured, result.waited_s = stats.retried, stats.study_measured, stats.waited_s
         log.info("worker %s: study %s: this worker measured %d (%d retried after dead workers, %d cached, "
                  "%d infeasible)%s; the study has %d of %d measured", worker_name(), run.study_name, stats.measured,

@@ -85,24 +85,19 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
             proposal. Bounds the storage reads of fast studies (replay, many workers).
     """
 
-    def __init__(self, seed: int | None = None, n_startup_trials: int = 16, n_model_trials: int = 30,
-                 gamma: float = 0.1, kernel_alpha: float = 0.6, max_neighbourhood: int = 1,
-                 max_scored: int = 4096, refresh_s: float = 1.0, transfer_seeds: int = 3,
-                 transfer_tpe_every: int = 3, transfer_quantile: float = 0.1, transfer_startup_trials: int = 24,
-                 transfer_slope_sd: float = 0.3, transfer_effect_sd: float = 0.3, transfer_noise_sd: float = 0.1,
-                 cold_model_every: int = 3):
-        if not 0 < gamma <= 1:
-            raise ValueError(f"gamma={gamma} must be in (0, 1]")
-        if not 0 < kernel_alpha < 1:
-            raise ValueError(f"kernel_alpha={kernel_alpha} must be in (0, 1)")
-        if transfer_seeds < 0:
-            raise ValueError(f"transfer_seeds={transfer_seeds} must be at least 0")
-        if cold_model_every < 0:
-            raise ValueError(f"cold_model_every={cold_model_every} must be at least 0")
-        if transfer_tpe_every < 0:
-            raise ValueError(f"transfer_tpe_every={transfer_tpe_every} must be at least 0")
-        if not 0 < transfer_quantile <= 1:
-            raise ValueError(f"transfer_quantile={transfer_quantile} must be in (0, 1]")
+    def __init__(self, seed: int | None = None, n_startup_trials: int = 16, n_model_trials: int = 30, gamma: float = 0.1,
+                 kernel_alpha: float = 0.6, max_neighbourhood: int = 1, max_scored: int = 4096, refresh_s: float = 1.0,
+                 transfer_seeds: int = 3, transfer_tpe_every: int = 3, transfer_quantile: float = 0.1,
+                 transfer_startup_trials: int = 24, transfer_slope_sd: float = 0.3, transfer_effect_sd: float = 0.3,
+                 transfer_noise_sd: float = 0.1, cold_model_every: int = 3):
+        for name, value, ok, allowed in (
+                ("gamma", gamma, 0 < gamma <= 1, "in (0, 1]"), ("kernel_alpha", kernel_alpha, 0 < kernel_alpha < 1, "in (0, 1)"),
+                ("transfer_seeds", transfer_seeds, transfer_seeds >= 0, "at least 0"),
+                ("cold_model_every", cold_model_every, cold_model_every >= 0, "at least 0"),
+                ("transfer_tpe_every", transfer_tpe_every, transfer_tpe_every >= 0, "at least 0"),
+                ("transfer_quantile", transfer_quantile, 0 < transfer_quantile <= 1, "in (0, 1]")):
+            if not ok:
+                raise ValueError(f"{name}={value} must be {allowed}")
         self._seed = seed
         self._rng = np.random.default_rng(seed)
         self.n_startup_trials = n_startup_trials
@@ -210,14 +205,20 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
 
     @property
     def prior_complete(self) -> bool:
-        """Whether the prior scores at least half of the feasible set: the transfer model and TPE in
-        the region propose."""
+        """Whether the prior scores at least half of the feasible set (the transfer model proposes)."""
         return self._prior_complete
 
     @property
     def prior_seed_count(self) -> int:
         """How many best-scored configs of the prior are proposed first (after the enqueued seeds)."""
         return len(self._seed_rows)
+
+    def count_seeds_tried(self, study: optuna.Study, tried: list[int] | None = None) -> None:
+        """Count the prior's seeds found tried that this sampler did not propose (``tried``: the feasible
+        rows tried, asked ahead included; None: the study's, on a bound sampler): a run of enqueued seeds never asks."""
+        rows = tried if tried is not None else [row for row, _ in self._known_trials(study).values() if row >= 0]
+        found = int(np.isin(self._seed_rows, np.asarray(rows, dtype=np.int64)).sum()) - self.prior_seeds_proposed
+        self.prior_seeds_tried = max(self.prior_seeds_tried, found)
 
     @property
     def feasible_set(self) -> FeasibleSet | None:
@@ -290,8 +291,7 @@ class FeasibleTPESampler(optuna.samplers.BaseSampler):
         tried.extend(fs.row_of(params) for number, params in self._pending.items() if known.get(number, (-1,))[0] < 0)
         unseen = np.ones(len(fs), dtype=bool)
         unseen[tried] = False
-        tried_before = int((~unseen[self._seed_rows]).sum()) - self.prior_seeds_proposed
-        self.prior_seeds_tried = max(self.prior_seeds_tried, tried_before)
+        self.count_seeds_tried(study, tried)
         if not unseen.any():
             return None
         n_startup = self.n_startup_trials

@@ -181,9 +181,10 @@ def _seed_fates(proposed: int, tried: int, seeds: int) -> list[str]:
         (left, f"{left} not reached before this run's trials ended (Inductor's own seeds are measured first)")) if n > 0]
 
 
-def transfer_text(prior: Prior, sampler: Any) -> str:
+def transfer_text(prior: Prior, sampler: Any, study: Any = None) -> str:
     """The summary's line on how ``prior`` seeded the search of ``sampler``
-    (zhantune.search.FeasibleTPESampler's seeds, or its transfer model)."""
+    (zhantune.search.FeasibleTPESampler's seeds, or its transfer model) in ``study`` (its trials
+    tell which seeds were tried: a run of enqueued seeds alone never asks the sampler)."""
     scored = getattr(sampler, "prior_scored", None)
     feasible = len(sampler.feasible_set) if getattr(sampler, "feasible_set", None) is not None else None
     if feasible is None:
@@ -192,6 +193,8 @@ def transfer_text(prior: Prior, sampler: Any) -> str:
     text = f"transfer: {prior.describe(getattr(sampler, 'prior_hashes', None))}"
     if scored is None:
         return text + "; none of their configs is in this space"
+    if study is not None and getattr(sampler, "prior_seed_count", 0):
+        sampler.count_seeds_tried(study)
     seeds, proposed = sampler.prior_seed_count, getattr(sampler, "prior_seeds_proposed", 0)
     if seeds:
         text += f"; of their {seeds} best config(s), " + ", ".join(_seed_fates(
