@@ -23,6 +23,7 @@ from zhantune.bench.inductor import candidate_entry
 from zhantune.candidate import Candidate
 from zhantune.inductor.choices import recording
 from zhantune.inductor.settings import CUDA_BASE_PATCH, template_patch
+from zhantune.inductor.simulate import PROFILES
 
 TRITON_PARAMS = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3, "GROUP_M": 8}
 
@@ -1409,3 +1410,42 @@ def test_a_renamed_devices_template_rows_go_under_the_key_of_the_device_exported
     (entries,) = build_table(store, min_speedup=None).values()
     assert list(build_table(store, min_speedup=None)) == [f"{dev}+{key}"] and entries[0]["template_id"] == "triton::mm"
     assert list(build_table(store, device_agnostic=True, min_speedup=None)) == [key]
+
+
+_ADDMM_KEY = "((torch.bfloat16, {bias}), (torch.bfloat16, [256, 256], [256, 1]), (torch.bfloat16, [256, 512], " \
+             "[1, 256]))+alpha=1&beta=1+addmm"
+_L4 = dataclasses.replace(PROFILES["A100"], name="NVIDIA L4", gcn_arch_name="NVIDIA L4", sm_count=58)
+
+
+@pytest.mark.parametrize("gpu, template_id, bias, served", [
+    ("H100", "triton::mm_persistent_tma", "1-D", ["triton::mm_persistent_tma"]),
+    ("A100", "triton::mm_persistent_tma", "1-D", ["aten::addmm"]),  # no TMA
+    ("L4", "triton::mm", "1-D", ["aten::addmm"]),  # 58 SMs: Inductor offers no Triton template
+    ("H100", "triton::mm", "2-D", ["triton::mm"]),  # one key for both lookups
+    ("L4", "triton::mm", "2-D", ["aten::addmm"]),
+])
+def test_an_addmm_entry_compiles_itself_alone_or_the_default_never_nothing(gpu, template_id, bias, served):
+    """GPU-path review (session 38): a device-agnostic table's addmm entry whose template Inductor does
+    not offer on the GPU it is used on (a TMA template on an A100, any Triton template on an L4) left
+    the GEMM with no choice (its ATen lookup's "nothing from this lookup" held, NoValidChoicesError)
+    and a report of 100% coverage; with a bias of the output's shape (one key for the ATen and the
+    templates' lookups) the ATen kernel was compiled beside the entry, for Inductor to autotune.
+    Now the GEMM compiles the entry alone, or Inductor's default with the entry reported stale."""
+    from zhantune.inductor.runtime import use_table
+    from zhantune.inductor.table_choices import NOT_OFFERED
+
+    shapes = [(512,) if bias == "1-D" else (256, 512), (256, 256), (256, 512)]
+    expanded = _ADDMM_KEY.format(bias="[256, 512], [0, 1]" if bias == "1-D" else "[256, 512], [512, 1]")
+    table = {expanded: [{"template_id": template_id, **TRITON_PARAMS, "BLOCK_M": 128, "BLOCK_N": 128}]}
+    if bias == "1-D":  # as build_table writes it: the ATen lookup's key gets []
+        table[_ADDMM_KEY.format(bias="[512], [1]")] = []
+    with fake_cuda(_L4.properties() if gpu == "L4" else PROFILES[gpu].properties()), \
+            use_table(table, device="cuda") as installed:
+        got = lower("addmm", shapes, torch.bfloat16, [None, None, (1, 256)])
+    report = installed.report
+    assert got.uids == served
+    if served == [template_id]:
+        assert set(report.hits) == set(table) and not report.misses and not report.stale
+    else:  # the entry said stale, the ATen key's [] no hit: no coverage claimed
+        assert report.stale == {expanded: NOT_OFFERED.format(tids=template_id)} and not report.hits
+        assert report.coverage == 0.0

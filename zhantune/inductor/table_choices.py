@@ -6,7 +6,6 @@ stale entries, the CPU per-GEMM knobs), and its report.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +16,17 @@ import torch
 from torch._inductor import config as inductor_config
 
 from zhantune.inductor.choices import LookupEvent, RecordingChoices, legacy_cpu_key
+from zhantune.inductor.cpu_entries import (
+    DYNAMIC_M,
+    GPU_ENTRY_ON_CPU,
+    LEGACY_CPU_KEY,
+    NOT_FROZEN,
+    cpp_template_applies,
+    cpu_entry,
+    dynamic_m,
+    threads_mismatch,
+    wants_cpp,
+)
 from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried
@@ -24,21 +34,11 @@ from zhantune.provenance import torch_release
 
 __all__ = ["TableChoices", "TableReport", "stale_reason", "release", "NOT_FROZEN", "GPU_ENTRY_ON_CPU"]
 
-#: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
-NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "
-              "compile under torch.no_grad() (in torch 2.13 torch.compile(options={'freezing': True}) does not freeze)")
-#: why a C++-template entry compiled Inductor's default where M is dynamic (TableReport.stale)
-DYNAMIC_M = ("M is dynamic in this compile: Inductor's C++ template then picks its blocking, thread split and "
-             "K slices at run time (cpp_gemm_template.py), so the entry's measured kernel cannot be compiled; "
-             "Inductor's default compiled (compile with static shapes for the tuned kernel)")
-#: why a GPU template entry (triton::*, decompose_k, ...) compiled Inductor's default on CPU (TableReport.stale)
-GPU_ENTRY_ON_CPU = ("{tid} is not a CPU choice (a GPU template, or none Inductor offers): Inductor's CPU GEMM "
-                    "offers ATen and its C++ template only "
-                    f"({CONFIG_TEMPLATE_ID} entries); Inductor's default compiled")
-#: why an entry under a CPU key without a thread count is not used (zhantune.device.cpu_device_key)
-LEGACY_CPU_KEY = ("keyed by the CPU model alone (a table made before zhantune keyed a CPU by its thread count too): "
-                  "measured with an unknown number of threads, so not used on this CPU ({key}); upgrade the database "
-                  "(python -m zhantune.db upgrade) and export the table again, or tune again here")
+#: why a CUDA entry compiled Inductor's default: its template is not among those Inductor offers for
+#: this GEMM here (torch/_inductor/utils.py use_triton_template: a GPU of at least 68 SMs;
+#: use_triton_tma_template: TMA, compute capability 9.0; a Blackwell GPU has its own TMA template)
+NOT_OFFERED = ("{tids}: not among the templates Inductor offers for this GEMM on this device (e.g. a TMA "
+               "template without TMA, any Triton template on a GPU of fewer than 68 SMs); Inductor's default compiled")
 #: config keys the CPU handler sets per GEMM (plus any key a table's config_patch names)
 _CPU_GEMM_KEYS = ("max_autotune_gemm_backends", "cpp.gemm_max_k_slices", "cpp.gemm_thread_factors",
                   "cpp.gemm_cache_blocking")
@@ -120,7 +120,9 @@ class TableChoices(RecordingChoices):
             keys.update((e.get("config_patch") or {}).keys())
         self._cpu_keys = tuple(sorted(keys))
         #: some entry selects the C++ template: unpacked CPU GEMMs are lowered under max-autotune
-        self._cpu_template = any(_wants_cpp(e) for e in entries)
+        self._cpu_template = any(wants_cpp(e) for e in entries)
+        #: an addmm's ATen default held back for its templates' lookup (:meth:`_addmm_lookup`)
+        self._held: tuple[Any, ...] | None = None
         #: the config values at the start of the unpacked CPU GEMM lowering in progress (None: none)
         self._scope_base: dict[str, Any] | None = None
 
@@ -159,18 +161,18 @@ class TableChoices(RecordingChoices):
         elif why := self._key_stale(key, event):
             self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
-        elif entries and not _cpu_entry(entries[0]):
+        elif entries and not cpu_entry(entries[0]):
             self.report.stale[report_key] = GPU_ENTRY_ON_CPU.format(tid=entries[0]["template_id"])
             self.report.stale_count[report_key] += 1
         elif entries and ((why := not_carried(entries[0], "cpu"))
-                          or (_wants_cpp(entries[0]) and (why := threads_mismatch(entries[0]["config_patch"], op_name)))
-                          or (_wants_cpp(entries[0]) and _dynamic_m(kernel_inputs) and (why := DYNAMIC_M))):
+                          or (wants_cpp(entries[0]) and (why := threads_mismatch(entries[0]["config_patch"], op_name)))
+                          or (wants_cpp(entries[0]) and dynamic_m(kernel_inputs) and (why := DYNAMIC_M))):
             self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
         else:
             self.report.hits[report_key] += 1
             entry = entries[0] if entries else {}
-            if _wants_cpp(entry):
+            if wants_cpp(entry):
                 # only allow-listed knobs reach Inductor's config (read_table checked them; a bug otherwise)
                 bad = config_patch_problem(entry["config_patch"], "cpu")
                 if bad:
@@ -205,6 +207,62 @@ class TableChoices(RecordingChoices):
 
     def _finalize_template_configs(self, template_choices, kernel_inputs, templates, op_name,
                                    kwarg_overrides=None):
+        args = (template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+        if op_name == "addmm" and kernel_inputs.device().type != "cpu":
+            return self._addmm_lookup(*args)
+        return self._serve(*args)
+
+    def _addmm_lookup(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
+        """addmm on CUDA under max-autotune is three lookups (torch/_inductor/kernel/mm.py tuned_addmm):
+        its ATen kernels with the 1-D bias, its contiguous rewrite with the same inputs, then its
+        templates with the expanded bias. Where the table's entry for the GEMM is a template's, the
+        ATen lookup's default is held back until the templates' lookup: dropped when that lookup serves
+        the entry, served when it serves nothing. The ATen lookup returned nothing at once, and an
+        entry whose template Inductor does not offer on this device (triton::mm_persistent_tma without
+        TMA, any Triton template on a GPU of fewer than 68 SMs) left the GEMM with no choice at all
+        (NoValidChoicesError); with a bias of the output's shape both lookups have one key, and the
+        ATen kernel was compiled beside the entry (Inductor autotuned the two)."""
+        args = (template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+        gemm = tuple(id(node) for node in kernel_inputs.nodes()[1:])
+        uids = {t.uid: getattr(t, "src_hash", None) for t in templates}
+        if uids and all(uid.startswith("aten::") for uid in uids) and not _no_choice(uids):  # the ATen lookup
+            event = self.event(kernel_inputs, op_name, uids, ())
+            key, entries = self._find(event)
+            self._held = None
+            if entries is None or self._key_stale(key, event) or any(e.get("template_id") in uids for e in entries):
+                return self._serve(*args)
+            self.events.append(event)
+            if not entries:  # "nothing from this lookup": the entry is under the templates' key
+                self.report.hits[key] += 1
+                self.report.chosen[key] = "(nothing from this lookup)"
+            self._held = (gemm, kernel_inputs, key if not entries else None, self._aten_only(*args))
+            return []
+        held = self._held
+        if held is None or held[0] != gemm or held[1] is kernel_inputs:  # not its templates' lookup
+            return self._serve(*args)
+        self._held = None
+        before = self.report.lookups
+        served = self._serve(*args)
+        if served:
+            return served
+        said = self.report.lookups != before
+        if held[2] is not None:  # its "nothing from this lookup" did not hold
+            self.report.hits[held[2]] -= 1
+            self.report.chosen.pop(held[2], None)
+            self.report.hits += Counter()  # drop the key at zero
+        if not said:  # no template offered here serves the entry
+            event = self.event(kernel_inputs, op_name, uids, ())
+            key, entries = self._find(event)
+            report_key = key or event.device_key or event.agnostic_key or op_name
+            tids = sorted({e["template_id"] for e in entries or ()} - set(uids))
+            if tids:
+                self.report.stale[report_key] = NOT_OFFERED.format(tids=", ".join(tids))
+                self.report.stale_count[report_key] += 1
+            else:
+                self.report.misses[report_key] += 1
+        return held[3]
+
+    def _serve(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
         if not templates:  # a pass with nothing to choose from (addmm's expanded-bias pass)
             return []
         hashes = {t.uid: getattr(t, "src_hash", None) for t in templates}
@@ -261,7 +319,8 @@ class TableChoices(RecordingChoices):
                     cfg["EVEN_K"] = even_k(kernel_inputs, cfg["BLOCK_K"]) and cfg.get("EVEN_K") is not False
                 results.setdefault(e["template_id"], []).append(cfg)
         if not results:
-            why = next((r for r in (not_carried(e, "cuda") for e in fresh) if r), None)
+            why = next((r for r in (not_carried(e, "cuda") for e in fresh) if r), None) or (
+                NOT_OFFERED.format(tids=", ".join(sorted({e["template_id"] for e in fresh}))) if fresh else None)
             if why:  # a config patch on CUDA: said so, never a silent miss
                 return self._stale(report_key, why, template_choices, kernel_inputs, templates, op_name,
                                    kwarg_overrides, cpu)
@@ -291,14 +350,14 @@ class TableChoices(RecordingChoices):
 
     def _cpu_hit(self, key, event, entries, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
         entry = entries[0]  # a CPU GEMM compiles one config; top_k > 1 applies on CUDA
-        if not _cpu_entry(entry):  # a table made on a GPU: it covers nothing here, said so
+        if not cpu_entry(entry):  # a table made on a GPU: it covers nothing here, said so
             return self._stale(key, GPU_ENTRY_ON_CPU.format(tid=entry["template_id"]), template_choices,
                                kernel_inputs, templates, op_name, kwarg_overrides, True)
-        if (why := not_carried(entry, "cpu")) or (_wants_cpp(entry) and (why := threads_mismatch(entry["config_patch"],
+        if (why := not_carried(entry, "cpu")) or (wants_cpp(entry) and (why := threads_mismatch(entry["config_patch"],
                                                                                                     op_name))) \
-                or (_wants_cpp(entry) and _dynamic_m(kernel_inputs) and (why := DYNAMIC_M)):
+                or (wants_cpp(entry) and dynamic_m(kernel_inputs) and (why := DYNAMIC_M)):
             return self._stale(key, why, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, True)
-        if _wants_cpp(entry) and not _cpp_template_applies(kernel_inputs, op_name):
+        if wants_cpp(entry) and not cpp_template_applies(kernel_inputs, op_name):
             # Inductor would not offer the template here (a weight that is not a frozen constant,
             # a dtype it has no micro-kernel for): the default ATen kernel is compiled, and said so
             self.report.stale[key] = NOT_FROZEN
@@ -334,64 +393,9 @@ class TableChoices(RecordingChoices):
             set_knob(k, values.get(k, self._scope_base[k]))
 
 
-def _cpp_template_applies(kernel_inputs: Any, op_name: str) -> bool:
-    """Whether Inductor offers its C++ GEMM (or BMM) template for this GEMM in this lowering: its own
-    ``use_cpp_gemm_template`` / ``use_cpp_bmm_template`` (torch/_inductor/utils.py: max-autotune on,
-    CPP in the backends, a constant second operand, a supported dtype)."""
-    from torch._inductor.utils import use_cpp_bmm_template, use_cpp_gemm_template
-
-    check = use_cpp_bmm_template if op_name == "bmm" else use_cpp_gemm_template
-    try:
-        with inductor_config.patch(max_autotune_gemm_backends="ATEN,CPP"):
-            return bool(check(kernel_inputs.output_layout(), *kernel_inputs.mat1mat2()))
-    except Exception:  # an input Inductor's check does not expect: not offered
-        return False
-
-
-def _dynamic_m(kernel_inputs: Any) -> bool:
-    """Whether this GEMM's M is a symbol in this compile (a dynamic batch: the key holds its hint)."""
-    m = kernel_inputs.mnk_symbolic()[0] if hasattr(kernel_inputs, "mnk_symbolic") else 0
-    return not isinstance(m, int) and not getattr(m, "is_number", False)
-
-
-def _cpu_entry(entry: dict[str, Any]) -> bool:
-    """An entry that can take effect on CPU: a config patch or an ATen kernel (Inductor's default)."""
-    return entry["template_id"] == CONFIG_TEMPLATE_ID or entry["template_id"].startswith("aten::")
-
-
 def _no_choice(template_hashes: dict[str, str | None]) -> bool:
     """Whether a CUDA lookup is one Inductor makes with nothing to choose: max-autotune off
     (``max_autotune`` and ``max_autotune_gemm``, as torch/_inductor/utils.py tests them) and only
     ATen kernels offered."""
     return (not (inductor_config.max_autotune or inductor_config.max_autotune_gemm)
             and all(uid.startswith("aten::") for uid in template_hashes))
-
-
-def threads_mismatch(patch: dict[str, Any], op_name: str) -> str | None:
-    """Why a C++-template entry's ``cpp.gemm_thread_factors`` cannot run in this process, or None.
-    Inductor asserts that their product is the number of threads it compiles for
-    (torch/_inductor/codegen/cpp_gemm_template.py; ``parallel_num_threads``: ``cpp.threads``, else
-    torch.get_num_threads()), and a tune picks factors for its own machine's count; its C++ BMM
-    template runs each batch on one thread, and its kernel aborts the process when the factors ask
-    for more ("Not all partitions are assigned", torch 2.13). Either way the entry is reported
-    stale and Inductor's default compiled, as for a template that changed."""
-    factors = patch.get("cpp.gemm_thread_factors")
-    if factors is None:
-        return None
-    from torch._inductor.utils import parallel_num_threads
-
-    want, have = math.prod(int(x) for x in str(factors).split(",")), parallel_num_threads()
-    if op_name == "bmm" and want > 1:
-        return (f"cpp.gemm_thread_factors={factors} on a bmm: Inductor's C++ BMM template runs each batch on "
-                "one thread, and its kernel aborts the process with factors for more; Inductor's default compiled")
-    if want == have:
-        return None
-    return (f"cpp.gemm_thread_factors={factors} is for {want} thread(s), this process compiles for {have} "
-            "(torch.get_num_threads()); Inductor's default compiled")
-
-
-def _wants_cpp(entry: dict[str, Any]) -> bool:
-    """A config entry whose backend list includes Inductor's C++ GEMM template."""
-    if entry.get("template_id") != CONFIG_TEMPLATE_ID:
-        return False
-    return "CPP" in str((entry.get("config_patch") or {}).get("max_autotune_gemm_backends", "")).upper()

@@ -1,0 +1,87 @@
+"""What decides whether a CPU lookup-table entry (a ``zhantune::config`` patch of Inductor's C++ GEMM
+template knobs) can take effect in this compile, and the reasons a table's report gives when it
+cannot (zhantune.inductor.table_choices serves the table; zhantune.inductor.runtime has the rules).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch._inductor import config as inductor_config
+
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID
+
+__all__ = ["NOT_FROZEN", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "cpp_template_applies", "dynamic_m", "cpu_entry",
+           "threads_mismatch", "wants_cpp"]
+
+#: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
+NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "
+              "compile under torch.no_grad() (in torch 2.13 torch.compile(options={'freezing': True}) does not freeze)")
+#: why a C++-template entry compiled Inductor's default where M is dynamic (TableReport.stale)
+DYNAMIC_M = ("M is dynamic in this compile: Inductor's C++ template then picks its blocking, thread split and "
+             "K slices at run time (cpp_gemm_template.py), so the entry's measured kernel cannot be compiled; "
+             "Inductor's default compiled (compile with static shapes for the tuned kernel)")
+#: why a GPU template entry (triton::*, decompose_k, ...) compiled Inductor's default on CPU (TableReport.stale)
+GPU_ENTRY_ON_CPU = ("{tid} is not a CPU choice (a GPU template, or none Inductor offers): Inductor's CPU GEMM "
+                    "offers ATen and its C++ template only "
+                    f"({CONFIG_TEMPLATE_ID} entries); Inductor's default compiled")
+#: why an entry under a CPU key without a thread count is not used (zhantune.device.cpu_device_key)
+LEGACY_CPU_KEY = ("keyed by the CPU model alone (a table made before zhantune keyed a CPU by its thread count too): "
+                  "measured with an unknown number of threads, so not used on this CPU ({key}); upgrade the database "
+                  "(python -m zhantune.db upgrade) and export the table again, or tune again here")
+
+
+def cpp_template_applies(kernel_inputs: Any, op_name: str) -> bool:
+    """Whether Inductor offers its C++ GEMM (or BMM) template for this GEMM in this lowering: its own
+    ``use_cpp_gemm_template`` / ``use_cpp_bmm_template`` (torch/_inductor/utils.py: max-autotune on,
+    CPP in the backends, a constant second operand, a supported dtype)."""
+    from torch._inductor.utils import use_cpp_bmm_template, use_cpp_gemm_template
+
+    check = use_cpp_bmm_template if op_name == "bmm" else use_cpp_gemm_template
+    try:
+        with inductor_config.patch(max_autotune_gemm_backends="ATEN,CPP"):
+            return bool(check(kernel_inputs.output_layout(), *kernel_inputs.mat1mat2()))
+    except Exception:  # an input Inductor's check does not expect: not offered
+        return False
+
+
+def dynamic_m(kernel_inputs: Any) -> bool:
+    """Whether this GEMM's M is a symbol in this compile (a dynamic batch: the key holds its hint)."""
+    m = kernel_inputs.mnk_symbolic()[0] if hasattr(kernel_inputs, "mnk_symbolic") else 0
+    return not isinstance(m, int) and not getattr(m, "is_number", False)
+
+
+def cpu_entry(entry: dict[str, Any]) -> bool:
+    """An entry that can take effect on CPU: a config patch or an ATen kernel (Inductor's default)."""
+    return entry["template_id"] == CONFIG_TEMPLATE_ID or entry["template_id"].startswith("aten::")
+
+
+def threads_mismatch(patch: dict[str, Any], op_name: str) -> str | None:
+    """Why a C++-template entry's ``cpp.gemm_thread_factors`` cannot run in this process, or None.
+    Inductor asserts that their product is the number of threads it compiles for
+    (torch/_inductor/codegen/cpp_gemm_template.py; ``parallel_num_threads``: ``cpp.threads``, else
+    torch.get_num_threads()), and a tune picks factors for its own machine's count; its C++ BMM
+    template runs each batch on one thread, and its kernel aborts the process when the factors ask
+    for more ("Not all partitions are assigned", torch 2.13). Either way the entry is reported
+    stale and Inductor's default compiled, as for a template that changed."""
+    factors = patch.get("cpp.gemm_thread_factors")
+    if factors is None:
+        return None
+    from torch._inductor.utils import parallel_num_threads
+
+    want, have = math.prod(int(x) for x in str(factors).split(",")), parallel_num_threads()
+    if op_name == "bmm" and want > 1:
+        return (f"cpp.gemm_thread_factors={factors} on a bmm: Inductor's C++ BMM template runs each batch on "
+                "one thread, and its kernel aborts the process with factors for more; Inductor's default compiled")
+    if want == have:
+        return None
+    return (f"cpp.gemm_thread_factors={factors} is for {want} thread(s), this process compiles for {have} "
+            "(torch.get_num_threads()); Inductor's default compiled")
+
+
+def wants_cpp(entry: dict[str, Any]) -> bool:
+    """A config entry whose backend list includes Inductor's C++ GEMM template."""
+    if entry.get("template_id") != CONFIG_TEMPLATE_ID:
+        return False
+    return "CPP" in str((entry.get("config_patch") or {}).get("max_autotune_gemm_backends", "")).upper()
