@@ -217,11 +217,10 @@ class TableChoices(RecordingChoices):
         its ATen kernels with the 1-D bias, its contiguous rewrite with the same inputs, then its
         templates with the expanded bias. Where the table's entry for the GEMM is a template's, the
         ATen lookup's default is held back until the templates' lookup: dropped when that lookup serves
-        the entry, served when it serves nothing. The ATen lookup returned nothing at once, and an
-        entry whose template Inductor does not offer on this device (triton::mm_persistent_tma without
-        TMA, any Triton template on a GPU of fewer than 68 SMs) left the GEMM with no choice at all
-        (NoValidChoicesError); with a bias of the output's shape both lookups have one key, and the
-        ATen kernel was compiled beside the entry (Inductor autotuned the two)."""
+        the entry, served when it serves nothing. Returning nothing at once, an entry whose template
+        Inductor does not offer on this device (TMA without TMA, Triton under 68 SMs) left the GEMM
+        no choice (NoValidChoicesError); with a bias of the output's shape both lookups have one
+        key, and the ATen kernel was compiled beside the entry (Inductor autotuned the two)."""
         args = (template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         gemm = tuple(id(node) for node in kernel_inputs.nodes()[1:])
         uids = {t.uid: getattr(t, "src_hash", None) for t in templates}
