@@ -169,6 +169,43 @@ def test_use_table_changes_only_the_gemms_it_covers():
     assert _flags() == before
 
 
+def test_under_the_users_max_autotune_a_gemm_the_table_does_not_tune_compiles_as_without_it():
+    """CPU audit (session 38): under a user's max-autotune, a GEMM Inductor does not prepack (a bmm, a
+    bf16 linear without AVX-512) that the table misses, or ships Inductor's default for, was pinned
+    to the ATen kernel: Inductor without the table autotunes ATen against its C++ template (a bf16
+    addmm ran 2.5-3.7x slower with the table installed). Now it is lowered under the user's own
+    settings: the same choices reach Inductor's autotuning, table or not."""
+    from unittest import mock
+
+    from torch._inductor.kernel import bmm
+
+    a, b = torch.randn(2, 16, 24), torch.randn(2, 24, 8)
+    real = bmm.autotune_select_algorithm
+
+    def choices_of_a_bmm_compile() -> list[str]:
+        seen: list[str] = []
+
+        def select(name, choices, *args, **kwargs):
+            seen.extend(sorted("cpp" if c.name.startswith("cpp") else c.name for c in choices))
+            return real(name, choices, *args, **kwargs)
+
+        torch._dynamo.reset()
+        with torch.no_grad(), inductor_config.patch(max_autotune=True, max_autotune_gemm_backends="ATEN,CPP",
+                                                    force_disable_caches=True), \
+                mock.patch.object(bmm, "autotune_select_algorithm", select):
+            out = torch.compile(lambda x, y: torch.bmm(x, y))(a, b)
+        torch.testing.assert_close(out, torch.bmm(a, b), rtol=1e-4, atol=1e-4)
+        return seen
+
+    with recording() as rec:
+        assert choices_of_a_bmm_compile() == ["bmm", "cpp"]  # without a table: ATen and the C++ template
+    (key,) = [e.device_key for e in rec.events if e.offered]
+    for table, report in (({}, "misses"), ({key: [{"template_id": "aten::bmm"}]}, "hits")):
+        with use_table(table) as installed:
+            assert choices_of_a_bmm_compile() == ["bmm", "cpp"], table
+        assert getattr(installed.report, report) == {key: 1}
+
+
 def test_a_cpp_entry_under_a_dynamic_m_is_stale_not_a_hit():
     """With M dynamic (mark_dynamic on the batch) the key holds M's hint, so a C++-template entry
     tuned for that M was found and counted a hit, but Inductor's template then picks its blocking,

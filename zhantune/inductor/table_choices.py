@@ -9,7 +9,6 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ from zhantune.inductor.cpu_entries import (
 from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried
+from zhantune.inductor.table_report import TableReport
 from zhantune.provenance import torch_release
 
 __all__ = ["TableChoices", "TableReport", "stale_reason", "release", "NOT_FROZEN", "GPU_ENTRY_ON_CPU"]
@@ -62,44 +62,6 @@ def stale_reason(entry: dict[str, Any], template_hashes: dict[str, str | None]) 
     return None
 
 
-@dataclass
-class TableReport:
-    """What the installed table did: per GEMM lookup Inductor made (one per GEMM lowering).
-
-    ``hits`` / ``misses`` / ``stale`` count lookups by key; ``stale`` also gives the reason per key.
-    ``coverage`` is the share of lookups that hit, None when there was none (``note`` says why:
-    nothing compiled since the table was installed, or a compile served from Inductor's cache).
-    """
-
-    source: str | None
-    hits: Counter = field(default_factory=Counter)
-    misses: Counter = field(default_factory=Counter)
-    stale: dict[str, str] = field(default_factory=dict)
-    stale_count: Counter = field(default_factory=Counter)
-    #: key -> the template_id (or config patch) that was compiled
-    chosen: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def lookups(self) -> int:
-        return sum(self.hits.values()) + sum(self.misses.values()) + sum(self.stale_count.values())
-
-    @property
-    def coverage(self) -> float | None:
-        return sum(self.hits.values()) / self.lookups if self.lookups else None
-
-    @property
-    def note(self) -> str | None:
-        """Why coverage is None, else None."""
-        if self.lookups:
-            return None
-        return "no GEMM lookup seen: served from Inductor's cache or not compiled yet"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "lookups": self.lookups, "coverage": self.coverage, "note": self.note,
-                "hits": dict(self.hits), "misses": dict(self.misses), "stale": dict(self.stale),
-                "chosen": dict(self.chosen)}
-
-
 class TableChoices(RecordingChoices):
     """Inductor choices handler serving a zhantune table (see the module docstring)."""
 
@@ -123,8 +85,10 @@ class TableChoices(RecordingChoices):
         self._cpu_template = any(wants_cpp(e) for e in entries)
         #: an addmm's ATen default held back for its templates' lookup (:meth:`_addmm_lookup`)
         self._held: tuple[Any, ...] | None = None
-        #: the config values at the start of the unpacked CPU GEMM lowering in progress (None: none)
+        #: the config values at the start of the unpacked CPU GEMM lowering in progress (None: none),
+        #: and the user's own before zhantune's (max-autotune for a C++-template entry)
         self._scope_base: dict[str, Any] | None = None
+        self._scope_user: dict[str, Any] | None = None
 
     def _find(self, event: LookupEvent) -> tuple[str | None, list[dict[str, Any]] | None]:
         """(key, entries) the table has for a lookup: device key first, then the agnostic one, then a
@@ -190,20 +154,21 @@ class TableChoices(RecordingChoices):
         """Around an unpacked CPU GEMM's lowering: its lookup (below) may set the template's knobs
         for this GEMM; every value is restored when the lowering returns. When some entry selects the
         C++ template the lowering runs under max-autotune with ATen and CPP (the template is offered
-        only then) and the lookup restricts the backends to the entry's, or to ATen on a miss; a CPP
+        only then) and the lookup restricts the backends to the entry's, or the user's own on a miss; a CPP
         hit where Inductor would not offer the template (not frozen) compiles the default and is
-        reported stale (NOT_FROZEN)."""
-        base = {k: get_config(k) for k in self._cpu_keys}
+        reported stale (NOT_FROZEN). A miss, a stale entry or an entry of Inductor's default is
+        lowered under the user's own settings (:meth:`_users_own`)."""
+        user = {**{k: get_config(k) for k in self._cpu_keys}, "max_autotune": inductor_config.max_autotune}
         extra: dict[str, Any] = {}
         if self._cpu_template:
             extra = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,CPP"}
-        outer = self._scope_base
-        with inductor_config.patch({**base, **extra}):
-            self._scope_base = {**base, **extra}
+        outer = self._scope_base, self._scope_user
+        with inductor_config.patch({**user, **extra}):
+            self._scope_base, self._scope_user = {**user, **extra}, user
             try:
                 yield
             finally:
-                self._scope_base = outer
+                self._scope_base, self._scope_user = outer
 
     def _finalize_template_configs(self, template_choices, kernel_inputs, templates, op_name,
                                    kwarg_overrides=None):
@@ -338,7 +303,7 @@ class TableChoices(RecordingChoices):
     def _default(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu):
         """Inductor's default choice: its ATen kernel only (on CPU: no C++ template either)."""
         if cpu:
-            self._set_cpu({"max_autotune_gemm_backends": "ATEN"})
+            self._users_own()
         return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
 
     def _aten_only(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
@@ -361,7 +326,7 @@ class TableChoices(RecordingChoices):
             # a dtype it has no micro-kernel for): the default ATen kernel is compiled, and said so
             self.report.stale[key] = NOT_FROZEN
             self.report.stale_count[key] += 1
-            self._set_cpu({"max_autotune_gemm_backends": "ATEN"})
+            self._users_own()
             return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         self.report.hits[key] += 1
         # this lookup's event records the hit, as a packed GEMM's does (cpu_packed_gemm): where oneDNN
@@ -378,10 +343,19 @@ class TableChoices(RecordingChoices):
                 self._set_cpu({**patch, "max_autotune_gemm_backends": "ATEN,CPP"})
                 return []
             self._set_cpu({**patch, "max_autotune_gemm_backends": "ATEN"})
-        else:
+        else:  # Inductor's default (aten::*): what it compiles without the table
             self.report.chosen[key] = entry["template_id"]
-            self._set_cpu({"max_autotune_gemm_backends": "ATEN"})
+            self._users_own()
         return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+
+    def _users_own(self) -> None:
+        """This CPU GEMM under the user's own settings, as Inductor compiles it without the table: a
+        max-autotune compile autotunes ATen against the C++ template. The ATen kernel alone was forced
+        (a CPU audit, session 38: a bf16 addmm without prepacking, not in the table, ran 2.5-3.7x
+        slower under max-autotune with the table installed than without)."""
+        if self._scope_user is not None:
+            self._set_cpu(self._scope_user)
+            inductor_config.max_autotune = self._scope_user["max_autotune"]  # restored by cpu_gemm_lowering
 
     def _set_cpu(self, values: dict[str, Any]) -> None:
         """This GEMM's knobs, inside cpu_gemm_lowering only (which restores them); outside one (a

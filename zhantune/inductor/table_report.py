@@ -1,0 +1,48 @@
+"""What an installed lookup table did while Inductor compiled (zhantune.table_report, the report of
+zhantune.use_table): hits, misses and stale entries per lookup key, and the coverage they give."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["TableReport"]
+
+
+@dataclass
+class TableReport:
+    """What the installed table did: per GEMM lookup Inductor made (one per GEMM lowering).
+
+    ``hits`` / ``misses`` / ``stale`` count lookups by key; ``stale`` also gives the reason per key.
+    ``coverage`` is the share of lookups that hit, None when there was none (``note`` says why:
+    nothing compiled since the table was installed, or a compile served from Inductor's cache).
+    """
+
+    source: str | None
+    hits: Counter = field(default_factory=Counter)
+    misses: Counter = field(default_factory=Counter)
+    stale: dict[str, str] = field(default_factory=dict)
+    stale_count: Counter = field(default_factory=Counter)
+    #: key -> the template_id (or config patch) that was compiled
+    chosen: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def lookups(self) -> int:
+        return sum(self.hits.values()) + sum(self.misses.values()) + sum(self.stale_count.values())
+
+    @property
+    def coverage(self) -> float | None:
+        return sum(self.hits.values()) / self.lookups if self.lookups else None
+
+    @property
+    def note(self) -> str | None:
+        """Why coverage is None, else None."""
+        if self.lookups:
+            return None
+        return "no GEMM lookup seen: served from Inductor's cache or not compiled yet"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "lookups": self.lookups, "coverage": self.coverage, "note": self.note,
+                "hits": dict(self.hits), "misses": dict(self.misses), "stale": dict(self.stale),
+                "chosen": dict(self.chosen)}
