@@ -826,14 +826,15 @@ DRY_RUN = {  # op -> (shape, dtype, spaces): a size where decomposeK and Triton 
 }
 
 
-@pytest.mark.parametrize("name", ["H100", "H200", "A100", "MI300X"])
+@pytest.mark.parametrize("name", ["H100", "H200", "A100", "L4", "MI300X"])
 @pytest.mark.parametrize("op", list(DRY_RUN))
 def test_the_cuda_dry_run_on_a_gpu_profile(tune_cfg, name, op):
     """Issue 17, "a CUDA dry run without a GPU": ``python -m zhantune.space ... device_profile=NAME``
     shows every branch's size before and after its constraints and whether Inductor's lowering
     (run against the profile) offers its template; a branch Inductor does not offer has no feasible
     point, and one it offers has some. The persistent TMA template needs compute capability 9.0
-    and CUDA (H100 and H200 here); decomposeK only mm at K >= 32 * max(M, N)."""
+    and CUDA (H100 and H200 here); decomposeK only mm at K >= 32 * max(M, N); no Triton template
+    and no decomposeK on a GPU of fewer than 68 SMs (the L4: every such trial was not applied)."""
     from rich.console import Console
 
     from zhantune.inductor.simulate import PROFILES
@@ -861,9 +862,13 @@ def test_the_cuda_dry_run_on_a_gpu_profile(tune_cfg, name, op):
     assert offered[f"aten::{lookup_op}"] == "yes"
     hopper = name in ("H100", "H200")
     assert offered.get("triton::mm_persistent_tma", "no") == ("yes" if hopper and op != "bmm" else "no")
-    if op in ("mm", "addmm"):
+    if name == "L4":
+        assert {t: offer for t, offer in offered.items() if not t.startswith("aten::")} == dict.fromkeys(
+            {"mm": ["triton::mm", "triton::mm_persistent_tma", "decompose_k"], "bmm": ["triton::bmm"]}.get(
+                op, ["triton::mm", "triton::mm_persistent_tma"] + (["decompose_k"] if op == "addmm" else [])), "no")
+    elif op in ("mm", "addmm"):
         assert offered["triton::mm"] == "yes" and offered["decompose_k"] == ("yes" if op == "mm" else "no")
-    if op == "bmm":
+    if op == "bmm" and name != "L4":
         assert offered["triton::bmm"] == "yes"
 
 

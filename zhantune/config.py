@@ -202,7 +202,7 @@ class TuneConfig:
     #: auto | cpu | cuda | cuda:N (auto: cuda when available)
     device: str = "auto"
     #: the dry run only (python -m zhantune.space): preview the CUDA spaces on a GPU profile (H100, H200,
-    #: A100, MI300X; zhantune.inductor.simulate.PROFILES) without a GPU; a tune refuses it
+    #: A100, L4, MI300X; zhantune.inductor.simulate.PROFILES) without a GPU; a tune refuses it
     device_profile: str | None = None
     #: search spaces (file names in conf/space/); None uses the op's default for the device kind
     space: Any = None

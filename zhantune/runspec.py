@@ -178,17 +178,24 @@ def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any
     """Names a constraint may use: M, N, K, B, op (the lookup op on this device kind: mm, addmm,
     bmm), dtype_bytes, smem_bytes, sm_count, cores, n_threads,
     whether Inductor offers a template for this size on this device kind, ``decompose_k_offered``
-    and ``triton_mm_offered`` (zhantune.inductor.heuristics.offered_templates), ``tma_offered``
-    (Inductor's lowering offers the persistent TMA template on this CUDA device for this problem:
-    compute capability 9.0, 16-byte aligned strides; :func:`cuda_offered_uids`)."""
+    and ``triton_mm_offered`` (its Triton GEMM template: ``triton::mm``, a bmm's ``triton::bmm``;
+    zhantune.inductor.heuristics.offered_templates), ``tma_offered`` (the persistent TMA template:
+    compute capability 9.0, 16-byte aligned strides). On CUDA each is also what Inductor's lowering
+    offers on this device (:func:`cuda_offered_uids`): no Triton template and no decomposeK on a GPU
+    of fewer than 68 SMs (torch/_inductor/utils.py is_big_gpu), whose trials were all not applied."""
     p = device.properties
     d = problem.dims
     op = problem.lookup_op_on(device.kind)
+    offered = offered_templates(op, d["M"], d["N"], d["K"])
+    uids = cuda_offered_uids(problem, device) if device.kind == "cuda" else frozenset()
+    if device.kind == "cuda":
+        offered = {"decompose_k_offered": offered["decompose_k_offered"] and "decompose_k" in uids,
+                   "triton_mm_offered": offered["triton_mm_offered"] and f"triton::{'bmm' if op == 'bmm' else 'mm'}" in uids}
     return {
         **d,
         "op": op,
-        **offered_templates(op, d["M"], d["N"], d["K"]),
-        "tma_offered": device.kind == "cuda" and "triton::mm_persistent_tma" in cuda_offered_uids(problem, device),
+        **offered,
+        "tma_offered": "triton::mm_persistent_tma" in uids,
         "dtype_bytes": problem.dtype_bytes,
         "smem_bytes": p.get("smem_bytes", 0),
         "sm_count": p.get("sm_count", 0),

@@ -84,6 +84,8 @@ PROFILES: dict[str, DeviceProfile] = {
                           uuid="5f3a61b2-8d2e-4c1b-9a7e-0c3d2b1a4f60"),
     "H200": DeviceProfile("NVIDIA H200", "NVIDIA H200", 9, 0, 132, 232448, 150109880320, 62914560),
     "A100": DeviceProfile("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 8, 0, 108, 166912, 80 << 30, 40 << 20),
+    # fewer than 68 SMs: Inductor offers no Triton template and no decomposeK (utils.py is_big_gpu)
+    "L4": DeviceProfile("NVIDIA L4", "NVIDIA L4", 8, 9, 58, 101376, 24 << 30, 48 << 20),
     "MI300X": DeviceProfile("AMD Instinct MI300X", "gfx942:sramecc+:xnack-", 9, 4, 304, 65536, 192 << 30, 4 << 20,
                             warp_size=64, hip="6.2"),
 }
