@@ -787,7 +787,8 @@ def test_an_exported_table_under_stock_inductors_handler_and_under_use_table(tmp
             else:
                 assert stock.uids[0] == "aten::addmm" and stock.uids.count("triton::mm") > 1
     notes = stock_inductor_notes(table)
-    assert len(notes) == 2 and notes[0].startswith("1 addmm template key(s)") and notes[1].startswith("1 addmm default")
+    assert len(notes) == 3 and notes[0].startswith("1 addmm template key(s)") and notes[1].startswith("1 addmm default")
+    assert notes[2].startswith("2 mm/addmm key(s) with a template entry: stock Inductor reads them only under max-autotune")
 
 
 def test_stock_inductor_fails_a_bmm_triton_entry_without_max_autotune_and_the_export_says_so():
@@ -806,7 +807,16 @@ def test_stock_inductor_fails_a_bmm_triton_entry_without_max_autotune_and_the_ex
     bmm = f"{dev}+((torch.bfloat16, [2, 64, 64], [4096, 64, 1]), (torch.bfloat16, [2, 64, 64], [4096, 64, 1]))+bmm"
     mm = f"{dev}+((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
     table = {bmm: [{"template_id": "triton::bmm", **TRITON_PARAMS}], mm: [{"template_id": "triton::mm", **TRITON_PARAMS}]}
+    big = f"{dev}+((torch.bfloat16, [256, 256], [256, 1]), (torch.bfloat16, [256, 256], [256, 1]))+mm"
+    tma = {big: [{"template_id": "triton::mm_persistent_tma", **TRITON_PARAMS, "BLOCK_M": 128, "BLOCK_N": 128}]}
     with fake_cuda():
+        # a persistent TMA entry: stock Inductor offers the template only with the flag (use_table sets it)
+        for flag in (False, True):
+            with inductor_config.patch({"max_autotune_gemm": True, "lookup_table.table": tma,
+                                        "triton.enable_persistent_tma_matmul": flag}), \
+                    V.set_choices_handler(LookupTableChoices()):
+                uids = lower("mm", [(256, 256), (256, 256)], torch.bfloat16).uids
+            assert (uids == ["triton::mm_persistent_tma"]) == flag and ("triton::mm" in uids) != flag, uids
         for autotune, bmm_uids, mm_uids in ((False, [], ["aten::mm"]), (True, ["triton::bmm"], ["triton::mm"])):
             with inductor_config.patch({"max_autotune_gemm": autotune, "lookup_table.table": table}), \
                     V.set_choices_handler(LookupTableChoices()):
@@ -814,8 +824,11 @@ def test_stock_inductor_fails_a_bmm_triton_entry_without_max_autotune_and_the_ex
                 assert lower("mm", [(64, 64), (64, 64)], torch.bfloat16).uids == mm_uids
         with use_table(table, device="cuda"):
             assert lower("bmm", [(2, 64, 64), (2, 64, 64)], torch.bfloat16).uids == ["triton::bmm"]
-    (note,) = stock_inductor_notes(table)
+    note, autotune = stock_inductor_notes(table)
     assert note.startswith("1 bmm key(s) with a Triton entry") and "NoValidChoicesError" in note
+    assert autotune.startswith("1 mm/addmm key(s) with a template entry: stock Inductor reads them only under")
+    (_, flag) = stock_inductor_notes(tma)
+    assert flag.startswith("1 key(s) with a triton::mm_persistent_tma entry") and "enable_persistent_tma_matmul" in flag
 
 
 DRY_RUN = {  # op -> (shape, dtype, spaces): a size where decomposeK and Triton mm are both offered for mm

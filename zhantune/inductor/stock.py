@@ -18,15 +18,19 @@ def stock_inductor_notes(table: dict[str, list[dict[str, Any]]], device_kind: st
     reads bmm keys without it too (``tuned_bmm`` offers its template regardless,
     torch/_inductor/kernel/bmm.py), and a Triton entry there then has no heuristic config to merge
     over and is dropped, which leaves the lowering no choice: the compile fails
-    (NoValidChoicesError). An empty list is a miss to it (Inductor's default choices for that
+    (NoValidChoicesError). It offers the persistent TMA template only with
+    ``triton.enable_persistent_tma_matmul`` (use_table sets it). An empty list is a miss to it (Inductor's default choices for that
     lookup); it makes no lookup on CPU. Checked against stock Inductor's own handler in
     tests/test_cuda_paths.py. ``device_kind`` "cpu" (every key's device is a CPU): that one note."""
     if device_kind == "cpu" and table:
         return [f"{len(table)} CPU key(s): stock Inductor makes no lookup on CPU; they apply through "
                 "zhantune.use_table only"]
-    counts = {"addmm_template": 0, "addmm_default": 0, "config": 0, "bmm_template": 0}
+    counts = {"addmm_template": 0, "addmm_default": 0, "config": 0, "bmm_template": 0, "mm_template": 0, "tma": 0}
     for key, entries in table.items():
         ids = [e.get("template_id") for e in entries]
+        if key.endswith(("+mm", "+addmm")) and any(not str(i).startswith(("aten::", CONFIG_TEMPLATE_ID)) for i in ids):
+            counts["mm_template"] += 1
+        counts["tma"] += "triton::mm_persistent_tma" in ids
         if key.endswith("+bmm") and any(str(i).startswith("triton::") for i in ids):
             counts["bmm_template"] += 1
         if CONFIG_TEMPLATE_ID in ids:
@@ -46,6 +50,13 @@ def stock_inductor_notes(table: dict[str, list[dict[str, Any]]], device_kind: st
         notes.append(f"{counts['bmm_template']} bmm key(s) with a Triton entry: stock Inductor reads bmm keys without "
                      "max-autotune too, finds no config to merge the entry over and fails the compile "
                      "(NoValidChoicesError): compile with max_autotune_gemm=True")
+    if counts["mm_template"]:
+        notes.append(f"{counts['mm_template']} mm/addmm key(s) with a template entry: stock Inductor reads them only "
+                     "under max-autotune (max_autotune or max_autotune_gemm) and compiles its default without it")
+    if counts["tma"]:
+        notes.append(f"{counts['tma']} key(s) with a triton::mm_persistent_tma entry: stock Inductor offers that "
+                     "template only with torch._inductor.config.triton.enable_persistent_tma_matmul = True; "
+                     "without it the entry is dropped and max-autotune tries Inductor's own Triton configs")
     if counts["config"]:
         notes.append(f"{counts['config']} CPU key(s) ({CONFIG_TEMPLATE_ID} entries): stock Inductor makes no lookup on "
                      "CPU; they apply through zhantune.use_table only")
