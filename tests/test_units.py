@@ -505,3 +505,23 @@ def test_write_atomic_keeps_a_files_mode_replaces_a_link_and_fits_any_name(tmp_p
     with pytest.raises(ConfigError, match=r"^json=.*bad.json: cannot write: .*surrogates not allowed; nothing was written"):
         write_atomic(tmp_path / "bad.json", "\udcff", "json")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["private.json", "link.html", long.name])
+
+
+def test_an_addmm_with_float_scalars_is_not_taken_for_the_problem_of_integer_ones():
+    """GPU-path review (session 38): Inductor writes addmm's scalars into the lookup key as text, so
+    ``alpha=1.0, beta=1.0`` makes "alpha=1.0&beta=1.0", a key the problem's own compile (alpha=1)
+    never makes; collect took it for that problem (1.0 == 1), and a problems file written without
+    measuring held a problem whose table entry never matches the model."""
+    from zhantune.device import resolve_device
+    from zhantune.inductor.gemms import collect
+
+    class Two(torch.nn.Module):
+        def forward(self, b, x, w, y):
+            return torch.addmm(b, x, w, alpha=1.0, beta=1.0), torch.addmm(b, y, w)
+
+    b, x, w, y = torch.randn(8), torch.randn(4, 16), torch.randn(16, 8), torch.randn(6, 16)
+    found = collect(Two(), (b, x, w, y), resolve_device("cpu"))
+    floats = next(p for p in found if "alpha=1.0&beta=1.0" in p.lookup_key)
+    assert floats.problem is None and "(tunable: the integers 1 and 1)" in floats.reason, floats
+    ints = next(p for p in found if "+alpha=1&beta=1+" in p.lookup_key)
+    assert ints.problem is not None and ints.problem.dims == {"M": 6, "N": 8, "K": 16, "B": 1}

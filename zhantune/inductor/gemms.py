@@ -57,8 +57,10 @@ def problem_from_event(event: Any, dtype_names: dict[str, str]) -> tuple[Any, st
         bias = None
     elif op == "addmm" and len(ins) == 3:
         bias, x, w = ins
-        if scalars and (scalars.get("alpha", 1) != 1 or scalars.get("beta", 1) != 1):
-            return None, f"addmm with alpha/beta {scalars} (tunable: 1 and 1)"
+        # the integer 1: Inductor writes the scalars into the lookup key as text (lookup_table/choices.py),
+        # so alpha=1.0 makes a key ("alpha=1.0&beta=1.0") that a problem's own compile (1) never does
+        if scalars and any(type(scalars.get(name, 1)) is not int or scalars.get(name, 1) != 1 for name in ("alpha", "beta")):
+            return None, f"addmm with alpha/beta {scalars} (tunable: the integers 1 and 1)"
     else:
         return None, f"op {op} with {len(ins)} inputs is not a GEMM zhantune tunes"
     (_, (m, k), sx), (_, (k2, n), sw) = x, w
