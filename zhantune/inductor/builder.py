@@ -117,7 +117,9 @@ def not_carried_reason(row: Any, device_kind: str) -> str | None:
         return None
     if row.template_id is None and row.params and all(k in BACKEND_FLAGS for k in row.params):
         flags = ", ".join(f"torch.backends.{k} = {v}" for k, v in sorted(row.params.items()))
-        return f"torch.backends flags are process-wide, not a per-GEMM choice a table can carry; set {flags} yourself"
+        return (f"torch.backends flags are process-wide, not a per-GEMM choice a table can carry; set {flags} yourself "
+                "(every float32 GEMM then runs with it, and Inductor's lookup key holds no precision: the table's float32 "
+                "entries were measured without it)")
     entry = entry_for(row.template_id, row.params, row.template_hash)
     why = not_carried(entry, device_kind)
     if why is None and entry_problem(entry, device_kind) is not None:
