@@ -197,8 +197,9 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
         # the reason from the paired rounds when there were any (never the unpaired ratio of the
         # fastest runs as if it were a speedup: the rounds may say the opposite)
         why = claim.reason if claim is not None else "not settled in paired rounds"
-        console.print(f"winner: inductor default ({_us(default_us)} us); no candidate beat it in a confirmed "
-                      f"paired comparison: {claimed.branch if claimed is not None else result.best.branch} {why}"
+        # "in this run": a config an earlier run confirmed may still ship (what_ships says so)
+        console.print(f"winner in this run: inductor default ({_us(default_us)} us); no candidate beat it in this run's "
+                      f"confirmed paired comparison: {claimed.branch if claimed is not None else result.best.branch} {why}"
                       + ("" if shipped is None else what_ships(shipped, run_export)), markup=False)
 
 
