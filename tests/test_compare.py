@@ -119,6 +119,35 @@ def test_one_device_is_compared_with_itself(tmp_path):
     assert p.regret == {(A100_KEY, A100_KEY): 1.0}
 
 
+def test_a_problem_measured_on_one_device_is_said_to_be_left_out(tmp_path, db):
+    """A newcomer's database (session 38): CPU tunes, then two GPUs' imports of one kernel. compare
+    printed the GPUs' problem only, dropping the CPU's problems without a word (and exit 0); it
+    now says how many it left out on which device, and how to compare that device's own."""
+    import shutil
+
+    from rich.console import Console
+
+    from zhantune.report.outputs import print_comparison
+
+    shutil.copy(db.removeprefix("sqlite:///"), tmp_path / "three.db")
+    store = Store(f"sqlite:///{tmp_path / 'three.db'}")
+    doc = {"device_name": "Other GPU", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+           "tune_params": {"x": [1, 2]}, "objective": "time",
+           "cache": {"1": {"x": 1, "time": 2.0, "times": [2.0, 2.0]}, "2": {"x": 2, "time": 5.0, "times": [5.0]}}}
+    (tmp_path / "other.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    import_kerneltuner(store, load_kerneltuner(tmp_path / "other.json.gz"))
+    cmp = compare(store)
+    assert len(cmp.problems) == 1 and cmp.left_out == {"Other GPU": 1}
+    console = Console(record=True, width=400)
+    print_comparison(console, cmp)
+    assert "left out: 1 problem(s) measured on one device only (Other GPU: 1); devices=[KEY] compares one " \
+           "device's own" in console.export_text()
+    assert compare(store, ["Other GPU"]).left_out == {} and compare(Store(db)).left_out == {}
+    from zhantune.report.outputs import write_json
+
+    assert json.loads(Path(write_json(str(tmp_path / "c.json"), cmp)).read_text())["left_out"] == {"Other GPU": 1}
+
+
 def _charts(path: Path) -> dict[str, str]:
     """Each chart the report says it holds, and any other Plotly chart in it: drawn, empty or missing."""
     dom = render_dom(path)

@@ -56,7 +56,7 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: b
         t.add_column("best us", justify="right")
         if several:
             for d in cmp.devices:
-                t.add_column(escape(f"winner on {d}"), justify="right")
+                t.add_column(escape(f"its winner on {d}"), justify="right")  # the row device's winner
         for a in cmp.devices:
             if a not in p.best_us:
                 continue
@@ -84,6 +84,10 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: b
                 regrets = ", ".join(f"{d} {_x(r)}" for d, r in c.regret.items())
                 console.print(f"{label}: worst {_x(c.worst_regret)}, geomean {_x(c.geomean_regret)} "
                               f"({regrets}) {_params(c)}", soft_wrap=True, highlight=False, markup=False)
+    if cmp.left_out:  # compared: problems measured on two or more of the devices
+        console.print(f"left out: {sum(cmp.left_out.values())} problem(s) measured on one device only ("
+                      + ", ".join(f"{d}: {n}" for d, n in cmp.left_out.items())
+                      + "); devices=[KEY] compares one device's own", soft_wrap=True, highlight=False, markup=False)
     if not several:
         return
     m = Table(title="geometric-mean regret: winners of (row) run on (column)")
@@ -170,6 +174,7 @@ def write_json(path: str | Path, cmp: Comparison) -> Path:
         "times": STORED_TIMES,
         "min_speedup": cmp.min_speedup,
         "devices": [{"key": d, "name": cmp.device_names[d]} for d in cmp.devices],
+        "left_out": cmp.left_out,  # device key -> problems measured on it alone (not compared)
         "matrix": [{"winner_of": a, "run_on": b, "geomean_regret": v if v is None or math.isfinite(v) else "inf"}
                    for (a, b), v in cmp.matrix.items()],
         "problems": [{

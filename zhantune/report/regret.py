@@ -115,6 +115,8 @@ class Comparison:
     problems: list[ProblemComparison]
     matrix: dict[tuple[str, str], float | None]  # geometric-mean regret of A's winners on B
     min_speedup: float | None = DEFAULT_MIN_SPEEDUP  # what each Claim was judged at
+    #: device key -> how many problems were measured on it alone (left out of a comparison of several)
+    left_out: dict[str, int] = field(default_factory=dict)
 
     def most_disagreeing(self, n: int = 5) -> list[ProblemComparison]:
         return sorted(self.problems, key=lambda p: -p.disagreement)[:n]
@@ -160,10 +162,11 @@ def compare(store: Store, devices: list[str] | None = None,
     torch = table_torch(None)  # claims as this torch's export ships them
     verdicts, any_torch = store.latest_verdicts(torch), store.latest_verdicts()
     key_ids = {key: dev_id for dev_id, key in ids.items()}
-    out = []
+    out, left_out = [], Counter()
     for pid in sorted(time, key=lambda i: problems[i].key):
         per_dev = {d: t for d, t in time[pid].items() if t}
         if len(per_dev) < min(2, len(devs)):
+            left_out.update(list(per_dev))  # device keys
             continue
         p = _compare_problem(problems[pid], per_dev, failed[pid], configs, default_us.get(pid, {}))
         # the winner's own claim on its device (re-judged by the rule in use), never another
@@ -181,7 +184,7 @@ def compare(store: Store, devices: list[str] | None = None,
         for b in keys:
             regrets = [p.regret[(a, b)] for p in out if (a, b) in p.regret]
             matrix[(a, b)] = statistics.geometric_mean(regrets) if regrets else None
-    return Comparison(keys, {d.key: d.name for d in devs}, out, matrix, min_speedup)
+    return Comparison(keys, {d.key: d.name for d in devs}, out, matrix, min_speedup, dict(left_out))
 
 
 def _claim(verdict: Any, other_torch: Any, min_speedup: float | None, torch: str) -> Claim:
