@@ -302,6 +302,35 @@ def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):
     assert not _settle_again(run, store, mine)
 
 
+def test_a_finished_studys_settles_due_again_wait_for_an_idle_machine(tune_cfg, tmp_path):
+    """A newcomer's reruns of a finished study whose last settle ran on a busy machine re-settled on
+    every rerun, on the same busy machine (33 s each, each verdict disturbed again: it never
+    converged). Now, when the machine is still busy after bench.busy_wait_s, the rerun measures
+    nothing and says why; on an idle machine it settles again."""
+    from zhantune.bench import conditions
+    from zhantune.runspec import resolve_run
+    from zhantune.storage import Store
+    from zhantune.tune import tune
+
+    url = f"sqlite:///{tmp_path}/z.db"
+    common = ["+op=mm", "shape=[16,32,16]", "device=cpu", "search.n_trials=1", "bench.isolate=false",
+              "bench.target_ms=2", "bench.warmup_ms=1", f"storage.url={url}", "export.enabled=false",
+              "bench.busy_wait_s=0.05"]
+    first = tune(resolve_run(tune_cfg([*common, "bench.remeasure_rounds=0"])), Store(url))
+    store = Store(url)
+    (default,) = [r for r in store.measurements(first.study_id) if r.kind == "default"]
+    store.add_verdict(study_id=first.study_id, device_id=default.device_id, problem_id=default.problem_id,
+                      config_hash="c", ratio=1.3, ratio_low=1.2, ratio_high=1.4, rounds=2, contended=4, confirmed=False,
+                      reason="unconfirmed: the paired rounds ran on a busy machine")
+    rows = len(store.measurements(first.study_id))
+    with mock.patch.object(conditions, "_busy", lambda kind, index: True):
+        again = tune(resolve_run(tune_cfg([*common, "bench.remeasure_rounds=2"])), Store(url))
+    assert again.already_finished and not again.resettled
+    assert again.settle_deferred.startswith("the machine is still busy after 0.")
+    assert len(store.measurements(first.study_id)) == rows  # nothing measured
+    assert store.study_verdict(first.study_id).contended == 4  # the busy verdict is still the newest
+
+
 def test_a_claim_needs_paired_rounds_begun_with_the_cores_free():
     """SCHED_FIFO shields a run's minimum from preemption, which ranking relies on, but not a paired
     ratio under sustained load (CI: 1.79x shielded against 1.27-1.45x quiet): a round whose timed runs

@@ -98,6 +98,8 @@ def print_finished(console: Console, result: Any) -> None:
         console.print("speedup vs default, its stored paired rounds: " + (
             f"confirmed {claim.claim_text()}" if claim.confirmed else f"no claim ({claim.claim_text()}): {claim.reason}"),
             highlight=False, markup=False)
+    if getattr(result, "settle_deferred", None):
+        console.print(f"its settles are due again, not run: {result.settle_deferred}", highlight=False, markup=False)
 
 
 def _problems(cfg: DictConfig, console: Console) -> dict | None:

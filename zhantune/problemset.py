@@ -326,8 +326,9 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
             r = pr.result
             held = (f"{r.before} of {r.target} trials measured" if r.before <= r.target
                     else f"{r.before} trials measured, this share {r.target}")
-            console.print(f"study {escape(repr(r.study_name))} is finished ({held}): nothing to measure",
-                          highlight=False)
+            console.print(f"study {escape(repr(r.study_name))} is finished ({held}): nothing to measure"
+                          + (f"; its settles are due again, not run: {escape(r.settle_deferred)}"
+                             if r.settle_deferred else ""), highlight=False)
         if pr.result.transfer_text:
             console.print(pr.result.transfer_text, markup=False)
         if pr.result.interrupted:

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from zhantune import interrupt
 from zhantune.bench.conditions import contention_count, mark_tune_root
-from zhantune.bench.decision import claim_holds, rank_key
+from zhantune.bench.decision import rank_key
 from zhantune.bench.protocol import Benchmarker
 from zhantune.bench.settle import settle_close_call, settle_speedup
 from zhantune.candidate import Candidate
@@ -35,7 +35,8 @@ from zhantune.search.study import MAX_RETRIES, Heartbeat, HeartbeatSettings, ope
 from zhantune.search.transfer import load_prior, transfer_text
 from zhantune.storage import ClaimLost, MeasurementRow, Recorder, Store, redact_url
 from zhantune.storage.ingest import refuse_merge, replay_study
-from zhantune.tune_result import TuneResult, stored_claim
+from zhantune.tune_result import TuneResult, busy_text, stored_claim
+from zhantune.tune_result import settle_again as _settle_again
 
 __all__ = ["TuneResult", "tune", "settle", "study_budget", "RunSpec", "resolve_run", "FINISHED", "EXHAUSTED"]
 
@@ -62,7 +63,8 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     A study that ended with its budget measured (or the same space exhausted) is not run again: the
     result has ``already_finished`` set and nothing is measured or started; unless its last speedup
     settle was taken on a busy machine, or confirmed by a rule since replaced (:func:`_settle_again`):
-    then its settles (close call, paired rounds) run again without a search (``resettled``). A
+    then its settles (close call, paired rounds) run again without a search (``resettled``), once
+    the machine is idle (else ``settle_deferred`` says so and nothing is measured). A
     replay's study is named by :func:`zhantune.storage.ingest.replay_study`. A resumed study re-uses the
     baselines it stored in this environment (Store.stored_baselines) unless
     ``bench.remeasure_baselines``. ``progress``: a zhantune.report.TuneProgress, or None for a log
@@ -80,8 +82,10 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     # measured, not used: a dead worker's claim stays in flight until a search retries it
     finished = row is not None and (row.status == FINISHED and store.trial_counts(row.id)[0] >= target
                                     or row.status == EXHAUSTED and _same_space(row.config, run))
-    if finished and not _settle_again(run, store, row.id):
-        return _finished_result(run, store, row, target)
+    again = finished and _settle_again(run, store, row.id)
+    busy = busy_text(run) if again else None  # a busy machine would disturb its rounds again
+    if finished and (not again or busy):
+        return _finished_result(run, store, row, target, settle_deferred=busy)
     mark_tune_root()  # NVML's "other processes" leave out this tune's workers (conditions.own_pids)
     sampler, n_compile = make_sampler(run.search.sampler), run.compile_workers()
     # one kernel cache for this tune, shared by the timing and compile-ahead workers, deleted at its end
@@ -104,28 +108,17 @@ def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:
     return stored is not None and all(stored.get(k) == now.get(k) for k in ("space", "op"))
 
 
-def _settle_again(run: Any, store: Store, study_id: int) -> bool:
-    """Whether a finished study's settles run again: its newest verdict is unconfirmed for paired
-    rounds taken on a busy machine (decision.judge_speedup), confirmed under a rule since replaced
-    (decision.claim_holds), or settled with another torch (a claim holds for the torch its rounds
-    ran with), and this run settles (``bench.remeasure_rounds`` > 0, not a replay; ``run``: a RunSpec)."""
-    if run.replay is not None or not run.bench.remeasure_rounds:
-        return False
-    v = store.study_verdict(study_id)
-    return v is not None and bool(v.rounds) and v.ratio is not None and (
-        (not v.confirmed and bool(v.contended)) or (v.confirmed and not claim_holds(v))
-        or v.torch_version != software_versions()["torch"])
-
-
-def _finished_result(run: RunSpec, store: Store, row: Any, target: int) -> TuneResult:
-    """The result of a study that has nothing left to measure, from the database alone."""
+def _finished_result(run: RunSpec, store: Store, row: Any, target: int, settle_deferred: str | None = None) -> TuneResult:
+    """The result of a study that has nothing left to measure, from the database alone
+    (``settle_deferred``: why its settles, due again, wait for an idle machine)."""
     versions = software_versions()
     dev = next((d for d in store.devices() if d.key == run.device.key), None)
     stored = (store.stored_baselines(row.id, dev.id, run.problem.key, versions["torch"], versions["triton"])
               if dev is not None else {})
     result = TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), _study_best(run, store, row.id),
                         default_unfrozen=stored.get("default_unfrozen"), target=target, before=store.trial_counts(row.id)[0],
-                        already_finished=True, exhausted=row.status == EXHAUSTED, baselines_reused=bool(stored))
+                        already_finished=True, exhausted=row.status == EXHAUSTED, baselines_reused=bool(stored),
+                        settle_deferred=settle_deferred)
     result.claim, result.claimed = stored_claim(store, row.id)  # what its tunes settled
     return result
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from zhantune.bench.conditions import ContentionCount
-from zhantune.bench.decision import SpeedupVerdict
+from zhantune.bench.decision import SpeedupVerdict, claim_holds
+from zhantune.provenance import software_versions
 from zhantune.search.transfer import Prior
 from zhantune.storage import MeasurementRow
 
@@ -97,8 +98,10 @@ class TuneResult:
     #: every feasible point of the space is measured
     exhausted: bool = False
     #: a finished study run again only to settle its speedup anew (its last paired rounds were taken
-    #: on a busy machine; zhantune.tune._settle_again): no search
+    #: on a busy machine; settle_again): no search
     resettled: bool = False
+    #: why a finished study's settles, due again, were not run (the machine busy: busy_text)
+    settle_deferred: str | None = None
     #: the baselines came from the database (measured by an earlier run in this environment)
     baselines_reused: bool = False
     #: of ``measured``: points of dead workers' trials measured again by this worker
@@ -127,3 +130,30 @@ class TuneResult:
         """Measured trials of the study after this run (all runs and workers that used its budget;
         a claim whose trial has no measurement, a killed worker's, is not one)."""
         return max(self.before + self.measured, self.study_measured)
+
+
+def settle_again(run: Any, store: Any, study_id: int) -> bool:
+    """Whether a finished study's settles run again: its newest verdict is unconfirmed for paired
+    rounds taken on a busy machine (decision.judge_speedup), confirmed under a rule since replaced
+    (decision.claim_holds), or settled with another torch (a claim holds for the torch its rounds
+    ran with), and this run settles (``bench.remeasure_rounds`` > 0, not a replay; ``run``: a RunSpec)."""
+    if run.replay is not None or not run.bench.remeasure_rounds:
+        return False
+    v = store.study_verdict(study_id)
+    return v is not None and bool(v.rounds) and v.ratio is not None and (
+        (not v.confirmed and bool(v.contended)) or (v.confirmed and not claim_holds(v))
+        or v.torch_version != software_versions()["torch"])
+
+
+def busy_text(run: Any) -> str | None:
+    """Why a finished study's settles, due again (:func:`settle_again`), wait for another run: the
+    machine is still busy after ``bench.busy_wait_s`` (zhantune.bench.conditions.wait_until_idle),
+    so paired rounds would be disturbed again and unconfirmed (a newcomer's reruns on a busy
+    machine each spent 33 s re-settling, never converging); None when it is idle."""
+    from zhantune.bench.conditions import wait_until_idle
+
+    waited = wait_until_idle(run.bench.busy_wait_s, run.device.kind, run.device.index)
+    if not waited["busy_at_start"]:
+        return None
+    return (f"the machine is still busy after {waited['waited_s']:.1f} s (bench.busy_wait_s): its paired rounds "
+            "run again when this command finds it idle")

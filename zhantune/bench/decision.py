@@ -150,7 +150,7 @@ def claim_holds(verdict: Any) -> bool:
     rule in use: confirmed, and :func:`beyond_spread` on its rounds' ``ratio_low`` and ``ratio_high``.
     Verdicts stored under earlier rules (until 2026-11-27 "faster in every round", one round
     included; then two variants the same day) are re-judged with this by the export and compare,
-    and settled again by zhantune.tune._settle_again when their tune is rerun."""
+    and settled again by zhantune.tune_result.settle_again when their tune is rerun."""
     v = verdict
     return bool(v is not None and v.confirmed and v.ratio is not None and v.ratio_low and v.ratio_high
                 and beyond_spread(v.ratio_low, v.ratio_high, v.rounds or 0))
