@@ -175,8 +175,8 @@ def claim_status(verdict: Any, other_torch: Any, min_speedup: float | None, torc
                 f"not confirmed: {other_torch.reason}")
     if claim_holds(verdict):
         return f"confirmed at {verdict.ratio:.3f}x, below min_speedup"
-    if verdict is not None and verdict.rounds:
-        return f"not confirmed: {verdict.reason}"
+    if verdict is not None and verdict.rounds:  # the reason once ("not confirmed: unconfirmed: ..." it read)
+        return f"not confirmed: {verdict.reason.removeprefix('unconfirmed: ')}"
     return "never paired with the default"
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import math
+import warnings
 from pathlib import Path
 
 import optuna
@@ -96,7 +97,9 @@ def _optuna_figures(study: optuna.Study | None) -> tuple[go.Figure | None, go.Fi
     history = optuna.visualization.plot_optimization_history(study)
     history.update_layout(title=f"Optimisation history: {study.study_name}", yaxis_title="time (us)", height=420)
     try:
-        importance = optuna.visualization.plot_param_importances(study)
+        with warnings.catch_warnings():  # Optuna's PED-ANOVA warns per parameter value of few trials
+            warnings.simplefilter("ignore", UserWarning)  # (a raw traceback-style line in compare's output)
+            importance = optuna.visualization.plot_param_importances(study)
         importance.update_layout(title=f"Parameter importances: {study.study_name}", height=420)
     except (RuntimeError, ValueError) as e:  # too few completed trials, or a single parameter
         return history, None, f"parameter importances of {study.study_name} unavailable: {e}"
