@@ -543,6 +543,9 @@ def test_contention_count_says_how_many_were_busy_and_what_was_done():
     assert busy.text().endswith("; rankings use each config's fastest run and a speedup is claimed only from "
                                 "paired rounds begun with the cores free (and shielded, or not contended at all)")
     assert busy.text("the shares may move").endswith("4 of 5 timed under SCHED_FIFO; the shares may move")
+    # a tune's summary counts its study's rows, every run's: it says so (a rerun that took 33.5 s said
+    # "waited 51.3 s in all", earlier runs' waits included)
+    assert busy.text(of="the study's (every run's) ").startswith("2 of the study's (every run's) 5 timed measurement(s)")
 
 
 def test_check_times_its_compiles_in_rotated_interleaved_rounds():

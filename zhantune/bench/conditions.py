@@ -266,15 +266,16 @@ class ContentionCount:
         return ContentionCount(self.timed + other.timed, self.contended + other.contended,
                                self.waited_s + other.waited_s, self.shielded + other.shielded)
 
-    def text(self, uses: str = CLAIMS) -> str | None:
+    def text(self, uses: str = CLAIMS, of: str = "") -> str | None:
         """One sentence for a summary, or None when no timed measurement was contended. ``uses``: what
         the command does with the times that the busy machine could mislead (default: a tune's
-        rankings and claims, :data:`CLAIMS`)."""
+        rankings and claims, :data:`CLAIMS`); ``of``: whose measurements, e.g. "the study's (every
+        run's) " (a tune counts its whole study's: a rerun's "waited 51.3 s" took 33.5 s)."""
         if not self.contended:
             return None
         shield = (f"all {self.timed} timed under SCHED_FIFO" if self.shielded == self.timed
                   else f"{self.shielded} of {self.timed} timed under SCHED_FIFO")
-        return (f"{self.contended} of {self.timed} timed measurement(s) were taken on a busy machine (other "
+        return (f"{self.contended} of {of}{self.timed} timed measurement(s) were taken on a busy machine (other "
                 f"runnable tasks or a load average above the core count); waited {self.waited_s:.1f} s in all for "
                 f"idle cores (bench.busy_wait_s); {shield}; {uses}")
 

@@ -46,8 +46,9 @@ def print_problems_summary(console: Console, result: Any) -> None:
                           f"compile runs, yet the default's fastest run took {gap[0]:,.1f} us and this one's "
                           f"{gap[1]:,.1f} us (default / entry {gap[0] / gap[1]:.2f}x): the candidate's compile may not "
                           "run what the default runs (or the timing was disturbed)[/yellow]")
-    if contention.text():
-        console.print(f"[yellow]warning: {contention.text()}[/yellow]")
+    of = "the studies' (every run's) "  # each study's rows, not only this run's
+    if contention.text(of=of):
+        console.print(f"[yellow]warning: {contention.text(of=of)}[/yellow]")
     if result.table_path is not None:
         console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))", markup=False)
 

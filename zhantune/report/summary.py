@@ -225,8 +225,9 @@ def _print_notes(console: Console, result: Any) -> None:
         console.print(("[yellow]" if result.verdict != "clear" else "") + escape(result.verdict_text)
                       + ("[/yellow]" if result.verdict != "clear" else ""))
     contention = getattr(result, "contention", None)
-    if contention is not None and contention.text():
-        console.print(f"[yellow]warning: {contention.text()}[/yellow]")
+    of = "the study's (every run's) "  # the rows counted: every run's, not only this one's
+    if contention is not None and contention.text(of=of):
+        console.print(f"[yellow]warning: {contention.text(of=of)}[/yellow]")
     if getattr(result, "transfer_text", None):
         console.print(result.transfer_text, markup=False)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"
