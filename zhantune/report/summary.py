@@ -131,6 +131,8 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
         # at the decision statistic, as every comparison (one-sided noise inflates the median; the
         # stored column is at the median: zhantune.storage.rows)
         tflops = f"{r.tflops * r.median_us / mine:.3f}" if r.tflops and r.median_us and mine else "-"
+        # a config's row is its fastest measurement: after a settle, a paired round's (not the search's)
+        label += " (a re-measurement)" if r.kind == "remeasure" else ""
         t.add_row(escape(label), r.status, _us(r.median_us), _us(mine), tflops, speed)
     return t
 
