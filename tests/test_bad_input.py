@@ -202,6 +202,10 @@ def _user_module(tmp: Path) -> str:
 
 # (id, module, arguments with {x} filled in by setup, setup, message, database checked unchanged)
 CASES = [
+    # a newcomer's mm with an activation tuned a plain mm (the activation dropped without a word)
+    ("activation-on-mm", "zhantune", ["+op=mm", "op.activation=gelu", "shape=[4,4,4]", "device=cpu"], None,
+     "op.activation='gelu' for op mm: only linear_act takes an activation (+op=linear_act op.activation=relu|gelu)",
+     None),
     ("kernel-store-in-a-file", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", "bench.kernel_store={x}/k"],
      _file, "bench.kernel_store=afile/k: cannot create", None),
     ("huge-shape", "zhantune", ["+op=mm", "shape=[1000000000,1000000000,1000000000]", "device=cpu"], None,

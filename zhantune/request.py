@@ -72,6 +72,9 @@ def check_request(cfg: Any) -> None:
         if isinstance(shape, ListConfig):
             shape = OmegaConf.to_container(shape, resolve=True)
         check_problem(cfg.op.name, shape, cfg.dtype, cfg.op.activation, weight_layout=cfg.weight_layout)
+        if cfg.op.name != "linear_act" and cfg.op.get("activation") is not None:  # it was dropped without a word
+            raise ConfigError(f"op.activation={cfg.op.activation!r} for op {cfg.op.name}: only linear_act takes an "
+                              "activation (+op=linear_act op.activation=relu|gelu)")
         check_device_spec(cfg.device)
     else:
         check_file(cfg.problems, "problems")
