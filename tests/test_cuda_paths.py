@@ -1468,3 +1468,29 @@ def test_an_addmm_entry_compiles_itself_alone_or_the_default_never_nothing(gpu, 
     else:  # the entry said stale, the ATen key's [] no hit: no coverage claimed
         assert report.stale == {expanded: NOT_OFFERED.format(tids=template_id)} and not report.hits
         assert report.coverage == 0.0
+
+
+@pytest.mark.parametrize("case", ["config entry, 1-D bias", "config entry, 2-D bias", "zero-size M"])
+def test_an_addmm_whose_entry_no_templates_lookup_serves_compiles_the_default_and_says_why(case):
+    """A review of the addmm hold-back: a ``zhantune::config`` entry (no templates' lookup can serve
+    it) is reported stale as a config patch on CUDA, not as a miss or an unoffered template; and an
+    addmm of a size statically zero, for which tuned_addmm makes the ATen lookup alone, still
+    compiles ATen (it was held back for a lookup that never came: no choice at all)."""
+    from zhantune.inductor.runtime import use_table
+    from zhantune.inductor.table import CONFIG_TEMPLATE_ID
+
+    shapes = {"config entry, 1-D bias": [(512,), (256, 256), (256, 512)],
+              "config entry, 2-D bias": [(256, 512), (256, 256), (256, 512)],
+              "zero-size M": [(0, 512), (0, 256), (256, 512)]}[case]
+    entry = {"template_id": CONFIG_TEMPLATE_ID, "config_patch": {"max_autotune_gemm_backends": "TRITON"}} \
+        if case.startswith("config") else {"template_id": "triton::mm", **TRITON_PARAMS}
+    with fake_cuda():
+        with inductor_config.patch(max_autotune_gemm=True), recording() as rec:
+            lower("addmm", shapes, torch.bfloat16)
+        own = rec.events[0].agnostic_key  # the ATen lookup's key: the problem's own
+        with use_table({own: [entry]}, device="cuda") as installed:
+            got = lower("addmm", shapes, torch.bfloat16)
+    assert got.uids == ["aten::addmm"] and not installed.report.hits and not installed.report.misses
+    (why,) = installed.report.stale.values()
+    assert why.startswith("a 'zhantune::config' entry applies on CPU only" if case.startswith("config")
+                          else "triton::mm: not among the templates Inductor offers for this GEMM"), why

@@ -12,12 +12,15 @@ table). Every GEMM lowering then goes through the table:
   ``[]`` (zhantune.inductor.builder.build_table); where that lookup then serves nothing (its template
   is not offered on this GPU: a TMA template without TMA, any Triton template under 68 SMs) the
   addmm compiles Inductor's default and the entry is reported stale, never with no choice at all;
-- **miss**: Inductor's default choice (its ATen kernel), no autotuning, and the key is reported;
+- **miss**: Inductor's default choice, and the key is reported: on CUDA its ATen kernel, no
+  autotuning; on CPU what Inductor compiles under the user's own settings (under their max-autotune
+  it autotunes ATen against its C++ template, as without the table);
 - **stale**: an entry whose ``template_hash`` differs from the template's ``src_hash`` in this torch,
   every entry of a table made with another torch release, on CUDA a ``zhantune::config`` entry
   (compile-wide Inductor config, which a per-GEMM table cannot apply there), or on CPU a GPU
-  template entry (``triton::mm``, ``decompose_k``, ...), and on CUDA an entry whose template Inductor
-  does not offer for the GEMM on this device, is dropped, reported, and the GEMM compiles as a miss.
+  template entry (``triton::mm``, ``decompose_k``, ...), and on CUDA a key none of whose entries'
+  templates Inductor offers for the GEMM on this device, is dropped, reported, and the GEMM compiles
+  as a miss (with ``top_k`` > 1, a key some of whose entries are offered compiles those: a hit).
 
 On CPU (where Inductor itself makes no lookup) the table's entries are config patches of
 Inductor's C++ GEMM template, applied per GEMM through Inductor's ``user_lowerings`` hook

@@ -193,7 +193,7 @@ class TableChoices(RecordingChoices):
             event = self.event(kernel_inputs, op_name, uids, ())
             key, entries = self._find(event)
             self._held = None
-            if entries is None or self._key_stale(key, event) or any(e.get("template_id") in uids for e in entries):
+            if entries is None or self._key_stale(key, event) or not _held_back(entries, uids, kernel_inputs):
                 return self._serve(*args)
             self.events.append(event)
             if not entries:  # "nothing from this lookup": the entry is under the templates' key
@@ -301,9 +301,10 @@ class TableChoices(RecordingChoices):
         return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
 
     def _default(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu):
-        """Inductor's default choice: its ATen kernel only (on CPU: no C++ template either)."""
+        """Inductor's default choice: on CUDA its ATen kernel only; on CPU what it compiles under the
+        user's own settings (:meth:`_users_own`: under max-autotune ATen and its C++ template)."""
         if cpu:
-            self._users_own()
+            return self._users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
 
     def _aten_only(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
@@ -326,8 +327,7 @@ class TableChoices(RecordingChoices):
             # a dtype it has no micro-kernel for): the default ATen kernel is compiled, and said so
             self.report.stale[key] = NOT_FROZEN
             self.report.stale_count[key] += 1
-            self._users_own()
-            return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+            return self._users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         self.report.hits[key] += 1
         # this lookup's event records the hit, as a packed GEMM's does (cpu_packed_gemm): where oneDNN
         # does not pack the dtype (bf16 without AVX-512) the C++-template candidate is served here
@@ -345,17 +345,21 @@ class TableChoices(RecordingChoices):
             self._set_cpu({**patch, "max_autotune_gemm_backends": "ATEN"})
         else:  # Inductor's default (aten::*): what it compiles without the table
             self.report.chosen[key] = entry["template_id"]
-            self._users_own()
+            return self._users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
 
-    def _users_own(self) -> None:
+    def _users_own(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
         """This CPU GEMM under the user's own settings, as Inductor compiles it without the table: a
-        max-autotune compile autotunes ATen against the C++ template. The ATen kernel alone was forced
-        (a CPU audit, session 38: a bf16 addmm without prepacking, not in the table, ran 2.5-3.7x
-        slower under max-autotune with the table installed than without)."""
-        if self._scope_user is not None:
-            self._set_cpu(self._scope_user)
-            inductor_config.max_autotune = self._scope_user["max_autotune"]  # restored by cpu_gemm_lowering
+        max-autotune compile autotunes ATen against the C++ template (ATen only where their backends
+        have it). The ATen kernel alone was forced (a CPU audit, session 38: a bf16 addmm without
+        prepacking, not in the table, ran 2.5-3.7x slower under max-autotune with the table installed)."""
+        user = self._scope_user
+        if user is not None:
+            self._set_cpu(user)
+            inductor_config.max_autotune = user["max_autotune"]  # restored by cpu_gemm_lowering
+            if "ATEN" not in str(user.get("max_autotune_gemm_backends", "ATEN")).upper():
+                return []
+        return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
 
     def _set_cpu(self, values: dict[str, Any]) -> None:
         """This GEMM's knobs, inside cpu_gemm_lowering only (which restores them); outside one (a
@@ -364,6 +368,18 @@ class TableChoices(RecordingChoices):
             return
         for k in self._cpu_keys:
             set_knob(k, values.get(k, self._scope_base[k]))
+
+
+def _held_back(entries: list[dict[str, Any]], uids: dict[str, Any], kernel_inputs: Any) -> bool:
+    """Whether an addmm's ATen lookup holds its default back for the templates' lookup (TableChoices
+    ._addmm_lookup): its entries are ``[]`` or templates only that lookup offers (not a config
+    patch: never served on CUDA, reported stale by the ATen lookup itself), and the GEMM is not of
+    a size statically zero (tuned_addmm then makes the ATen lookup alone: torch/_inductor/kernel/mm.py)."""
+    from torch._inductor.kernel.mm_common import _is_static_problem
+
+    if any(e.get("template_id") in uids or e.get("template_id") == CONFIG_TEMPLATE_ID for e in entries):
+        return False
+    return _is_static_problem(kernel_inputs.output_layout())[1]
 
 
 def _no_choice(template_hashes: dict[str, str | None]) -> bool:
