@@ -346,6 +346,10 @@ CASES = [
      lambda t: _raw(t, f'{{"{KEY}": [' + ",".join(["[]"] * 2_100_000) + "]}"),
      "more than 2,000,000 '[' and '{' characters; a lookup table has a few per GEMM", None),
     ("table-fifo", "zhantune.check", [*MLP, "table={x}"], _fifo, "fifo.json: not a regular file", None),
+    # a newcomer's database given as the table: the message named neither the option nor what a table is
+    ("table-is-a-database", "zhantune.check", [*MLP, "table={x}"],
+     lambda t: (t / "zhantune.db").write_bytes(b"SQLite format 3\x00\xff\xfe\x00") and "zhantune.db",
+     "table=zhantune.db: not a UTF-8 text file; a table is JSON (python -m zhantune.export writes one)", None),
     ("table-dir", "zhantune.check", [*MLP, "table={x}"], _dir, "table=adir: is a directory; give a file", None),
     ("table-huge-int", "zhantune.check", [*MLP, "table={x}"],
      lambda t: _raw(t, f'{{"{KEY}": [{{"template_id": "triton::mm", "BLOCK_M": {"1" * 5000}}}]}}'),

@@ -69,7 +69,7 @@ def _check_app(cfg: DictConfig) -> None:
     from zhantune.bench.measurement import TOLERANCES
     from zhantune.bench.model_check import check_model
     from zhantune.device import resolve_device
-    from zhantune.inductor.table import read_table
+    from zhantune.inductor.table import read_table_option
     from zhantune.models import from_config
     from zhantune.report.console import make_console
     from zhantune.torch_support import check_torch
@@ -78,7 +78,7 @@ def _check_app(cfg: DictConfig) -> None:
     try:
         check_torch(what="zhantune.check")
         # a malformed table, or one setting anything but allow-listed knobs, stops here
-        tf = read_table(cfg.table, resolve_device(cfg.device).kind)
+        tf = read_table_option(cfg.table, resolve_device(cfg.device).kind)
         req = from_config(cfg)
     except UserError as e:
         user_error(e)

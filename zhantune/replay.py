@@ -47,7 +47,7 @@ def _replay_app(cfg: DictConfig) -> None:
     from zhantune.config import check_bench
     from zhantune.device import resolve_device
     from zhantune.inductor.builder import table_candidates
-    from zhantune.inductor.table import read_table
+    from zhantune.inductor.table import read_table_option
     from zhantune.redact import hide_password
     from zhantune.storage import Store, sqlite_path
     from zhantune.table_replay import measure_table
@@ -61,7 +61,7 @@ def _replay_app(cfg: DictConfig) -> None:
             raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path} (a tune, "
                                "python -m zhantune ..., writes one; or give the storage.url of yours)")
         device = resolve_device(cfg.device)
-        tf = read_table(cfg.table, device.kind)  # only allow-listed knobs (zhantune.inductor.knobs)
+        tf = read_table_option(cfg.table, device.kind)  # only allow-listed knobs (zhantune.inductor.knobs)
         table = tf.table
         if not table:  # a replay of it would store an empty study and say nothing
             others = sorted(set(tf.other_kind.values()))

@@ -35,7 +35,7 @@ from zhantune.inductor.knobs import DEVICE_KINDS, FUSION_KNOBS, config_patch_pro
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
            "agnostic_key", "write_table", "read_table", "recheck_table", "check_table", "check_meta", "entry_problem", "not_carried", "carried",
-           "CONFIG_ENTRY_ON_CUDA", "FUSION_ENTRY_ON_CPU", "load_table", "parse_key", "MAX_TABLE_BYTES"]
+           "CONFIG_ENTRY_ON_CUDA", "FUSION_ENTRY_ON_CPU", "load_table", "read_table_option", "parse_key", "MAX_TABLE_BYTES"]
 
 CONFIG_TEMPLATE_ID = "zhantune::config"
 FORMAT = "zhantune-lookup-table"
@@ -244,13 +244,22 @@ def _read_json(path: str, where: str) -> Any:
     try:
         return json.loads(raw.decode("utf-8"), object_pairs_hook=unique)
     except UnicodeDecodeError:
-        raise TableError(f"{where}: not a UTF-8 text file") from None
+        raise TableError(f"{where}: not a UTF-8 text file; a table is JSON (python -m zhantune.export writes one)") from None
     except json.JSONDecodeError as e:
         raise TableError(f"{where}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
         raise TableError(f"{where}: JSON nested too deeply; a table is key -> list of flat entries") from None
     except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
         raise TableError(f"{where}: not a table: {str(e).split(';')[0]}") from None
+
+
+def read_table_option(path: str | os.PathLike[str], device_kind: str | None, option: str = "table") -> TableFile:
+    """:func:`read_table` of a command's option: its errors start with ``option=`` (where the value
+    came from), e.g. "table=zhantune.db: not a UTF-8 text file" (it read "zhantune.db: ...")."""
+    try:
+        return read_table(path, device_kind)
+    except TableError as e:
+        raise TableError(f"{option}={e}") from None
 
 
 def load_table(path: str | os.PathLike[str], device_kind: str | None = None) -> dict[str, list[dict[str, Any]]]:
