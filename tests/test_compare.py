@@ -455,3 +455,8 @@ def test_export_of_imports_only_says_they_have_no_lookup_key(cli, tmp_path, db):
     Store(empty)
     r = cli([f"storage.url={empty}"], tmp_path, module="zhantune.export")
     assert r.returncode == 2 and "it holds no problem yet" in r.stderr, r.stderr
+    # compare's table= of the same imports: also an error (it said so in yellow and exited 0)
+    r = cli([f"storage.url={db}", f"table={tmp_path}/p.json"], tmp_path, module="zhantune.compare")
+    assert r.returncode == 2 and not (tmp_path / "p.json").exists(), r.stderr
+    assert r.stderr.strip() == (f"zhantune: table={tmp_path}/p.json: no table written: no portable choice has an "
+                                "Inductor lookup key (imported or replayed problems have none)"), r.stderr

@@ -108,9 +108,9 @@ def _write_outputs(cfg: DictConfig, console: Any, store: Any, cmp: Any, study: A
             _print_withheld(console, out)
             if cfg.min_speedup is None:
                 console.print(f"note: {NO_CLAIM_NOTE}", markup=False, soft_wrap=True)
-        else:
-            console.print("[yellow]no portable choice has an Inductor lookup key (imported or replayed "
-                          "problems have none); no table written[/yellow]")
+        else:  # asked for and not written: an error, as export's (it exited 0)
+            raise ConfigError(f"table={cfg.table}: no table written: no portable choice has an Inductor lookup "
+                              "key (imported or replayed problems have none)")
 
 
 def _print_withheld(console, out) -> None:
