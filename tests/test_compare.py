@@ -105,8 +105,10 @@ def test_bad_input_is_a_clear_error(tmp_path, db):
     empty = Store(f"sqlite:///{tmp_path / 'empty.db'}")
     with pytest.raises(CompareError, match="holds no devices"):
         compare(empty)
-    with pytest.raises(CompareError, match="unknown device 'H100' .from devices.; allowed: 'NVIDIA A100"):
+    with pytest.raises(CompareError, match="unknown device 'H100' .from devices.; allowed: 0: 'NVIDIA A100"):
         compare(Store(db), ["H100", A100_KEY])
+    # a number, as export's device=N (its errors list the devices by number): it was refused here
+    assert compare(Store(db), ["1"]).devices == [A4000_KEY] and compare(Store(db), ["0", "1"]).devices == [A100_KEY, A4000_KEY]
 
 
 def test_one_device_is_compared_with_itself(tmp_path):

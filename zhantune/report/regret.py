@@ -133,6 +133,8 @@ def _pick_devices(store: Store, wanted: list[str] | None) -> list[Any]:
         for d in devices:  # a name stands for its device when no other device has it (nor that key)
             if d.name not in by_name:
                 by_name[d.name] = d if names[d.name] == 1 else None
+        for i, d in enumerate(devices):  # a number as export's device=N (its errors list them so)
+            by_name.setdefault(str(i), d)
         several = next((w for w in wanted if w in by_name and by_name[w] is None), None)
         if several is not None:
             raise CompareError(f"device {several!r} (from devices) names several devices: "
@@ -140,7 +142,7 @@ def _pick_devices(store: Store, wanted: list[str] | None) -> list[Any]:
         unknown = [w for w in wanted if w not in by_name]
         if unknown:
             raise CompareError(f"unknown device {unknown[0]!r} (from devices); allowed: "
-                               f"{', '.join(repr(d.key) for d in devices)}")
+                               f"{', '.join(f'{i}: {d.key!r}' for i, d in enumerate(devices))} (a number or a key)")
         devices = list({by_name[w].id: by_name[w] for w in wanted}.values())
     return devices
 
