@@ -215,6 +215,12 @@ def test_an_aten_winner_is_never_reported_as_a_speedup_over_the_default(tune_cfg
     for label in ("eager", "inductor default, no freezing"):
         row = next(line for line in text.splitlines() if line.startswith(f"│ {label} "))
         assert re.search(r"\d\.\d\dx \(unconfirmed\)", row), row
+    assert "; the study holds 1 of 1" in text
+    # a study holding more than this run's search.n_trials (a newcomer's rerun with a smaller one)
+    result.study_measured, result.target = 4, 1
+    console = Console(record=True, width=200)
+    print_summary(console, run, result, cfg.storage.url)
+    assert "; the study holds 4 (search.n_trials=1)" in console.export_text()  # it said "4 of 1"
 
 
 @pytest.mark.slow
