@@ -266,7 +266,8 @@ def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
         console = Console(width=200)
     records = read_records(sweep_dir)
     jobs = Table(title=escape(f"zhantune multirun: {len(records)} job record(s) in {sweep_dir}"))
-    for col in ("job", "worker", "study", "measured", "retried", "dead trials failed", "waited s", "study measured"):
+    for col in ("job", "worker", "study", "measured", "retried", "dead trials failed", "waited for workers s",
+                "study measured"):  # waited: for other workers' trials (not the busy-machine back-off)
         jobs.add_column(col, justify="left" if col in ("worker", "study") else "right")
     last: dict[str, dict[str, Any]] = {}
     claims: dict[str, tuple[str, str]] = {}
