@@ -39,25 +39,23 @@ def stock_inductor_notes(table: dict[str, list[dict[str, Any]]], device_kind: st
             counts["addmm_default"] += 1
         elif key.endswith("+addmm") and ids:
             counts["addmm_template"] += 1
-    notes = []
-    if counts["addmm_template"]:
-        notes.append(f"{counts['addmm_template']} addmm template key(s): stock Inductor also keeps ATen's addmm (its "
-                     "separate 1-D-bias lookup reads [] as a miss) and autotunes it against the entry when compiling")
-    if counts["addmm_default"]:
-        notes.append(f"{counts['addmm_default']} addmm default key(s): stock Inductor's template lookup (expanded bias) "
-                     "misses, so max-autotune also tries Inductor's own Triton configs")
-    if counts["bmm_template"]:
-        notes.append(f"{counts['bmm_template']} bmm key(s) with a Triton entry: stock Inductor reads bmm keys without "
-                     "max-autotune too, finds no config to merge the entry over and fails the compile "
-                     "(NoValidChoicesError): compile with max_autotune_gemm=True")
-    if counts["mm_template"]:
-        notes.append(f"{counts['mm_template']} mm/addmm key(s) with a template entry: stock Inductor reads them only "
-                     "under max-autotune (max_autotune or max_autotune_gemm) and compiles its default without it")
-    if counts["tma"]:
-        notes.append(f"{counts['tma']} key(s) with a triton::mm_persistent_tma entry: stock Inductor offers that "
-                     "template only with torch._inductor.config.triton.enable_persistent_tma_matmul = True; "
-                     "without it the entry is dropped and max-autotune tries Inductor's own Triton configs")
-    if counts["config"]:
-        notes.append(f"{counts['config']} CPU key(s) ({CONFIG_TEMPLATE_ID} entries): stock Inductor makes no lookup on "
-                     "CPU; they apply through zhantune.use_table only")
-    return notes
+    return [f"{counts[kind]} {text}" for kind, text in _NOTES if counts[kind]]
+
+
+#: (kind of key, the note after its count): what stock Inductor does with such keys (see above)
+_NOTES = (
+    ("addmm_template", "addmm template key(s): stock Inductor also keeps ATen's addmm (its separate 1-D-bias lookup "
+                       "reads [] as a miss) and autotunes it against the entry when compiling"),
+    ("addmm_default", "addmm default key(s): stock Inductor's template lookup (expanded bias) misses, so max-autotune "
+                      "also tries Inductor's own Triton configs"),
+    ("bmm_template", "bmm key(s) with a Triton entry: stock Inductor reads bmm keys without max-autotune too, finds no "
+                     "config to merge the entry over and fails the compile (NoValidChoicesError): compile with "
+                     "max_autotune_gemm=True"),
+    ("mm_template", "mm/addmm key(s) with a template entry: stock Inductor reads them only under max-autotune "
+                    "(max_autotune or max_autotune_gemm) and compiles its default without it"),
+    ("tma", "key(s) with a triton::mm_persistent_tma entry: stock Inductor offers that template only with "
+            "torch._inductor.config.triton.enable_persistent_tma_matmul = True; without it the entry is dropped and "
+            "max-autotune tries Inductor's own Triton configs"),
+    ("config", f"CPU key(s) ({CONFIG_TEMPLATE_ID} entries): stock Inductor makes no lookup on CPU; they apply through "
+               "zhantune.use_table only"),
+)
