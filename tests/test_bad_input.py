@@ -735,7 +735,7 @@ def test_march_table_is_refused_by_check_use_table_and_replay(cli, tmp_path, exi
                          ("zhantune.replay", [f"table={name}", "device=cpu"])):
         r = cli(args, cwd=tmp_path, module=module)
         assert r.returncode == 2, r.stderr[-3000:]
-        assert r.stderr.strip().startswith("zhantune: march.json: ") and "'cpp.march' is not a tuning knob" in r.stderr
+        assert r.stderr.strip().startswith("zhantune: table=march.json: ") and "'cpp.march' is not a tuning knob" in r.stderr
         assert "Traceback" not in r.stderr
     assert not (tmp_path / "pwned").exists() and _listing(tmp_path) == before
 

@@ -460,5 +460,6 @@ def test_export_of_imports_only_says_they_have_no_lookup_key(cli, tmp_path, db):
     # compare's table= of the same imports: also an error (it said so in yellow and exited 0)
     r = cli([f"storage.url={db}", f"table={tmp_path}/p.json"], tmp_path, module="zhantune.compare")
     assert r.returncode == 2 and not (tmp_path / "p.json").exists(), r.stderr
-    assert r.stderr.strip() == (f"zhantune: table={tmp_path}/p.json: no table written: no portable choice has an "
-                                "Inductor lookup key (imported or replayed problems have none)"), r.stderr
+    assert r.stderr.strip() == (f"zhantune: table={tmp_path}/p.json: no table written: no portable choice a lookup "
+                                "table can carry (imported or replayed problems have no Inductor lookup key; a CPU's "
+                                "config is not a GPU's; or no problem was compared)"), r.stderr

@@ -169,15 +169,16 @@ def test_use_table_changes_only_the_gemms_it_covers():
     assert _flags() == before
 
 
-@pytest.mark.parametrize("backends", ["ATEN,CPP", "CPP"])
-def test_under_the_users_max_autotune_a_gemm_the_table_does_not_tune_compiles_as_without_it(backends):
+@pytest.mark.parametrize("autotune, backends", [(True, "ATEN,CPP"), (True, "CPP"), (False, "CPP")])
+def test_under_the_users_max_autotune_a_gemm_the_table_does_not_tune_compiles_as_without_it(autotune, backends):
     """CPU audit (session 38): under a user's max-autotune, a GEMM Inductor does not prepack (a bmm, a
     bf16 linear without AVX-512) that the table misses, or ships Inductor's default for, was pinned
     to the ATen kernel: Inductor without the table autotunes ATen against its C++ template (a bf16
     addmm ran 2.5-3.7x slower with the table installed). Now it is lowered under the user's own
     settings: the same choices reach Inductor's autotuning, table or not, also where the table's C++
     entry for another GEMM has zhantune lower this one under max-autotune with ATen and CPP (a
-    review: with the user's backends CPP alone, ATen was still served)."""
+    review: with the user's backends CPP alone, ATen was still served; without max-autotune Inductor
+    offers ATen whatever the backends, and a second review found the table then served nothing)."""
     from unittest import mock
 
     from torch._inductor.kernel import bmm
@@ -193,14 +194,14 @@ def test_under_the_users_max_autotune_a_gemm_the_table_does_not_tune_compiles_as
             return real(name, choices, *args, **kwargs)
 
         torch._dynamo.reset()
-        with torch.no_grad(), inductor_config.patch(max_autotune=True, max_autotune_gemm_backends=backends,
+        with torch.no_grad(), inductor_config.patch(max_autotune=autotune, max_autotune_gemm_backends=backends,
                                                     force_disable_caches=True), \
                 mock.patch.object(bmm, "autotune_select_algorithm", select):
             out = torch.compile(lambda x, y: torch.bmm(x, y))(a, b)
         torch.testing.assert_close(out, torch.bmm(a, b), rtol=1e-4, atol=1e-4)
         return seen
 
-    own = ["bmm", "cpp"] if backends == "ATEN,CPP" else ["cpp"]
+    own = ["bmm"] if not autotune else ["bmm", "cpp"] if backends == "ATEN,CPP" else ["cpp"]
     with recording() as rec:
         assert choices_of_a_bmm_compile() == own  # without a table: the user's backends
     (key,) = [e.device_key for e in rec.events]
@@ -211,7 +212,7 @@ def test_under_the_users_max_autotune_a_gemm_the_table_does_not_tune_compiles_as
             assert choices_of_a_bmm_compile() == own, table
         # with CPP alone the lookup offers nothing (no ATen template): none is counted, unless the C++
         # entry elsewhere has zhantune lower the GEMM with ATen and CPP (then a miss, served as the user's)
-        counted = backends == "ATEN,CPP" or table is cpp_elsewhere
+        counted = backends == "ATEN,CPP" or not autotune or table is cpp_elsewhere
         assert getattr(installed.report, report) == ({key: 1} if counted else {}), (table, installed.report)
 
 

@@ -1,6 +1,6 @@
 """``python -m zhantune.compare``: per-device winners, cross-device regret and portable choices.
 
-Reads every device in ``storage.url`` (or ``devices=[...]``, by key or name) and prints, per problem,
+Reads every device in ``storage.url`` (or ``devices=[...]``, by key, name or number) and prints, per problem,
 each device's best config, the regret of each device's winner on the others, and the config that
 loses least everywhere; then the device x device regret matrix. One device works too (its winners;
 with ``study=``, the report draws the search history), and each winner's speedup claim over
@@ -49,7 +49,7 @@ def _compare_app(cfg: DictConfig) -> None:
         if cfg.top < 0:
             raise ConfigError(f"top={cfg.top} must be at least 0 (how many of the most-disagreeing problems to list)")
         if cfg.devices is not None and not OmegaConf.is_list(cfg.devices):
-            raise ConfigError(f"devices={cfg.devices!r} must be a list of device keys or names, e.g. devices=[A,B]")
+            raise ConfigError(f"devices={cfg.devices!r} must be a list of device keys, names or numbers, e.g. devices=[A,B]")
         devices = OmegaConf.to_container(cfg.devices, resolve=True) if cfg.devices is not None else None
         for option in ("csv", "json", "html", "table"):
             if cfg[option]:
@@ -109,8 +109,9 @@ def _write_outputs(cfg: DictConfig, console: Any, store: Any, cmp: Any, study: A
             if cfg.min_speedup is None:
                 console.print(f"note: {NO_CLAIM_NOTE}", markup=False, soft_wrap=True)
         else:  # asked for and not written: an error, as export's (it exited 0)
-            raise ConfigError(f"table={cfg.table}: no table written: no portable choice has an Inductor lookup "
-                              "key (imported or replayed problems have none)")
+            raise ConfigError(f"table={cfg.table}: no table written: no portable choice a lookup table can carry "
+                              "(imported or replayed problems have no Inductor lookup key; a CPU's config is not a "
+                              "GPU's; or no problem was compared)")
 
 
 def _print_withheld(console, out) -> None:

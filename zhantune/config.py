@@ -270,7 +270,7 @@ class CompareConfig:
     """``python -m zhantune.compare``: per-device winners, regret, portable choices (conf/compare.yaml)."""
 
     storage: StorageConfig = field(default_factory=StorageConfig)
-    #: device keys or names to compare (a list; checked by the app); None: every device
+    #: device keys, names or numbers to compare (a list; checked by the app); None: every device
     devices: Any = None
     #: how many of the most-disagreeing problems to list
     top: int = 5

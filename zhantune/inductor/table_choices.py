@@ -357,7 +357,8 @@ class TableChoices(RecordingChoices):
         if user is not None:
             self._set_cpu(user)
             inductor_config.max_autotune = user["max_autotune"]  # restored by cpu_gemm_lowering
-            if "ATEN" not in str(user.get("max_autotune_gemm_backends", "ATEN")).upper():
+            autotuned = user["max_autotune"] or inductor_config.max_autotune_gemm  # ATen is offered without it
+            if autotuned and "ATEN" not in str(user.get("max_autotune_gemm_backends", "ATEN")).upper():
                 return []
         return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
 

@@ -142,14 +142,14 @@ def _pick_devices(store: Store, wanted: list[str] | None) -> list[Any]:
         unknown = [w for w in wanted if w not in by_name]
         if unknown:
             raise CompareError(f"unknown device {unknown[0]!r} (from devices); allowed: "
-                               f"{', '.join(f'{i}: {d.key!r}' for i, d in enumerate(devices))} (a number or a key)")
+                               f"{', '.join(f'{i}: {d.key!r}' for i, d in enumerate(devices))} (a number, a key or a name)")
         devices = list({by_name[w].id: by_name[w] for w in wanted}.values())
     return devices
 
 
 def compare(store: Store, devices: list[str] | None = None,
             min_speedup: float | None = DEFAULT_MIN_SPEEDUP) -> Comparison:
-    """Compare the devices (keys or names; None: all) over every problem measured on two or more;
+    """Compare the devices (keys, names or numbers; None: all) over every problem measured on two or more;
     with one device, over every problem measured on it (its winners; every regret is 1). Each
     winner's claim over Inductor's default (:class:`Claim`) is judged as the export judges it, at
     ``min_speedup`` (None: any confirmed claim).

@@ -237,7 +237,7 @@ def _print_notes(console: Console, result: Any) -> None:
     console.print(f"trials: {result.measured} measured ({counts}), {result.cached} cached, "
                   f"{result.infeasible} infeasible" + (" [interrupted]" if result.interrupted else "")
                   + ((f"; the study holds {done} of {target}" if done <= target else
-                      f"; the study holds {done} (search.n_trials={target})") if target else "")
+                      f"; the study holds {done}, more than this run's budget of {target}") if target else "")
                   + (", every feasible point" if getattr(result, "exhausted", False) else ""), markup=False)
     if getattr(result, "resettled", False):
         console.print("the study was finished: its last paired rounds against the default were taken on a busy "
