@@ -1494,3 +1494,39 @@ def test_an_addmm_whose_entry_no_templates_lookup_serves_compiles_the_default_an
     (why,) = installed.report.stale.values()
     assert why.startswith("a 'zhantune::config' entry applies on CPU only" if case.startswith("config")
                           else "triton::mm: not among the templates Inductor offers for this GEMM"), why
+
+
+@pytest.mark.parametrize("op, dtype, precision, served", [
+    ("mm", torch.float32, "tf32", ["aten::mm"]),
+    ("mm", torch.float32, "ieee", ["triton::mm"]),
+    ("mm", torch.bfloat16, "tf32", ["triton::mm"]),  # TF32 rounds float32 inputs only
+    ("addmm", torch.float32, "tf32", ["aten::addmm"]),
+])
+def test_a_float32_entry_in_a_process_with_tf32_on_compiles_the_default_and_says_why(op, dtype, precision, served):
+    """Session 39: Inductor's lookup key holds no precision. zhantune measures float32 GEMMs without
+    TF32 (a tf32 winner is never exported), so in a process that compiles them with TF32
+    (torch.set_float32_matmul_precision('high'), common in training scripts) a table's float32 entry
+    compiled a TF32 kernel, against a TF32 default, that no measurement or claim covered; the report
+    said 100% coverage. Now it is stale with the reason, and Inductor's default compiles."""
+    from zhantune.inductor.heuristics import TF32_ON
+    from zhantune.inductor.runtime import use_table
+
+    shapes = [(256, 512), (256, 256), (256, 512)] if op == "addmm" else [(256, 256), (256, 512)]
+    with fake_cuda():
+        with inductor_config.patch(max_autotune_gemm=True), recording() as rec:
+            lower(op, shapes, dtype)
+        key = rec.events[-1].device_key
+        table = {key: [{"template_id": "triton::mm", **TRITON_PARAMS}]}
+        before = torch.backends.cuda.matmul.fp32_precision
+        torch.backends.cuda.matmul.fp32_precision = precision
+        try:
+            with use_table(table, device="cuda") as installed:
+                got = lower(op, shapes, dtype)
+        finally:
+            torch.backends.cuda.matmul.fp32_precision = before
+    assert got.uids == served
+    report = installed.report
+    if served == ["triton::mm"]:
+        assert report.hits == {key: 1} and not report.stale
+    else:
+        assert report.stale == {key: TF32_ON} and not report.hits and report.coverage == 0.0

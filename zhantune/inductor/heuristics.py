@@ -13,6 +13,7 @@
   which a measured candidate's entry carries itself; :func:`with_derived_kwargs`: what an
   exported entry carries of them (safe for a dynamic K); :func:`even_k`: Inductor's own rule in a
   compile, as zhantune.use_table applies it.
+* :func:`tf32_float32`: whether Inductor compiles a float32 GEMM with TF32 in this process.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from functools import lru_cache
 from typing import Any
 
 __all__ = ["triton_mm_configs", "decompose_k_splits", "template_params", "derived_kwargs", "with_derived_kwargs",
-           "even_k", "offered_templates",
+           "even_k", "offered_templates", "tf32_float32", "TF32_ON",
            "LAUNCH_OPTIONS"]
 
 #: Triton launch options a lookup-table entry may carry beside the template's constexprs
@@ -150,3 +151,18 @@ def offered_templates(lookup_op: str, m: int, n: int, k: int) -> dict[str, bool]
     exhaustive = config.max_autotune_gemm_search_space == "exhaustive"  # verbatim tuned_mm's test
     return {"decompose_k_offered": bool(decompose and decompose_k_splits(m, n, k)),
             "triton_mm_offered": bool(exhaustive or not dropped)}
+
+
+#: why a float32 CUDA entry compiled Inductor's default in a process with TF32 on (:func:`tf32_float32`)
+TF32_ON = ("this process compiles float32 GEMMs with TF32 (torch.backends.cuda.matmul.fp32_precision is 'tf32', "
+           "e.g. after torch.set_float32_matmul_precision('high')); the table's float32 entries and the default "
+           "they beat were measured without it, so no measurement covers them here; Inductor's default compiled")
+
+
+def tf32_float32(dtypes: list[str]) -> bool:
+    """Whether a CUDA GEMM of inputs of ``dtypes`` (names, e.g. "float32") compiles with TF32 here:
+    a float32 input, and ``torch.backends.cuda.matmul.fp32_precision == "tf32"``, read by Inductor
+    at lowering (template_heuristics/triton.py ``ALLOW_TF32``) and by cuBLAS (its ATen default)."""
+    import torch
+
+    return "float32" in dtypes and torch.backends.cuda.matmul.fp32_precision == "tf32"

@@ -26,6 +26,7 @@ from zhantune.inductor.cpu_entries import (
     threads_mismatch,
     wants_cpp,
 )
+from zhantune.inductor.heuristics import TF32_ON, even_k, tf32_float32
 from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried
@@ -101,11 +102,14 @@ class TableChoices(RecordingChoices):
         legacy = legacy_cpu_key(event.device_key, event.agnostic_key)  # only where neither is in the table
         return (legacy, self.tf.table[legacy]) if legacy in self.tf.table else (None, None)
 
-    def _key_stale(self, key: str | None, event: LookupEvent) -> str | None:
+    def _key_stale(self, key: str | None, event: LookupEvent, cuda: bool = False) -> str | None:
         """Why every entry under ``key`` is stale here, or None: the table's torch is another release,
+        a float32 CUDA GEMM compiles with TF32 here (TF32_ON: zhantune measures float32 without it),
         or ``key`` is a CPU key of a table made before database revision 0009 (LEGACY_CPU_KEY)."""
         if self.version_mismatch:
             return self.version_mismatch
+        if cuda and self.any_key is None and tf32_float32([dtype for dtype, _, _ in event.inputs]):
+            return TF32_ON
         if key is not None and key == legacy_cpu_key(event.device_key, event.agnostic_key):
             return LEGACY_CPU_KEY.format(key=event.device_key.partition("+((")[0])
         return None
@@ -193,7 +197,7 @@ class TableChoices(RecordingChoices):
             event = self.event(kernel_inputs, op_name, uids, ())
             key, entries = self._find(event)
             self._held = None
-            if entries is None or self._key_stale(key, event) or not _held_back(entries, uids, kernel_inputs):
+            if entries is None or self._key_stale(key, event, True) or not _held_back(entries, uids, kernel_inputs):
                 return self._serve(*args)
             self.events.append(event)
             if not entries:  # "nothing from this lookup": the entry is under the templates' key
@@ -246,7 +250,7 @@ class TableChoices(RecordingChoices):
             # expanded-bias template lookup under a default entry, its contiguous rewrite under the
             # ATen key): nothing from it; the GEMM's own lookup decides and is the one reported
             return []
-        if entries is not None and (why := self._key_stale(key, event)):
+        if entries is not None and (why := self._key_stale(key, event, not cpu)):
             return self._stale(report_key, why, template_choices, kernel_inputs,
                                templates, op_name, kwarg_overrides, cpu)
         if entries is None:
@@ -271,8 +275,6 @@ class TableChoices(RecordingChoices):
         if cpu:
             return self._cpu_hit(report_key, event, fresh, template_choices, kernel_inputs, templates, op_name,
                                  kwarg_overrides)
-        from zhantune.inductor.heuristics import even_k
-
         results: dict[str, list[dict[str, Any]]] = {}
         for e in fresh:
             if e["template_id"] in hashes:
