@@ -169,6 +169,37 @@ def test_use_table_changes_only_the_gemms_it_covers():
     assert _flags() == before
 
 
+@pytest.mark.parametrize("precision", ["high", "highest"])
+def test_a_float32_linear_under_onednns_reduced_math_compiles_the_default_and_says_why(precision):
+    """Session 39: torch.set_float32_matmul_precision("high") (common in scripts written for GPUs) turns
+    oneDNN's reduced float32 math on, and Inductor's freezing pass then packs a float32 linear for
+    mkldnn._linear_pointwise instead of mkl._mkl_linear: another default than the one zhantune paired
+    the table's entry with. The entry compiled anyway, with a hit in the report. Now it is stale
+    with the reason, and Inductor's default (that packed op) compiles."""
+    from zhantune.inductor.cpu_entries import REDUCED_FLOAT32
+
+    torch.manual_seed(0)
+    model, x = _linear(48, 64, torch.float32), torch.randn(16, 64)
+    with recording() as rec:
+        _compile(model, x)
+    (key,) = [e.device_key for e in rec.events if e.offered]
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
+            _, seen = _counted(_compile, model, x)
+            packed_ops = re.findall(r"torch\.ops\.(mkl\._mkl_linear|mkldnn\._linear_pointwise)",
+                                    "\n".join(run_and_get_code(_compile, model, x)[1]))
+    finally:
+        torch.set_float32_matmul_precision(before)
+    if precision == "highest":
+        assert seen["cpp_template"] == 1 and installed.report.hits == {key: 2} and not installed.report.stale
+    else:
+        assert seen["cpp_template"] == 0 and set(packed_ops) == {"mkldnn._linear_pointwise"}
+        assert installed.report.stale == {key: REDUCED_FLOAT32.format(precision="tf32")}
+        assert not installed.report.hits
+
+
 @pytest.mark.parametrize("autotune, backends", [(True, "ATEN,CPP"), (True, "CPP"), (False, "CPP")])
 def test_under_the_users_max_autotune_a_gemm_the_table_does_not_tune_compiles_as_without_it(autotune, backends):
     """CPU audit (session 38): under a user's max-autotune, a GEMM Inductor does not prepack (a bmm, a

@@ -12,8 +12,8 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 
-__all__ = ["NOT_FROZEN", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "cpp_template_applies", "dynamic_m", "cpu_entry",
-           "threads_mismatch", "wants_cpp"]
+__all__ = ["NOT_FROZEN", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
+           "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp"]
 
 #: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
 NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "
@@ -30,6 +30,25 @@ GPU_ENTRY_ON_CPU = ("{tid} is not a CPU choice (a GPU template, or none Inductor
 LEGACY_CPU_KEY = ("keyed by the CPU model alone (a table made before zhantune keyed a CPU by its thread count too): "
                   "measured with an unknown number of threads, so not used on this CPU ({key}); upgrade the database "
                   "(python -m zhantune.db upgrade) and export the table again, or tune again here")
+
+#: why a float32 packed linear's entry compiled Inductor's default in a process with oneDNN's reduced
+#: float32 math on (:func:`reduced_float32`)
+REDUCED_FLOAT32 = ("this process packs float32 linears for oneDNN's reduced-precision math "
+                   "(torch.backends.mkldnn.matmul.fp32_precision is '{precision}', e.g. after "
+                   "torch.set_float32_matmul_precision('high')): Inductor's default here is another kernel "
+                   "(mkldnn._linear_pointwise, not mkl._mkl_linear) than the default the table's float32 entries "
+                   "were measured against; Inductor's default compiled")
+
+
+def reduced_float32(dtypes: list[str]) -> str | None:
+    """oneDNN's reduced float32 math mode ("bf16", "tf32") when a CPU GEMM of inputs of ``dtypes``
+    (names, e.g. "float32") is packed under it here, else None: Inductor's freezing pass then packs
+    a float32 linear for ``mkldnn._linear_pointwise`` instead of ``mkl._mkl_linear``
+    (torch/_inductor/fx_passes/mkldnn_fusion.py ``reduced_f32_matmul_enabled``)."""
+    import torch
+
+    precision = torch.backends.mkldnn.matmul.fp32_precision
+    return precision if "float32" in dtypes and precision in ("bf16", "tf32") else None
 
 
 def cpp_template_applies(kernel_inputs: Any, op_name: str) -> bool:

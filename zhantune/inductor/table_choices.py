@@ -20,9 +20,11 @@ from zhantune.inductor.cpu_entries import (
     GPU_ENTRY_ON_CPU,
     LEGACY_CPU_KEY,
     NOT_FROZEN,
+    REDUCED_FLOAT32,
     cpp_template_applies,
     cpu_entry,
     dynamic_m,
+    reduced_float32,
     threads_mismatch,
     wants_cpp,
 )
@@ -104,12 +106,15 @@ class TableChoices(RecordingChoices):
 
     def _key_stale(self, key: str | None, event: LookupEvent, cuda: bool = False) -> str | None:
         """Why every entry under ``key`` is stale here, or None: the table's torch is another release,
-        a float32 CUDA GEMM compiles with TF32 here (TF32_ON: zhantune measures float32 without it),
+        a float32 GEMM compiles with TF32 here (TF32_ON; on CPU a packed linear: REDUCED_FLOAT32),
         or ``key`` is a CPU key of a table made before database revision 0009 (LEGACY_CPU_KEY)."""
         if self.version_mismatch:
             return self.version_mismatch
-        if cuda and self.any_key is None and tf32_float32([dtype for dtype, _, _ in event.inputs]):
+        dtypes = [dtype for dtype, _, _ in event.inputs]
+        if cuda and self.any_key is None and tf32_float32(dtypes):
             return TF32_ON
+        if event.packed and self.any_key is None and (precision := reduced_float32(dtypes)):
+            return REDUCED_FLOAT32.format(precision=precision)
         if key is not None and key == legacy_cpu_key(event.device_key, event.agnostic_key):
             return LEGACY_CPU_KEY.format(key=event.device_key.partition("+((")[0])
         return None
