@@ -353,7 +353,7 @@ CASES = [
     ("table-dir", "zhantune.check", [*MLP, "table={x}"], _dir, "table=adir: is a directory; give a file", None),
     ("table-huge-int", "zhantune.check", [*MLP, "table={x}"],
      lambda t: _raw(t, f'{{"{KEY}": [{{"template_id": "triton::mm", "BLOCK_M": {"1" * 5000}}}]}}'),
-     "raw.json: not a table: Exceeds the limit (4300 digits)", None),
+     "raw.json: not a table: an integer of over 4,300 digits (a tuning knob's value is at most a few)", None),
     ("table-duplicate-key", "zhantune.check", [*MLP, "table={x}"],
      lambda t: _raw(t, f'{{"{KEY}": [{{"template_id": "zhantune::config", "config_patch": {{"cpp.march": "native"}}, '
                     '"config_patch": {}}]}'),
@@ -686,6 +686,12 @@ def test_a_table_file_named_with_a_newline_is_named_on_one_line(tmp_path):
     with pytest.raises(TableError) as e:
         read_table(tmp_path / "a\nb.json")
     assert str(e.value) == json.dumps(str(tmp_path / "a\nb.json")) + ": expected a JSON object, got list"
+    # and so does check's report of a table that loads (its header line was the raw name: a file named
+    # "x.json\nhit   x1 FORGED" printed a forged hit line), and use_table("") names the file it could not read
+    (tmp_path / "c\nhit   x1 FORGED.json").write_text(json.dumps({KEY: [{"template_id": "aten::mm"}]}))
+    assert read_table(tmp_path / "c\nhit   x1 FORGED.json").source == json.dumps(str(tmp_path / "c\nhit   x1 FORGED.json"))
+    with pytest.raises(TableError, match='^"": cannot read: No such file'):
+        read_table("")
 
 
 def test_a_negative_recorded_duration_paces_as_zero():
@@ -1123,3 +1129,47 @@ def test_a_recorded_failure_text_is_cut_and_escaped(tmp_path):
     assert got.error_text.endswith("characters)")  # its length given
     kt = bench.measure(branch.candidate({"x": 3}))
     assert (kt.status, kt.error_text) == ("compile_error", "CompilationFailedConfig")
+
+
+def test_a_table_entry_that_cannot_be_right_for_its_keys_sizes_is_refused(tmp_path):
+    """A review (session 39): allow-listed values that broke the user's compile or its results. An
+    entry whose BLOCK_K does not divide the key's K with EVEN_K: true (unmasked loads past K under
+    stock Inductor), a decompose_k k_split that does not divide K
+    (Inductor's reshape failed inside torch.compile), a BLOCK_K under tl.dot's 16, and a key of
+    thousands of entries (each a kernel to compile and time) load no more; the file's wrapper takes
+    only its own fields, in at most 1 MiB (64 MiB of padding stayed in memory while installed)."""
+    from zhantune.errors import TableError
+    from zhantune.inductor.table import read_table
+
+    k48 = "((torch.float32, [64, 48], [48, 1]), (torch.float32, [48, 64], [64, 1]))+mm"
+    tri = {"template_id": "triton::mm", "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3,
+           "GROUP_M": 8}
+    with pytest.raises(TableError, match=r"\+mm\"\]\[0\]\.EVEN_K: EVEN_K=true is wrong for K=48 \(the key's\), no "
+                                         r"multiple of BLOCK_K=32: the K loop would read past K unmasked"):
+        read_table({k48: [{**tri, "EVEN_K": True}]}, "cuda")
+    assert read_table({k48: [{**tri, "EVEN_K": False}]}, "cuda").table  # as export writes it
+    assert read_table({k48: [tri]}, "cuda").table  # as export wrote it before it wrote EVEN_K: use_table derives it
+    assert read_table({k48: [{**tri, "BLOCK_K": 16}]}, "cuda").table  # 16 divides 48
+    with pytest.raises(TableError, match=r"\[0\]\.k_split: k_split=5 does not divide K=48"):
+        read_table({k48: [{"template_id": "decompose_k", "k_split": 5}]}, "cuda")
+    assert read_table({k48: [{"template_id": "decompose_k", "k_split": 3}]}, "cuda").table
+    with pytest.raises(TableError, match=r"\[0\]\.BLOCK_K: BLOCK_K=8 is not allowed; expected one of 16, 32"):
+        read_table({k48: [{**tri, "BLOCK_K": 8}]}, "cuda")
+    with pytest.raises(TableError, match=r"\+mm\"\]: 65 entries; a key holds at most 64"):
+        read_table({k48: [{**tri, "BLOCK_K": 16}] * 65}, "cuda")
+
+    wrapped = {"format": "zhantune-lookup-table", "format_version": 1, "table": {KEY: [{"template_id": "aten::mm"}]}}
+    assert read_table(wrapped).table
+    for extra, match in (({"evil": {"_target_": "os.system"}}, r'"evil": not a field of a table file'),
+                         ({"devices": [{"key": "cpu", "extra": 1}]}, r'devices\[0\]\."extra": not a field of a device'),
+                         ({"devices": [{"key": "cpu", "name": ["x"]}]}, r"devices\[0\]\.name: expected one line"),
+                         ({"options": {"pad": "ab" * (1 << 20)}}, r"the fields besides table take 2,097,\d+ bytes")):
+        with pytest.raises(TableError, match=match):
+            read_table({**wrapped, **extra})
+    (tmp_path / "w.json").write_text(json.dumps({**wrapped, "evil": 1}))
+    r = subprocess.run([sys.executable, "-m", "zhantune.check", *MLP, f"table={tmp_path / 'w.json'}"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().endswith('"evil": not a field of a table file (version 1 has format, '
+                                                           'format_version, zhantune, torch, triton, created_at, '
+                                                           'source, devices, options, table)'), r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -169,6 +169,27 @@ def test_use_table_changes_only_the_gemms_it_covers():
     assert _flags() == before
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # packed by the freezing pass, and not where unsupported
+def test_an_aten_entry_on_cpu_is_a_hit_only_as_the_ops_own_kernel(dtype):
+    """Tables are data (session 39 attack): any ``aten::*`` template_id on CPU ("aten::does_not_exist")
+    was counted a hit, Inductor's default compiled, so check's coverage gate passed on a table naming
+    a kernel that does not exist. Only the op's own ATen kernel (the entry export writes for Inductor's
+    default) is one; any other is stale, said so, and the default compiles all the same."""
+    torch.manual_seed(0)
+    model, x = _linear(48, 64, getattr(torch, dtype)), torch.randn(16, 64, dtype=getattr(torch, dtype))
+    with recording() as rec:
+        _compile(model, x)
+    (event,) = [e for e in rec.events if e.offered]
+    assert event.op_name == "addmm"
+    for tid, hit in (("aten::addmm", True), ("aten::does_not_exist", False), ("aten::mm", False)):
+        with use_table({event.device_key: [{"template_id": tid}]}) as installed:
+            _, seen = _counted(_compile, model, x)
+        assert seen == _default_counts(dtype, seen)
+        assert bool(installed.report.hits) is hit and bool(installed.report.stale) is not hit, installed.report.as_dict()
+        if not hit:
+            assert installed.report.stale[event.device_key].startswith(f"{tid} is not a CPU choice")
+
+
 @pytest.mark.parametrize("precision", ["high", "highest"])
 def test_a_float32_linear_under_onednns_reduced_math_compiles_the_default_and_says_why(precision):
     """Session 39: torch.set_float32_matmul_precision("high") (common in scripts written for GPUs) turns

@@ -1530,3 +1530,21 @@ def test_a_float32_entry_in_a_process_with_tf32_on_compiles_the_default_and_says
         assert report.hits == {key: 1} and not report.stale
     else:
         assert report.stale == {key: TF32_ON} and not report.hits and report.coverage == 0.0
+
+
+def test_a_change_to_the_table_after_use_table_never_reaches_inductor():
+    """Tables are data (session 39 attack): use_table checked the table once and then served the
+    caller's own dict, the same object as config.lookup_table.table, so a value written into either
+    afterwards (a string num_stages is pasted into the kernel's Python source) reached Inductor's
+    template unchecked. Now the handler serves its own checked copy."""
+    from zhantune.inductor.runtime import use_table
+
+    key = f"{PROFILES['H100'].name}+((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
+    table = {key: [{"template_id": "triton::mm", **TRITON_PARAMS}]}
+    with fake_cuda(), use_table(table, device="cuda") as installed:
+        table[key][0]["num_stages"] = "__import__('os').system('true') or 2"
+        inductor_config.lookup_table.table[key][0]["num_stages"] = "__import__('os').system('true') or 2"
+        inductor_config.lookup_table.table[key].append({"template_id": "triton::mm", **TRITON_PARAMS, "BLOCK_K": 8})
+        got = lower("mm", [(64, 64), (64, 64)], torch.bfloat16)
+    assert got.uids == ["triton::mm"] and got.kwargs()["num_stages"] == TRITON_PARAMS["num_stages"]
+    assert installed.report.hits == {key: 1}

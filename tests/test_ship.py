@@ -305,8 +305,9 @@ def test_export_options_on_a_real_cpu_tune(tune_cfg, cli, tmp_path):
                      "zhantune.use_table only"], r.stdout
     r = cli([f"storage.url={url}", "path=none.json", "torch_version=0.0.0"], tmp_path, module="zhantune.export")
     assert r.returncode == 2 and "with torch 0.0.0" in r.stderr and not (tmp_path / "none.json").exists()
-    r = cli([f"storage.url={url}", "top_k=0"], tmp_path, module="zhantune.export")
-    assert r.returncode == 2 and "top_k=0 must be at least 1" in r.stderr
+    for bad in ("0", "65"):  # a table holds at most 64 entries per key (each a kernel Inductor compiles)
+        r = cli([f"storage.url={url}", f"top_k={bad}"], tmp_path, module="zhantune.export")
+        assert r.returncode == 2 and f"top_k={bad} must be 1 to 64 (entries per key)" in r.stderr
     for bad in ("nan", "0.99"):  # nan < 1.0 is false: it passed, and shipped the default everywhere
         r = cli([f"storage.url={url}", f"min_speedup={bad}"], tmp_path, module="zhantune.export")
         assert r.returncode == 2 and f"min_speedup={bad} must be a number of at least 1.0" in r.stderr, r.stderr

@@ -106,7 +106,7 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
     from zhantune.report.console import print_table
 
     report = result["report"]
-    console.print(f"table {cfg.table}: {len(tf.table)} key(s)"
+    console.print(f"table {tf.source or cfg.table}: {len(tf.table)} key(s)"  # source: one line (JSON if need be)
                   + (f", made with torch {tf.torch_version}" if tf.torch_version else ", no metadata (bare format)")
                   + (f"; {len(tf.other_kind)} key(s) of {'/'.join(sorted(set(tf.other_kind.values())))} devices left "
                      "out (another kind of device)" if tf.other_kind else ""),

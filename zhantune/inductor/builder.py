@@ -20,6 +20,7 @@ from zhantune.inductor.table import (
     CONFIG_TEMPLATE_ID,
     FORMAT,
     FORMAT_VERSION,
+    MAX_ENTRIES,
     agnostic_key,
     carried,
     default_entry,
@@ -51,8 +52,8 @@ def check_export_options(opts: Any, prefix: str = "", inputs: dict[str, Any] | N
 
     if opts.format not in FORMATS:
         raise ConfigError(f"{prefix}format={opts.format!r}; allowed: {', '.join(FORMATS)}")
-    if opts.top_k < 1:
-        raise ConfigError(f"{prefix}top_k={opts.top_k} must be at least 1")
+    if not 1 <= opts.top_k <= MAX_ENTRIES:
+        raise ConfigError(f"{prefix}top_k={opts.top_k} must be 1 to {MAX_ENTRIES} (entries per key)")
     if opts.min_speedup is not None and not 1.0 <= opts.min_speedup < math.inf:
         raise ConfigError(f"{prefix}min_speedup={opts.min_speedup} must be a number of at least 1.0 "
                           "(1.0: the tuned entry unless it is slower than the default; null: always the tuned entry)")

@@ -71,9 +71,10 @@ def dynamic_m(kernel_inputs: Any) -> bool:
     return not isinstance(m, int) and not getattr(m, "is_number", False)
 
 
-def cpu_entry(entry: dict[str, Any]) -> bool:
-    """An entry that can take effect on CPU: a config patch or an ATen kernel (Inductor's default)."""
-    return entry["template_id"] == CONFIG_TEMPLATE_ID or entry["template_id"].startswith("aten::")
+def cpu_entry(entry: dict[str, Any], op_name: str) -> bool:
+    """An entry that can take effect on CPU in a lookup of ``op_name``: a config patch, or the op's own
+    ATen kernel (``aten::<op>``, Inductor's default; another name, "aten::does_not_exist", counted a hit)."""
+    return entry["template_id"] in (CONFIG_TEMPLATE_ID, f"aten::{op_name}")
 
 
 def threads_mismatch(patch: dict[str, Any], op_name: str) -> str | None:

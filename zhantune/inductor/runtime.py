@@ -45,6 +45,7 @@ executes code from it: it is JSON, checked by :func:`zhantune.inductor.table.rea
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import threading
 from typing import Any
@@ -78,8 +79,10 @@ class InstalledTable:
         _installed().append(self)
 
     def _install(self) -> None:
+        # a copy in the config: the handler serves its own, checked one (a value written into
+        # config.lookup_table.table after use_table reached Inductor's template unchecked)
         self._patch = inductor_config.patch({**({} if self.device == "cpu" else cuda_table_patch(self.tf.table)),
-                                             "lookup_table.table": self.tf.table})
+                                             "lookup_table.table": copy.deepcopy(self.tf.table)})
         with contextlib.ExitStack() as undo:  # an install that fails part-way undoes what it did
             self._patch.__enter__()
             undo.callback(self._patch.__exit__, None, None, None)

@@ -23,23 +23,31 @@ zhantune.inductor.builder's job.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from zhantune.errors import SHOWN_KEY, TableError, shown, shown_json
-from zhantune.inductor.knobs import DEVICE_KINDS, FUSION_KNOBS, config_patch_problem, template_entry_problem
+from zhantune.inductor.knobs import (
+    DEVICE_KINDS,
+    FUSION_KNOBS,
+    config_patch_problem,
+    key_entry_problem,
+    template_entry_problem,
+)
+from zhantune.inductor.table_meta import FORMAT, FORMAT_VERSION, check_meta
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
            "agnostic_key", "write_table", "read_table", "recheck_table", "check_table", "check_meta", "entry_problem", "not_carried", "carried",
-           "CONFIG_ENTRY_ON_CUDA", "FUSION_ENTRY_ON_CPU", "load_table", "read_table_option", "parse_key", "MAX_TABLE_BYTES"]
+           "CONFIG_ENTRY_ON_CUDA", "FUSION_ENTRY_ON_CPU", "load_table", "read_table_option", "parse_key", "MAX_TABLE_BYTES",
+           "MAX_ENTRIES"]
 
 CONFIG_TEMPLATE_ID = "zhantune::config"
-FORMAT = "zhantune-lookup-table"
-FORMAT_VERSION = 1
 
 #: Inductor's key: "[device+]((dtype, size, stride), ...)[+alpha=1&beta=1]+op"
 #: (torch/_inductor/lookup_table/choices.py make_lookup_key)
@@ -48,8 +56,6 @@ FORMAT_VERSION = 1
 #: (a device part never holds "+((": the pattern then matches in time linear in the key's length;
 #: with ".+?" a crafted 180 KB key took two minutes to refuse)
 _KEY = re.compile(r"^(?:(?P<device>(?:(?!\+\(\().)+?)\+(?=\(\())?(?P<inputs>\(\(.*\),?\))(?:\+(?P<scalars>[^+]*))?\+(?P<op>[A-Za-z_][\w]*)$")
-#: a version string in the wrapper (PEP 440 with a local part: "2.13.0+cpu", "2.13.0a0+git1234abc")
-_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}", re.ASCII)
 #: the largest table file read (tables hold a few entries per GEMM; this is thousands of models' worth)
 MAX_TABLE_BYTES = 64 << 20
 #: the most '[' and '{' characters read (lookup keys hold a few each): 64 MiB of "[]," would take
@@ -58,6 +64,8 @@ MAX_TABLE_BRACKETS = 2_000_000
 #: the longest lookup key read (Inductor's are a few hundred characters: device, three tensors' dtype,
 #: sizes and strides, the scalars, the op)
 MAX_KEY_CHARS = 4096
+#: the most entries a key holds (export's top_k at most): each is a kernel Inductor compiles and times
+MAX_ENTRIES = 64
 
 
 @dataclass
@@ -148,10 +156,10 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
     not JSON (or nested too deeply), wrong format or format_version, a key not in Inductor's format,
     entries that are not objects with a string ``template_id``, a knob or kwarg not allowed.
     """
-    if isinstance(source, dict):
-        data, where = source, "<dict>"
+    if isinstance(source, dict):  # a copy: a later change to the caller's dict is never served unchecked
+        data, where = copy.deepcopy(source), "<dict>"
     else:
-        where = str(source) if str(source).isprintable() else json.dumps(str(source))  # errors stay one line
+        where = str(source) if str(source).isprintable() and str(source) else json.dumps(str(source))  # one line
         data = _read_json(str(source), where)
     if not isinstance(data, dict):
         raise TableError(f"{where}: expected a JSON object, got {type(data).__name__}")
@@ -179,7 +187,7 @@ def recheck_table(tf: TableFile, device_kind: str | None) -> TableFile:
         raise TableError(f"{where}: read for another kind of device than {device_kind}; read it again for {device_kind}")
     if tf.meta:  # the wrapper's fields too (its torch version decides staleness)
         check_meta(where, tf.meta)
-    out = _checked(tf.table, tf.meta, where, device_kind, "table" if tf.meta else "", tf.source)
+    out = _checked(copy.deepcopy(tf.table), tf.meta, where, device_kind, "table" if tf.meta else "", tf.source)
     return TableFile(out.table, out.meta, out.source, {**tf.other_kind, **out.other_kind})  # those left out before too
 
 
@@ -249,8 +257,9 @@ def _read_json(path: str, where: str) -> Any:
         raise TableError(f"{where}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
         raise TableError(f"{where}: JSON nested too deeply; a table is key -> list of flat entries") from None
-    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
-        raise TableError(f"{where}: not a table: {str(e).split(';')[0]}") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise TableError(f"{where}: not a table: an integer of over {sys.get_int_max_str_digits():,} digits (a "
+                         "tuning knob's value is at most a few)") from None
 
 
 def read_table_option(path: str | os.PathLike[str], device_kind: str | None, option: str = "table") -> TableFile:
@@ -265,35 +274,6 @@ def read_table_option(path: str | os.PathLike[str], device_kind: str | None, opt
 def load_table(path: str | os.PathLike[str], device_kind: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """The bare table of a file (wrapped or bare); see :func:`read_table` for the checks and errors."""
     return read_table(path, device_kind).table
-
-
-def check_meta(where: str, meta: dict[str, Any]) -> None:
-    """Check a wrapped table's fields besides ``table`` (format, versions, devices, options); raises TableError."""
-    if meta.get("format") != FORMAT:
-        raise TableError(f"{where}: format: expected {FORMAT!r}, got {shown(meta.get('format'))}")
-    version = meta.get("format_version")
-    if type(version) is not int or version != FORMAT_VERSION:  # not 1.0, not true
-        raise TableError(f"{where}: format_version: this zhantune reads version {FORMAT_VERSION}, got {shown(version)}")
-    for name in ("zhantune", "torch", "triton", "created_at", "source"):
-        if name in meta and not isinstance(meta[name], (str, type(None))):
-            raise TableError(f"{where}: {name}: expected a string or null, got {type(meta[name]).__name__}")
-    # printed by check and in stale reasons: a version, never lines or markup of its own
-    for name in ("zhantune", "torch", "triton"):
-        if meta.get(name) is not None and not _VERSION.fullmatch(meta[name]):
-            raise TableError(f"{where}: {name}: expected a version such as '2.13.0+cpu' (letters, digits, . + _ -), "
-                             f"got {json.dumps(meta[name])[:80]}")
-    for name in ("created_at", "source"):
-        if meta.get(name) is not None and not (meta[name].isprintable() and len(meta[name]) <= 1024):
-            raise TableError(f"{where}: {name}: expected one line of printable text, got {json.dumps(meta[name])[:80]}")
-    devices = meta.get("devices", [])
-    if not isinstance(devices, list) or not all(isinstance(d, dict) and isinstance(d.get("key"), str) for d in devices):
-        raise TableError(f"{where}: devices: expected a list of objects with a string key")
-    for i, d in enumerate(devices):  # a device part of a lookup key: its entries are checked for its kind
-        if not (d["key"].strip() and d["key"].isprintable() and len(d["key"]) <= SHOWN_KEY and "+((" not in d["key"]):
-            raise TableError(f"{where}: devices[{i}].key={shown_json(d['key'])}: expected a device key, the part of "
-                             "a lookup key before '+((' (one line of printable text, not empty)")
-    if not isinstance(meta.get("options", {}), dict):
-        raise TableError(f"{where}: options: expected an object")
 
 
 def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str | None = None,
@@ -318,6 +298,9 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
                              "(expected '[device+]((dtype, size, stride), ...)[+scalars]+op')")
         if not isinstance(entries, list):
             raise TableError(f"{where}: {path(k)}: expected a list of entries, got {type(entries).__name__}")
+        if len(entries) > MAX_ENTRIES:  # each one a kernel Inductor compiles and benchmarks at every compile
+            raise TableError(f"{where}: {path(k)}: {len(entries):,} entries; a key holds at most {MAX_ENTRIES} "
+                             "(export's top_k)")
         device = parsed["device"]  # a key without one: the kind read for, as _checked keeps it
         kind = (device_kinds or {}).get(device, device_kind) if device is not None else device_kind
         for i, entry in enumerate(entries):
@@ -327,7 +310,7 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
             for obj, inside in ((entry, ""), (entry.get("config_patch"), ".config_patch")):  # a Python dict's
                 if isinstance(obj, dict) and (name := next((n for n in obj if not isinstance(n, str)), None)) is not None:
                     raise TableError(f"{where}: {at}{inside}: the key {shown(name)} is not a string (JSON's keys are)")
-            bad = entry_problem(entry, kind)
+            bad = entry_problem(entry, kind) or key_entry_problem(entry, parsed["inputs"], parsed["op"])
             if bad:
                 name, why = bad
                 if not name.isprintable() or len(name) > SHOWN_KEY:  # one line, no terminal escapes

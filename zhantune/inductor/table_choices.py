@@ -134,7 +134,7 @@ class TableChoices(RecordingChoices):
         elif why := self._key_stale(key, event):
             self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
-        elif entries and not cpu_entry(entries[0]):
+        elif entries and not cpu_entry(entries[0], op_name):
             self.report.stale[report_key] = GPU_ENTRY_ON_CPU.format(tid=entries[0]["template_id"])
             self.report.stale_count[report_key] += 1
         elif entries and ((why := not_carried(entries[0], "cpu"))
@@ -322,7 +322,7 @@ class TableChoices(RecordingChoices):
 
     def _cpu_hit(self, key, event, entries, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
         entry = entries[0]  # a CPU GEMM compiles one config; top_k > 1 applies on CUDA
-        if not cpu_entry(entry):  # a table made on a GPU: it covers nothing here, said so
+        if not cpu_entry(entry, op_name):  # a table made on a GPU (or a name Inductor has not): said so
             return self._stale(key, GPU_ENTRY_ON_CPU.format(tid=entry["template_id"]), template_choices,
                                kernel_inputs, templates, op_name, kwarg_overrides, True)
         if (why := not_carried(entry, "cpu")) or (wants_cpp(entry) and (why := threads_mismatch(entry["config_patch"],

@@ -1,0 +1,68 @@
+"""The fields a zhantune table file wraps its lookup table in (format, versions, devices, options),
+and their checks (zhantune.inductor.table reads the file; zhantune.inductor.builder writes them)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from zhantune.errors import SHOWN_KEY, TableError, shown, shown_json
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "WRAPPER_FIELDS", "MAX_WRAPPER_BYTES", "check_meta"]
+
+FORMAT = "zhantune-lookup-table"
+FORMAT_VERSION = 1
+#: the fields of a table file (zhantune.inductor.builder.table_metadata writes them all)
+WRAPPER_FIELDS = ("format", "format_version", "zhantune", "torch", "triton", "created_at", "source", "devices",
+                  "options", "table")
+#: the most the fields besides ``table`` take as JSON: a device is about a hundred bytes, the
+#: export options a few hundred; kept in memory while the table is installed (64 MiB of padding was)
+MAX_WRAPPER_BYTES = 1 << 20
+#: a version string in the wrapper (PEP 440 with a local part: "2.13.0+cpu", "2.13.0a0+git1234abc")
+_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}", re.ASCII)
+_DEVICE_FIELDS = ("key", "name", "kind")
+
+
+def check_meta(where: str, meta: dict[str, Any]) -> None:
+    """Check a wrapped table's fields besides ``table`` (format, versions, devices, options); raises
+    TableError naming the field: one this format does not have (WRAPPER_FIELDS), a wrong format or
+    format_version, a version that is not one, a field over MAX_WRAPPER_BYTES in all."""
+    if meta.get("format") != FORMAT:
+        raise TableError(f"{where}: format: expected {FORMAT!r}, got {shown(meta.get('format'))}")
+    version = meta.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:  # not 1.0, not true
+        raise TableError(f"{where}: format_version: this zhantune reads version {FORMAT_VERSION}, got {shown(version)}")
+    if unknown := sorted(set(meta) - set(WRAPPER_FIELDS)):
+        raise TableError(f"{where}: {shown_json(unknown[0])[:80]}: not a field of a table file (version "
+                         f"{FORMAT_VERSION} has {', '.join(WRAPPER_FIELDS)})")
+    if (size := len(json.dumps(meta, default=str))) > MAX_WRAPPER_BYTES:
+        raise TableError(f"{where}: the fields besides table take {size:,} bytes as JSON; a table file's take at most "
+                         f"{MAX_WRAPPER_BYTES:,} (its devices and export options)")
+    for name in ("zhantune", "torch", "triton", "created_at", "source"):
+        if name in meta and not isinstance(meta[name], (str, type(None))):
+            raise TableError(f"{where}: {name}: expected a string or null, got {type(meta[name]).__name__}")
+    # printed by check and in stale reasons: a version, never lines or markup of its own
+    for name in ("zhantune", "torch", "triton"):
+        if meta.get(name) is not None and not _VERSION.fullmatch(meta[name]):
+            raise TableError(f"{where}: {name}: expected a version such as '2.13.0+cpu' (letters, digits, . + _ -), "
+                             f"got {json.dumps(meta[name])[:80]}")
+    for name in ("created_at", "source"):
+        if meta.get(name) is not None and not (meta[name].isprintable() and len(meta[name]) <= 1024):
+            raise TableError(f"{where}: {name}: expected one line of printable text, got {json.dumps(meta[name])[:80]}")
+    devices = meta.get("devices", [])
+    if not isinstance(devices, list) or not all(isinstance(d, dict) and isinstance(d.get("key"), str) for d in devices):
+        raise TableError(f"{where}: devices: expected a list of objects with a string key")
+    for i, d in enumerate(devices):  # a device part of a lookup key: its entries are checked for its kind
+        if not (d["key"].strip() and d["key"].isprintable() and len(d["key"]) <= SHOWN_KEY and "+((" not in d["key"]):
+            raise TableError(f"{where}: devices[{i}].key={shown_json(d['key'])}: expected a device key, the part of "
+                             "a lookup key before '+((' (one line of printable text, not empty)")
+        if unknown := sorted(set(d) - set(_DEVICE_FIELDS)):
+            raise TableError(f"{where}: devices[{i}].{shown_json(unknown[0])[:80]}: not a field of a device "
+                             f"(a device has {', '.join(_DEVICE_FIELDS)})")
+        if bad := next((f for f in ("name", "kind") if d.get(f) is not None and not (
+                isinstance(d[f], str) and d[f].isprintable() and len(d[f]) <= SHOWN_KEY)), None):
+            raise TableError(f"{where}: devices[{i}].{bad}: expected one line of printable text or null, "
+                             f"got {json.dumps(d[bad], default=str)[:80]}")
+    if not isinstance(meta.get("options", {}), dict):
+        raise TableError(f"{where}: options: expected an object")
