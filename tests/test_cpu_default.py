@@ -190,6 +190,11 @@ def test_an_aten_entry_on_cpu_is_a_hit_only_as_the_ops_own_kernel(dtype):
             assert installed.report.stale[event.device_key].startswith(f"{tid} is not a CPU choice")
 
 
+class _Bmm(torch.nn.Module):
+    def forward(self, ab):
+        return torch.bmm(*ab)
+
+
 @pytest.mark.parametrize("precision", ["high", "highest"])
 def test_a_float32_linear_under_onednns_reduced_math_compiles_the_default_and_says_why(precision):
     """Session 39: torch.set_float32_matmul_precision("high") (common in scripts written for GPUs) turns
@@ -201,23 +206,28 @@ def test_a_float32_linear_under_onednns_reduced_math_compiles_the_default_and_sa
 
     torch.manual_seed(0)
     model, x = _linear(48, 64, torch.float32), torch.randn(16, 64)
+    a, b = torch.randn(2, 16, 24), torch.randn(2, 24, 8)
     with recording() as rec:
         _compile(model, x)
-    (key,) = [e.device_key for e in rec.events if e.offered]
+        _compile(_Bmm(), (a, b))  # unpacked: ATen's bmm takes oneDNN's bf32 path on a CPU with bf16
+    key, bmm_key = [e.device_key for e in rec.events if e.offered]
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)
     try:
-        with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
+        with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}],
+                        bmm_key: [{"template_id": "aten::bmm"}]}) as installed:
             _, seen = _counted(_compile, model, x)
             packed_ops = re.findall(r"torch\.ops\.(mkl\._mkl_linear|mkldnn\._linear_pointwise)",
                                     "\n".join(run_and_get_code(_compile, model, x)[1]))
+            torch.testing.assert_close(_compile(_Bmm(), (a, b)), torch.bmm(a, b))
     finally:
         torch.set_float32_matmul_precision(before)
     if precision == "highest":
-        assert seen["cpp_template"] == 1 and installed.report.hits == {key: 2} and not installed.report.stale
+        assert seen["cpp_template"] == 1 and installed.report.hits == {key: 2, bmm_key: 1}
+        assert not installed.report.stale
     else:
         assert seen["cpp_template"] == 0 and set(packed_ops) == {"mkldnn._linear_pointwise"}
-        assert installed.report.stale == {key: REDUCED_FLOAT32.format(precision="tf32")}
+        assert installed.report.stale == {k: REDUCED_FLOAT32.format(precision="tf32") for k in (key, bmm_key)}
         assert not installed.report.hits
 
 

@@ -1496,40 +1496,50 @@ def test_an_addmm_whose_entry_no_templates_lookup_serves_compiles_the_default_an
                           else "triton::mm: not among the templates Inductor offers for this GEMM"), why
 
 
-@pytest.mark.parametrize("op, dtype, precision, served", [
-    ("mm", torch.float32, "tf32", ["aten::mm"]),
-    ("mm", torch.float32, "ieee", ["triton::mm"]),
-    ("mm", torch.bfloat16, "tf32", ["triton::mm"]),  # TF32 rounds float32 inputs only
-    ("addmm", torch.float32, "tf32", ["aten::addmm"]),
+@pytest.mark.parametrize("op, dtype, setting, served", [
+    ("mm", torch.float32, ("fp32_precision", "tf32"), ["aten::mm"]),
+    ("mm", torch.float32, ("fp32_precision", "ieee"), ["triton::mm"]),
+    ("mm", torch.bfloat16, ("fp32_precision", "tf32"), ["triton::mm"]),  # TF32 rounds float32 inputs only
+    ("addmm", torch.float32, ("fp32_precision", "tf32"), ["aten::addmm"]),
+    ("mm", torch.float16, ("allow_fp16_reduced_precision_reduction", False), ["aten::mm"]),
+    ("mm", torch.float16, ("allow_fp16_accumulation", True), ["aten::mm"]),
+    ("mm", torch.bfloat16, ("allow_bf16_reduced_precision_reduction", False), ["aten::mm"]),
+    ("mm", torch.bfloat16, ("allow_fp16_reduced_precision_reduction", False), ["triton::mm"]),
 ])
-def test_a_float32_entry_in_a_process_with_tf32_on_compiles_the_default_and_says_why(op, dtype, precision, served):
+def test_an_entry_where_the_gemms_math_differs_from_the_measured_compiles_the_default_and_says_why(
+        op, dtype, setting, served):
     """Session 39: Inductor's lookup key holds no precision. zhantune measures float32 GEMMs without
-    TF32 (a tf32 winner is never exported), so in a process that compiles them with TF32
-    (torch.set_float32_matmul_precision('high'), common in training scripts) a table's float32 entry
-    compiled a TF32 kernel, against a TF32 default, that no measurement or claim covered; the report
-    said 100% coverage. Now it is stale with the reason, and Inductor's default compiles."""
-    from zhantune.inductor.heuristics import TF32_ON
+    TF32 and half ones under cuBLAS's default math flags (a tuned flag's winner is never exported),
+    so in a process with TF32 on (torch.set_float32_matmul_precision('high'), common in training
+    scripts) or another half-precision reduction, a table's entry compiled a kernel, against a
+    default, that no measurement covered; the report said 100% coverage. Now it is stale with the
+    reason, and Inductor's default compiles."""
+    from zhantune.inductor.heuristics import TF32_ON, half_math_changed
     from zhantune.inductor.runtime import use_table
 
     shapes = [(256, 512), (256, 256), (256, 512)] if op == "addmm" else [(256, 256), (256, 512)]
+    flag, value = setting
     with fake_cuda():
         with inductor_config.patch(max_autotune_gemm=True), recording() as rec:
             lower(op, shapes, dtype)
         key = rec.events[-1].device_key
         table = {key: [{"template_id": "triton::mm", **TRITON_PARAMS}]}
-        before = torch.backends.cuda.matmul.fp32_precision
-        torch.backends.cuda.matmul.fp32_precision = precision
+        before = getattr(torch.backends.cuda.matmul, flag)
+        setattr(torch.backends.cuda.matmul, flag, value)
         try:
             with use_table(table, device="cuda") as installed:
                 got = lower(op, shapes, dtype)
+            why = TF32_ON if flag == "fp32_precision" else half_math_changed([str(dtype).removeprefix("torch.")])
         finally:
-            torch.backends.cuda.matmul.fp32_precision = before
+            setattr(torch.backends.cuda.matmul, flag, before)
     assert got.uids == served
     report = installed.report
     if served == ["triton::mm"]:
         assert report.hits == {key: 1} and not report.stale
     else:
-        assert report.stale == {key: TF32_ON} and not report.hits and report.coverage == 0.0
+        assert why and why.startswith(f"torch.backends.cuda.matmul.{flag} is {value}" if flag != "fp32_precision"
+                                      else "this process compiles float32 GEMMs with TF32")
+        assert report.stale == {key: why} and not report.hits and report.coverage == 0.0
 
 
 def test_a_change_to_the_table_after_use_table_never_reaches_inductor():

@@ -31,20 +31,21 @@ LEGACY_CPU_KEY = ("keyed by the CPU model alone (a table made before zhantune ke
                   "measured with an unknown number of threads, so not used on this CPU ({key}); upgrade the database "
                   "(python -m zhantune.db upgrade) and export the table again, or tune again here")
 
-#: why a float32 packed linear's entry compiled Inductor's default in a process with oneDNN's reduced
-#: float32 math on (:func:`reduced_float32`)
-REDUCED_FLOAT32 = ("this process packs float32 linears for oneDNN's reduced-precision math "
+#: why a float32 CPU entry compiled Inductor's default in a process with oneDNN's reduced float32
+#: math on (:func:`reduced_float32`)
+REDUCED_FLOAT32 = ("this process runs float32 GEMMs with oneDNN's reduced-precision math "
                    "(torch.backends.mkldnn.matmul.fp32_precision is '{precision}', e.g. after "
-                   "torch.set_float32_matmul_precision('high')): Inductor's default here is another kernel "
-                   "(mkldnn._linear_pointwise, not mkl._mkl_linear) than the default the table's float32 entries "
-                   "were measured against; Inductor's default compiled")
+                   "torch.set_float32_matmul_precision('high')): Inductor's default here is another kernel than "
+                   "the one the table's float32 entries were paired with (a linear packed for mkldnn._linear_pointwise, "
+                   "not mkl._mkl_linear; ATen's bmm and mm on oneDNN where the CPU has bf16); Inductor's default compiled")
 
 
 def reduced_float32(dtypes: list[str]) -> str | None:
     """oneDNN's reduced float32 math mode ("bf16", "tf32") when a CPU GEMM of inputs of ``dtypes``
-    (names, e.g. "float32") is packed under it here, else None: Inductor's freezing pass then packs
-    a float32 linear for ``mkldnn._linear_pointwise`` instead of ``mkl._mkl_linear``
-    (torch/_inductor/fx_passes/mkldnn_fusion.py ``reduced_f32_matmul_enabled``)."""
+    (names, e.g. "float32") runs under it here, else None: Inductor's freezing pass then packs a
+    float32 linear for ``mkldnn._linear_pointwise`` instead of ``mkl._mkl_linear``
+    (torch/_inductor/fx_passes/mkldnn_fusion.py ``reduced_f32_matmul_enabled``), and ATen's CPU
+    mm/bmm take oneDNN's bf32 path on a CPU with bf16 (aten/src/ATen/native/mkldnn/Matmul.cpp)."""
     import torch
 
     precision = torch.backends.mkldnn.matmul.fp32_precision

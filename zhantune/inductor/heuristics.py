@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = ["triton_mm_configs", "decompose_k_splits", "template_params", "derived_kwargs", "with_derived_kwargs",
            "even_k", "offered_templates", "tf32_float32", "TF32_ON",
+           "half_math_changed",
            "LAUNCH_OPTIONS"]
 
 #: Triton launch options a lookup-table entry may carry beside the template's constexprs
@@ -166,3 +167,29 @@ def tf32_float32(dtypes: list[str]) -> bool:
     import torch
 
     return "float32" in dtypes and torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+#: cuBLAS's half-precision math flags (torch.backends.cuda.matmul), torch's default, and the input
+#: dtype each applies to: Inductor's ATen default follows them (its FX graph cache keys on them,
+#: torch/_inductor/codecache.py), the Triton template does not
+_HALF_MATH = (("allow_fp16_reduced_precision_reduction", True, "float16"),
+              ("allow_fp16_reduced_precision_reduction_split_k", True, "float16"),
+              ("allow_bf16_reduced_precision_reduction", True, "bfloat16"),
+              ("allow_fp16_accumulation", False, "float16"))
+#: why a half-precision CUDA entry compiled Inductor's default where cuBLAS's math differs (:func:`half_math_changed`)
+HALF_MATH_CHANGED = ("torch.backends.cuda.matmul.{flag} is {value} in this process (torch's default: {default}): "
+                     "cuBLAS, Inductor's default for this GEMM, computes otherwise than when the table's entry was "
+                     "paired with it; Inductor's default compiled")
+
+
+def half_math_changed(dtypes: list[str]) -> str | None:
+    """HALF_MATH_CHANGED filled in for the first of cuBLAS's half-precision math flags that differs
+    from torch's default for a CUDA GEMM of inputs of ``dtypes`` here (zhantune measures under the
+    defaults; a tuned flag's winner is never exported), else None."""
+    import torch
+
+    for flag, default, dtype in _HALF_MATH:
+        value = getattr(torch.backends.cuda.matmul, flag, default)
+        if dtype in dtypes and bool(value) != default:
+            return HALF_MATH_CHANGED.format(flag=flag, value=value, default=default)
+    return None

@@ -28,7 +28,7 @@ from zhantune.inductor.cpu_entries import (
     threads_mismatch,
     wants_cpp,
 )
-from zhantune.inductor.heuristics import TF32_ON, even_k, tf32_float32
+from zhantune.inductor.heuristics import TF32_ON, even_k, half_math_changed, tf32_float32
 from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried
@@ -106,14 +106,14 @@ class TableChoices(RecordingChoices):
 
     def _key_stale(self, key: str | None, event: LookupEvent, cuda: bool = False) -> str | None:
         """Why every entry under ``key`` is stale here, or None: the table's torch is another release,
-        a float32 GEMM compiles with TF32 here (TF32_ON; on CPU a packed linear: REDUCED_FLOAT32),
+        a GEMM's math differs from the one measured (TF32_ON, HALF_MATH_CHANGED; CPU: REDUCED_FLOAT32),
         or ``key`` is a CPU key of a table made before database revision 0009 (LEGACY_CPU_KEY)."""
         if self.version_mismatch:
             return self.version_mismatch
         dtypes = [dtype for dtype, _, _ in event.inputs]
-        if cuda and self.any_key is None and tf32_float32(dtypes):
-            return TF32_ON
-        if event.packed and self.any_key is None and (precision := reduced_float32(dtypes)):
+        if cuda and self.any_key is None and (tf32_float32(dtypes) or half_math_changed(dtypes)):
+            return TF32_ON if tf32_float32(dtypes) else half_math_changed(dtypes)
+        if not cuda and self.any_key is None and (precision := reduced_float32(dtypes)):
             return REDUCED_FLOAT32.format(precision=precision)
         if key is not None and key == legacy_cpu_key(event.device_key, event.agnostic_key):
             return LEGACY_CPU_KEY.format(key=event.device_key.partition("+((")[0])
