@@ -1558,3 +1558,40 @@ def test_a_change_to_the_table_after_use_table_never_reaches_inductor():
         got = lower("mm", [(64, 64), (64, 64)], torch.bfloat16)
     assert got.uids == ["triton::mm"] and got.kwargs()["num_stages"] == TRITON_PARAMS["num_stages"]
     assert installed.report.hits == {key: 1}
+
+
+@pytest.mark.parametrize("case", ["mm miss", "addmm miss", "addmm entry not offered", "mm stale", "backends TRITON"])
+def test_under_the_users_max_autotune_a_gemm_the_table_does_not_decide_autotunes_as_without_it(case):
+    """A settings audit (session 39), the CUDA twin of session 38's CPU fix: under the user's own
+    max-autotune (torch.compile(mode="max-autotune")), a GEMM the table has no entry for, or whose
+    entry is stale or not offered on this GPU, compiled ATen alone with the table installed; without
+    it Inductor autotunes ATen against its Triton templates. Now it gets the choices it gets without
+    the table (in the user's backends); with no max-autotune of the user's, ATen alone, as before."""
+    from collections import Counter
+
+    from zhantune.inductor.runtime import use_table
+
+    op = "addmm" if case.startswith("addmm") else "mm"
+    shapes = [(512,), (256, 256), (256, 512)] if op == "addmm" else [(256, 256), (256, 512)]
+    profile = PROFILES["A100"] if case == "addmm entry not offered" else PROFILES["H100"]
+    user = {"max_autotune_gemm": True, "max_autotune_gemm_backends": "TRITON"} if case == "backends TRITON" \
+        else {"max_autotune": True}
+    with fake_cuda(profile.properties()):
+        with inductor_config.patch(max_autotune_gemm=True), recording() as rec:
+            lower(op, shapes, torch.bfloat16)
+        keys = {e.device_key for e in rec.events}
+        entry = {"template_id": "triton::mm_persistent_tma" if case == "addmm entry not offered" else "triton::mm",
+                 **TRITON_PARAMS, "BLOCK_M": 128, "BLOCK_N": 128}
+        if case == "mm stale":
+            entry["template_hash"] = "0" * 16
+        table = {k: [entry] for k in keys} if case in ("addmm entry not offered", "mm stale") else \
+            {f"{profile.name}+((torch.bfloat16, [8, 8], [8, 1]), (torch.bfloat16, [8, 8], [8, 1]))+mm": [entry]}
+        with inductor_config.patch(user):
+            without = Counter(lower(op, shapes, torch.bfloat16).uids)
+            with use_table(table, device="cuda") as installed:
+                got = Counter(lower(op, shapes, torch.bfloat16).uids)
+        with use_table(table, device="cuda"):  # no max-autotune of the user's: Inductor's default, ATen
+            plain = Counter(lower(op, shapes, torch.bfloat16).uids)
+    assert sum(without.values()) > 1 and got == without, (got, without)
+    assert plain == Counter({f"aten::{op}": 1}), plain
+    assert not installed.report.hits

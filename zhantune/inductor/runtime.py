@@ -72,6 +72,9 @@ class InstalledTable:
         # the table in Inductor's config, so that Inductor's FX graph cache keys differ per table;
         # on CPU nothing else (the hooks act per GEMM), on CUDA the table's compile settings
         self.handler = TableChoices(tf)  # first: a handler that cannot be made leaves nothing set
+        # the user's own GEMM autotuning, before the CUDA patch turns it on: what a GEMM the table does
+        # not decide compiles under (TableChoices._cuda_users_own)
+        self.handler.user_gemm = (bool(inductor_config.max_autotune_gemm), str(inductor_config.max_autotune_gemm_backends))
         self._install()
         self._removed, self._thread = False, threading.get_ident()
         # installed until remove(), whether or not the caller keeps this object: the handler's

@@ -28,6 +28,7 @@ from zhantune.inductor.cpu_entries import (
     threads_mismatch,
     wants_cpp,
 )
+from zhantune.inductor.cuda_entries import NOT_OFFERED, held_back, in_backends, no_choice
 from zhantune.inductor.heuristics import TF32_ON, even_k, half_math_changed, tf32_float32
 from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
@@ -35,13 +36,8 @@ from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried
 from zhantune.inductor.table_report import TableReport
 from zhantune.provenance import torch_release
 
-__all__ = ["TableChoices", "TableReport", "stale_reason", "release", "NOT_FROZEN", "GPU_ENTRY_ON_CPU"]
+__all__ = ["TableChoices", "TableReport", "stale_reason", "release", "NOT_FROZEN", "GPU_ENTRY_ON_CPU", "NOT_OFFERED"]
 
-#: why a CUDA entry compiled Inductor's default: its template is not among those Inductor offers for
-#: this GEMM here (torch/_inductor/utils.py use_triton_template: a GPU of at least 68 SMs;
-#: use_triton_tma_template: TMA, compute capability 9.0; a Blackwell GPU has its own TMA template)
-NOT_OFFERED = ("{tids}: not among the templates Inductor offers for this GEMM on this device (e.g. a TMA "
-               "template without TMA, any Triton template on a GPU of fewer than 68 SMs); Inductor's default compiled")
 #: config keys the CPU handler sets per GEMM (plus any key a table's config_patch names)
 _CPU_GEMM_KEYS = ("max_autotune_gemm_backends", "cpp.gemm_max_k_slices", "cpp.gemm_thread_factors",
                   "cpp.gemm_cache_blocking")
@@ -88,6 +84,8 @@ class TableChoices(RecordingChoices):
         self._cpu_template = any(wants_cpp(e) for e in entries)
         #: an addmm's ATen default held back for its templates' lookup (:meth:`_addmm_lookup`)
         self._held: tuple[Any, ...] | None = None
+        #: the user's own GEMM max-autotune and backends before use_table set its own (CUDA: :meth:`_default`)
+        self.user_gemm: tuple[bool, str] = (False, "ATEN,TRITON")
         #: the config values at the start of the unpacked CPU GEMM lowering in progress (None: none),
         #: and the user's own before zhantune's (max-autotune for a C++-template entry)
         self._scope_base: dict[str, Any] | None = None
@@ -198,11 +196,11 @@ class TableChoices(RecordingChoices):
         args = (template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         gemm = tuple(id(node) for node in kernel_inputs.nodes()[1:])
         uids = {t.uid: getattr(t, "src_hash", None) for t in templates}
-        if uids and all(uid.startswith("aten::") for uid in uids) and not _no_choice(uids):  # the ATen lookup
+        if uids and all(uid.startswith("aten::") for uid in uids) and not no_choice(uids):  # the ATen lookup
             event = self.event(kernel_inputs, op_name, uids, ())
             key, entries = self._find(event)
             self._held = None
-            if entries is None or self._key_stale(key, event, True) or not _held_back(entries, uids, kernel_inputs):
+            if entries is None or self._key_stale(key, event, True) or not held_back(entries, uids, kernel_inputs):
                 return self._serve(*args)
             self.events.append(event)
             if not entries:  # "nothing from this lookup": the entry is under the templates' key
@@ -214,9 +212,9 @@ class TableChoices(RecordingChoices):
         if held is None or held[0] != gemm or held[1] is kernel_inputs:  # not its templates' lookup
             return self._serve(*args)
         self._held = None
-        before = self.report.lookups
+        before, hits = self.report.lookups, sum(self.report.hits.values())
         served = self._serve(*args)
-        if served:
+        if served and sum(self.report.hits.values()) != hits:  # the entry
             return served
         said = self.report.lookups != before
         if held[2] is not None:  # its "nothing from this lookup" did not hold
@@ -233,7 +231,7 @@ class TableChoices(RecordingChoices):
                 self.report.stale_count[report_key] += 1
             else:
                 self.report.misses[report_key] += 1
-        return held[3]
+        return held[3] + (served if said else self._cuda_users_own(*args))
 
     def _serve(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
         if not templates:  # a pass with nothing to choose from (addmm's expanded-bias pass)
@@ -244,7 +242,7 @@ class TableChoices(RecordingChoices):
         key, entries = self._find(event)
         report_key = key or event.device_key or event.agnostic_key or op_name
         cpu = kernel_inputs.device().type == "cpu"
-        if not cpu and _no_choice(hashes):
+        if not cpu and no_choice(hashes):
             # a GEMM Inductor lowers without max-autotune and with ATen only, e.g. decompose_k's
             # inner bmm (its subgraph is lowered under max_autotune=False, backends ATEN: ir.py
             # SubgraphBuffer): no table can change it, so it is neither a hit nor a miss
@@ -253,8 +251,10 @@ class TableChoices(RecordingChoices):
                 and not any(e.get("template_id") in hashes for e in entries or ()):
             # a secondary pass of the GEMM's lowering with nothing in the table for it (addmm's
             # expanded-bias template lookup under a default entry, its contiguous rewrite under the
-            # ATen key): nothing from it; the GEMM's own lookup decides and is the one reported
-            return []
+            # ATen key): nothing from it; the GEMM's own lookup decides and is the one reported (a
+            # miss under the user's max-autotune: its templates, as without the table)
+            return [] if entries is not None else self._cuda_users_own(template_choices, kernel_inputs, templates,
+                                                                       op_name, kwarg_overrides)
         if entries is not None and (why := self._key_stale(key, event, not cpu)):
             return self._stale(report_key, why, template_choices, kernel_inputs,
                                templates, op_name, kwarg_overrides, cpu)
@@ -312,7 +312,18 @@ class TableChoices(RecordingChoices):
         user's own settings (:meth:`_users_own`: under max-autotune ATen and its C++ template)."""
         if cpu:
             return self._users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
-        return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+        return self._cuda_users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+
+    def _cuda_users_own(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
+        """This CUDA lookup's choices as Inductor makes them without the table: under the user's own
+        max-autotune (``max_autotune``, or ``max_autotune_gemm`` before use_table) every template
+        offered in their backends, which Inductor autotunes; else its ATen kernel (a settings audit,
+        session 39: every GEMM the table did not decide lost the user's autotuning to ATen alone)."""
+        if not (inductor_config.max_autotune or self.user_gemm[0]):
+            return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+        own = [t for t in templates if in_backends(t.uid, self.user_gemm[1])]
+        return self._fallback({t.uid: template_choices[t.uid] for t in own if t.uid in template_choices},
+                              kernel_inputs, own, op_name, kwarg_overrides)
 
     def _aten_only(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
         """The choices Inductor's own fallback makes from this lookup's ATen templates alone."""
@@ -376,23 +387,3 @@ class TableChoices(RecordingChoices):
             return
         for k in self._cpu_keys:
             set_knob(k, values.get(k, self._scope_base[k]))
-
-
-def _held_back(entries: list[dict[str, Any]], uids: dict[str, Any], kernel_inputs: Any) -> bool:
-    """Whether an addmm's ATen lookup holds its default back for the templates' lookup (TableChoices
-    ._addmm_lookup): its entries are ``[]`` or templates only that lookup offers (not a config
-    patch: never served on CUDA, reported stale by the ATen lookup itself), and the GEMM is not of
-    a size statically zero (tuned_addmm then makes the ATen lookup alone: torch/_inductor/kernel/mm.py)."""
-    from torch._inductor.kernel.mm_common import _is_static_problem
-
-    if any(e.get("template_id") in uids or e.get("template_id") == CONFIG_TEMPLATE_ID for e in entries):
-        return False
-    return _is_static_problem(kernel_inputs.output_layout())[1]
-
-
-def _no_choice(template_hashes: dict[str, str | None]) -> bool:
-    """Whether a CUDA lookup is one Inductor makes with nothing to choose: max-autotune off
-    (``max_autotune`` and ``max_autotune_gemm``, as torch/_inductor/utils.py tests them) and only
-    ATen kernels offered."""
-    return (not (inductor_config.max_autotune or inductor_config.max_autotune_gemm)
-            and all(uid.startswith("aten::") for uid in template_hashes))

@@ -1,0 +1,48 @@
+"""What decides how a CUDA lookup-table entry is served (zhantune.inductor.table_choices serves the
+table): the templates Inductor offers, addmm's ATen default held back for its templates' lookup,
+and the choices a GEMM gets under the user's own max-autotune where the table does not decide it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch._inductor import config as inductor_config
+
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID
+
+__all__ = ["NOT_OFFERED", "held_back", "no_choice", "in_backends"]
+
+#: why a CUDA entry compiled Inductor's default: its template is not among those Inductor offers for
+#: this GEMM here (torch/_inductor/utils.py use_triton_template: a GPU of at least 68 SMs;
+#: use_triton_tma_template: TMA, compute capability 9.0; a Blackwell GPU has its own TMA template)
+NOT_OFFERED = ("{tids}: not among the templates Inductor offers for this GEMM on this device (e.g. a TMA "
+               "template without TMA, any Triton template on a GPU of fewer than 68 SMs); Inductor's default compiled")
+
+
+def held_back(entries: list[dict[str, Any]], uids: dict[str, Any], kernel_inputs: Any) -> bool:
+    """Whether an addmm's ATen lookup holds its default back for the templates' lookup (TableChoices
+    ._addmm_lookup): its entries are ``[]`` or templates only that lookup offers (not a config
+    patch: never served on CUDA, reported stale by the ATen lookup itself), and the GEMM is not of
+    a size statically zero (tuned_addmm then makes the ATen lookup alone: torch/_inductor/kernel/mm.py)."""
+    from torch._inductor.kernel.mm_common import _is_static_problem
+
+    if any(e.get("template_id") in uids or e.get("template_id") == CONFIG_TEMPLATE_ID for e in entries):
+        return False
+    return _is_static_problem(kernel_inputs.output_layout())[1]
+
+
+def no_choice(template_hashes: dict[str, str | None]) -> bool:
+    """Whether a CUDA lookup is one Inductor makes with nothing to choose: max-autotune off
+    (``max_autotune`` and ``max_autotune_gemm``, as torch/_inductor/utils.py tests them) and only
+    ATen kernels offered."""
+    return (not (inductor_config.max_autotune or inductor_config.max_autotune_gemm)
+            and all(uid.startswith("aten::") for uid in template_hashes))
+
+
+def in_backends(uid: str, backends: str) -> bool:
+    """Whether a template Inductor offers (``uid``) belongs to one of ``backends``
+    (``max_autotune_gemm_backends``, e.g. "ATEN,TRITON"): ``aten::*`` to ATEN, every other template
+    use_table lets Inductor offer (``triton::*``, ``decompose_k``) to TRITON."""
+    names = {b.strip().upper() for b in backends.split(",")}
+    return ("ATEN" if uid.startswith("aten::") else "TRITON") in names
