@@ -373,6 +373,54 @@ def test_every_claim_judge_speedup_confirms_holds_when_stored_and_the_margin_is_
     assert math.atan(1 / (2 * CONFIRM_C[2] + 1)) / math.pi == pytest.approx(0.005, abs=0.0002)
 
 
+def test_rounds_whose_threads_waited_for_a_core_carry_no_claim_under_sched_fifo_either():
+    """A busy-machine attack (session 39): one SCHED_FIFO busy loop on one core of two is one runnable
+    task, never "busy" by the count of runnable tasks, and SCHED_FIFO does not shield a run from
+    another real-time task: the default measured 31 ms and the winner 16 ms (quiet: 280 and 324 us),
+    and paired rounds confirmed 1.92x for a kernel 0.82x as fast, shipped. The timed runs' own
+    threads waited for a core most of the time (/proc's schedstat, 337 ms of 345): such a round is
+    contended and disturbs a claim whatever the scheduling; a few per cent of waiting does not."""
+    from zhantune.bench.conditions import RUN_WAIT_SHARE, disturbs_claim, is_contended
+
+    quiet = {"cores": 2, "load_avg_1m": 0.1, "others_running": 0, "busy_at_start": False, "waited_s": 0.0}
+    hog = {**quiet, "run_wait_ms": 337.0, "timed_ms": 345.0}
+    assert is_contended(hog) and disturbs_claim(hog, True, "cpu:perf_counter:fifo")
+    noise = {**quiet, "run_wait_ms": 0.9 * RUN_WAIT_SHARE * 800.0, "timed_ms": 800.0}
+    assert not is_contended(noise) and not disturbs_claim(noise, False, "cpu:perf_counter:fifo")
+    v = _settle_with(hog, "cpu:perf_counter:fifo", default_us=(31120.0,), winner_us=(16200.0,), best_us=16200.0,
+                     baseline_us=31120.0)
+    assert not v.confirmed and v.contended == 2 * v.rounds, v  # both sides of every round
+    v = _settle_with(noise, "cpu:perf_counter:fifo", default_us=(52.0,), winner_us=(50.0,))
+    assert v.confirmed and v.ratio == pytest.approx(1.04), v
+
+
+@pytest.mark.load
+def test_a_realtime_busy_loop_on_one_core_is_seen_in_the_timed_runs_own_waiting():
+    """The reading the rule above rests on, on this machine: a SCHED_FIFO busy loop (priority 1, as
+    zhantune's timed runs) on one of the cores makes a 2-thread GEMM's threads wait for a core most
+    of a CPU timing's wall time, so the row is contended and no claim rests on it."""
+    import torch
+
+    from zhantune.bench.conditions import disturbs_claim, is_contended, run_delayed, run_queue_wait
+    from zhantune.bench.timing import realtime, time_cpu
+
+    with realtime(True) as permitted:
+        if not permitted:
+            pytest.skip("no SCHED_FIFO here (needs root or CAP_SYS_NICE)")
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    hog = subprocess.Popen([sys.executable, "-c", "import os, sys\nos.sched_setscheduler(0, os.SCHED_FIFO, "
+                            "os.sched_param(1))\nprint(flush=True)\nwhile True: pass"], stdout=subprocess.PIPE)
+    try:
+        assert hog.stdout.readline() == b"\n"  # real-time and spinning
+        with run_queue_wait() as seen:
+            timing = time_cpu(lambda: a @ b, warmup_ms=10, target_ms=50, fifo=True)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert timing.method.endswith(":fifo") and run_delayed(seen), seen
+    assert is_contended(seen) and disturbs_claim(seen, True, timing.method)
+
+
 def test_the_first_pair_is_not_judged_and_a_disturbed_one_changes_nothing():
     """settle_speedup measures each side once before its paired rounds (compiling what is not kept:
     a compile may fall between the pair's two sides), and does not judge that pair: rounds of 52/50

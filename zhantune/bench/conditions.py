@@ -17,17 +17,27 @@ Before every timed measurement the timing process waits for the machine to be id
 20 ms, ...) for at most ``bench.busy_wait_s`` seconds, then measures anyway. The seconds waited
 and whether the machine was still busy are stored in the row's ``conditions``
 (``waited_s``, ``busy_at_start``), and a row that started busy is contended.
+
+A count of runnable tasks misses what deschedules the timed runs themselves: one real-time task
+holding a core is one task on a 2-core machine, and bursts between two checks are none. So the CPU
+timing also reads how long this process's threads waited runnable for a core while it ran
+(:func:`run_queue_wait`, /proc/self/task/*/schedstat): ``run_wait_ms`` of ``timed_ms``. A row whose
+threads waited more than RUN_WAIT_SHARE of its time is contended, and no claim rests on it, SCHED_FIFO
+or not (a session 39 attack: a SCHED_FIFO busy loop on one core of two made a kernel 0.82x as fast
+as the default measure 1.92x, confirmed in paired rounds begun with the cores "free").
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["conditions", "is_contended", "disturbs_claim", "own_running", "wait_until_idle", "ContentionCount", "contention_count", "own_pids",
+__all__ = ["conditions", "is_contended", "disturbs_claim", "run_queue_wait", "run_delayed", "RUN_WAIT_SHARE", "own_running", "wait_until_idle", "ContentionCount", "contention_count", "own_pids",
            "mark_tune_root", "TUNE_PID_ENV"]
 
 _GOVERNOR = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
@@ -183,6 +193,53 @@ def conditions(device_kind: str = "cpu", index: int | None = None) -> dict[str, 
     return out
 
 
+#: the share of a timed measurement's wall time its threads may wait runnable for a core (summed over
+#: threads) before the row is contended: quiet, 0-0.8 ms of a 100 ms measurement here; one
+#: SCHED_FIFO busy loop on one of two cores, 337 ms of 345 ms
+RUN_WAIT_SHARE = 0.25
+
+
+def _run_wait_ns() -> dict[str, int]:
+    """Per thread of this process, the nanoseconds it has waited runnable on a run queue (the 2nd
+    field of /proc/self/task/<tid>/schedstat); empty where the kernel does not keep it."""
+    out: dict[str, int] = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/schedstat", "rb") as f:
+                out[task] = int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):  # the thread ended; no schedstat
+            continue
+    return out
+
+
+@contextlib.contextmanager
+def run_queue_wait() -> Iterator[dict[str, float]]:
+    """Around a timed measurement: yields a dict that holds, after the block, ``run_wait_ms`` (the
+    milliseconds this process's threads waited runnable for a core meanwhile, summed; a thread started
+    inside the block counts from its start) and ``timed_ms`` (the block's wall time); empty where
+    /proc has no schedstat."""
+    before, start = _run_wait_ns(), time.perf_counter_ns()
+    out: dict[str, float] = {}
+    try:
+        yield out
+    finally:
+        after = _run_wait_ns()
+        if after:
+            wait = sum(ns - before.get(task, 0) for task, ns in after.items())
+            out.update(run_wait_ms=round(max(wait, 0) / 1e6, 3), timed_ms=round((time.perf_counter_ns() - start) / 1e6, 3))
+
+
+def run_delayed(c: dict[str, Any]) -> bool:
+    """Whether a measurement's threads waited runnable for a core more than RUN_WAIT_SHARE of its
+    time (conditions from :func:`run_queue_wait`; False where they were not read)."""
+    wait, timed = c.get("run_wait_ms"), c.get("timed_ms")
+    return wait is not None and bool(timed) and wait > RUN_WAIT_SHARE * timed
+
+
 def is_contended(c: dict[str, Any]) -> bool:
     """Still busy when the timed runs began (:func:`wait_until_idle`), or: on CUDA (conditions with a
     ``gpu`` reading) other processes on the GPU; on CPU a load average above the core count or as
@@ -191,6 +248,8 @@ def is_contended(c: dict[str, Any]) -> bool:
         return True
     if "gpu" in c:
         return bool((c.get("gpu") or {}).get("other_processes"))
+    if run_delayed(c):
+        return True
     load = c.get("load_avg_1m")
     if load is not None and load > c.get("cores", 1):
         return True
@@ -205,14 +264,16 @@ def disturbs_claim(conditions_: dict[str, Any] | None, contended: bool | None, t
     """A timed measurement a paired comparison cannot vouch for (a tune's claim,
     zhantune.bench.settle; check's ratios, zhantune.bench.model_check): its timed runs began while
     other tasks still held the cores (``busy_at_start`` after the bounded wait; on CUDA, other
-    processes on the GPU), or it was ``contended`` and not shielded by real-time scheduling (only a
+    processes on the GPU), its threads waited for a core all the same (:func:`run_delayed`: SCHED_FIFO
+    does not shield a run from another real-time task), or it was ``contended`` and not shielded by real-time scheduling (only a
     ``:fifo`` timing is; niceness alone is not: a 30 us kernel measured 13.5 ms under four busy
     loops at nice -10). SCHED_FIFO keeps such a run's minimum usable for ranking, but not a ratio:
     in CI under four busy loops, shielded paired rounds of linear_act 64x64x64 said 1.79x and 1.87x
     where the same two kernels measured 1.27-1.45x once the load was gone."""
     if not contended:
         return False
-    return bool((conditions_ or {}).get("busy_at_start")) or ":fifo" not in (timing_method or "")
+    c = conditions_ or {}
+    return bool(c.get("busy_at_start")) or run_delayed(c) or ":fifo" not in (timing_method or "")
 
 
 def _busy(device_kind: str, index: int | None) -> bool:

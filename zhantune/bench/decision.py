@@ -197,7 +197,8 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
 
     if contended:  # first: a ratio taken so says nothing, either way (nor does a flip)
         return verdict(False, f"unconfirmed: {contended} paired measurement(s) taken on a busy machine (other "
-                              "work on the cores or the GPU when they began, or no real-time scheduling); rerun the "
+                              "work on the cores or the GPU when they began, their threads kept waiting for a core, or "
+                              "no real-time scheduling); rerun the "
                               "same command on an idle machine: the search is done, the settles run again")
     if ratio <= 1.0:
         return verdict(False, f"not faster than the default ({ratio:.2f}x)")

@@ -29,7 +29,7 @@ from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 from torch._inductor.virtualized import V
 
-from zhantune.bench.conditions import conditions, wait_until_idle
+from zhantune.bench.conditions import conditions, run_queue_wait, wait_until_idle
 from zhantune.bench.kept import RESET_EVERY, Kept, KeptCompiles, compile_key, forget, own_entry
 from zhantune.bench.measurement import Measurement, tolerance
 from zhantune.bench.timing import Timing, time_cpu, time_cuda
@@ -296,12 +296,13 @@ class InductorBenchmarker:
         # a busy machine first gets up to bench.busy_wait_s to calm down (zhantune.bench.conditions)
         waited = wait_until_idle(getattr(self.cfg, "busy_wait_s", 0.0) or 0.0, self.device.kind, self.device.index)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), run_queue_wait() as wait:  # what descheduled the timed runs themselves
                 timing = self._time(fn)
         except Exception as e:
             return Measurement("runtime_error", error=error, error_text=_one_line(e), compile_s=compile_s,
                                template_hash=template_hash, lookup=lookup)
-        seen = {**conditions(self.device.kind, self.device.index), **waited}
+        seen = {**conditions(self.device.kind, self.device.index), **waited,
+                **(wait if self.device.kind == "cpu" else {})}
         tol = tolerance(self.problem.dtype) if tol is None else tol
         if not math.isfinite(error) or error > tol:
             return Measurement("incorrect", timing=timing, error=error, compile_s=compile_s,

@@ -72,17 +72,19 @@ def _comparable(code: list[str]) -> str:
 def _time_once(fn: Any, device: Any, bench: Any) -> tuple[Any, dict[str, Any]]:
     """One timed measurement of ``fn`` (zhantune's protocol, microseconds) after the busy-machine
     back-off; returns (Timing, the conditions it was taken in)."""
-    from zhantune.bench.conditions import conditions, wait_until_idle
+    from zhantune.bench.conditions import conditions, run_queue_wait, wait_until_idle
     from zhantune.bench.timing import time_cpu, time_cuda
 
     waited = wait_until_idle(getattr(bench, "busy_wait_s", 0.0) or 0.0, device.kind, device.index)
+    wait: dict[str, float] = {}
     if device.kind == "cuda":  # pragma: no cover - needs a GPU
         timing = time_cuda(fn, warmup_ms=bench.warmup_ms, target_ms=bench.target_ms, cuda_graph=bench.cuda_graph)
     else:
-        timing = time_cpu(fn, warmup_ms=bench.warmup_ms, target_ms=bench.target_ms, min_reps=bench.min_reps,
-                          max_reps=bench.max_reps, flush_cache=bench.flush_cache,
-                          nice=getattr(bench, "nice", None), fifo=getattr(bench, "fifo", False))
-    return timing, {**conditions(device.kind, device.index), **waited}
+        with run_queue_wait() as wait:  # what descheduled the timed runs themselves
+            timing = time_cpu(fn, warmup_ms=bench.warmup_ms, target_ms=bench.target_ms, min_reps=bench.min_reps,
+                              max_reps=bench.max_reps, flush_cache=bench.flush_cache,
+                              nice=getattr(bench, "nice", None), fifo=getattr(bench, "fifo", False))
+    return timing, {**conditions(device.kind, device.index), **waited, **wait}
 
 
 def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) -> tuple[dict[str, dict[str, Any]], Any]:
