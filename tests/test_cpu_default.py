@@ -190,6 +190,25 @@ def test_an_aten_entry_on_cpu_is_a_hit_only_as_the_ops_own_kernel(dtype):
             assert installed.report.stale[event.device_key].startswith(f"{tid} is not a CPU choice")
 
 
+def test_a_cpp_entry_with_weight_prepacking_off_is_stale_not_a_hit():
+    """A settings audit (session 39): with torch._inductor.config.cpp.weight_prepack = False after an
+    earlier compile in the process (the freezing pass still packs the linear), Inductor's packed
+    lowering offers no C++ template: the default packed op compiled while the report counted a hit."""
+    from zhantune.inductor.cpu_entries import PREPACK_OFF
+
+    torch.manual_seed(0)
+    model, x = _linear(48, 64, torch.float32), torch.randn(16, 64)
+    with recording() as rec:
+        _compile(model, x)
+    (key,) = [e.device_key for e in rec.events if e.offered]
+    with inductor_config.patch({"cpp.weight_prepack": False}), \
+            use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
+        out, seen = _counted(_compile, model, x)
+    assert seen["cpp_template"] == 0 and seen["packed_op_calls"] >= 1
+    assert installed.report.stale == {key: PREPACK_OFF} and not installed.report.hits
+    torch.testing.assert_close(out, model(x))
+
+
 class _Bmm(torch.nn.Module):
     def forward(self, ab):
         return torch.bmm(*ab)

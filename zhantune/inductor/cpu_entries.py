@@ -12,12 +12,16 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 
-__all__ = ["NOT_FROZEN", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
+__all__ = ["NOT_FROZEN", "PREPACK_OFF", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
            "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp"]
 
 #: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
 NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "
               "compile under torch.no_grad() (in torch 2.13 torch.compile(options={'freezing': True}) does not freeze)")
+#: why a C++-template entry compiled Inductor's default with weight prepacking off (TableReport.stale)
+PREPACK_OFF = ("torch._inductor.config.cpp.weight_prepack is False in this process: Inductor offers its C++ GEMM "
+               "template only with it (torch/_inductor/utils.py use_cpp_gemm_template), so the entry's kernel "
+               "cannot be compiled; Inductor's default compiled")
 #: why a C++-template entry compiled Inductor's default where M is dynamic (TableReport.stale)
 DYNAMIC_M = ("M is dynamic in this compile: Inductor's C++ template then picks its blocking, thread split and "
              "K slices at run time (cpp_gemm_template.py), so the entry's measured kernel cannot be compiled; "

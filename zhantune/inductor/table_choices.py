@@ -20,6 +20,7 @@ from zhantune.inductor.cpu_entries import (
     GPU_ENTRY_ON_CPU,
     LEGACY_CPU_KEY,
     NOT_FROZEN,
+    PREPACK_OFF,
     REDUCED_FLOAT32,
     cpp_template_applies,
     cpu_entry,
@@ -137,7 +138,8 @@ class TableChoices(RecordingChoices):
             self.report.stale_count[report_key] += 1
         elif entries and ((why := not_carried(entries[0], "cpu"))
                           or (wants_cpp(entries[0]) and (why := threads_mismatch(entries[0]["config_patch"], op_name)))
-                          or (wants_cpp(entries[0]) and dynamic_m(kernel_inputs) and (why := DYNAMIC_M))):
+                          or (wants_cpp(entries[0]) and dynamic_m(kernel_inputs) and (why := DYNAMIC_M))
+                          or (wants_cpp(entries[0]) and not inductor_config.cpp.weight_prepack and (why := PREPACK_OFF))):
             self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
         else:
@@ -343,7 +345,7 @@ class TableChoices(RecordingChoices):
         if wants_cpp(entry) and not cpp_template_applies(kernel_inputs, op_name):
             # Inductor would not offer the template here (a weight that is not a frozen constant,
             # a dtype it has no micro-kernel for): the default ATen kernel is compiled, and said so
-            self.report.stale[key] = NOT_FROZEN
+            self.report.stale[key] = NOT_FROZEN if inductor_config.cpp.weight_prepack else PREPACK_OFF
             self.report.stale_count[key] += 1
             return self._users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         self.report.hits[key] += 1
