@@ -190,22 +190,28 @@ def test_an_aten_entry_on_cpu_is_a_hit_only_as_the_ops_own_kernel(dtype):
             assert installed.report.stale[event.device_key].startswith(f"{tid} is not a CPU choice")
 
 
-def test_a_cpp_entry_with_weight_prepacking_off_is_stale_not_a_hit():
+@pytest.mark.parametrize("setting", [{"cpp.weight_prepack": False}, {"cpp.simdlen": 1}])
+def test_a_cpp_entry_under_settings_that_change_its_kernel_is_stale_not_a_hit(setting):
     """A settings audit (session 39): with torch._inductor.config.cpp.weight_prepack = False after an
     earlier compile in the process (the freezing pass still packs the linear), Inductor's packed
-    lowering offers no C++ template: the default packed op compiled while the report counted a hit."""
-    from zhantune.inductor.cpu_entries import PREPACK_OFF
+    lowering offers no C++ template: the default packed op compiled while the report counted a hit.
+    With cpp.simdlen (or ATEN_CPU_CAPABILITY) below the CPU's vector ISA the entry compiled a
+    scalar micro-kernel, not the one measured, and the report counted a hit."""
+    from zhantune.inductor.cpu_entries import ISA_MISMATCH, PREPACK_OFF, isa_mismatch
 
     torch.manual_seed(0)
     model, x = _linear(48, 64, torch.float32), torch.randn(16, 64)
     with recording() as rec:
         _compile(model, x)
     (key,) = [e.device_key for e in rec.events if e.offered]
-    with inductor_config.patch({"cpp.weight_prepack": False}), \
+    with inductor_config.patch(setting), \
             use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
         out, seen = _counted(_compile, model, x)
+        why = PREPACK_OFF if "cpp.weight_prepack" in setting else isa_mismatch()
     assert seen["cpp_template"] == 0 and seen["packed_op_calls"] >= 1
-    assert installed.report.stale == {key: PREPACK_OFF} and not installed.report.hits
+    assert why and installed.report.stale == {key: why} and not installed.report.hits
+    if "cpp.simdlen" in setting:
+        assert why.startswith(ISA_MISMATCH.split("{")[0] + "no vector ISA")
     torch.testing.assert_close(out, model(x))
 
 

@@ -12,7 +12,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 
-__all__ = ["NOT_FROZEN", "PREPACK_OFF", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
+__all__ = ["NOT_FROZEN", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
            "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp"]
 
 #: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
@@ -54,6 +54,25 @@ def reduced_float32(dtypes: list[str]) -> str | None:
 
     precision = torch.backends.mkldnn.matmul.fp32_precision
     return precision if "float32" in dtypes and precision in ("bf16", "tf32") else None
+
+
+#: why a C++-template entry compiled Inductor's default where Inductor compiles for another vector ISA
+ISA_MISMATCH = ("Inductor compiles C++ kernels for {picked} in this process (torch._inductor.config.cpp.simdlen or "
+                "ATEN_CPU_CAPABILITY), not for this CPU's {best} as a tune does: the entry's kernel would be another "
+                "micro-kernel than the one measured (scalar loops for none); Inductor's default compiled")
+
+
+def isa_mismatch() -> str | None:
+    """ISA_MISMATCH filled in when Inductor's vector ISA here (``pick_vec_isa``: ``cpp.simdlen``, the
+    ATEN_CPU_CAPABILITY environment variable) is not this CPU's best (what a tune compiles for, with
+    neither set), else None (torch/_inductor/cpu_vec_isa.py)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa, valid_vec_isa_list
+
+    valid = valid_vec_isa_list()
+    picked = pick_vec_isa()
+    if valid and str(picked) != str(valid[0]):
+        return ISA_MISMATCH.format(picked="no vector ISA" if not picked else str(picked), best=str(valid[0]))
+    return None
 
 
 def cpp_template_applies(kernel_inputs: Any, op_name: str) -> bool:

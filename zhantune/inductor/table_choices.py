@@ -25,6 +25,7 @@ from zhantune.inductor.cpu_entries import (
     cpp_template_applies,
     cpu_entry,
     dynamic_m,
+    isa_mismatch,
     reduced_float32,
     threads_mismatch,
     wants_cpp,
@@ -139,7 +140,8 @@ class TableChoices(RecordingChoices):
         elif entries and ((why := not_carried(entries[0], "cpu"))
                           or (wants_cpp(entries[0]) and (why := threads_mismatch(entries[0]["config_patch"], op_name)))
                           or (wants_cpp(entries[0]) and dynamic_m(kernel_inputs) and (why := DYNAMIC_M))
-                          or (wants_cpp(entries[0]) and not inductor_config.cpp.weight_prepack and (why := PREPACK_OFF))):
+                          or (wants_cpp(entries[0]) and not inductor_config.cpp.weight_prepack and (why := PREPACK_OFF))
+                          or (wants_cpp(entries[0]) and self.any_key is None and (why := isa_mismatch()))):
             self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
         else:
@@ -340,7 +342,8 @@ class TableChoices(RecordingChoices):
                                kernel_inputs, templates, op_name, kwarg_overrides, True)
         if (why := not_carried(entry, "cpu")) or (wants_cpp(entry) and (why := threads_mismatch(entry["config_patch"],
                                                                                                     op_name))) \
-                or (wants_cpp(entry) and dynamic_m(kernel_inputs) and (why := DYNAMIC_M)):
+                or (wants_cpp(entry) and dynamic_m(kernel_inputs) and (why := DYNAMIC_M)) \
+                or (wants_cpp(entry) and self.any_key is None and (why := isa_mismatch())):
             return self._stale(key, why, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, True)
         if wants_cpp(entry) and not cpp_template_applies(kernel_inputs, op_name):
             # Inductor would not offer the template here (a weight that is not a frozen constant,
