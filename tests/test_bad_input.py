@@ -1135,7 +1135,8 @@ def test_a_table_entry_that_cannot_be_right_for_its_keys_sizes_is_refused(tmp_pa
     """A review (session 39): allow-listed values that broke the user's compile or its results. An
     entry whose BLOCK_K does not divide the key's K with EVEN_K: true (unmasked loads past K under
     stock Inductor), a decompose_k k_split that does not divide K
-    (Inductor's reshape failed inside torch.compile), a BLOCK_K under tl.dot's 16, and a key of
+    (Inductor's reshape failed inside torch.compile), a BLOCK_K under tl.dot's least for the dtype
+    (bfloat16's 16 on NVIDIA), and a key of
     thousands of entries (each a kernel to compile and time) load no more; the file's wrapper takes
     only its own fields, in at most 1 MiB (64 MiB of padding stayed in memory while installed)."""
     from zhantune.errors import TableError
@@ -1153,8 +1154,15 @@ def test_a_table_entry_that_cannot_be_right_for_its_keys_sizes_is_refused(tmp_pa
     with pytest.raises(TableError, match=r"\[0\]\.k_split: k_split=5 does not divide K=48"):
         read_table({k48: [{"template_id": "decompose_k", "k_split": 5}]}, "cuda")
     assert read_table({k48: [{"template_id": "decompose_k", "k_split": 3}]}, "cuda").table
-    with pytest.raises(TableError, match=r"\[0\]\.BLOCK_K: BLOCK_K=8 is not allowed; expected one of 16, 32"):
-        read_table({k48: [{**tri, "BLOCK_K": 8}]}, "cuda")
+    # tl.dot's least K on NVIDIA: 8 for float32, 16 for a 16-bit dtype (Triton's min_dot_size); 1 on AMD
+    assert read_table({k48: [{**tri, "BLOCK_K": 8}]}, "cuda").table
+    with pytest.raises(TableError, match=r"\[0\]\.BLOCK_K: BLOCK_K=4 is below 8, the least K of Triton's tl.dot "
+                                         r"for float32 on an NVIDIA GPU"):
+        read_table({k48: [{**tri, "BLOCK_K": 4, "EVEN_K": False}]}, "cuda")
+    bf16 = k48.replace("float32", "bfloat16")
+    with pytest.raises(TableError, match=r"BLOCK_K=8 is below 16, the least K of Triton's tl.dot for bfloat16"):
+        read_table({bf16: [{**tri, "BLOCK_K": 8}]}, "cuda")
+    assert read_table({f"gfx942:sramecc+:xnack-+{bf16}": [{**tri, "BLOCK_K": 8}]}, "cuda").table  # AMD: 1
     with pytest.raises(TableError, match=r"\+mm\"\]: 65 entries; a key holds at most 64"):
         read_table({k48: [{**tri, "BLOCK_K": 16}] * 65}, "cuda")
 
@@ -1173,3 +1181,9 @@ def test_a_table_entry_that_cannot_be_right_for_its_keys_sizes_is_refused(tmp_pa
                                                            'format_version, zhantune, torch, triton, created_at, '
                                                            'source, devices, options, table)'), r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # checked before it is copied: what JSON cannot hold (from Python) is a TableError, not a pickling TypeError
+    import threading
+
+    for bad in ({KEY: [{"template_id": "aten::mm", "x": threading.Lock()}]}, {**wrapped, "options": {"x": threading.Lock()}}):
+        with pytest.raises(TableError):
+            read_table(bad)

@@ -1595,3 +1595,41 @@ def test_under_the_users_max_autotune_a_gemm_the_table_does_not_decide_autotunes
     assert sum(without.values()) > 1 and got == without, (got, without)
     assert plain == Counter({f"aten::{op}": 1}), plain
     assert not installed.report.hits
+
+
+@pytest.mark.parametrize("case", ["addmm default entry", "nested install", "a TMA entry elsewhere"])
+def test_what_the_users_max_autotune_does_not_change(case):
+    """A review of the fix above (session 39): an addmm the table decides with Inductor's default
+    (aten::addmm under its ATen key, as export ships it where no claim clears) compiles ATen alone
+    under the user's max-autotune too (its templates' pass had no entry and autotuned 21 Triton
+    configs beside it); a table installed inside another reads the user's settings from before the
+    first (it read the outer table's max_autotune_gemm and autotuned every miss); a miss beside a
+    persistent-TMA entry gets no TMA choices, which use_table turned on for the entry only."""
+    from collections import Counter
+
+    from zhantune.inductor.runtime import use_table
+
+    op = "addmm" if case.startswith("addmm") else "mm"
+    shapes = [(512,), (256, 256), (256, 512)] if op == "addmm" else [(256, 256), (256, 512)]
+    with fake_cuda():
+        with inductor_config.patch(max_autotune_gemm=True), recording() as rec:
+            lower(op, shapes, torch.bfloat16)
+        own = rec.events[0].device_key  # mm: its one lookup; addmm: its ATen lookup (1-D bias)
+        other = f"{PROFILES['H100'].name}+((torch.bfloat16, [8, 8], [8, 1]), (torch.bfloat16, [8, 8], [8, 1]))+mm"
+        if case == "addmm default entry":
+            with inductor_config.patch(max_autotune=True), use_table({own: [{"template_id": "aten::addmm"}]},
+                                                                     device="cuda") as installed:
+                got = Counter(lower(op, shapes, torch.bfloat16).uids)
+            assert got == Counter({"aten::addmm": 1}) and installed.report.hits == {own: 1}, got
+        elif case == "nested install":
+            table = {other: [{"template_id": "triton::mm", **TRITON_PARAMS}]}
+            with use_table(table, device="cuda"), use_table(table, device="cuda"):
+                got = Counter(lower(op, shapes, torch.bfloat16).uids)
+            assert got == Counter({"aten::mm": 1}), got
+        else:
+            table = {other: [{"template_id": "triton::mm_persistent_tma", **TRITON_PARAMS, "BLOCK_K": 64}]}
+            with inductor_config.patch(max_autotune=True):
+                without = Counter(lower(op, shapes, torch.bfloat16).uids)
+                with use_table(table, device="cuda"):
+                    got = Counter(lower(op, shapes, torch.bfloat16).uids)
+            assert "triton::mm_persistent_tma" not in without and got == without, (got, without)

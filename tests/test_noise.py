@@ -589,7 +589,8 @@ def test_contention_count_says_how_many_were_busy_and_what_was_done():
     assert "waited 1.0 s in all for idle cores (bench.busy_wait_s); 4 of 5 timed under SCHED_FIFO" in busy.text()
     # a tune's ending says what it does about it; a command that claims nothing (collect) says its own
     assert busy.text().endswith("; rankings use each config's fastest run and a speedup is claimed only from "
-                                "paired rounds begun with the cores free (and shielded, or not contended at all)")
+                                "paired rounds begun with the cores free and not kept waiting for one (and "
+                                "shielded, or not contended at all)")
     assert busy.text("the shares may move").endswith("4 of 5 timed under SCHED_FIFO; the shares may move")
     # a tune's summary counts its study's rows, every run's: it says so (a rerun that took 33.5 s said
     # "waited 51.3 s in all", earlier runs' waits included)

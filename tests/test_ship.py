@@ -385,7 +385,7 @@ def test_a_gpu_template_entry_on_cpu_is_stale_not_a_hit():
     assert len(keys) == 2
     gpu = {k.split("+", 1)[1] if not k.startswith("((") else k:
            [{"template_id": "triton::mm", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4,
-             "num_stages": 2, "EVEN_K": True}] for k in keys}
+             "num_stages": 2}] for k in keys}
     report = compile_with(gpu)
     assert report.hits == {} and report.coverage == 0.0, report.as_dict()
     assert sorted(report.stale_count.values()) == [1, 1]

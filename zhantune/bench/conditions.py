@@ -303,7 +303,7 @@ def wait_until_idle(max_wait_s: float, device_kind: str = "cpu", index: int | No
 
 #: ContentionCount.text's default ending: what a tune, a check and a replay do with their times
 CLAIMS = ("rankings use each config's fastest run and a speedup is claimed only from paired rounds begun with the "
-          "cores free (and shielded, or not contended at all)")
+          "cores free and not kept waiting for one (and shielded, or not contended at all)")
 
 
 @dataclass(frozen=True)
@@ -337,8 +337,8 @@ class ContentionCount:
         shield = (f"all {self.timed} timed under SCHED_FIFO" if self.shielded == self.timed
                   else f"{self.shielded} of {self.timed} timed under SCHED_FIFO")
         return (f"{self.contended} of {of}{self.timed} timed measurement(s) were taken on a busy machine (other "
-                f"runnable tasks or a load average above the core count); waited {self.waited_s:.1f} s in all for "
-                f"idle cores (bench.busy_wait_s); {shield}; {uses}")
+                f"runnable tasks, a load average above the core count, or timed runs kept waiting for a core); waited "
+                f"{self.waited_s:.1f} s in all for idle cores (bench.busy_wait_s); {shield}; {uses}")
 
 
 def contention_count(rows: list[tuple[dict[str, Any] | None, bool | None, str | None]]) -> ContentionCount:

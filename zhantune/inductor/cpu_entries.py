@@ -41,19 +41,27 @@ REDUCED_FLOAT32 = ("this process runs float32 GEMMs with oneDNN's reduced-precis
                    "(torch.backends.mkldnn.matmul.fp32_precision is '{precision}', e.g. after "
                    "torch.set_float32_matmul_precision('high')): Inductor's default here is another kernel than "
                    "the one the table's float32 entries were paired with (a linear packed for mkldnn._linear_pointwise, "
-                   "not mkl._mkl_linear; ATen's bmm and mm on oneDNN where the CPU has bf16); Inductor's default compiled")
+                   "not mkl._mkl_linear; ATen's bmm and mm on oneDNN where the CPU has that math); Inductor's default "
+                   "compiled")
 
 
-def reduced_float32(dtypes: list[str]) -> str | None:
+def reduced_float32(dtypes: list[str], packed: bool) -> str | None:
     """oneDNN's reduced float32 math mode ("bf16", "tf32") when a CPU GEMM of inputs of ``dtypes``
-    (names, e.g. "float32") runs under it here, else None: Inductor's freezing pass then packs a
-    float32 linear for ``mkldnn._linear_pointwise`` instead of ``mkl._mkl_linear``
-    (torch/_inductor/fx_passes/mkldnn_fusion.py ``reduced_f32_matmul_enabled``), and ATen's CPU
-    mm/bmm take oneDNN's bf32 path on a CPU with bf16 (aten/src/ATen/native/mkldnn/Matmul.cpp)."""
+    (names, e.g. "float32") runs under it here, else None. A ``packed`` linear: whatever the CPU,
+    Inductor's freezing pass then packs it for ``mkldnn._linear_pointwise`` instead of
+    ``mkl._mkl_linear`` (torch/_inductor/fx_passes/mkldnn_fusion.py ``reduced_f32_matmul_enabled``).
+    Another GEMM: where the CPU has the math, ATen's mm/bmm take oneDNN's path (bf16: oneDNN's bf16
+    support; tf32: AMX-FP16; aten/src/ATen/native/mkldnn/Matmul.cpp), else nothing changes."""
     import torch
 
     precision = torch.backends.mkldnn.matmul.fp32_precision
-    return precision if "float32" in dtypes and precision in ("bf16", "tf32") else None
+    if "float32" not in dtypes or precision not in ("bf16", "tf32"):
+        return None
+    if packed:
+        return precision
+    has = torch.ops.mkldnn._is_mkldnn_bf16_supported() if precision == "bf16" else \
+        bool(getattr(torch._C._cpu, "_is_amx_fp16_supported", lambda: False)())
+    return precision if has else None
 
 
 #: why a C++-template entry compiled Inductor's default where Inductor compiles for another vector ISA

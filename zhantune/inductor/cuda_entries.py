@@ -11,7 +11,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 
-__all__ = ["NOT_OFFERED", "held_back", "no_choice", "in_backends"]
+__all__ = ["NOT_OFFERED", "held_back", "no_choice", "in_backends", "stale_reason"]
 
 #: why a CUDA entry compiled Inductor's default: its template is not among those Inductor offers for
 #: this GEMM here (torch/_inductor/utils.py use_triton_template: a GPU of at least 68 SMs;
@@ -46,3 +46,18 @@ def in_backends(uid: str, backends: str) -> bool:
     use_table lets Inductor offer (``triton::*``, ``decompose_k``) to TRITON."""
     names = {b.strip().upper() for b in backends.split(",")}
     return ("ATEN" if uid.startswith("aten::") else "TRITON") in names
+
+
+def stale_reason(entry: dict[str, Any], template_hashes: dict[str, str | None]) -> str | None:
+    """Why an entry is stale for the templates Inductor offers (uid -> ``src_hash``), or None.
+
+    Stale: the entry carries a ``template_hash`` and the offered template's source hash differs (the
+    template's code changed since the table was made). Entries without a hash, and templates without
+    one (ATen kernels), are never stale; ``lookup_table.check_src_hash=False`` turns the check off,
+    as it does in Inductor (torch/_inductor/lookup_table/choices.py ``_entry_is_valid``).
+    """
+    tid = entry["template_id"]
+    want, have = entry.get("template_hash"), template_hashes.get(tid)
+    if want and have and want != have and inductor_config.lookup_table.check_src_hash:
+        return f"template_hash of {tid} is {want}, this torch's template has {have}"
+    return None

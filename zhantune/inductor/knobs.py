@@ -128,9 +128,9 @@ BACKEND_FLAGS = frozenset({
 
 #: template kwarg -> value check (a lookup-table entry's keys besides template_id and template_hash)
 TEMPLATE_KWARGS: dict[str, Check] = {
-    # block sizes are tl.arange extents: powers of two (48 passed and failed the user's compile), and
-    # tl.dot's operands are at least 16 in each dimension (BLOCK_K=8 passed and failed Triton's compile)
-    **{k: _one_of(tuple(1 << i for i in range(4, 13))) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
+    # block sizes are tl.arange extents: powers of two (48 passed and failed the user's compile);
+    # BLOCK_K's least for tl.dot depends on the dtype (key_entry_problem)
+    **{k: _one_of(tuple(1 << i for i in range(13))) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
     "GROUP_M": _int(1, 1024),
     "num_warps": _one_of((1, 2, 4, 8, 16, 32)),
     "num_stages": _int(0, 32),
@@ -234,24 +234,35 @@ def stored_params_problem(template_id: str | None, params: Any, device_kind: str
 
 #: the ops whose lookup key's last two inputs are the GEMM's operands, [..., M, K] and [..., K, N]
 _OPERANDS_LAST = ("mm", "addmm", "bmm", "baddbmm")
-_INPUT = re.compile(r"\(torch\.\w+, \[([\d, ]*)\], \[[\d, ]*\]\)")
+_INPUT = re.compile(r"\(torch\.(\w+), \[([\d, ]*)\], \[[\d, ]*\]\)")
+#: the least K of tl.dot on NVIDIA GPUs by operand bytes (Triton's ``min_dot_size``,
+#: triton/backends/nvidia/compiler.py: 8-bit 32, 16-bit 16, 32-bit 8; AMD's is 1)
+_MIN_DOT_K = {1: 32, 2: 16, 4: 8}
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "float8_e4m3fn": 1,
+                "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1}
 
 
-def key_entry_problem(entry: dict[str, Any], inputs: str, op: str) -> tuple[str, str] | None:
+def key_entry_problem(entry: dict[str, Any], inputs: str, op: str, amd: bool = False) -> tuple[str, str] | None:
     """(key, why) when an allow-listed template entry cannot be right for its lookup key's sizes
     (``inputs``, ``op``: the parts zhantune.inductor.table.parse_key splits off), or None.
 
-    K is the key's: its first operand's last size (a dynamic K's size hint). A ``triton::*`` entry
+    K is the key's: its first operand's last size (a dynamic K's size hint). A ``triton::*`` entry's
+    BLOCK_K is at least tl.dot's least K for the operands' dtype on NVIDIA (``amd``: a key of an AMD
+    GPU, where it is 1): BLOCK_K=8 of a bfloat16 entry failed Triton's compile. A ``triton::*`` entry
     whose BLOCK_K does not divide K may not say ``EVEN_K: true`` (the K loop reads past K unmasked:
     wrong results). Without EVEN_K, zhantune.use_table derives it (false), and export writes false,
     but stock Inductor merges its first heuristic config's (torch/_inductor/lookup_table/choices.py),
     possibly true (a table zhantune exported before it wrote EVEN_K loads for use_table). A ``decompose_k``
     entry's ``k_split`` must divide K (Inductor reshapes K into k_split slices: the compile fails)."""
-    sizes = [[int(v) for v in m.group(1).split(",") if v.strip()] for m in _INPUT.finditer(inputs)]
-    if op not in _OPERANDS_LAST or len(sizes) < 2 or len(sizes[-2]) < 2:
+    found = [(m.group(1), [int(v) for v in m.group(2).split(",") if v.strip()]) for m in _INPUT.finditer(inputs)]
+    if op not in _OPERANDS_LAST or len(found) < 2 or len(found[-2][1]) < 2:
         return None
-    k = sizes[-2][-1]
+    dtype, k = found[-2][0], found[-2][1][-1]
     tid = entry.get("template_id", "")
+    least = _MIN_DOT_K.get(_DTYPE_BYTES.get(dtype, 0), 1) if not amd else 1
+    if tid.startswith("triton::") and isinstance(entry.get("BLOCK_K"), int) and entry["BLOCK_K"] < least:
+        return "BLOCK_K", (f"BLOCK_K={entry['BLOCK_K']} is below {least}, the least K of Triton's tl.dot for {dtype} "
+                           "on an NVIDIA GPU (the compile fails)")
     if tid.startswith("triton::") and isinstance(entry.get("BLOCK_K"), int) and entry["BLOCK_K"] > 0 \
             and k % entry["BLOCK_K"] and entry.get("EVEN_K") is True:
         return "EVEN_K", (f"EVEN_K=true is wrong for K={k} (the key's), no multiple of BLOCK_K={entry['BLOCK_K']}: "

@@ -12,9 +12,10 @@ table). Every GEMM lowering then goes through the table:
   ``[]`` (zhantune.inductor.builder.build_table); where that lookup then serves nothing (its template
   is not offered on this GPU: a TMA template without TMA, any Triton template under 68 SMs) the
   addmm compiles Inductor's default and the entry is reported stale, never with no choice at all;
-- **miss**: Inductor's default choice, and the key is reported: on CUDA its ATen kernel, no
-  autotuning; on CPU what Inductor compiles under the user's own settings (under their max-autotune
-  it autotunes ATen against its C++ template, as without the table);
+- **miss**: Inductor's default choice, and the key is reported: what Inductor compiles under the
+  user's own settings, as without the table: on CUDA its ATen kernel, or under their max-autotune
+  the templates of their backends, autotuned; on CPU ATen, or under their max-autotune ATen against
+  its C++ template;
 - **stale**: an entry whose ``template_hash`` differs from the template's ``src_hash`` in this torch,
   every entry of a table made with another torch release, on CUDA a ``zhantune::config`` entry
   (compile-wide Inductor config, which a per-GEMM table cannot apply there), or on CPU a GPU
@@ -72,9 +73,14 @@ class InstalledTable:
         # the table in Inductor's config, so that Inductor's FX graph cache keys differ per table;
         # on CPU nothing else (the hooks act per GEMM), on CUDA the table's compile settings
         self.handler = TableChoices(tf)  # first: a handler that cannot be made leaves nothing set
-        # the user's own GEMM autotuning, before the CUDA patch turns it on: what a GEMM the table does
-        # not decide compiles under (TableChoices._cuda_users_own)
-        self.handler.user_gemm = (bool(inductor_config.max_autotune_gemm), str(inductor_config.max_autotune_gemm_backends))
+        # the user's own GEMM autotuning, before a CUDA table's patch turns it on (the first table's of
+        # this thread, for a table installed inside another): what a GEMM the table does not decide
+        # compiles under (TableChoices._cuda_users_own)
+        outer = _installed()
+        self.handler.user_gemm = outer[0].handler.user_gemm if outer else {
+            "max_autotune_gemm": bool(inductor_config.max_autotune_gemm),
+            "backends": str(inductor_config.max_autotune_gemm_backends),
+            "persistent_tma": bool(inductor_config.triton.enable_persistent_tma_matmul)}
         self._install()
         self._removed, self._thread = False, threading.get_ident()
         # installed until remove(), whether or not the caller keeps this object: the handler's

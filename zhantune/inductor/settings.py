@@ -132,8 +132,9 @@ def template_patch(template_id: str, device_kind: str = "cuda") -> dict[str, Any
 def cuda_table_patch(table: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Inductor config a CUDA table compiles under (zhantune.use_table): GEMM max-autotune
     (``max_autotune_gemm``, MAX_AUTOTUNE: pointwise and reduction kernels compile as without the
-    table) over ATen and Triton (a miss compiles the ATen kernel,
-    zhantune.inductor.table_choices.TableChoices), convolutions over ATen only (max-autotune would
+    table) over ATen and Triton (a miss compiles as without the table: the ATen kernel, or under the
+    user's own max-autotune their backends' templates: zhantune.inductor.table_choices.TableChoices),
+    convolutions over ATen only (max-autotune would
     otherwise offer and benchmark Triton conv templates: torch/_inductor/kernel/conv.py), and
     ``triton.enable_persistent_tma_matmul`` when an entry names ``triton::mm_persistent_tma``
     (Inductor offers that template only then: ``use_triton_tma_template`` in torch/_inductor/utils.py).

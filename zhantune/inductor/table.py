@@ -156,8 +156,8 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
     not JSON (or nested too deeply), wrong format or format_version, a key not in Inductor's format,
     entries that are not objects with a string ``template_id``, a knob or kwarg not allowed.
     """
-    if isinstance(source, dict):  # a copy: a later change to the caller's dict is never served unchecked
-        data, where = copy.deepcopy(source), "<dict>"
+    if isinstance(source, dict):  # checked, then copied (below): a later change to it is never served unchecked
+        data, where = source, "<dict>"
     else:
         where = str(source) if str(source).isprintable() and str(source) else json.dumps(str(source))  # one line
         data = _read_json(str(source), where)
@@ -175,7 +175,13 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
                              f"got {type(table).__name__}")
     else:
         table = data
-    return _checked(table, meta, where, device_kind, prefix, None if isinstance(source, dict) else where)
+    tf = _checked(table, meta, where, device_kind, prefix, None if isinstance(source, dict) else where)
+    return _copied(tf) if isinstance(source, dict) else tf
+
+
+def _copied(tf: TableFile) -> TableFile:
+    """A checked TableFile with its own copy of the table and fields (JSON data: deepcopy copies it)."""
+    return TableFile(copy.deepcopy(tf.table), copy.deepcopy(tf.meta), tf.source, dict(tf.other_kind))
 
 
 def recheck_table(tf: TableFile, device_kind: str | None) -> TableFile:
@@ -187,7 +193,7 @@ def recheck_table(tf: TableFile, device_kind: str | None) -> TableFile:
         raise TableError(f"{where}: read for another kind of device than {device_kind}; read it again for {device_kind}")
     if tf.meta:  # the wrapper's fields too (its torch version decides staleness)
         check_meta(where, tf.meta)
-    out = _checked(copy.deepcopy(tf.table), tf.meta, where, device_kind, "table" if tf.meta else "", tf.source)
+    out = _copied(_checked(tf.table, tf.meta, where, device_kind, "table" if tf.meta else "", tf.source))
     return TableFile(out.table, out.meta, out.source, {**tf.other_kind, **out.other_kind})  # those left out before too
 
 
@@ -200,6 +206,11 @@ def _checked(table: Any, meta: dict[str, Any], where: str, device_kind: str | No
     if other:
         table = {k: v for k, v in table.items() if k not in other}
     return TableFile(table, meta, source, other)
+
+
+def _amd(device: str | None) -> bool:
+    """Whether a key's device part is an AMD GPU's (its gcnArchName "gfx90a:...", or a name with AMD)."""
+    return device is not None and (device.startswith("gfx") or "AMD" in device)
 
 
 def _device_kinds(meta: dict[str, Any]) -> dict[str, str]:
@@ -310,7 +321,8 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
             for obj, inside in ((entry, ""), (entry.get("config_patch"), ".config_patch")):  # a Python dict's
                 if isinstance(obj, dict) and (name := next((n for n in obj if not isinstance(n, str)), None)) is not None:
                     raise TableError(f"{where}: {at}{inside}: the key {shown(name)} is not a string (JSON's keys are)")
-            bad = entry_problem(entry, kind) or key_entry_problem(entry, parsed["inputs"], parsed["op"])
+            bad = entry_problem(entry, kind) or key_entry_problem(entry, parsed["inputs"], parsed["op"],
+                                                                  amd=_amd(device))
             if bad:
                 name, why = bad
                 if not name.isprintable() or len(name) > SHOWN_KEY:  # one line, no terminal escapes

@@ -30,7 +30,7 @@ from zhantune.inductor.cpu_entries import (
     threads_mismatch,
     wants_cpp,
 )
-from zhantune.inductor.cuda_entries import NOT_OFFERED, held_back, in_backends, no_choice
+from zhantune.inductor.cuda_entries import NOT_OFFERED, held_back, in_backends, no_choice, stale_reason
 from zhantune.inductor.heuristics import TF32_ON, even_k, half_math_changed, tf32_float32
 from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
@@ -46,21 +46,6 @@ _CPU_GEMM_KEYS = ("max_autotune_gemm_backends", "cpp.gemm_max_k_slices", "cpp.ge
 
 
 release = torch_release  # lookup keys and template sources are the same across builds of one release
-
-
-def stale_reason(entry: dict[str, Any], template_hashes: dict[str, str | None]) -> str | None:
-    """Why an entry is stale for the templates Inductor offers (uid -> ``src_hash``), or None.
-
-    Stale: the entry carries a ``template_hash`` and the offered template's source hash differs (the
-    template's code changed since the table was made). Entries without a hash, and templates without
-    one (ATen kernels), are never stale; ``lookup_table.check_src_hash=False`` turns the check off,
-    as it does in Inductor (torch/_inductor/lookup_table/choices.py ``_entry_is_valid``).
-    """
-    tid = entry["template_id"]
-    want, have = entry.get("template_hash"), template_hashes.get(tid)
-    if want and have and want != have and inductor_config.lookup_table.check_src_hash:
-        return f"template_hash of {tid} is {want}, this torch's template has {have}"
-    return None
 
 
 class TableChoices(RecordingChoices):
@@ -86,8 +71,10 @@ class TableChoices(RecordingChoices):
         self._cpu_template = any(wants_cpp(e) for e in entries)
         #: an addmm's ATen default held back for its templates' lookup (:meth:`_addmm_lookup`)
         self._held: tuple[Any, ...] | None = None
-        #: the user's own GEMM max-autotune and backends before use_table set its own (CUDA: :meth:`_default`)
-        self.user_gemm: tuple[bool, str] = (False, "ATEN,TRITON")
+        #: the user's own GEMM max-autotune, backends and persistent TMA before use_table set its own
+        #: (CUDA: :meth:`_cuda_users_own`); the GEMM whose addmm ATen lookup hit (:meth:`_addmm_lookup`)
+        self.user_gemm: dict[str, Any] = {"max_autotune_gemm": False, "backends": "ATEN,TRITON", "persistent_tma": False}
+        self._decided: tuple[int, ...] | None = None
         #: the config values at the start of the unpacked CPU GEMM lowering in progress (None: none),
         #: and the user's own before zhantune's (max-autotune for a C++-template entry)
         self._scope_base: dict[str, Any] | None = None
@@ -113,7 +100,7 @@ class TableChoices(RecordingChoices):
         dtypes = [dtype for dtype, _, _ in event.inputs]
         if cuda and self.any_key is None and (tf32_float32(dtypes) or half_math_changed(dtypes)):
             return TF32_ON if tf32_float32(dtypes) else half_math_changed(dtypes)
-        if not cuda and self.any_key is None and (precision := reduced_float32(dtypes)):
+        if not cuda and self.any_key is None and (precision := reduced_float32(dtypes, bool(event.packed))):
             return REDUCED_FLOAT32.format(precision=precision)
         if key is not None and key == legacy_cpu_key(event.device_key, event.agnostic_key):
             return LEGACY_CPU_KEY.format(key=event.device_key.partition("+((")[0])
@@ -205,7 +192,10 @@ class TableChoices(RecordingChoices):
             key, entries = self._find(event)
             self._held = None
             if entries is None or self._key_stale(key, event, True) or not held_back(entries, uids, kernel_inputs):
-                return self._serve(*args)
+                hits = sum(self.report.hits.values())
+                served = self._serve(*args)
+                self._decided = gemm if sum(self.report.hits.values()) != hits else None  # its templates: none
+                return served
             self.events.append(event)
             if not entries:  # "nothing from this lookup": the entry is under the templates' key
                 self.report.hits[key] += 1
@@ -214,7 +204,7 @@ class TableChoices(RecordingChoices):
             return []
         held = self._held
         if held is None or held[0] != gemm or held[1] is kernel_inputs:  # not its templates' lookup
-            return self._serve(*args)
+            return self._serve(*args, decided=self._decided == gemm)
         self._held = None
         before, hits = self.report.lookups, sum(self.report.hits.values())
         served = self._serve(*args)
@@ -237,7 +227,7 @@ class TableChoices(RecordingChoices):
                 self.report.misses[report_key] += 1
         return held[3] + (served if said else self._cuda_users_own(*args))
 
-    def _serve(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides):
+    def _serve(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, decided=False):
         if not templates:  # a pass with nothing to choose from (addmm's expanded-bias pass)
             return []
         hashes = {t.uid: getattr(t, "src_hash", None) for t in templates}
@@ -257,8 +247,8 @@ class TableChoices(RecordingChoices):
             # expanded-bias template lookup under a default entry, its contiguous rewrite under the
             # ATen key): nothing from it; the GEMM's own lookup decides and is the one reported (a
             # miss under the user's max-autotune: its templates, as without the table)
-            return [] if entries is not None else self._cuda_users_own(template_choices, kernel_inputs, templates,
-                                                                       op_name, kwarg_overrides)
+            return [] if entries is not None or decided else self._cuda_users_own(
+                template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         if entries is not None and (why := self._key_stale(key, event, not cpu)):
             return self._stale(report_key, why, template_choices, kernel_inputs,
                                templates, op_name, kwarg_overrides, cpu)
@@ -312,8 +302,8 @@ class TableChoices(RecordingChoices):
         return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
 
     def _default(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu):
-        """Inductor's default choice: on CUDA its ATen kernel only; on CPU what it compiles under the
-        user's own settings (:meth:`_users_own`: under max-autotune ATen and its C++ template)."""
+        """Inductor's default choice, what it compiles under the user's own settings: on CUDA
+        :meth:`_cuda_users_own`, on CPU :meth:`_users_own` (under max-autotune ATen and its C++ template)."""
         if cpu:
             return self._users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         return self._cuda_users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
@@ -323,9 +313,11 @@ class TableChoices(RecordingChoices):
         max-autotune (``max_autotune``, or ``max_autotune_gemm`` before use_table) every template
         offered in their backends, which Inductor autotunes; else its ATen kernel (a settings audit,
         session 39: every GEMM the table did not decide lost the user's autotuning to ATen alone)."""
-        if not (inductor_config.max_autotune or self.user_gemm[0]):
+        user = self.user_gemm
+        if not (inductor_config.max_autotune or user["max_autotune_gemm"]):
             return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
-        own = [t for t in templates if in_backends(t.uid, self.user_gemm[1])]
+        own = [t for t in templates if in_backends(t.uid, user["backends"])
+               and (user["persistent_tma"] or t.uid != "triton::mm_persistent_tma")]  # a table's entry turned it on
         return self._fallback({t.uid: template_choices[t.uid] for t in own if t.uid in template_choices},
                               kernel_inputs, own, op_name, kwarg_overrides)
 

@@ -36,7 +36,11 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
     if unknown := sorted(set(meta) - set(WRAPPER_FIELDS)):
         raise TableError(f"{where}: {shown_json(unknown[0])[:80]}: not a field of a table file (version "
                          f"{FORMAT_VERSION} has {', '.join(WRAPPER_FIELDS)})")
-    if (size := len(json.dumps(meta, default=str))) > MAX_WRAPPER_BYTES:
+    try:
+        size = len(json.dumps(meta))
+    except (TypeError, ValueError, RecursionError) as e:  # a dict from Python holding what JSON cannot
+        raise TableError(f"{where}: the fields besides table are not JSON data ({str(e)[:80]})") from None
+    if size > MAX_WRAPPER_BYTES:
         raise TableError(f"{where}: the fields besides table take {size:,} bytes as JSON; a table file's take at most "
                          f"{MAX_WRAPPER_BYTES:,} (its devices and export options)")
     for name in ("zhantune", "torch", "triton", "created_at", "source"):
