@@ -1181,9 +1181,30 @@ def test_a_table_entry_that_cannot_be_right_for_its_keys_sizes_is_refused(tmp_pa
                                                            'format_version, zhantune, torch, triton, created_at, '
                                                            'source, devices, options, table)'), r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    # checked before it is copied: what JSON cannot hold (from Python) is a TableError, not a pickling TypeError
+    # a TMA block of under 16 bytes in a dimension (Triton's descriptor minimum); an op not known here
+    # (int_mm's int8): tl.dot's least K for its dtype all the same (a second review)
+    tma = {**tri, "template_id": "triton::mm_persistent_tma", "BLOCK_K": 64}
+    with pytest.raises(TableError, match=r"BLOCK_N=4 gives a TMA block of 8 bytes in a dimension for bfloat16"):
+        read_table({bf16: [{**tma, "BLOCK_N": 4}]}, "cuda")
+    int_mm = "((torch.int8, [64, 64], [64, 1]), (torch.int8, [64, 64], [64, 1]))+int_mm"
+    with pytest.raises(TableError, match=r"BLOCK_K=16 is below 32, the least K of Triton's tl.dot for int8"):
+        read_table({int_mm: [{**tri, "BLOCK_K": 16}]}, "cuda")
+    # copied as plain JSON types, then checked: what JSON cannot hold (from Python) is a TableError, and
+    # a dict subclass's own copy (__deepcopy__ returning other values) is never what is served
     import threading
 
     for bad in ({KEY: [{"template_id": "aten::mm", "x": threading.Lock()}]}, {**wrapped, "options": {"x": threading.Lock()}}):
-        with pytest.raises(TableError):
+        with pytest.raises(TableError, match="a value of type lock is not JSON data"):
             read_table(bad)
+
+    class Entry(dict):
+        def __deepcopy__(self, memo):
+            return {**self, "num_stages": "__import__('os').system('true') or 2"}
+
+        def items(self):
+            return [(k, 3 if k == "num_stages" else v) for k, v in dict.items(self)]
+
+    with pytest.raises(TableError, match=r"num_stages='2' is not allowed"):
+        read_table({k48: [Entry(**{**tri, "num_stages": "2", "EVEN_K": False})]}, "cuda")
+    served = read_table({k48: [Entry(**{**tri, "EVEN_K": False})]}, "cuda").table[k48][0]
+    assert type(served) is dict and served["num_stages"] == 3

@@ -215,6 +215,24 @@ def test_a_cpp_entry_under_settings_that_change_its_kernel_is_stale_not_a_hit(se
     torch.testing.assert_close(out, model(x))
 
 
+def test_an_unpacked_float32_gemm_is_stale_under_reduced_math_where_the_cpu_has_it(monkeypatch):
+    """A second review (session 39): ATen's CPU mm/bmm take oneDNN's tf32 path only on a CPU with
+    AMX-FP16 (bf16: oneDNN's bf16 support); the check asked torch under a name it does not have and
+    never fired. A packed linear's default changes whatever the CPU."""
+    from zhantune.inductor.cpu_entries import reduced_float32
+
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    torch.backends.mkldnn.matmul.fp32_precision = "tf32"
+    try:
+        for amx in (True, False):
+            monkeypatch.setattr(torch.cpu, "_is_amx_fp16_supported", lambda amx=amx: amx)
+            assert reduced_float32(["float32", "float32"], packed=False) == ("tf32" if amx else None)
+            assert reduced_float32(["float32", "float32"], packed=True) == "tf32"
+            assert reduced_float32(["bfloat16", "bfloat16"], packed=True) is None
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = before
+
+
 class _Bmm(torch.nn.Module):
     def forward(self, ab):
         return torch.bmm(*ab)
@@ -253,7 +271,7 @@ def test_a_float32_linear_under_onednns_reduced_math_compiles_the_default_and_sa
         assert not installed.report.stale
     else:  # the bmm's default changes only where the CPU has AMX-FP16 (tf32): not an AMD EPYC's
         assert seen["cpp_template"] == 0 and set(packed_ops) == {"mkldnn._linear_pointwise"}
-        changed = bool(getattr(torch._C._cpu, "_is_amx_fp16_supported", lambda: False)())
+        changed = torch.cpu._is_amx_fp16_supported()
         stale = (key, bmm_key) if changed else (key,)
         assert installed.report.stale == {k: REDUCED_FLOAT32.format(precision="tf32") for k in stale}
         assert installed.report.hits == ({} if changed else {bmm_key: 1})

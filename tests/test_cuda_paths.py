@@ -1597,7 +1597,8 @@ def test_under_the_users_max_autotune_a_gemm_the_table_does_not_decide_autotunes
     assert not installed.report.hits
 
 
-@pytest.mark.parametrize("case", ["addmm default entry", "nested install", "a TMA entry elsewhere"])
+@pytest.mark.parametrize("case", ["addmm default entry", "nested install", "a TMA entry elsewhere",
+                                  "inside a CPU table"])
 def test_what_the_users_max_autotune_does_not_change(case):
     """A review of the fix above (session 39): an addmm the table decides with Inductor's default
     (aten::addmm under its ATen key, as export ships it where no claim clears) compiles ATen alone
@@ -1626,6 +1627,13 @@ def test_what_the_users_max_autotune_does_not_change(case):
             with use_table(table, device="cuda"), use_table(table, device="cuda"):
                 got = Counter(lower(op, shapes, torch.bfloat16).uids)
             assert got == Counter({"aten::mm": 1}), got
+        elif case == "inside a CPU table":  # a CPU table patches nothing a CUDA one reads of the user's
+            table = {other: [{"template_id": "triton::mm", **TRITON_PARAMS}]}
+            with use_table({}, device="cpu"), inductor_config.patch(max_autotune_gemm=True):
+                without = Counter(lower(op, shapes, torch.bfloat16).uids)
+                with use_table(table, device="cuda"):
+                    got = Counter(lower(op, shapes, torch.bfloat16).uids)
+            assert sum(without.values()) > 1 and got == without, (got, without)
         else:
             table = {other: [{"template_id": "triton::mm_persistent_tma", **TRITON_PARAMS, "BLOCK_K": 64}]}
             with inductor_config.patch(max_autotune=True):

@@ -59,8 +59,7 @@ def reduced_float32(dtypes: list[str], packed: bool) -> str | None:
         return None
     if packed:
         return precision
-    has = torch.ops.mkldnn._is_mkldnn_bf16_supported() if precision == "bf16" else \
-        bool(getattr(torch._C._cpu, "_is_amx_fp16_supported", lambda: False)())
+    has = torch.ops.mkldnn._is_mkldnn_bf16_supported() if precision == "bf16" else torch.cpu._is_amx_fp16_supported()
     return precision if has else None
 
 

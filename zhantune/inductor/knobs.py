@@ -233,7 +233,7 @@ def stored_params_problem(template_id: str | None, params: Any, device_kind: str
 
 
 #: the ops whose lookup key's last two inputs are the GEMM's operands, [..., M, K] and [..., K, N]
-_OPERANDS_LAST = ("mm", "addmm", "bmm", "baddbmm")
+_OPERANDS_LAST = ("mm", "addmm", "bmm", "baddbmm", "int_mm")
 _INPUT = re.compile(r"\(torch\.(\w+), \[([\d, ]*)\], \[[\d, ]*\]\)")
 #: the least K of tl.dot on NVIDIA GPUs by operand bytes (Triton's ``min_dot_size``,
 #: triton/backends/nvidia/compiler.py: 8-bit 32, 16-bit 16, 32-bit 8; AMD's is 1)
@@ -247,22 +247,30 @@ def key_entry_problem(entry: dict[str, Any], inputs: str, op: str, amd: bool = F
     (``inputs``, ``op``: the parts zhantune.inductor.table.parse_key splits off), or None.
 
     K is the key's: its first operand's last size (a dynamic K's size hint). A ``triton::*`` entry's
-    BLOCK_K is at least tl.dot's least K for the operands' dtype on NVIDIA (``amd``: a key of an AMD
-    GPU, where it is 1): BLOCK_K=8 of a bfloat16 entry failed Triton's compile. A ``triton::*`` entry
+    BLOCK_K is at least tl.dot's least K for the operands' dtype on NVIDIA (16 for a dtype or op not
+    known here; ``amd``: a key of an AMD GPU, where it is 1): BLOCK_K=8 of a bfloat16 entry failed
+    Triton's compile. A TMA template's blocks hold at least 16 bytes in each dimension (Triton's
+    descriptor minimum; BLOCK_N=4 of bfloat16 failed). A ``triton::*`` entry
     whose BLOCK_K does not divide K may not say ``EVEN_K: true`` (the K loop reads past K unmasked:
     wrong results). Without EVEN_K, zhantune.use_table derives it (false), and export writes false,
     but stock Inductor merges its first heuristic config's (torch/_inductor/lookup_table/choices.py),
     possibly true (a table zhantune exported before it wrote EVEN_K loads for use_table). A ``decompose_k``
     entry's ``k_split`` must divide K (Inductor reshapes K into k_split slices: the compile fails)."""
     found = [(m.group(1), [int(v) for v in m.group(2).split(",") if v.strip()]) for m in _INPUT.finditer(inputs)]
+    tid = entry.get("template_id", "")
+    dtype = found[-2][0] if len(found) >= 2 else found[0][0] if found else "an unknown dtype"
+    nbytes = _DTYPE_BYTES.get(dtype)
+    blocks = {b: entry[b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if isinstance(entry.get(b), int)}
+    least = 1 if amd else _MIN_DOT_K.get(nbytes or 0, 16)  # an op or dtype not known here: 16
+    if tid.startswith("triton::") and blocks.get("BLOCK_K", least) < least:
+        return "BLOCK_K", (f"BLOCK_K={blocks['BLOCK_K']} is below {least}, the least K of Triton's tl.dot for {dtype} "
+                           "on an NVIDIA GPU (the compile fails)")
+    if "tma" in tid and (small := next((b for b, v in blocks.items() if v * (nbytes or 1) < 16), None)):
+        return small, (f"{small}={blocks[small]} gives a TMA block of {blocks[small] * (nbytes or 1)} bytes in a "
+                       f"dimension for {dtype}; Triton's TMA descriptors need at least 16 (the compile fails)")
     if op not in _OPERANDS_LAST or len(found) < 2 or len(found[-2][1]) < 2:
         return None
-    dtype, k = found[-2][0], found[-2][1][-1]
-    tid = entry.get("template_id", "")
-    least = _MIN_DOT_K.get(_DTYPE_BYTES.get(dtype, 0), 1) if not amd else 1
-    if tid.startswith("triton::") and isinstance(entry.get("BLOCK_K"), int) and entry["BLOCK_K"] < least:
-        return "BLOCK_K", (f"BLOCK_K={entry['BLOCK_K']} is below {least}, the least K of Triton's tl.dot for {dtype} "
-                           "on an NVIDIA GPU (the compile fails)")
+    k = found[-2][1][-1]
     if tid.startswith("triton::") and isinstance(entry.get("BLOCK_K"), int) and entry["BLOCK_K"] > 0 \
             and k % entry["BLOCK_K"] and entry.get("EVEN_K") is True:
         return "EVEN_K", (f"EVEN_K=true is wrong for K={k} (the key's), no multiple of BLOCK_K={entry['BLOCK_K']}: "

@@ -73,11 +73,11 @@ class InstalledTable:
         # the table in Inductor's config, so that Inductor's FX graph cache keys differ per table;
         # on CPU nothing else (the hooks act per GEMM), on CUDA the table's compile settings
         self.handler = TableChoices(tf)  # first: a handler that cannot be made leaves nothing set
-        # the user's own GEMM autotuning, before a CUDA table's patch turns it on (the first table's of
-        # this thread, for a table installed inside another): what a GEMM the table does not decide
+        # the user's own GEMM autotuning, before a CUDA table's patch turns it on (the first CUDA table's
+        # of this thread, for a table installed inside another): what a GEMM the table does not decide
         # compiles under (TableChoices._cuda_users_own)
-        outer = _installed()
-        self.handler.user_gemm = outer[0].handler.user_gemm if outer else {
+        outer = [t for t in _installed() if t.device != "cpu"]  # a CPU table patches none of them: live
+        self.handler.user_gemm = None if device == "cpu" else outer[0].handler.user_gemm if outer else {
             "max_autotune_gemm": bool(inductor_config.max_autotune_gemm),
             "backends": str(inductor_config.max_autotune_gemm_backends),
             "persistent_tma": bool(inductor_config.triton.enable_persistent_tma_matmul)}

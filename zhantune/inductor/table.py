@@ -23,7 +23,6 @@ zhantune.inductor.builder's job.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -156,8 +155,8 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
     not JSON (or nested too deeply), wrong format or format_version, a key not in Inductor's format,
     entries that are not objects with a string ``template_id``, a knob or kwarg not allowed.
     """
-    if isinstance(source, dict):  # checked, then copied (below): a later change to it is never served unchecked
-        data, where = source, "<dict>"
+    if isinstance(source, dict):  # a plain copy, then checked: what is checked is what is served
+        data, where = _plain(source, "<dict>"), "<dict>"
     else:
         where = str(source) if str(source).isprintable() and str(source) else json.dumps(str(source))  # one line
         data = _read_json(str(source), where)
@@ -175,13 +174,32 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
                              f"got {type(table).__name__}")
     else:
         table = data
-    tf = _checked(table, meta, where, device_kind, prefix, None if isinstance(source, dict) else where)
-    return _copied(tf) if isinstance(source, dict) else tf
+    return _checked(table, meta, where, device_kind, prefix, None if isinstance(source, dict) else where)
 
 
-def _copied(tf: TableFile) -> TableFile:
-    """A checked TableFile with its own copy of the table and fields (JSON data: deepcopy copies it)."""
-    return TableFile(copy.deepcopy(tf.table), copy.deepcopy(tf.meta), tf.source, dict(tf.other_kind))
+def _plain(value: Any, where: str) -> Any:
+    """A copy of ``value`` made of plain JSON types only (dict, list, str, int, float, bool, None;
+    a tuple becomes a list, a dict keeps its keys for the checks to name): a later change to the
+    caller's dict, or a subclass's own copy or lookup, never reaches what is checked and served.
+    Raises TableError for anything else (a lock, an object) or nesting too deep."""
+    def copy_of(v: Any) -> Any:  # the base types' own items and iteration, never a subclass's
+        if isinstance(v, dict):
+            return {(k if k is None or type(k) in (str, int, float, bool) else refuse(k)): copy_of(x)
+                    for k, x in dict.items(v)}
+        if isinstance(v, (list, tuple)):
+            return [copy_of(x) for x in (list.__iter__(v) if isinstance(v, list) else tuple.__iter__(v))]
+        if v is None or type(v) in (str, int, float, bool):
+            return v
+        return refuse(v)
+
+    def refuse(v: Any) -> Any:
+        raise TableError(f"{where}: a value of type {type(v).__name__} is not JSON data (a table holds objects, "
+                         "lists, strings, numbers, booleans and null)")
+
+    try:
+        return copy_of(value)
+    except RecursionError:
+        raise TableError(f"{where}: nested too deeply; a table is key -> list of flat entries") from None
 
 
 def recheck_table(tf: TableFile, device_kind: str | None) -> TableFile:
@@ -191,9 +209,10 @@ def recheck_table(tf: TableFile, device_kind: str | None) -> TableFile:
     where = tf.source or "<table>"
     if device_kind is not None and device_kind in tf.other_kind.values():  # those keys were left out
         raise TableError(f"{where}: read for another kind of device than {device_kind}; read it again for {device_kind}")
-    if tf.meta:  # the wrapper's fields too (its torch version decides staleness)
-        check_meta(where, tf.meta)
-    out = _copied(_checked(tf.table, tf.meta, where, device_kind, "table" if tf.meta else "", tf.source))
+    table, meta = _plain(tf.table, where), _plain(tf.meta, where)  # checked and served: the copies
+    if meta:  # the wrapper's fields too (its torch version decides staleness)
+        check_meta(where, meta)
+    out = _checked(table, meta, where, device_kind, "table" if meta else "", tf.source)
     return TableFile(out.table, out.meta, out.source, {**tf.other_kind, **out.other_kind})  # those left out before too
 
 

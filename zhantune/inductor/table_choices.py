@@ -73,7 +73,7 @@ class TableChoices(RecordingChoices):
         self._held: tuple[Any, ...] | None = None
         #: the user's own GEMM max-autotune, backends and persistent TMA before use_table set its own
         #: (CUDA: :meth:`_cuda_users_own`); the GEMM whose addmm ATen lookup hit (:meth:`_addmm_lookup`)
-        self.user_gemm: dict[str, Any] = {"max_autotune_gemm": False, "backends": "ATEN,TRITON", "persistent_tma": False}
+        self.user_gemm: dict[str, Any] | None = None  # None: the config as set at the lookup
         self._decided: tuple[int, ...] | None = None
         #: the config values at the start of the unpacked CPU GEMM lowering in progress (None: none),
         #: and the user's own before zhantune's (max-autotune for a C++-template entry)
@@ -313,7 +313,9 @@ class TableChoices(RecordingChoices):
         max-autotune (``max_autotune``, or ``max_autotune_gemm`` before use_table) every template
         offered in their backends, which Inductor autotunes; else its ATen kernel (a settings audit,
         session 39: every GEMM the table did not decide lost the user's autotuning to ATen alone)."""
-        user = self.user_gemm
+        user = self.user_gemm or {"max_autotune_gemm": inductor_config.max_autotune_gemm,  # None: as set now
+                                  "backends": inductor_config.max_autotune_gemm_backends,
+                                  "persistent_tma": inductor_config.triton.enable_persistent_tma_matmul}
         if not (inductor_config.max_autotune or user["max_autotune_gemm"]):
             return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         own = [t for t in templates if in_backends(t.uid, user["backends"])
