@@ -39,7 +39,7 @@ from zhantune.inductor.knobs import (
     key_entry_problem,
     template_entry_problem,
 )
-from zhantune.inductor.table_meta import FORMAT, FORMAT_VERSION, check_meta
+from zhantune.inductor.table_meta import FORMAT, FORMAT_VERSION, check_meta, plain_copy
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
            "agnostic_key", "write_table", "read_table", "recheck_table", "check_table", "check_meta", "entry_problem", "not_carried", "carried",
@@ -156,7 +156,7 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
     entries that are not objects with a string ``template_id``, a knob or kwarg not allowed.
     """
     if isinstance(source, dict):  # a plain copy, then checked: what is checked is what is served
-        data, where = _plain(source, "<dict>"), "<dict>"
+        data, where = plain_copy(source, "<dict>"), "<dict>"
     else:
         where = str(source) if str(source).isprintable() and str(source) else json.dumps(str(source))  # one line
         data = _read_json(str(source), where)
@@ -177,31 +177,6 @@ def read_table(source: str | os.PathLike[str] | dict[str, Any], device_kind: str
     return _checked(table, meta, where, device_kind, prefix, None if isinstance(source, dict) else where)
 
 
-def _plain(value: Any, where: str) -> Any:
-    """A copy of ``value`` made of plain JSON types only (dict, list, str, int, float, bool, None;
-    a tuple becomes a list, a dict keeps its keys for the checks to name): a later change to the
-    caller's dict, or a subclass's own copy or lookup, never reaches what is checked and served.
-    Raises TableError for anything else (a lock, an object) or nesting too deep."""
-    def copy_of(v: Any) -> Any:  # the base types' own items and iteration, never a subclass's
-        if isinstance(v, dict):
-            return {(k if k is None or type(k) in (str, int, float, bool) else refuse(k)): copy_of(x)
-                    for k, x in dict.items(v)}
-        if isinstance(v, (list, tuple)):
-            return [copy_of(x) for x in (list.__iter__(v) if isinstance(v, list) else tuple.__iter__(v))]
-        if v is None or type(v) in (str, int, float, bool):
-            return v
-        return refuse(v)
-
-    def refuse(v: Any) -> Any:
-        raise TableError(f"{where}: a value of type {type(v).__name__} is not JSON data (a table holds objects, "
-                         "lists, strings, numbers, booleans and null)")
-
-    try:
-        return copy_of(value)
-    except RecursionError:
-        raise TableError(f"{where}: nested too deeply; a table is key -> list of flat entries") from None
-
-
 def recheck_table(tf: TableFile, device_kind: str | None) -> TableFile:
     """A TableFile (read for another kind, or built in Python) checked for ``device_kind`` as
     :func:`read_table` checks a file: its wrapper's fields, each device's keys against its kind's
@@ -209,7 +184,7 @@ def recheck_table(tf: TableFile, device_kind: str | None) -> TableFile:
     where = tf.source or "<table>"
     if device_kind is not None and device_kind in tf.other_kind.values():  # those keys were left out
         raise TableError(f"{where}: read for another kind of device than {device_kind}; read it again for {device_kind}")
-    table, meta = _plain(tf.table, where), _plain(tf.meta, where)  # checked and served: the copies
+    table, meta = plain_copy(tf.table, where), plain_copy(tf.meta, where)  # checked and served: the copies
     if meta:  # the wrapper's fields too (its torch version decides staleness)
         check_meta(where, meta)
     out = _checked(table, meta, where, device_kind, "table" if meta else "", tf.source)

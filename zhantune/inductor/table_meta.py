@@ -1,5 +1,6 @@
 """The fields a zhantune table file wraps its lookup table in (format, versions, devices, options),
-and their checks (zhantune.inductor.table reads the file; zhantune.inductor.builder writes them)."""
+and their checks (zhantune.inductor.table reads the file; zhantune.inductor.builder writes them);
+:func:`plain_copy`, the copy of a table given from Python that is checked and served."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from zhantune.errors import SHOWN_KEY, TableError, shown, shown_json
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "WRAPPER_FIELDS", "MAX_WRAPPER_BYTES", "check_meta"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "WRAPPER_FIELDS", "MAX_WRAPPER_BYTES", "check_meta", "plain_copy"]
 
 FORMAT = "zhantune-lookup-table"
 FORMAT_VERSION = 1
@@ -70,3 +71,28 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
                              f"got {json.dumps(d[bad], default=str)[:80]}")
     if not isinstance(meta.get("options", {}), dict):
         raise TableError(f"{where}: options: expected an object")
+
+
+def plain_copy(value: Any, where: str) -> Any:
+    """A copy of ``value`` made of plain JSON types only (dict, list, str, int, float, bool, None;
+    a tuple becomes a list, a dict keeps its scalar keys for the table's checks to name): a later change to the
+    caller's dict, or a subclass's own copy or lookup, never reaches what is checked and served.
+    Raises TableError for anything else (a lock, an object) or nesting too deep."""
+    def copy_of(v: Any) -> Any:  # the base types' own items and iteration, never a subclass's
+        if isinstance(v, dict):
+            return {(k if k is None or type(k) in (str, bytes, int, float, bool) else refuse(k)): copy_of(x)
+                    for k, x in dict.items(v)}
+        if isinstance(v, (list, tuple)):
+            return [copy_of(x) for x in (list.__iter__(v) if isinstance(v, list) else tuple.__iter__(v))]
+        if v is None or type(v) in (str, int, float, bool):
+            return v
+        return refuse(v)
+
+    def refuse(v: Any) -> Any:
+        raise TableError(f"{where}: a value of type {type(v).__name__} is not JSON data (a table holds objects, "
+                         "lists, strings, numbers, booleans and null)")
+
+    try:
+        return copy_of(value)
+    except RecursionError:
+        raise TableError(f"{where}: nested too deeply; a table is key -> list of flat entries") from None
