@@ -98,8 +98,8 @@ class TableChoices(RecordingChoices):
         if self.version_mismatch:
             return self.version_mismatch
         dtypes = [dtype for dtype, _, _ in event.inputs]
-        if cuda and self.any_key is None and (tf32_float32(dtypes) or half_math_changed(dtypes)):
-            return TF32_ON if tf32_float32(dtypes) else half_math_changed(dtypes)
+        if cuda and self.any_key is None and (why := TF32_ON if tf32_float32(dtypes) else half_math_changed(dtypes)):
+            return why
         if not cuda and self.any_key is None and (precision := reduced_float32(dtypes, bool(event.packed))):
             return REDUCED_FLOAT32.format(precision=precision)
         if key is not None and key == legacy_cpu_key(event.device_key, event.agnostic_key):
