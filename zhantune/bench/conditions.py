@@ -194,8 +194,8 @@ def conditions(device_kind: str = "cpu", index: int | None = None) -> dict[str, 
 
 
 #: the share of a timed measurement's wall time its threads may wait runnable for a core (summed over
-#: threads) before the row is contended: quiet, 0-0.8 ms of a 100 ms measurement here; one
-#: SCHED_FIFO busy loop on one of two cores, 337 ms of 345 ms
+#: threads) before the row is contended: on this shared 2-core machine, quiet, 0-12% (docs/timing.md);
+#: one SCHED_FIFO busy loop on one of the two cores, 89-101%
 RUN_WAIT_SHARE = 0.25
 
 
