@@ -11,7 +11,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 
-__all__ = ["NOT_OFFERED", "held_back", "no_choice", "in_backends", "stale_reason"]
+__all__ = ["NOT_OFFERED", "held_back", "no_choice", "in_backends", "stale_reason", "gemm_settings"]
 
 #: why a CUDA entry compiled Inductor's default: its template is not among those Inductor offers for
 #: this GEMM here (torch/_inductor/utils.py use_triton_template: a GPU of at least 68 SMs;
@@ -38,6 +38,14 @@ def no_choice(template_hashes: dict[str, str | None]) -> bool:
     ATen kernels offered."""
     return (not (inductor_config.max_autotune or inductor_config.max_autotune_gemm)
             and all(uid.startswith("aten::") for uid in template_hashes))
+
+
+def gemm_settings() -> dict[str, Any]:
+    """The GEMM autotuning settings in Inductor's config now, as TableChoices._cuda_users_own reads a
+    user's: ``max_autotune_gemm``, ``backends`` (max_autotune_gemm_backends), ``persistent_tma``."""
+    return {"max_autotune_gemm": bool(inductor_config.max_autotune_gemm),
+            "backends": str(inductor_config.max_autotune_gemm_backends),
+            "persistent_tma": bool(inductor_config.triton.enable_persistent_tma_matmul)}
 
 
 def in_backends(uid: str, backends: str) -> bool:

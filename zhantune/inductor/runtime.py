@@ -55,6 +55,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.virtualized import V
 
 from zhantune.inductor import cpu_gemm
+from zhantune.inductor.cuda_entries import gemm_settings
 from zhantune.inductor.settings import cuda_table_patch
 from zhantune.inductor.table import TableFile, read_table, recheck_table
 from zhantune.inductor.table_choices import TableChoices, TableReport
@@ -77,10 +78,7 @@ class InstalledTable:
         # of this thread, for a table installed inside another): what a GEMM the table does not decide
         # compiles under (TableChoices._cuda_users_own)
         outer = [t for t in _installed() if t.device != "cpu"]  # a CPU table patches none of them: live
-        self.handler.user_gemm = None if device == "cpu" else outer[0].handler.user_gemm if outer else {
-            "max_autotune_gemm": bool(inductor_config.max_autotune_gemm),
-            "backends": str(inductor_config.max_autotune_gemm_backends),
-            "persistent_tma": bool(inductor_config.triton.enable_persistent_tma_matmul)}
+        self.handler.user_gemm = None if device == "cpu" else outer[0].handler.user_gemm if outer else gemm_settings()
         self._install()
         self._removed, self._thread = False, threading.get_ident()
         # installed until remove(), whether or not the caller keeps this object: the handler's

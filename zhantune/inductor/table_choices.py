@@ -30,7 +30,14 @@ from zhantune.inductor.cpu_entries import (
     threads_mismatch,
     wants_cpp,
 )
-from zhantune.inductor.cuda_entries import NOT_OFFERED, held_back, in_backends, no_choice, stale_reason
+from zhantune.inductor.cuda_entries import (
+    NOT_OFFERED,
+    gemm_settings,
+    held_back,
+    in_backends,
+    no_choice,
+    stale_reason,
+)
 from zhantune.inductor.heuristics import TF32_ON, even_k, half_math_changed, tf32_float32
 from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
@@ -313,9 +320,7 @@ class TableChoices(RecordingChoices):
         max-autotune (``max_autotune``, or ``max_autotune_gemm`` before use_table) every template
         offered in their backends, which Inductor autotunes; else its ATen kernel (a settings audit,
         session 39: every GEMM the table did not decide lost the user's autotuning to ATen alone)."""
-        user = self.user_gemm or {"max_autotune_gemm": inductor_config.max_autotune_gemm,  # None: as set now
-                                  "backends": inductor_config.max_autotune_gemm_backends,
-                                  "persistent_tma": inductor_config.triton.enable_persistent_tma_matmul}
+        user = self.user_gemm or gemm_settings()  # None: as set now
         if not (inductor_config.max_autotune or user["max_autotune_gemm"]):
             return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         own = [t for t in templates if in_backends(t.uid, user["backends"])
