@@ -22,6 +22,7 @@ from torch._inductor import config as inductor_config
 from zhantune.bench.inductor import candidate_entry
 from zhantune.candidate import Candidate
 from zhantune.inductor.choices import recording
+from zhantune.inductor.cuda_entries import SHARED_MEMORY, shared_memory_bytes
 from zhantune.inductor.settings import CUDA_BASE_PATCH, template_patch
 from zhantune.inductor.simulate import PROFILES
 
@@ -565,13 +566,14 @@ def test_nvml_readings_match_the_cuda_device_by_uuid_and_leave_out_the_tunes_own
                 os.kill(grandchild, 9)
 
 
-def _triton_shared_bytes(op: str, size: int, entries: list[dict] | None) -> dict[tuple[int, ...], int]:
-    """Shared memory (bytes) that Triton's own compiler gives each persistent TMA kernel Inductor
-    renders for ``op`` on bfloat16 ``size``^3 on a fake H100: compiled for sm_90 without a GPU
-    (Triton ships ptxas), ``metadata.shared``, the number Triton checks against the device's limit
-    when it loads the kernel (triton/compiler/compiler.py, OutOfResources). ``entries``: lookup
-    entries to render (Inductor builds one choice per entry); None: Inductor's own heuristic
-    configs. Keyed by (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)."""
+def _triton_shared_bytes(op: str, size: int, entries: list[dict] | None, capability: int = 90,
+                        dtype: torch.dtype = torch.bfloat16, kernels: str = "persistent_tma") -> dict[tuple[int, ...], int]:
+    """Shared memory (bytes) that Triton's own compiler gives each Triton kernel Inductor renders for
+    ``op`` on ``dtype`` ``size``^3 on a fake H100 whose choice name holds ``kernels``: compiled for
+    sm_``capability`` without a GPU (Triton ships ptxas), ``metadata.shared``, the number Triton
+    checks against the device's limit when it loads the kernel (triton/compiler/compiler.py,
+    OutOfResources). ``entries``: lookup entries to render (Inductor builds one choice per entry);
+    None: Inductor's own heuristic configs. Keyed by (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)."""
     import importlib.util
 
     import torch.utils._triton as triton_utils
@@ -584,7 +586,7 @@ def _triton_shared_bytes(op: str, size: int, entries: list[dict] | None) -> dict
     from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
-    target = GPUTarget("cuda", 90, 32)
+    target = GPUTarget("cuda", capability, 32)
     backend = make_backend(target)
     shapes = {"mm": [(size, size), (size, size)], "addmm": [(size,), (size, size), (size, size)]}[op]
     choices: list = []
@@ -597,7 +599,7 @@ def _triton_shared_bytes(op: str, size: int, entries: list[dict] | None) -> dict
         with V.set_graph_handler(graph):
             nodes = []
             for i, shape in enumerate(shapes):
-                layout = ir.FixedLayout(torch.device("cuda", 0), torch.bfloat16, list(shape),
+                layout = ir.FixedLayout(torch.device("cuda", 0), dtype, list(shape),
                                         list(torch.empty(shape, device="meta").stride()))
                 graph.graph_inputs[f"arg{i}"] = ir.TensorBox.create(ir.InputBuffer(name=f"arg{i}", layout=layout))
                 nodes.append(graph.graph_inputs[f"arg{i}"])
@@ -611,7 +613,7 @@ def _triton_shared_bytes(op: str, size: int, entries: list[dict] | None) -> dict
     shared = {}
     for choice in choices:
         req = getattr(choice, "bmreq", None)
-        if req is None or "persistent_tma" not in choice.name:
+        if req is None or kernels not in choice.name:
             continue
         spec = importlib.util.spec_from_file_location("rendered", req.module_path)
         module = importlib.util.module_from_spec(spec)
@@ -655,6 +657,63 @@ def test_the_persistent_tma_space_keeps_exactly_the_configs_whose_kernels_fit_sh
         point = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_stages": stages, "num_warps": warps, "GROUP_M": 8}
         assert branch.feasible(point, variables) == (shared <= smem), (point, shared, smem)
     assert all(shared <= smem for shared in own.values()), own
+    for (m, n, k, stages, _warps), shared in measured.items():  # use_table's bound (shared_memory_short)
+        entry = {"template_id": "triton::mm_persistent_tma", "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_stages": stages}
+        assert shared_memory_bytes(entry, 2) <= shared, (entry, shared)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability, dtype", [(80, torch.bfloat16), (90, torch.bfloat16), (80, torch.float32)])
+def test_use_tables_shared_memory_bound_is_never_above_what_triton_gives_the_kernel(capability, dtype):
+    """The bound use_table refuses an entry by (session 40, shared_memory_bytes) must never refuse a
+    kernel that runs: Triton's compiler, for sm_80 (pipelined with num_stages - 1 buffers) and sm_90
+    (num_stages with wgmma, fewer for small tiles), gives each of these Inductor triton::mm kernels at
+    least the bound, and exactly it for one stage."""
+    points = [(64, 64, 32, 1, 4), (64, 64, 32, 3, 4), (128, 128, 64, 4, 8), (32, 32, 16, 5, 2)]
+    entries = [{"template_id": "triton::mm", "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_stages": st,
+                "num_warps": w, "GROUP_M": 8} for m, n, k, st, w in points]
+    measured = _triton_shared_bytes("mm", 1024, entries, capability, dtype, kernels="triton_mm")
+    assert set(measured) == set(points), measured
+    for entry in entries:
+        point = tuple(entry[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "num_warps"))
+        bound = shared_memory_bytes(entry, dtype.itemsize)
+        assert bound <= measured[point], (capability, entry, bound, measured[point])
+        if entry["num_stages"] == 1:
+            assert bound == measured[point], (capability, entry, bound, measured[point])
+
+
+@pytest.mark.parametrize("gpu, template_id, blocks, served", [
+    ("A100", "triton::mm", (256, 128, 128, 3), ["aten::mm"]),  # 196,608 bytes > 166,912
+    ("H100", "triton::mm", (256, 128, 128, 3), ["triton::mm"]),  # < 232,448
+    ("H100", "triton::mm_persistent_tma", (256, 128, 128, 3), ["aten::mm"]),  # 3 buffers: 294,912
+    ("H100", "triton::mm_persistent_tma", (256, 128, 64, 4), ["triton::mm_persistent_tma"]),  # 196,608
+])
+def test_an_entry_too_big_for_the_gpus_shared_memory_compiles_the_default_and_says_why(gpu, template_id, blocks,
+                                                                                       served):
+    """Tables are data (session 40): an entry whose tiles cannot fit the GPU's shared memory (a forged
+    table, or one for another GPU under a device-agnostic key) was served as a hit, and the user's
+    compile would fail when Triton refused to launch the kernel. Now it is stale with the reason."""
+    from zhantune.inductor.runtime import use_table
+
+    bm, bn, bk, stages = blocks
+    shapes = [(1024, 1024), (1024, 1024)]
+    with fake_cuda(PROFILES[gpu].properties()):
+        with recording() as rec:
+            lower("mm", shapes, torch.bfloat16)
+        key = rec.events[-1].agnostic_key
+        entry = {"template_id": template_id, **TRITON_PARAMS, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                 "num_stages": stages}
+        with use_table({key: [entry]}, device="cuda") as installed:
+            got = lower("mm", shapes, torch.bfloat16)
+    assert got.uids == served
+    if served == [template_id]:
+        assert installed.report.hits == {key: 1} and not installed.report.stale
+    else:
+        need = shared_memory_bytes(entry, 2)
+        assert installed.report.stale == {key: SHARED_MEMORY.format(
+            tid=template_id, bm=bm, bn=bn, bk=bk, stages=stages, need=need, dtype="bfloat16",
+            have=PROFILES[gpu].smem_bytes)}, installed.report.stale
+        assert not installed.report.hits
 
 
 def _h100_bf16_mm_study(tmp_path):

@@ -11,13 +11,64 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 
-__all__ = ["NOT_OFFERED", "held_back", "no_choice", "in_backends", "stale_reason", "gemm_settings"]
+__all__ = ["NOT_OFFERED", "SHARED_MEMORY", "held_back", "no_choice", "in_backends", "stale_reason",
+           "gemm_settings", "shared_memory_bytes", "shared_memory_short"]
 
 #: why a CUDA entry compiled Inductor's default: its template is not among those Inductor offers for
 #: this GEMM here (torch/_inductor/utils.py use_triton_template: a GPU of at least 68 SMs;
 #: use_triton_tma_template: TMA, compute capability 9.0; a Blackwell GPU has its own TMA template)
 NOT_OFFERED = ("{tids}: not among the templates Inductor offers for this GEMM on this device (e.g. a TMA "
                "template without TMA, any Triton template on a GPU of fewer than 68 SMs); Inductor's default compiled")
+
+#: why a CUDA entry compiled Inductor's default: its kernel cannot fit the GPU's shared memory (Triton
+#: refuses to launch it: OutOfResources, triton/compiler/compiler.py), so the user's compile would fail
+SHARED_MEMORY = ("{tid} with BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, num_stages={stages} needs at least {need:,} "
+                 "bytes of shared memory for its pipelined {dtype} tiles, and this GPU allows {have:,} per block "
+                 "(Triton would refuse to launch it); Inductor's default compiled")
+
+
+def shared_memory_bytes(entry: dict[str, Any], itemsize: int) -> int | None:
+    """The least shared memory (bytes) Triton gives the kernel of a Triton template entry whose inputs
+    have ``itemsize`` bytes per element, or None (not a Triton template, or a block size missing).
+
+    The A and B tiles, ``(BLOCK_M + BLOCK_N) * BLOCK_K * itemsize`` bytes, once per pipeline buffer:
+    ``num_stages`` buffers for ``triton::mm_persistent_tma``, at least ``max(1, num_stages - 1)`` for
+    the other templates. Measured with Triton's own compiler on this machine (``metadata.shared``, the
+    number Triton checks against the device's limit; tests/test_cuda_paths.py): mm, addmm and bmm in
+    bfloat16, float16 and float32, sm_80 and sm_90. triton::mm gets ``max(1, num_stages - 1)``
+    buffers on sm_80 and ``num_stages`` on sm_90 (one fewer for small tiles), so this is a lower
+    bound, not an estimate: Inductor's own (get_shared_memory_estimation in
+    torch/_inductor/template_heuristics/triton.py) counts ``num_stages`` buffers and an epilogue tile
+    and over-prunes, as it says."""
+    tid = str(entry.get("template_id", ""))
+    blocks = [entry.get(k) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages")]
+    if not tid.startswith("triton::") or not all(type(v) is int and v > 0 for v in blocks):
+        return None
+    bm, bn, bk, stages = blocks
+    buffers = stages if tid == "triton::mm_persistent_tma" else max(1, stages - 1)
+    return (bm + bn) * bk * itemsize * buffers
+
+
+def shared_memory_short(entry: dict[str, Any], kernel_inputs: Any) -> str | None:
+    """:data:`SHARED_MEMORY` where a Triton entry's kernel needs more shared memory than the GPU of
+    this lookup allows per block (:func:`shared_memory_bytes` against ``shared_memory_per_block_optin``
+    of ``torch.cuda.get_device_properties``, as Inductor's own check reads it), else None. A table
+    made on this device never has such an entry (it would not have run); a forged one, or one written
+    for another GPU under this one's key, made the user's compile fail at launch. None on ROCm (the
+    LDS use of AMD's pipeliner is not measured here)."""
+    import torch
+
+    dtype = kernel_inputs.dtype()
+    need = shared_memory_bytes(entry, dtype.itemsize)
+    if need is None or torch.version.hip:
+        return None
+    props = torch.cuda.get_device_properties(kernel_inputs.device())
+    have = getattr(props, "shared_memory_per_block_optin", None)
+    if not have or need <= have:
+        return None
+    return SHARED_MEMORY.format(tid=entry["template_id"], bm=entry["BLOCK_M"], bn=entry["BLOCK_N"], bk=entry["BLOCK_K"],
+                                stages=entry["num_stages"], need=need, dtype=str(dtype).removeprefix("torch."),
+                                have=int(have))
 
 
 def held_back(entries: list[dict[str, Any]], uids: dict[str, Any], kernel_inputs: Any) -> bool:

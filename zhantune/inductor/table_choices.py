@@ -36,6 +36,7 @@ from zhantune.inductor.cuda_entries import (
     held_back,
     in_backends,
     no_choice,
+    shared_memory_short,
     stale_reason,
 )
 from zhantune.inductor.heuristics import TF32_ON, even_k, half_math_changed, tf32_float32
@@ -270,7 +271,7 @@ class TableChoices(RecordingChoices):
             return []
         fresh, why = [], None
         for e in entries:
-            reason = stale_reason(e, hashes)
+            reason = stale_reason(e, hashes) or (not cpu and self.any_key is None and shared_memory_short(e, kernel_inputs))
             if reason:
                 why = reason
                 continue
