@@ -716,6 +716,46 @@ def test_an_entry_too_big_for_the_gpus_shared_memory_compiles_the_default_and_sa
         assert not installed.report.hits
 
 
+@pytest.mark.parametrize("rounds", [[(100.0, 97.0), (101.0, 97.5), (100.5, 97.2)],  # 1.03x
+                                    [(202.80, 201.07), (203.28, 201.17), (200.65, 198.74)]])  # 1.010x
+def test_a_finished_studys_claim_names_its_config_where_the_best_is_one_no_table_carries(tmp_path, rounds):
+    """A claims audit (session 40): a finished study's rerun printed its best config (on CUDA
+    linear_act's fastest may be an Inductor ``fusion`` setting no table carries), then the stored
+    claim, which is about the best config a table carries, as if it were the best's; a claim below
+    export.min_speedup read "confirmed" with no word that the table ships the default. The problems
+    table put that claim beside the best's time the same way."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from zhantune.app import print_finished
+    from zhantune.bench.decision import Round, judge_speedup
+    from zhantune.config import ExportConfig
+    from zhantune.report.problems import claim_cell
+
+    v = judge_speedup([Round(d, w) for d, w in rounds])
+    assert v.confirmed
+    fusion = SimpleNamespace(branch="fusion", template_id=None, params={"epilogue_fusion": False}, min_us=90.0,
+                             median_us=91.0, timing_method="cuda:t", id=3, config_hash="f" * 16)
+    tuned = SimpleNamespace(branch="triton_mm", template_id="triton::mm", params={"BLOCK_M": 64}, min_us=97.0,
+                            median_us=98.0, timing_method="cuda:t", id=2, config_hash="t" * 16)
+    opts = ExportConfig(path=str(tmp_path / "t.json"))
+    for best in (fusion, tuned):
+        result = SimpleNamespace(exhausted=False, before=4, target=4, study_name="s", best=best, claimed=tuned, claim=v,
+                                 settle_deferred=None, same_kernel_as_default=False, shipped=None)
+        console = Console(record=True, width=400)
+        print_finished(console, result, opts)
+        text = console.export_text()
+        assert f"best config: {best.template_id or best.branch}" in text
+        of = " of triton::mm BLOCK_M=64 (the best config a table carries)" if best is fusion else ""
+        assert f"speedup vs default{of}, its stored paired rounds: confirmed {v.claim_text()}" in text, text
+        below = v.ratio < opts.min_speedup
+        assert ("below export.min_speedup (1.02): an exported table ships Inductor's default" in text) == below
+        cell = claim_cell(result, opts)
+        assert cell.endswith(" (of the best a table carries)") == (best is fusion), cell
+        assert cell.startswith(f"{v.ratio:.3f}x (< min_speedup)" if below else f"{v.ratio:.2f}x"), cell
+
+
 def _h100_bf16_mm_study(tmp_path):
     """A store with one study of mm 64^3 bfloat16 on an H100: (device key, Inductor's agnostic key,
     store, study id, a Recorder for it)."""

@@ -54,7 +54,7 @@ def _tune_app(cfg: DictConfig) -> dict | None:
         user_error(msg)
         return
     if result.already_finished:
-        print_finished(console, result)
+        print_finished(console, result, run.export)
         return job_record([(run, result)], cfg.storage.url)  # a multirun's summary: done, not failed
     print_summary(console, run, result, cfg.storage.url)
     if result.interrupted:
@@ -79,9 +79,11 @@ def open_run(cfg: DictConfig) -> tuple[Any, Any]:
     return run, store
 
 
-def print_finished(console: Console, result: Any) -> None:
-    """The study had measured its budget before this run: say so, with its best config."""
-    from zhantune.bench.decision import decision_us
+def print_finished(console: Console, result: Any, export: Any = None) -> None:
+    """The study had measured its budget before this run: say so, with its best config, and its
+    stored claim, naming the config the claim is about where that is not the best (a compile-wide
+    setting no table carries won) and saying where ``export.min_speedup`` keeps it out of a table."""
+    from zhantune.bench.decision import below_min_speedup, decision_us
     from zhantune.report.console import compact
 
     why = ("every feasible point of its space is measured" if result.exhausted
@@ -95,8 +97,13 @@ def print_finished(console: Console, result: Any) -> None:
                       f"({decision_us(result.best):,.1f} us)", highlight=False, markup=False)
     claim = result.claim  # its newest stored verdict, judged by the rule in use (zhantune.tune_result.stored_claim)
     if claim is not None and claim.ratio is not None:
-        console.print("speedup vs default, its stored paired rounds: " + (
-            f"confirmed {claim.claim_text()}" if claim.confirmed else f"no claim ({claim.claim_text()}): {claim.reason}"),
+        claimed = getattr(result, "claimed", None)
+        of = "" if claimed is None or result.best is None or claimed.config_hash == result.best.config_hash else (
+            f" of {claimed.template_id or claimed.branch} {compact(claimed.params)} (the best config a table carries)")
+        floor = below_min_speedup(claim, export)
+        console.print(f"speedup vs default{of}, its stored paired rounds: " + (
+            f"confirmed {claim.claim_text()}" if claim.confirmed else f"no claim ({claim.claim_text()}): {claim.reason}")
+            + ("" if floor is None else f", below export.min_speedup ({floor:g}): an exported table ships Inductor's default"),
             highlight=False, markup=False)
     if getattr(result, "settle_deferred", None):
         console.print(f"its settles are due again, not run: {result.settle_deferred}", highlight=False, markup=False)

@@ -60,7 +60,17 @@ def claim_cell(r: Any, export: Any) -> str:
     "(default ships[: shared key])" where the table ships Inductor's default all the same, "(table:
     another config)" where it ships a config other than the claimed one (an earlier run's claim);
     "(same kernel[: differs])" where the claimed config is the default's own kernel (differs: beyond
-    zhantune.report.summary.NOISE_RATIO, with a warning below the table)."""
+    zhantune.report.summary.NOISE_RATIO, with a warning below the table). "(of the best a table
+    carries)" follows where the claim is about another config than the best (a compile-wide setting
+    no table carries was fastest), whose time the row's best column shows."""
+    cell = _claim_cell(r, export)
+    claimed, best = getattr(r, "claimed", None), getattr(r, "best", None)
+    if cell != "-" and claimed is not None and best is not None and claimed.config_hash != best.config_hash:
+        cell += " (of the best a table carries)"
+    return cell
+
+
+def _claim_cell(r: Any, export: Any) -> str:
     if getattr(r, "same_kernel_as_default", False):
         shipped = getattr(r, "shipped", None)  # an earlier run's config ships all the same: said
         return ("- (same kernel: differs)" if same_kernel_gap(r) else "- (same kernel)") + (
