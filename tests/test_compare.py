@@ -319,6 +319,16 @@ def test_the_speedup_chart_shows_paired_claims_and_marks_the_rest_unconfirmed(tm
     assert bars[f"{dev}: unconfirmed (unpaired fastest runs)"] == {large: pytest.approx(2.0)}
     unconfirmed = next(b for b in _speedup(compare(store)).data if "unconfirmed" in b.name)
     assert unconfirmed.marker.pattern.shape == "/"
+    # a winner that is the default's own kernel: its ratio is noise, never drawn as a speedup (a claims
+    # audit, session 40: the default over itself was an "unconfirmed" bar, at 0.992 or at whatever noise made it)
+    aten = GemmProblem("mm", (32, 32, 32), "bfloat16")
+    rec = Recorder(store, aten, study_id, device_id, store.problem_id(aten.key, **aten.row_fields()))
+    rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t")), "default")
+    rec.add(Measurement("ok", timing=summarize_us([17.0, 18.0], "t")), "candidate",
+            Candidate("aten", "template", "aten::mm", {}), trial_number=20)
+    bars = {bar.name: dict(zip(bar.x, bar.y, strict=True)) for bar in _speedup(compare(store)).data}
+    assert aten.key in {p.problem_key for p in compare(store).problems}
+    assert all(aten.key not in b for b in bars.values()), bars
     doc = json.loads(write_json(tmp_path / "c.json", cmp).read_text())
     assert {p["problem"]: p["confirmed_speedup"] for p in doc["problems"]} == {small: {dev: 1.6}, large: {}}
     claims = {p["problem"]: p["claims"][dev] for p in doc["problems"]}

@@ -48,12 +48,19 @@ def _speedup(cmp: Comparison) -> go.Figure | None:
     bars: the verdict's ratio, a claim the export ships); else, where paired rounds judged it
     without a claim (not confirmed, below ``min_speedup``, another torch's), their ratio, hatched
     "x", with the reason on hover; else the unpaired ratio of the fastest runs, hatched "/" and named
-    "unconfirmed" (noise could have made it). None where no default was measured."""
+    "unconfirmed" (noise could have made it). No bar where the winner is the very kernel Inductor's
+    default compile runs (zhantune.inductor.templates.is_default_kernel): its ratio is noise, never a
+    speedup, as the tune's summary says ("same kernel"). None where no default was measured."""
+    from zhantune.inductor.templates import is_default_kernel
+
     fig = go.Figure()
     for d in cmp.devices:
         confirmed, paired, unpaired = [], [], []
         for p in (p for p in cmp.problems if d in p.default_us and d in p.best_us):
             claim = p.claims.get(d)
+            winner = p.winner.get(d)
+            if winner is not None and is_default_kernel(winner.template_id, winner.params):
+                continue
             (confirmed if d in p.confirmed_speedup else paired if claim is not None and claim.ratio is not None
              else unpaired).append(p)
         if confirmed:
