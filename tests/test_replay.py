@@ -308,6 +308,11 @@ def test_cli_replay_stores_100_measurements_and_resumes(cli, tmp_path):
     r = cli(args, tmp_path)
     assert r.returncode == 0, r.stderr
     assert "trials: 100 measured" in r.stdout and "0 infeasible" in r.stdout
+    # the summary says whose times these are, and its decision column is the recorded median (a claims
+    # audit, session 40: "min us" held the median, under a title that read as a measurement here)
+    out = " ".join(r.stdout.split())
+    assert f"recorded in {Path(A100).name} and replayed, not measured here" in out, out[:2000]
+    assert "decision us (median)" in out and "min us" not in out, out[:2000]
     con = sqlite3.connect(db)
     rows = con.execute("select config_hash, status, median_us, template_id, params from zt_measurement "
                        "where kind='candidate'").fetchall()

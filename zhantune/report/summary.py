@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -97,12 +98,16 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
     """One row per baseline and for the best candidate (and the best a table can carry, where that
     is another): status, median and minimum (us), TFLOP/s at the minimum, speedup over the default."""
     p = run.problem
-    t = Table(title=escape(f"{p.key} on {run.device.name} ({run.device.kind})"))
+    replay = getattr(run, "replay", None)
+    # a replay's times were recorded by someone else's tuner (its objective: the median of the
+    # recorded times, decision_us), not measured here: said in the title and the column
+    source = f", recorded in {Path(str(replay.path)).name} and replayed, not measured here" if replay is not None else ""
+    t = Table(title=escape(f"{p.key} on {run.device.name} ({run.device.kind}{source})"))
     t.add_column("what")
     t.add_column("status")
     t.add_column("median us", justify="right")
-    t.add_column("min us", justify="right")
-    t.add_column("TFLOP/s", justify="right")  # at the minimum, as "min us"
+    t.add_column("min us" if replay is None else "decision us (median)", justify="right")
+    t.add_column("TFLOP/s", justify="right")  # at the decision statistic, as "min us"
     t.add_column("speedup vs default", justify="right")
     unfrozen = getattr(result, "default_unfrozen", None)
     rows = [(label, r) for label, r in (("eager", result.eager), ("inductor default", result.default),
