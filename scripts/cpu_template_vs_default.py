@@ -18,7 +18,10 @@ timed the template against itself). The counters confirm what each compiled, and
 each side what it runs (the prepacked op on the default side only). Timing: ``--rounds`` rounds,
 each timing the two sides back to back (order alternating), ``--reps`` calls per side per round;
 per side the median of each round, then the minimum over rounds (noise on a shared machine only adds
-time). Microseconds per call. Prints one row per case and the machine's CPU and ISA flags.
+time), microseconds per call, to read; the ratio is the paired one, the median of the per-round
+ratios with their range (zhantune.bench.decision.paired_ratio, as a tune's claim: until 2026-11-29
+the ratio of the two sides' minimums, which may come from different rounds). A measurement, not a
+claim: a tune settles one (docs/timing.md). Prints one row per case and the machine's CPU and ISA flags.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 from torch._inductor import config as inductor_config  # noqa: E402
 
+from zhantune.bench.decision import paired_ratio  # noqa: E402
 from zhantune.inductor.choices import recording  # noqa: E402
 from zhantune.inductor.runtime import use_table  # noqa: E402
 from zhantune.quiet import quiet_known_warnings  # noqa: E402
@@ -126,8 +130,9 @@ def run_case(dtype: str, m: int, n: int, k: int, rounds: int, reps: int) -> dict
         for side in order:
             per_round[side].append(median_call_us(sides[side], x, reps))
     best = {s: min(v) for s, v in per_round.items()}
-    return {"dtype": dtype, "shape": f"{m}x{n}x{k}", **best, "ratio": best["template"] / best["default"],
-            "err": err}
+    ratios = [t / d for t, d in zip(per_round["template"], per_round["default"], strict=True)]
+    return {"dtype": dtype, "shape": f"{m}x{n}x{k}", **best, "ratio": paired_ratio(ratios), "low": min(ratios),
+            "high": max(ratios), "err": err}
 
 
 def main() -> None:
@@ -139,13 +144,14 @@ def main() -> None:
     args = ap.parse_args()
     quiet_known_warnings()
     print(cpu_summary())
-    print(f"{'dtype':9} {'M x N x K':>16} {'default us':>11} {'template us':>12} {'template/default':>17}  max rel err")
+    print(f"{'dtype':9} {'M x N x K':>16} {'default us':>11} {'template us':>12} "
+          f"{'template/default, paired (rounds)':>34}  max rel err")
     for dtype in args.dtypes.split(","):
         for shape in args.shapes.split(";"):
             m, n, k = (int(v) for v in re.split(r"[,x]", shape))
             row = run_case(dtype, m, n, k, args.rounds, args.reps)
             print(f"{row['dtype']:9} {row['shape']:>16} {row['default']:11,.1f} {row['template']:12,.1f} "
-                  f"{row['ratio']:16.2f}x  {row['err']:.1e}", flush=True)
+                  f"{row['ratio']:16.2f}x ({row['low']:.2f}-{row['high']:.2f}x)  {row['err']:.1e}", flush=True)
 
 
 if __name__ == "__main__":

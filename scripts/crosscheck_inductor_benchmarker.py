@@ -77,9 +77,13 @@ def inductor_ratios(model: nn.Module, x: torch.Tensor, repeats: int) -> dict[tup
 
 
 def zhantune_ratios(model: nn.Module, x: torch.Tensor, rounds: int) -> dict[tuple[int, int], float]:
-    """(K, N) of each GEMM -> ATen / C++ template, each side's fastest run over paired rounds."""
+    """(K, N) of each GEMM -> ATen / C++ template over paired rounds: the median of the per-round
+    ratios of the two sides' fastest runs (zhantune.bench.decision.paired_ratio, as a tune's claim;
+    until 2026-11-29 the ratio of each side's fastest over all rounds, which may come from different
+    rounds). A ranking to compare with Inductor's, not a claim."""
     from omegaconf import OmegaConf
 
+    from zhantune.bench.decision import paired_ratio
     from zhantune.bench.inductor import InductorBenchmarker
     from zhantune.candidate import Candidate
     from zhantune.config import BenchConfig
@@ -101,7 +105,7 @@ def zhantune_ratios(model: nn.Module, x: torch.Tensor, rounds: int) -> dict[tupl
         for _ in range(rounds):
             a.append(b.measure(aten).timing.min_us)
             c.append(b.measure(cpp).timing.min_us)
-        out[(dims["K"], dims["N"])] = min(a) / min(c)
+        out[(dims["K"], dims["N"])] = paired_ratio(x / y for x, y in zip(a, c, strict=True))
     return out
 
 
