@@ -399,8 +399,13 @@ def test_export_ships_the_real_default_where_nothing_beats_it(tune_cfg, tmp_path
     assert result.default_unfrozen.kind == "default_unfrozen" and result.default.kind == "default"
     console = Console(record=True, width=200)
     print_summary(console, run, result, cfg.storage.url)
-    labels = [line.split("│")[1].strip() for line in console.export_text().splitlines() if line.count("│") > 2]
+    rows = [line.split("│") for line in console.export_text().splitlines() if line.count("│") > 2]
+    labels = [row[1].strip() for row in rows]
     assert labels == ["eager", "inductor default", "inductor default, no freezing", "best candidate: cpp_gemm"]
+    # every ratio there but a paired claim is two measurements taken apart: "(unpaired)", not "(unconfirmed)",
+    # which is for paired rounds that did not confirm (a claims audit, session 40: one tag covered both)
+    speeds = [row[6].strip() for row in rows]
+    assert speeds[1] == "1.00x" and all(cell.endswith("x (unpaired)") for cell in speeds[::2] + speeds[3:]), speeds
     # a min_speedup no candidate reaches: every key ships Inductor's default
     (key, entries), = build_table(store, min_speedup=1e9).items()
     assert entries == [{"template_id": "aten::addmm"}]

@@ -125,14 +125,15 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
         is_claimed = claimed is not None and r.kind != "default" and r.config_hash == claimed.config_hash
         if not is_claimed and r.kind != "default" and speed != "-":
             # eager, the unfrozen default, a best config not in the table: never paired against the default
-            speed += " (unconfirmed)"
+            # (a ratio of two measurements taken apart; "(unconfirmed)" is for paired rounds that did not confirm)
+            speed += " (unpaired)"
         elif is_claimed and speed != "-":
             if same_kernel:  # the default compile runs this very kernel: never a speedup
                 speed += " (noise)" if within_noise(default_us / mine) else " (same kernel: differs)"
             elif claim is not None and claim.ratio is not None:
                 speed = f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")
             elif claim is None or not claim.confirmed:
-                speed += " (unconfirmed)"
+                speed += " (unpaired)"
         # at the decision statistic, as every comparison (one-sided noise inflates the median; the
         # stored column is at the median: zhantune.storage.rows)
         tflops = f"{r.tflops * r.median_us / mine:.3f}" if r.tflops and r.median_us and mine else "-"
