@@ -215,6 +215,44 @@ def test_a_cpp_entry_under_settings_that_change_its_kernel_is_stale_not_a_hit(se
     torch.testing.assert_close(out, model(x))
 
 
+class _TransposedInput(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 48).to(dtype)
+
+    def forward(self, x):
+        return self.lin(x.t())
+
+
+@pytest.mark.parametrize("dtype, frozen", [(torch.float32, True), (torch.bfloat16, True), (torch.float32, False)])
+def test_a_cpp_entry_inductor_does_not_offer_the_template_for_is_stale_with_the_real_reason(dtype, frozen):
+    """A hostile-table attack (session 40): a linear of a transposed input (``x.t()``), for which
+    Inductor offers no C++ template (use_cpp_gemm_template: the input's last dimension must be
+    contiguous). A float32 one is packed: the packed path never asked, so the report and ``check``
+    counted a hit while MKL compiled; a bfloat16 one (unpacked where oneDNN has no bf16) was stale
+    for "needs a frozen constant weight", which it had. Now both are stale for the transposed input;
+    a weight that is not frozen still says so."""
+    from zhantune.inductor.cpu_entries import NOT_FROZEN, TRANSPOSED_INPUT
+
+    torch.manual_seed(0)
+    model, x = (_TransposedInput(dtype).eval(), torch.randn(64, 16, dtype=dtype)) if frozen else \
+        (_linear(48, 64, dtype), torch.randn(16, 64, dtype=dtype))  # row-contiguous, not frozen
+
+    def compile_(model, x):
+        torch._dynamo.reset()
+        with torch.no_grad(), inductor_config.patch(freezing=frozen, force_disable_caches=True):
+            return torch.compile(model)(x)
+
+    with recording() as rec:
+        compile_(model, x)
+    (key,) = [e.device_key for e in rec.events if e.offered]
+    with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
+        out, seen = _counted(compile_, model, x)
+    assert seen["cpp_template"] == 0
+    assert installed.report.stale == {key: TRANSPOSED_INPUT if frozen else NOT_FROZEN} and not installed.report.hits
+    torch.testing.assert_close(out, model(x))
+
+
 def test_an_unpacked_float32_gemm_is_stale_under_reduced_math_where_the_cpu_has_it(monkeypatch):
     """A second review (session 39): ATen's CPU mm/bmm take oneDNN's tf32 path only on a CPU with
     AMX-FP16 (bf16: oneDNN's bf16 support); the check asked torch under a name it does not have and

@@ -13,7 +13,8 @@ from torch._inductor import config as inductor_config
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 
 __all__ = ["NOT_FROZEN", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
-           "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp"]
+           "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp", "TRANSPOSED_INPUT",
+           "CPP_NOT_OFFERED", "strided_input", "cpp_unoffered"]
 
 #: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
 NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "
@@ -22,6 +23,14 @@ NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._induc
 PREPACK_OFF = ("torch._inductor.config.cpp.weight_prepack is False in this process: Inductor offers its C++ GEMM "
                "template only with it (torch/_inductor/utils.py use_cpp_gemm_template), so the entry's kernel "
                "cannot be compiled; Inductor's default compiled")
+#: why a C++-template entry compiled Inductor's default for a GEMM whose input is not row-contiguous
+TRANSPOSED_INPUT = ("the GEMM's input is not contiguous in its last dimension (e.g. a transposed input): Inductor "
+                    "offers its C++ GEMM template only for inputs whose last dimension is (torch/_inductor/utils.py "
+                    "use_cpp_gemm_template), so the entry's kernel cannot be compiled; Inductor's default compiled")
+#: why ... for any other reason Inductor's check gives (a dtype without a micro-kernel, a dynamic N or K)
+CPP_NOT_OFFERED = ("Inductor does not offer its C++ GEMM template for this GEMM (torch/_inductor/utils.py "
+                   "use_cpp_gemm_template: a dtype it has no micro-kernel for, or a dynamic N or K), so the entry's "
+                   "kernel cannot be compiled; Inductor's default compiled")
 #: why a C++-template entry compiled Inductor's default where M is dynamic (TableReport.stale)
 DYNAMIC_M = ("M is dynamic in this compile: Inductor's C++ template then picks its blocking, thread split and "
              "K slices at run time (cpp_gemm_template.py), so the entry's measured kernel cannot be compiled; "
@@ -94,6 +103,36 @@ def cpp_template_applies(kernel_inputs: Any, op_name: str) -> bool:
             return bool(check(kernel_inputs.output_layout(), *kernel_inputs.mat1mat2()))
     except Exception:  # an input Inductor's check does not expect: not offered
         return False
+
+
+def strided_input(kernel_inputs: Any) -> bool:
+    """Whether the GEMM's first input has a fixed layout whose last dimension's stride is not 1 (a
+    transposed input: ``x.t()``), for which Inductor offers no C++ template (use_cpp_gemm_template's
+    ``is_last_dim_stride1``; a flexible layout it freezes row-major, so that one is offered)."""
+    from torch._inductor import ir
+
+    try:
+        layout = kernel_inputs.mat1mat2()[0].get_layout()
+    except (AttributeError, NotImplementedError):
+        return False
+    return not isinstance(layout, ir.FlexibleLayout) and layout.stride[-1] != 1
+
+
+def cpp_unoffered(kernel_inputs: Any) -> str:
+    """Why Inductor did not offer its C++ template for an unpacked GEMM (:func:`cpp_template_applies`
+    said no): PREPACK_OFF, TRANSPOSED_INPUT, NOT_FROZEN (a second operand that is not a constant
+    module buffer), else CPP_NOT_OFFERED."""
+    from torch._inductor import ir
+
+    if not inductor_config.cpp.weight_prepack:
+        return PREPACK_OFF
+    if strided_input(kernel_inputs):
+        return TRANSPOSED_INPUT
+    mat2 = kernel_inputs.mat1mat2()[1]
+    mat2 = mat2.unwrap_view() if isinstance(mat2, ir.BaseView) else mat2
+    if not (isinstance(mat2, ir.StorageBox) and mat2.is_module_buffer()):
+        return NOT_FROZEN
+    return CPP_NOT_OFFERED
 
 
 def dynamic_m(kernel_inputs: Any) -> bool:

@@ -19,14 +19,16 @@ from zhantune.inductor.cpu_entries import (
     DYNAMIC_M,
     GPU_ENTRY_ON_CPU,
     LEGACY_CPU_KEY,
-    NOT_FROZEN,
     PREPACK_OFF,
     REDUCED_FLOAT32,
+    TRANSPOSED_INPUT,
     cpp_template_applies,
+    cpp_unoffered,
     cpu_entry,
     dynamic_m,
     isa_mismatch,
     reduced_float32,
+    strided_input,
     threads_mismatch,
     wants_cpp,
 )
@@ -46,7 +48,7 @@ from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried
 from zhantune.inductor.table_report import TableReport
 from zhantune.provenance import torch_release
 
-__all__ = ["TableChoices", "TableReport", "stale_reason", "release", "NOT_FROZEN", "GPU_ENTRY_ON_CPU", "NOT_OFFERED"]
+__all__ = ["TableChoices", "TableReport", "stale_reason", "release", "GPU_ENTRY_ON_CPU", "NOT_OFFERED"]
 
 #: config keys the CPU handler sets per GEMM (plus any key a table's config_patch names)
 _CPU_GEMM_KEYS = ("max_autotune_gemm_backends", "cpp.gemm_max_k_slices", "cpp.gemm_thread_factors",
@@ -136,6 +138,7 @@ class TableChoices(RecordingChoices):
                           or (wants_cpp(entries[0]) and (why := threads_mismatch(entries[0]["config_patch"], op_name)))
                           or (wants_cpp(entries[0]) and dynamic_m(kernel_inputs) and (why := DYNAMIC_M))
                           or (wants_cpp(entries[0]) and not inductor_config.cpp.weight_prepack and (why := PREPACK_OFF))
+                          or (wants_cpp(entries[0]) and strided_input(kernel_inputs) and (why := TRANSPOSED_INPUT))
                           or (wants_cpp(entries[0]) and self.any_key is None and (why := isa_mismatch()))):
             self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
@@ -162,7 +165,7 @@ class TableChoices(RecordingChoices):
         C++ template the lowering runs under max-autotune with ATen and CPP (the template is offered
         only then) and the lookup restricts the backends to the entry's, or the user's own on a miss; a CPP
         hit where Inductor would not offer the template (not frozen) compiles the default and is
-        reported stale (NOT_FROZEN). A miss, a stale entry or an entry of Inductor's default is
+        reported stale (cpu_entries.cpp_unoffered). A miss, a stale entry or an entry of Inductor's default is
         lowered under the user's own settings (:meth:`_users_own`)."""
         user = {**{k: get_config(k) for k in self._cpu_keys}, "max_autotune": inductor_config.max_autotune}
         extra: dict[str, Any] = {}
@@ -348,7 +351,7 @@ class TableChoices(RecordingChoices):
         if wants_cpp(entry) and not cpp_template_applies(kernel_inputs, op_name):
             # Inductor would not offer the template here (a weight that is not a frozen constant,
             # a dtype it has no micro-kernel for): the default ATen kernel is compiled, and said so
-            self.report.stale[key] = NOT_FROZEN if inductor_config.cpp.weight_prepack else PREPACK_OFF
+            self.report.stale[key] = cpp_unoffered(kernel_inputs)
             self.report.stale_count[key] += 1
             return self._users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         self.report.hits[key] += 1
