@@ -253,6 +253,27 @@ def test_a_cpp_entry_inductor_does_not_offer_the_template_for_is_stale_with_the_
     torch.testing.assert_close(out, model(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cpp_entry_compiles_under_inductors_defaults_for_the_knobs_it_leaves_out(dtype):
+    """A hostile-table attack (session 40): a hand-written C++-template entry that names only its
+    backend took the user's own ``cpp.gemm_*`` values for the rest (TORCHINDUCTOR_CPP_GEMM_THREAD_FACTORS,
+    say), so factors for another thread count failed the user's compile with a hit in the report. The
+    entry now compiles under Inductor's source defaults for what it leaves out (cpp_knobs)."""
+    torch.manual_seed(0)
+    model, x = _linear(48, 64, dtype), torch.randn(16, 64, dtype=dtype)
+    with recording() as rec:
+        _compile(model, x)
+    (key,) = [e.device_key for e in rec.events if e.offered]
+    factors = f"1,1,{torch.get_num_threads() + 1}"  # the user's, for no thread count this process has
+    with inductor_config.patch({"cpp.gemm_thread_factors": factors}), \
+            use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": {"max_autotune_gemm_backends": "CPP"}}]}) \
+            as installed:
+        out, seen = _counted(_compile, model, x)
+        assert inductor_config.cpp.gemm_thread_factors == factors  # the user's value, restored after the GEMM
+    assert seen["cpp_template"] == 1 and installed.report.hits == {key: 1} and not installed.report.stale
+    torch.testing.assert_close(out, model(x), **({"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}))
+
+
 def test_an_unpacked_float32_gemm_is_stale_under_reduced_math_where_the_cpu_has_it(monkeypatch):
     """A second review (session 39): ATen's CPU mm/bmm take oneDNN's tf32 path only on a CPU with
     AMX-FP16 (bf16: oneDNN's bf16 support); the check asked torch under a name it does not have and

@@ -14,7 +14,20 @@ from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 
 __all__ = ["NOT_FROZEN", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
            "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp", "TRANSPOSED_INPUT",
-           "CPP_NOT_OFFERED", "strided_input", "cpp_unoffered"]
+           "CPP_NOT_OFFERED", "strided_input", "cpp_unoffered", "CPP_KNOB_DEFAULTS", "cpp_knobs"]
+
+#: the C++ template's knobs at Inductor's source defaults (torch/_inductor/config.py, without its
+#: TORCHINDUCTOR_CPP_GEMM_* environment variables): a C++-template entry compiles under these for
+#: every knob it leaves out, never under the user's own value (a user's thread factors for another
+#: thread count failed the compile with a hit in the report; their cache blocking compiled another
+#: kernel than the report named). A tune's entries set all three.
+CPP_KNOB_DEFAULTS: dict[str, Any] = {"cpp.gemm_max_k_slices": 1, "cpp.gemm_cache_blocking": None,
+                                     "cpp.gemm_thread_factors": None}
+
+
+def cpp_knobs(patch: dict[str, Any]) -> dict[str, Any]:
+    """A C++-template entry's ``config_patch`` with :data:`CPP_KNOB_DEFAULTS` for the knobs it leaves out."""
+    return {**CPP_KNOB_DEFAULTS, **patch}
 
 #: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
 NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "

@@ -22,6 +22,7 @@ from zhantune.inductor.cpu_entries import (
     PREPACK_OFF,
     REDUCED_FLOAT32,
     TRANSPOSED_INPUT,
+    cpp_knobs,
     cpp_template_applies,
     cpp_unoffered,
     cpu_entry,
@@ -150,7 +151,7 @@ class TableChoices(RecordingChoices):
                 bad = config_patch_problem(entry["config_patch"], "cpu")
                 if bad:
                     raise ValueError(f"config_patch {bad[0]!r}: {bad[1]}")
-                patch = {"max_autotune": True, **entry["config_patch"]}
+                patch = {"max_autotune": True, **cpp_knobs(entry["config_patch"])}
                 self.report.chosen[report_key] = f"{CONFIG_TEMPLATE_ID} {entry['config_patch']}"
                 event = dataclasses.replace(event, hit_templates=(CONFIG_TEMPLATE_ID,))
             else:
@@ -366,7 +367,7 @@ class TableChoices(RecordingChoices):
             if "CPP" in backends:
                 # the C++ template choice is created right after this lookup, under these values;
                 # ATen stays in the backends so that the next GEMM's ATen lookup still happens
-                self._set_cpu({**patch, "max_autotune_gemm_backends": "ATEN,CPP"})
+                self._set_cpu({**cpp_knobs(patch), "max_autotune_gemm_backends": "ATEN,CPP"})
                 return []
             self._set_cpu({**patch, "max_autotune_gemm_backends": "ATEN"})
         else:  # Inductor's default (aten::*): what it compiles without the table
