@@ -248,6 +248,49 @@ def test_a_first_place_by_the_fastest_run_alone_against_a_faster_spread_is_re_me
     assert text.index(cands["a"].describe()) < text.index(cands["b"].describe())
 
 
+def test_a_claim_confirmed_from_rounds_timed_before_the_run_queue_check_is_settled_again(tmp_path):
+    """Session 39 made a timed run whose threads waited for a core more than RUN_WAIT_SHARE of its time
+    contended (a real-time busy loop on a core had confirmed a false claim); a claim confirmed before,
+    from rounds whose conditions have no run-queue reading (no ``timed_ms``), was never judged again.
+    A rerun now settles it again; once its newest rounds carry the reading, it holds."""
+    from types import SimpleNamespace
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.candidate import Candidate
+    from zhantune.device import DeviceInfo
+    from zhantune.problems import GemmProblem
+    from zhantune.provenance import software_versions
+    from zhantune.storage import Recorder, Store
+    from zhantune.tune import _settle_again
+
+    store = Store(f"sqlite:///{tmp_path / 'z.db'}")
+    problem = GemmProblem("mm", (64, 64, 64), "float32")
+    dev = store.device_id("cpu-x", "cpu-x", "cpu", {})
+    study = store.study_id("s", {})
+    rec = Recorder(store, problem, study, dev, store.problem_id(problem.key, **problem.row_fields()),
+                   DeviceInfo("cpu", 0, "cpu-x", "cpu-x", {}))  # a device measured on: conditions are stored
+    cand = Candidate("cpp_gemm", "config", "zhantune::config", {"max_autotune_gemm_backends": "CPP"})
+    run = SimpleNamespace(replay=None, bench=SimpleNamespace(remeasure_rounds=3))
+    quiet = {"loadavg_1m": 0.1, "busy_at_start": False}
+
+    def settle(conditions):
+        for _ in range(3):
+            rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "cpu:perf_counter:fifo")), "default")
+            rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "cpu:perf_counter:fifo"),
+                                conditions=conditions), "remeasure", cand)
+        store.add_verdict(study_id=study, device_id=dev, problem_id=rec.problem_id, config_hash=cand.config_hash,
+                          ratio=2.0, ratio_low=1.98, ratio_high=2.02, rounds=3, contended=0, confirmed=True, reason="r",
+                          torch_version=software_versions()["torch"])
+
+    settle(quiet)  # before 2026-11-29: no run-queue reading
+    assert _settle_again(run, store, study)
+    settle({**quiet, "run_wait_ms": 0.2, "timed_ms": 30.0})  # settled again under the check
+    assert not _settle_again(run, store, study)
+    settle({**quiet, "timed_ms": 30.0})  # a kernel without schedstat: timed under the check all the same
+    assert not _settle_again(run, store, study)
+
+
 def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):
     """Rerunning a finished study runs its settles again only when its newest verdict is a paired
     one left unconfirmed by a busy machine, and only when the run settles at all: a confirmed claim,

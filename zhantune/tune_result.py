@@ -135,14 +135,17 @@ class TuneResult:
 def settle_again(run: Any, store: Any, study_id: int) -> bool:
     """Whether a finished study's settles run again: its newest verdict is unconfirmed for paired
     rounds taken on a busy machine (decision.judge_speedup), confirmed under a rule since replaced
-    (decision.claim_holds), or settled with another torch (a claim holds for the torch its rounds
-    ran with), and this run settles (``bench.remeasure_rounds`` > 0, not a replay; ``run``: a RunSpec)."""
+    (decision.claim_holds) or from rounds timed before zhantune checked how long their threads waited
+    for a core (Store.rounds_unchecked_for_waiting), or settled with another torch (a claim holds for
+    the torch its rounds ran with), and this run settles (``bench.remeasure_rounds`` > 0, not a
+    replay; ``run``: a RunSpec)."""
     if run.replay is not None or not run.bench.remeasure_rounds:
         return False
     v = store.study_verdict(study_id)
     return v is not None and bool(v.rounds) and v.ratio is not None and (
         (not v.confirmed and bool(v.contended)) or (v.confirmed and not claim_holds(v))
-        or v.torch_version != software_versions()["torch"])
+        or v.torch_version != software_versions()["torch"]
+        or (v.confirmed and store.rounds_unchecked_for_waiting(study_id, v.config_hash, v.rounds)))
 
 
 def busy_text(run: Any) -> str | None:

@@ -218,19 +218,21 @@ def _run_wait_ns() -> dict[str, int]:
 
 @contextlib.contextmanager
 def run_queue_wait() -> Iterator[dict[str, float]]:
-    """Around a timed measurement: yields a dict that holds, after the block, ``run_wait_ms`` (the
-    milliseconds this process's threads waited runnable for a core meanwhile, summed; a thread started
-    inside the block counts from its start) and ``timed_ms`` (the block's wall time); empty where
-    /proc has no schedstat."""
+    """Around a timed measurement: yields a dict that holds, after the block, ``timed_ms`` (the block's
+    wall time) and ``run_wait_ms`` (the milliseconds this process's threads waited runnable for a core
+    meanwhile, summed; a thread started inside the block counts from its start; absent where /proc
+    has no schedstat). A row with ``timed_ms`` was timed under this check (one without, before it:
+    zhantune.tune_result.settle_again)."""
     before, start = _run_wait_ns(), time.perf_counter_ns()
     out: dict[str, float] = {}
     try:
         yield out
     finally:
         after = _run_wait_ns()
+        out["timed_ms"] = round((time.perf_counter_ns() - start) / 1e6, 3)
         if after:
             wait = sum(ns - before.get(task, 0) for task, ns in after.items())
-            out.update(run_wait_ms=round(max(wait, 0) / 1e6, 3), timed_ms=round((time.perf_counter_ns() - start) / 1e6, 3))
+            out["run_wait_ms"] = round(max(wait, 0) / 1e6, 3)
 
 
 def run_delayed(c: dict[str, Any]) -> bool:

@@ -215,6 +215,18 @@ class Queries(ReportQueries):
             return s.scalars(select(m.Verdict).where(m.Verdict.study_id == study_id)
                              .order_by(m.Verdict.created_at.desc(), m.Verdict.id.desc()).limit(1)).first()
 
+    def rounds_unchecked_for_waiting(self, study_id: int, config_hash: str | None, rounds: int) -> bool:
+        """Whether the newest ``rounds`` paired-round measurements of a config in a study (kind
+        ``remeasure``: a verdict's rounds) include one timed before zhantune read how long the timed
+        runs' threads waited for a core (2026-11-29: its conditions have no ``timed_ms``,
+        zhantune.bench.conditions.run_queue_wait), so that a claim confirmed from them was not checked
+        for a real-time busy loop sharing the cores."""
+        with self.session() as s:
+            rows = s.scalars(select(m.MeasurementRow.conditions).where(
+                m.MeasurementRow.study_id == study_id, m.MeasurementRow.config_hash == config_hash,
+                m.MeasurementRow.kind == "remeasure").order_by(m.MeasurementRow.id.desc()).limit(rounds))
+            return any(not c or "timed_ms" not in c for c in rows)
+
     def latest_verdicts(self, torch_version: str | None = None) -> dict[tuple[int, int, str | None], m.Verdict]:
         """(device id, problem id, config hash) -> the newest verdict on that config's speedup over
         Inductor's default (a tune or a table's replay settles it): the newest settled in at least
