@@ -96,17 +96,18 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
 
 def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Table:
     """One row per baseline and for the best candidate (and the best a table can carry, where that
-    is another): status, median and minimum (us), TFLOP/s at the minimum, speedup over the default."""
+    is another): status, median and minimum (us), TFLOP/s at the minimum, speedup over the default.
+    A replay's rows have no minimum column: its times were recorded by another tuner, and its
+    decision statistic is the recorded median (decision_us), which the title says."""
     p = run.problem
     replay = getattr(run, "replay", None)
-    # a replay's times were recorded by someone else's tuner (its objective: the median of the
-    # recorded times, decision_us), not measured here: said in the title and the column
     source = f", recorded in {Path(str(replay.path)).name} and replayed, not measured here" if replay is not None else ""
     t = Table(title=escape(f"{p.key} on {run.device.name} ({run.device.kind}{source})"))
     t.add_column("what")
     t.add_column("status")
     t.add_column("median us", justify="right")
-    t.add_column("min us" if replay is None else "decision us (median)", justify="right")
+    if replay is None:
+        t.add_column("min us", justify="right")
     t.add_column("TFLOP/s", justify="right")  # at the decision statistic, as "min us"
     t.add_column("speedup vs default", justify="right")
     unfrozen = getattr(result, "default_unfrozen", None)
@@ -139,7 +140,8 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
         tflops = f"{r.tflops * r.median_us / mine:.3f}" if r.tflops and r.median_us and mine else "-"
         # a config's row is its fastest measurement: after a settle, a paired round's (not the search's)
         label += " (a re-measurement)" if r.kind == "remeasure" else ""
-        t.add_row(escape(label), r.status, _us(r.median_us), _us(mine), tflops, speed)
+        mins = [_us(mine)] if replay is None else []  # a replay's decision statistic is its median
+        t.add_row(escape(label), r.status, _us(r.median_us), *mins, tflops, speed)
     return t
 
 
