@@ -274,21 +274,29 @@ def test_a_claim_confirmed_from_rounds_timed_before_the_run_queue_check_is_settl
     run = SimpleNamespace(replay=None, bench=SimpleNamespace(remeasure_rounds=3))
     quiet = {"loadavg_1m": 0.1, "busy_at_start": False}
 
-    def settle(conditions):
+    def settle(conditions, rec=rec, study=study, dev=dev, method="cpu:perf_counter:fifo", verdict=True):
         for _ in range(3):
-            rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "cpu:perf_counter:fifo")), "default")
-            rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "cpu:perf_counter:fifo"),
-                                conditions=conditions), "remeasure", cand)
-        store.add_verdict(study_id=study, device_id=dev, problem_id=rec.problem_id, config_hash=cand.config_hash,
-                          ratio=2.0, ratio_low=1.98, ratio_high=2.02, rounds=3, contended=0, confirmed=True, reason="r",
-                          torch_version=software_versions()["torch"])
+            rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], method)), "default")
+            rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], method), conditions=conditions), "remeasure", cand)
+        if verdict:
+            store.add_verdict(study_id=study, device_id=dev, problem_id=rec.problem_id, config_hash=cand.config_hash,
+                              ratio=2.0, ratio_low=1.98, ratio_high=2.02, rounds=3, contended=0, confirmed=True,
+                              reason="r", torch_version=software_versions()["torch"])
 
     settle(quiet)  # before 2026-11-29: no run-queue reading
+    assert _settle_again(run, store, study)
+    settle({**quiet, "timed_ms": 30.0}, verdict=False)  # a re-settle interrupted before its verdict (a review)
     assert _settle_again(run, store, study)
     settle({**quiet, "run_wait_ms": 0.2, "timed_ms": 30.0})  # settled again under the check
     assert not _settle_again(run, store, study)
     settle({**quiet, "timed_ms": 30.0})  # a kernel without schedstat: timed under the check all the same
     assert not _settle_again(run, store, study)
+    # CUDA rows are timed on the GPU, never read so: a confirmed CUDA claim is not settled on every rerun
+    gpu = store.device_id("gpu-x", "gpu-x", "cuda", {})
+    gpu_study = store.study_id("g", {})
+    gpu_rec = Recorder(store, problem, gpu_study, gpu, rec.problem_id, DeviceInfo("cuda", 0, "gpu-x", "gpu-x", {}))
+    settle(quiet, gpu_rec, gpu_study, gpu, "cuda:event")
+    assert not _settle_again(run, store, gpu_study)
 
 
 def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):

@@ -145,7 +145,7 @@ def settle_again(run: Any, store: Any, study_id: int) -> bool:
     return v is not None and bool(v.rounds) and v.ratio is not None and (
         (not v.confirmed and bool(v.contended)) or (v.confirmed and not claim_holds(v))
         or v.torch_version != software_versions()["torch"]
-        or (v.confirmed and store.rounds_unchecked_for_waiting(study_id, v.config_hash, v.rounds)))
+        or (v.confirmed and store.rounds_unchecked_for_waiting(v)))
 
 
 def busy_text(run: Any) -> str | None:

@@ -215,16 +215,20 @@ class Queries(ReportQueries):
             return s.scalars(select(m.Verdict).where(m.Verdict.study_id == study_id)
                              .order_by(m.Verdict.created_at.desc(), m.Verdict.id.desc()).limit(1)).first()
 
-    def rounds_unchecked_for_waiting(self, study_id: int, config_hash: str | None, rounds: int) -> bool:
-        """Whether the newest ``rounds`` paired-round measurements of a config in a study (kind
-        ``remeasure``: a verdict's rounds) include one timed before zhantune read how long the timed
-        runs' threads waited for a core (2026-11-29: its conditions have no ``timed_ms``,
-        zhantune.bench.conditions.run_queue_wait), so that a claim confirmed from them was not checked
-        for a real-time busy loop sharing the cores."""
+    def rounds_unchecked_for_waiting(self, verdict: m.Verdict) -> bool:
+        """Whether a verdict's rounds (the newest ``rounds`` CPU-timed paired-round measurements of its
+        config in its study, kind ``remeasure``, stored no later than the verdict) include one timed
+        before zhantune read how long the timed runs' threads waited for a core (2026-11-29: its
+        conditions have no ``timed_ms``, zhantune.bench.conditions.run_queue_wait), so that a claim
+        confirmed from them was not checked for a real-time busy loop sharing the cores. CUDA rows
+        are never read so (their timing waits on the GPU), and rows of a later, interrupted settle
+        are not the verdict's."""
+        r = m.MeasurementRow
         with self.session() as s:
-            rows = s.scalars(select(m.MeasurementRow.conditions).where(
-                m.MeasurementRow.study_id == study_id, m.MeasurementRow.config_hash == config_hash,
-                m.MeasurementRow.kind == "remeasure").order_by(m.MeasurementRow.id.desc()).limit(rounds))
+            rows = s.scalars(select(r.conditions).where(
+                r.study_id == verdict.study_id, r.config_hash == verdict.config_hash, r.kind == "remeasure",
+                r.timing_method.like("cpu:%"), r.created_at <= verdict.created_at)
+                .order_by(r.id.desc()).limit(verdict.rounds or 0))
             return any(not c or "timed_ms" not in c for c in rows)
 
     def latest_verdicts(self, torch_version: str | None = None) -> dict[tuple[int, int, str | None], m.Verdict]:
