@@ -253,6 +253,35 @@ def test_a_cpp_entry_inductor_does_not_offer_the_template_for_is_stale_with_the_
     torch.testing.assert_close(out, model(x))
 
 
+class _BatchPermutedBmm(torch.nn.Module):
+    def forward(self, x, w):
+        return torch.bmm(x.transpose(0, 1), w)
+
+
+def test_a_bmm_entry_for_a_batch_permuted_input_is_stale_for_its_layout_not_its_weight():
+    """A review (session 40): Inductor's C++ BMM template needs a first input contiguous in each batch
+    (use_cpp_bmm_template) and no constant operand; a bmm of ``x.transpose(0, 1)`` was stale for
+    "needs a frozen constant weight"."""
+    from zhantune.inductor.cpu_entries import TRANSPOSED_INPUT
+
+    torch.manual_seed(0)
+    model, args = _BatchPermutedBmm(), (torch.randn(16, 2, 64), torch.randn(2, 64, 48))
+
+    def compile_(*args):
+        torch._dynamo.reset()
+        with torch.no_grad(), inductor_config.patch(force_disable_caches=True):
+            return torch.compile(model)(*args)
+
+    with recording() as rec:
+        compile_(*args)
+    (key,) = [e.device_key for e in rec.events if e.offered]
+    with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
+        out, seen = _counted(compile_, *args)
+    assert seen["cpp_template"] == 0
+    assert installed.report.stale == {key: TRANSPOSED_INPUT} and not installed.report.hits
+    torch.testing.assert_close(out, model(*args))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_cpp_entry_compiles_under_inductors_defaults_for_the_knobs_it_leaves_out(dtype):
     """A hostile-table attack (session 40): a hand-written C++-template entry that names only its

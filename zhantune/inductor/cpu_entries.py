@@ -37,9 +37,10 @@ PREPACK_OFF = ("torch._inductor.config.cpp.weight_prepack is False in this proce
                "template only with it (torch/_inductor/utils.py use_cpp_gemm_template), so the entry's kernel "
                "cannot be compiled; Inductor's default compiled")
 #: why a C++-template entry compiled Inductor's default for a GEMM whose input is not row-contiguous
-TRANSPOSED_INPUT = ("the GEMM's input is not contiguous in its last dimension (e.g. a transposed input): Inductor "
-                    "offers its C++ GEMM template only for inputs whose last dimension is (torch/_inductor/utils.py "
-                    "use_cpp_gemm_template), so the entry's kernel cannot be compiled; Inductor's default compiled")
+TRANSPOSED_INPUT = ("the GEMM's first input is not laid out as Inductor's C++ template needs (contiguous in its last "
+                    "dimension; a bmm's contiguous in each batch), e.g. a transposed input: Inductor does not offer "
+                    "the template for it (torch/_inductor/utils.py use_cpp_gemm_template, use_cpp_bmm_template), so "
+                    "the entry's kernel cannot be compiled; Inductor's default compiled")
 #: why ... for any other reason Inductor's check gives (a dtype without a micro-kernel, a dynamic N or K)
 CPP_NOT_OFFERED = ("Inductor does not offer its C++ GEMM template for this GEMM (torch/_inductor/utils.py "
                    "use_cpp_gemm_template: a dtype it has no micro-kernel for, or a dynamic N or K), so the entry's "
@@ -118,29 +119,42 @@ def cpp_template_applies(kernel_inputs: Any, op_name: str) -> bool:
         return False
 
 
-def strided_input(kernel_inputs: Any) -> bool:
-    """Whether the GEMM's first input has a fixed layout whose last dimension's stride is not 1 (a
-    transposed input: ``x.t()``), for which Inductor offers no C++ template (use_cpp_gemm_template's
-    ``is_last_dim_stride1``; a flexible layout it freezes row-major, so that one is offered)."""
+def strided_input(kernel_inputs: Any, op_name: str = "mm") -> bool:
+    """Whether the GEMM's first input has a fixed layout Inductor's C++ template does not take: a
+    stride other than 1 in its last dimension (a transposed input: ``x.t()``; use_cpp_gemm_template's
+    ``is_last_dim_stride1``), or for a bmm one neither contiguous nor, in float32, contiguous in each
+    batch (use_cpp_bmm_template). A flexible layout Inductor freezes row-major, so that one is taken."""
+    import torch
     from torch._inductor import ir
 
     try:
-        layout = kernel_inputs.mat1mat2()[0].get_layout()
+        mat1 = kernel_inputs.mat1mat2()[0]
+        layout = mat1.get_layout()
     except (AttributeError, NotImplementedError):
         return False
-    return not isinstance(layout, ir.FlexibleLayout) and layout.stride[-1] != 1
+    if isinstance(layout, ir.FlexibleLayout):
+        return False
+    if layout.stride[-1] != 1:
+        return True
+    if op_name != "bmm":
+        return False
+    size, stride = list(layout.size), list(layout.stride)
+    each_batch = mat1.get_dtype() == torch.float32 and len(size) == 3 and stride[1] == size[2]
+    return not (layout.is_contiguous() or each_batch)
 
 
-def cpp_unoffered(kernel_inputs: Any) -> str:
+def cpp_unoffered(kernel_inputs: Any, op_name: str = "mm") -> str:
     """Why Inductor did not offer its C++ template for an unpacked GEMM (:func:`cpp_template_applies`
-    said no): PREPACK_OFF, TRANSPOSED_INPUT, NOT_FROZEN (a second operand that is not a constant
-    module buffer), else CPP_NOT_OFFERED."""
+    said no): PREPACK_OFF, TRANSPOSED_INPUT, NOT_FROZEN (not a bmm, whose second operand need not be
+    constant, and a second operand that is not a constant module buffer), else CPP_NOT_OFFERED."""
     from torch._inductor import ir
 
     if not inductor_config.cpp.weight_prepack:
         return PREPACK_OFF
-    if strided_input(kernel_inputs):
+    if strided_input(kernel_inputs, op_name):
         return TRANSPOSED_INPUT
+    if op_name == "bmm":
+        return CPP_NOT_OFFERED
     mat2 = kernel_inputs.mat1mat2()[1]
     mat2 = mat2.unwrap_view() if isinstance(mat2, ir.BaseView) else mat2
     if not (isinstance(mat2, ir.StorageBox) and mat2.is_module_buffer()):

@@ -352,7 +352,7 @@ class TableChoices(RecordingChoices):
         if wants_cpp(entry) and not cpp_template_applies(kernel_inputs, op_name):
             # Inductor would not offer the template here (a weight that is not a frozen constant,
             # a dtype it has no micro-kernel for): the default ATen kernel is compiled, and said so
-            self.report.stale[key] = cpp_unoffered(kernel_inputs)
+            self.report.stale[key] = cpp_unoffered(kernel_inputs, op_name)
             self.report.stale_count[key] += 1
             return self._users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         self.report.hits[key] += 1
