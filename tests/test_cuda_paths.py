@@ -676,19 +676,26 @@ def test_use_tables_shared_memory_bound_is_never_above_what_triton_gives_the_ker
     assert set(measured) == set(points), measured
     for entry in entries:
         point = tuple(entry[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "num_warps"))
-        bound = shared_memory_bytes(entry, dtype.itemsize)
+        bound = shared_memory_bytes(entry, dtype.itemsize, 1024)
         assert bound <= measured[point], (capability, entry, bound, measured[point])
         if entry["num_stages"] == 1:
             assert bound == measured[point], (capability, entry, bound, measured[point])
+    # K = BLOCK_K: a single iteration, which Triton does not pipeline: one buffer, whatever num_stages
+    single = dict(entries[2], BLOCK_K=64)
+    (shared,) = _triton_shared_bytes("mm", 64, [single], capability, dtype, kernels="triton_mm").values()
+    assert shared_memory_bytes(single, dtype.itemsize, 64) == shared, (capability, shared)
 
 
-@pytest.mark.parametrize("gpu, template_id, blocks, served", [
-    ("A100", "triton::mm", (256, 128, 128, 3), ["aten::mm"]),  # 196,608 bytes > 166,912
-    ("H100", "triton::mm", (256, 128, 128, 3), ["triton::mm"]),  # < 232,448
-    ("H100", "triton::mm_persistent_tma", (256, 128, 128, 3), ["aten::mm"]),  # 3 buffers: 294,912
-    ("H100", "triton::mm_persistent_tma", (256, 128, 64, 4), ["triton::mm_persistent_tma"]),  # 196,608
+@pytest.mark.parametrize("gpu, template_id, blocks, k, served", [
+    ("A100", "triton::mm", (256, 128, 128, 3), 1024, ["aten::mm"]),  # at least 196,608 bytes > 166,912
+    # at least 98,304 (Triton's sm_90 kernel: 131,072) < 232,448
+    ("H100", "triton::mm", (128, 128, 64, 4), 1024, ["triton::mm"]),
+    ("H100", "triton::mm_persistent_tma", (256, 128, 128, 3), 1024, ["aten::mm"]),  # 3 buffers: 294,912
+    ("H100", "triton::mm_persistent_tma", (256, 128, 64, 4), 1024, ["triton::mm_persistent_tma"]),  # 196,608
+    # K = BLOCK_K: one iteration, one buffer (65,536; a review found Triton does not pipeline it)
+    ("A100", "triton::mm", (256, 256, 64, 4), 64, ["triton::mm"]),
 ])
-def test_an_entry_too_big_for_the_gpus_shared_memory_compiles_the_default_and_says_why(gpu, template_id, blocks,
+def test_an_entry_too_big_for_the_gpus_shared_memory_compiles_the_default_and_says_why(gpu, template_id, blocks, k,
                                                                                        served):
     """Tables are data (session 40): an entry whose tiles cannot fit the GPU's shared memory (a forged
     table, or one for another GPU under a device-agnostic key) was served as a hit, and the user's
@@ -696,7 +703,7 @@ def test_an_entry_too_big_for_the_gpus_shared_memory_compiles_the_default_and_sa
     from zhantune.inductor.runtime import use_table
 
     bm, bn, bk, stages = blocks
-    shapes = [(1024, 1024), (1024, 1024)]
+    shapes = [(1024, k), (k, 1024)]
     with fake_cuda(PROFILES[gpu].properties()):
         with recording() as rec:
             lower("mm", shapes, torch.bfloat16)
@@ -709,7 +716,7 @@ def test_an_entry_too_big_for_the_gpus_shared_memory_compiles_the_default_and_sa
     if served == [template_id]:
         assert installed.report.hits == {key: 1} and not installed.report.stale
     else:
-        need = shared_memory_bytes(entry, 2)
+        need = shared_memory_bytes(entry, 2, k)
         assert installed.report.stale == {key: SHARED_MEMORY.format(
             tid=template_id, bm=bm, bn=bn, bk=bk, stages=stages, need=need, dtype="bfloat16",
             have=PROFILES[gpu].smem_bytes)}, installed.report.stale

@@ -27,25 +27,31 @@ SHARED_MEMORY = ("{tid} with BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, num_stage
                  "(Triton would refuse to launch it); Inductor's default compiled")
 
 
-def shared_memory_bytes(entry: dict[str, Any], itemsize: int) -> int | None:
+def shared_memory_bytes(entry: dict[str, Any], itemsize: int, k: Any = None) -> int | None:
     """The least shared memory (bytes) Triton gives the kernel of a Triton template entry whose inputs
-    have ``itemsize`` bytes per element, or None (not a Triton template, or a block size missing).
+    have ``itemsize`` bytes per element, for a GEMM of reduction size ``k`` (None or a symbol:
+    unknown), or None (not a Triton template, or a block size missing).
 
     The A and B tiles, ``(BLOCK_M + BLOCK_N) * BLOCK_K * itemsize`` bytes, once per pipeline buffer:
-    ``num_stages`` buffers for ``triton::mm_persistent_tma``, at least ``max(1, num_stages - 1)`` for
-    the other templates. Measured with Triton's own compiler on this machine (``metadata.shared``, the
-    number Triton checks against the device's limit; tests/test_cuda_paths.py): mm, addmm and bmm in
-    bfloat16, float16 and float32, sm_80 and sm_90. triton::mm gets ``max(1, num_stages - 1)``
-    buffers on sm_80 and ``num_stages`` on sm_90 (one fewer for small tiles), so this is a lower
-    bound, not an estimate: Inductor's own (get_shared_memory_estimation in
-    torch/_inductor/template_heuristics/triton.py) counts ``num_stages`` buffers and an epilogue tile
-    and over-prunes, as it says."""
+    one where ``k <= BLOCK_K`` (a single iteration: Triton does not pipeline it); else ``num_stages``
+    buffers for ``triton::mm_persistent_tma``, at least ``max(1, num_stages - 1)`` for the other
+    templates. Checked against Triton's own compiler (``metadata.shared``, the number Triton checks
+    against the device's limit): in tests/test_cuda_paths.py for mm (bfloat16 on sm_80 and sm_90,
+    float32 on sm_80) and the persistent TMA template; by hand in session 40 for addmm, bmm and
+    float16 too, and K = BLOCK_K (one buffer) against K = 2 and 3 x BLOCK_K (all of them).
+    triton::mm gets ``max(1, num_stages - 1)`` buffers on sm_80 and, for large tiles, ``num_stages``
+    on sm_90, so this is a lower bound, not an estimate (an entry between the two is not caught):
+    Inductor's own (get_shared_memory_estimation in torch/_inductor/template_heuristics/triton.py)
+    counts ``num_stages`` buffers and an epilogue tile and over-prunes, as it says."""
     tid = str(entry.get("template_id", ""))
     blocks = [entry.get(k) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages")]
     if not tid.startswith("triton::") or not all(type(v) is int and v > 0 for v in blocks):
         return None
     bm, bn, bk, stages = blocks
-    buffers = stages if tid == "triton::mm_persistent_tma" else max(1, stages - 1)
+    if isinstance(k, int) and k <= bk:
+        buffers = 1
+    else:
+        buffers = stages if tid == "triton::mm_persistent_tma" else max(1, stages - 1)
     return (bm + bn) * bk * itemsize * buffers
 
 
@@ -59,7 +65,8 @@ def shared_memory_short(entry: dict[str, Any], kernel_inputs: Any) -> str | None
     import torch
 
     dtype = kernel_inputs.dtype()
-    need = shared_memory_bytes(entry, dtype.itemsize)
+    k = kernel_inputs.mnk_symbolic()[2] if hasattr(kernel_inputs, "mnk_symbolic") else None
+    need = shared_memory_bytes(entry, dtype.itemsize, int(k) if getattr(k, "is_number", False) else k)
     if need is None or torch.version.hip:
         return None
     props = torch.cuda.get_device_properties(kernel_inputs.device())
