@@ -27,31 +27,36 @@ SHARED_MEMORY = ("{tid} with BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, num_stage
                  "(Triton would refuse to launch it); Inductor's default compiled")
 
 
-def shared_memory_bytes(entry: dict[str, Any], itemsize: int, k: Any = None) -> int | None:
+def shared_memory_bytes(entry: dict[str, Any], itemsize: int, k: Any = None,
+                        capability: tuple[int, int] | None = None) -> int | None:
     """The least shared memory (bytes) Triton gives the kernel of a Triton template entry whose inputs
     have ``itemsize`` bytes per element, for a GEMM of reduction size ``k`` (None or a symbol:
-    unknown), or None (not a Triton template, or a block size missing).
+    unknown) on a GPU of compute ``capability`` (None: unknown), or None (not a Triton template, or
+    a block size missing).
 
     The A and B tiles, ``(BLOCK_M + BLOCK_N) * BLOCK_K * itemsize`` bytes, once per pipeline buffer:
     one where ``k <= BLOCK_K`` (a single iteration: Triton does not pipeline it); else ``num_stages``
-    buffers for ``triton::mm_persistent_tma``, at least ``max(1, num_stages - 1)`` for the other
-    templates. Checked against Triton's own compiler (``metadata.shared``, the number Triton checks
-    against the device's limit): in tests/test_cuda_paths.py for mm (bfloat16 on sm_80 and sm_90,
-    float32 on sm_80) and the persistent TMA template; by hand in session 40 for addmm, bmm and
-    float16 too, and K = BLOCK_K (one buffer) against K = 2 and 3 x BLOCK_K (all of them).
-    triton::mm gets ``max(1, num_stages - 1)`` buffers on sm_80 and, for large tiles, ``num_stages``
-    on sm_90, so this is a lower bound, not an estimate (an entry between the two is not caught):
-    Inductor's own (get_shared_memory_estimation in torch/_inductor/template_heuristics/triton.py)
-    counts ``num_stages`` buffers and an epilogue tile and over-prunes, as it says."""
+    buffers for ``triton::mm_persistent_tma``, and for the other templates on a compute capability
+    9.0 GPU with 16-bit inputs, ``BLOCK_M >= 64`` and ``num_warps`` a multiple of 4 (Hopper's
+    warpgroup MMA); else ``max(1, num_stages - 1)``. Exactly what Triton's own compiler gives
+    Inductor's kernels (``metadata.shared``, the number Triton checks against the device's limit),
+    checked in tests/test_cuda_paths.py for mm on sm_80 and sm_90 (bfloat16, float32) and the
+    persistent TMA template, and by hand in session 40 for addmm, bmm, float16 and K of 2 and 3 x
+    BLOCK_K. Another GPU (sm_100, ROCm) may allocate more; never less was seen, so there it is a
+    lower bound. Inductor's own estimate (get_shared_memory_estimation in
+    torch/_inductor/template_heuristics/triton.py) counts ``num_stages`` buffers and an epilogue
+    tile and over-prunes, as it says."""
     tid = str(entry.get("template_id", ""))
     blocks = [entry.get(k) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages")]
     if not tid.startswith("triton::") or not all(type(v) is int and v > 0 for v in blocks):
         return None
     bm, bn, bk, stages = blocks
+    warps = entry.get("num_warps")
+    wgmma = capability == (9, 0) and itemsize == 2 and bm >= 64 and type(warps) is int and warps % 4 == 0
     if isinstance(k, int) and k <= bk:
         buffers = 1
     else:
-        buffers = stages if tid == "triton::mm_persistent_tma" else max(1, stages - 1)
+        buffers = stages if tid == "triton::mm_persistent_tma" or wgmma else max(1, stages - 1)
     return (bm + bn) * bk * itemsize * buffers
 
 
@@ -66,10 +71,13 @@ def shared_memory_short(entry: dict[str, Any], kernel_inputs: Any) -> str | None
 
     dtype = kernel_inputs.dtype()
     k = kernel_inputs.mnk_symbolic()[2] if hasattr(kernel_inputs, "mnk_symbolic") else None
-    need = shared_memory_bytes(entry, dtype.itemsize, int(k) if getattr(k, "is_number", False) else k)
-    if need is None or torch.version.hip:
+    if torch.version.hip or not str(entry.get("template_id", "")).startswith("triton::"):
         return None
     props = torch.cuda.get_device_properties(kernel_inputs.device())
+    need = shared_memory_bytes(entry, dtype.itemsize, int(k) if getattr(k, "is_number", False) else k,
+                               (props.major, props.minor))
+    if need is None:
+        return None
     have = getattr(props, "shared_memory_per_block_optin", None)
     if not have or need <= have:
         return None
