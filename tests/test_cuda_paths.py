@@ -693,8 +693,10 @@ def test_use_tables_shared_memory_bound_is_what_triton_gives_the_kernel(capabili
     ("H100", "triton::mm", (256, 128, 128, 3), 1024, ["aten::mm"]),
     ("H100", "triton::mm_persistent_tma", (256, 128, 128, 3), 1024, ["aten::mm"]),  # 3 buffers: 294,912
     ("H100", "triton::mm_persistent_tma", (256, 128, 64, 4), 1024, ["triton::mm_persistent_tma"]),  # 196,608
-    # K = BLOCK_K: one iteration, one buffer (65,536; a review found Triton does not pipeline it)
-    ("A100", "triton::mm", (256, 256, 64, 4), 64, ["triton::mm"]),
+    # K = BLOCK_K: one iteration, one buffer (98,304; a review found Triton does not pipeline it)
+    ("A100", "triton::mm", (256, 128, 128, 4), 128, ["triton::mm"]),
+    # num_stages 0 pipelines nothing, one buffer: 262,144 > 166,912 (a fuzz: it skipped the check)
+    ("A100", "triton::mm", (128, 128, 512, 0), 1024, ["aten::mm"]),
 ])
 def test_an_entry_too_big_for_the_gpus_shared_memory_compiles_the_default_and_says_why(gpu, template_id, blocks, k,
                                                                                        served):
@@ -710,7 +712,7 @@ def test_an_entry_too_big_for_the_gpus_shared_memory_compiles_the_default_and_sa
             lower("mm", shapes, torch.bfloat16)
         key = rec.events[-1].agnostic_key
         entry = {"template_id": template_id, **TRITON_PARAMS, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                 "num_stages": stages}
+                 "num_stages": stages, "num_warps": 8}
         with use_table({key: [entry]}, device="cuda") as installed:
             got = lower("mm", shapes, torch.bfloat16)
     assert got.uids == served

@@ -214,7 +214,7 @@ def test_an_aten_winner_is_never_reported_as_a_speedup_over_the_default(tune_cfg
     # eager and the unfrozen default were never paired against the default: their ratios say so
     for label in ("eager", "inductor default, no freezing"):
         row = next(line for line in text.splitlines() if line.startswith(f"│ {label} "))
-        assert re.search(r"\d\.\d\dx \(unconfirmed\)", row), row
+        assert re.search(r"\d\.\d\dx \(unpaired\)", row), row
     assert "; the study holds 1 of 1" in text
     # a study holding more than this run's search.n_trials (a newcomer's rerun with a smaller one)
     result.study_measured, result.target = 4, 1

@@ -48,9 +48,10 @@ def shared_memory_bytes(entry: dict[str, Any], itemsize: int, k: Any = None,
     tile and over-prunes, as it says."""
     tid = str(entry.get("template_id", ""))
     blocks = [entry.get(k) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages")]
-    if not tid.startswith("triton::") or not all(type(v) is int and v > 0 for v in blocks):
+    if not tid.startswith("triton::") or not all(type(v) is int and v >= 0 for v in blocks):
         return None
     bm, bn, bk, stages = blocks
+    stages = max(1, stages)  # num_stages 0 pipelines nothing, as 1
     warps = entry.get("num_warps")
     wgmma = capability == (9, 0) and itemsize == 2 and bm >= 64 and type(warps) is int and warps % 4 == 0
     if isinstance(k, int) and k <= bk:

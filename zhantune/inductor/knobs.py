@@ -32,6 +32,7 @@ from typing import Any
 from zhantune.errors import shown
 
 __all__ = ["DEVICE_KINDS", "CONFIG_KNOBS", "FUSION_KNOBS", "TEMPLATE_KWARGS", "BACKEND_FLAGS", "config_knob_problem",
+           "triton_resources_problem", "TRITON_REQUIRED", "MAX_ACCUMULATORS", "MAX_TILE_NUMEL",
            "config_patch_problem", "template_entry_problem", "stored_params_problem", "allowed_config_keys",
            "template_kwargs", "TRITON_KWARGS"]
 
@@ -132,7 +133,9 @@ TEMPLATE_KWARGS: dict[str, Check] = {
     # BLOCK_K's least for tl.dot depends on the dtype (key_entry_problem)
     **{k: _one_of(tuple(1 << i for i in range(13))) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
     "GROUP_M": _int(1, 1024),
-    "num_warps": _one_of((1, 2, 4, 8, 16, 32)),
+    # 16 and 32 warps failed ptxas on sm_90 for 16-bit tiles ("Insufficient registers") and took Triton's
+    # epilogue past shared memory; no zhantune space or Inductor config uses more than 8
+    "num_warps": _one_of((1, 2, 4, 8)),
     "num_stages": _int(0, 32),
     "k_split": _int(1, 1 << 20),
     "EVEN_K": _bool,
@@ -242,6 +245,43 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1
                 "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1}
 
 
+#: the kwargs a Triton entry must name: what decides its kernel's resources (registers, shared memory);
+#: a kwarg left out Inductor fills from its first heuristic config (torch/_inductor/lookup_table/
+#: choices.py), a kernel nobody measured, unchecked (a 1024 BLOCK_K with Inductor's 32x32 tiles
+#: needed 393,216 bytes of shared memory on an A100)
+TRITON_REQUIRED = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+#: fp32 accumulators per thread a Triton entry may have (BLOCK_M * BLOCK_N over num_warps x the warp's
+#: threads): Inductor's own CUDA mm configs' bound, and the Triton spaces'; 1024x1024 tiles on 4 warps
+#: compiled for minutes and ran out of memory
+MAX_ACCUMULATORS = 128
+#: elements a Triton tensor may have (triton.language TRITON_MAX_TENSOR_NUMEL): a larger tile fails
+#: the compile ("numel exceeds triton maximum tensor numel")
+MAX_TILE_NUMEL = 1 << 20
+
+
+def triton_resources_problem(entry: dict[str, Any], amd: bool = False) -> tuple[str, str] | None:
+    """(key, why) where a ``triton::*`` entry leaves a resource-deciding kwarg out or its tiles are
+    more than a kernel can hold (:data:`MAX_ACCUMULATORS`, :data:`MAX_TILE_NUMEL`; ``amd``: 64 threads
+    a warp), else None. Checked at load (:func:`key_entry_problem`) and by the export, which skips such
+    a config (zhantune.inductor.builder.not_carried_reason)."""
+    missing = [k for k in TRITON_REQUIRED if k not in entry]
+    if missing:
+        return missing[0], (f"{missing[0]} is missing: a Triton entry names {', '.join(TRITON_REQUIRED)} (Inductor "
+                            "would fill it from its own heuristic: a kernel nobody measured)")
+    bm, bn, bk, warps = (entry[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"))
+    if not all(type(v) is int and v > 0 for v in (bm, bn, bk, warps)):
+        return None  # the value checks name it
+    threads = warps * (64 if amd else 32)
+    if bm * bn > MAX_ACCUMULATORS * threads:
+        return "BLOCK_M", (f"BLOCK_M x BLOCK_N = {bm} x {bn} accumulators on num_warps={warps} ({threads} threads) is "
+                           f"{bm * bn // threads} per thread, more than {MAX_ACCUMULATORS} (registers spill; Triton's "
+                           "compile ran for minutes)")
+    if max(bm, bn) * bk > MAX_TILE_NUMEL:
+        return "BLOCK_K", (f"BLOCK_K={bk} with BLOCK_M={bm}, BLOCK_N={bn} makes a tile of more than {MAX_TILE_NUMEL:,} "
+                           "elements, Triton's most (the compile fails)")
+    return None
+
+
 def key_entry_problem(entry: dict[str, Any], inputs: str, op: str, amd: bool = False) -> tuple[str, str] | None:
     """(key, why) when an allow-listed template entry cannot be right for its lookup key's sizes
     (``inputs``, ``op``: the parts zhantune.inductor.table.parse_key splits off), or None.
@@ -258,6 +298,8 @@ def key_entry_problem(entry: dict[str, Any], inputs: str, op: str, amd: bool = F
     entry's ``k_split`` must divide K (Inductor reshapes K into k_split slices: the compile fails)."""
     found = [(m.group(1), [int(v) for v in m.group(2).split(",") if v.strip()]) for m in _INPUT.finditer(inputs)]
     tid = entry.get("template_id", "")
+    if tid.startswith("triton::") and (bad := triton_resources_problem(entry, amd)):
+        return bad
     dtype = found[-2][0] if len(found) >= 2 else found[0][0] if found else "an unknown dtype"
     nbytes = _DTYPE_BYTES.get(dtype)
     blocks = {b: entry[b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if isinstance(entry.get(b), int)}
