@@ -773,6 +773,16 @@ def test_export_skips_entries_a_table_may_not_carry(tmp_path):
                           median_us=3.0, config_hash="c", torch_version=torch.__version__)
     assert build_table(store) == {f"gpu0+{KEY}": [{"template_id": "zhantune::config", "config_patch": {
         "max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": 1}}]}
+    # a Triton config the table may not carry (more than 256 accumulators a thread: a space of 2026-11-24
+    # measured 256x256 on 4 warps) is skipped, the next carried one exported: it failed the whole export
+    # (a second review, session 40)
+    gpu = store.device_id("gpu1", "gpu1", "cuda", {})
+    tri = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3, "GROUP_M": 8}
+    for us, params, chash in ((1.0, {**tri, "BLOCK_M": 512, "BLOCK_N": 512}, "big"), (2.0, tri, "ok")):
+        store.add_measurement(study_id=study, device_id=gpu, problem_id=prob, kind="candidate", status="ok",
+                              template_id="triton::mm", params=params, median_us=us, config_hash=chash,
+                              torch_version=torch.__version__)
+    assert build_table(store)[f"gpu1+{KEY}"] == [{"template_id": "triton::mm", **tri}]
 
 
 KNOB_ROWS = [  # (device kind, key, value, allowed)

@@ -695,6 +695,8 @@ def test_use_tables_shared_memory_bound_is_what_triton_gives_the_kernel(capabili
     ("H100", "triton::mm_persistent_tma", (256, 128, 64, 4), 1024, ["triton::mm_persistent_tma"]),  # 196,608
     # K = BLOCK_K: one iteration, one buffer (98,304; a review found Triton does not pipeline it)
     ("A100", "triton::mm", (256, 128, 128, 4), 128, ["triton::mm"]),
+    # the persistent kernel pipelines across tiles, K = BLOCK_K or not: 294,912 (a second review: served)
+    ("H100", "triton::mm_persistent_tma", (256, 128, 128, 3), 128, ["aten::mm"]),
     # num_stages 0 pipelines nothing, one buffer: 262,144 > 166,912 (a fuzz: it skipped the check)
     ("A100", "triton::mm", (128, 128, 512, 0), 1024, ["aten::mm"]),
 ])

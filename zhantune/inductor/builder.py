@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from zhantune.bench.decision import claim_holds, decision_us
 from zhantune.errors import SHOWN_KEY, ConfigError, TableError, shown
-from zhantune.inductor.knobs import BACKEND_FLAGS, triton_resources_problem
+from zhantune.inductor.knobs import BACKEND_FLAGS
 from zhantune.inductor.table import (
     CONFIG_TEMPLATE_ID,
     FORMAT,
@@ -123,8 +123,7 @@ def not_carried_reason(row: Any, device_kind: str) -> str | None:
                 "entries were measured without it)")
     entry = entry_for(row.template_id, row.params, row.template_hash)
     why = not_carried(entry, device_kind)
-    if why is None and (bad := entry_problem(entry, device_kind)
-                        or (str(entry.get("template_id")).startswith("triton::") and triton_resources_problem(entry))):
+    if why is None and (bad := entry_problem(entry, device_kind)):
         name, problem = bad
         why = f"{name}: {problem}"
     return why

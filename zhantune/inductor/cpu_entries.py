@@ -38,7 +38,7 @@ PREPACK_OFF = ("torch._inductor.config.cpp.weight_prepack is False in this proce
                "cannot be compiled; Inductor's default compiled")
 #: why a C++-template entry compiled Inductor's default for a GEMM whose input is not row-contiguous
 TRANSPOSED_INPUT = ("the GEMM's first input is not laid out as Inductor's C++ template needs (contiguous in its last "
-                    "dimension; a bmm's contiguous in each batch), e.g. a transposed input: Inductor does not offer "
+                    "dimension; a bmm's contiguous, in float32 in each batch), e.g. a transposed input: Inductor does not offer "
                     "the template for it (torch/_inductor/utils.py use_cpp_gemm_template, use_cpp_bmm_template), so "
                     "the entry's kernel cannot be compiled; Inductor's default compiled")
 #: why ... for any other reason Inductor's check gives (a dtype without a micro-kernel, a dynamic N or K)

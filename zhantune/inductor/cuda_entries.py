@@ -29,21 +29,23 @@ SHARED_MEMORY = ("{tid} with BLOCK_M={bm}, BLOCK_N={bn}, BLOCK_K={bk}, num_stage
 
 def shared_memory_bytes(entry: dict[str, Any], itemsize: int, k: Any = None,
                         capability: tuple[int, int] | None = None) -> int | None:
-    """The least shared memory (bytes) Triton gives the kernel of a Triton template entry whose inputs
-    have ``itemsize`` bytes per element, for a GEMM of reduction size ``k`` (None or a symbol:
-    unknown) on a GPU of compute ``capability`` (None: unknown), or None (not a Triton template, or
-    a block size missing).
+    """The shared memory (bytes) Triton gives the pipelined A and B tiles of a Triton template entry's
+    kernel, for inputs of ``itemsize`` bytes per element, a GEMM of reduction size ``k`` (None or a
+    symbol: unknown) on a GPU of compute ``capability`` (None: unknown); None where it is not a
+    Triton template or a block size is missing.
 
-    The A and B tiles, ``(BLOCK_M + BLOCK_N) * BLOCK_K * itemsize`` bytes, once per pipeline buffer:
-    one where ``k <= BLOCK_K`` (a single iteration: Triton does not pipeline it); else ``num_stages``
-    buffers for ``triton::mm_persistent_tma``, and for the other templates on a compute capability
-    9.0 GPU with 16-bit inputs, ``BLOCK_M >= 64`` and ``num_warps`` a multiple of 4 (Hopper's
-    warpgroup MMA); else ``max(1, num_stages - 1)``. Exactly what Triton's own compiler gives
-    Inductor's kernels (``metadata.shared``, the number Triton checks against the device's limit),
-    checked in tests/test_cuda_paths.py for mm on sm_80 and sm_90 (bfloat16, float32) and the
-    persistent TMA template, and by hand in session 40 for addmm, bmm, float16 and K of 2 and 3 x
-    BLOCK_K. Another GPU (sm_100, ROCm) may allocate more; never less was seen, so there it is a
-    lower bound. Inductor's own estimate (get_shared_memory_estimation in
+    ``(BLOCK_M + BLOCK_N) * BLOCK_K * itemsize`` bytes once per pipeline buffer: ``num_stages``
+    buffers for ``triton::mm_persistent_tma`` (its loop runs over tiles too, so it pipelines even a
+    single K step), and for the other templates on a compute capability 9.0 GPU with 8- or 16-bit
+    inputs, ``BLOCK_M >= 64``, ``BLOCK_N >= 8`` and ``num_warps`` a multiple of 4 (Hopper's warpgroup
+    MMA); one where ``k <= BLOCK_K`` (a single K step: not pipelined); else ``max(1, num_stages -
+    1)``; num_stages 0 as 1. Measured with Triton's own compiler (``metadata.shared``, the number
+    Triton checks against the device's limit) for Inductor's mm, addmm and bmm kernels on sm_80 and
+    sm_90 (tests/test_cuda_paths.py; by hand in session 40, two reviews): the tiles are what Triton
+    allocates there, and its total is at least this (a few barrier bytes more; with small BLOCK_K,
+    or more than 4 warps on sm_80, the epilogue's layout conversion may take more than the tiles).
+    So it is a lower bound, never a refusal of a kernel that fits; on another GPU (sm_100, ROCm)
+    too, as far as seen. Inductor's own estimate (get_shared_memory_estimation in
     torch/_inductor/template_heuristics/triton.py) counts ``num_stages`` buffers and an epilogue
     tile and over-prunes, as it says."""
     tid = str(entry.get("template_id", ""))
@@ -53,11 +55,14 @@ def shared_memory_bytes(entry: dict[str, Any], itemsize: int, k: Any = None,
     bm, bn, bk, stages = blocks
     stages = max(1, stages)  # num_stages 0 pipelines nothing, as 1
     warps = entry.get("num_warps")
-    wgmma = capability == (9, 0) and itemsize == 2 and bm >= 64 and type(warps) is int and warps % 4 == 0
-    if isinstance(k, int) and k <= bk:
+    wgmma = (capability == (9, 0) and itemsize in (1, 2) and bm >= 64 and bn >= 8 and type(warps) is int
+             and warps % 4 == 0)
+    if tid == "triton::mm_persistent_tma" or (wgmma and not (isinstance(k, int) and k <= bk)):
+        buffers = stages
+    elif isinstance(k, int) and k <= bk:
         buffers = 1
     else:
-        buffers = stages if tid == "triton::mm_persistent_tma" or wgmma else max(1, stages - 1)
+        buffers = max(1, stages - 1)
     return (bm + bn) * bk * itemsize * buffers
 
 

@@ -250,20 +250,21 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1
 #: choices.py), a kernel nobody measured, unchecked (a 1024 BLOCK_K with Inductor's 32x32 tiles
 #: needed 393,216 bytes of shared memory on an A100)
 TRITON_REQUIRED = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
-#: fp32 accumulators per thread a Triton entry may have (BLOCK_M * BLOCK_N over num_warps x the warp's
-#: threads): Inductor's own CUDA mm configs' bound, and the Triton spaces'; 1024x1024 tiles on 4 warps
-#: compiled for minutes and ran out of memory
-MAX_ACCUMULATORS = 128
+#: fp32 accumulators per thread a Triton entry may have (BLOCK_M * BLOCK_N over num_warps x 32): the
+#: most Inductor's own configs reach (its exhaustive search's 64x256 on 2 warps, scaled_mm's 256x128
+#: on 4, ROCm's 256x256 on 8; the Triton spaces keep 128); 1024x1024 tiles on 4 warps compiled for
+#: minutes and ran out of memory
+MAX_ACCUMULATORS = 256
 #: elements a Triton tensor may have (triton.language TRITON_MAX_TENSOR_NUMEL): a larger tile fails
 #: the compile ("numel exceeds triton maximum tensor numel")
 MAX_TILE_NUMEL = 1 << 20
 
 
-def triton_resources_problem(entry: dict[str, Any], amd: bool = False) -> tuple[str, str] | None:
-    """(key, why) where a ``triton::*`` entry leaves a resource-deciding kwarg out or its tiles are
-    more than a kernel can hold (:data:`MAX_ACCUMULATORS`, :data:`MAX_TILE_NUMEL`; ``amd``: 64 threads
-    a warp), else None. Checked at load (:func:`key_entry_problem`) and by the export, which skips such
-    a config (zhantune.inductor.builder.not_carried_reason)."""
+def triton_resources_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
+    """(key, why) where a ``triton::*`` table entry leaves a resource-deciding kwarg out or its tiles
+    are more than a kernel can hold (:data:`MAX_ACCUMULATORS`, :data:`MAX_TILE_NUMEL`), else None.
+    Checked at load and by the export, which skips such a config (zhantune.inductor.table.entry_problem);
+    never on a stored measurement's params (a space of 2026-11-24 measured 256x256 tiles on 4 warps)."""
     missing = [k for k in TRITON_REQUIRED if k not in entry]
     if missing:
         return missing[0], (f"{missing[0]} is missing: a Triton entry names {', '.join(TRITON_REQUIRED)} (Inductor "
@@ -271,7 +272,7 @@ def triton_resources_problem(entry: dict[str, Any], amd: bool = False) -> tuple[
     bm, bn, bk, warps = (entry[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"))
     if not all(type(v) is int and v > 0 for v in (bm, bn, bk, warps)):
         return None  # the value checks name it
-    threads = warps * (64 if amd else 32)
+    threads = warps * 32
     if bm * bn > MAX_ACCUMULATORS * threads:
         return "BLOCK_M", (f"BLOCK_M x BLOCK_N = {bm} x {bn} accumulators on num_warps={warps} ({threads} threads) is "
                            f"{bm * bn // threads} per thread, more than {MAX_ACCUMULATORS} (registers spill; Triton's "
@@ -298,8 +299,6 @@ def key_entry_problem(entry: dict[str, Any], inputs: str, op: str, amd: bool = F
     entry's ``k_split`` must divide K (Inductor reshapes K into k_split slices: the compile fails)."""
     found = [(m.group(1), [int(v) for v in m.group(2).split(",") if v.strip()]) for m in _INPUT.finditer(inputs)]
     tid = entry.get("template_id", "")
-    if tid.startswith("triton::") and (bad := triton_resources_problem(entry, amd)):
-        return bad
     dtype = found[-2][0] if len(found) >= 2 else found[0][0] if found else "an unknown dtype"
     nbytes = _DTYPE_BYTES.get(dtype)
     blocks = {b: entry[b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if isinstance(entry.get(b), int)}

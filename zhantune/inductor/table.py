@@ -38,6 +38,7 @@ from zhantune.inductor.knobs import (
     config_patch_problem,
     key_entry_problem,
     template_entry_problem,
+    triton_resources_problem,
 )
 from zhantune.inductor.table_meta import FORMAT, FORMAT_VERSION, check_meta, plain_copy
 
@@ -375,4 +376,7 @@ def entry_problem(entry: dict[str, Any], device_kind: str | None) -> tuple[str, 
             name, why = bad
             return "config_patch" + ("." + name if name else ""), why
         return None
-    return template_entry_problem(entry)
+    bad = template_entry_problem(entry)
+    if bad is None and str(entry.get("template_id")).startswith("triton::"):
+        bad = triton_resources_problem(entry)  # a table's, not a stored row's (zhantune.inductor.knobs)
+    return bad

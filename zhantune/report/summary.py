@@ -97,8 +97,8 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
 def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Table:
     """One row per baseline and for the best candidate (and the best a table can carry, where that
     is another): status, median and minimum (us), TFLOP/s at the minimum, speedup over the default.
-    A replay's rows have no minimum column: its times were recorded by another tuner, and its
-    decision statistic is the recorded median (decision_us), which the title says."""
+    A replay's rows have no minimum column: its times were recorded by another tuner (the title says
+    so), and its decision statistic is the recorded median (decision_us), the median column."""
     p = run.problem
     replay = getattr(run, "replay", None)
     source = f", recorded in {Path(str(replay.path)).name} and replayed, not measured here" if replay is not None else ""

@@ -228,7 +228,7 @@ class Queries(ReportQueries):
             rows = s.scalars(select(r.conditions).where(
                 r.study_id == verdict.study_id, r.config_hash == verdict.config_hash, r.kind == "remeasure",
                 r.timing_method.like("cpu:%"), r.created_at <= verdict.created_at)
-                .order_by(r.id.desc()).limit(verdict.rounds or 0))
+                .order_by(r.created_at.desc(), r.id.desc()).limit(verdict.rounds or 0))
             return any(not c or "timed_ms" not in c for c in rows)
 
     def latest_verdicts(self, torch_version: str | None = None) -> dict[tuple[int, int, str | None], m.Verdict]:
