@@ -728,6 +728,31 @@ def test_an_entry_too_big_for_the_gpus_shared_memory_compiles_the_default_and_sa
         assert not installed.report.hits
 
 
+def test_an_entry_that_leaves_kwargs_out_is_checked_as_inductor_merges_it():
+    """A fuzz of CUDA entries (session 40): Inductor merges an entry over its template's first
+    heuristic config (torch/_inductor/lookup_table/choices.py), so ``{"BLOCK_K": 1024, "num_stages": 4}``
+    compiled that config's tiles with a 1024 BLOCK_K, past an A100's shared memory, unchecked. The
+    merged kwargs are checked now; a partial entry that fits is served as before."""
+    from zhantune.inductor.runtime import use_table
+
+    shapes = [(4096, 4096), (4096, 4096)]
+    with fake_cuda(PROFILES["A100"].properties()):
+        with recording() as rec:
+            lower("mm", shapes, torch.bfloat16)
+        key = rec.events[-1].agnostic_key
+        for entry, served in (({"template_id": "triton::mm", "BLOCK_K": 1024, "num_stages": 4}, ["aten::mm"]),
+                              ({"template_id": "triton::mm", "BLOCK_K": 32, "num_stages": 3}, ["triton::mm"])):
+            with use_table({key: [entry]}, device="cuda") as installed:
+                got = lower("mm", shapes, torch.bfloat16)
+            assert got.uids == served
+            if served == ["aten::mm"]:
+                (why,) = installed.report.stale.values()
+                assert why.startswith("triton::mm with BLOCK_M=") and "num_stages=4 needs at least" in why, why
+                assert got.uids == ["aten::mm"] and not installed.report.hits
+            else:
+                assert installed.report.hits == {key: 1} and got.kwargs()["BLOCK_K"] == 32
+
+
 @pytest.mark.parametrize("rounds", [[(100.0, 97.0), (101.0, 97.5), (100.5, 97.2)],  # 1.03x
                                     [(202.80, 201.07), (203.28, 201.17), (200.65, 198.74)]])  # 1.010x
 def test_a_finished_studys_claim_names_its_config_where_the_best_is_one_no_table_carries(tmp_path, rounds):

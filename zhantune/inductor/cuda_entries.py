@@ -12,7 +12,7 @@ from torch._inductor import config as inductor_config
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 
 __all__ = ["NOT_OFFERED", "SHARED_MEMORY", "held_back", "no_choice", "in_backends", "stale_reason",
-           "gemm_settings", "shared_memory_bytes", "shared_memory_short"]
+           "gemm_settings", "shared_memory_bytes", "shared_memory_short", "resources_stale"]
 
 #: why a CUDA entry compiled Inductor's default: its template is not among those Inductor offers for
 #: this GEMM here (torch/_inductor/utils.py use_triton_template: a GPU of at least 68 SMs;
@@ -90,6 +90,32 @@ def shared_memory_short(entry: dict[str, Any], kernel_inputs: Any) -> str | None
     return SHARED_MEMORY.format(tid=entry["template_id"], bm=entry["BLOCK_M"], bn=entry["BLOCK_N"], bk=entry["BLOCK_K"],
                                 stages=entry["num_stages"], need=need, dtype=str(dtype).removeprefix("torch."),
                                 have=int(have))
+
+
+def resources_stale(entry: dict[str, Any], kernel_inputs: Any, templates: list[Any], op_name: str,
+                    choices: Any) -> str | None:
+    """Why a Triton entry's kernel cannot run on this lookup's GPU, or None: more accumulators a
+    thread or a larger tile than a kernel holds (zhantune.inductor.knobs.triton_resources_problem), or
+    more shared memory than the GPU has (:func:`shared_memory_short`), on the kwargs Inductor compiles:
+    an entry that leaves one of TRITON_REQUIRED out is merged over its template's first heuristic
+    config first, as Inductor merges it (torch/_inductor/lookup_table/choices.py _create_lookup_choices;
+    ``choices``: the handler, whose ``get_ktc`` makes that config)."""
+    from zhantune.inductor.knobs import TRITON_REQUIRED, triton_resources_problem
+
+    tid = str(entry.get("template_id", ""))
+    if not tid.startswith("triton::"):
+        return None
+    merged = entry
+    if any(k not in entry for k in TRITON_REQUIRED):
+        template = next((t for t in templates if getattr(t, "uid", None) == tid), None)
+        base = next(choices.get_ktc(kernel_inputs, template, op_name), None) if template is not None else None
+        if base is None:
+            return None
+        merged = {**base.params.to_kwargs(), **entry}
+    if bad := triton_resources_problem(merged):
+        merged_note = "" if merged is entry else " (the entry merged over Inductor's first config)"
+        return f"{bad[1]}{merged_note}; Inductor's default compiled"
+    return shared_memory_short(merged, kernel_inputs)
 
 
 def held_back(entries: list[dict[str, Any]], uids: dict[str, Any], kernel_inputs: Any) -> bool:

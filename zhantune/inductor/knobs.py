@@ -245,9 +245,10 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1
                 "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1}
 
 
-#: the kwargs a Triton entry must name: what decides its kernel's resources (registers, shared memory);
-#: a kwarg left out Inductor fills from its first heuristic config (torch/_inductor/lookup_table/
-#: choices.py), a kernel nobody measured, unchecked (a 1024 BLOCK_K with Inductor's 32x32 tiles
+#: the kwargs that decide a Triton kernel's resources (registers, shared memory); one an entry leaves
+#: out Inductor fills from its template's first heuristic config (torch/_inductor/lookup_table/
+#: choices.py), so they are checked on the merged kwargs when the lookup is made
+#: (zhantune.inductor.cuda_entries.resources_stale: a 1024 BLOCK_K with Inductor's 32x32 tiles
 #: needed 393,216 bytes of shared memory on an A100)
 TRITON_REQUIRED = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 #: fp32 accumulators per thread a Triton entry may have (BLOCK_M * BLOCK_N over num_warps x 32): the
@@ -261,17 +262,14 @@ MAX_TILE_NUMEL = 1 << 20
 
 
 def triton_resources_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
-    """(key, why) where a ``triton::*`` table entry leaves a resource-deciding kwarg out or its tiles
-    are more than a kernel can hold (:data:`MAX_ACCUMULATORS`, :data:`MAX_TILE_NUMEL`), else None.
-    Checked at load and by the export, which skips such a config (zhantune.inductor.table.entry_problem);
-    never on a stored measurement's params (a space of 2026-11-24 measured 256x256 tiles on 4 warps)."""
-    missing = [k for k in TRITON_REQUIRED if k not in entry]
-    if missing:
-        return missing[0], (f"{missing[0]} is missing: a Triton entry names {', '.join(TRITON_REQUIRED)} (Inductor "
-                            "would fill it from its own heuristic: a kernel nobody measured)")
-    bm, bn, bk, warps = (entry[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"))
+    """(key, why) where a ``triton::*`` table entry's tiles are more than a kernel can hold
+    (:data:`MAX_ACCUMULATORS`, :data:`MAX_TILE_NUMEL`), else None (also where it leaves a kwarg of
+    the bound out: checked when the lookup is made, on the kwargs Inductor merges). Checked at load
+    and by the export, which skips such a config (zhantune.inductor.table.entry_problem); never on a
+    stored measurement's params (a space of 2026-11-24 measured 256x256 tiles on 4 warps)."""
+    bm, bn, bk, warps = (entry.get(k) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"))
     if not all(type(v) is int and v > 0 for v in (bm, bn, bk, warps)):
-        return None  # the value checks name it
+        return None  # left out (merged later), or the value checks name it
     threads = warps * 32
     if bm * bn > MAX_ACCUMULATORS * threads:
         return "BLOCK_M", (f"BLOCK_M x BLOCK_N = {bm} x {bn} accumulators on num_warps={warps} ({threads} threads) is "

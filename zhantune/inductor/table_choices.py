@@ -39,7 +39,7 @@ from zhantune.inductor.cuda_entries import (
     held_back,
     in_backends,
     no_choice,
-    shared_memory_short,
+    resources_stale,
     stale_reason,
 )
 from zhantune.inductor.heuristics import TF32_ON, even_k, half_math_changed, tf32_float32
@@ -275,7 +275,8 @@ class TableChoices(RecordingChoices):
             return []
         fresh, why = [], None
         for e in entries:
-            reason = stale_reason(e, hashes) or (not cpu and self.any_key is None and shared_memory_short(e, kernel_inputs))
+            reason = stale_reason(e, hashes) or (not cpu and self.any_key is None
+                                                 and resources_stale(e, kernel_inputs, templates, op_name, self))
             if reason:
                 why = reason
                 continue
