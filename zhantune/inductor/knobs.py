@@ -32,7 +32,7 @@ from typing import Any
 from zhantune.errors import shown
 
 __all__ = ["DEVICE_KINDS", "CONFIG_KNOBS", "FUSION_KNOBS", "TEMPLATE_KWARGS", "BACKEND_FLAGS", "config_knob_problem",
-           "triton_resources_problem", "TRITON_REQUIRED", "MAX_ACCUMULATORS", "MAX_TILE_NUMEL",
+           "triton_resources_problem", "TRITON_REQUIRED", "MAX_ACCUMULATORS", "MAX_TILE_NUMEL", "MAX_TABLE_WARPS",
            "config_patch_problem", "template_entry_problem", "stored_params_problem", "allowed_config_keys",
            "template_kwargs", "TRITON_KWARGS"]
 
@@ -133,9 +133,8 @@ TEMPLATE_KWARGS: dict[str, Check] = {
     # BLOCK_K's least for tl.dot depends on the dtype (key_entry_problem)
     **{k: _one_of(tuple(1 << i for i in range(13))) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
     "GROUP_M": _int(1, 1024),
-    # 16 and 32 warps failed ptxas on sm_90 for 16-bit tiles ("Insufficient registers") and took Triton's
-    # epilogue past shared memory; no zhantune space or Inductor config uses more than 8
-    "num_warps": _one_of((1, 2, 4, 8)),
+    # (a table entry: at most 8, triton_resources_problem; a stored row or a custom space may have more)
+    "num_warps": _one_of((1, 2, 4, 8, 16, 32)),
     "num_stages": _int(0, 32),
     "k_split": _int(1, 1 << 20),
     "EVEN_K": _bool,
@@ -256,20 +255,25 @@ TRITON_REQUIRED = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 #: on 4, ROCm's 256x256 on 8; the Triton spaces keep 128); 1024x1024 tiles on 4 warps compiled for
 #: minutes and ran out of memory
 MAX_ACCUMULATORS = 256
+#: warps a Triton table entry may have: no zhantune space and no Inductor GEMM config uses more
+MAX_TABLE_WARPS = 8
 #: elements a Triton tensor may have (triton.language TRITON_MAX_TENSOR_NUMEL): a larger tile fails
 #: the compile ("numel exceeds triton maximum tensor numel")
 MAX_TILE_NUMEL = 1 << 20
 
 
 def triton_resources_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
-    """(key, why) where a ``triton::*`` table entry's tiles are more than a kernel can hold
-    (:data:`MAX_ACCUMULATORS`, :data:`MAX_TILE_NUMEL`), else None (also where it leaves a kwarg of
+    """(key, why) where a ``triton::*`` table entry's tiles or warps are more than a kernel can hold
+    (:data:`MAX_TABLE_WARPS`, :data:`MAX_ACCUMULATORS`, :data:`MAX_TILE_NUMEL`), else None (also where it leaves a kwarg of
     the bound out: checked when the lookup is made, on the kwargs Inductor merges). Checked at load
     and by the export, which skips such a config (zhantune.inductor.table.entry_problem); never on a
     stored measurement's params (a space of 2026-11-24 measured 256x256 tiles on 4 warps)."""
     bm, bn, bk, warps = (entry.get(k) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"))
     if not all(type(v) is int and v > 0 for v in (bm, bn, bk, warps)):
         return None  # left out (merged later), or the value checks name it
+    if warps > MAX_TABLE_WARPS:
+        return "num_warps", (f"num_warps={warps} is more than a table entry may have ({MAX_TABLE_WARPS}: 16 and 32 "
+                             "failed ptxas on sm_90 for 16-bit tiles, and took Triton's epilogue past shared memory)")
     threads = warps * 32
     if bm * bn > MAX_ACCUMULATORS * threads:
         return "BLOCK_M", (f"BLOCK_M x BLOCK_N = {bm} x {bn} accumulators on num_warps={warps} ({threads} threads) is "
