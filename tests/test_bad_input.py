@@ -1188,6 +1188,8 @@ def test_a_table_entry_that_cannot_be_right_for_its_keys_sizes_is_refused(tmp_pa
         with pytest.raises(TableError, match=match):
             read_table({k48: [entry]}, "cuda")
     assert read_table({k48: [{**tri, "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 16}]}, "cuda").table  # 256 a thread
+    with pytest.raises(TableError, match=r"\[0\]\.num_warps: num_warps=16 is more than a table entry may have"):
+        read_table({k48: [{"template_id": "triton::mm", "num_warps": 16}]}, "cuda")  # blocks left out (a review)
 
     wrapped = {"format": "zhantune-lookup-table", "format_version": 1, "table": {KEY: [{"template_id": "aten::mm"}]}}
     assert read_table(wrapped).table

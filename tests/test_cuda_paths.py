@@ -748,9 +748,26 @@ def test_an_entry_that_leaves_kwargs_out_is_checked_as_inductor_merges_it():
             if served == ["aten::mm"]:
                 (why,) = installed.report.stale.values()
                 assert why.startswith("triton::mm with BLOCK_M=") and "num_stages=4 needs at least" in why, why
+                assert why.endswith("(the entry merged over Inductor's first config for what it leaves out); "
+                                    "Inductor's default compiled"), why
                 assert got.uids == ["aten::mm"] and not installed.report.hits
             else:
                 assert installed.report.hits == {key: 1} and got.kwargs()["BLOCK_K"] == 32
+        # no heuristic config to merge over: Inductor would skip the template and have no choice at all
+        from zhantune.inductor.table_choices import TableChoices
+
+        real = TableChoices.get_ktc
+
+        def no_triton_config(self, kernel_inputs, template, op_name, *args, **kwargs):
+            return iter(()) if template.uid.startswith("triton::") else real(self, kernel_inputs, template, op_name,
+                                                                              *args, **kwargs)
+
+        with mock.patch.object(TableChoices, "get_ktc", no_triton_config), \
+                use_table({key: [{"template_id": "triton::mm", "BLOCK_K": 32}]}, device="cuda") as installed:
+            got = lower("mm", shapes, torch.bfloat16)
+        assert got.uids == ["aten::mm"] and not installed.report.hits
+        assert installed.report.stale == {key: "triton::mm: Inductor's heuristic has no config of it for this GEMM to "
+                                               "merge the entry over; Inductor's default compiled"}
 
 
 @pytest.mark.parametrize("rounds", [[(100.0, 97.0), (101.0, 97.5), (100.5, 97.2)],  # 1.03x

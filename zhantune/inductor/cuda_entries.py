@@ -108,14 +108,19 @@ def resources_stale(entry: dict[str, Any], kernel_inputs: Any, templates: list[A
     merged = entry
     if any(k not in entry for k in TRITON_REQUIRED):
         template = next((t for t in templates if getattr(t, "uid", None) == tid), None)
-        base = next(choices.get_ktc(kernel_inputs, template, op_name), None) if template is not None else None
-        if base is None:
-            return None
+        if template is None:
+            return None  # not offered: said by the caller
+        base = next(choices.get_ktc(kernel_inputs, template, op_name), None)
+        if base is None:  # Inductor would skip the template: no choice at all (NoValidChoicesError)
+            return (f"{tid}: Inductor's heuristic has no config of it for this GEMM to merge the entry over; "
+                    "Inductor's default compiled")
         merged = {**base.params.to_kwargs(), **entry}
+    merged_note = "" if merged is entry else " (the entry merged over Inductor's first config for what it leaves out)"
     if bad := triton_resources_problem(merged):
-        merged_note = "" if merged is entry else " (the entry merged over Inductor's first config)"
         return f"{bad[1]}{merged_note}; Inductor's default compiled"
-    return shared_memory_short(merged, kernel_inputs)
+    short = shared_memory_short(merged, kernel_inputs)
+    return short if short is None or not merged_note else short.replace("; Inductor's default compiled",
+                                                                        merged_note + "; Inductor's default compiled")
 
 
 def held_back(entries: list[dict[str, Any]], uids: dict[str, Any], kernel_inputs: Any) -> bool:

@@ -269,11 +269,11 @@ def triton_resources_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
     and by the export, which skips such a config (zhantune.inductor.table.entry_problem); never on a
     stored measurement's params (a space of 2026-11-24 measured 256x256 tiles on 4 warps)."""
     bm, bn, bk, warps = (entry.get(k) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"))
-    if not all(type(v) is int and v > 0 for v in (bm, bn, bk, warps)):
-        return None  # left out (merged later), or the value checks name it
-    if warps > MAX_TABLE_WARPS:
+    if type(warps) is int and warps > MAX_TABLE_WARPS:
         return "num_warps", (f"num_warps={warps} is more than a table entry may have ({MAX_TABLE_WARPS}: 16 and 32 "
                              "failed ptxas on sm_90 for 16-bit tiles, and took Triton's epilogue past shared memory)")
+    if not all(type(v) is int and v > 0 for v in (bm, bn, bk, warps)):
+        return None  # left out (merged later), or the value checks name it
     threads = warps * 32
     if bm * bn > MAX_ACCUMULATORS * threads:
         return "BLOCK_M", (f"BLOCK_M x BLOCK_N = {bm} x {bn} accumulators on num_warps={warps} ({threads} threads) is "
