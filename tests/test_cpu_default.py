@@ -417,7 +417,7 @@ def test_a_cpp_entry_under_a_dynamic_m_is_stale_not_a_hit():
     tuned for that M was found and counted a hit, but Inductor's template then picks its blocking,
     thread split and K slices at run time: a kernel nobody measured (a review). Such a lookup is
     stale: Inductor's default compiles, and the report says why; a static compile still hits."""
-    from zhantune.inductor.table_choices import DYNAMIC_M
+    from zhantune.inductor.cpu_entries import DYNAMIC_M
 
     torch.manual_seed(0)
     lin, x = _linear(64, 48, torch.float32), torch.randn(32, 48)

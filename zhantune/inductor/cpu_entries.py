@@ -10,11 +10,11 @@ from typing import Any
 
 from torch._inductor import config as inductor_config
 
-from zhantune.inductor.table import CONFIG_TEMPLATE_ID
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID, not_carried
 
 __all__ = ["NOT_FROZEN", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
            "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp", "TRANSPOSED_INPUT",
-           "CPP_NOT_OFFERED", "strided_input", "cpp_unoffered", "CPP_KNOB_DEFAULTS", "cpp_knobs"]
+           "CPP_NOT_OFFERED", "strided_input", "cpp_unoffered", "CPP_KNOB_DEFAULTS", "cpp_knobs", "cpp_entry_stale"]
 
 #: the C++ template's knobs at Inductor's source defaults (torch/_inductor/config.py, without its
 #: TORCHINDUCTOR_CPP_GEMM_* environment variables): a C++-template entry compiles under these for
@@ -195,6 +195,25 @@ def threads_mismatch(patch: dict[str, Any], op_name: str) -> str | None:
         return None
     return (f"cpp.gemm_thread_factors={factors} is for {want} thread(s), this process compiles for {have} "
             "(torch.get_num_threads()); Inductor's default compiled")
+
+
+def cpp_entry_stale(entry: dict[str, Any], kernel_inputs: Any, op_name: str, packed: bool,
+                    tuned_here: bool) -> str | None:
+    """Why a CPU entry cannot compile the kernel it was measured as in this GEMM's lowering, or None:
+    a knob no CPU table carries (zhantune.inductor.table.not_carried); for a C++-template entry,
+    thread factors for another count (:func:`threads_mismatch`), a dynamic M, on a ``packed`` linear
+    prepacking off or a transposed input (the unpacked lowering asks Inductor itself:
+    :func:`cpp_unoffered`), and where ``tuned_here`` (a table, not a tune's own candidate compile)
+    another vector ISA (:func:`isa_mismatch`). The one list of both lowerings, in this order."""
+    if why := not_carried(entry, "cpu"):
+        return why
+    if not wants_cpp(entry):
+        return None
+    return (threads_mismatch(entry["config_patch"], op_name)
+            or (DYNAMIC_M if dynamic_m(kernel_inputs) else None)
+            or (PREPACK_OFF if packed and not inductor_config.cpp.weight_prepack else None)
+            or (TRANSPOSED_INPUT if packed and strided_input(kernel_inputs) else None)
+            or (isa_mismatch() if tuned_here else None))
 
 
 def wants_cpp(entry: dict[str, Any]) -> bool:

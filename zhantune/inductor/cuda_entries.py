@@ -66,19 +66,20 @@ def shared_memory_bytes(entry: dict[str, Any], itemsize: int, k: Any = None,
     return (bm + bn) * bk * itemsize * buffers
 
 
-def shared_memory_short(entry: dict[str, Any], kernel_inputs: Any) -> str | None:
+def shared_memory_short(entry: dict[str, Any], kernel_inputs: Any, note: str = "") -> str | None:
     """:data:`SHARED_MEMORY` where a Triton entry's kernel needs more shared memory than the GPU of
     this lookup allows per block (:func:`shared_memory_bytes` against ``shared_memory_per_block_optin``
     of ``torch.cuda.get_device_properties``, as Inductor's own check reads it), else None. A table
     made on this device never has such an entry (it would not have run); a forged one, or one written
     for another GPU under this one's key, made the user's compile fail at launch. None on ROCm (the
-    LDS use of AMD's pipeliner is not measured here)."""
+    LDS use of AMD's pipeliner is not measured here). ``note`` follows the numbers (resources_stale's
+    word that the entry was merged)."""
     import torch
 
-    dtype = kernel_inputs.dtype()
-    k = kernel_inputs.mnk_symbolic()[2] if hasattr(kernel_inputs, "mnk_symbolic") else None
     if torch.version.hip or not str(entry.get("template_id", "")).startswith("triton::"):
         return None
+    dtype = kernel_inputs.dtype()
+    k = kernel_inputs.mnk_symbolic()[2] if hasattr(kernel_inputs, "mnk_symbolic") else None
     props = torch.cuda.get_device_properties(kernel_inputs.device())
     need = shared_memory_bytes(entry, dtype.itemsize, int(k) if getattr(k, "is_number", False) else k,
                                (props.major, props.minor))
@@ -87,9 +88,10 @@ def shared_memory_short(entry: dict[str, Any], kernel_inputs: Any) -> str | None
     have = getattr(props, "shared_memory_per_block_optin", None)
     if not have or need <= have:
         return None
-    return SHARED_MEMORY.format(tid=entry["template_id"], bm=entry["BLOCK_M"], bn=entry["BLOCK_N"], bk=entry["BLOCK_K"],
-                                stages=entry["num_stages"], need=need, dtype=str(dtype).removeprefix("torch."),
-                                have=int(have))
+    why = SHARED_MEMORY.format(tid=entry["template_id"], bm=entry["BLOCK_M"], bn=entry["BLOCK_N"], bk=entry["BLOCK_K"],
+                               stages=entry["num_stages"], need=need, dtype=str(dtype).removeprefix("torch."),
+                               have=int(have))
+    return why.replace("; Inductor's default compiled", f"{note}; Inductor's default compiled") if note else why
 
 
 def resources_stale(entry: dict[str, Any], kernel_inputs: Any, templates: list[Any], op_name: str,
@@ -118,9 +120,7 @@ def resources_stale(entry: dict[str, Any], kernel_inputs: Any, templates: list[A
     merged_note = "" if merged is entry else " (the entry merged over Inductor's first config for what it leaves out)"
     if bad := triton_resources_problem(merged):
         return f"{bad[1]}{merged_note}; Inductor's default compiled"
-    short = shared_memory_short(merged, kernel_inputs)
-    return short if short is None or not merged_note else short.replace("; Inductor's default compiled",
-                                                                        merged_note + "; Inductor's default compiled")
+    return shared_memory_short(merged, kernel_inputs, merged_note)
 
 
 def held_back(entries: list[dict[str, Any]], uids: dict[str, Any], kernel_inputs: Any) -> bool:

@@ -16,21 +16,15 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.choices import LookupEvent, RecordingChoices, legacy_cpu_key
 from zhantune.inductor.cpu_entries import (
-    DYNAMIC_M,
     GPU_ENTRY_ON_CPU,
     LEGACY_CPU_KEY,
-    PREPACK_OFF,
     REDUCED_FLOAT32,
-    TRANSPOSED_INPUT,
+    cpp_entry_stale,
     cpp_knobs,
     cpp_template_applies,
     cpp_unoffered,
     cpu_entry,
-    dynamic_m,
-    isa_mismatch,
     reduced_float32,
-    strided_input,
-    threads_mismatch,
     wants_cpp,
 )
 from zhantune.inductor.cuda_entries import (
@@ -135,12 +129,7 @@ class TableChoices(RecordingChoices):
         elif entries and not cpu_entry(entries[0], op_name):
             self.report.stale[report_key] = GPU_ENTRY_ON_CPU.format(tid=entries[0]["template_id"])
             self.report.stale_count[report_key] += 1
-        elif entries and ((why := not_carried(entries[0], "cpu"))
-                          or (wants_cpp(entries[0]) and (why := threads_mismatch(entries[0]["config_patch"], op_name)))
-                          or (wants_cpp(entries[0]) and dynamic_m(kernel_inputs) and (why := DYNAMIC_M))
-                          or (wants_cpp(entries[0]) and not inductor_config.cpp.weight_prepack and (why := PREPACK_OFF))
-                          or (wants_cpp(entries[0]) and strided_input(kernel_inputs) and (why := TRANSPOSED_INPUT))
-                          or (wants_cpp(entries[0]) and self.any_key is None and (why := isa_mismatch()))):
+        elif entries and (why := cpp_entry_stale(entries[0], kernel_inputs, op_name, True, self.any_key is None)):
             self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
         else:
@@ -345,10 +334,7 @@ class TableChoices(RecordingChoices):
         if not cpu_entry(entry, op_name):  # a table made on a GPU (or a name Inductor has not): said so
             return self._stale(key, GPU_ENTRY_ON_CPU.format(tid=entry["template_id"]), template_choices,
                                kernel_inputs, templates, op_name, kwarg_overrides, True)
-        if (why := not_carried(entry, "cpu")) or (wants_cpp(entry) and (why := threads_mismatch(entry["config_patch"],
-                                                                                                    op_name))) \
-                or (wants_cpp(entry) and dynamic_m(kernel_inputs) and (why := DYNAMIC_M)) \
-                or (wants_cpp(entry) and self.any_key is None and (why := isa_mismatch())):
+        if why := cpp_entry_stale(entry, kernel_inputs, op_name, False, self.any_key is None):
             return self._stale(key, why, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, True)
         if wants_cpp(entry) and not cpp_template_applies(kernel_inputs, op_name):
             # Inductor would not offer the template here (a weight that is not a frozen constant,
