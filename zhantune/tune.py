@@ -131,14 +131,21 @@ def _own_rows(run: RunSpec, study_id: int) -> int | None:
 
 
 def _study_best(run: RunSpec, store: Store, study_id: int) -> MeasurementRow | None:
-    """The best correct candidate row of the run's problem that the study ranks (Store.best_candidates)."""
-    return next((m for _, p, m in store.best_candidates(run.device.key, _own_rows(run, study_id))
+    """The best correct candidate row of the run's problem that the study ranks (:func:`_ranked`)."""
+    return next((m for _, p, (m, *_) in store.ranked_candidates(run.device.key, _torch(run), 1, _own_rows(run, study_id))
                  if p.key == run.problem.key), None)
 
 
-def _ranked(store: Store, device_key: str, problem_id: int, top_k: int) -> list[MeasurementRow]:
-    """A problem's configs on a device, fastest first (Store.ranked_candidates)."""
-    return next((rows for _, prob, rows in store.ranked_candidates(device_key, top_k=top_k) if prob.id == problem_id), [])
+def _ranked(store: Store, run: RunSpec, problem_id: int, top_k: int) -> list[MeasurementRow]:
+    """A problem's configs on the run's device, fastest first (Store.ranked_candidates), of this torch's
+    release for a tune (the export's ranking: another release's rows compiled other kernels)."""
+    return next((rows for _, prob, rows in store.ranked_candidates(run.device.key, _torch(run), top_k)
+                 if prob.id == problem_id), [])
+
+
+def _torch(run: RunSpec) -> str | None:
+    """The torch whose release's rows a tune ranks: this process's; None (every row) for a replay."""
+    return None if run.replay is not None else software_versions()["torch"]
 
 
 def settle(run: RunSpec, store: Store, bench: Benchmarker, rec: Recorder, problem_id: int, result: TuneResult) -> None:
@@ -150,13 +157,13 @@ def settle(run: RunSpec, store: Store, bench: Benchmarker, rec: Recorder, proble
     rounds = run.bench.remeasure_rounds
     try:
         if rounds > 0:
-            verdict, text = settle_close_call(_ranked(store, run.device.key, problem_id, 2), run.space.branches,
+            verdict, text = settle_close_call(_ranked(store, run, problem_id, 2), run.space.branches,
                                               bench, rec.add, rounds)
             if verdict is not None:
                 result.verdict, result.verdict_text = verdict, text
         # the fastest config a lookup table can carry on this device (a faster compile-wide setting,
         # a fusion limit or TF32 on CUDA, is reported but never shipped: not_carried_reason)
-        best = next((r for r in _ranked(store, run.device.key, problem_id, 1 << 30)
+        best = next((r for r in _ranked(store, run, problem_id, 1 << 30)
                      if run.replay is not None or not_carried_reason(r, run.device.kind) is None), None)
         default = result.default
         if default is None or default.status != "ok" or best is None:

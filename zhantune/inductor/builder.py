@@ -195,7 +195,8 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     table's torch release (``torch_version``, else this process's: :func:`table_torch`).
     ``device_agnostic`` keys entries without the device: the fastest device's ranking is used, and
     a tuned entry ships only where its claim cleared on every device of its kind that measured the
-    problem, ``device_key`` or not (the key applies on each, as in compare's portable table). Where two problems map to one lookup key
+    problem, ``device_key`` or not (the key applies on each, as in compare's portable table), and
+    never a config whose output was wrong on one of them (Store.incorrect_configs). Where two problems map to one lookup key
     with different entries (a float32 linear_act with relu and one with gelu: one addmm lookup on
     CPU), neither choice was measured for the other: both get the default under their own keys,
     appended to ``shared`` (a list, where given). ``problem_ids``: only these problems (a problems
@@ -205,18 +206,26 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
 
     # a claim holds for the torch release its paired rounds ran with: the table's (in its metadata)
     verdicts = store.latest_verdicts(table_torch(torch_version)) if min_speedup is not None else {}
-    own_keys = store.default_lookup_keys()
+    own_keys = store.default_lookup_keys(table_torch(torch_version))
     table: dict[str, list[dict[str, Any]]] = {}
     seen: set[int] = set()
     owners: dict[str, tuple[str | None, str]] = {}  # key -> (own key, lookup op) of the problem that placed it
     clashes: list[tuple[str | None, str, list[str]]] = []
     placed_rows: dict[tuple[int, int], tuple[Any, str | None]] = {}
     ranked = _carried_ranked(store, None if device_agnostic else device_key, torch_version, problem_ids)
+    kinds = sorted({d.kind for d, _, rows in ranked if rows})
+    if device_agnostic and device_key is None and len(kinds) > 1:  # a key without a device has no kind to check
+        raise ConfigError(f"device_agnostic=true: the database holds measurements of {' and '.join(kinds)} devices, "
+                          "and a key without its device applies on both: a table that loads on one kind "
+                          "would fail on the other; pick one device's kind with device=KEY")
     measured_on = _measured_on(ranked) if device_agnostic else {}  # a claim must clear on each device of a kind
+    wrong = store.incorrect_configs(table_torch(torch_version)) if device_agnostic else {}
     for device, problem, rows in ranked:
         if problem.id in seen or device.key != (device_key or device.key):  # seen: a faster device placed it
             continue
         keys = [(d, problem.id) for d, kind in measured_on.get(problem.id, []) if kind == device.kind]
+        # a device-agnostic key applies on every device of the kind: a config wrong on one never ships
+        rows = [r for r in rows if device.kind not in wrong.get((problem.id, r.config_hash), {}).values()]
         rows, keep = _tuned_rows(rows, keys or [(device.id, problem.id)], verdicts, min_speedup)
         rows = rows[:max(1, top_k)]
         if keep and is_default_kernel(rows[0].template_id, rows[0].params):

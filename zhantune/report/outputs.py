@@ -88,6 +88,11 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: b
         console.print(f"left out: {sum(cmp.left_out.values())} problem(s) measured on one device only ("
                       + ", ".join(f"{d}: {n}" for d, n in cmp.left_out.items())
                       + "); devices=[KEY] compares one device's own", soft_wrap=True, highlight=False, markup=False)
+    if cmp.other_torch:  # as the export ranks: one torch release's rows
+        console.print(f"left out: {sum(cmp.other_torch.values())} measurement(s) made with another torch release than "
+                      f"this {cmp.torch} (" + ", ".join(f"{d}: {n}" for d, n in cmp.other_torch.items())
+                      + "); a config's time and its claim hold for the release they were measured with",
+                      soft_wrap=True, highlight=False, markup=False)
     if not several:
         return
     m = Table(title="geometric-mean regret: winners of (row) run on (column)")
@@ -175,6 +180,8 @@ def write_json(path: str | Path, cmp: Comparison) -> Path:
         "min_speedup": cmp.min_speedup,
         "devices": [{"key": d, "name": cmp.device_names[d]} for d in cmp.devices],
         "left_out": cmp.left_out,  # device key -> problems measured on it alone (not compared)
+        "torch": cmp.torch,  # the release whose rows were compared (and Kernel Tuner imports)
+        "other_torch": cmp.other_torch,  # device key -> rows of other torch releases left out
         "matrix": [{"winner_of": a, "run_on": b, "geomean_regret": v if v is None or math.isfinite(v) else "inf"}
                    for (a, b), v in cmp.matrix.items()],
         "problems": [{

@@ -117,6 +117,9 @@ class Comparison:
     min_speedup: float | None = DEFAULT_MIN_SPEEDUP  # what each Claim was judged at
     #: device key -> how many problems were measured on it alone (left out of a comparison of several)
     left_out: dict[str, int] = field(default_factory=dict)
+    #: the torch whose release's rows were compared, and device key -> rows of other releases left out
+    torch: str | None = None
+    other_torch: dict[str, int] = field(default_factory=dict)
 
     def most_disagreeing(self, n: int = 5) -> list[ProblemComparison]:
         return sorted(self.problems, key=lambda p: -p.disagreement)[:n]
@@ -159,9 +162,10 @@ def compare(store: Store, devices: list[str] | None = None,
     """
     devs = _pick_devices(store, devices)
     ids = {d.id: d.key for d in devs}
-    time, failed, configs, default_us = _times(store, ids)
+    torch = table_torch(None)  # times and claims as this torch's export ranks and ships them
+    other_torch: Counter = Counter()
+    time, failed, configs, default_us = _times(store, ids, torch, other_torch)
     problems = store.problems(list(time))
-    torch = table_torch(None)  # claims as this torch's export ships them
     verdicts, any_torch = store.latest_verdicts(torch), store.latest_verdicts()
     key_ids = {key: dev_id for dev_id, key in ids.items()}
     out, left_out = [], Counter()
@@ -178,15 +182,18 @@ def compare(store: Store, devices: list[str] | None = None,
             p.claims[d] = _claim(verdicts.get(key), any_torch.get(key), min_speedup, torch)
         out.append(p)
     if not out:
-        raise CompareError(f"no problem was measured on two of the devices {', '.join(repr(d.key) for d in devs)}"
-                           if len(devs) > 1 else f"no correct measurement on {devs[0].key!r} in {redact_url(store.url)}")
+        raise CompareError((f"no problem was measured on two of the devices {', '.join(repr(d.key) for d in devs)}"
+                            if len(devs) > 1 else f"no correct measurement on {devs[0].key!r} in {redact_url(store.url)}")
+                           + (f" with a build of this torch {torch} ({sum(other_torch.values())} measurement(s) of "
+                              "other torch releases are not compared)" if other_torch else ""))
     keys = [d.key for d in devs]
     matrix: dict[tuple[str, str], float | None] = {}
     for a in keys:
         for b in keys:
             regrets = [p.regret[(a, b)] for p in out if (a, b) in p.regret]
             matrix[(a, b)] = statistics.geometric_mean(regrets) if regrets else None
-    return Comparison(keys, {d.key: d.name for d in devs}, out, matrix, min_speedup, dict(left_out))
+    return Comparison(keys, {d.key: d.name for d in devs}, out, matrix, min_speedup, dict(left_out), torch,
+                      dict(other_torch))
 
 
 def _claim(verdict: Any, other_torch: Any, min_speedup: float | None, torch: str) -> Claim:
@@ -198,17 +205,34 @@ def _claim(verdict: Any, other_torch: Any, min_speedup: float | None, torch: str
                  v.rounds or 0, v.torch_version)
 
 
-def _times(store: Store, ids: dict[int, str]) -> tuple[dict, dict, dict, dict]:
-    """From the devices' rows (``ids``: device id -> key): time[problem id][device key][config hash]
-    (each config at its lowest decision statistic, the ranking rule of the export), failed[problem
-    id][device key] = config hashes whose candidates failed there, configs[config hash] =
-    (template_id, params), default_us[problem id][device key] (Inductor's default, lowest too)."""
+def _times(store: Store, ids: dict[int, str], torch: str,
+           other_torch: Counter) -> tuple[dict, dict, dict, dict]:
+    """From the devices' rows (``ids``: device id -> key) measured with a build of ``torch``'s release
+    (or imported from Kernel Tuner, which records none), as the export ranks them:
+    time[problem id][device key][config hash] (each config at its lowest decision statistic, the
+    ranking rule of the export), failed[problem id][device key] = config hashes whose candidates
+    failed there (one wrong output there, ``incorrect``, makes a config failed however many ``ok``
+    rows it has, Store.incorrect_configs), configs[config hash] = (template_id, params),
+    default_us[problem id][device key] (Inductor's default, lowest too). ``other_torch`` counts the
+    rows of other torch releases left out, by device key."""
+    from zhantune.provenance import torch_release
+    from zhantune.storage.ingest import IMPORTED_VERSION
+
     ok: dict[int, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
     defaults: dict[int, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
     failed: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     configs: dict[str, tuple[str | None, dict]] = {}
+    release = torch_release(torch)
+    rows = []
     for row in store.config_rows(list(ids), ("candidate", "remeasure", "default")):
+        if row.torch_version == IMPORTED_VERSION or torch_release(row.torch_version or "") == release:
+            rows.append(row)
+        else:
+            other_torch[ids[row.device_id]] += 1
+    wrong = {(r.problem_id, r.device_id, r.config_hash) for r in rows if r.status == "incorrect" and r.kind != "default"}
+    for row in rows:
         dev, good = ids[row.device_id], row.status == "ok" and decision_us(row) is not None
+        good = good and (row.problem_id, row.device_id, row.config_hash) not in wrong
         if row.kind == "default":
             if good:
                 defaults[row.problem_id][dev].append(row)

@@ -140,10 +140,14 @@ class Queries(ReportQueries):
         the decision statistic (zhantune.bench.decision.decision_us: the minimum of a measurement's individually
         timed runs, which one-sided noise cannot make smaller than the truth). A config measured
         several times is represented by its row with the lowest decision statistic (the minimum over
-        rounds; docs/timing.md). ``torch_version`` keeps only rows measured with a build of that torch
-        release (e.g. "2.13.0+cpu": "2.13.0", "2.13.0+cu128", ...; zhantune.provenance.torch_release). ``study_id`` keeps only that study's rows (a replay's best
+        rounds; docs/timing.md). A config with an ``incorrect`` row on the device (a wrong output
+        there once, in any run or merged database: :meth:`incorrect_configs`) is never ranked, however
+        many ``ok`` rows it has. ``torch_version`` keeps only rows measured with a build of that torch
+        release (e.g. "2.13.0+cpu": "2.13.0", "2.13.0+cu128", ...; zhantune.provenance.torch_release),
+        and only that release's ``incorrect`` rows exclude a config. ``study_id`` keeps only that study's rows (a replay's best
         is its own file's, not another recording's of the same device and problem).
         """
+        wrong = self.incorrect_configs(torch_version)
         with self.session() as s:
             q = (select(m.MeasurementRow, m.Device, m.Problem)
                  .join(m.Device, m.MeasurementRow.device_id == m.Device.id)
@@ -159,8 +163,26 @@ class Queries(ReportQueries):
                 q = q.where(m.MeasurementRow.study_id == study_id)
             groups: dict[tuple[int, int], tuple[m.Device, m.Problem, list[m.MeasurementRow]]] = {}
             for meas, dev, prob in s.execute(q):
+                if dev.id in wrong.get((prob.id, meas.config_hash), {}):
+                    continue
                 groups.setdefault((dev.id, prob.id), (dev, prob, []))[2].append(meas)
             return [(dev, prob, best_per_config(rows)[:top_k]) for dev, prob, rows in groups.values()]
+
+    def incorrect_configs(self, torch_version: str | None = None) -> dict[tuple[int, str], dict[int, str]]:
+        """(problem id, config hash) -> {device id: device kind} of every device where that config's
+        output was wrong at least once (a candidate or re-measurement row, a table replay's too, of
+        status ``incorrect``: a mismatch with the float64 reference, or NaN/Inf; zhantune.bench.inductor).
+        ``torch_version``: only rows measured with a build of that torch release (None: every row)."""
+        r = m.MeasurementRow
+        q = (select(r.problem_id, r.config_hash, r.device_id, m.Device.kind).join(m.Device, r.device_id == m.Device.id)
+             .where(r.status == "incorrect", r.config_hash.is_not(None), r.kind.in_(("candidate", "remeasure"))))
+        if torch_version is not None:
+            q = q.where(_same_release(r.torch_version, torch_version))
+        out: dict[tuple[int, str], dict[int, str]] = {}
+        with self.session() as s:
+            for pid, chash, dev, kind in s.execute(q):
+                out.setdefault((pid, chash), {})[dev] = kind
+        return out
 
     def devices_with_candidates(self, device_key: str | None = None) -> list[m.Device]:
         """Devices that have at least one ``ok`` candidate (optionally only ``device_key``), by key."""
@@ -200,14 +222,22 @@ class Queries(ReportQueries):
         return {key: decision_us(best_per_config(rs)[0]) for key, rs in rows.items()}
 
     # -- verdicts ---------------------------------------------------------------------------
-    def default_lookup_keys(self) -> dict[tuple[int, int], str]:
+    def default_lookup_keys(self, torch_version: str | None = None) -> dict[tuple[int, int], str]:
         """(device id, problem id) -> the device-specific key of the lookup Inductor's default compile
-        made there (newest default row that recorded one): the problem's own key on that device."""
+        made there (newest default row that recorded one): the problem's own key on that device.
+        ``torch_version``: the newest row of a build of that release where there is one (a lookup key
+        is a release's), else the newest of any."""
+        r = m.MeasurementRow
         with self.session() as s:
-            rows = s.execute(select(m.MeasurementRow.device_id, m.MeasurementRow.problem_id, m.MeasurementRow.lookup_key)
-                             .where(m.MeasurementRow.kind == "default", m.MeasurementRow.lookup_key.is_not(None))
-                             .order_by(m.MeasurementRow.id))
-            return {(d, p): key for d, p, key in rows}
+            rows = s.execute(select(r.device_id, r.problem_id, r.lookup_key,
+                                    _same_release(r.torch_version, torch_version) if torch_version else r.id < 0)
+                             .where(r.kind == "default", r.lookup_key.is_not(None)).order_by(r.id))
+            any_torch, same = {}, {}
+            for d, p, key, this in rows:
+                any_torch[(d, p)] = key
+                if this:
+                    same[(d, p)] = key
+            return {**any_torch, **same}
 
     def study_verdict(self, study_id: int) -> m.Verdict | None:
         """The newest verdict a study's tunes stored (paired or a note that no claim was made), or None."""

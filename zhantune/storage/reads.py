@@ -102,11 +102,11 @@ class ReportQueries:
     def config_rows(self, device_ids: list[int], kinds: tuple[str, ...]) -> list[Row[Any]]:
         """Every measurement of ``kinds`` on the devices ``device_ids``, one row each with
         ``problem_id``, ``device_id``, ``kind``, ``status``, ``config_hash``, ``template_id``,
-        ``params``, ``median_us``, ``min_us`` (microseconds), ``timing_method`` and ``id``."""
+        ``params``, ``median_us``, ``min_us`` (microseconds), ``timing_method``, ``torch_version`` and ``id``."""
         with self.session() as s:
             return list(s.execute(
                 select(_M.problem_id, _M.device_id, _M.kind, _M.status, _M.config_hash, _M.template_id, _M.params,
-                       _M.median_us, _M.min_us, _M.timing_method, _M.id)
+                       _M.median_us, _M.min_us, _M.timing_method, _M.torch_version, _M.id)
                 .where(_M.device_id.in_(device_ids), _M.kind.in_(kinds))))
 
     def problems(self, ids: list[int]) -> dict[int, m.Problem]:

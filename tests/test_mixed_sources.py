@@ -1,0 +1,185 @@
+"""What export, compare and a tune's ranking read from a database that holds rows of several sources:
+machines sharing a device key (a merge), other devices of a kind, other torch releases, CPU and GPU
+devices. Found by an attack on the export's and compare's truth (session 41): each of these shipped
+or printed a config from rows that should not decide it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from zhantune.bench.measurement import Measurement
+from zhantune.bench.timing import summarize_us
+from zhantune.candidate import Candidate
+from zhantune.inductor.builder import build_table
+from zhantune.inductor.choices import LookupEvent
+from zhantune.inductor.table import default_entry
+from zhantune.problems import GemmProblem
+from zhantune.report.regret import compare
+from zhantune.storage import Recorder, Store
+
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+PROBLEM = GemmProblem("mm", (64, 64, 64), "bfloat16")
+AGNOSTIC = "((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
+
+
+def _triton(block_m: int) -> Candidate:
+    return Candidate("triton_mm", "template", "triton::mm",
+                     {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3, "GROUP_M": 8})
+
+
+A, B = _triton(32), _triton(64)
+
+
+class _Db:
+    """A database built with the tune's own Store and Recorder; ``torch``: the version rows record."""
+
+    def __init__(self, path) -> None:
+        self.store = Store(f"sqlite:///{path}")
+
+    def recorder(self, device: str, torch: str = "2.13.0+cu128", study: str = "s", key: str = AGNOSTIC,
+                 kind: str = "cuda") -> Recorder:
+        s = self.store
+        rec = Recorder(s, PROBLEM, s.study_id(study, {}), s.device_id(device, device, kind, {}),
+                       s.problem_id(PROBLEM.key, lookup_key=AGNOSTIC, **PROBLEM.row_fields()))
+        rec.versions = {"torch": torch, "triton": "3.9.0"}
+        rec.hit = LookupEvent("mm", f"{device}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+        return rec
+
+    def default(self, rec: Recorder, us: float) -> None:
+        rec.add(Measurement("ok", timing=summarize_us([us, us * 1.05], "t"), lookup=rec.hit), "default")
+
+    def candidate(self, rec: Recorder, cand: Candidate, us: float | None, status: str = "ok") -> None:
+        timing = summarize_us([us, us * 1.05], "t") if us is not None else None
+        rec.add(Measurement(status, timing=timing, lookup=rec.hit), "candidate", cand, trial_number=None)
+
+    def verdict(self, rec: Recorder, cand: Candidate, ratio: float, torch: str = "2.13.0+cu128") -> None:
+        self.store.add_verdict(study_id=rec.study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                               config_hash=cand.config_hash, ratio=ratio, ratio_low=ratio - 0.02, ratio_high=ratio + 0.02,
+                               rounds=3, contended=0, confirmed=True, reason="r", torch_version=torch)
+
+
+def _entry(table: dict) -> dict:
+    (entries,) = table.values()
+    return entries[0]
+
+
+def test_a_config_wrong_once_on_a_device_is_never_shipped_or_ranked_there(tmp_path):
+    """Two machines with one device key (a merged database): on one, config A was confirmed 1.5x
+    faster; on the other its output was wrong (``incorrect``). A wrong output is never exported
+    (README), yet the export shipped A after the merge and compare called it the winner, confirmed:
+    only ``ok`` rows were read. Now A is out on that device: B, confirmed on the second machine, ships."""
+    db = _Db(tmp_path / "z.db")
+    first = db.recorder(H100, study="a")
+    db.default(first, 20.0)
+    db.candidate(first, A, 10.0)
+    db.verdict(first, A, 1.5)
+    second = db.recorder(H100, study="b")
+    db.candidate(second, A, None, status="incorrect")
+    db.candidate(second, B, 12.0)
+    db.verdict(second, B, 1.4)
+    store = db.store
+    assert [r.config_hash for _, _, rows in store.ranked_candidates(H100, top_k=5) for r in rows] == [B.config_hash]
+    for agnostic in (False, True):
+        assert _entry(build_table(store, device_agnostic=agnostic, min_speedup=1.02))["BLOCK_M"] == 64
+    (p,) = compare(store).problems
+    assert p.winner[H100].config_hash == B.config_hash and p.confirmed_speedup == {H100: 1.4}
+    # an old torch release's wrong output does not veto this release's rows (a fixed kernel)
+    assert store.incorrect_configs("2.12.0") == {} and store.incorrect_configs("2.13.0+cpu")
+
+
+def test_a_device_agnostic_key_never_carries_a_config_wrong_on_another_device_of_its_kind(tmp_path):
+    """A device-agnostic key applies on every device of its kind. Config A was confirmed on the H100;
+    on the H200 its output was wrong and nothing else was correct there: the H200 was not counted as
+    a device that measured the problem, and A shipped under a key the H200 loads."""
+    db = _Db(tmp_path / "z.db")
+    h100 = db.recorder(H100)
+    db.default(h100, 20.0)
+    db.candidate(h100, A, 10.0)
+    db.verdict(h100, A, 1.5)
+    h200 = db.recorder(H200)
+    db.default(h200, 20.0)
+    db.candidate(h200, A, None, status="incorrect")
+    for min_speedup in (1.02, None):
+        table = build_table(db.store, device_agnostic=True, min_speedup=min_speedup)
+        assert table == {AGNOSTIC: [default_entry("mm")]}, table
+    # keyed by device, the H100's own key still carries it
+    assert _entry(build_table(db.store, device_key=H100, min_speedup=1.02))["BLOCK_M"] == 32
+
+
+def test_compare_ranks_this_torch_releases_rows_as_the_export_does(tmp_path):
+    """On one H100: config A's fastest row and its confirmed claim are torch 2.12's, config B's torch
+    2.13's. The export (this torch, 2.13) ships B, confirmed 1.3x; compare named A the winner from
+    the 2.12 row, said "no claim", and its own table shipped the default. Now compare reads this
+    release's rows, says how many of another release it left out, and agrees with the export."""
+    db = _Db(tmp_path / "z.db")
+    old = db.recorder(H100, torch="2.12.0+cu128")
+    db.default(old, 20.0)
+    db.candidate(old, A, 8.0)
+    db.verdict(old, A, 1.5, torch="2.12.0+cu128")
+    new = db.recorder(H100)
+    db.default(new, 20.0)
+    db.candidate(new, B, 10.0)
+    db.verdict(new, B, 1.3)
+    assert _entry(build_table(db.store, min_speedup=1.02))["BLOCK_M"] == 64
+    cmp = compare(db.store)
+    (p,) = cmp.problems
+    assert p.winner[H100].config_hash == B.config_hash and p.best_us[H100] == pytest.approx(10.0)
+    assert p.claims[H100].confirmed and p.confirmed_speedup == {H100: 1.3}
+    assert cmp.other_torch == {H100: 2}  # A's row and the 2.12 default's
+
+
+def test_a_tune_ranks_only_rows_of_its_own_torch_release(tmp_path):
+    """A study resumed after a torch upgrade holds the old release's rows: the tune's summary, its
+    close call and its speedup settle ranked an old row (10 us) first, which this torch measured
+    slower in every round. A tune ranks as the export does: this release's rows; a replay every row."""
+    from zhantune.tune import _ranked
+
+    db = _Db(tmp_path / "z.db")
+    import torch
+
+    old = db.recorder(H100, torch="2.12.0+cpu")
+    db.candidate(old, A, 10.0)
+    new = db.recorder(H100, torch=torch.__version__)
+    db.candidate(new, B, 50.0)
+    tune = SimpleNamespace(device=SimpleNamespace(key=H100), replay=None)
+    replay = SimpleNamespace(device=SimpleNamespace(key=H100), replay=object())
+    assert [r.config_hash for r in _ranked(db.store, tune, new.problem_id, 5)] == [B.config_hash]
+    assert [r.config_hash for r in _ranked(db.store, replay, new.problem_id, 5)] == [A.config_hash, B.config_hash]
+
+
+def test_the_tables_key_is_the_one_its_torch_release_looked_up(tmp_path):
+    """A newer torch's default compile recorded another lookup key: a 2.13 table wrote its entry under
+    the 2.14 key (the newest default row of any torch), which 2.13's Inductor never looks up."""
+    db = _Db(tmp_path / "z.db")
+    new = db.recorder(H100)
+    db.default(new, 20.0)
+    db.candidate(new, A, 10.0)
+    db.verdict(new, A, 1.5)
+    db.default(db.recorder(H100, torch="2.14.0+cu128", key=AGNOSTIC.replace("+mm", "+mm_v2")), 20.0)
+    assert list(build_table(db.store, device_key=H100, min_speedup=1.02)) == [f"{H100}+{AGNOSTIC}"]
+
+
+def test_device_agnostic_over_cpu_and_gpu_devices_is_refused_in_one_line(cli, tmp_path):
+    """One device-agnostic key for a problem measured on a CPU and a GPU: the faster device's entry
+    won, a CPU config patch the GPU's table reader refuses (the whole table failed to load there) or
+    a Triton entry stale on the CPU. A key without its device has no kind to be checked against:
+    such an export is refused in one line, and device= picks one kind."""
+    db = _Db(tmp_path / "z.db")
+    gpu = db.recorder(H100)
+    db.default(gpu, 20.0)
+    db.candidate(gpu, A, 10.0)
+    cpu = db.recorder("AMD EPYC (2 threads)", torch="2.13.0+cpu", kind="cpu")
+    db.default(cpu, 20.0)
+    db.candidate(cpu, Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP"}), 5.0)
+    db.store.engine.dispose()
+    before = (tmp_path / "z.db").read_bytes()
+    r = cli(["storage.url=sqlite:///z.db", "device_agnostic=true", "min_speedup=null", "path=t.json"], tmp_path,
+            module="zhantune.export")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "device_agnostic=true: the database holds measurements of cpu and cuda devices" in r.stderr
+    assert not (tmp_path / "t.json").exists() and (tmp_path / "z.db").read_bytes() == before
+    r = cli(["storage.url=sqlite:///z.db", "device_agnostic=true", "min_speedup=null", "path=t.json", f"device='{H100}'"],
+            tmp_path, module="zhantune.export")
+    assert r.returncode == 0 and "wrote 1 key(s)" in r.stdout, r.stdout + r.stderr
