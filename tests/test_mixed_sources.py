@@ -183,3 +183,34 @@ def test_device_agnostic_over_cpu_and_gpu_devices_is_refused_in_one_line(cli, tm
     r = cli(["storage.url=sqlite:///z.db", "device_agnostic=true", "min_speedup=null", "path=t.json", f"device='{H100}'"],
             tmp_path, module="zhantune.export")
     assert r.returncode == 0 and "wrote 1 key(s)" in r.stdout, r.stdout + r.stderr
+
+
+def test_compares_table_of_some_devices_needs_the_claim_on_every_device_of_their_kind(cli, tmp_path):
+    """compare devices=[H100] table=...: A is confirmed 1.5x on the H100 and refuted (0.7x, paired) on
+    the H200 of the same database. The table's key is device-agnostic, so it applies on the H200 too:
+    A shipped there, while the export ships the default for the same problem. Now every device of the
+    kind that measured the problem must confirm the choice, and compare names the one that did not.
+    The wrapper's ``devices`` names the compared device when devices= gives its number (it was [])."""
+    from zhantune.inductor.portable import portable_choices
+
+    db = _Db(tmp_path / "z.db")
+    for device, ratio in ((H100, 1.5), (H200, 0.7)):
+        rec = db.recorder(device)
+        db.default(rec, 20.0)
+        db.candidate(rec, A, 10.0)
+        db.verdict(rec, A, ratio)
+    db.store.add_verdict(study_id=1, device_id=2, problem_id=1, config_hash=A.config_hash, ratio=0.7, ratio_low=0.68,
+                         ratio_high=0.72, rounds=3, contended=0, confirmed=False, reason="slower in every round",
+                         torch_version="2.13.0+cu128")
+    out = portable_choices(compare(db.store, [H100]), db.store, 1.02)
+    assert out.table == {AGNOSTIC: [default_entry("mm")]}
+    assert list(out.withheld[PROBLEM.key]) == [H200], out.withheld
+    assert build_table(db.store, device_agnostic=True, min_speedup=1.02) == out.table  # as the export decides
+    db.store.engine.dispose()
+    r = cli(["storage.url=sqlite:///z.db", "devices=[0]", "table=t.json", "min_speedup=null"], tmp_path,
+            module="zhantune.compare")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert [d["key"] for d in doc["devices"]] == [H100], doc["devices"]

@@ -102,7 +102,7 @@ def _write_outputs(cfg: DictConfig, console: Any, store: Any, cmp: Any, study: A
         out = portable_choices(cmp, store, cfg.min_speedup)
         if out.table:  # stamped with this torch, as export's: its claims were confirmed with it
             meta = table_metadata(store, out.table, {"portable": True, "min_speedup": cfg.min_speedup,
-                                                     "devices": list(cfg.devices or []) or None}, redact_url(store.url))
+                                                     "devices": list(cmp.devices) if cfg.devices else None}, redact_url(store.url))
             console.print(f"lookup table: {write_table(cfg.table, out.table, meta, 'table')} ({len(out.table)} key(s))",
                           markup=False)
             _print_withheld(console, out)

@@ -191,41 +191,32 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     (:func:`default_entry`): where the tunes settled another config, one a table cannot carry on
     that device (:func:`not_carried`), made no claim (``bench.remeasure_rounds=0``) or left no
     verdict (an interrupted tune, a database from before verdicts): stored times alone were never
-    paired with the default. Verdicts and rows count only where measured with a build of the
+    paired with the default. Verdicts, rows and keys count only where measured with a build of the
     table's torch release (``torch_version``, else this process's: :func:`table_torch`).
     ``device_agnostic`` keys entries without the device: the fastest device's ranking is used, and
     a tuned entry ships only where its claim cleared on every device of its kind that measured the
-    problem, ``device_key`` or not (the key applies on each, as in compare's portable table), and
-    never a config whose output was wrong on one of them (Store.incorrect_configs). Where two problems map to one lookup key
-    with different entries (a float32 linear_act with relu and one with gelu: one addmm lookup on
-    CPU), neither choice was measured for the other: both get the default under their own keys,
+    problem, ``device_key`` or not (the key applies on each, as in compare's portable table), never
+    a config wrong on one of them (:func:`_carried_ranked`). Where two problems map to one lookup
+    key with different entries (a float32 linear_act with relu and one with gelu: one addmm lookup
+    on CPU), neither choice was measured for the other: both get the default under their own keys,
     appended to ``shared`` (a list, where given). ``problem_ids``: only these problems (a problems
     file's), None: every problem measured. ``shipped`` (a dict, where given) gets (device id,
     problem id) -> :class:`Shipped` for each problem placed: what its key ships, for the summary."""
     from zhantune.inductor.heuristics import with_derived_kwargs
 
-    # a claim holds for the torch release its paired rounds ran with: the table's (in its metadata)
-    verdicts = store.latest_verdicts(table_torch(torch_version)) if min_speedup is not None else {}
+    verdicts = store.latest_verdicts(table_torch(torch_version)) if min_speedup is not None else {}  # its release's
     own_keys = store.default_lookup_keys(table_torch(torch_version))
     table: dict[str, list[dict[str, Any]]] = {}
     seen: set[int] = set()
     owners: dict[str, tuple[str | None, str]] = {}  # key -> (own key, lookup op) of the problem that placed it
     clashes: list[tuple[str | None, str, list[str]]] = []
     placed_rows: dict[tuple[int, int], tuple[Any, str | None]] = {}
-    ranked = _carried_ranked(store, None if device_agnostic else device_key, torch_version, problem_ids)
-    kinds = sorted({d.kind for d, _, rows in ranked if rows})
-    if device_agnostic and device_key is None and len(kinds) > 1:  # a key without a device has no kind to check
-        raise ConfigError(f"device_agnostic=true: the database holds measurements of {' and '.join(kinds)} devices, "
-                          "and a key without its device applies on both: a table that loads on one kind "
-                          "would fail on the other; pick one device's kind with device=KEY")
+    ranked = _carried_ranked(store, device_key, torch_version, problem_ids, device_agnostic)
     measured_on = _measured_on(ranked) if device_agnostic else {}  # a claim must clear on each device of a kind
-    wrong = store.incorrect_configs(table_torch(torch_version)) if device_agnostic else {}
     for device, problem, rows in ranked:
         if problem.id in seen or device.key != (device_key or device.key):  # seen: a faster device placed it
             continue
         keys = [(d, problem.id) for d, kind in measured_on.get(problem.id, []) if kind == device.kind]
-        # a device-agnostic key applies on every device of the kind: a config wrong on one never ships
-        rows = [r for r in rows if device.kind not in wrong.get((problem.id, r.config_hash), {}).values()]
         rows, keep = _tuned_rows(rows, keys or [(device.id, problem.id)], verdicts, min_speedup)
         rows = rows[:max(1, top_k)]
         if keep and is_default_kernel(rows[0].template_id, rows[0].params):
@@ -288,15 +279,27 @@ def _measured_on(ranked: list[tuple[Any, Any, list[Any]]]) -> dict[int, list[tup
 
 
 def _carried_ranked(store: Store, device_key: str | None, torch_version: str | None,
-                    problem_ids: set[int] | None) -> list[tuple[Any, Any, list[Any]]]:
+                    problem_ids: set[int] | None, agnostic: bool = False) -> list[tuple[Any, Any, list[Any]]]:
     """(device, problem, rows) for :func:`build_table`, fastest problem first by the ranking rule's
     statistic: every distinct config a table may carry on the device (a tf32 backend flag, zhantune.
     inductor.knobs, or a config patch on CUDA, not_carried, makes way for the next ones), measured
     with a build of the table's torch release (an entry's template_hash and lookup key are that
-    release's: a faster row of another torch, the config's representative over all, carried its)."""
-    ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)])
-              for d, p, rows in store.ranked_candidates(device_key, table_torch(torch_version), 1 << 30)
+    release's: a faster row of another torch, the config's representative over all, carried its).
+    ``agnostic`` (keys that apply on every device of a kind): every device's, ``device_key`` or not,
+    without a config whose output was wrong
+    on one device of the kind (Store.incorrect_configs); raises ConfigError where, with no
+    ``device_key``, devices of two kinds rank configs (a key without its device has no kind to be
+    checked against: a CPU's config patch fails a GPU's table read)."""
+    torch = table_torch(torch_version)
+    wrong = store.incorrect_configs(torch) if agnostic else {}
+    ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)
+                      and d.kind not in wrong.get((p.id, r.config_hash), {}).values()])
+              for d, p, rows in store.ranked_candidates(None if agnostic else device_key, torch, 1 << 30)
               if problem_ids is None or p.id in problem_ids]
+    if agnostic and device_key is None and len(kinds := sorted({d.kind for d, _, rows in ranked if rows})) > 1:
+        raise ConfigError(f"device_agnostic=true: the database holds measurements of {' and '.join(kinds)} devices, "
+                          "and a key without its device applies on both: a table that loads on one kind "
+                          "would fail on the other; pick one device's kind with device=KEY")
     return sorted(ranked, key=lambda r: decision_us(r[2][0]) if r[2] else float("inf"))
 
 

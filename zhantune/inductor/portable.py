@@ -78,7 +78,8 @@ def unconfirmed_portable(comparison: Comparison, store: Store,
                          min_speedup: float | None) -> dict[str, dict[str, str]]:
     """Problem key -> compared device key -> why its portable choice (one a table can hold, as
     :func:`portable_choices` writes) may not replace Inductor's default there, by build_table's
-    rule. It may where a claim over the default was confirmed in paired rounds
+    rule, on every compared device and on every other device of their kinds that measured the problem
+    (the key applies there too; a config whose output was wrong there never was confirmed). It may where a claim over the default was confirmed in paired rounds
     (zhantune.bench.decision.claim_holds) with a ratio of at least ``min_speedup``; else not
     ("never paired with the default", also where nothing left a verdict: an interrupted tune, a
     database from before verdicts; "not confirmed: ..."; "confirmed at R.RRRx, below min_speedup").
@@ -93,12 +94,22 @@ def _withheld(entries: list[tuple[Any, Any, dict[str, Any]]], store: Store,
         return {}
     torch = table_torch(None)  # the table is for this torch
     verdicts, any_torch = store.latest_verdicts(torch), store.latest_verdicts()
-    device_ids = {d.key: d.id for d in store.devices()}
+    devices = store.devices()
+    device_ids, kinds = {d.key: d.id for d in devices}, {d.key: d.kind for d in devices}
+    keys = {d.id: d.key for d in devices}
+    # a device-agnostic key applies on every device of its kind, compared or not (devices=[...]): each
+    # that measured the problem with this torch's release (or found the choice wrong) must confirm it
+    measured: dict[int, set[str]] = {}
+    for d, prob, _ in store.ranked_candidates(None, torch, 1):
+        measured.setdefault(prob.id, set()).add(d.key)
+    wrong = store.incorrect_configs(torch)
     out: dict[str, dict[str, str]] = {}
     for p, problem, _ in entries:
         if is_default_kernel(p.portable.template_id, p.portable.params):
             continue  # the default's own kernel: its key gets the default's entry, nothing to confirm
-        for dev in p.portable.regret:
+        compared = {kinds[dev] for dev in p.portable.regret}
+        others = measured.get(problem.id, set()) | {keys[d] for d in wrong.get((problem.id, p.portable.config_hash), {})}
+        for dev in [*p.portable.regret, *sorted(d for d in others - set(p.portable.regret) if kinds[d] in compared)]:
             key = (device_ids[dev], problem.id, p.portable.config_hash)
             # never paired: settled without this config, or never settled (an interrupted tune)
             why = claim_status(verdicts.get(key), any_torch.get(key), min_speedup, torch)
