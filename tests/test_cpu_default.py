@@ -412,6 +412,44 @@ def test_under_the_users_max_autotune_a_gemm_the_table_does_not_tune_compiles_as
         assert getattr(installed.report, report) == ({key: 1} if counted else {}), (table, installed.report)
 
 
+@pytest.mark.parametrize("backends", ["ATEN,CPP", "ATEN"])
+def test_a_config_entry_for_a_gemm_lowered_outside_zhantunes_hook_is_stale_and_compiles_as_without_it(backends):
+    """A runtime attack (session 41): a baddbmm (and the GEMMs of Inductor's mm_plus_mm pattern) is
+    lowered outside the CPU GEMM lowerings zhantune sets a table's knobs in. Under the user's
+    max-autotune, a C++-template entry under its key crashed the compile with the user's ATen
+    backends (NoValidChoicesError: the lookup served nothing and the knobs were never set) and with
+    the defaults was counted a hit while its knobs never applied. Now it is stale, says why, and
+    Inductor compiles what it compiles without the table (the same C++-template count, the right output)."""
+    from zhantune.inductor.cpu_entries import UNHOOKED_LOWERING
+
+    class Baddbmm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias, self.w = torch.nn.Parameter(torch.randn(2, 16, 8)), torch.nn.Parameter(torch.randn(2, 24, 8))
+
+        def forward(self, x):
+            return torch.baddbmm(self.bias, x, self.w)
+
+    model, a = Baddbmm().eval(), torch.randn(2, 16, 24)
+
+    def compile_it():
+        torch._dynamo.reset()
+        with torch.no_grad(), inductor_config.patch(freezing=True, force_disable_caches=True,
+                                                    max_autotune_gemm_backends=backends):
+            return _counted(torch.compile(model, mode="max-autotune"), a)
+
+    with recording() as rec:
+        _, without = compile_it()
+    (key,) = [e.device_key for e in rec.events if e.op_name == "baddbmm"]
+    patch = {**CPP, "cpp.gemm_cache_blocking": "1,1,8"}
+    with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": patch}]}) as installed:
+        out, seen = compile_it()
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(a), rtol=1e-4, atol=1e-4)
+    assert installed.report.hits == {} and installed.report.stale == {key: UNHOOKED_LOWERING.format(op="baddbmm")}
+    assert seen["cpp_template"] == without["cpp_template"], (seen, without)
+
+
 def test_a_cpp_entry_under_a_dynamic_m_is_stale_not_a_hit():
     """With M dynamic (mark_dynamic on the batch) the key holds M's hint, so a C++-template entry
     tuned for that M was found and counted a hit, but Inductor's template then picks its blocking,

@@ -14,7 +14,7 @@ from zhantune.inductor.table import CONFIG_TEMPLATE_ID, not_carried
 
 __all__ = ["NOT_FROZEN", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
            "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp", "TRANSPOSED_INPUT",
-           "CPP_NOT_OFFERED", "strided_input", "cpp_unoffered", "CPP_KNOB_DEFAULTS", "cpp_knobs", "cpp_entry_stale"]
+           "CPP_NOT_OFFERED", "UNHOOKED_LOWERING", "strided_input", "cpp_unoffered", "CPP_KNOB_DEFAULTS", "cpp_knobs", "cpp_entry_stale"]
 
 #: the C++ template's knobs at Inductor's source defaults (torch/_inductor/config.py, without its
 #: TORCHINDUCTOR_CPP_GEMM_* environment variables): a C++-template entry compiles under these for
@@ -50,6 +50,9 @@ DYNAMIC_M = ("M is dynamic in this compile: Inductor's C++ template then picks i
              "K slices at run time (cpp_gemm_template.py), so the entry's measured kernel cannot be compiled; "
              "Inductor's default compiled (compile with static shapes for the tuned kernel)")
 #: why a GPU template entry (triton::*, decompose_k, ...) compiled Inductor's default on CPU (TableReport.stale)
+UNHOOKED_LOWERING = ("Inductor lowers this {op} outside the CPU GEMM lowerings zhantune sets a table's knobs in "
+                     "(mm, addmm, bmm, a packed linear; not baddbmm, nor the GEMMs of a fused pattern such as "
+                     "mm_plus_mm): the entry's config patch cannot take effect; Inductor's default compiled")
 GPU_ENTRY_ON_CPU = ("{tid} is not a CPU choice (a GPU template, or none Inductor offers): Inductor's CPU GEMM "
                     "offers ATen and its C++ template only "
                     f"({CONFIG_TEMPLATE_ID} entries); Inductor's default compiled")

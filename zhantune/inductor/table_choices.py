@@ -19,6 +19,7 @@ from zhantune.inductor.cpu_entries import (
     GPU_ENTRY_ON_CPU,
     LEGACY_CPU_KEY,
     REDUCED_FLOAT32,
+    UNHOOKED_LOWERING,
     cpp_entry_stale,
     cpp_knobs,
     cpp_template_applies,
@@ -342,6 +343,9 @@ class TableChoices(RecordingChoices):
             self.report.stale[key] = cpp_unoffered(kernel_inputs, op_name)
             self.report.stale_count[key] += 1
             return self._users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
+        if entry["template_id"] == CONFIG_TEMPLATE_ID and self._scope_base is None:  # not cpu_gemm_lowering's
+            return self._stale(key, UNHOOKED_LOWERING.format(op=op_name), template_choices, kernel_inputs, templates,
+                               op_name, kwarg_overrides, True)
         self.report.hits[key] += 1
         # this lookup's event records the hit, as a packed GEMM's does (cpu_packed_gemm): where oneDNN
         # does not pack the dtype (bf16 without AVX-512) the C++-template candidate is served here
