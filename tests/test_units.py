@@ -525,3 +525,28 @@ def test_an_addmm_with_float_scalars_is_not_taken_for_the_problem_of_integer_one
     assert floats.problem is None and "(tunable: the integers 1 and 1)" in floats.reason, floats
     ints = next(p for p in found if "+alpha=1&beta=1+" in p.lookup_key)
     assert ints.problem is not None and ints.problem.dims == {"M": 6, "N": 8, "K": 16, "B": 1}
+
+
+def test_table_report_is_this_threads_as_the_table_is():
+    """A table is installed per thread; its report was process-wide: in thread A, table_report()
+    returned the report of the table thread B installed last (a runtime attack, session 41)."""
+    import threading
+
+    from zhantune.inductor.runtime import table_report, use_table
+
+    got: dict[str, bool] = {}
+    ready, done = threading.Barrier(2), threading.Barrier(2)
+
+    def worker(name: str) -> None:
+        installed = use_table({})
+        ready.wait()  # both installed: the later one was the process-wide "last"
+        got[name] = table_report() is installed.report
+        done.wait()
+        installed.remove()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {"a": True, "b": True}

@@ -134,8 +134,8 @@ class InstalledTable:
         self.remove()
 
 
-_last_report: list[TableReport] = []
-#: per thread, the tables installed and not yet removed, in order (a plain ``use_table(...)`` call keeps working)
+#: per thread, the tables installed and not yet removed, in order (a plain ``use_table(...)`` call keeps
+#: working), and the report of the newest ``use_table`` (``last_report``)
 _LOCAL = threading.local()
 
 
@@ -166,10 +166,11 @@ def use_table(table: str | os.PathLike[str] | dict[str, Any] | TableFile, device
     else:
         table = read_table(table, device)
     installed = InstalledTable(table, device)
-    _last_report[:] = [installed.report]
+    _LOCAL.last_report = installed.report
     return installed
 
 
 def table_report() -> TableReport | None:
-    """Hits, misses (with keys) and stale drops since the last :func:`use_table`; None before any."""
-    return _last_report[0] if _last_report else None
+    """Hits, misses (with keys) and stale drops since this thread's last :func:`use_table` (a table is
+    installed per thread, and so is its report); None before any in this thread."""
+    return getattr(_LOCAL, "last_report", None)
