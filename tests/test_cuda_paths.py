@@ -1110,6 +1110,7 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     Inductor's default choice. So does the export's device-agnostic table."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
+    from zhantune.errors import ConfigError
     from zhantune.inductor.builder import build_table, table_candidates
     from zhantune.inductor.choices import LookupEvent
     from zhantune.inductor.portable import portable_table, unconfirmed_portable
@@ -1162,11 +1163,15 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     verdict(rec2, x, 1.8)
     assert shipped() == (64, "triton::mm")
     assert build_table(store, device_agnostic=True, min_speedup=1.02)[key][0]["BLOCK_N"] == 64  # x: confirmed on both
-    # a CPU that measured the problem too (no claim there) is another kind: a GPU's key is not its
+    # a CPU that measured the problem too (no claim there) is another kind: a GPU's key is not its,
+    # and a key without its device cannot say which kind it is for: refused without device= (a
+    # CPU's config patch there failed a GPU's table read), and with a GPU's key the CPU does not count
     cpu = Recorder(store, rec.problem, store.study_id("s3", {}), store.device_id("AMD EPYC", "AMD EPYC", "cpu", {}),
                    rec.problem_id)
     cpu.add(Measurement("ok", timing=summarize_us([50.0, 51.0], "t")), "candidate", x, trial_number=0)
-    assert build_table(store, device_agnostic=True, min_speedup=1.02)[key][0]["BLOCK_N"] == 64
+    with pytest.raises(ConfigError, match="device_agnostic=true: the database holds measurements of cpu and cuda"):
+        build_table(store, device_agnostic=True, min_speedup=1.02)
+    assert build_table(store, dev, device_agnostic=True, min_speedup=1.02)[key][0]["BLOCK_N"] == 64
     # a replay of the portable table measures and settles the candidate of the tune's config hash
     # (an entry's EVEN_K, where the table has one, is left out as the measurement adds it again)
     table = portable_table(compare(store), store, None)
