@@ -16,7 +16,7 @@ from zhantune.inductor.builder import build_table
 from zhantune.inductor.choices import LookupEvent
 from zhantune.inductor.table import default_entry
 from zhantune.problems import GemmProblem
-from zhantune.report.regret import compare
+from zhantune.report.regret import CompareError, compare
 from zhantune.storage import Recorder, Store
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
@@ -128,6 +128,12 @@ def test_compare_ranks_this_torch_releases_rows_as_the_export_does(tmp_path):
     assert p.winner[H100].config_hash == B.config_hash and p.best_us[H100] == pytest.approx(10.0)
     assert p.claims[H100].confirmed and p.confirmed_speedup == {H100: 1.3}
     assert cmp.other_torch == {H100: 2}  # A's row and the 2.12 default's
+    # a database of another release alone: said in one line, with the release and what to do
+    only_old = _Db(tmp_path / "old.db")
+    only_old.candidate(only_old.recorder(H100, torch="2.12.0+cu128"), A, 8.0)
+    with pytest.raises(CompareError, match=r"with a build of this torch \S+ \(1 measurement\(s\) of torch 2\.12\.0 are "
+                                           r"not compared: run compare with that torch\)"):
+        compare(only_old.store)
 
 
 def test_a_tune_ranks_only_rows_of_its_own_torch_release(tmp_path):

@@ -164,7 +164,8 @@ def compare(store: Store, devices: list[str] | None = None,
     ids = {d.id: d.key for d in devs}
     torch = table_torch(None)  # times and claims as this torch's export ranks and ships them
     other_torch: Counter = Counter()
-    time, failed, configs, default_us = _times(store, ids, torch, other_torch)
+    releases: set[str] = set()
+    time, failed, configs, default_us = _times(store, ids, torch, other_torch, releases)
     problems = store.problems(list(time))
     verdicts, any_torch = store.latest_verdicts(torch), store.latest_verdicts()
     key_ids = {key: dev_id for dev_id, key in ids.items()}
@@ -185,7 +186,8 @@ def compare(store: Store, devices: list[str] | None = None,
         raise CompareError((f"no problem was measured on two of the devices {', '.join(repr(d.key) for d in devs)}"
                             if len(devs) > 1 else f"no correct measurement on {devs[0].key!r} in {redact_url(store.url)}")
                            + (f" with a build of this torch {torch} ({sum(other_torch.values())} measurement(s) of "
-                              "other torch releases are not compared)" if other_torch else ""))
+                              f"torch {', '.join(sorted(releases))} are not compared: run compare with that torch)"
+                              if other_torch else ""))
     keys = [d.key for d in devs]
     matrix: dict[tuple[str, str], float | None] = {}
     for a in keys:
@@ -205,8 +207,8 @@ def _claim(verdict: Any, other_torch: Any, min_speedup: float | None, torch: str
                  v.rounds or 0, v.torch_version)
 
 
-def _times(store: Store, ids: dict[int, str], torch: str,
-           other_torch: Counter) -> tuple[dict, dict, dict, dict]:
+def _times(store: Store, ids: dict[int, str], torch: str, other_torch: Counter,
+           releases: set[str]) -> tuple[dict, dict, dict, dict]:
     """From the devices' rows (``ids``: device id -> key) measured with a build of ``torch``'s release
     (or imported from Kernel Tuner, which records none), as the export ranks them:
     time[problem id][device key][config hash] (each config at its lowest decision statistic, the
@@ -214,7 +216,7 @@ def _times(store: Store, ids: dict[int, str], torch: str,
     failed there (one wrong output there, ``incorrect``, makes a config failed however many ``ok``
     rows it has, Store.incorrect_configs), configs[config hash] = (template_id, params),
     default_us[problem id][device key] (Inductor's default, lowest too). ``other_torch`` counts the
-    rows of other torch releases left out, by device key."""
+    rows of other torch releases left out, by device key; ``releases`` gets those releases."""
     from zhantune.provenance import torch_release
     from zhantune.storage.ingest import IMPORTED_VERSION
 
@@ -229,6 +231,7 @@ def _times(store: Store, ids: dict[int, str], torch: str,
             rows.append(row)
         else:
             other_torch[ids[row.device_id]] += 1
+            releases.add(str(torch_release(row.torch_version)))
     wrong = {(r.problem_id, r.device_id, r.config_hash) for r in rows if r.status == "incorrect" and r.kind != "default"}
     for row in rows:
         dev, good = ids[row.device_id], row.status == "ok" and decision_us(row) is not None
