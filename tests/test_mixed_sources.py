@@ -89,10 +89,15 @@ def test_a_config_wrong_once_on_a_device_is_never_shipped_or_ranked_there(tmp_pa
     assert store.incorrect_configs("2.12.0") == {} and store.incorrect_configs("2.13.0+cpu")
 
 
-def test_a_device_agnostic_key_never_carries_a_config_wrong_on_another_device_of_its_kind(tmp_path):
+@pytest.mark.parametrize("status", ["incorrect", "compile_error", "timeout"])
+def test_a_device_agnostic_key_never_carries_a_config_that_failed_on_another_device_of_its_kind(tmp_path, status):
     """A device-agnostic key applies on every device of its kind. Config A was confirmed on the H100;
-    on the H200 its output was wrong and nothing else was correct there: the H200 was not counted as
-    a device that measured the problem, and A shipped under a key the H200 loads."""
+    on the H200 its output was wrong (or it failed to compile, or timed out) and nothing else was
+    correct there: the H200 was not counted as a device that measured the problem, and A shipped
+    under a key the H200 loads, from the export and from compare devices=[H100] table= (a review:
+    also with min_speedup=null, which checked nothing)."""
+    from zhantune.inductor.portable import FAILED_THERE, portable_choices
+
     db = _Db(tmp_path / "z.db")
     h100 = db.recorder(H100)
     db.default(h100, 20.0)
@@ -100,12 +105,31 @@ def test_a_device_agnostic_key_never_carries_a_config_wrong_on_another_device_of
     db.verdict(h100, A, 1.5)
     h200 = db.recorder(H200)
     db.default(h200, 20.0)
-    db.candidate(h200, A, None, status="incorrect")
+    db.candidate(h200, A, None, status=status)
     for min_speedup in (1.02, None):
         table = build_table(db.store, device_agnostic=True, min_speedup=min_speedup)
         assert table == {AGNOSTIC: [default_entry("mm")]}, table
+        out = portable_choices(compare(db.store, [H100]), db.store, min_speedup)
+        assert out.table == table and out.withheld == {PROBLEM.key: {H200: FAILED_THERE}}, out
     # keyed by device, the H100's own key still carries it
     assert _entry(build_table(db.store, device_key=H100, min_speedup=1.02))["BLOCK_M"] == 32
+
+
+def test_compare_reads_recorded_gpu_data_whatever_torch_replayed_it(tmp_path):
+    """A replay's rows carry the torch of the process that replayed them, but recorded GPU times hold
+    for any torch: compare left a replay made under another torch out (a review of the release filter)."""
+    store = Store(f"sqlite:///{tmp_path / 'z.db'}")
+    gpu = "NVIDIA GeForce RTX 3090"
+    dev = store.device_id(gpu, gpu, "cuda", {})
+    prob = store.problem_id("k[problem_size=[64]]", op="k", shape={"problem_size": [64]}, dtype="recorded",
+                            activation=None, lookup_op="k", flops=0)  # a replay's (zhantune.bench.recorded)
+    for x, us in ((1, 2.0), (2, 3.0)):
+        store.add_measurement(study_id=store.study_id("replay", {}), device_id=dev, problem_id=prob, kind="candidate",
+                              status="ok", template_id=None, params={"x": x}, median_us=us, config_hash=f"c{x}",
+                              torch_version="2.12.0+cu121")
+    cmp = compare(store)
+    (p,) = cmp.problems
+    assert p.best_us == {gpu: 2.0} and p.winner[gpu].config_hash == "c1" and cmp.other_torch == {}
 
 
 def test_compare_ranks_this_torch_releases_rows_as_the_export_does(tmp_path):
@@ -139,8 +163,9 @@ def test_compare_ranks_this_torch_releases_rows_as_the_export_does(tmp_path):
 def test_a_tune_ranks_only_rows_of_its_own_torch_release(tmp_path):
     """A study resumed after a torch upgrade holds the old release's rows: the tune's summary, its
     close call and its speedup settle ranked an old row (10 us) first, which this torch measured
-    slower in every round. A tune ranks as the export does: this release's rows; a replay every row."""
-    from zhantune.tune import _ranked
+    slower in every round. A tune ranks as the export does: this release's rows (the old ones only
+    while there are none); a replay every row."""
+    from zhantune.tune_result import ranked_rows as _ranked
 
     db = _Db(tmp_path / "z.db")
     import torch
@@ -153,6 +178,12 @@ def test_a_tune_ranks_only_rows_of_its_own_torch_release(tmp_path):
     replay = SimpleNamespace(device=SimpleNamespace(key=H100), replay=object())
     assert [r.config_hash for r in _ranked(db.store, tune, new.problem_id, 5)] == [B.config_hash]
     assert [r.config_hash for r in _ranked(db.store, replay, new.problem_id, 5)] == [A.config_hash, B.config_hash]
+    # a finished study rerun after the upgrade, before any row of this release: its settle re-measures
+    # the old release's best here (ranking nothing, a review found, it settled nothing on every rerun)
+    only_old = _Db(tmp_path / "old.db")
+    rec = only_old.recorder(H100, torch="2.12.0+cpu")
+    only_old.candidate(rec, A, 10.0)
+    assert [r.config_hash for r in _ranked(only_old.store, tune, rec.problem_id, 5)] == [A.config_hash]
 
 
 def test_the_tables_key_is_the_one_its_torch_release_looked_up(tmp_path):

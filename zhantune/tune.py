@@ -35,7 +35,7 @@ from zhantune.search.study import MAX_RETRIES, Heartbeat, HeartbeatSettings, ope
 from zhantune.search.transfer import load_prior, transfer_text
 from zhantune.storage import ClaimLost, MeasurementRow, Recorder, Store, redact_url
 from zhantune.storage.ingest import refuse_merge, replay_study
-from zhantune.tune_result import TuneResult, busy_text, stored_claim
+from zhantune.tune_result import TuneResult, busy_text, own_rows, ranked_rows, stored_claim, study_best
 from zhantune.tune_result import settle_again as _settle_again
 
 __all__ = ["TuneResult", "tune", "settle", "study_budget", "RunSpec", "resolve_run", "FINISHED", "EXHAUSTED"]
@@ -115,37 +115,12 @@ def _finished_result(run: RunSpec, store: Store, row: Any, target: int, settle_d
     dev = next((d for d in store.devices() if d.key == run.device.key), None)
     stored = (store.stored_baselines(row.id, dev.id, run.problem.key, versions["torch"], versions["triton"])
               if dev is not None else {})
-    result = TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), _study_best(run, store, row.id),
+    result = TuneResult(run.study_name, row.id, stored.get("eager"), stored.get("default"), study_best(run, store, row.id),
                         default_unfrozen=stored.get("default_unfrozen"), target=target, before=store.trial_counts(row.id)[0],
                         already_finished=True, exhausted=row.status == EXHAUSTED, baselines_reused=bool(stored),
                         settle_deferred=settle_deferred)
     result.claim, result.claimed = stored_claim(store, row.id)  # what its tunes settled
     return result
-
-
-def _own_rows(run: RunSpec, study_id: int) -> int | None:
-    """The study whose rows alone answer a run (its best, its cache hits): a replay's own, so that a
-    second recording of one device and problem is never answered from the first's; None (every
-    study's rows of the device and problem) for a tune."""
-    return study_id if run.replay is not None else None
-
-
-def _study_best(run: RunSpec, store: Store, study_id: int) -> MeasurementRow | None:
-    """The best correct candidate row of the run's problem that the study ranks (:func:`_ranked`)."""
-    return next((m for _, p, (m, *_) in store.ranked_candidates(run.device.key, _torch(run), 1, _own_rows(run, study_id))
-                 if p.key == run.problem.key), None)
-
-
-def _ranked(store: Store, run: RunSpec, problem_id: int, top_k: int) -> list[MeasurementRow]:
-    """A problem's configs on the run's device, fastest first (Store.ranked_candidates), of this torch's
-    release for a tune (the export's ranking: another release's rows compiled other kernels)."""
-    return next((rows for _, prob, rows in store.ranked_candidates(run.device.key, _torch(run), top_k)
-                 if prob.id == problem_id), [])
-
-
-def _torch(run: RunSpec) -> str | None:
-    """The torch whose release's rows a tune ranks: this process's; None (every row) for a replay."""
-    return None if run.replay is not None else software_versions()["torch"]
 
 
 def settle(run: RunSpec, store: Store, bench: Benchmarker, rec: Recorder, problem_id: int, result: TuneResult) -> None:
@@ -157,13 +132,13 @@ def settle(run: RunSpec, store: Store, bench: Benchmarker, rec: Recorder, proble
     rounds = run.bench.remeasure_rounds
     try:
         if rounds > 0:
-            verdict, text = settle_close_call(_ranked(store, run, problem_id, 2), run.space.branches,
+            verdict, text = settle_close_call(ranked_rows(store, run, problem_id, 2), run.space.branches,
                                               bench, rec.add, rounds)
             if verdict is not None:
                 result.verdict, result.verdict_text = verdict, text
         # the fastest config a lookup table can carry on this device (a faster compile-wide setting,
         # a fusion limit or TF32 on CUDA, is reported but never shipped: not_carried_reason)
-        best = next((r for r in _ranked(store, run, problem_id, 1 << 30)
+        best = next((r for r in ranked_rows(store, run, problem_id, 1 << 30)
                      if run.replay is not None or not_carried_reason(r, run.device.kind) is None), None)
         default = result.default
         if default is None or default.status != "ok" or best is None:
@@ -302,7 +277,7 @@ class _Tune:
     def _cached(self, cand: Candidate) -> tuple[bool, float | None]:
         v = self.rec.versions
         hit = self.store.cached(self.device_id, self.problem_id, cand.config_hash, v["torch"], v["triton"],
-                                _own_rows(self.run_spec, self.study_id))
+                                own_rows(self.run_spec, self.study_id))
         if hit is None:
             return False, None
         self.result.cached += 1
@@ -355,7 +330,7 @@ class _Tune:
             release_trial=lambda n: store.release_trial(sid, n),
             poll_s=1.0)
         if self.progress is not None:
-            result.best = _study_best(run, store, sid)  # the bar's best is the study's, as the summary's
+            result.best = study_best(run, store, sid)  # the bar's best is the study's, as the summary's
             self.progress.start(self.target, result.before, result.best)
         try:
             if run.storage.heartbeat_interval_s:
@@ -390,7 +365,7 @@ class _Tune:
             store.finish_study(self.study_id, "interrupted" if result.interrupted
                                else EXHAUSTED if result.exhausted else FINISHED)
         result.contention = contention_count(store.timed_conditions(self.study_id))
-        result.best = _study_best(run, store, self.study_id)
+        result.best = study_best(run, store, self.study_id)
         # a Kernel Tuner replay has no lookup table to carry its configs: nothing to say
         result.not_carried = not_carried_reason(result.best, run.device.kind) if run.replay is None else None
         if run.export.enabled and not result.interrupted and run.replay is None:

@@ -14,7 +14,7 @@ from zhantune.provenance import software_versions
 from zhantune.search.transfer import Prior
 from zhantune.storage import MeasurementRow
 
-__all__ = ["TuneResult", "stored_claim"]
+__all__ = ["TuneResult", "stored_claim", "own_rows", "study_best", "ranked_rows"]
 
 
 def stored_claim(store: Any, study_id: int) -> tuple[SpeedupVerdict | None, MeasurementRow | None]:
@@ -160,3 +160,36 @@ def busy_text(run: Any) -> str | None:
         return None
     return (f"the machine is still busy after {waited['waited_s']:.1f} s (bench.busy_wait_s): its paired rounds "
             "run again when this command finds it idle")
+
+
+def own_rows(run: Any, study_id: int) -> int | None:
+    """The study whose rows alone answer a run (its best, its cache hits): a replay's own, so that a
+    second recording of one device and problem is never answered from the first's; None (every
+    study's rows of the device and problem) for a tune."""
+    return study_id if run.replay is not None else None
+
+
+def study_best(run: Any, store: Any, study_id: int) -> Any:
+    """The best correct candidate row of the run's problem that the study ranks, as :func:`ranked_rows`."""
+    for torch in dict.fromkeys((_torch(run), None)):
+        for _, p, (m, *_) in store.ranked_candidates(run.device.key, torch, 1, own_rows(run, study_id)):
+            if p.key == run.problem.key:
+                return m
+    return None
+
+
+def ranked_rows(store: Any, run: Any, problem_id: int, top_k: int) -> list[Any]:
+    """A problem's configs on the run's device, fastest first (Store.ranked_candidates), of this torch's
+    release for a tune (the export's ranking: another release's rows compiled other kernels), else
+    (a finished study rerun after a torch upgrade) of every release: its settle re-measures them here."""
+    for torch in dict.fromkeys((_torch(run), None)):
+        rows = next((rows for _, prob, rows in store.ranked_candidates(run.device.key, torch, top_k)
+                     if prob.id == problem_id), [])
+        if rows:
+            return rows
+    return []
+
+
+def _torch(run: Any) -> str | None:
+    """The torch whose release's rows a tune ranks: this process's; None (every row) for a replay."""
+    return None if run.replay is not None else software_versions()["torch"]

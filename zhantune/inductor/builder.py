@@ -286,12 +286,12 @@ def _carried_ranked(store: Store, device_key: str | None, torch_version: str | N
     with a build of the table's torch release (an entry's template_hash and lookup key are that
     release's: a faster row of another torch, the config's representative over all, carried its).
     ``agnostic`` (keys that apply on every device of a kind): every device's, ``device_key`` or not,
-    without a config whose output was wrong
+    without a config that failed (never ok) or whose output was wrong
     on one device of the kind (Store.incorrect_configs); raises ConfigError where, with no
     ``device_key``, devices of two kinds rank configs (a key without its device has no kind to be
     checked against: a CPU's config patch fails a GPU's table read)."""
     torch = table_torch(torch_version)
-    wrong = store.incorrect_configs(torch) if agnostic else {}
+    wrong = store.incorrect_configs(torch, failed_too=True) if agnostic else {}
     ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)
                       and d.kind not in wrong.get((p.id, r.config_hash), {}).values()])
               for d, p, rows in store.ranked_candidates(None if agnostic else device_key, torch, 1 << 30)

@@ -33,6 +33,10 @@ class PortableTable:
     shared: list[str] = field(default_factory=list)
 
 
+#: why a portable choice is withheld on a device it was not compared on (the table's key applies there)
+FAILED_THERE = "failed there or gave a wrong output (not compared: devices=[...]), and the table's key applies there"
+
+
 def portable_table(comparison: Comparison, store: Store,
                    min_speedup: float | None = None) -> dict[str, list[dict[str, Any]]]:
     """:func:`portable_choices`' table."""
@@ -83,33 +87,37 @@ def unconfirmed_portable(comparison: Comparison, store: Store,
     (zhantune.bench.decision.claim_holds) with a ratio of at least ``min_speedup``; else not
     ("never paired with the default", also where nothing left a verdict: an interrupted tune, a
     database from before verdicts; "not confirmed: ..."; "confirmed at R.RRRx, below min_speedup").
-    Empty for ``min_speedup`` None."""
+    With ``min_speedup`` None only the devices of those kinds where the choice failed or gave a
+    wrong output (:data:`FAILED_THERE`; a compared device never has: the choice is correct on each)."""
     return _withheld(_portable_entries(comparison, store), store, min_speedup)
 
 
 def _withheld(entries: list[tuple[Any, Any, dict[str, Any]]], store: Store,
               min_speedup: float | None) -> dict[str, dict[str, str]]:
     """:func:`unconfirmed_portable` over ``entries`` (:func:`_portable_entries`)."""
-    if min_speedup is None:
-        return {}
     torch = table_torch(None)  # the table is for this torch
-    verdicts, any_torch = store.latest_verdicts(torch), store.latest_verdicts()
+    verdicts, any_torch = (store.latest_verdicts(torch), store.latest_verdicts()) if min_speedup is not None else ({}, {})
     devices = store.devices()
-    device_ids, kinds = {d.key: d.id for d in devices}, {d.key: d.kind for d in devices}
-    keys = {d.id: d.key for d in devices}
-    # a device-agnostic key applies on every device of its kind, compared or not (devices=[...]): each
-    # that measured the problem with this torch's release (or found the choice wrong) must confirm it
+    device_ids, kinds, keys = {d.key: d.id for d in devices}, {d.key: d.kind for d in devices}, {d.id: d.key for d in devices}
+    # a device-agnostic key applies on every device of its kind, compared or not (devices=[...]): the
+    # choice must not have failed on one (whatever min_speedup), and each that measured the problem
+    # with this torch's release must confirm it
     measured: dict[int, set[str]] = {}
     for d, prob, _ in store.ranked_candidates(None, torch, 1):
         measured.setdefault(prob.id, set()).add(d.key)
-    wrong = store.incorrect_configs(torch)
+    wrong = store.incorrect_configs(torch, failed_too=True)
     out: dict[str, dict[str, str]] = {}
     for p, problem, _ in entries:
         if is_default_kernel(p.portable.template_id, p.portable.params):
             continue  # the default's own kernel: its key gets the default's entry, nothing to confirm
         compared = {kinds[dev] for dev in p.portable.regret}
-        others = measured.get(problem.id, set()) | {keys[d] for d in wrong.get((problem.id, p.portable.config_hash), {})}
-        for dev in [*p.portable.regret, *sorted(d for d in others - set(p.portable.regret) if kinds[d] in compared)]:
+        failed = {keys[d] for d, kind in wrong.get((problem.id, p.portable.config_hash), {}).items() if kind in compared}
+        for dev in sorted(failed - set(p.portable.regret)):
+            out.setdefault(p.problem_key, {})[dev] = FAILED_THERE
+        if min_speedup is None:
+            continue
+        others = measured.get(problem.id, set()) - set(p.portable.regret) - failed
+        for dev in [*p.portable.regret, *sorted(d for d in others if kinds[d] in compared)]:
             key = (device_ids[dev], problem.id, p.portable.config_hash)
             # never paired: settled without this config, or never settled (an interrupted tune)
             why = claim_status(verdicts.get(key), any_torch.get(key), min_speedup, torch)

@@ -210,7 +210,7 @@ def _claim(verdict: Any, other_torch: Any, min_speedup: float | None, torch: str
 def _times(store: Store, ids: dict[int, str], torch: str, other_torch: Counter,
            releases: set[str]) -> tuple[dict, dict, dict, dict]:
     """From the devices' rows (``ids``: device id -> key) measured with a build of ``torch``'s release
-    (or imported from Kernel Tuner, which records none), as the export ranks them:
+    (or recorded GPU data, imported from Kernel Tuner or replayed, whatever torch), as the export ranks them:
     time[problem id][device key][config hash] (each config at its lowest decision statistic, the
     ranking rule of the export), failed[problem id][device key] = config hashes whose candidates
     failed there (one wrong output there, ``incorrect``, makes a config failed however many ``ok``
@@ -225,9 +225,11 @@ def _times(store: Store, ids: dict[int, str], torch: str, other_torch: Counter,
     failed: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     configs: dict[str, tuple[str | None, dict]] = {}
     release = torch_release(torch)
-    rows = []
-    for row in store.config_rows(list(ids), ("candidate", "remeasure", "default")):
-        if row.torch_version == IMPORTED_VERSION or torch_release(row.torch_version or "") == release:
+    rows, every = [], store.config_rows(list(ids), ("candidate", "remeasure", "default"))
+    # recorded GPU data (a replay's rows carry the replaying torch, an import's none) holds for any torch
+    recorded = {pid for pid, p in store.problems(list({r.problem_id for r in every})).items() if p.dtype == "recorded"}
+    for row in every:
+        if row.torch_version == IMPORTED_VERSION or row.problem_id in recorded or torch_release(row.torch_version) == release:
             rows.append(row)
         else:
             other_torch[ids[row.device_id]] += 1

@@ -168,19 +168,29 @@ class Queries(ReportQueries):
                 groups.setdefault((dev.id, prob.id), (dev, prob, []))[2].append(meas)
             return [(dev, prob, best_per_config(rows)[:top_k]) for dev, prob, rows in groups.values()]
 
-    def incorrect_configs(self, torch_version: str | None = None) -> dict[tuple[int, str], dict[int, str]]:
+    def incorrect_configs(self, torch_version: str | None = None,
+                          failed_too: bool = False) -> dict[tuple[int, str], dict[int, str]]:
         """(problem id, config hash) -> {device id: device kind} of every device where that config's
         output was wrong at least once (a candidate or re-measurement row, a table replay's too, of
-        status ``incorrect``: a mismatch with the float64 reference, or NaN/Inf; zhantune.bench.inductor).
-        ``torch_version``: only rows measured with a build of that torch release (None: every row)."""
+        status ``incorrect``: a mismatch with the float64 reference, or NaN/Inf; zhantune.bench.inductor);
+        ``failed_too``: also where it failed otherwise (a compile or runtime error, a timeout) and was
+        never measured ``ok``. ``torch_version``: only rows measured with a build of that torch release
+        (None: every row)."""
         r = m.MeasurementRow
-        q = (select(r.problem_id, r.config_hash, r.device_id, m.Device.kind).join(m.Device, r.device_id == m.Device.id)
-             .where(r.status == "incorrect", r.config_hash.is_not(None), r.kind.in_(("candidate", "remeasure"))))
+        q = (select(r.problem_id, r.config_hash, r.device_id, m.Device.kind, r.status)
+             .join(m.Device, r.device_id == m.Device.id)
+             .where(r.config_hash.is_not(None), r.kind.in_(("candidate", "remeasure"))))
         if torch_version is not None:
             q = q.where(_same_release(r.torch_version, torch_version))
-        out: dict[tuple[int, str], dict[int, str]] = {}
+        if not failed_too:
+            q = q.where(r.status == "incorrect")
+        seen: dict[tuple[int, str, int], tuple[str, set[str]]] = {}
         with self.session() as s:
-            for pid, chash, dev, kind in s.execute(q):
+            for pid, chash, dev, kind, status in s.execute(q):
+                seen.setdefault((pid, chash, dev), (kind, set()))[1].add(status)
+        out: dict[tuple[int, str], dict[int, str]] = {}
+        for (pid, chash, dev), (kind, statuses) in seen.items():
+            if "incorrect" in statuses or "ok" not in statuses:
                 out.setdefault((pid, chash), {})[dev] = kind
         return out
 
