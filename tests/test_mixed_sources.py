@@ -251,3 +251,27 @@ def test_compares_table_of_some_devices_needs_the_claim_on_every_device_of_their
 
     doc = json.loads((tmp_path / "t.json").read_text())
     assert [d["key"] for d in doc["devices"]] == [H100], doc["devices"]
+
+
+def test_compares_table_decides_which_devices_measured_a_problem_and_its_key_as_the_export(tmp_path):
+    """Two more disagreements between compare table= and the export (a review): a device that
+    measured only configs no table can carry there (a config patch on CUDA) withheld the portable
+    choice as "never paired" there, which the export does not count; and the portable table keyed a
+    problem by the first lookup key ever recorded (a newer torch's, ``+mm_v2``), not this release's."""
+    from zhantune.inductor.portable import portable_choices
+
+    db = _Db(tmp_path / "z.db")
+    v2 = AGNOSTIC.replace("+mm", "+mm_v2")
+    db.store.problem_id(PROBLEM.key, lookup_key=v2, **PROBLEM.row_fields())
+    db.default(db.recorder(H100, torch="2.14.0+cu128", key=v2), 20.0)
+    h100 = db.recorder(H100)
+    db.default(h100, 20.0)
+    db.candidate(h100, A, 10.0)
+    db.verdict(h100, A, 1.5)
+    h200 = db.recorder(H200)
+    db.default(h200, 20.0)
+    db.candidate(h200, Candidate("cfg", "config", None, {"max_autotune_gemm_backends": "TRITON"}), 15.0)
+    exported = build_table(db.store, device_agnostic=True, min_speedup=1.02)
+    assert list(exported) == [AGNOSTIC] and _entry(exported)["BLOCK_M"] == 32
+    out = portable_choices(compare(db.store, [H100]), db.store, 1.02)
+    assert out.table == exported and out.withheld == {}

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from zhantune.bench.decision import claim_status
 from zhantune.inductor.builder import table_torch
-from zhantune.inductor.table import carried, default_entry, entry_for, parse_key, table_key
+from zhantune.inductor.table import agnostic_key, carried, default_entry, entry_for, parse_key, table_key
 from zhantune.inductor.templates import is_default_kernel
 
 if TYPE_CHECKING:
@@ -58,8 +58,11 @@ def portable_choices(comparison: Comparison, store: Store, min_speedup: float | 
     entries = _portable_entries(comparison, store)
     out = PortableTable({}, _withheld(entries, store, min_speedup))
     table = out.table
+    # a problem's key as this torch's release looked it up (the problem row keeps the first ever recorded)
+    release_key = {pid: agnostic_key(k) for (_, pid), k in store.default_lookup_keys(table_torch(None)).items()}
     for p, problem, entry in entries:
-        choice, key = p.portable, problem.lookup_key
+        choice, key = p.portable, release_key.get(problem.id, problem.lookup_key)
+        own = key
         default = default_entry((parse_key(key) or {}).get("op") or problem.lookup_op)
         if p.problem_key in out.withheld or is_default_kernel(choice.template_id, choice.params):
             entry = default
@@ -67,9 +70,9 @@ def portable_choices(comparison: Comparison, store: Store, min_speedup: float | 
             found = store.config_lookup(problem.id, choice.config_hash)
             if found is None:
                 continue
-            key = table_key(found[0].key, problem.lookup_key, found[1], device_agnostic=True)
-            if key != problem.lookup_key:  # addmm: the problem's own (ATen) lookup gets "nothing"
-                table.setdefault(problem.lookup_key, [])
+            key = table_key(found[0].key, own, found[1], device_agnostic=True)
+            if key != own:  # addmm: the problem's own (ATen) lookup gets "nothing"
+                table.setdefault(own, [])
         if table.get(key, [entry]) != [entry]:  # another problem's different choice: the default
             entry = default
             out.shared.append(key)
@@ -103,8 +106,9 @@ def _withheld(entries: list[tuple[Any, Any, dict[str, Any]]], store: Store,
     # choice must not have failed on one (whatever min_speedup), and each that measured the problem
     # with this torch's release must confirm it
     measured: dict[int, set[str]] = {}
-    for d, prob, _ in store.ranked_candidates(None, torch, 1):
-        measured.setdefault(prob.id, set()).add(d.key)
+    for d, prob, rows in store.ranked_candidates(None, torch, 1 << 30):  # as the export: configs it can carry there
+        if any(carried(entry_for(r.template_id, r.params, r.template_hash), d.kind) for r in rows):
+            measured.setdefault(prob.id, set()).add(d.key)
     wrong = store.incorrect_configs(torch, failed_too=True)
     out: dict[str, dict[str, str]] = {}
     for p, problem, _ in entries:
