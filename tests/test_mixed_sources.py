@@ -39,10 +39,10 @@ class _Db:
         self.store = Store(f"sqlite:///{path}")
 
     def recorder(self, device: str, torch: str = "2.13.0+cu128", study: str = "s", key: str = AGNOSTIC,
-                 kind: str = "cuda") -> Recorder:
+                 kind: str = "cuda", problem: GemmProblem = PROBLEM) -> Recorder:
         s = self.store
-        rec = Recorder(s, PROBLEM, s.study_id(study, {}), s.device_id(device, device, kind, {}),
-                       s.problem_id(PROBLEM.key, lookup_key=AGNOSTIC, **PROBLEM.row_fields()))
+        rec = Recorder(s, problem, s.study_id(study, {}), s.device_id(device, device, kind, {}),
+                       s.problem_id(problem.key, lookup_key=key, **problem.row_fields()))
         rec.versions = {"torch": torch, "triton": "3.9.0"}
         rec.hit = LookupEvent("mm", f"{device}+{key}", key, {"triton::mm": None}, ("triton::mm",))
         return rec
@@ -174,8 +174,8 @@ def test_a_tune_ranks_only_rows_of_its_own_torch_release(tmp_path):
     db.candidate(old, A, 10.0)
     new = db.recorder(H100, torch=torch.__version__)
     db.candidate(new, B, 50.0)
-    tune = SimpleNamespace(device=SimpleNamespace(key=H100), replay=None)
-    replay = SimpleNamespace(device=SimpleNamespace(key=H100), replay=object())
+    tune = SimpleNamespace(device=SimpleNamespace(key=H100), replay=None, problem=PROBLEM)
+    replay = SimpleNamespace(device=SimpleNamespace(key=H100), replay=object(), problem=PROBLEM)
     assert [r.config_hash for r in _ranked(db.store, tune, new.problem_id, 5)] == [B.config_hash]
     assert [r.config_hash for r in _ranked(db.store, replay, new.problem_id, 5)] == [A.config_hash, B.config_hash]
     # a finished study rerun after the upgrade, before any row of this release: its settle re-measures
@@ -184,6 +184,11 @@ def test_a_tune_ranks_only_rows_of_its_own_torch_release(tmp_path):
     rec = only_old.recorder(H100, torch="2.12.0+cpu")
     only_old.candidate(rec, A, 10.0)
     assert [r.config_hash for r in _ranked(only_old.store, tune, rec.problem_id, 5)] == [A.config_hash]
+    # ... but not once this release has measured it, even where each of its rows failed (a second
+    # review: A, ok with 2.12, failed to compile here; the summary showed its old time and the settle
+    # re-measured a config this torch cannot compile)
+    only_old.candidate(only_old.recorder(H100, torch=torch.__version__), A, None, status="compile_error")
+    assert _ranked(only_old.store, tune, rec.problem_id, 5) == []
 
 
 def test_the_tables_key_is_the_one_its_torch_release_looked_up(tmp_path):
@@ -275,3 +280,64 @@ def test_compares_table_decides_which_devices_measured_a_problem_and_its_key_as_
     assert list(exported) == [AGNOSTIC] and _entry(exported)["BLOCK_M"] == 32
     out = portable_choices(compare(db.store, [H100]), db.store, 1.02)
     assert out.table == exported and out.withheld == {}
+
+
+def test_compares_table_keys_and_kinds_as_the_export_after_a_second_review(tmp_path):
+    """A second review of compare table= against the export, each on its own database: (1) a template
+    entry went under the key an older release's row hit (``+mm_old``), this release's key getting
+    ``[]`` (no choice at all there); (2) a problem's key came from any device of the database,
+    another kind's too (a CPU's config patch under a GPU's ``+mm``); (3) compared CPU and GPU
+    devices wrote one table a GPU cannot read; (4) a config that failed on the H200 hid the H100,
+    which measured only it, so the H200's config shipped on the H100, never measured there."""
+    from zhantune.errors import ConfigError
+    from zhantune.inductor.portable import portable_choices
+
+    def both(db, devices=None):
+        return build_table(db.store, device_agnostic=True, min_speedup=1.02), \
+            portable_choices(compare(db.store, devices), db.store, 1.02).table
+
+    db = _Db(tmp_path / "1.db")  # (1)
+    old = db.recorder(H100, torch="2.12.0+cu128", key=AGNOSTIC.replace("+mm", "+mm_old"))
+    db.default(old, 20.0)
+    db.candidate(old, A, 9.0)
+    for device in (H100, H200):
+        rec = db.recorder(device)
+        db.default(rec, 20.0)
+        db.candidate(rec, A, 10.0)
+        db.verdict(rec, A, 1.5)
+    exported, portable = both(db)
+    assert list(portable) == [AGNOSTIC] and portable == exported
+    db = _Db(tmp_path / "2.db")  # (2)
+    cpp = Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP"})
+    cpus = ["AMD EPYC (2 threads)", "AMD EPYC (4 threads)"]
+    for cpu in cpus:
+        rec = db.recorder(cpu, torch="2.13.0+cpu", kind="cpu", key=AGNOSTIC.replace("+mm", "+addmm"))
+        db.default(rec, 20.0)
+        db.candidate(rec, cpp, 10.0)
+        db.verdict(rec, cpp, 1.5, torch="2.13.0+cpu")
+    gpu = db.recorder(H100)
+    db.default(gpu, 20.0)
+    db.candidate(gpu, A, 10.0)
+    portable = portable_choices(compare(db.store, cpus), db.store, 1.02).table
+    assert portable == build_table(db.store, cpus[0], device_agnostic=True, min_speedup=1.02)
+    assert list(portable) == [AGNOSTIC.replace("+mm", "+addmm")]
+    db = _Db(tmp_path / "3.db")  # (3) the CPUs' problem and a GPU problem in one comparison
+    for cpu in cpus:
+        db.candidate(db.recorder(cpu, torch="2.13.0+cpu", kind="cpu"), cpp, 10.0)
+    other = GemmProblem("mm", (128, 64, 64), "bfloat16")
+    for device in (H100, H200):
+        db.candidate(db.recorder(device, problem=other, key=AGNOSTIC.replace("[64, 64], [64, 1]), (", "[128, 64], [64, 1]), (")),
+                     A, 11.0)
+    with pytest.raises(ConfigError, match=r"table=: the compared devices are of two kinds \(cpu and cuda\)"):
+        portable_choices(compare(db.store), db.store, 1.02)
+    db = _Db(tmp_path / "4.db")  # (4)
+    h100 = db.recorder(H100)
+    db.default(h100, 20.0)
+    db.candidate(h100, A, 10.0)
+    db.verdict(h100, A, 1.5)
+    h200 = db.recorder(H200)
+    db.default(h200, 20.0)
+    db.candidate(h200, A, None, status="compile_error")
+    db.candidate(h200, _triton(128), 12.0)
+    db.verdict(h200, _triton(128), 1.3)
+    assert both(db, [H100]) == ({AGNOSTIC: [default_entry("mm")]},) * 2

@@ -171,25 +171,22 @@ def own_rows(run: Any, study_id: int) -> int | None:
 
 def study_best(run: Any, store: Any, study_id: int) -> Any:
     """The best correct candidate row of the run's problem that the study ranks, as :func:`ranked_rows`."""
-    for torch in dict.fromkeys((_torch(run), None)):
-        for _, p, (m, *_) in store.ranked_candidates(run.device.key, torch, 1, own_rows(run, study_id)):
-            if p.key == run.problem.key:
-                return m
-    return None
+    torch = _torch(run, store)
+    return next((m for _, p, (m, *_) in store.ranked_candidates(run.device.key, torch, 1, own_rows(run, study_id))
+                 if p.key == run.problem.key), None)
 
 
 def ranked_rows(store: Any, run: Any, problem_id: int, top_k: int) -> list[Any]:
     """A problem's configs on the run's device, fastest first (Store.ranked_candidates), of this torch's
-    release for a tune (the export's ranking: another release's rows compiled other kernels), else
-    (a finished study rerun after a torch upgrade) of every release: its settle re-measures them here."""
-    for torch in dict.fromkeys((_torch(run), None)):
-        rows = next((rows for _, prob, rows in store.ranked_candidates(run.device.key, torch, top_k)
-                     if prob.id == problem_id), [])
-        if rows:
-            return rows
-    return []
+    release for a tune (the export's ranking: another release's rows compiled other kernels), or,
+    while the device holds no candidate of this release at all (a finished study rerun after a
+    torch upgrade), of every release: its settle re-measures the old best here."""
+    return next((rows for _, prob, rows in store.ranked_candidates(run.device.key, _torch(run, store), top_k)
+                 if prob.id == problem_id), [])
 
 
-def _torch(run: Any) -> str | None:
-    """The torch whose release's rows a tune ranks: this process's; None (every row) for a replay."""
-    return None if run.replay is not None else software_versions()["torch"]
+def _torch(run: Any, store: Any) -> str | None:
+    """The torch whose release's rows a tune ranks: this process's, None (every row) for a replay or
+    where the device has no candidate of this release for the problem."""
+    this = software_versions()["torch"]
+    return this if run.replay is None and store.has_candidates(run.device.key, run.problem.key, this) else None

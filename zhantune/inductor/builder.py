@@ -211,8 +211,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     owners: dict[str, tuple[str | None, str]] = {}  # key -> (own key, lookup op) of the problem that placed it
     clashes: list[tuple[str | None, str, list[str]]] = []
     placed_rows: dict[tuple[int, int], tuple[Any, str | None]] = {}
-    ranked = _carried_ranked(store, device_key, torch_version, problem_ids, device_agnostic)
-    measured_on = _measured_on(ranked) if device_agnostic else {}  # a claim must clear on each device of a kind
+    ranked, measured_on = _carried_ranked(store, device_key, torch_version, problem_ids, device_agnostic)
     for device, problem, rows in ranked:
         if problem.id in seen or device.key != (device_key or device.key):  # seen: a faster device placed it
             continue
@@ -279,28 +278,32 @@ def _measured_on(ranked: list[tuple[Any, Any, list[Any]]]) -> dict[int, list[tup
 
 
 def _carried_ranked(store: Store, device_key: str | None, torch_version: str | None,
-                    problem_ids: set[int] | None, agnostic: bool = False) -> list[tuple[Any, Any, list[Any]]]:
+                    problem_ids: set[int] | None, agnostic: bool = False) -> tuple[list[tuple[Any, Any, list[Any]]], dict]:
     """(device, problem, rows) for :func:`build_table`, fastest problem first by the ranking rule's
     statistic: every distinct config a table may carry on the device (a tf32 backend flag, zhantune.
     inductor.knobs, or a config patch on CUDA, not_carried, makes way for the next ones), measured
     with a build of the table's torch release (an entry's template_hash and lookup key are that
     release's: a faster row of another torch, the config's representative over all, carried its).
     ``agnostic`` (keys that apply on every device of a kind): every device's, ``device_key`` or not,
-    without a config that failed (never ok) or whose output was wrong
-    on one device of the kind (Store.incorrect_configs); raises ConfigError where, with no
-    ``device_key``, devices of two kinds rank configs (a key without its device has no kind to be
-    checked against: a CPU's config patch fails a GPU's table read)."""
+    without a config that failed (never ok) or whose output was wrong on one device of the kind
+    (Store.incorrect_configs), with :func:`_measured_on` of the devices before that (a device whose
+    only configs failed elsewhere measured the problem all the same: a claim must clear there);
+    raises ConfigError where, with no ``device_key``, devices of two kinds rank configs (a key
+    without its device has no kind to be checked against: a CPU's config patch fails a GPU's table read)."""
     torch = table_torch(torch_version)
-    wrong = store.incorrect_configs(torch, failed_too=True) if agnostic else {}
-    ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)
-                      and d.kind not in wrong.get((p.id, r.config_hash), {}).values()])
+    ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)])
               for d, p, rows in store.ranked_candidates(None if agnostic else device_key, torch, 1 << 30)
               if problem_ids is None or p.id in problem_ids]
-    if agnostic and device_key is None and len(kinds := sorted({d.kind for d, _, rows in ranked if rows})) > 1:
+    if not agnostic:
+        return sorted(ranked, key=lambda r: decision_us(r[2][0]) if r[2] else float("inf")), {}
+    if device_key is None and len(kinds := sorted({d.kind for d, _, rows in ranked if rows})) > 1:
         raise ConfigError(f"device_agnostic=true: the database holds measurements of {' and '.join(kinds)} devices, "
                           "and a key without its device applies on both: a table that loads on one kind "
                           "would fail on the other; pick one device's kind with device=KEY")
-    return sorted(ranked, key=lambda r: decision_us(r[2][0]) if r[2] else float("inf"))
+    measured_on, wrong = _measured_on(ranked), store.incorrect_configs(torch, failed_too=True)
+    ranked = [(d, p, [r for r in rows if d.kind not in wrong.get((p.id, r.config_hash), {}).values()])
+              for d, p, rows in ranked]
+    return sorted(ranked, key=lambda r: decision_us(r[2][0]) if r[2] else float("inf")), measured_on
 
 
 def _tuned_rows(rows: list[Any], keys: list[tuple[int, int]], verdicts: dict,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zhantune.bench.decision import claim_status
+from zhantune.errors import ConfigError
 from zhantune.inductor.builder import table_torch
 from zhantune.inductor.table import agnostic_key, carried, default_entry, entry_for, parse_key, table_key
 from zhantune.inductor.templates import is_default_kernel
@@ -56,18 +57,27 @@ def portable_choices(comparison: Comparison, store: Store, min_speedup: float | 
     ``min_speedup``, a key two problems map to with different choices (a float32 linear_act with
     relu and with gelu: one addmm lookup), since neither choice was measured for the other."""
     entries = _portable_entries(comparison, store)
+    devices = store.devices()
+    torch, ids, kind = table_torch(None), {d.key: d.id for d in devices}, {d.key: d.kind for d in devices}
+    compared = [ids[d] for d in comparison.devices]
+    if len(kinds := sorted({kind[dev] for p, _, _ in entries for dev in p.best_us})) > 1:
+        raise ConfigError(f"table=: the compared devices are of two kinds ({' and '.join(kinds)}), and a key without its "
+                          "device applies on both: a table that loads on one kind would fail on the other; compare "
+                          "one kind's devices (devices=[...]) for a table")
     out = PortableTable({}, _withheld(entries, store, min_speedup))
     table = out.table
-    # a problem's key as this torch's release looked it up (the problem row keeps the first ever recorded)
-    release_key = {pid: agnostic_key(k) for (_, pid), k in store.default_lookup_keys(table_torch(None)).items()}
+    # a problem's key as this torch's release looked it up on a compared device (the problem row
+    # keeps the first ever recorded, of any release and device)
+    lookups = store.default_lookup_keys(torch)
     for p, problem, entry in entries:
-        choice, key = p.portable, release_key.get(problem.id, problem.lookup_key)
-        own = key
+        own = next((agnostic_key(lookups[(d, problem.id)]) for d in compared if (d, problem.id) in lookups),
+                   problem.lookup_key)
+        choice, key = p.portable, own
         default = default_entry((parse_key(key) or {}).get("op") or problem.lookup_op)
         if p.problem_key in out.withheld or is_default_kernel(choice.template_id, choice.params):
             entry = default
         elif choice.template_id is not None:
-            found = store.config_lookup(problem.id, choice.config_hash)
+            found = store.config_lookup(problem.id, choice.config_hash, torch, compared)
             if found is None:
                 continue
             key = table_key(found[0].key, own, found[1], device_agnostic=True)

@@ -22,6 +22,11 @@ from zhantune.storage.reads import ReportQueries
 __all__ = ["Queries"]
 
 
+#: a config's own failures (Store.incorrect_configs): not "crashed" (its worker was killed) nor
+#: "not_applied" (the template is not offered there: a table's entry is reported stale)
+FAILED_STATUSES = ("compile_error", "runtime_error", "timeout")
+
+
 class Queries(ReportQueries):
     """Read queries of a Store (each in its own session; rows come back detached)."""
 
@@ -44,14 +49,20 @@ class Queries(ReportQueries):
         with self.session() as s:
             return {p.key: p for p in s.scalars(select(m.Problem))}
 
-    def config_lookup(self, problem_id: int, config_hash: str) -> tuple[m.Device, m.MeasurementRow] | None:
+    def config_lookup(self, problem_id: int, config_hash: str, torch_version: str | None = None,
+                      device_ids: list[int] | None = None) -> tuple[m.Device, m.MeasurementRow] | None:
         """A correct measurement of this config for this problem that recorded Inductor's lookup
-        key (the key its template hit), with its device; None when there is none."""
+        key (the key its template hit), with its device; None when there is none. ``torch_version``:
+        of a build of that release (a key is a release's); ``device_ids``: on one of those devices."""
+        r = m.MeasurementRow
+        q = (select(m.Device, r).join(m.Device, m.Device.id == r.device_id)
+             .where(r.problem_id == problem_id, r.config_hash == config_hash, r.status == "ok", r.lookup_key.is_not(None)))
+        if torch_version is not None:
+            q = q.where(_same_release(r.torch_version, torch_version))
+        if device_ids is not None:
+            q = q.where(r.device_id.in_(device_ids))
         with self.session() as s:
-            row = s.execute(select(m.Device, m.MeasurementRow).join(m.Device, m.Device.id == m.MeasurementRow.device_id)
-                            .where(m.MeasurementRow.problem_id == problem_id, m.MeasurementRow.config_hash == config_hash,
-                                   m.MeasurementRow.status == "ok", m.MeasurementRow.lookup_key.is_not(None))
-                            .order_by(m.MeasurementRow.id).limit(1)).first()
+            row = s.execute(q.order_by(r.id).limit(1)).first()
             return None if row is None else (row[0], row[1])
 
     def config_best(self, device_id: int, problem_id: int, config_hash: str | None) -> m.MeasurementRow | None:
@@ -173,7 +184,8 @@ class Queries(ReportQueries):
         """(problem id, config hash) -> {device id: device kind} of every device where that config's
         output was wrong at least once (a candidate or re-measurement row, a table replay's too, of
         status ``incorrect``: a mismatch with the float64 reference, or NaN/Inf; zhantune.bench.inductor);
-        ``failed_too``: also where it failed otherwise (a compile or runtime error, a timeout) and was
+        ``failed_too``: also where it failed otherwise (:data:`FAILED_STATUSES`: a compile or runtime
+        error, a timeout; not a killed worker's ``crashed`` nor a template ``not_applied``) and was
         never measured ``ok``. ``torch_version``: only rows measured with a build of that torch release
         (None: every row)."""
         r = m.MeasurementRow
@@ -182,8 +194,7 @@ class Queries(ReportQueries):
              .where(r.config_hash.is_not(None), r.kind.in_(("candidate", "remeasure"))))
         if torch_version is not None:
             q = q.where(_same_release(r.torch_version, torch_version))
-        if not failed_too:
-            q = q.where(r.status == "incorrect")
+        q = q.where(r.status.in_(("incorrect", "ok", *FAILED_STATUSES) if failed_too else ("incorrect",)))
         seen: dict[tuple[int, str, int], tuple[str, set[str]]] = {}
         with self.session() as s:
             for pid, chash, dev, kind, status in s.execute(q):
@@ -193,6 +204,15 @@ class Queries(ReportQueries):
             if "incorrect" in statuses or "ok" not in statuses:
                 out.setdefault((pid, chash), {})[dev] = kind
         return out
+
+    def has_candidates(self, device_key: str, problem_key: str, torch_version: str) -> bool:
+        """Whether the device holds a candidate row of the problem (any status) measured with a build
+        of ``torch_version``'s release."""
+        r = m.MeasurementRow
+        with self.session() as s:
+            return s.scalar(select(r.id).join(m.Device, r.device_id == m.Device.id).join(m.Problem, r.problem_id == m.Problem.id)
+                            .where(m.Device.key == device_key, m.Problem.key == problem_key, r.kind == "candidate",
+                                   _same_release(r.torch_version, torch_version)).limit(1)) is not None
 
     def devices_with_candidates(self, device_key: str | None = None) -> list[m.Device]:
         """Devices that have at least one ``ok`` candidate (optionally only ``device_key``), by key."""
