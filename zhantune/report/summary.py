@@ -249,7 +249,7 @@ def _print_notes(console: Console, result: Any) -> None:
                   + (", every feasible point" if getattr(result, "exhausted", False) else ""), markup=False)
     if getattr(result, "resettled", False):
         console.print("the study was finished: its last paired rounds against the default were taken on a busy "
-                      "machine, or confirmed by a rule zhantune no longer uses (docs/timing.md), so its settles "
+                      "machine, with another torch, or confirmed by a rule zhantune no longer uses (docs/timing.md), so its settles "
                       "(close call, paired rounds) ran again, without a search")
     if getattr(result, "baselines_reused", False) and result.eager is not None:
         console.print(f"baselines: stored ones re-used (measured {result.eager.created_at:%Y-%m-%d %H:%M} "
