@@ -54,6 +54,14 @@ class _Db:
         timing = summarize_us([us, us * 1.05], "t") if us is not None else None
         rec.add(Measurement(status, timing=timing, lookup=rec.hit), "candidate", cand, trial_number=None)
 
+    def confirmed(self, device: str, cand: Candidate, us: float, ratio: float, **recorder) -> Recorder:
+        """A device's tune: Inductor's default at 20 us, ``cand`` at ``us``, its claim confirmed at ``ratio``."""
+        rec = self.recorder(device, **recorder)
+        self.default(rec, 20.0)
+        self.candidate(rec, cand, us)
+        self.verdict(rec, cand, ratio, torch=recorder.get("torch", "2.13.0+cu128"))
+        return rec
+
     def verdict(self, rec: Recorder, cand: Candidate, ratio: float, torch: str = "2.13.0+cu128") -> None:
         self.store.add_verdict(study_id=rec.study_id, device_id=rec.device_id, problem_id=rec.problem_id,
                                config_hash=cand.config_hash, ratio=ratio, ratio_low=ratio - 0.02, ratio_high=ratio + 0.02,
@@ -71,10 +79,7 @@ def test_a_config_wrong_once_on_a_device_is_never_shipped_or_ranked_there(tmp_pa
     (README), yet the export shipped A after the merge and compare called it the winner, confirmed:
     only ``ok`` rows were read. Now A is out on that device: B, confirmed on the second machine, ships."""
     db = _Db(tmp_path / "z.db")
-    first = db.recorder(H100, study="a")
-    db.default(first, 20.0)
-    db.candidate(first, A, 10.0)
-    db.verdict(first, A, 1.5)
+    db.confirmed(H100, A, 10.0, 1.5, study="a")
     second = db.recorder(H100, study="b")
     db.candidate(second, A, None, status="incorrect")
     db.candidate(second, B, 12.0)
@@ -99,10 +104,7 @@ def test_a_device_agnostic_key_never_carries_a_config_that_failed_on_another_dev
     from zhantune.inductor.portable import FAILED_THERE, portable_choices
 
     db = _Db(tmp_path / "z.db")
-    h100 = db.recorder(H100)
-    db.default(h100, 20.0)
-    db.candidate(h100, A, 10.0)
-    db.verdict(h100, A, 1.5)
+    db.confirmed(H100, A, 10.0, 1.5)
     h200 = db.recorder(H200)
     db.default(h200, 20.0)
     db.candidate(h200, A, None, status=status)
@@ -142,10 +144,7 @@ def test_compare_ranks_this_torch_releases_rows_as_the_export_does(tmp_path):
     db.default(old, 20.0)
     db.candidate(old, A, 8.0)
     db.verdict(old, A, 1.5, torch="2.12.0+cu128")
-    new = db.recorder(H100)
-    db.default(new, 20.0)
-    db.candidate(new, B, 10.0)
-    db.verdict(new, B, 1.3)
+    db.confirmed(H100, B, 10.0, 1.3)
     assert _entry(build_table(db.store, min_speedup=1.02))["BLOCK_M"] == 64
     cmp = compare(db.store)
     (p,) = cmp.problems
@@ -195,10 +194,7 @@ def test_the_tables_key_is_the_one_its_torch_release_looked_up(tmp_path):
     """A newer torch's default compile recorded another lookup key: a 2.13 table wrote its entry under
     the 2.14 key (the newest default row of any torch), which 2.13's Inductor never looks up."""
     db = _Db(tmp_path / "z.db")
-    new = db.recorder(H100)
-    db.default(new, 20.0)
-    db.candidate(new, A, 10.0)
-    db.verdict(new, A, 1.5)
+    db.confirmed(H100, A, 10.0, 1.5)
     db.default(db.recorder(H100, torch="2.14.0+cu128", key=AGNOSTIC.replace("+mm", "+mm_v2")), 20.0)
     assert list(build_table(db.store, device_key=H100, min_speedup=1.02)) == [f"{H100}+{AGNOSTIC}"]
 
@@ -269,10 +265,7 @@ def test_compares_table_decides_which_devices_measured_a_problem_and_its_key_as_
     v2 = AGNOSTIC.replace("+mm", "+mm_v2")
     db.store.problem_id(PROBLEM.key, lookup_key=v2, **PROBLEM.row_fields())
     db.default(db.recorder(H100, torch="2.14.0+cu128", key=v2), 20.0)
-    h100 = db.recorder(H100)
-    db.default(h100, 20.0)
-    db.candidate(h100, A, 10.0)
-    db.verdict(h100, A, 1.5)
+    db.confirmed(H100, A, 10.0, 1.5)
     h200 = db.recorder(H200)
     db.default(h200, 20.0)
     db.candidate(h200, Candidate("cfg", "config", None, {"max_autotune_gemm_backends": "TRITON"}), 15.0)
@@ -331,10 +324,7 @@ def test_compares_table_keys_and_kinds_as_the_export_after_a_second_review(tmp_p
     with pytest.raises(ConfigError, match=r"table=: the compared devices are of two kinds \(cpu and cuda\)"):
         portable_choices(compare(db.store), db.store, 1.02)
     db = _Db(tmp_path / "4.db")  # (4)
-    h100 = db.recorder(H100)
-    db.default(h100, 20.0)
-    db.candidate(h100, A, 10.0)
-    db.verdict(h100, A, 1.5)
+    db.confirmed(H100, A, 10.0, 1.5)
     h200 = db.recorder(H200)
     db.default(h200, 20.0)
     db.candidate(h200, A, None, status="compile_error")
