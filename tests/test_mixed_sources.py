@@ -331,3 +331,16 @@ def test_compares_table_keys_and_kinds_as_the_export_after_a_second_review(tmp_p
     db.candidate(h200, _triton(128), 12.0)
     db.verdict(h200, _triton(128), 1.3)
     assert both(db, [H100]) == ({AGNOSTIC: [default_entry("mm")]},) * 2
+
+
+def test_compares_html_report_says_which_rows_of_other_releases_it_left_out(tmp_path):
+    """The terminal and json= said how many rows of other torch releases compare left out; the HTML
+    report did not (a review)."""
+    from zhantune.report.html import write_html_report
+
+    db = _Db(tmp_path / "z.db")
+    db.candidate(db.recorder(H100, torch="2.12.0+cu128"), A, 8.0)
+    db.confirmed(H100, B, 10.0, 1.3)
+    text = write_html_report(tmp_path / "r.html", compare(db.store)).read_text()
+    assert "Left out: 1 measurement(s) made with another torch release than this " in text
+    assert f"({H100}: 1)" in text

@@ -149,7 +149,11 @@ def _configs_table(cmp: Comparison) -> str:
         parts.append(f"<h3>{e(p.problem_key)}</h3><p>largest regret between devices: {p.disagreement:.3f}x</p>"
                      "<table><tr><th>config</th><th>best us</th><th>worst regret elsewhere</th>"
                      f"<th>template_id</th><th>parameters</th></tr>{''.join(rows)}</table>")
-    return f"<p>{e(STORED_TIMES)}.</p>" + "".join(parts)
+    other = (f"<p>Left out: {sum(cmp.other_torch.values())} measurement(s) made with another torch release than "
+             f"this {e(cmp.torch or '')} (" + ", ".join(f"{e(d)}: {n}" for d, n in cmp.other_torch.items())
+             + "); a config's time and its claim hold for the release they were measured with.</p>"
+             if cmp.other_torch else "")
+    return f"<p>{e(STORED_TIMES)}.</p>" + other + "".join(parts)
 
 
 def write_html_report(path: str | Path, cmp: Comparison, study: optuna.Study | None = None,
