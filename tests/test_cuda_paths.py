@@ -1172,9 +1172,12 @@ def test_the_portable_table_ships_a_choice_only_where_it_may_replace_the_default
     with pytest.raises(ConfigError, match="device_agnostic=true: the database holds measurements of cpu and cuda"):
         build_table(store, device_agnostic=True, min_speedup=1.02)
     assert build_table(store, dev, device_agnostic=True, min_speedup=1.02)[key][0]["BLOCK_N"] == 64
-    # a replay of the portable table measures and settles the candidate of the tune's config hash
-    # (an entry's EVEN_K, where the table has one, is left out as the measurement adds it again)
-    table = portable_table(compare(store), store, None)
+    # compare table= over the CPU and the GPUs is refused as the export is; over the GPUs a replay of
+    # the portable table measures and settles the candidate of the tune's config hash (an entry's
+    # EVEN_K, where the table has one, is left out as the measurement adds it again)
+    with pytest.raises(ConfigError, match=r"table=: the compared devices are of two kinds \(cpu and cuda\)"):
+        portable_table(compare(store), store, None)
+    table = portable_table(compare(store, [dev, other]), store, None)
     ((row, (cand,)),) = table_candidates(table, store.problems_by_lookup_key(), "portable.json", "cuda")
     assert cand.config_hash == x.config_hash and row.id == rec.problem_id
     odd = {key: [{**table[key][0], "EVEN_K": False}]}  # an entry that sets EVEN_K against the derived value
