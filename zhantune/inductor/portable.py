@@ -93,7 +93,7 @@ def portable_choices(comparison: Comparison, store: Store, min_speedup: float | 
 
 def unconfirmed_portable(comparison: Comparison, store: Store,
                          min_speedup: float | None) -> dict[str, dict[str, str]]:
-    """Problem key -> compared device key -> why its portable choice (one a table can hold, as
+    """Problem key -> device key (a compared one, or another of their kinds) -> why its portable choice (one a table can hold, as
     :func:`portable_choices` writes) may not replace Inductor's default there, by build_table's
     rule, on every compared device and on every other device of their kinds that measured the problem
     (the key applies there too; a config whose output was wrong there never was confirmed). It may where a claim over the default was confirmed in paired rounds
