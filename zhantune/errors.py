@@ -14,6 +14,7 @@ __all__ = [
     "DeviceError",
     "StorageError",
     "TableError",
+    "two_kinds",
     "StorageInternalError",
     "USER_ERROR_EXIT_CODE",
     "INTERRUPTED_EXIT_CODE",
@@ -95,3 +96,11 @@ def first_line(e: BaseException, limit: int = 300) -> str:
     """The first line of an error's message, at most ``limit`` characters (its type's name when it
     has none)."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
+
+
+def two_kinds(head: str, how: str) -> str:
+    """The one-line refusal of a device-agnostic table over CPU and GPU devices (the export's
+    ``device_agnostic=true``, compare's ``table=``): ``head`` says where the two kinds are, ``how`` to
+    pick one."""
+    return (f"{head}, and a key without its device applies on both: a table that loads on one kind would fail "
+            f"on the other; {how}")

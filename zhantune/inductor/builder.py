@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zhantune.bench.decision import claim_holds, decision_us
-from zhantune.errors import SHOWN_KEY, ConfigError, TableError, shown
+from zhantune.errors import SHOWN_KEY, ConfigError, TableError, shown, two_kinds
 from zhantune.inductor.knobs import BACKEND_FLAGS
 from zhantune.inductor.table import (
     CONFIG_TEMPLATE_ID,
@@ -294,16 +294,16 @@ def _carried_ranked(store: Store, device_key: str | None, torch_version: str | N
     ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)])
               for d, p, rows in store.ranked_candidates(None if agnostic else device_key, torch, 1 << 30)
               if problem_ids is None or p.id in problem_ids]
-    if not agnostic:
-        return sorted(ranked, key=lambda r: decision_us(r[2][0]) if r[2] else float("inf")), {}
-    if device_key is None and len(kinds := sorted({d.kind for d, _, rows in ranked if rows})) > 1:
-        raise ConfigError(f"device_agnostic=true: the database holds measurements of {' and '.join(kinds)} devices, "
-                          "and a key without its device applies on both: a table that loads on one kind "
-                          "would fail on the other; pick one device's kind with device=KEY")
-    measured_on, wrong = _measured_on(ranked), store.incorrect_configs(torch, failed_too=True)
-    ranked = [(d, p, [r for r in rows if d.kind not in wrong.get((p.id, r.config_hash), {}).values()])
-              for d, p, rows in ranked]
+    measured_on: dict = {}
+    if agnostic:
+        if device_key is None and len(kinds := sorted({d.kind for d, _, rows in ranked if rows})) > 1:
+            raise ConfigError(two_kinds(f"device_agnostic=true: the database holds measurements of {' and '.join(kinds)} "
+                                        "devices", "pick one device's kind with device=KEY"))
+        measured_on, wrong = _measured_on(ranked), store.incorrect_configs(torch, failed_too=True)
+        ranked = [(d, p, [r for r in rows if d.kind not in wrong.get((p.id, r.config_hash), {}).values()])
+                  for d, p, rows in ranked]
     return sorted(ranked, key=lambda r: decision_us(r[2][0]) if r[2] else float("inf")), measured_on
+
 
 
 def _tuned_rows(rows: list[Any], keys: list[tuple[int, int]], verdicts: dict,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zhantune.bench.decision import claim_status
-from zhantune.errors import ConfigError
+from zhantune.errors import ConfigError, two_kinds
 from zhantune.inductor.builder import table_torch
 from zhantune.inductor.table import agnostic_key, carried, default_entry, entry_for, parse_key, table_key
 from zhantune.inductor.templates import is_default_kernel
@@ -61,9 +61,8 @@ def portable_choices(comparison: Comparison, store: Store, min_speedup: float | 
     torch, ids, kind = table_torch(None), {d.key: d.id for d in devices}, {d.key: d.kind for d in devices}
     compared = [ids[d] for d in comparison.devices]
     if len(kinds := sorted({kind[dev] for p, _, _ in entries for dev in p.best_us})) > 1:
-        raise ConfigError(f"table=: the compared devices are of two kinds ({' and '.join(kinds)}), and a key without its "
-                          "device applies on both: a table that loads on one kind would fail on the other; compare "
-                          "one kind's devices (devices=[...]) for a table")
+        raise ConfigError(two_kinds(f"table=: the compared devices are of two kinds ({' and '.join(kinds)})",
+                                    "compare one kind's devices (devices=[...]) for a table"))
     out = PortableTable({}, _withheld(entries, store, min_speedup))
     table = out.table
     # a problem's key as this torch's release looked it up on a compared device (the problem row

@@ -21,7 +21,7 @@ import optuna
 import plotly.graph_objects as go
 
 from zhantune.paths import write_atomic
-from zhantune.report.outputs import STORED_TIMES
+from zhantune.report.outputs import STORED_TIMES, other_torch_text
 from zhantune.report.regret import Choice, Comparison
 
 __all__ = ["write_html_report", "CHART_IDS", "charts_in"]
@@ -149,10 +149,7 @@ def _configs_table(cmp: Comparison) -> str:
         parts.append(f"<h3>{e(p.problem_key)}</h3><p>largest regret between devices: {p.disagreement:.3f}x</p>"
                      "<table><tr><th>config</th><th>best us</th><th>worst regret elsewhere</th>"
                      f"<th>template_id</th><th>parameters</th></tr>{''.join(rows)}</table>")
-    other = (f"<p>Left out: {sum(cmp.other_torch.values())} measurement(s) made with another torch release than "
-             f"this {e(cmp.torch or '')} (" + ", ".join(f"{e(d)}: {n}" for d, n in cmp.other_torch.items())
-             + "); a config's time and its claim hold for the release they were measured with.</p>"
-             if cmp.other_torch else "")
+    other = f"<p>Left out: {e(other_torch_text(cmp))}.</p>" if cmp.other_torch else ""
     return f"<p>{e(STORED_TIMES)}.</p>" + other + "".join(parts)
 
 

@@ -17,7 +17,7 @@ from zhantune.paths import write_atomic
 from zhantune.report.console import compact, print_table
 from zhantune.report.regret import Choice, Claim, Comparison
 
-__all__ = ["STORED_TIMES", "claim_text", "print_comparison", "comparison_records", "write_csv", "write_json"]
+__all__ = ["STORED_TIMES", "other_torch_text", "claim_text", "print_comparison", "comparison_records", "write_csv", "write_json"]
 
 
 #: what compare's times and ratios are (printed above its tables, written into its HTML report)
@@ -25,6 +25,13 @@ STORED_TIMES = ("times: each config's stored time on each device, its fastest ru
                 "median of its recorded runs), from its tunes' and imports' own runs, never paired with one another; "
                 "regrets are ratios of these stored times, not paired measurements. A speedup over Inductor's "
                 "default is claimed only by a tune's or a replay's paired rounds")
+
+
+def other_torch_text(cmp: Comparison) -> str:
+    """What compare left out for being measured with another torch release (``cmp.other_torch``)."""
+    return (f"{sum(cmp.other_torch.values())} measurement(s) made with another torch release than this {cmp.torch} ("
+            + ", ".join(f"{d}: {n}" for d, n in cmp.other_torch.items())
+            + "); a config's time and its claim hold for the release they were measured with")
 
 
 def _x(v: float | None) -> str:
@@ -89,10 +96,7 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: b
                       + ", ".join(f"{d}: {n}" for d, n in cmp.left_out.items())
                       + "); devices=[KEY] compares one device's own", soft_wrap=True, highlight=False, markup=False)
     if cmp.other_torch:  # as the export ranks: one torch release's rows
-        console.print(f"left out: {sum(cmp.other_torch.values())} measurement(s) made with another torch release than "
-                      f"this {cmp.torch} (" + ", ".join(f"{d}: {n}" for d, n in cmp.other_torch.items())
-                      + "); a config's time and its claim hold for the release they were measured with",
-                      soft_wrap=True, highlight=False, markup=False)
+        console.print(f"left out: {other_torch_text(cmp)}", soft_wrap=True, highlight=False, markup=False)
     if not several:
         return
     m = Table(title="geometric-mean regret: winners of (row) run on (column)")
