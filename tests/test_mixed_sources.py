@@ -344,3 +344,31 @@ def test_compares_html_report_says_which_rows_of_other_releases_it_left_out(tmp_
     text = write_html_report(tmp_path / "r.html", compare(db.store)).read_text()
     assert "Left out: 1 measurement(s) made with another torch release than this " in text
     assert f"({H100}: 1)" in text
+
+
+def test_compare_never_calls_devices_in_agreement_when_no_winner_ran_on_another(tmp_path):
+    """Two devices of one problem that measured no config in common (an attack on imported data,
+    session 42): no winner was measured on the other device, yet compare printed "most disagreement:
+    1.000x" and wrote ``"disagreement": 1.0``, which its docstring defines as "all agree". Nothing
+    was compared: the terminal says "-", the JSON null, the HTML says none was measured."""
+    import json
+
+    from rich.console import Console
+
+    from zhantune.report.html import write_html_report
+    from zhantune.report.outputs import print_comparison, write_json
+
+    db = _Db(tmp_path / "z.db")
+    db.candidate(db.recorder(H100), A, 10.0)
+    db.candidate(db.recorder(H200), B, 12.0)
+    cmp = compare(db.store)
+    (p,) = cmp.problems
+    assert p.regret == {(H100, H100): 1.0, (H200, H200): 1.0} and p.disagreement is None
+    console = Console(record=True, width=400)
+    print_comparison(console, cmp)
+    assert f"most disagreement: {PROBLEM.key} -" in console.export_text()
+    assert json.loads(write_json(tmp_path / "c.json", cmp).read_text())["problems"][0]["disagreement"] is None
+    assert "largest regret between devices: none measured" in write_html_report(tmp_path / "c.html", cmp).read_text()
+    db.candidate(db.recorder(H200), A, 15.0)  # A measured on both: now a disagreement, 15/12
+    (p,) = compare(db.store).problems
+    assert p.disagreement == pytest.approx(1.25)

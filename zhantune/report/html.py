@@ -115,6 +115,12 @@ def _optuna_figures(study: optuna.Study | None) -> tuple[go.Figure | None, go.Fi
     return history, importance, None
 
 
+def _disagreement(v: float | None) -> str:
+    if v is None:
+        return "none measured (no device's winner was measured on another device)"
+    return "fails elsewhere" if math.isinf(v) else f"{v:.3f}x"
+
+
 def _params(c: Choice | None) -> str:
     if c is None:
         return "-"
@@ -146,7 +152,7 @@ def _configs_table(cmp: Comparison) -> str:
             worst = "fails" if math.isinf(c.worst_regret) else f"{c.worst_regret:.3f}x"
             rows.append(f"<tr><td>{label}</td><td>-</td><td>{worst}</td><td>{e(c.template_id or '-')}</td>"
                         f"<td class=\"config\">{e(_params(c))}</td></tr>")
-        parts.append(f"<h3>{e(p.problem_key)}</h3><p>largest regret between devices: {p.disagreement:.3f}x</p>"
+        parts.append(f"<h3>{e(p.problem_key)}</h3><p>largest regret between devices: {_disagreement(p.disagreement)}</p>"
                      "<table><tr><th>config</th><th>best us</th><th>worst regret elsewhere</th>"
                      f"<th>template_id</th><th>parameters</th></tr>{''.join(rows)}</table>")
     other = f"<p>Left out: {e(other_torch_text(cmp))}.</p>" if cmp.other_torch else ""

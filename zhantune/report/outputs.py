@@ -194,7 +194,7 @@ def write_json(path: str | Path, cmp: Comparison) -> Path:
             "claims": {d: _claim(c) for d, c in p.claims.items()},
             "winners": {d: _choice(c) for d, c in p.winner.items()},
             "portable": _choice(p.portable), "portable_geomean": _choice(p.portable_geomean),
-            "disagreement": p.disagreement if math.isfinite(p.disagreement) else "inf",
+            "disagreement": p.disagreement if p.disagreement is None or math.isfinite(p.disagreement) else "inf",
         } for p in cmp.problems],
     }
     return write_atomic(path, json.dumps(doc, indent=1, sort_keys=True), "json")

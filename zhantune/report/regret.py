@@ -101,9 +101,10 @@ class ProblemComparison:
         return {d: c.ratio for d, c in self.claims.items() if c.confirmed and c.ratio is not None}
 
     @property
-    def disagreement(self) -> float:
-        """The largest regret of any device's winner on any other device (1.0: all agree)."""
-        return max((r for (a, b), r in self.regret.items() if a != b), default=1.0)
+    def disagreement(self) -> float | None:
+        """The largest regret of any device's winner on any other device (1.0: all agree); None when
+        no winner was measured on another device (nothing compared: not an agreement)."""
+        return max((r for (a, b), r in self.regret.items() if a != b), default=None)
 
 
 @dataclass
@@ -122,7 +123,7 @@ class Comparison:
     other_torch: dict[str, int] = field(default_factory=dict)
 
     def most_disagreeing(self, n: int = 5) -> list[ProblemComparison]:
-        return sorted(self.problems, key=lambda p: -p.disagreement)[:n]
+        return sorted(self.problems, key=lambda p: -(p.disagreement or 0.0))[:n]
 
 
 def _pick_devices(store: Store, wanted: list[str] | None) -> list[Any]:
