@@ -206,7 +206,7 @@ def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):
     other = replay_study(store, b, key, dev, None)
     assert other == f"{key}[sha256:{b.sha256[:12]}]@{dev}" and b.sha256 != a.sha256
     assert replay_study(store, a, key, dev, None) == f"{key}@{dev}" == replay_study(store, a, key, dev, f"{key}@{dev}")
-    assert store.study_config(f"{key}@{dev}") == {"replay_sha256": a.sha256}
+    assert store.study_config(f"{key}@{dev}") == {"replay_sha256": a.sha256, "content_sha256": a.content_digest}
     with pytest.raises(ConfigError, match=r"search.study_name='kerneltuner:k\[64\]@GPU-R' holds another "
                                           r"file's replay \(sha256 [0-9a-f]{12}\.\.\.\), not bench.path=.*b/k_GPUX"):
         replay_study(store, b, key, dev, f"{key}@{dev}")
@@ -230,6 +230,39 @@ def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):
         replay_study(fresh, d, d.problem().key, "GPUX", "another-name")
     with pytest.raises(ConfigError, match="files=.*records no device_name .* from study 'kerneltuner:k\\[64\\]@GPUX'"):
         check_import(fresh, d)  # an import of the other file: refused by the reservation alone
+
+
+def test_one_recording_is_imported_once_and_a_named_file_never_joins_a_file_named_device(tmp_path):
+    """An attack (session 42): (1) a renamed or decompressed copy of an imported file added its rows
+    again as a new study of the same device ("importing the same file again adds nothing"); now the
+    import answers the first study's name and 0. (2) A file-named device (its file records no
+    device_name) took another file's data when that file's device_name (or devices=[...]) gave the
+    same name; only the other order was refused. Now both orders are, before anything is written."""
+    import gzip
+
+    from zhantune.storage import Store
+    from zhantune.storage.ingest import check_import, import_kerneltuner
+
+    a_path, b_path = _two_recordings(tmp_path, device_name="")
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    name, added = import_kerneltuner(store, load_kerneltuner(a_path))
+    assert name == "kerneltuner:k_GPUX.json.gz@GPUX" and added == 2
+    (tmp_path / "c").mkdir()
+    renamed, plain = tmp_path / "c" / "k_GPUX-copy.json.gz", tmp_path / "c" / "k_GPUX.json"
+    renamed.write_bytes(a_path.read_bytes())
+    plain.write_bytes(gzip.decompress(a_path.read_bytes()))
+    for copy in (renamed, plain):
+        assert import_kerneltuner(store, load_kerneltuner(copy, device="GPUX")) == (name, 0)
+    assert store.count_measurements(store.study_id(name, {})) == 2 and len(store.study_names()) == 1
+    doc = json.loads(gzip.decompress(b_path.read_bytes()))
+    named = tmp_path / "named.json"
+    named.write_text(json.dumps({**doc, "device_name": "GPUX"}))
+    for other in (load_kerneltuner(named), load_kerneltuner(b_path, device="GPUX")):
+        with pytest.raises(ConfigError, match=r"files=.*: gives device 'GPUX' \(from (its device_name|devices)\), a "
+                                              r"device named after another Kernel Tuner file's name .* from study "
+                                              r"'kerneltuner:k_GPUX.json.gz@GPUX'"):
+            check_import(store, other)
+    assert len(store.study_names()) == 1
 
 
 def test_a_second_recordings_study_name_that_would_not_fit_names_search_study_name(tmp_path):
@@ -284,9 +317,16 @@ def test_a_file_named_only_by_its_file_name_never_replays_into_another_files_dev
     r = cli(["+op=mm", "shape=[8,8,8]", "device=cpu", "bench.device_name=x", f"storage.url=sqlite:///{db}"], tmp_path)
     assert r.returncode == 2 and "bench.device_name='x' names a replayed file's device; it needs bench=replay" \
         in r.stderr, r.stderr[-2000:]
-    # search.study_name naming the first file's study for the second file: one line, nothing written
+    # the second file named into the first's device by bench.device_name (an attack, session 42: its
+    # study landed beside the first file's): refused in one line, nothing written
     before = hashlib.sha256(db.read_bytes()).hexdigest()
-    r = replay("b/k_GPUX.json.gz", "bench.device_name=GPUX", 'search.study_name="kerneltuner:k[64]@GPUX"')
+    r = replay("b/k_GPUX.json.gz", "bench.device_name=GPUX")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert ("bench.path=b/k_GPUX.json.gz: gives device 'GPUX' (from bench.device_name), a device named after another "
+            "Kernel Tuner file's name" in r.stderr and "name the device with bench.device_name=NAME" in r.stderr), r.stderr
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    # search.study_name naming the first file's study for the second file: one line, nothing written
+    r = replay("b/k_GPUX.json.gz", "bench.device_name=GPUX-b", 'search.study_name="kerneltuner:k[64]@GPUX"')
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
     assert "search.study_name='kerneltuner:k[64]@GPUX' holds another file's replay" in r.stderr, r.stderr
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before

@@ -282,10 +282,30 @@ def test_the_replayed_recording_under_another_device_name_is_not_another_device(
     import_kerneltuner(store, load_kerneltuner(CONV_A100, device="A100"))
     problem = a100.problem()
     assert [s.device_key for s in load_prior(store, a100.device_key, problem).sources] == ["A100"]  # no recording
-    assert load_prior(store, a100.device_key, problem, recording=a100.sha256) is None
+    assert load_prior(store, a100.device_key, problem, recording=a100.digests) is None
     import_kerneltuner(store, load_kerneltuner(CONV_A4000))
-    prior = load_prior(store, a100.device_key, problem, recording=a100.sha256)
+    prior = load_prior(store, a100.device_key, problem, recording=a100.digests)
     assert [s.device_key for s in prior.sources] == ["NVIDIA RTX A4000"]
+
+
+def test_a_decompressed_copy_of_the_replayed_recording_is_not_another_device(tmp_path):
+    """An attack (session 42): the replayed file's recording imported decompressed under another
+    device name (``zcat a.json.gz > a.json``) passed the sha256 check (of the bytes as stored) and
+    "transferred" 4,362 of its own measurements to its replay. The digest of the JSON decompressed
+    is stored with an import and compared too; the other way round (a .json replayed, its gzipped
+    copy imported) as well."""
+    import gzip
+
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    plain = tmp_path / "convolution_A100.json"
+    plain.write_bytes(gzip.decompress(CONV_A100.read_bytes()))
+    import_kerneltuner(store, load_kerneltuner(plain, device="A100plain"))
+    import_kerneltuner(store, load_kerneltuner(CONV_A4000))
+    gz, raw = load_kerneltuner(CONV_A100), load_kerneltuner(plain)
+    assert gz.sha256 != raw.sha256 and gz.digests & raw.digests
+    for replayed in (gz, raw):
+        prior = load_prior(store, replayed.device_key, replayed.problem(), recording=replayed.digests)
+        assert [s.device_key for s in prior.sources] == ["NVIDIA RTX A4000"]
 
 
 def test_the_transfer_line_says_what_reached_this_search():
@@ -341,6 +361,10 @@ def test_the_transfer_line_says_what_reached_this_search():
     text = transfer_text(prior, short)
     assert "of their 3 best config(s), 2 proposed in this run, after Inductor's own seeds and before the " \
            "sampler's own picks, 1 not reached before this run's trials ended" in text, text
+    # a replay has no Inductor seeds: the line does not name them (an attack, session 42)
+    text = transfer_text(prior, short, inductor_seeds=False)
+    assert "of their 3 best config(s), 2 proposed in this run, before the sampler's own picks, 1 not reached " \
+           "before this run's trials ended (search" in text and "Inductor" not in text, text
     # a run of enqueued seeds alone (Inductor's own, here the prior's best two among them) never asks
     # the sampler: the study's trials tell which seeds were measured (it said "3 not reached")
     enqueued = FeasibleTPESampler(seed=0)

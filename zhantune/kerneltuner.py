@@ -5,7 +5,8 @@ them instead; a file without a ``device_name`` is named after its file name), a 
 and problem size) and a study named ``kerneltuner:<file name>@<device>`` holding one measurement per
 configuration (failures keep their status), with the same config hashes a ``bench=replay`` tune of
 that file stores, so ``python -m zhantune.compare`` and transfer (docs/search.md) work on real GPU
-data. Importing the same file again adds nothing; another file of the same file name (another
+data. Importing the same recording again for a device adds nothing (a copy under another name,
+gzipped or decompressed, too); another file of the same file name (another
 folder) gets its own study, ``kerneltuner:<file name>[sha256:<12 hex digits>]@<device>``. Two
 different files of one problem are never merged into one device named after file names: give them
 names with ``devices=[...]`` (zhantune.storage.ingest.import_kerneltuner).
@@ -80,8 +81,10 @@ def _import_app(cfg: DictConfig) -> None:
         store = Store(cfg.storage.url)
         for f in loaded:  # against what the database holds: no file is written when one is refused
             check_import(store, f)
+        names = []
         for f in loaded:
             name, added = import_kerneltuner(store, f)
+            names.append(name)
             named = "" if f.device_named_by == "device_name" else f" (device named by {f.device_named_by})"
             print(f"{f.path}: {added} measurement(s) of device {f.device_key!r}{named} as study {name!r}"
                   + ("" if added else " (already imported)"))
@@ -93,7 +96,7 @@ def _import_app(cfg: DictConfig) -> None:
             url = hide_password(cfg.storage.url)
             db = "" if url == StorageConfig.url else " " + override_arg("storage.url", url)
             print(f"its search history: python -m zhantune.compare html=report.html "
-                  f"{override_arg('study', loaded[0].path.name)}{db} (study= takes a study's name or a part only it "
+                  f"{override_arg('study', names[0])}{db} (study= takes a study's name or a part only it "
                   "has" + ("; put the database's password in place of ***" if url != cfg.storage.url else "") + ")")
     except UserError as e:
         user_error(e)

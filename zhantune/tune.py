@@ -172,7 +172,7 @@ class _Tune:
         self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
         config = stored_config(run.cfg)  # no password: stored, and merged elsewhere
         if run.replay is not None:  # which file this study replays (zhantune.storage.ingest.replay_study)
-            config["replay_sha256"] = run.replay.sha256
+            config["replay_sha256"], config["content_sha256"] = run.replay.sha256, run.replay.content_digest
         self.study_id = store.study_id(run.study_name, config)
         before, _ = store.trial_counts(self.study_id)  # measured: a dead worker's claim is not
         rows, reused = self._baselines()
@@ -188,6 +188,7 @@ class _Tune:
             study = open_study(run.study_name, run.storage.url, sampler, self._heartbeat())
         seeds = inductor_seeds(run.space, run.problem, run.problem_vars, run.search.seed_inductor)
         enqueue_seeds(study, run.space, seeds, run.search.seed_inductor, run.search.max_seeds)
+        self.inductor_seeds = bool(seeds)  # the transfer line's (a replay has none)
         self._use_prior(sampler)
         done_before, _ = store.trial_counts(self.study_id)
         log.info("worker %s: study %s in %s: %d of search.n_trials=%d measured so far", worker_name(),
@@ -262,7 +263,7 @@ class _Tune:
         (transfer.load_prior); samplers without ``set_prior`` (all but the default) start cold, as the summary says."""
         run, result = self.run_spec, self.result
         prior = None if run.search.transfer == "off" else load_prior(  # a replay's own file is never "another device"
-            self.store, run.device.key, run.problem, kind=run.device.kind, recording=getattr(run.replay, "sha256", None))
+            self.store, run.device.key, run.problem, kind=run.device.kind, recording=getattr(run.replay, "digests", None))
         if prior is None:
             return
         set_prior = getattr(sampler, "set_prior", None)
@@ -346,7 +347,7 @@ class _Tune:
                 self.progress.stop()
         result.infeasible, result.interrupted, result.exhausted = stats.infeasible, stats.interrupted, stats.exhausted
         if result.transfer is not None:
-            result.transfer_text = transfer_text(result.transfer, sampler, study)
+            result.transfer_text = transfer_text(result.transfer, sampler, study, self.inductor_seeds)
         result.retried, result.study_measured, result.waited_s = stats.retried, stats.study_measured, stats.waited_s
         log.info("worker %s: study %s: this worker measured %d (%d retried after dead workers, %d cached, "
                  "%d infeasible)%s; the study has %d of %d measured", worker_name(), run.study_name, stats.measured,

@@ -95,6 +95,8 @@ class KernelTunerFile:
     #: the device's name given by the user (``devices=[...]`` of the import); None: from the file
     device_label: str | None = None
     _digest: str | None = field(default=None, repr=False, compare=False)
+    #: SHA-256 of the JSON as read (decompressed); set by :func:`load_kerneltuner`
+    content_digest: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def sha256(self) -> str:
@@ -103,6 +105,12 @@ class KernelTunerFile:
         if self._digest is None:
             self._digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
         return self._digest
+
+    @property
+    def digests(self) -> frozenset[str]:
+        """:attr:`sha256` and the SHA-256 of the JSON decompressed (one digest for a plain .json): a
+        recording gzipped, decompressed or renamed keeps the second (zhantune.storage.ingest.same_recording)."""
+        return frozenset(d for d in (self.sha256, self.content_digest) if d)
 
     @property
     def device_named_by(self) -> str:
@@ -253,7 +261,8 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
         raise ConfigError(f"{source}={path}: problem_size={data['problem_size']!r}; expected an integer "
                           "or a list of integers")
     loaded = KernelTunerFile(p, str(data["device_name"] or ""), str(data["kernel_name"]), size, list(names),
-                             {n: list(tune_params[n]) for n in names}, cache, device or None)
+                             {n: list(tune_params[n]) for n in names}, cache, device or None,
+                             content_digest=hashlib.sha256(raw).hexdigest())
     check_fits(loaded, f"{source}={path}")
     return loaded
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -102,19 +103,21 @@ def _log_regrets(rows: list[Any]) -> dict[str, float]:
 
 
 def device_sources(store: Store, device_key: str, problem_key: str, kind: str | None = None,
-                   recording: str | None = None) -> list[tuple[Source, dict[str, float]]]:
+                   recording: Collection[str] | None = None) -> list[tuple[Source, dict[str, float]]]:
     """The same problem measured on other devices of ``kind`` (None: any), by device key. Never
     used: devices with an empty key (an older import of files without a device name could make
-    one), and devices holding ``recording`` (the sha256 of the Kernel Tuner file this run replays:
-    the same recording stored under another device name is this device's own data)."""
-    from zhantune.storage.ingest import file_digest
+    one), and devices holding ``recording`` (the digests of the Kernel Tuner file this run replays,
+    KernelTunerFile.digests: the same recording stored under another device name, gzipped or
+    decompressed, is this device's own data; zhantune.storage.ingest.recording_digests)."""
+    from zhantune.storage.ingest import recording_digests
 
     pid, devices = store.other_devices(problem_key, device_key, kind)
     if pid is None:
         return []
-    if recording is not None:
+    if recording:
+        mine = {recording} if isinstance(recording, str) else set(recording)
         devices = [(did, key) for did, key in devices
-                   if all(file_digest(config) != recording for _, config in store.studies_holding(key, problem_key))]
+                   if not any(recording_digests(config) & mine for _, config in store.studies_holding(key, problem_key))]
     rows = store.measured_configs([(did, pid) for did, _ in devices])
     out = []
     for did, key in devices:
@@ -153,10 +156,10 @@ def shape_sources(store: Store, device_key: str, problem: Any, max_shapes: int =
 
 
 def load_prior(store: Store, device_key: str, problem: Any, max_shapes: int = 2, kind: str | None = None,
-               recording: str | None = None) -> Prior | None:
+               recording: Collection[str] | None = None) -> Prior | None:
     """The prior for tuning ``problem`` (a GemmProblem or a replayed problem) on ``device_key``:
     other devices' measurements of the same problem (devices of ``kind``, None: any; never one
-    holding ``recording``, the sha256 of the file a replay replays: :func:`device_sources`), else
+    holding ``recording``, the digests of the file a replay replays: :func:`device_sources`), else
     (GEMMs) neighbouring shapes on this device; None when the storage holds neither. The caller
     checks the storage's stored times first (Store.check_readable: the tune app does, once, when it
     opens the database)."""
@@ -172,19 +175,24 @@ def load_prior(store: Store, device_key: str, problem: Any, max_shapes: int = 2,
     return Prior(scores, [src for src, _ in found])
 
 
-def _seed_fates(proposed: int, tried: int, seeds: int) -> list[str]:
-    """What became of a partial prior's ``seeds`` best configs in this run, for the summary."""
+def _seed_fates(proposed: int, tried: int, seeds: int, inductor: bool = True) -> list[str]:
+    """What became of a partial prior's ``seeds`` best configs in this run, for the summary;
+    ``inductor``: the study has Inductor's own seeds (a GEMM's; a replay has none)."""
     left = seeds - proposed - tried
     return [text for n, text in (
-        (proposed, f"{proposed} proposed in this run, after Inductor's own seeds and before the sampler's own picks"),
-        (tried, f"{tried} already tried in this study (earlier, or as one of Inductor's own seeds)"),
-        (left, f"{left} not reached before this run's trials ended (Inductor's own seeds are measured first)")) if n > 0]
+        (proposed, f"{proposed} proposed in this run, " + ("after Inductor's own seeds and " if inductor else "")
+         + "before the sampler's own picks"),
+        (tried, f"{tried} already tried in this study (earlier"
+         + (", or as one of Inductor's own seeds)" if inductor else ")")),
+        (left, f"{left} not reached before this run's trials ended"
+         + (" (Inductor's own seeds are measured first)" if inductor else ""))) if n > 0]
 
 
-def transfer_text(prior: Prior, sampler: Any, study: Any = None) -> str:
+def transfer_text(prior: Prior, sampler: Any, study: Any = None, inductor_seeds: bool = True) -> str:
     """The summary's line on how ``prior`` seeded the search of ``sampler``
     (zhantune.search.FeasibleTPESampler's seeds, or its transfer model) in ``study`` (its trials
-    tell which seeds were tried: a run of enqueued seeds alone never asks the sampler)."""
+    tell which seeds were tried: a run of enqueued seeds alone never asks the sampler);
+    ``inductor_seeds``: whether the study has Inductor's own seeds (zhantune.search.seeds; a replay's none)."""
     scored = getattr(sampler, "prior_scored", None)
     feasible = len(sampler.feasible_set) if getattr(sampler, "feasible_set", None) is not None else None
     if feasible is None:
@@ -198,7 +206,7 @@ def transfer_text(prior: Prior, sampler: Any, study: Any = None) -> str:
     seeds, proposed = sampler.prior_seed_count, getattr(sampler, "prior_seeds_proposed", 0)
     if seeds:
         text += f"; of their {seeds} best config(s), " + ", ".join(_seed_fates(
-            proposed, getattr(sampler, "prior_seeds_tried", 0), seeds))
+            proposed, getattr(sampler, "prior_seeds_tried", 0), seeds, inductor_seeds))
     if sampler.prior_complete:
         text += (f"; with their scores for {scored:,} of {feasible:,} feasible configs, proposals came from a "
                  "model of this device's times as their ranking plus per-parameter-value effects, fitted to "

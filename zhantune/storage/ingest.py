@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from zhantune.bench.recorded import KernelTunerFile
     from zhantune.storage.store import Store
 
-__all__ = ["import_kerneltuner", "check_import", "refuse_merge", "replay_study", "file_digest", "IMPORTED_VERSION"]
+__all__ = ["import_kerneltuner", "check_import", "refuse_merge", "replay_study", "file_digest", "recording_digests",
+           "same_recording", "IMPORTED_VERSION"]
 
 #: torch_version of imported rows: they were measured by Kernel Tuner, not through torch
 IMPORTED_VERSION = "kerneltuner"
@@ -30,20 +31,26 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     study of that name holds another file's data: never merged into it nor overwriting its
     provenance); returns (study name, rows added; 0 when the study already holds this file's).
     Raises ConfigError when a file without a device name would add a problem to a device that holds
-    it from another file (:func:`refuse_merge`)."""
+    it from another file (:func:`refuse_merge`). The same recording under another file name (a copy,
+    gzipped or decompressed: :func:`same_recording`) already imported for this device adds nothing
+    either: (that study's name, 0)."""
     from zhantune.bench.recorded import ReplayBenchmarker
 
     device = file.device()
     problem = file.problem()
     digest = file.sha256
     refuse_merge(store, file)
+    for held_name, config in store.studies_holding(device.key, problem.key):
+        if "sha256" in (config or {}) and same_recording(config, file):  # an import of this recording
+            return held_name, 0
     device_id = store.device_id(device.key, device.name, device.kind, device.properties)
     problem_id = store.problem_id(problem.key, lookup_key=None, **problem.row_fields())
     name = f"kerneltuner:{file.path.name}@{device.key}"
     held = store.study_config(name)
     if held is not None and held.get("sha256") != digest:  # another file of that name (another folder)
         name = f"kerneltuner:{file.path.name}[sha256:{digest[:12]}]@{device.key}"
-    study_id = store.study_id(name, {"source": str(file.path), "sha256": digest, "format": "kerneltuner"})
+    study_id = store.study_id(name, {"source": str(file.path), "sha256": digest, "content_sha256": file.content_digest,
+                                     "format": "kerneltuner"})
     if store.count_measurements(study_id):
         store.finish_study(study_id)
         return name, 0
@@ -75,11 +82,14 @@ def refuse_merge(store: Store, file: KernelTunerFile, option: str = "files",
     """A file whose device is named after its file name (no ``device_name``) may not add its
     measurements to a device that already holds this problem from another file (the file's sha256:
     an import's study stores it as ``sha256``, a replay's as ``replay_sha256``, from
-    the moment a replay names its study, measured or not): the two could be different GPUs. A study
-    stored without a digest (a replay from before digests were stored) may hold another file, so it
-    counts as one, unless it is ``adopt`` (the replay's ``search.study_name``, taken as this file's).
-    Raises ConfigError naming the file (``option``), the study and how to name the device (``naming``)."""
-    if file.device_named_by != "file name":
+    the moment a replay names its study, measured or not; :func:`same_recording`): the two could be
+    different GPUs; nor may a file whose device is named (its ``device_name``, ``devices=[...]``,
+    ``bench.device_name``) add them to a device named after another file's name (stored as
+    ``named_by: file name``). A study stored without a digest (a replay from before digests were
+    stored) may hold another file, so it counts as one, unless it is ``adopt`` (the replay's
+    ``search.study_name``, taken as this file's). Raises ConfigError naming the file (``option``), the
+    study and how to name the device (``naming``)."""
+    if file.device_named_by != "file name" and store.device_properties(file.device_key).get("named_by") != "file name":
         return
     studies = dict(store.studies_holding(file.device_key, file.problem().key))
     plain = f"{file.problem().key}@{file.device_key}"  # a replay's study, reserved before its first row
@@ -87,7 +97,7 @@ def refuse_merge(store: Store, file: KernelTunerFile, option: str = "files",
     if reserved is not None and reserved.get("replay_sha256"):
         studies[plain] = reserved
     for name, config in studies.items():
-        if file_digest(config) != file.sha256 and not (name == adopt and _adoptable(config)):
+        if not same_recording(config, file) and not (name == adopt and _adoptable(config)):
             _refuse(file, name, config, option, naming)
 
 
@@ -105,15 +115,16 @@ def replay_study(store: Store, file: KernelTunerFile, problem_key: str, device_k
     taken as this file's), not another file's replay, an import's study or a tune's. Raises
     ConfigError (one line)."""
     digest = file.sha256
+    reserve = {"replay_sha256": digest, "content_sha256": file.content_digest}
     plain = f"{problem_key}@{device_key}"
     if file.device_named_by == "file name" or not explicit:
-        held = store.reserve_study(plain, {"replay_sha256": digest})
-        if (file.device_named_by == "file name" and held.get("replay_sha256") != digest
+        held = store.reserve_study(plain, reserve)
+        if (file.device_named_by == "file name" and not _replays(held, file)
                 and not (explicit == plain and _adoptable(held))):
             _refuse(file, plain, held, "bench.path", "bench.device_name=NAME")
     if explicit:
-        held = store.reserve_study(explicit, {"replay_sha256": digest})
-        if held.get("replay_sha256") == digest or _adoptable(held):
+        held = store.reserve_study(explicit, reserve)
+        if _replays(held, file) or _adoptable(held):
             return explicit
         other = held.get("replay_sha256")
         raise ConfigError(f"search.study_name={explicit!r} holds "
@@ -121,18 +132,23 @@ def replay_study(store: Store, file: KernelTunerFile, problem_key: str, device_k
                              f"another file's replay (sha256 {other[:12]}...)" if other else "a tune, not a replay")
                           + f", not bench.path={file.path} (sha256 {digest[:12]}...): one study replays one "
                           "file; choose another name or drop search.study_name")
-    if held.get("replay_sha256") == digest:
+    if _replays(held, file):
         return plain
     name = f"{problem_key}[sha256:{digest[:12]}]@{device_key}"
     if len(name) > MAX_KEY:
         raise ConfigError(f"bench.path={file.path}: the study of its problem and device replays another file, and "
                           f"this file's own study name would be {len(name)} characters (the database holds "
                           f"{MAX_KEY}): name it with search.study_name=NAME")
-    held = store.reserve_study(name, {"replay_sha256": digest})
-    if held.get("replay_sha256") != digest:  # 48 bits of the digest agree: never seen, but never merge
+    held = store.reserve_study(name, reserve)
+    if not _replays(held, file):  # 48 bits of the digest agree: never seen, but never merge
         raise ConfigError(f"bench.path={file.path}: study {name!r} replays another file; "
                           "name this replay's study with search.study_name=NAME")
     return name
+
+
+def _replays(config: dict | None, file: KernelTunerFile) -> bool:
+    """Whether a study of ``config`` is a replay of ``file``'s recording (:func:`same_recording`)."""
+    return bool((config or {}).get("replay_sha256")) and same_recording(config, file)
 
 
 def _adoptable(config: dict | None) -> bool:
@@ -142,13 +158,31 @@ def _adoptable(config: dict | None) -> bool:
 
 
 def _refuse(file: KernelTunerFile, name: str, config: dict | None, option: str, naming: str) -> None:
-    """ConfigError: ``file``'s device, named after its file name, holds this problem from study
-    ``name`` of another file (or of a file it did not record)."""
+    """ConfigError: ``file``'s device holds this problem from study ``name`` of another file (or of
+    a file it did not record), and one of the two names the device after its file name."""
+    if file.device_named_by == "file name":
+        why = f"records no device_name and its file name gives device {file.device_key!r}, which already holds"
+    else:  # this file names the device; the stored one was named after another file's name
+        source = naming.split("=")[0] if file.device_named_by == "devices" else "its device_name"
+        why = (f"gives device {file.device_key!r} (from {source}), a device named after another "
+               "Kernel Tuner file's name (that file records no device_name: it may be another GPU) that holds")
     raise ConfigError(
-        f"{option}={file.path}: records no device_name and its file name gives device "
-        f"{file.device_key!r}, which already holds {file.problem().key} from study {name!r}"
+        f"{option}={file.path}: {why} {file.problem().key} from study {name!r}"
         + ("" if file_digest(config) else " (stored without its file's sha256: it may be another file)")
         + f"; name the device with {naming}")
+
+
+def recording_digests(config: dict | None) -> set[str]:
+    """The digests of the Kernel Tuner recording a study holds: :func:`file_digest` and, where stored,
+    ``content_sha256`` (of its JSON decompressed)."""
+    return {d for d in (file_digest(config), (config or {}).get("content_sha256")) if d}
+
+
+def same_recording(config: dict | None, file: KernelTunerFile) -> bool:
+    """Whether the study of ``config`` holds ``file``'s recording: one of its digests is one of the
+    file's (KernelTunerFile.digests: the bytes as stored, the JSON decompressed), so a copy gzipped,
+    decompressed or renamed is the same recording."""
+    return bool(recording_digests(config) & file.digests)
 
 
 def file_digest(config: dict | None) -> str | None:

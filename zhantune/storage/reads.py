@@ -146,6 +146,12 @@ class ReportQueries:
                                   .where(m.Study.name == name, _M.kind == "candidate")
                                   .order_by(_M.trial_number.is_(None), _M.trial_number, _M.id)))
 
+    def device_properties(self, key: str) -> dict[str, Any]:
+        """The stored properties of the device with this key ({} when there is none), e.g. a Kernel
+        Tuner file's device's ``named_by`` (zhantune.bench.recorded.KernelTunerFile.device)."""
+        with self.session() as s:
+            return dict(s.scalar(select(m.Device.properties).where(m.Device.key == key)) or {})
+
     def studies_holding(self, device_key: str, problem_key: str) -> list[tuple[str, dict[str, Any] | None]]:
         """(name, config) of every study with measurements of this problem on this device."""
         with self.session() as s:
