@@ -85,6 +85,11 @@ def _foreign_db(tmp: Path) -> str:
     return _sql(tmp / "app.db", "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
 
 
+def _optuna_named_db(tmp: Path) -> str:
+    """Another program's table under one of Optuna's table names (its ``studies``, no ``study_id``)."""
+    return _sql(tmp / "lab.db", "CREATE TABLE studies (id INTEGER PRIMARY KEY, title TEXT)")
+
+
 def _newer_zhantune_db(tmp: Path) -> str:
     Store(f"sqlite:///{tmp}/newer.db").engine.dispose()
     return _sql(tmp / "newer.db", "UPDATE zt_alembic_version SET version_num = '9999'")
@@ -236,6 +241,16 @@ CASES = [
      "Optuna's tables are at schema 'v99.0.0.a'", "{x}"),
     ("upgrade-foreign", "zhantune.db", ["upgrade", "storage.url=sqlite:///{x}"], _foreign_db,
      "not a zhantune database (it has tables users)", "{x}"),
+    # a table named as one of Optuna's but another program's (an attack, session 42): the tune wrote 20
+    # tables beside it and failed with a traceback; the import and upgrade made it a zhantune database
+    ("tune-table-named-as-optunas", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", "storage.url=sqlite:///{x}"],
+     _optuna_named_db, "not a zhantune database (it has tables studies (not Optuna's)); left untouched", "{x}"),
+    ("upgrade-table-named-as-optunas", "zhantune.db", ["upgrade", "storage.url=sqlite:///{x}"], _optuna_named_db,
+     "not a zhantune database (it has tables studies (not Optuna's)); left untouched", "{x}"),
+    # an SQLite driver zhantune does not install (aiosqlite): was a ModuleNotFoundError traceback
+    ("tune-sqlite-driver", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", "storage.url=sqlite+aiosqlite:///a.db"],
+     None, "storage.url='sqlite+aiosqlite:///a.db': SQLite through Python's sqlite3 module: sqlite:///FILE (not the "
+     "'aiosqlite' driver)", None),
     ("upgrade-newer", "zhantune.db", ["upgrade", "storage.url=sqlite:///{x}"], _newer_zhantune_db,
      "schema revision '9999' is newer than this zhantune knows", "{x}"),
     ("upgrade-corrupt", "zhantune.db", ["upgrade", "storage.url=sqlite:///{x}"], _corrupt_db,
@@ -445,6 +460,16 @@ CASES = [
      "characters): a study's name is 1 to 512 characters", None),
     ("replay-pace-nan", "zhantune", ["bench=replay", "bench.path={x}", "bench.replay_pace=nan"],
      lambda t: _kt_file(t, "nan.json.gz", 4.0), "bench.replay_pace=nan is not a number; allowed: 0 to 1000", None),
+    # a value set by a command-line override was blamed on the shipped file alone (an attack, session 42)
+    ("space-override-empty-choices", "zhantune.space", ["+op=mm", "shape=[4,4,4]", "device=cpu", "space=[cpp_gemm]",
+                                                        "space.cpp_gemm.branches.cpp_gemm.params.k_slices.choices=[]"],
+     None, "cpp_gemm.yaml as changed by the command line's override of space.cpp_gemm: "
+     "branches.cpp_gemm.params.k_slices.choices: must be a non-empty list, got []", None),
+    ("compare-no-devices", "zhantune.compare", ["devices=[]"], None,
+     "devices=[]: no device named; give device keys, names or numbers (devices=[A,B]), or drop devices=", None),
+    # the dry run showed the H100's spaces for device=cpu device_profile=H100 (an attack, session 42)
+    ("space-profile-and-cpu", "zhantune.space", ["+op=mm", "shape=[4,4,4]", "device=cpu", "device_profile=H100"], None,
+     "device_profile=H100 previews a GPU; device=cpu asks for another device: give one of them", None),
     # a space value no table may carry: measured, then refused by export and by db merge (whole database)
     ("space-num-warps-3", "zhantune.space", ["+op=mm", "shape=[4096,4096,4096]", "dtype=bfloat16", "device_profile=H100",
                                              "space=[triton_mm]", "~space.triton_mm.branches.triton_mm.params.num_warps",
@@ -538,6 +563,18 @@ CASES = [
      lambda t: _kt_file(t, "k_GPU.json.gz", 4.0),
      "sweep job #1 (search.n_trials=${nope}): override search.n_trials=${nope}: Interpolation key 'nope' not found",
      None),
+    # a later job's file or database (an attack, session 42): job #0 measured and stored, then job #1 was refused
+    ("sweep-missing-file", "zhantune", ["-m", "bench=replay", "bench.path={x},missing.json.gz", "search.n_trials=2"],
+     lambda t: _kt_file(t, "k_GPU.json.gz", 4.0), "sweep job #1 (bench.path=missing.json.gz): bench.path=missing.json.gz: "
+     "no such file", None),
+    ("sweep-foreign-database", "zhantune", ["-m", "bench=replay", "bench.path={x}", "search.n_trials=2",
+                                             "storage.url=sqlite:///fresh.db,sqlite:///app.db"],
+     lambda t: (_foreign_db(t), _kt_file(t, "k_GPU.json.gz", 4.0))[1],
+     "sweep job #1 (storage.url=sqlite:///app.db): storage.url=sqlite:///app.db: not a zhantune database", None),
+    ("sweep-bad-problems-file", "zhantune", ["-m", "problems=good.yaml,bad.yaml", "device=cpu"],
+     lambda t: ((t / "good.yaml").write_text("format: zhantune-problems\nproblems:\n- {op: mm, shape: [16, 16, 16]}\n"),
+                (t / "bad.yaml").write_text("format: zhantune-problems\nproblems:\n- {op: mm, shape: [0, 16, 16]}\n"),
+                "")[2], "sweep job #1 (problems=bad.yaml): bad.yaml: problems[0].shape", None),
     # an interpolation that does not resolve: it was a Hydra traceback with exit code 1, from wherever it was read
     ("interpolation-missing-key", "zhantune", ["+op=mm", "shape=[4,4,4]", "dtype=${nope}"], None,
      "override dtype=${nope}: Interpolation key 'nope' not found; an interpolation reads a key of this config", None),

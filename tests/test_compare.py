@@ -441,7 +441,10 @@ def test_import_refuses_a_parameter_value_that_is_not_a_scalar(cli, tmp_path, wh
 @pytest.mark.parametrize("key, value, message", [
     ("device_name", {"a": 1}, "device_name={'a': 1}; expected a string"),
     ("kernel_name", None, "kernel_name=None; expected the kernel's name"),
-    ("problem_size", "big", "problem_size='big'; expected an integer or a list of integers"),
+    ("problem_size", "big", "problem_size='big'; expected a positive integer or a list of positive integers"),
+    # a size of zero or below (an attack, session 42: imported and replayed, exit 0)
+    ("problem_size", [0], "problem_size=[0]; expected a positive integer or a list of positive integers"),
+    ("problem_size", [-64, 4], "problem_size=[-64, 4]; expected a positive integer"),
 ])
 def test_import_refuses_a_header_value_of_the_wrong_type(cli, tmp_path, key, value, message):
     """A device name, kernel name or problem size of the wrong type is refused (it was imported as a
@@ -468,8 +471,20 @@ def test_export_of_imports_only_says_they_have_no_lookup_key(cli, tmp_path, db):
     r = cli([f"storage.url={empty}"], tmp_path, module="zhantune.export")
     assert r.returncode == 2 and "it holds no problem yet" in r.stderr, r.stderr
     # compare's table= of the same imports: also an error (it said so in yellow and exited 0)
-    r = cli([f"storage.url={db}", f"table={tmp_path}/p.json"], tmp_path, module="zhantune.compare")
+    # compare's table= of the same imports: also an error (it said so in yellow and exited 0), and the
+    # files of csv= and json= asked for with it are left as they were (an attack, session 42: they were
+    # overwritten before table= was refused)
+    (tmp_path / "keep.csv").write_text("mine")
+    r = cli([f"storage.url={db}", f"table={tmp_path}/p.json", f"csv={tmp_path}/keep.csv", f"json={tmp_path}/new.json"],
+            tmp_path, module="zhantune.compare")
     assert r.returncode == 2 and not (tmp_path / "p.json").exists(), r.stderr
     assert r.stderr.strip() == (f"zhantune: table={tmp_path}/p.json: no table written: no portable choice a lookup "
                                 "table can carry (imported or replayed problems have no Inductor lookup key; a CPU's "
-                                "config is not a GPU's; or no problem was compared)"), r.stderr
+                                "config is not a GPU's; or no problem was compared); no other file written"), r.stderr
+    assert (tmp_path / "keep.csv").read_text() == "mine" and not (tmp_path / "new.json").exists()
+    # two outputs naming one file: the first would be lost (it exited 0 with the HTML alone)
+    r = cli([f"storage.url={db}", "json=same.out", f"html={tmp_path}/same.out"], tmp_path, module="zhantune.compare")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"zhantune: json=same.out and html={tmp_path}/same.out name one file: the second would overwrite the first; "
+        "give each output its own file"), r.stderr
+    assert not (tmp_path / "same.out").exists()

@@ -229,7 +229,7 @@ def test_problems_file_fields_are_typed_and_aliases_counted_unexpanded(tmp_path)
     assert "&id001" in path.read_text() and len(read_problems(path)) == 2
     # a linear_act row takes conf/op/linear_act.yaml's activation, as its tune does (it was refused: "op
     # linear_act needs op.activation", which a row cannot give; a helper's finding)
-    from zhantune.problemset import problem_keys
+    from zhantune.problems.file import problem_keys
 
     path.write_text(yaml.safe_dump({"format": "zhantune-problems", "problems": [{"op": "linear_act", "shape": [16, 16, 16]}]}))
     assert len(read_problems(path)) == 1 and problem_keys(path) == ["linear_act[M=16,N=16,K=16]:float32:relu"]

@@ -52,7 +52,8 @@ def _collect_app(cfg: DictConfig) -> None:
     from zhantune.inductor.gemms import collect
     from zhantune.models import from_config
     from zhantune.paths import check_output_path
-    from zhantune.problemset import measure_defaults, write_problems
+    from zhantune.problems.file import write_problems
+    from zhantune.problemset import measure_defaults
     from zhantune.provenance import software_versions
     from zhantune.report.console import make_console
     from zhantune.torch_support import check_torch

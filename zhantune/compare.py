@@ -15,6 +15,7 @@ zhantune.inductor.portable.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -51,9 +52,16 @@ def _compare_app(cfg: DictConfig) -> None:
         if cfg.devices is not None and not OmegaConf.is_list(cfg.devices):
             raise ConfigError(f"devices={cfg.devices!r} must be a list of device keys, names or numbers, e.g. devices=[A,B]")
         devices = OmegaConf.to_container(cfg.devices, resolve=True) if cfg.devices is not None else None
+        if devices == []:  # it compared every device, as if devices= had not been given
+            raise ConfigError("devices=[]: no device named; give device keys, names or numbers (devices=[A,B]), or drop "
+                              "devices= to compare every device")
+        given: dict[Path, str] = {}
         for option in ("csv", "json", "html", "table"):
             if cfg[option]:
                 check_output_path(cfg[option], option)
+                if (same := given.setdefault(Path(str(cfg[option])).resolve(), option)) != option:  # one lost
+                    raise ConfigError(f"{same}={cfg[same]} and {option}={cfg[option]} name one file: the second would "
+                                      "overwrite the first; give each output its own file")
     except UserError as e:
         user_error(e)
         return
@@ -85,6 +93,15 @@ def _write_outputs(cfg: DictConfig, console: Any, store: Any, cmp: Any, study: A
     from zhantune.report.outputs import write_csv, write_json
     from zhantune.report.studies import study_names
 
+    portable = None
+    if cfg.table:  # decided before any file is written: a refused table= leaves the other outputs as they were
+        from zhantune.inductor.portable import portable_choices
+
+        portable = portable_choices(cmp, store, cfg.min_speedup)
+        if not portable.table:  # asked for and not written: an error, as export's (it exited 0)
+            raise ConfigError(f"table={cfg.table}: no table written: no portable choice a lookup table can carry "
+                              "(imported or replayed problems have no Inductor lookup key; a CPU's config is not a "
+                              "GPU's; or no problem was compared); no other file written")
     if cfg.csv:
         console.print(f"csv: {write_csv(cfg.csv, cmp)}", soft_wrap=True, markup=False)
     if cfg.json:
@@ -93,25 +110,18 @@ def _write_outputs(cfg: DictConfig, console: Any, store: Any, cmp: Any, study: A
         out = write_html_report(cfg.html, cmp, study, studies=study_names(store))
         console.print(escape(f"html: {out}") + (f" (history and importances of study {escape(repr(study.study_name))})" if study else
                                          " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
-    if cfg.table:
+    if portable is not None:  # stamped with this torch, as export's: its claims were confirmed with it
         from zhantune.inductor.builder import NO_CLAIM_NOTE, table_metadata
-        from zhantune.inductor.portable import portable_choices
         from zhantune.inductor.table import write_table
         from zhantune.storage.engine import redact_url
 
-        out = portable_choices(cmp, store, cfg.min_speedup)
-        if out.table:  # stamped with this torch, as export's: its claims were confirmed with it
-            meta = table_metadata(store, out.table, {"portable": True, "min_speedup": cfg.min_speedup,
-                                                     "devices": list(cmp.devices) if cfg.devices else None}, redact_url(store.url))
-            console.print(f"lookup table: {write_table(cfg.table, out.table, meta, 'table')} ({len(out.table)} key(s))",
-                          markup=False)
-            _print_withheld(console, out)
-            if cfg.min_speedup is None:
-                console.print(f"note: {NO_CLAIM_NOTE}", markup=False, soft_wrap=True)
-        else:  # asked for and not written: an error, as export's (it exited 0)
-            raise ConfigError(f"table={cfg.table}: no table written: no portable choice a lookup table can carry "
-                              "(imported or replayed problems have no Inductor lookup key; a CPU's config is not a "
-                              "GPU's; or no problem was compared)")
+        meta = table_metadata(store, portable.table, {"portable": True, "min_speedup": cfg.min_speedup,
+                                                      "devices": list(cmp.devices) if cfg.devices else None}, redact_url(store.url))
+        console.print(f"lookup table: {write_table(cfg.table, portable.table, meta, 'table')} ({len(portable.table)} key(s))",
+                      markup=False)
+        _print_withheld(console, portable)
+        if cfg.min_speedup is None:
+            console.print(f"note: {NO_CLAIM_NOTE}", markup=False, soft_wrap=True)
 
 
 def _print_withheld(console, out) -> None:

@@ -99,7 +99,7 @@ def _export_app(cfg: DictConfig) -> None:
 def _problem_ids(store: Any, path: str) -> set[int]:
     """The database's ids of the problems in the problems file ``path``; raises UserError when the
     database holds none of them, and prints each one it lacks (not tuned yet: no entry)."""
-    from zhantune.problemset import problem_keys
+    from zhantune.problems.file import problem_keys
     from zhantune.storage.engine import redact_url
 
     by_key = store.problems_by_key()

@@ -126,9 +126,10 @@ def _check_every_job(config: DictConfig) -> None:
     jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     loader, hydra_config = GlobalHydra.instance().config_loader(), HydraConfig.instance()
     before = hydra_config.cfg
+    checked: set[tuple[str, str]] = set()  # the files and databases checked so far (each distinct one once)
     try:
         for i, job in enumerate(jobs if len(jobs) > 1 else []):  # a single job checks itself, as a plain run
-            _check_job(config, loader, hydra_config, i, job, swept)
+            _check_job(config, loader, hydra_config, i, job, swept, checked)
     finally:
         hydra_config.cfg = before
 
@@ -157,11 +158,13 @@ def _check_sweep_dir(config: DictConfig) -> None:
 _UNESCAPE = re.compile(r"\\([\\{}():=,\[\] \t])")
 
 
-def _check_job(config: DictConfig, loader: Any, hydra_config: Any, i: int, job: list[str], swept: set[str]) -> None:
+def _check_job(config: DictConfig, loader: Any, hydra_config: Any, i: int, job: list[str], swept: set[str],
+               checked: set[tuple[str, str]]) -> None:
     """One job of :func:`_check_every_job`: composed, with hydra.job.num and id and
     hydra.runtime.output_dir set as the launcher sets them (``${hydra:job.num}``,
-    ``${hydra:runtime.cwd}`` resolve), then checked as the job's task function checks it; a failure
-    other than a user error is left to the job itself."""
+    ``${hydra:runtime.cwd}`` resolve), then checked as the job's task function checks it, and the
+    files and database it names (:func:`_check_job_inputs`); a failure other than a user error is left
+    to the job itself."""
     from omegaconf import open_dict
 
     from zhantune.cli import one_line, user_error
@@ -190,10 +193,41 @@ def _check_job(config: DictConfig, loader: Any, hydra_config: Any, i: int, job: 
         user_error(where + ": " + _UNESCAPE.sub(r"\1", msg))
     try:
         check_request(task)
+        _check_job_inputs(task, checked)
     except UserError as e:
         user_error(f"{where}: {e}")
     except Exception:  # not the input's fault, or not seen until the job runs: the job reports it
         return
+
+
+def _check_job_inputs(task: DictConfig, checked: set[tuple[str, str]]) -> None:
+    """The files and database a sweep's job names, each distinct one once (``checked``), read as the
+    job reads them: a replayed Kernel Tuner file (bench.path), a problems file (problems=), an existing
+    SQLite database (another program's, a newer schema, a damaged file). Raises the job's UserError,
+    so that a bad one in a later job stops the sweep before the first job measures (an attack, session
+    42: job #0 tuned and stored, then job #1 was refused)."""
+    from zhantune.storage import sqlite_path
+
+    inputs = [("bench.path", str(task.bench.path)) if task.bench.name == "replay" and task.bench.path else None,
+              ("problems", str(task.problems)) if task.get("problems") else None,
+              ("storage.url", str(task.storage.url))]
+    for item in inputs:
+        if item is None or item in checked:
+            continue
+        option, value = item
+        if option == "bench.path":
+            from zhantune.bench.recorded import load_kerneltuner
+
+            load_kerneltuner(value, option)
+        elif option == "problems":
+            from zhantune.problems.file import read_problems
+
+            read_problems(value)
+        elif (path := sqlite_path(value)) is not None and path.is_file():
+            from zhantune.storage.engine import existing_revision
+
+            existing_revision(value, option)
+        checked.add(item)
 
 
 class MultirunSummary(Callback):

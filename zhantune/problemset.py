@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -26,18 +25,14 @@ from rich.markup import escape
 
 from zhantune.bench.conditions import ContentionCount
 from zhantune.config import CONF_DIR, OpConfig
-from zhantune.errors import ConfigError, shown
-from zhantune.paths import write_atomic
+from zhantune.errors import ConfigError
+from zhantune.problems.file import (
+    PROBLEMS_FORMAT,
+    read_problems,
+    write_problems,
+)
 
 __all__ = ["ProblemRun", "ProblemsResult", "resolve_problems", "tune_problems", "measure_defaults", "write_problems", "read_problems", "allocate_trials", "PROBLEMS_FORMAT"]
-
-PROBLEMS_FORMAT = "zhantune-problems"
-#: the keys of a problem in the file (python -m zhantune.collect writes them all; a hand-written
-#: file needs op and shape)
-ROW_KEYS = ("op", "shape", "dtype", "weight_layout", "lookup_key", "count", "inputs", "scalars", "default_us", "share")
-#: the largest problems file read (bytes)
-MAX_PROBLEMS_BYTES = 1 << 20
-
 
 def measure_defaults(problems: list[Any], device: Any, bench: Any) -> ContentionCount:
     """Time each tunable problem's default compile (``problems``: zhantune.inductor.gemms.CollectedProblem)
@@ -72,135 +67,6 @@ def _measured(store: Any, pr: Any) -> int:
     """Trials the study of ``pr`` (a ProblemRun) holds measured, at most its share."""
     row = store.study(pr.run.study_name)
     return min(store.trial_counts(row.id)[0], pr.n_trials) if row is not None else 0
-
-
-def write_problems(path: str | Path, problems: list[Any], header: dict[str, Any]) -> Path:
-    """Write the problems file (YAML); ``header`` names the model, inputs, device and versions."""
-    tunable, skipped = [], []
-    for p in problems:
-        row: dict[str, Any] = {"lookup_key": p.lookup_key, "count": p.count, "inputs": p.inputs}
-        if p.scalars:
-            row["scalars"] = p.scalars
-        if p.problem is not None and p.reason is None:
-            g = p.problem
-            tunable.append({"op": g.op, "shape": list(g.shape), "dtype": g.dtype,
-                            "weight_layout": g.weight_layout, **row, "default_us": p.default_us,
-                            "share": p.share})
-        else:
-            skipped.append({"op": p.op_name, **row, "reason": p.reason})
-    doc = {"format": PROBLEMS_FORMAT, "format_version": 1, **header, "problems": tunable, "skipped": skipped}
-    return write_atomic(path, OmegaConf.to_yaml(OmegaConf.create(doc)), "out")
-
-
-def _refuse_alias_bombs(path: str | Path, limit: int = 1_000_000) -> None:
-    """Raise ConfigError when the file's YAML, with its aliases expanded, holds over ``limit`` nodes
-    (a plain 1 MiB file holds fewer): nine anchors nine wide in 330 bytes expand to 9^9 nodes, and
-    loading a review's file took 56 s and 500 MB at depth 6, about an hour at depth 8. Counts on the
-    composed node graph, where an alias is the node it names: nothing expands."""
-    import yaml
-
-    with open(path, encoding="utf-8") as f:
-        root = yaml.compose(f, Loader=yaml.SafeLoader)
-    sizes: dict[int, int] = {}
-
-    def size(node: yaml.Node) -> int:
-        if id(node) not in sizes:
-            sizes[id(node)] = 1  # a node that contains itself counts once
-            children = ([c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode)
-                        else node.value if isinstance(node, yaml.SequenceNode) else [])
-            sizes[id(node)] = 1 + sum(size(c) for c in children)
-        return sizes[id(node)]
-
-    if root is not None and size(root) > limit:
-        raise ConfigError(f"problems={path}: its YAML aliases expand to {size(root):,} values, over the "
-                          f"{limit:,} a problems file may hold (python -m zhantune.collect writes no aliases)")
-
-
-def read_problems(path: str | Path) -> list[dict[str, Any]]:
-    """The tunable problems of a problems file, checked; raises ConfigError naming the file and the
-    key path (``problems.yaml: problems[1].shape: ...``)."""
-    from zhantune.problems import OPS, GemmProblem
-    from zhantune.request import DTYPE_NAMES, WEIGHT_LAYOUTS
-
-    size = Path(path).stat().st_size if Path(path).is_file() else 0
-    if size > MAX_PROBLEMS_BYTES:  # YAML parsing takes ~20 s and ~200 MB per MiB
-        raise ConfigError(f"problems={path}: {size:,} bytes, over the {MAX_PROBLEMS_BYTES >> 20} MiB a problems "
-                          "file may hold (a model's file holds a few KiB: one entry per distinct GEMM)")
-    try:
-        _refuse_alias_bombs(path)
-        doc = OmegaConf.to_container(OmegaConf.load(path))
-    except FileNotFoundError:
-        raise ConfigError(f"problems={path}: no such file") from None
-    except ConfigError:
-        raise
-    except Exception as e:
-        raise ConfigError(f"problems={path}: not a YAML problems file: {str(e).splitlines()[0]}") from None
-    if not isinstance(doc, dict) or doc.get("format") != PROBLEMS_FORMAT:
-        raise ConfigError(f"{path}: format: expected {PROBLEMS_FORMAT!r} (write the file with python -m zhantune.collect)")
-    version = doc.get("format_version", 1)  # a hand-written file may leave it out: version 1
-    if type(version) is not int or version != 1:
-        raise ConfigError(f"{path}: format_version: this zhantune reads version 1, got {version!r}")
-    rows = doc.get("problems")
-    if not isinstance(rows, list) or not rows:
-        raise ConfigError(f"{path}: problems: expected a non-empty list")
-    out = []
-    seen: dict[tuple, int] = {}
-    for i, row in enumerate(rows):
-        at = f"{path}: problems[{i}]"
-        if not isinstance(row, dict):
-            raise ConfigError(f"{at}: expected a mapping")
-        extra = sorted(set(row) - set(ROW_KEYS), key=str)
-        if extra:
-            raise ConfigError(f"{at}.{extra[0]}: not a key of a problem (a typo?); allowed: {', '.join(ROW_KEYS)}")
-        if row.get("op") not in OPS:
-            raise ConfigError(f"{at}.op: {row.get('op')!r}; allowed: {', '.join(sorted(OPS))}")
-        if row.get("dtype", "float32") not in DTYPE_NAMES:
-            raise ConfigError(f"{at}.dtype: {row.get('dtype')!r}; allowed: {', '.join(DTYPE_NAMES)}")
-        layouts = ("kn",) if row["op"] == "bmm" else WEIGHT_LAYOUTS
-        if row.get("weight_layout", "kn") not in layouts:
-            raise ConfigError(f"{at}.weight_layout: {row.get('weight_layout')!r} for op {row['op']}; "
-                              f"allowed: {', '.join(layouts)}")
-        GemmProblem.from_config(row["op"], row.get("shape"), row.get("dtype", "float32"), _op_activation(row["op"]),
-                                source=f"{at}.shape", weight_layout=row.get("weight_layout", "kn"))
-        count, share, key = row.get("count", 1), row.get("share"), row.get("lookup_key")
-        if type(count) is not int or count < 1:  # not a bool: True is an int to isinstance
-            raise ConfigError(f"{at}.count: {shown(count)} must be a positive integer")
-        if share is not None and (type(share) not in (int, float) or not 0 <= share <= 1):
-            raise ConfigError(f"{at}.share: {shown(share)} must be a number in [0, 1] or null")
-        default_us = row.get("default_us")
-        if default_us is not None and (type(default_us) not in (int, float) or not 0 < default_us < float("inf")):
-            raise ConfigError(f"{at}.default_us: {shown(default_us)} must be a positive number of microseconds or null")
-        if key is not None and not (isinstance(key, str) and key.isprintable()):
-            raise ConfigError(f"{at}.lookup_key: {shown(key)} must be one line of text (an Inductor lookup key) or null")
-        for name, kind in (("inputs", list), ("scalars", dict)):
-            if row.get(name) is not None and not isinstance(row[name], kind):
-                raise ConfigError(f"{at}.{name}: {shown(row[name])} must be a {kind.__name__} or null")
-        same = (row["op"], str(row["shape"]), row.get("dtype", "float32"), row.get("weight_layout", "kn"),
-                row.get("lookup_key"))
-        if same in seen:
-            raise ConfigError(f"{at}: the same problem and lookup key as problems[{seen[same]}]: it would be tuned "
-                              "twice and counted twice; keep one (its count: how often the model runs it)")
-        seen[same] = i
-        out.append(row)
-    return out
-
-
-def problem_keys(path: str | Path) -> list[str]:
-    """The problem keys (zhantune.problems.GemmProblem.key) of a problems file, in its order; raises
-    ConfigError as :func:`read_problems` does."""
-    from zhantune.problems import GemmProblem
-
-    keys = []
-    for r in read_problems(path):
-        keys.append(GemmProblem.from_config(r["op"], r["shape"], r.get("dtype", "float32"), _op_activation(r["op"]),
-                                            weight_layout=r.get("weight_layout", "kn")).key)
-    return keys
-
-
-def _op_activation(op: str) -> str | None:
-    """The op file's activation (conf/op/<op>.yaml), as a tune of a problems file's row takes it
-    (_problem_cfg): a row has no activation of its own; linear_act's was refused for lacking one."""
-    return OmegaConf.load(CONF_DIR / "op" / f"{op}.yaml").get("activation")
 
 
 def allocate_trials(rows: list[dict[str, Any]], total: int, min_trials: int) -> list[int]:

@@ -257,9 +257,9 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
         raise ConfigError(f"{source}={path}: kernel_name={data['kernel_name']!r}; expected the kernel's name")
     size = data["problem_size"]
     size = tuple(size) if isinstance(size, list) else (size,)
-    if not size or not all(isinstance(x, int) and not isinstance(x, bool) for x in size):
-        raise ConfigError(f"{source}={path}: problem_size={data['problem_size']!r}; expected an integer "
-                          "or a list of integers")
+    if not size or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in size):
+        raise ConfigError(f"{source}={path}: problem_size={data['problem_size']!r}; expected a positive integer "
+                          "or a list of positive integers")
     loaded = KernelTunerFile(p, str(data["device_name"] or ""), str(data["kernel_name"]), size, list(names),
                              {n: list(tune_params[n]) for n in names}, cache, device or None,
                              content_digest=hashlib.sha256(raw).hexdigest())

@@ -305,8 +305,9 @@ def load_space(names: list[str], space_dir: Path, problem_vars: dict[str, Any],
     """Load and validate ``conf/space/<name>.yaml`` for each name.
 
     ``composed`` holds the files' contents when Hydra already composed them (``space=[a,b]`` on the
-    command line); errors still name the file. Raises SpaceError for an unknown space name, a
-    malformed file or duplicate branch names.
+    command line); errors still name the file, and say where a command-line override of
+    ``space.<name>`` changed it. Raises SpaceError for an unknown space name, a malformed file or
+    duplicate branch names.
     """
     if not names:
         raise SpaceError("no search space given; use space=[name,...] with files from conf/space/")
@@ -325,6 +326,9 @@ def load_space(names: list[str], space_dir: Path, problem_vars: dict[str, Any],
                 raise SpaceError(f"{path}: cannot parse YAML: {str(e).splitlines()[0]}") from None
         # a space given inline (+space.NAME={branches: ...}) has no file: errors name the override
         source = str(path) if path.is_file() else f"override space.{name}"
+        if path.is_file() and composed is not None and name in composed \
+                and OmegaConf.to_container(OmegaConf.load(path)) != composed[name]:  # the value may be the override's
+            source = f"{path} as changed by the command line's override of space.{name}"
         branches.extend(load_branches(data, source, template_ids, op, template_params))
     seen: set[str] = set()
     for b in branches:

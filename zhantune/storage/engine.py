@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, inspect
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 from sqlalchemy.pool import NullPool
@@ -24,23 +24,16 @@ from zhantune.errors import StorageError, first_line, shown
 from zhantune.paths import SQLITE_SIDE_FILES
 from zhantune.redact import hide_password, mask, url_secrets
 from zhantune.storage.migrate import current_revision, head_revision, known_revisions
+from zhantune.storage.optuna_tables import OPTUNA_TABLES, refuse_other_optuna_schema, table_names
 from zhantune.storage.sqlite_files import optuna_reader, read_mode, sqlite_path, sqlite_reader
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "redact_url", "sqlite_path", "check_url",
-           "check_sqlite_integrity", "refuse_foreign_or_newer", "refuse_other_optuna_schema", "make_engine", "sqlite_pragmas", "open_existing", "existing_revision",
+           "check_sqlite_integrity", "table_names", "refuse_foreign_or_newer", "refuse_other_optuna_schema", "make_engine", "sqlite_pragmas", "open_existing", "existing_revision",
            "sqlite_reader", "optuna_reader", "optuna_reads", "users_side", "file_lock", "remove_sqlite_files", "canonical_json", "first_line"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: database backends zhantune is tested on (SQLite: one machine; PostgreSQL: many)
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
-#: the tables Optuna's RDB storage keeps in the same database (optuna/storages/_rdb/models.py)
-OPTUNA_TABLES = {
-    "studies", "study_directions", "study_user_attributes", "study_system_attributes", "trials",
-    "trial_user_attributes", "trial_system_attributes", "trial_params", "trial_values",
-    "trial_intermediate_values", "trial_heartbeats", "version_info", "alembic_version",
-}
-
-
 def redact_url(url: str) -> str:
     """The URL as SQLAlchemy renders it, its password (after ``user:`` or libpq's ``?password=``) as
     ``***`` (for logs, errors and stored configs; credentials are not shipped; zhantune.redact)."""
@@ -77,6 +70,9 @@ def check_url(url: str, source: str = "storage.url", writable: bool = True) -> N
         raise StorageError(f"{source}={redact_url(url)!r}: PostgreSQL through psycopg 3: postgresql+psycopg://user@host/db")
     if u.get_backend_name() != "sqlite":
         return
+    if u.get_driver_name() != "pysqlite":  # sqlite+aiosqlite, +pysqlcipher: a driver zhantune does not install
+        raise StorageError(f"{source}={hide_password(url)!r}: SQLite through Python's sqlite3 module: sqlite:///FILE "
+                           f"(not the {u.get_driver_name()!r} driver)")
     if u.query.get("uri") or str(u.database or "").startswith("file:"):
         # SQLite's URI filenames name the file otherwise than the path these checks read (an old
         # database was switched to WAL before it was refused as old: a review's finding)
@@ -185,40 +181,6 @@ def refuse_foreign_or_newer(where: str, tables: set[str], rev: str | None) -> No
 def _newer(rev: str) -> bool:
     """Whether ``rev`` reads as a zhantune schema revision after this zhantune's newest."""
     return rev.isdigit() and len(rev) == len(head_revision()) and rev > head_revision()
-
-
-def _optuna_script() -> Any:
-    """Optuna's own Alembic scripts (optuna/storages/_rdb/alembic), which version its tables."""
-    import optuna.storages._rdb as rdb
-    from alembic.script import ScriptDirectory
-
-    return ScriptDirectory(str(Path(rdb.__file__).resolve().parent / "alembic"))
-
-
-def _optuna_head() -> str:
-    return _optuna_script().get_current_head()
-
-
-def _optuna_revisions() -> set[str]:
-    return {r.revision for r in _optuna_script().walk_revisions()}
-
-
-def _optuna_version() -> str:
-    import optuna
-
-    return optuna.__version__
-
-
-def refuse_other_optuna_schema(where: str, optuna_rev: str | None) -> None:
-    """Refuse Optuna tables at another schema revision than this Optuna's (``optuna_rev``: the
-    revision in their ``alembic_version`` table, None: no Optuna tables); raises StorageError naming
-    ``where``. Optuna refuses such a storage only when the study is opened, after a tune has written
-    its study row and baselines: this refuses it before anything is written."""
-    if optuna_rev is not None and optuna_rev != _optuna_head():
-        raise StorageError(f"{where}: Optuna's tables are at schema {optuna_rev!r}, this "
-                           f"Optuna ({_optuna_version()}) uses {_optuna_head()!r}; "
-                           + ("upgrade them: optuna storage upgrade --storage URL" if optuna_rev in
-                              _optuna_revisions() else "use a newer Optuna") + ". Left untouched")
 
 
 def remove_sqlite_files(path: Path) -> None:
@@ -378,7 +340,7 @@ def _probe(url: str, source: str) -> tuple[set[str], str | None]:
     probe = create_engine(url, **({} if path is None else {"creator": sqlite_reader(path)}))
     try:
         with probe.connect() as conn:
-            return set(inspect(conn).get_table_names()), current_revision(conn)
+            return table_names(conn), current_revision(conn)
     except OperationalError as e:
         raise StorageError(f"{source}={redact_url(url)}: cannot open the database: {first_line(e)}") from None
     except DatabaseError as e:  # a damaged SQLite file ("database disk image is malformed"): was a traceback

@@ -35,6 +35,7 @@ from zhantune.storage.engine import (
     remove_sqlite_files,
     sqlite_path,
     sqlite_reader,
+    table_names,
     users_side,
 )
 from zhantune.storage.migrate import current_revision, head_revision, upgrade
@@ -94,7 +95,7 @@ class Store(Queries):
                  if path is not None and path.exists() and path.stat().st_size else self.engine)
         try:
             with probe.connect() as conn:
-                tables = set(inspect(conn).get_table_names())
+                tables = table_names(conn)
                 rev = current_revision(conn)
                 optuna_rev = (conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
                               if "alembic_version" in tables else None)
