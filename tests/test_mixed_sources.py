@@ -372,3 +372,42 @@ def test_compare_never_calls_devices_in_agreement_when_no_winner_ran_on_another(
     db.candidate(db.recorder(H200), A, 15.0)  # A measured on both: now a disagreement, 15/12
     (p,) = compare(db.store).problems
     assert p.disagreement == pytest.approx(1.25)
+
+
+def test_a_tune_after_a_torch_upgrade_measures_the_old_releases_best_again(tmp_path):
+    """A study resumed after a torch upgrade (noticed in session 41, fixed in 42): its sampler takes the
+    old release's points as tried and the tune ranks this release's rows only, so the fastest config
+    found with the old torch was never measured again and the tune's result was the best of the new
+    trials. The settle now measures it once with this torch (kind ``remeasure``), and it wins here."""
+    from zhantune.provenance import software_versions
+    from zhantune.tune import settle
+    from zhantune.tune_result import TuneResult, other_release_best, ranked_rows
+
+    db = _Db(tmp_path / "z.db")
+    db.candidate(db.recorder(H100, torch="2.12.0+cu126"), A, 5.0)  # the old release's best
+    rec = db.recorder(H100, torch=software_versions()["torch"])
+    default = rec.add(Measurement("ok", timing=summarize_us([20.0, 21.0], "t"), lookup=rec.hit), "default")
+    db.candidate(rec, B, 10.0)
+    measured: list[str] = []
+
+    def measure(cand):
+        measured.append(cand.config_hash)
+        return Measurement("ok", timing=summarize_us([6.0, 6.1], "t"), lookup=rec.hit)
+
+    bench = SimpleNamespace(measure=measure, measure_default=lambda: Measurement(
+        "ok", timing=summarize_us([20.0, 20.5], "t"), lookup=rec.hit))
+    run = SimpleNamespace(replay=None, bench=SimpleNamespace(remeasure_rounds=0),
+                          device=SimpleNamespace(key=H100, kind="cuda"), problem=PROBLEM,
+                          space=SimpleNamespace(branches=[SimpleNamespace(name="triton_mm", scope="template")]))
+    old = other_release_best(db.store, run, rec.problem_id, rec.device_id)
+    assert old.config_hash == A.config_hash and old.torch_version == "2.12.0+cu126"
+    assert [r.config_hash for r in ranked_rows(db.store, run, rec.problem_id, 5)] == [B.config_hash]
+    result = TuneResult("s", rec.study_id, None, default, None)
+    settle(run, db.store, bench, rec, rec.problem_id, result)  # remeasure_rounds=0: no settle, nothing measured
+    assert measured == [] and result.carried_text is None
+    run.bench.remeasure_rounds = 1
+    settle(run, db.store, bench, rec, rec.problem_id, result)
+    assert measured[0] == A.config_hash and "the fastest config of torch 2.12.0+cu126 (5.0 us with it), not yet " \
+        "measured with this one: 6.0 us" in result.carried_text, result.carried_text
+    assert [r.config_hash for r in ranked_rows(db.store, run, rec.problem_id, 5)] == [A.config_hash, B.config_hash]
+    assert other_release_best(db.store, run, rec.problem_id, rec.device_id) is None  # measured here now

@@ -18,9 +18,9 @@ from sqlalchemy.exc import IntegrityError
 
 from zhantune import interrupt
 from zhantune.bench.conditions import contention_count, mark_tune_root
-from zhantune.bench.decision import rank_key
+from zhantune.bench.decision import decision_us, rank_key
 from zhantune.bench.protocol import Benchmarker
-from zhantune.bench.settle import settle_close_call, settle_speedup
+from zhantune.bench.settle import rebuild_candidate, settle_close_call, settle_speedup
 from zhantune.candidate import Candidate
 from zhantune.errors import ConfigError
 from zhantune.inductor.builder import export_table, not_carried_reason
@@ -35,7 +35,15 @@ from zhantune.search.study import MAX_RETRIES, Heartbeat, HeartbeatSettings, ope
 from zhantune.search.transfer import load_prior, transfer_text
 from zhantune.storage import ClaimLost, MeasurementRow, Recorder, Store, redact_url
 from zhantune.storage.ingest import refuse_merge, replay_study
-from zhantune.tune_result import TuneResult, busy_text, own_rows, ranked_rows, stored_claim, study_best
+from zhantune.tune_result import (
+    TuneResult,
+    busy_text,
+    other_release_best,
+    own_rows,
+    ranked_rows,
+    stored_claim,
+    study_best,
+)
 from zhantune.tune_result import settle_again as _settle_again
 
 __all__ = ["TuneResult", "tune", "settle", "study_budget", "RunSpec", "resolve_run", "FINISHED", "EXHAUSTED"]
@@ -124,13 +132,22 @@ def _finished_result(run: RunSpec, store: Store, row: Any, target: int, settle_d
 
 
 def settle(run: RunSpec, store: Store, bench: Benchmarker, rec: Recorder, problem_id: int, result: TuneResult) -> None:
-    """After the search: the close call first (zhantune.bench.settle.settle_close_call, when
-    ``bench.remeasure_rounds`` > 0), then the speedup claim of the fastest config a table can carry
+    """After the search (when ``bench.remeasure_rounds`` > 0): the fastest config of another torch
+    release measured once with this one when it never was (a study resumed after a torch upgrade,
+    zhantune.tune_result.other_release_best: else the ranking of this release's rows lost it), the
+    close call (zhantune.bench.settle.settle_close_call), then the speedup claim of the fastest config a table can carry
     over Inductor's default (settle_speedup), whose verdict is stored (Store.add_verdict) for the
     exporter. New rows go through ``rec``; sets ``result``'s verdict, claim, claimed, default and
     texts. A Ctrl-C or SIGTERM meanwhile sets ``result.interrupted`` (the study itself is complete)."""
     rounds = run.bench.remeasure_rounds
     try:
+        if rounds > 0 and (old := other_release_best(store, run, problem_id, rec.device_id)) is not None \
+                and (cand := rebuild_candidate(old, run.space.branches)) is not None:  # kept in the race
+            row = rec.add(bench.measure(cand), "remeasure", cand)
+            now = f"{decision_us(row):,.1f} us" if row.status == "ok" else row.status
+            result.carried_text = (f"measured again with this torch: {cand.describe()}, the fastest config of torch "
+                                   f"{old.torch_version} ({decision_us(old):,.1f} us with it), not yet measured with "
+                                   f"this one: {now}")
         if rounds > 0:
             verdict, text = settle_close_call(ranked_rows(store, run, problem_id, 2), run.space.branches,
                                               bench, rec.add, rounds)

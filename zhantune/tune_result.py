@@ -89,6 +89,9 @@ class TuneResult:
     transfer: Prior | None = None
     #: one line on what transfer did (or why it did nothing), for the summary; None: nothing to say
     transfer_text: str | None = None
+    #: one line on the fastest config of another torch release measured again with this one
+    #: (:func:`other_release_best`), for the summary; None: none was
+    carried_text: str | None = None
     #: the study's budget of measured trials (``search.n_trials``, or what it held plus
     #: ``search.more_trials``) and the trials earlier runs had measured
     target: int = 0
@@ -183,6 +186,23 @@ def ranked_rows(store: Any, run: Any, problem_id: int, top_k: int) -> list[Any]:
     torch upgrade), of every release: its settle re-measures the old best here."""
     return next((rows for _, prob, rows in store.ranked_candidates(run.device.key, _torch(run, store), top_k)
                  if prob.id == problem_id), [])
+
+
+def other_release_best(store: Any, run: Any, problem_id: int, device_id: int) -> Any:
+    """The fastest config of the problem on the run's device, of every torch release, when it has no
+    row of this release (a study resumed after a torch upgrade: its sampler takes the old release's
+    points as tried, and the tune ranks this release's rows, so that config was never measured again
+    and its result was lost); None for a replay, while this release has no candidate (the ranking
+    then reads every release), or where this release measured that config (ok or failed: wrong
+    output, a compile error or a timeout here keeps it out, zhantune.storage.Queries.incorrect_configs)."""
+    if run.replay is not None or _torch(run, store) is None:
+        return None
+    this = {r.config_hash for r in ranked_rows(store, run, problem_id, 1 << 30)}
+    every = next((rows for _, prob, rows in store.ranked_candidates(run.device.key, None, 1) if prob.id == problem_id), [])
+    failed = store.incorrect_configs(software_versions()["torch"], failed_too=True)
+    if not every or every[0].config_hash in this or device_id in failed.get((problem_id, every[0].config_hash), {}):
+        return None
+    return every[0]
 
 
 def _torch(run: Any, store: Any) -> str | None:

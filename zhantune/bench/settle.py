@@ -33,13 +33,13 @@ from zhantune.bench.protocol import Benchmarker
 from zhantune.candidate import Candidate
 from zhantune.inductor.templates import is_default_kernel as default_kernel
 
-__all__ = ["settle_close_call", "settle_speedup", "SpeedupSettle", "is_default_kernel", "Record"]
+__all__ = ["rebuild_candidate", "settle_close_call", "settle_speedup", "SpeedupSettle", "is_default_kernel", "Record"]
 
 #: stores one re-measurement as a row and returns it: (measurement, kind, candidate or None) -> row
 Record = Callable[[Measurement, str, Candidate | None], Any]
 
 
-def _candidate(row: Any, branches: Sequence[Any]) -> Candidate | None:
+def rebuild_candidate(row: Any, branches: Sequence[Any]) -> Candidate | None:
     """The candidate a stored row measured, rebuilt from this run's space; None when its branch is
     not in it (a row another study's space measured)."""
     branch = next((b for b in branches if b.name == row.branch), None)
@@ -74,7 +74,7 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
             f"clear winner in the search's own runs (not re-measured): its runs' 20th-80th percentiles "
             f"{a20:,.1f}-{a80:,.1f} us, the runner-up's {b20:,.1f}-{b80:,.1f} us; a ranking, not a "
             "speedup claim" + ("; unconfirmed: measured on a busy machine, noise could have made it" if busy else ""))
-    cands = [_candidate(row, branches) for row in (a, b)]
+    cands = [rebuild_candidate(row, branches) for row in (a, b)]
     if None in cands:  # measured by another space (a cached row): cannot be rebuilt here
         return "tie", "close call with a config outside this space: not re-measured"
     pairs: list[tuple[float, float]] = []  # each round's two decision statistics, where both measured
@@ -151,7 +151,7 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
         return _no_claim(default, "the winner is the kernel Inductor's default compile runs: no speedup to claim")
     if rounds == 0:
         return _no_claim(default, "not settled (bench.remeasure_rounds=0): no paired rounds, no claim")
-    cand = candidate or _candidate(best, branches)
+    cand = candidate or rebuild_candidate(best, branches)
     if cand is None:  # the winner was measured by another space (a cached row)
         return _no_claim(default, "the winner was measured by another study's space: not re-measured, no claim")
     paired, defaults = [], [default]

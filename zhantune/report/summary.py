@@ -240,6 +240,8 @@ def _print_notes(console: Console, result: Any) -> None:
         console.print(f"[yellow]warning: {contention.text(of=of)}[/yellow]")
     if getattr(result, "transfer_text", None):
         console.print(result.transfer_text, markup=False)
+    if getattr(result, "carried_text", None):
+        console.print(result.carried_text, markup=False)
     counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"
     done, target = getattr(result, "done", result.measured), getattr(result, "target", 0)
     console.print(f"trials: {result.measured} measured ({counts}), {result.cached} cached, "
