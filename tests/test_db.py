@@ -606,6 +606,14 @@ def test_merge_never_joins_two_recordings_of_a_device_named_after_its_file_name(
     assert r.returncode == 2 and "sources[0]: study 'kerneltuner:k_GPUZ.json.gz@GPUZ'" in r.stderr and \
         "of storage.url" in r.stderr, r.stderr
     assert _digest(tmp_path / "all.db") == before
+    # the first file's recording decompressed (another file's bytes, the same JSON): one recording, merged
+    # (a review, session 42: the merge compared the files' bytes alone, and refused it as another file)
+    (tmp_path / "n4").mkdir()
+    (tmp_path / "n4" / "k_GPUZ.json").write_bytes(gzip.decompress((tmp_path / "n1" / "k_GPUZ.json.gz").read_bytes()))
+    d = f"sqlite:///{tmp_path / 'd.db'}"
+    assert cli(["files=[n4/k_GPUZ.json]", f"storage.url={d}"], tmp_path, module="zhantune.kerneltuner").returncode == 0
+    r = cli(["merge", f"sources=[{d}]", f"storage.url={out}"], tmp_path, module="zhantune.db")
+    assert r.returncode == 0, r.stderr
 
 
 def test_one_device_key_is_never_a_cpu_and_a_gpu(cli, tmp_path):

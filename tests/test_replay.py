@@ -253,15 +253,16 @@ def test_one_recording_is_imported_once_and_a_named_file_never_joins_a_file_name
     plain.write_bytes(gzip.decompress(a_path.read_bytes()))
     for copy in (renamed, plain):
         assert import_kerneltuner(store, load_kerneltuner(copy, device="GPUX")) == (name, 0)
-    assert store.count_measurements(store.study_id(name, {})) == 2 and len(store.study_names()) == 1
+    assert len(store.study_candidates(name)) == 2 and len(store.study_names()) == 1
     doc = json.loads(gzip.decompress(b_path.read_bytes()))
     named = tmp_path / "named.json"
     named.write_text(json.dumps({**doc, "device_name": "GPUX"}))
     for other in (load_kerneltuner(named), load_kerneltuner(b_path, device="GPUX")):
         with pytest.raises(ConfigError, match=r"files=.*: gives device 'GPUX' \(from (its device_name|devices)\), a "
                                               r"device named after another Kernel Tuner file's name .* from study "
-                                              r"'kerneltuner:k_GPUX.json.gz@GPUX'"):
+                                              r"'kerneltuner:k_GPUX.json.gz@GPUX'; name the device") as refused:
             check_import(store, other)
+        assert "stored without" not in str(refused.value)  # the study's digests were read, not missing
     assert len(store.study_names()) == 1
 
 

@@ -292,20 +292,20 @@ def test_a_decompressed_copy_of_the_replayed_recording_is_not_another_device(tmp
     """An attack (session 42): the replayed file's recording imported decompressed under another
     device name (``zcat a.json.gz > a.json``) passed the sha256 check (of the bytes as stored) and
     "transferred" 4,362 of its own measurements to its replay. The digest of the JSON decompressed
-    is stored with an import and compared too; the other way round (a .json replayed, its gzipped
-    copy imported) as well."""
+    is stored with an import (``content_sha256``) and compared too, so the other way round (the .gz
+    imported, its .json replayed: only the stored digest of the JSON matches) holds as well."""
     import gzip
 
-    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
     plain = tmp_path / "convolution_A100.json"
     plain.write_bytes(gzip.decompress(CONV_A100.read_bytes()))
-    import_kerneltuner(store, load_kerneltuner(plain, device="A100plain"))
-    import_kerneltuner(store, load_kerneltuner(CONV_A4000))
     gz, raw = load_kerneltuner(CONV_A100), load_kerneltuner(plain)
     assert gz.sha256 != raw.sha256 and gz.digests & raw.digests
-    for replayed in (gz, raw):
+    for imported, replayed in ((plain, gz), (CONV_A100, raw)):
+        store = Store(f"sqlite:///{tmp_path / f'{replayed.path.name}.db'}")
+        import_kerneltuner(store, load_kerneltuner(imported, device="A100copy"))
+        import_kerneltuner(store, load_kerneltuner(CONV_A4000))
         prior = load_prior(store, replayed.device_key, replayed.problem(), recording=replayed.digests)
-        assert [s.device_key for s in prior.sources] == ["NVIDIA RTX A4000"]
+        assert [s.device_key for s in prior.sources] == ["NVIDIA RTX A4000"], replayed.path
 
 
 def test_the_transfer_line_says_what_reached_this_search():

@@ -34,6 +34,8 @@ __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SUPPORTED_BACKENDS", "OPTUNA_TABLES", "red
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: database backends zhantune is tested on (SQLite: one machine; PostgreSQL: many)
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
+
+
 def redact_url(url: str) -> str:
     """The URL as SQLAlchemy renders it, its password (after ``user:`` or libpq's ``?password=``) as
     ``***`` (for logs, errors and stored configs; credentials are not shipped; zhantune.redact)."""

@@ -183,16 +183,18 @@ def check_recordings(stores: list[tuple[str, Store]]) -> None:
     named only after its file name in any of the databases (no ``device_name``: the two could be
     different GPUs; zhantune.storage.ingest.refuse_merge refuses it for an import or a replay).
     ``stores``: (where, store) for the target (when it exists) and every source; a study's file is
-    its stored sha256 (an import's ``sha256``, a replay's ``replay_sha256``). Unlike refuse_merge, a
+    its stored sha256 (an import's ``sha256``, a replay's ``replay_sha256``) and, where stored, that
+    of its JSON decompressed (zhantune.storage.ingest.recording_digests: a gzipped copy of one
+    recording is that recording). Unlike refuse_merge, a
     study stored without one is not compared (refusing every merge of an old database would leave no
     way to merge it). Raises StorageError naming both studies."""
-    from zhantune.storage.ingest import file_digest
+    from zhantune.storage.ingest import recording_digests
 
     named: set[str] = set()  # named after a file name in any of the databases (another may name it otherwise)
     for _, store in stores:
         with store.session() as s:
             named |= {d.key for d in s.scalars(select(m.Device)) if (d.properties or {}).get("named_by") == "file name"}
-    first: dict[tuple[str, str], tuple[str, str, str]] = {}  # (device, problem) -> (digest, where, study)
+    first: dict[tuple[str, str], tuple[set[str], str, str]] = {}  # (device, problem) -> (digests, where, study)
     for where, store in stores:
         with store.session() as s:
             pairs = set(s.execute(select(m.Device.key, m.Problem.key).distinct()
@@ -201,11 +203,11 @@ def check_recordings(stores: list[tuple[str, Store]]) -> None:
                                   .where(m.Device.key.in_(sorted(named))))) if named else set()
         for dev, prob in sorted(pairs):
             for name, config in store.studies_holding(dev, prob):
-                digest = file_digest(config)
-                if digest is None:
+                digests = recording_digests(config)  # the file's bytes, and its JSON decompressed where stored
+                if not digests:
                     continue
-                prev = first.setdefault((dev, prob), (digest, where, name))
-                if prev[0] != digest:
+                prev = first.setdefault((dev, prob), (digests, where, name))
+                if not prev[0] & digests:
                     raise StorageError(f"{where}: study {name!r} holds {prob} on device {dev!r} (named only after "
                                        f"a file name in one of the databases) from another file than study {prev[2]!r} of "
                                        f"{prev[1]}; they could be different GPUs: nothing was merged (name the "
