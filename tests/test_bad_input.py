@@ -465,6 +465,8 @@ CASES = [
                                                         "space.cpp_gemm.branches.cpp_gemm.params.k_slices.choices=[]"],
      None, "cpp_gemm.yaml as changed by the command line's override of space.cpp_gemm: "
      "branches.cpp_gemm.params.k_slices.choices: must be a non-empty list, got []", None),
+    ("tune-no-spaces", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", "space=[]"], None,
+     "override space=[]: no space named; give space=[name,...] (allowed: aten, ", None),
     ("compare-no-devices", "zhantune.compare", ["devices=[]"], None,
      "devices=[]: no device named; give device keys, names or numbers (devices=[A,B]), or drop devices=", None),
     # the dry run showed the H100's spaces for device=cpu device_profile=H100 (an attack, session 42)

@@ -74,6 +74,9 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
         if group not in _GROUPS or o.is_delete():
             continue
         available = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        if group == "space" and not o.is_sweep_override() and o.value() == []:  # it meant the op's default spaces
+            return (f"override {o.input_line}: no space named; give space=[name,...] (allowed: {', '.join(available)}), "
+                    "or drop space= for the op's default spaces")
         if o.is_sweep_override():
             values = list(o.sweep_string_iterator())
         elif isinstance(o.value(), list):
