@@ -241,7 +241,7 @@ def resolve_run(cfg: DictConfig, preview: bool = False) -> RunSpec:
     if profile_name and not preview:
         raise ConfigError(f"device_profile={profile_name} previews a GPU's search spaces in the dry run "
                           "(python -m zhantune.space); a tune measures a real device: use device=cuda:N")
-    if profile_name and str(cfg.get("device", "auto")) not in ("auto", "cuda") and not str(cfg.device).startswith("cuda"):
+    if profile_name and (device := str(cfg.get("device", "auto"))) != "auto" and not device.startswith("cuda"):
         raise ConfigError(f"device_profile={profile_name} previews a GPU; device={cfg.device} asks for another device: "
                           "give one of them")  # the profile won, silently (an attack, session 42)
     if cfg.bench.name == "replay":
