@@ -91,6 +91,10 @@ def summarize_us(times_us: list[float], method: str) -> Timing:
     s = sorted(times_us)
     p25, _, p75 = _cut_points(s, 4)
     p20, _, _, p80 = _cut_points(s, 5)
+    mean = statistics.fmean(s)
+    # the sample standard deviation in floats (statistics.stdev's exact fractions took 0.3 ms a call,
+    # a third of a Kernel Tuner import's time)
+    std = math.sqrt(math.fsum((x - mean) ** 2 for x in s) / (len(s) - 1)) if len(s) > 1 else 0.0
     return Timing(
         median_us=statistics.median(s),
         min_us=s[0],
@@ -99,8 +103,8 @@ def summarize_us(times_us: list[float], method: str) -> Timing:
         p80_us=p80,
         n=len(s),
         method=method,
-        mean_us=statistics.fmean(s),
-        std_us=statistics.stdev(s) if len(s) > 1 else 0.0,
+        mean_us=mean,
+        std_us=std,
         iqr_us=p75 - p25,
         p25_us=p25,
         p75_us=p75,

@@ -23,6 +23,17 @@ __all__ = ["study_names", "load_report_study"]
 quiet_optuna()
 
 
+class ReportStorage(optuna.storages.InMemoryStorage):
+    """The in-memory copy a report's charts read: its trials are handed out as stored, never deep
+    copied. Optuna's importance chart reads every trial once per parameter (``study.trials`` deep
+    copies each by default): a 4,362-trial Kernel Tuner study took 30 s to draw, 26 of them copying.
+    Nothing writes to this storage once the study is loaded; it is dropped with the report."""
+
+    def get_all_trials(self, study_id: int, deepcopy: bool = True,
+                       states: tuple[optuna.trial.TrialState, ...] | None = None) -> list[optuna.trial.FrozenTrial]:
+        return super().get_all_trials(study_id, deepcopy=False, states=states)
+
+
 def study_names(store: Store) -> list[str]:
     """Every study in the database: zhantune's and Optuna's (a tune has both under one name)."""
     names = store.study_names()
@@ -48,7 +59,7 @@ def load_report_study(store: Store, name: str, option: str = "study") -> optuna.
         if "studies" not in store.tables():  # no Optuna tables at all: a database of imports only
             raise KeyError(name)
         with optuna_reads(store):  # every trial read here, once: the report's charts read them again and again
-            memory = optuna.storages.InMemoryStorage()
+            memory = ReportStorage()
             optuna.copy_study(from_study_name=name, from_storage=optuna_reader(store.url), to_storage=memory)
             return optuna.load_study(study_name=name, storage=memory)
     except KeyError:  # a zhantune study without an Optuna study (a Kernel Tuner import)
@@ -63,7 +74,7 @@ def _study_from_measurements(store: Store, name: str) -> optuna.Study:
             values.setdefault(k, set()).add(_choice(v))
     # a parameter with one value explains nothing (and Optuna's importance needs a spread)
     dists = {k: optuna.distributions.CategoricalDistribution(_sorted(vs)) for k, vs in values.items() if len(vs) > 1}
-    study = optuna.create_study(study_name=name, direction="minimize")
+    study = optuna.create_study(study_name=name, direction="minimize", storage=ReportStorage())
     trials = []
     for r in rows:
         params = {k: _choice(v) for k, v in (r.params or {}).items() if k in dists}

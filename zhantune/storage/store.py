@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, delete, exists, func, inspect, select, text, update
+from sqlalchemy import create_engine, delete, exists, func, insert, inspect, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -379,9 +379,12 @@ class Store(Queries):
             return row.id
 
     def add_measurements(self, rows: list[dict[str, Any]]) -> int:
-        """Insert many measurement rows in one transaction; returns how many."""
-        with self.session() as s:
-            s.add_all([m.MeasurementRow(**fields) for fields in rows])
+        """Insert many measurement rows in one transaction (an ORM bulk insert: the columns' Python
+        defaults apply, no row objects are built; an import's 17,956 rows took 6 s as objects); returns
+        how many."""
+        if rows:
+            with self.session() as s:
+                s.execute(insert(m.MeasurementRow), rows)
         return len(rows)
 
     # -- verdicts ---------------------------------------------------------------------------
