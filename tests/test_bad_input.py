@@ -135,6 +135,13 @@ def _broken_source(statement: str, knob: dict | None = None):
     return setup
 
 
+def _two_isas(tmp: Path) -> str:
+    """Sources good.db and bad.db whose CPU 'cpu0' (one model name) was an AVX2 and an AVX-512 machine."""
+    _broken_source("""update zt_device set properties = '{"isa": "AVX2"}'""")(tmp)
+    _sql(tmp / "good.db", """update zt_device set properties = '{"isa": "AVX512"}'""")
+    return "bad.db"
+
+
 def _empty_first_source(tmp: Path) -> str:
     """Sources: an empty SQLite file (no tables), then bad.db (a device kind no run writes)."""
     _broken_source("update zt_device set kind = 'CPU'")(tmp)
@@ -159,6 +166,23 @@ def _other_problems_study(tmp: Path) -> str:
     """The existing database with a study named 'other' that measured mm 8x8x8."""
     _one_row_db(tmp / "zhantune.db", "other", 8, {"max_autotune_gemm_backends": "ATEN"}, None, trial_number=0)
     return "other"
+
+
+def _two_kinds_db(tmp: Path) -> str:
+    """A database with one mm 64^3 measured on a CPU (a C++ config patch) and on a GPU (a Triton entry)."""
+    store = Store(f"sqlite:///{tmp / 'two.db'}")
+    key = "((torch.float32, [64, 64], [64, 1]), (torch.float32, [64, 64], [64, 1]))+mm"
+    triton = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 2}
+    for dev, kind, template_id, params in (("cpu0", "cpu", None, {"max_autotune_gemm_backends": "CPP"}),
+                                           ("NVIDIA H100", "cuda", "triton::mm", triton)):
+        prob = store.problem_id("mm[M=64,N=64,K=64]:float32", op="mm", shape={"M": 64, "N": 64, "K": 64, "B": 1},
+                                dtype="float32", activation=None, weight_layout="kn", lookup_op="mm", lookup_key=key,
+                                flops=2 * 64 ** 3)
+        store.add_measurement(study_id=store.study_id("s", {}), device_id=store.device_id(dev, dev, kind, {}),
+                              problem_id=prob, kind="candidate", status="ok", template_id=template_id, params=params,
+                              median_us=1.0, torch_version="2.13.0", lookup_key=f"{dev}+{key}" if template_id else None)
+    store.engine.dispose()
+    return "two.db"
 
 
 def _file(tmp: Path) -> str:
@@ -272,6 +296,14 @@ CASES = [
      "sources[1]=sqlite:///bad.db: device 1: properties '\"x\"' is not a JSON object; nothing was merged", None),
     # an edited database in the readers: JSONDecodeError, ValueError or 'no such table' tracebacks, a tune's after
     # its study was marked running
+    # an attack's findings: a table its own loader refused was written (exit 0, the old file replaced), and an
+    # Inductor-format table of CPU and GPU keys that no load of either kind could read
+    ("export-torch-version-not-a-version", "zhantune.export", ['torch_version="2.13.0+cpu x"'], None,
+     "torch_version='2.13.0+cpu x': expected a torch release such as '2.13.0+cpu'", None),
+    ("export-inductor-format-two-kinds", "zhantune.export",
+     ["path=e.json", "format=inductor", "min_speedup=null", "storage.url=sqlite:///{x}"], _two_kinds_db,
+     "format=inductor: the table holds keys of 1 cpu and 1 cuda device(s), and Inductor's format names no key's kind",
+     None),
     ("export-edited-params", "zhantune.export", ["path=e.json", "storage.url=sqlite:///{x}"],
      _broken_source("update zt_measurement set params = '[1,2]'"),
      "storage.url=sqlite:///bad.db: measurement 1: params '[1,2]' is not a JSON object; no zhantune run writes it", None),
@@ -304,6 +336,16 @@ CASES = [
      _bad_optuna_source, "sources[1]=sqlite:///bad.db: Optuna's tables: a stored value does not decode", None),
     ("merge-empty-source", "zhantune.db", ["merge", "sources=[sqlite:///{x},sqlite:///bad.db]"], _empty_first_source,
      "sources[0]=sqlite:///empty.db: holds no zhantune tables, nothing to merge", None),
+    # an attack's findings: a row's lookup key edited to another GEMM's shipped its config and claim under
+    # that key; one CPU model name's AVX2 and AVX-512 machines were joined (the other's claim hit here)
+    ("merge-measurement-key-of-another-gemm", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
+     _broken_source("update zt_measurement set lookup_key = 'cpu0+((torch.float32, [4096, 4096], [4096, 1]), "
+                    "(torch.float32, [4096, 4096], [4096, 1]))+mm'"),
+     "sources[1]=sqlite:///bad.db: measurement 1: lookup_key \"cpu0+((torch.float32, [4096, 4096], [4096, 1]), "
+     "(torch.float32, [4096, 4096], [4096, 1]))+mm\" is not a lookup of its problem's GEMM", None),
+    ("merge-one-cpu-name-two-isas", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"], _two_isas,
+     "sources[1]: device \"cpu0\" is a CPU with vector ISA 'AVX2' there and 'AVX512' in sources[0] (one model name, "
+     "two kinds of machine): nothing was merged", None),
     ("merge-device-kind", "zhantune.db", ["merge", "sources=[sqlite:///good.db,sqlite:///{x}]"],
      _broken_source("update zt_device set kind = 'CPU'"),
      'sources[1]=sqlite:///bad.db: device 1: kind "CPU" is not cpu or cuda', None),
@@ -893,6 +935,14 @@ TEMPLATE_ROWS = [  # (entry, allowed)
     ({"template_id": "triton::mm", "EVEN_K": True}, False),  # would describe Inductor's first config's BLOCK_K
     ({"template_id": "triton::mm", "BLOCK_K": 16, "EVEN_K": True}, True),
 ]
+#: entries of allowed kwargs whose tiles or warps no kernel holds (knobs.triton_resources_problem, checked at load)
+RESOURCE_ROWS = [
+    ({"template_id": "triton::mm_persistent_tma", "num_warps": 2}, False),  # Inductor's TMA configs leave 2 out
+    ({"template_id": "triton::mm_persistent_tma", "num_warps": 4}, True),
+    ({"template_id": "triton::mm", "num_warps": 2}, True),
+    ({"template_id": "triton::mm", "num_warps": 16}, False),
+    ({"template_id": "triton::mm", "BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 16, "num_warps": 4}, False),
+]
 
 
 @pytest.mark.parametrize("entry,allowed", TEMPLATE_ROWS)
@@ -900,6 +950,13 @@ def test_template_kwarg_allow_list(entry, allowed):
     from zhantune.inductor.knobs import template_entry_problem
 
     assert (template_entry_problem(entry) is None) is allowed
+
+
+@pytest.mark.parametrize("entry,allowed", RESOURCE_ROWS)
+def test_triton_resources_at_load(entry, allowed):
+    from zhantune.inductor.knobs import triton_resources_problem
+
+    assert (triton_resources_problem(entry) is None) is allowed
 
 
 def test_a_table_the_reader_would_refuse_is_never_written(tmp_path):
@@ -946,7 +1003,7 @@ def test_use_table_of_a_bad_table_file_object_changes_no_inductor_config():
 
     before, report_before = inductor_config.save_config_portable(), table_report()
     bad = TableFile({KEY: [{"template_id": "aten::mm"}]}, {"format": FORMAT, "format_version": 1, "torch": 2})
-    with pytest.raises(TableError, match="torch: expected a string or null"):
+    with pytest.raises(TableError, match="torch: expected a string, got int"):
         use_table(bad)
     assert inductor_config.save_config_portable() == before and table_report() is report_before
 
@@ -1230,8 +1287,13 @@ def test_a_table_entry_that_cannot_be_right_for_its_keys_sizes_is_refused(tmp_pa
     with pytest.raises(TableError, match=r"\[0\]\.num_warps: num_warps=16 is more than a table entry may have"):
         read_table({k48: [{"template_id": "triton::mm", "num_warps": 16}]}, "cuda")  # blocks left out (a review)
 
-    wrapped = {"format": "zhantune-lookup-table", "format_version": 1, "table": {KEY: [{"template_id": "aten::mm"}]}}
+    wrapped = {"format": "zhantune-lookup-table", "format_version": 1, "torch": "2.13.0",
+               "table": {KEY: [{"template_id": "aten::mm"}]}}
     assert read_table(wrapped).table
+    # a wrapper without its torch release passed as this release's (its entries never stale): an attack's finding
+    for torch_field in ({}, {"torch": None}):
+        with pytest.raises(TableError, match=r"^<dict>: torch: missing or null; a table file names the torch release"):
+            read_table({**{k: v for k, v in wrapped.items() if k != "torch"}, **torch_field})
     for extra, match in (({"evil": {"_target_": "os.system"}}, r'"evil": not a field of a table file'),
                          ({"devices": [{"key": "cpu", "extra": 1}]}, r'devices\[0\]\."extra": not a field of a device'),
                          ({"devices": [{"key": "cpu", "name": ["x"]}]}, r"devices\[0\]\.name: expected one line"),

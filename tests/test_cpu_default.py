@@ -472,6 +472,41 @@ def test_a_cpp_entry_under_a_dynamic_m_is_stale_not_a_hit():
         torch.testing.assert_close(out, lin(x))
 
 
+def test_a_table_whose_cpu_had_another_vector_isa_is_stale_and_the_export_says_which(tmp_path):
+    """An attack's finding: a CPU's key is its model name and thread count, and this VM's name ("AMD
+    EPYC") covers AVX2 and AVX-512 machines; an AVX-512 machine's C++-template claim hit here. The
+    export records each CPU's ISA in the wrapper's devices, and use_table reports a key whose CPU had
+    another ISA stale (the default compiles); under this CPU's own ISA the entry hits."""
+    from zhantune.inductor.cpu_entries import OTHER_ISA
+    from zhantune.inductor.exporter import table_metadata
+    from zhantune.inductor.table import FORMAT
+    from zhantune.storage import Store
+
+    torch.manual_seed(0)
+    model, x = _linear(48, 64), torch.randn(16, 64, dtype=torch.bfloat16)
+    with recording() as rec:
+        _compile(model, x)
+    (event,) = [e for e in rec.events if e.offered]
+    mine = torch.backends.cpu.get_cpu_capability()
+    device = event.device_key.partition("+((")[0]
+    for isa, hit in ((mine, True), (f"NOT_{mine}", False)):
+        table = {"format": FORMAT, "format_version": 1, "torch": str(torch.__version__),
+                 "devices": [{"key": device, "name": device, "kind": "cpu", "isa": isa}],
+                 "table": {event.device_key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}}
+        with use_table(table) as installed:
+            _, seen = _counted(_compile, model, x)
+        assert (seen["cpp_template"] > 0) is hit and bool(installed.report.hits) is hit, installed.report
+        if not hit:
+            assert installed.report.stale == {event.device_key: OTHER_ISA.format(theirs=isa, mine=mine)}
+    store = Store(f"sqlite:///{tmp_path / 'z.db'}")  # the export's wrapper names the tuned CPU's ISA (its stored properties)
+    dev = store.device_id(device, device, "cpu", {"isa": mine})
+    prob = store.problem_id("p", op="mm", shape={"M": 4, "N": 4, "K": 4, "B": 1}, dtype="float32", activation=None,
+                            lookup_op="mm", flops=128)
+    store.add_measurement(study_id=store.study_id("s", {}), device_id=dev, problem_id=prob, kind="candidate",
+                          status="ok", template_id=None, params={}, median_us=1.0, torch_version="2.13.0")
+    assert table_metadata(store, {}, {}, "s")["devices"] == [{"key": device, "name": device, "kind": "cpu", "isa": mine}]
+
+
 def test_a_cpu_key_names_the_thread_count_and_a_model_only_key_is_stale():
     """A CPU's device key is its model and its thread count (zhantune.device.cpu_device_key):
     Inductor's C++ kernels are compiled for that count, and timings with another count are another

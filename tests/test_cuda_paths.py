@@ -374,13 +374,15 @@ def test_an_aten_template_winner_is_recognised_as_the_defaults_own_kernel(op, in
     assert _is_default_kernel(orm.MeasurementRow(template_id=None, params={"cuda.matmul.allow_tf32": False}))
     assert not _is_default_kernel(orm.MeasurementRow(template_id=None, params={"cuda.matmul.allow_tf32": True}))
     # CPU: ATen alone is the default compile whatever C++-template knobs ride along (a custom space's
-    # {ATEN, k_slices=2} got paired rounds against itself); CPP in the list, or a fusion limit, is not
+    # {ATEN, k_slices=2} got paired rounds against itself), and so is no backend list at all (an attack:
+    # {} and {k_slices=2} compile ATen under use_table and were paired against it); CPP in the list, or a
+    # fusion limit, is not
     for params, default in (({"max_autotune_gemm_backends": "ATEN"}, True),
                             ({"max_autotune_gemm_backends": "aten", "cpp.gemm_max_k_slices": 2}, True),
                             ({"max_autotune_gemm_backends": "ATEN, aten"}, True),  # a review's: was settled as a speedup
                             ({"max_autotune_gemm_backends": "ATEN,CPP"}, False),
                             ({"max_autotune_gemm_backends": "ATEN", "epilogue_fusion": False}, False),
-                            ({}, False)):
+                            ({}, True), ({"cpp.gemm_max_k_slices": 2}, True), ({"epilogue_fusion": False}, False)):
         assert _is_default_kernel(orm.MeasurementRow(template_id=None, params=params)) is default, params
 
 
@@ -944,6 +946,66 @@ def test_an_exported_table_under_stock_inductors_handler_and_under_use_table(tmp
     assert notes[2].startswith("2 mm/addmm key(s) with a template entry: stock Inductor reads them only under max-autotune")
 
 
+def test_stock_inductor_compiles_a_float32_entry_as_tf32_where_the_process_allows_it_and_the_export_says_so():
+    """A review's finding: Inductor's key holds no precision. Stock Inductor reads ALLOW_TF32 from
+    torch.backends.cuda.matmul.fp32_precision when it lowers, so a float32 key's Triton entry (measured
+    without TF32) compiles as a TF32 kernel no measurement covered in a process with TF32 on; the
+    export's notes for format=inductor say so (README said such keys "compile exactly their entry").
+    use_table compiles Inductor's default there instead (stale)."""
+    from torch._inductor.lookup_table import LookupTableChoices
+    from torch._inductor.virtualized import V
+
+    from zhantune.inductor.runtime import use_table
+    from zhantune.inductor.stock import stock_inductor_notes
+
+    dev = "NVIDIA H100 80GB HBM3"
+    key = f"{dev}+((torch.float32, [256, 512], [512, 1]), (torch.float32, [512, 512], [512, 1]))+mm"
+    table = {key: [{"template_id": "triton::mm", **TRITON_PARAMS}]}
+    before = torch.backends.cuda.matmul.fp32_precision
+    try:
+        with fake_cuda():
+            for precision in ("ieee", "tf32"):
+                torch.backends.cuda.matmul.fp32_precision = precision
+                with inductor_config.patch({"max_autotune_gemm": True, "lookup_table.table": table}), \
+                        V.set_choices_handler(LookupTableChoices()):
+                    stock = lower("mm", [(256, 512), (512, 512)], torch.float32)
+                assert stock.uids == ["triton::mm"], stock.uids
+                assert stock.choices[0].extra_kwargs.get("ALLOW_TF32") is (precision == "tf32")
+                with use_table(table, device="cuda") as installed:
+                    mine = lower("mm", [(256, 512), (512, 512)], torch.float32)
+                assert bool(installed.report.stale) is (precision == "tf32"), installed.report
+                assert (mine.uids == ["triton::mm"]) is (precision == "ieee"), mine.uids
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+    tf32 = [note for note in stock_inductor_notes(table) if "TF32" in note]
+    assert len(tf32) == 1 and tf32[0].startswith("1 float32 key(s) with a template entry"), tf32
+    assert "fp32_precision 'tf32'" in tf32[0]
+    bf16 = {key.replace("float32", "bfloat16"): table[key], key.replace("triton", "x"): [{"template_id": "aten::mm"}]}
+    assert not [note for note in stock_inductor_notes(bf16) if "TF32" in note]  # no template entry in float32
+
+
+@pytest.mark.parametrize("name", ["H100", "MI300X"])
+def test_a_cuda_devices_key_is_inductors_own_device_key_and_its_name_the_devices_name(name):
+    """A review's finding: nothing tested the device key a tune on a GPU stores (and its table's keys
+    start with). It must be what Inductor's lookup computes, props.gcnArchName (on ROCm an arch
+    string, not the name; NVIDIA's equals the name), and the device's name is props.name."""
+    from torch._inductor.lookup_table import LookupTableChoices
+
+    from zhantune.device import resolve_device
+    from zhantune.inductor.simulate import PROFILES
+
+    props = PROFILES[name].properties()
+    LookupTableChoices._get_device_key.cache_clear()
+    try:
+        with fake_cuda(props):
+            info = resolve_device("cuda")
+            inductors = LookupTableChoices._get_device_key(torch.device("cuda", 0))
+    finally:
+        LookupTableChoices._get_device_key.cache_clear()
+    assert info.kind == "cuda" and info.key == inductors == props.gcnArchName and info.name == props.name
+    assert (info.key != info.name) is (name == "MI300X")
+
+
 def test_stock_inductor_fails_a_bmm_triton_entry_without_max_autotune_and_the_export_says_so():
     """Stock Inductor reads bmm keys without max-autotune too (tuned_bmm offers its template
     regardless); a triton::bmm entry then has no heuristic config to merge over and is dropped, and
@@ -1436,8 +1498,8 @@ def test_the_default_min_speedup_keeps_a_claim_noise_offsets_reach_out_of_the_ta
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
     from zhantune.config import ExportConfig
-    from zhantune.inductor.builder import export_table
     from zhantune.inductor.choices import LookupEvent
+    from zhantune.inductor.exporter import export_table
     from zhantune.report.problems import claim_cell
     from zhantune.report.summary import _print_winner
 
@@ -1496,8 +1558,8 @@ def test_the_summary_says_what_the_table_ships(tmp_path):
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
     from zhantune.config import ExportConfig
-    from zhantune.inductor.builder import export_table
     from zhantune.inductor.choices import LookupEvent
+    from zhantune.inductor.exporter import export_table
     from zhantune.problems import GemmProblem
     from zhantune.report.problems import claim_cell
     from zhantune.report.summary import _print_winner

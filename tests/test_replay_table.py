@@ -113,7 +113,8 @@ def test_replay_table_errors(cli, tmp_path):
     assert "Traceback" not in r.stderr
     # its only keys are another kind's device's: they are there, and left out for this kind
     (tmp_path / "gpu.json").write_text(json.dumps({
-        "format": "zhantune-lookup-table", "format_version": 1, "devices": [{"key": "NVIDIA H100", "kind": "cuda"}],
+        "format": "zhantune-lookup-table", "format_version": 1, "torch": "2.13.0",
+        "devices": [{"key": "NVIDIA H100", "kind": "cuda"}],
         "table": {"NVIDIA H100+((torch.float32, [8, 8], [8, 1]),)+mm": [{"template_id": "aten::mm"}]}}))
     r = cli([f"table={tmp_path}/gpu.json", f"storage.url={url}", "device=cpu"], tmp_path, module="zhantune.replay")
     assert r.returncode == 2 and ("gpu.json: holds no lookup keys for a cpu device (its 1 key(s) are of cuda devices: "

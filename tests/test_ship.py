@@ -161,7 +161,8 @@ KEY = "((torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 8], [8, 1]))+mm"
 
 
 @pytest.mark.parametrize("content, message", [  # every malformed table: tests/test_units.py
-    (json.dumps({"format": FORMAT, "format_version": 1, "table": {KEY: [{"template_id": "triton::mm", "BLOCK_M": [64]}]}}),
+    (json.dumps({"format": FORMAT, "format_version": 1, "torch": "2.13.0",
+                 "table": {KEY: [{"template_id": "triton::mm", "BLOCK_M": [64]}]}}),
      f'table[{json.dumps(KEY)}][0].BLOCK_M: BLOCK_M=[64] is not allowed; expected one of 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096'),
 ])
 def test_malformed_table_is_one_line_exit_2_naming_file_and_key_path(cli, tmp_path, content, message):

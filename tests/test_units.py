@@ -109,9 +109,10 @@ def test_table_round_trip_and_malformed(tmp_path):
                            "format_version: this zhantune reads version 1, got 2"),
                           (json.dumps({"format": FORMAT, "format_version": 1.0, "table": {}}),
                            "format_version: this zhantune reads version 1, got 1.0"),
-                          (json.dumps({"format": FORMAT, "format_version": 1, "table": {"mm[64,64,64]": []}}),
+                          (json.dumps({"format": FORMAT, "format_version": 1, "torch": "2.13.0",
+                                       "table": {"mm[64,64,64]": []}}),
                            'table["mm[64,64,64]"]: not an Inductor lookup key'),
-                          (json.dumps({"format": FORMAT, "format_version": 1,
+                          (json.dumps({"format": FORMAT, "format_version": 1, "torch": "2.13.0",
                                        "table": {agnostic: [{"template_id": "triton::mm", "BLOCK_M": [64]}]}}),
                            f"table[{json.dumps(agnostic)}][0].BLOCK_M: BLOCK_M=[64] is not allowed"),
                           # a tl.arange extent: 48 passed the allow-list and failed the user's compile
@@ -122,6 +123,20 @@ def test_table_round_trip_and_malformed(tmp_path):
             load_table(tmp_path / "bad.json")
         assert "bad.json" in str(e.value)
     assert json.loads(path.read_text()) == table
+
+
+def test_a_wrapper_the_reader_would_refuse_is_not_written(tmp_path):
+    """An attack's finding: the export wrote (exit 0, replacing the old file) a wrapper its own reader
+    refused, e.g. a source URL over 1,024 characters: write_table checked the table, not its wrapper."""
+    key = "((torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 8], [8, 1]))+mm"
+    table, meta = {key: [{"template_id": "aten::mm"}]}, {"format": FORMAT, "format_version": 1, "torch": torch.__version__}
+    path = write_table(tmp_path / "t.json", table, meta)
+    before = path.read_bytes()
+    for bad, match in (({"source": "sqlite:///" + "./" * 600 + "a.db"}, "source: expected one line of printable text"),
+                       ({"torch": "2.13.0+cpu x"}, "torch: expected a version such as"), ({"torch": None}, "torch: missing")):
+        with pytest.raises(TableError, match=r"t\.json \(not written\): " + match):
+            write_table(path, table, {**meta, **bad})
+    assert path.read_bytes() == before and load_table(path) == table
 
 
 def test_a_table_of_cpu_and_gpu_devices_loads_on_each_kind(tmp_path):
@@ -135,7 +150,7 @@ def test_a_table_of_cpu_and_gpu_devices_loads_on_each_kind(tmp_path):
     cpu_key, gpu_key = f"Intel Xeon+{inputs}", f"NVIDIA H100+{inputs}"
     cpp = {"template_id": "zhantune::config", "config_patch": {"max_autotune_gemm_backends": "CPP"}}
     table = {cpu_key: [cpp], gpu_key: [{"template_id": "triton::mm", "BLOCK_M": 64}]}
-    meta = {"format": FORMAT, "format_version": 1,
+    meta = {"format": FORMAT, "format_version": 1, "torch": torch.__version__,
             "devices": [{"key": "Intel Xeon", "kind": "cpu"}, {"key": "NVIDIA H100", "kind": "cuda"}]}
     path = write_table(tmp_path / "mixed.json", table, meta)
     on_cuda, on_cpu, anywhere = read_table(path, "cuda"), read_table(path, "cpu"), read_table(path)
@@ -192,7 +207,7 @@ def test_a_cpu_model_at_two_thread_counts_is_two_devices_of_one_name(tmp_path):
     """device= (export) and devices= (compare) take a device's key or its name; one CPU model at
     two thread counts gives two devices of one name, and the name then picked one of them silently."""
     from zhantune.errors import ConfigError
-    from zhantune.inductor.builder import resolve_device_key
+    from zhantune.inductor.exporter import resolve_device_key
     from zhantune.report.regret import CompareError, _pick_devices
 
     store = Store(f"sqlite:///{tmp_path}/z.db")

@@ -111,7 +111,8 @@ def _write_outputs(cfg: DictConfig, console: Any, store: Any, cmp: Any, study: A
         console.print(escape(f"html: {out}") + (f" (history and importances of study {escape(repr(study.study_name))})" if study else
                                          " (study=NAME adds a study's optimisation history)"), soft_wrap=True)
     if portable is not None:  # stamped with this torch, as export's: its claims were confirmed with it
-        from zhantune.inductor.builder import NO_CLAIM_NOTE, table_metadata
+        from zhantune.inductor.builder import NO_CLAIM_NOTE
+        from zhantune.inductor.exporter import table_metadata
         from zhantune.inductor.table import write_table
         from zhantune.storage.engine import redact_url
 

@@ -3,7 +3,7 @@
 Options (conf/export.yaml, also ``export.*`` of the tune app): ``top_k``, ``min_speedup``,
 ``device_agnostic``, ``device``, ``torch_version``, ``format`` (zhantune: wrapped with provenance;
 inductor: the bare dict), ``problems`` (a problems file: only its problems). Built by
-:func:`zhantune.inductor.builder.export_table`; table format: :mod:`zhantune.inductor.table`.
+:func:`zhantune.inductor.exporter.export_table`; table format: :mod:`zhantune.inductor.table`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ register()
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def _export_app(cfg: DictConfig) -> None:
     mark_task_started(cfg)
-    from zhantune.inductor.builder import check_export_options, export_table, resolve_device_key
+    from zhantune.inductor.exporter import check_export_options, export_table, resolve_device_key
     from zhantune.redact import hide_password
     from zhantune.storage import Store, sqlite_path
     from zhantune.storage.engine import redact_url

@@ -201,7 +201,7 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
             out.interrupted = True
             return out
     if cfg.export.enabled:
-        from zhantune.inductor.builder import export_table
+        from zhantune.inductor.exporter import export_table
 
         # the file's problems only: the model's table, whatever else this database holds
         by_key = store.problems_by_key()

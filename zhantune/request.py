@@ -143,7 +143,7 @@ def _check_export_path_is_not_the_database(cfg: Any) -> None:
 
 def check_search(cfg: Any) -> None:
     """The search, benchmark and export options of a tune (ranges, the table's output path)."""
-    from zhantune.inductor.builder import check_export_options
+    from zhantune.inductor.exporter import check_export_options
 
     check_export_options(cfg.export, "export.", {"problems": cfg.get("problems"),
                                                  "bench.path": cfg.bench.get("path")})

@@ -23,7 +23,8 @@ from zhantune.bench.protocol import Benchmarker
 from zhantune.bench.settle import rebuild_candidate, settle_close_call, settle_speedup
 from zhantune.candidate import Candidate
 from zhantune.errors import ConfigError
-from zhantune.inductor.builder import export_table, not_carried_reason
+from zhantune.inductor.builder import not_carried_reason
+from zhantune.inductor.exporter import export_table
 from zhantune.inductor.settings import scratch_cache_dir
 from zhantune.provenance import software_versions, worker_name
 from zhantune.redact import stored_config

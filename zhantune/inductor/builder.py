@@ -1,5 +1,5 @@
-"""Lookup tables from measurements, and back: build a store's table, export it with its options,
-and a table's entries as candidates to measure again (the portable table of a comparison:
+"""Lookup tables from measurements, and back: build a store's table (zhantune.inductor.exporter
+writes it with its options), and a table's entries as candidates to measure again (the portable table of a comparison:
 zhantune.inductor.portable).
 
 The table format itself (keys, entries, files) is zhantune.inductor.table's.
@@ -7,10 +7,7 @@ The table format itself (keys, entries, files) is zhantune.inductor.table's.
 
 from __future__ import annotations
 
-import datetime as dt
-import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zhantune.bench.decision import claim_holds, decision_us
@@ -18,9 +15,6 @@ from zhantune.errors import SHOWN_KEY, ConfigError, TableError, shown, two_kinds
 from zhantune.inductor.knobs import BACKEND_FLAGS
 from zhantune.inductor.table import (
     CONFIG_TEMPLATE_ID,
-    FORMAT,
-    FORMAT_VERSION,
-    MAX_ENTRIES,
     agnostic_key,
     carried,
     default_entry,
@@ -29,7 +23,6 @@ from zhantune.inductor.table import (
     not_carried,
     parse_key,
     table_key,
-    write_table,
 )
 from zhantune.inductor.templates import is_default_kernel
 
@@ -37,77 +30,7 @@ if TYPE_CHECKING:
     from zhantune.candidate import Candidate
     from zhantune.storage import Store
 
-__all__ = ["FORMATS", "build_table", "export_table", "check_export_options", "resolve_device_key",
-           "table_metadata", "not_carried_reason", "table_candidates", "claim_clears", "Shipped"]
-
-#: ``export.format`` values: zhantune wraps the table with its provenance, inductor writes the bare dict
-FORMATS = ("zhantune", "inductor")
-
-
-def check_export_options(opts: Any, prefix: str = "", inputs: dict[str, Any] | None = None) -> None:
-    """Raise ConfigError naming the option (``export.top_k=0``) when a value is out of range, or when
-    the path is one of the command's ``inputs`` (option -> file: a problems file it reads).
-    ``opts``: an ExportConfig (zhantune.config) or the export app's config."""
-    from zhantune.paths import check_output_path
-
-    if opts.format not in FORMATS:
-        raise ConfigError(f"{prefix}format={opts.format!r}; allowed: {', '.join(FORMATS)}")
-    if not 1 <= opts.top_k <= MAX_ENTRIES:
-        raise ConfigError(f"{prefix}top_k={opts.top_k} must be 1 to {MAX_ENTRIES} (entries per key)")
-    if opts.min_speedup is not None and not 1.0 <= opts.min_speedup < math.inf:
-        raise ConfigError(f"{prefix}min_speedup={opts.min_speedup} must be a number of at least 1.0 "
-                          "(1.0: the tuned entry unless it is slower than the default; null: always the tuned entry)")
-    if getattr(opts, "enabled", True) and opts.path:
-        check_output_path(opts.path, f"{prefix}path", inputs)
-
-
-def export_table(store: Store, opts: Any, device_key: str | None = None, shared: list[str] | None = None,
-                 problem_ids: set[int] | None = None, shipped: dict | None = None,
-                 option: str = "export.path") -> tuple[Path | None, dict]:
-    """Build the table with ``opts`` (an ExportConfig: top_k, min_speedup, device_agnostic,
-    torch_version, format, path) and write it to ``opts.path`` (named ``option`` in errors: a full
-    disk); returns (path, table). An empty table is not written (path None), so an existing file is
-    never replaced by it. ``shared``, ``problem_ids``, ``shipped``: as :func:`build_table`'s."""
-    from zhantune.storage import redact_url
-
-    table = build_table(store, device_key=device_key, device_agnostic=opts.device_agnostic, top_k=opts.top_k,
-                        min_speedup=opts.min_speedup, torch_version=opts.torch_version, shared=shared,
-                        problem_ids=problem_ids, shipped=shipped)
-    meta = None
-    if opts.format == "zhantune":
-        options = {"top_k": opts.top_k, "min_speedup": opts.min_speedup, "device_agnostic": opts.device_agnostic,
-                   "device": device_key, "torch_version": opts.torch_version}
-        meta = table_metadata(store, table, options, redact_url(store.url))
-    if not table:
-        return None, table
-    return write_table(opts.path, table, meta, option), table
-
-
-def resolve_device_key(store: Store, spec: Any, option: str = "device") -> str | None:
-    """The key of the database device that ``device=`` names: its key or name, its number in the
-    list of the database's devices (sorted by key, from 0), or its kind (``cpu``, ``cuda``) when
-    exactly one device has it. None for None. Raises ConfigError listing the devices otherwise."""
-    if spec is None:
-        return None
-    want = str(spec).strip()
-    devices = store.devices()
-    named = [d for d in devices if d.key == want] or [d for d in devices if d.name == want] or (
-        [d for d in devices if d.kind == want.lower()] if not want.isdigit() else [])
-    if len(named) == 1:
-        return named[0].key
-    from zhantune.storage.engine import redact_url
-
-    if named:  # one CPU model at several thread counts: one name (or kind), several devices
-        raise ConfigError(f"{option}={want!r} names {len(named)} devices in {redact_url(store.url)}: "
-                          + "; ".join(f"{devices.index(d)}: {d.key!r}" for d in named)
-                          + f". Give the number ({option}={devices.index(named[0])}), or the key in quotes inside the "
-                          f"shell's: '{option}=\"KEY\"'")
-    if want.isdigit() and int(want) < len(devices):
-        return devices[int(want)].key
-    listed = "; ".join(f"{i}: {d.key!r} ({d.kind})" for i, d in enumerate(devices)) or "none"
-    raise ConfigError(f"{option}={want!r}: no such device in {redact_url(store.url)}; it has {listed}. Give the number "
-                      f"({option}=0), or the key in quotes inside the shell's: '{option}=\"KEY\"'")
-
+__all__ = ["build_table", "not_carried_reason", "table_candidates", "claim_clears", "table_torch", "Shipped"]
 
 def not_carried_reason(row: Any, device_kind: str) -> str | None:
     """Why a lookup table cannot carry this measured config (a measurement row, or None) on
@@ -345,7 +268,7 @@ def _default_for_clashes(table: dict[str, list[dict[str, Any]]], owners: dict[st
 
 def table_torch(torch_version: str | None) -> str:
     """The torch a table is built for: ``torch_version`` where given, else this process's (what
-    :func:`table_metadata` stamps, and what a speedup claim must have been confirmed with)."""
+    zhantune.inductor.exporter.table_metadata stamps, and what a speedup claim must have been confirmed with)."""
     from zhantune.provenance import software_versions
 
     return torch_version or software_versions()["torch"]
@@ -375,23 +298,3 @@ def claim_clears(verdict: Any, min_speedup: float) -> bool:
     """A verdict settled in paired rounds whose claim holds under the rule in use
     (zhantune.bench.decision.claim_holds), with a ratio of at least ``min_speedup``."""
     return claim_holds(verdict) and verdict.ratio >= min_speedup
-
-
-def table_metadata(store: Store, table: dict[str, list[dict[str, Any]]], options: dict[str, Any],
-                   source: str) -> dict[str, Any]:
-    """The wrapper fields for a table built from ``store``: format, this zhantune's version and this
-    process's torch and triton (zhantune.provenance; ``options["torch_version"]`` where given), the
-    creation time (UTC), ``source`` (the database URL without its password), the devices it holds
-    configs of, and the export ``options``."""
-    import zhantune
-    from zhantune.provenance import software_versions
-
-    versions = software_versions()
-    wanted = options.get("devices")  # compare's devices= (keys or names); None: every device
-    devices = [{"key": d.key, "name": d.name, "kind": d.kind} for d in store.devices_with_candidates(options.get("device"))
-               if not wanted or d.key in wanted or d.name in wanted]
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "zhantune": zhantune.__version__,
-            "torch": table_torch(options.get("torch_version")), "triton": versions["triton"],
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "source": source, "devices": devices,
-            "options": options}

@@ -12,7 +12,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, not_carried
 
-__all__ = ["NOT_FROZEN", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
+__all__ = ["NOT_FROZEN", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "OTHER_ISA", "other_isa", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
            "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp", "TRANSPOSED_INPUT",
            "CPP_NOT_OFFERED", "UNHOOKED_LOWERING", "strided_input", "cpp_unoffered", "CPP_KNOB_DEFAULTS", "cpp_knobs", "cpp_entry_stale"]
 
@@ -60,6 +60,20 @@ GPU_ENTRY_ON_CPU = ("{tid} is not a CPU choice (a GPU template, or none Inductor
 LEGACY_CPU_KEY = ("keyed by the CPU model alone (a table made before zhantune keyed a CPU by its thread count too): "
                   "measured with an unknown number of threads, so not used on this CPU ({key}); upgrade the database "
                   "(python -m zhantune.db upgrade) and export the table again, or tune again here")
+
+#: why a CPU entry compiled Inductor's default where the table's wrapper gives its device another ISA
+OTHER_ISA = ("measured on a CPU of this name whose vector ISA is {theirs}; this one's is {mine} (one model name, two "
+             "kinds of machine: their C++ kernels and timings differ): Inductor's default compiled; tune here")
+
+
+def other_isa(theirs: str | None) -> str | None:
+    """OTHER_ISA filled in when a table says its CPU's vector ISA (``devices[].isa``, from the tuned
+    device's properties: torch.backends.cpu.get_cpu_capability()) and this CPU's differs, else None."""
+    import torch
+
+    mine = torch.backends.cpu.get_cpu_capability()
+    return OTHER_ISA.format(theirs=theirs, mine=mine) if theirs and theirs != mine else None
+
 
 #: why a float32 CPU entry compiled Inductor's default in a process with oneDNN's reduced float32
 #: math on (:func:`reduced_float32`)

@@ -264,7 +264,7 @@ MAX_TILE_NUMEL = 1 << 20
 
 def triton_resources_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
     """(key, why) where a ``triton::*`` table entry's tiles or warps are more than a kernel can hold
-    (:data:`MAX_TABLE_WARPS`, :data:`MAX_ACCUMULATORS`, :data:`MAX_TILE_NUMEL`), else None (also where it leaves a kwarg of
+    (:data:`MAX_TABLE_WARPS`, :data:`MAX_ACCUMULATORS`, :data:`MAX_TILE_NUMEL`; 2 warps on a TMA template), else None (also where it leaves a kwarg of
     the bound out: checked when the lookup is made, on the kwargs Inductor merges). Checked at load
     and by the export, which skips such a config (zhantune.inductor.table.entry_problem); never on a
     stored measurement's params (a space of 2026-11-24 measured 256x256 tiles on 4 warps)."""
@@ -272,6 +272,9 @@ def triton_resources_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
     if type(warps) is int and warps > MAX_TABLE_WARPS:
         return "num_warps", (f"num_warps={warps} is more than a table entry may have ({MAX_TABLE_WARPS}: 16 and 32 "
                              "failed ptxas on sm_90 for 16-bit tiles, and took Triton's epilogue past shared memory)")
+    if warps == 2 and "tma" in str(entry.get("template_id", "")):  # a review's finding: an entry bypassed that filter
+        return "num_warps", ("num_warps=2 on a TMA template: Inductor's own configs leave it out as not safe for TMA "
+                             "(torch/_inductor/template_heuristics/triton.py)")
     if not all(type(v) is int and v > 0 for v in (bm, bn, bk, warps)):
         return None  # left out (merged later), or the value checks name it
     threads = warps * 32

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zhantune.inductor.table import CONFIG_TEMPLATE_ID
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID, parse_key
 
 __all__ = ["stock_inductor_notes"]
 
@@ -20,14 +20,22 @@ def stock_inductor_notes(table: dict[str, list[dict[str, Any]]], device_kind: st
     over and is dropped, which leaves the lowering no choice: the compile fails
     (NoValidChoicesError). It offers the persistent TMA template only with
     ``triton.enable_persistent_tma_matmul`` (use_table sets it). An empty list is a miss to it (Inductor's default choices for that
-    lookup); it makes no lookup on CPU. Checked against stock Inductor's own handler in
-    tests/test_cuda_paths.py. ``device_kind`` "cpu" (every key's device is a CPU): that one note."""
+    lookup); it makes no lookup on CPU. Its key holds no precision: a float32 key's template entry
+    compiles as a TF32 kernel in a process with TF32 on (``ALLOW_TF32`` from
+    ``torch.backends.cuda.matmul.fp32_precision`` at lowering, template_heuristics/triton.py), a
+    kernel no measurement covered (use_table compiles the default there). Checked against stock
+    Inductor's own handler in tests/test_cuda_paths.py. ``device_kind`` "cpu" (every key's device
+    is a CPU): that one note."""
     if device_kind == "cpu" and table:
         return [f"{len(table)} CPU key(s): stock Inductor makes no lookup on CPU; they apply through "
                 "zhantune.use_table only"]
-    counts = {"addmm_template": 0, "addmm_default": 0, "config": 0, "bmm_template": 0, "mm_template": 0, "tma": 0}
+    counts = {"addmm_template": 0, "addmm_default": 0, "config": 0, "bmm_template": 0, "mm_template": 0, "tma": 0,
+              "float32": 0}
     for key, entries in table.items():
         ids = [e.get("template_id") for e in entries]
+        parsed = parse_key(key)
+        counts["float32"] += bool(parsed and "torch.float32" in (parsed.get("inputs") or "")
+                                  and any(not str(i).startswith(("aten::", CONFIG_TEMPLATE_ID)) for i in ids))
         if key.endswith(("+mm", "+addmm")) and any(not str(i).startswith(("aten::", CONFIG_TEMPLATE_ID)) for i in ids):
             counts["mm_template"] += 1
         counts["tma"] += "triton::mm_persistent_tma" in ids
@@ -58,4 +66,8 @@ _NOTES = (
             "max-autotune tries Inductor's own Triton configs"),
     ("config", f"CPU key(s) ({CONFIG_TEMPLATE_ID} entries): stock Inductor makes no lookup on CPU; they apply through "
                "zhantune.use_table only"),
+    ("float32", "float32 key(s) with a template entry: they were measured without TF32, and stock Inductor compiles "
+                "them as TF32 kernels, which no measurement covered, in a process with TF32 on "
+                "(torch.backends.cuda.matmul.fp32_precision 'tf32', e.g. after "
+                "torch.set_float32_matmul_precision('high')); zhantune.use_table compiles Inductor's default there"),
 )

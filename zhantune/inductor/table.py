@@ -133,15 +133,18 @@ def table_key(device_key: str, problem_key: str | None, best: Any, device_agnost
 def write_table(path: str | os.PathLike[str], table: dict[str, list[dict[str, Any]]],
                 meta: dict[str, Any] | None = None, option: str = "export.path") -> Path:
     """Write the table as JSON, atomically (zhantune.paths.write_atomic: a reader never sees half a
-    file, a failed write leaves the old one); wrapped in ``meta`` (:func:`table_metadata`) when
+    file, a failed write leaves the old one); wrapped in ``meta`` (zhantune.inductor.exporter.table_metadata) when
     given, else the bare dict Inductor takes. Raises TableError, and writes nothing, when the table
-    is one :func:`read_table` would refuse (a key or value from a database edited elsewhere: a
-    device key with a newline or a terminal escape); ConfigError naming ``option`` when the file
+    or its wrapper is one :func:`read_table` would refuse (a key or value from a database edited
+    elsewhere: a device key with a newline or a terminal escape; a source URL over 1,024
+    characters); ConfigError naming ``option`` when the file
     cannot be written (a full disk)."""
     from zhantune.paths import write_atomic
 
     path = Path(path)
     check_table(table, f"{path} (not written)")
+    if meta is not None:  # what read_table would refuse (a torch_version that is not a version)
+        check_meta(f"{path} (not written)", meta)
     data: dict[str, Any] = table if meta is None else {**meta, "table": table}
     return write_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n", option)
 

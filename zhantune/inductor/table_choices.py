@@ -25,6 +25,7 @@ from zhantune.inductor.cpu_entries import (
     cpp_template_applies,
     cpp_unoffered,
     cpu_entry,
+    other_isa,
     reduced_float32,
     wants_cpp,
 )
@@ -40,7 +41,7 @@ from zhantune.inductor.cuda_entries import (
 from zhantune.inductor.heuristics import TF32_ON, even_k, half_math_changed, tf32_float32
 from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
-from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried
+from zhantune.inductor.table import CONFIG_TEMPLATE_ID, TableFile, not_carried, parse_key
 from zhantune.inductor.table_report import TableReport
 from zhantune.provenance import torch_release
 
@@ -62,6 +63,7 @@ class TableChoices(RecordingChoices):
         self.tf = tf
         self.report = TableReport(tf.source)
         self.version_mismatch: str | None = None
+        self._isa = {d["key"]: d["isa"] for d in tf.meta.get("devices", []) if d.get("isa")}  # a CPU's, by device key
         if tf.torch_version is not None and release(tf.torch_version) != release(torch.__version__):
             self.version_mismatch = (f"table made with torch {tf.torch_version}, this is torch "
                                      f"{torch.__version__}: lookup keys and templates may differ; re-tune")
@@ -100,6 +102,7 @@ class TableChoices(RecordingChoices):
     def _key_stale(self, key: str | None, event: LookupEvent, cuda: bool = False) -> str | None:
         """Why every entry under ``key`` is stale here, or None: the table's torch is another release,
         a GEMM's math differs from the one measured (TF32_ON, HALF_MATH_CHANGED; CPU: REDUCED_FLOAT32),
+        the table gives the key's CPU another vector ISA than this one's (OTHER_ISA),
         or ``key`` is a CPU key of a table made before database revision 0009 (LEGACY_CPU_KEY)."""
         if self.version_mismatch:
             return self.version_mismatch
@@ -108,6 +111,8 @@ class TableChoices(RecordingChoices):
             return why
         if not cuda and self.any_key is None and (precision := reduced_float32(dtypes, bool(event.packed))):
             return REDUCED_FLOAT32.format(precision=precision)
+        if not cuda and key is not None and (why := other_isa(self._isa.get((parse_key(key) or {}).get("device")))):
+            return why
         if key is not None and key == legacy_cpu_key(event.device_key, event.agnostic_key):
             return LEGACY_CPU_KEY.format(key=event.device_key.partition("+((")[0])
         return None

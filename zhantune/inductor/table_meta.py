@@ -10,25 +10,27 @@ from typing import Any
 
 from zhantune.errors import SHOWN_KEY, TableError, shown, shown_json
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "WRAPPER_FIELDS", "MAX_WRAPPER_BYTES", "check_meta", "plain_copy"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "WRAPPER_FIELDS", "MAX_WRAPPER_BYTES", "VERSION", "check_meta", "plain_copy"]
 
 FORMAT = "zhantune-lookup-table"
 FORMAT_VERSION = 1
-#: the fields of a table file (zhantune.inductor.builder.table_metadata writes them all)
+#: the fields of a table file (zhantune.inductor.exporter.table_metadata writes them all)
 WRAPPER_FIELDS = ("format", "format_version", "zhantune", "torch", "triton", "created_at", "source", "devices",
                   "options", "table")
 #: the most the fields besides ``table`` take as JSON: a device is about a hundred bytes, the
 #: export options a few hundred; kept in memory while the table is installed (64 MiB of padding was)
 MAX_WRAPPER_BYTES = 1 << 20
 #: a version string in the wrapper (PEP 440 with a local part: "2.13.0+cpu", "2.13.0a0+git1234abc")
-_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}", re.ASCII)
-_DEVICE_FIELDS = ("key", "name", "kind")
+VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}", re.ASCII)
+_DEVICE_FIELDS = ("key", "name", "kind", "isa")
 
 
 def check_meta(where: str, meta: dict[str, Any]) -> None:
     """Check a wrapped table's fields besides ``table`` (format, versions, devices, options); raises
     TableError naming the field: one this format does not have (WRAPPER_FIELDS), a wrong format or
-    format_version, a version that is not one, a field over MAX_WRAPPER_BYTES in all."""
+    format_version, a version that is not one, no ``torch`` (a wrapped table names the release its
+    entries were measured with: under another one they are stale; without one it would pass as this
+    release's), a field over MAX_WRAPPER_BYTES in all."""
     if meta.get("format") != FORMAT:
         raise TableError(f"{where}: format: expected {FORMAT!r}, got {shown(meta.get('format'))}")
     version = meta.get("format_version")
@@ -44,12 +46,17 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
     if size > MAX_WRAPPER_BYTES:
         raise TableError(f"{where}: the fields besides table take {size:,} bytes as JSON; a table file's take at most "
                          f"{MAX_WRAPPER_BYTES:,} (its devices and export options)")
+    if meta.get("torch") is None:
+        raise TableError(f"{where}: torch: missing or null; a table file names the torch release its entries were "
+                         "measured with (the export writes it; under another release they are stale). Export it "
+                         "again, or give the table object alone (Inductor's format, no release check)")
     for name in ("zhantune", "torch", "triton", "created_at", "source"):
         if name in meta and not isinstance(meta[name], (str, type(None))):
-            raise TableError(f"{where}: {name}: expected a string or null, got {type(meta[name]).__name__}")
+            raise TableError(f"{where}: {name}: expected a string{'' if name == 'torch' else ' or null'}, "
+                             f"got {type(meta[name]).__name__}")
     # printed by check and in stale reasons: a version, never lines or markup of its own
     for name in ("zhantune", "torch", "triton"):
-        if meta.get(name) is not None and not _VERSION.fullmatch(meta[name]):
+        if meta.get(name) is not None and not VERSION.fullmatch(meta[name]):
             raise TableError(f"{where}: {name}: expected a version such as '2.13.0+cpu' (letters, digits, . + _ -), "
                              f"got {json.dumps(meta[name])[:80]}")
     for name in ("created_at", "source"):
@@ -65,7 +72,7 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
         if unknown := sorted(set(d) - set(_DEVICE_FIELDS)):
             raise TableError(f"{where}: devices[{i}].{shown_json(unknown[0])[:80]}: not a field of a device "
                              f"(a device has {', '.join(_DEVICE_FIELDS)})")
-        if bad := next((f for f in ("name", "kind") if d.get(f) is not None and not (
+        if bad := next((f for f in ("name", "kind", "isa") if d.get(f) is not None and not (
                 isinstance(d[f], str) and d[f].isprintable() and len(d[f]) <= SHOWN_KEY)), None):
             raise TableError(f"{where}: devices[{i}].{bad}: expected one line of printable text or null, "
                              f"got {json.dumps(d[bad], default=str)[:80]}")

@@ -15,19 +15,16 @@ what each source would (where two sources' verdicts on one config disagree, the 
 from __future__ import annotations
 
 import datetime as dt
-import json
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn
 
 import optuna
 from sqlalchemy import inspect, select
 from sqlalchemy.orm import Session
 
-from zhantune.errors import StorageError
 from zhantune.quiet import quiet_optuna
 from zhantune.storage import orm as m
-from zhantune.storage.engine import first_line, optuna_reader, optuna_reads, redact_url
+from zhantune.storage.engine import optuna_reader, optuna_reads
+from zhantune.storage.merge_checks import check_device_kinds, check_importable, check_recordings
 from zhantune.storage.store import Store
 
 __all__ = ["MergeStats", "merge_into", "check_importable", "check_recordings", "check_device_kinds"]
@@ -65,153 +62,6 @@ def _utc(t: dt.datetime | None) -> dt.datetime | None:
 def _as_naive(t: dt.datetime | None) -> dt.datetime | None:
     """A stored time in UTC without its zone: how a study's start and a row's creation are matched."""
     return _utc(t).replace(tzinfo=None) if t is not None else None
-
-
-def check_importable(source: Store, where: str) -> None:
-    """Refuse, before anything is written, a source that merge_into could not copy whole or whose rows
-    hold what no zhantune run writes; raises StorageError naming the source and the row:
-
-    * a stored value that does not decode (a JSON column, a timestamp), by table, in zhantune's
-      tables or in the Optuna studies it copies; a device kind other than cpu or cuda;
-    * a measurement or verdict naming a device, problem, study or environment row that is not there;
-    * a time or ratio that is not a positive, finite number (zhantune.storage.reads.TIME_COLUMNS);
-    * an Inductor measurement (any row but a Kernel Tuner replay's: template_id ``kerneltuner::...``
-      on a Kernel Tuner problem)
-      that sets anything but allow-listed tuning knobs (zhantune.inductor.knobs: what a table
-      exported from the merged database may ship);
-    * what export writes into a table's keys that is not one line of Inductor's key format: a
-      device key, a measurement's lookup key, a problem's (device-agnostic) lookup key; a GEMM
-      problem (op mm, addmm, bmm, ...; not a Kernel Tuner kernel of that name) whose shape is not
-      positive integer dims.
-
-    The source's URL is named with its password hidden (zhantune.storage.engine.redact_url)."""
-    from zhantune.bench.recorded import TEMPLATE_PREFIX
-    from zhantune.inductor.knobs import stored_params_problem
-    from zhantune.inductor.table import parse_key
-    from zhantune.problems.gemm import OPS
-
-    def refuse(what: str) -> NoReturn:
-        raise StorageError(f"{where}={redact_url(source.url)}: {what}; nothing was merged")
-
-    bad = source.bad_stored_value()  # a JSON value of the wrong kind decodes, then fails where it is used
-    if bad:
-        refuse(bad)
-    rows: dict[type, list] = {}
-    with source.session() as s:
-        for cls in (m.Device, m.Environment, m.Problem, m.Study, m.MeasurementRow, m.Verdict):
-            try:
-                rows[cls] = list(s.scalars(select(cls)))
-            except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
-                refuse(f"table {cls.__tablename__}: a stored value does not decode ({first_line(e)})")
-    for d in rows[m.Device]:
-        if d.kind not in ("cpu", "cuda"):
-            refuse(f"device {d.id}: kind {json.dumps(d.kind, default=repr)[:40]} is not cpu or cuda")
-        if not (isinstance(d.key, str) and d.key.isprintable()):  # the device part of exported keys
-            refuse(f"device {d.id}: key {json.dumps(d.key, default=repr)[:120]} is not one line of printable text")
-    kinds = {d.id: d.kind for d in rows[m.Device]}
-    ids = {"device_id": kinds, "problem_id": {p.id for p in rows[m.Problem]},
-           "study_id": {st.id for st in rows[m.Study]}, "environment_id": {e.id for e in rows[m.Environment]}}
-    for r in rows[m.MeasurementRow]:  # a default row's key is the one export looks its GEMM up under
-        if r.lookup_key is not None and not (isinstance(r.lookup_key, str) and r.lookup_key.isprintable()
-                                             and parse_key(r.lookup_key)):
-            refuse(f"measurement {r.id}: lookup_key {json.dumps(r.lookup_key, default=repr)[:120]} is not an Inductor lookup key")
-    for p in rows[m.Problem]:
-        key = p.lookup_key
-        if key is not None and not (isinstance(key, str) and key.isprintable() and (parsed := parse_key(key))
-                                    and parsed["device"] is None):
-            refuse(f"problem {p.id}: lookup_key {json.dumps(key, default=repr)[:120]} is not a device-agnostic Inductor lookup key")
-        shape, recorded = p.shape, p.key.startswith("kerneltuner:") and key is None  # a Kernel Tuner kernel's size
-        if p.op in OPS and not recorded and not (isinstance(shape, dict) and shape and set(shape) <= {"M", "N", "K", "B"} and all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape.values())):
-            refuse(f"problem {p.id}: shape {json.dumps(shape)[:120]} is not positive integer dims M, N, K, B")
-    for what, table in (("measurement", rows[m.MeasurementRow]), ("verdict", rows[m.Verdict])):
-        for r in table:
-            for column, known in ids.items():
-                value = getattr(r, column, None)
-                if (value is not None or column != "environment_id") and value not in known:
-                    refuse(f"{what} {r.id}: {column} {value} names no row")
-    bad = source.bad_time()
-    if bad is not None:
-        refuse(f"{bad} is not a positive, finite number")
-    bad = source.bad_verdict_version()
-    if bad is not None:
-        refuse(f"{bad} is not one line of printable text")
-    _check_optuna_studies(source, {st.name for st in rows[m.Study]}, refuse)
-    # a Kernel Tuner kernel's parameters (its template id on its problem, which has no lookup key):
-    # never an Inductor table's; the prefix alone let any GEMM row skip the allow-list (a review)
-    recorded = {p.id for p in rows[m.Problem] if p.key.startswith("kerneltuner:") and p.lookup_key is None}
-    for r in rows[m.MeasurementRow]:
-        if str(r.template_id or "").startswith(TEMPLATE_PREFIX) and r.problem_id in recorded:
-            continue
-        bad = stored_params_problem(r.template_id, r.params, kinds[r.device_id])
-        if bad:
-            refuse(f"measurement {r.id}: params.{bad[0]}: {bad[1]}")
-
-
-def _check_optuna_studies(source: Store, names: set[str], refuse: Callable[[str], NoReturn]) -> None:
-    """Read every trial of the Optuna studies merge_into copies (those named like a zhantune study),
-    so that one that does not decode is refused before anything is written (copy_study failed half
-    way). A source without Optuna's tables has none (and is not given them: nothing is written)."""
-    if "studies" not in inspect(source.engine).get_table_names():
-        return
-    try:
-        storage = optuna_reader(source.url)
-        with optuna_reads(source):
-            for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-                if summary.study_name in names:
-                    optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(deepcopy=False)
-    except (ValueError, TypeError, KeyError) as e:  # json.JSONDecodeError is a ValueError
-        refuse(f"Optuna's tables: a stored value does not decode ({first_line(e)})")
-
-
-def check_device_kinds(stores: list[tuple[str, Store]]) -> None:
-    """Refuse a merge that would join a CPU and a GPU under one device key (Store.device_id keeps a
-    key's first kind: the other's rows, verdicts and knobs would join its rankings and tables).
-    ``stores``: (where, store), the target first when it exists. Raises StorageError naming both."""
-    seen: dict[str, tuple[str, str]] = {}  # key -> (kind, where)
-    for where, store in stores:
-        with store.session() as s:
-            for key, kind in s.execute(select(m.Device.key, m.Device.kind).order_by(m.Device.key)):
-                first = seen.setdefault(key, (kind, where))
-                if first[0] != kind:
-                    raise StorageError(f"{where}: device {json.dumps(key)[:120]} is a {kind} device there and a "
-                                       f"{first[0]} device in {first[1]}: nothing was merged (one key, one device)")
-
-
-def check_recordings(stores: list[tuple[str, Store]]) -> None:
-    """Refuse a merge that would put two Kernel Tuner recordings of one problem on one device that is
-    named only after its file name in any of the databases (no ``device_name``: the two could be
-    different GPUs; zhantune.storage.ingest.refuse_merge refuses it for an import or a replay).
-    ``stores``: (where, store) for the target (when it exists) and every source; a study's file is
-    its stored sha256 (an import's ``sha256``, a replay's ``replay_sha256``) and, where stored, that
-    of its JSON decompressed (zhantune.storage.ingest.recording_digests: a gzipped copy of one
-    recording is that recording). Unlike refuse_merge, a
-    study stored without one is not compared (refusing every merge of an old database would leave no
-    way to merge it). Raises StorageError naming both studies."""
-    from zhantune.storage.ingest import recording_digests
-
-    named: set[str] = set()  # named after a file name in any of the databases (another may name it otherwise)
-    for _, store in stores:
-        with store.session() as s:
-            named |= {d.key for d in s.scalars(select(m.Device)) if (d.properties or {}).get("named_by") == "file name"}
-    first: dict[tuple[str, str], tuple[set[str], str, str]] = {}  # (device, problem) -> (digests, where, study)
-    for where, store in stores:
-        with store.session() as s:
-            pairs = set(s.execute(select(m.Device.key, m.Problem.key).distinct()
-                                  .join(m.MeasurementRow, m.MeasurementRow.device_id == m.Device.id)
-                                  .join(m.Problem, m.MeasurementRow.problem_id == m.Problem.id)
-                                  .where(m.Device.key.in_(sorted(named))))) if named else set()
-        for dev, prob in sorted(pairs):
-            for name, config in store.studies_holding(dev, prob):
-                digests = recording_digests(config)  # the file's bytes, and its JSON decompressed where stored
-                if not digests:
-                    continue
-                prev = first.setdefault((dev, prob), (digests, where, name))
-                if not prev[0] & digests:
-                    raise StorageError(f"{where}: study {name!r} holds {prob} on device {dev!r} (named only after "
-                                       f"a file name in one of the databases) from another file than study {prev[2]!r} of "
-                                       f"{prev[1]}; they could be different GPUs: nothing was merged (name the "
-                                       "devices apart: devices=[...] at import, bench.device_name=NAME at replay)")
 
 
 def merge_into(target: Store, source: Store, label: str) -> MergeStats:
