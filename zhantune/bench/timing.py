@@ -91,10 +91,7 @@ def summarize_us(times_us: list[float], method: str) -> Timing:
     s = sorted(times_us)
     p25, _, p75 = _cut_points(s, 4)
     p20, _, _, p80 = _cut_points(s, 5)
-    mean = statistics.fmean(s)
-    # the sample standard deviation in floats (statistics.stdev's exact fractions took 0.3 ms a call,
-    # a third of a Kernel Tuner import's time)
-    std = math.sqrt(math.fsum((x - mean) ** 2 for x in s) / (len(s) - 1)) if len(s) > 1 else 0.0
+    mean = statistics.fmean(s)  # and std_us in floats: statistics.stdev's exact fractions took 0.3 ms a call
     return Timing(
         median_us=statistics.median(s),
         min_us=s[0],
@@ -104,7 +101,7 @@ def summarize_us(times_us: list[float], method: str) -> Timing:
         n=len(s),
         method=method,
         mean_us=mean,
-        std_us=std,
+        std_us=math.sqrt(math.fsum((x - mean) ** 2 for x in s) / (len(s) - 1)) if len(s) > 1 else 0.0,
         iqr_us=p75 - p25,
         p25_us=p25,
         p75_us=p75,
@@ -360,12 +357,11 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: f
 
     ``cuda_graph``: ``triton.testing.do_bench_cudagraph`` (no launch overhead), after ``warmup_ms``
     of calls (:func:`_warm_up_cuda`: Triton's function runs ``fn`` only a handful of times before it
-    captures, so the GPU's clocks could still be ramping up). It captures N
-    unrolled calls in one graph (N = ``target_ms`` / a first estimate of one call) and returns, with
-    ``return_mode="all"``, ten replays' means, not per-run times; the method records N, counted as
-    the calls made while the graph was captured (``cuda:triton.do_bench_cudagraph:batch=N``), so
-    that :func:`is_tie` compares per-run spreads. Else ``triton.testing.do_bench`` (L2 flush, one CUDA event pair per run): per-run times.
-    """
+    captures, so the GPU's clocks could still be ramping up). It captures N unrolled calls in one graph
+    (N = ``target_ms`` / a first estimate of one call) and returns, with ``return_mode="all"``, ten
+    replays' means, not per-run times; the method records N, counted as the calls made while the graph
+    was captured (``cuda:triton.do_bench_cudagraph:batch=N``), so that :func:`is_tie` compares per-run
+    spreads. Else ``triton.testing.do_bench`` (L2 flush, one CUDA event pair per run): per-run times."""
     import torch
     import triton.testing
 
