@@ -374,15 +374,15 @@ def test_an_aten_template_winner_is_recognised_as_the_defaults_own_kernel(op, in
     assert _is_default_kernel(orm.MeasurementRow(template_id=None, params={"cuda.matmul.allow_tf32": False}))
     assert not _is_default_kernel(orm.MeasurementRow(template_id=None, params={"cuda.matmul.allow_tf32": True}))
     # CPU: ATen alone is the default compile whatever C++-template knobs ride along (a custom space's
-    # {ATEN, k_slices=2} got paired rounds against itself), and so is no backend list at all (an attack:
-    # {} and {k_slices=2} compile ATen under use_table and were paired against it); CPP in the list, or a
-    # fusion limit, is not
+    # {ATEN, k_slices=2} got paired rounds against itself), and so are C++ knobs without a backend list (an
+    # attack: {k_slices=2} compiles ATen under use_table and was paired against it); CPP in the list, a
+    # fusion limit, or no params at all (on CUDA: max-autotune with Triton's templates; a review) is not
     for params, default in (({"max_autotune_gemm_backends": "ATEN"}, True),
                             ({"max_autotune_gemm_backends": "aten", "cpp.gemm_max_k_slices": 2}, True),
                             ({"max_autotune_gemm_backends": "ATEN, aten"}, True),  # a review's: was settled as a speedup
                             ({"max_autotune_gemm_backends": "ATEN,CPP"}, False),
                             ({"max_autotune_gemm_backends": "ATEN", "epilogue_fusion": False}, False),
-                            ({}, True), ({"cpp.gemm_max_k_slices": 2}, True), ({"epilogue_fusion": False}, False)):
+                            ({}, False), ({"cpp.gemm_max_k_slices": 2}, True), ({"epilogue_fusion": False}, False)):
         assert _is_default_kernel(orm.MeasurementRow(template_id=None, params=params)) is default, params
 
 

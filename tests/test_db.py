@@ -1510,6 +1510,50 @@ def test_a_gemm_row_named_like_a_kernel_tuner_template_is_still_allow_listed(tmp
         check_importable(store, "sources[0]")
 
 
+def test_a_problem_measured_on_a_cpu_and_a_gpu_merges_though_their_lookups_differ(tmp_path):
+    """A review's finding: merge's new check refused a database zhantune writes itself. One problem
+    row serves every device (its lookup key is the first device's), and a float32 linear_act is an
+    addmm lookup on CPU and an mm on a GPU. A row's lookup key is checked against the problem's shape;
+    one of another GEMM's shape (an edited row: its config would ship under that GEMM's key) is refused."""
+    from zhantune.storage.merge import check_importable
+
+    store = Store(f"sqlite:///{tmp_path / 'two.db'}")
+    sid = store.study_id("s", {})
+    cpu, gpu = store.device_id("cpu0", "cpu0", "cpu", {}), store.device_id("NVIDIA H100", "NVIDIA H100", "cuda", {})
+    addmm = ("((torch.float32, [64], [1]), (torch.float32, [32, 48], [48, 1]), (torch.float32, [48, 64], [64, 1]))"
+             "+alpha=1&beta=1+addmm")
+    mm = "((torch.float32, [32, 48], [48, 1]), (torch.float32, [48, 64], [64, 1]))+mm"
+    pid = store.problem_id("linear_act[M=32,N=64,K=48]:float32:relu", op="linear_act",
+                           shape={"M": 32, "N": 64, "K": 48, "B": 1}, dtype="float32", activation="relu",
+                           lookup_op="addmm", lookup_key=addmm, flops=2 * 32 * 64 * 48)
+    other = mm.replace("[48, 64], [64, 1]", "[48, 128], [128, 1]")  # N=128: another GEMM
+    for dev, key in ((cpu, f"cpu0+{addmm}"), (gpu, f"NVIDIA H100+{mm}"), (gpu, f"NVIDIA H100+{other}")):
+        store.add_measurement(study_id=sid, device_id=dev, problem_id=pid, kind="default", status="ok",
+                              template_id=None, params={}, median_us=1.0, torch_version="2.13.0", lookup_key=key)
+        if key.endswith(other):
+            with pytest.raises(StorageError, match=r"measurement 3: lookup_key .* is not a lookup of its problem's "
+                                                   r"GEMM \(B=1, M=32, N=64, K=48\); nothing was merged"):
+                check_importable(store, "sources[0]")
+        else:
+            check_importable(store, "sources[0]")
+
+
+def test_a_cpu_key_of_another_vector_isa_is_refused_and_a_misspelt_column_too(tmp_path):
+    """A review's findings: a CPU's key is its model name and thread count, one name ("AMD EPYC") covers
+    AVX2 and AVX-512 machines, and a tune into a shared database joined the other machine's device row
+    (merge refused it, the tune did not). And the bulk insert of many rows dropped a misspelt column."""
+    store = Store(f"sqlite:///{tmp_path / 'z.db'}")
+    dev = store.device_id("AMD EPYC (2 threads)", "AMD EPYC", "cpu", {"isa": "AVX2"})
+    assert store.device_id("AMD EPYC (2 threads)", "AMD EPYC", "cpu", {"isa": "AVX2"}) == dev
+    assert store.device_id("AMD EPYC (2 threads)", "AMD EPYC", "cpu", {}) == dev  # not stored: not compared
+    with pytest.raises(StorageError, match=r"is a CPU with vector ISA 'AVX2'; this one's is 'AVX512' \(one model name"):
+        store.device_id("AMD EPYC (2 threads)", "AMD EPYC", "cpu", {"isa": "AVX512"})
+    assert len(store.devices()) == 1
+    with pytest.raises(TypeError, match="not a measurement column: median_usec"):
+        store.add_measurements([{"study_id": 1, "device_id": dev, "problem_id": 1, "kind": "candidate",
+                                 "status": "ok", "median_usec": 3.0, "torch_version": "2.13.0"}])
+
+
 def test_every_stored_time_column_is_checked(tmp_path):
     """Store.check_readable over each time column and kind of bad value (the readers' check, tested
     through them above): 0, negative, text, NaN as text, SQLite's Inf (9e999)."""

@@ -62,8 +62,9 @@ LEGACY_CPU_KEY = ("keyed by the CPU model alone (a table made before zhantune ke
                   "(python -m zhantune.db upgrade) and export the table again, or tune again here")
 
 #: why a CPU entry compiled Inductor's default where the table's wrapper gives its device another ISA
-OTHER_ISA = ("measured on a CPU of this name whose vector ISA is {theirs}; this one's is {mine} (one model name, two "
-             "kinds of machine: their C++ kernels and timings differ): Inductor's default compiled; tune here")
+OTHER_ISA = ("measured on a CPU of this name whose vector ISA (torch.backends.cpu.get_cpu_capability()) was {theirs}; "
+             "here it is {mine} (another machine of one model name, or ATEN_CPU_CAPABILITY set: other C++ kernels "
+             "and timings): Inductor's default compiled; tune here")
 
 
 def other_isa(theirs: str | None) -> str | None:

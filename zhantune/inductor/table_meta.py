@@ -40,7 +40,7 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
         raise TableError(f"{where}: {shown_json(unknown[0])[:80]}: not a field of a table file (version "
                          f"{FORMAT_VERSION} has {', '.join(WRAPPER_FIELDS)})")
     try:
-        size = len(json.dumps(meta))
+        size = len(json.dumps(meta, allow_nan=False))  # NaN and Infinity: no JSON (an attack put NaN in options)
     except (TypeError, ValueError, RecursionError) as e:  # a dict from Python holding what JSON cannot
         raise TableError(f"{where}: the fields besides table are not JSON data ({str(e)[:80]})") from None
     if size > MAX_WRAPPER_BYTES:

@@ -37,8 +37,8 @@ DEFAULT_KERNEL_TEMPLATES = frozenset({"aten::mm", "aten::addmm", "aten::bmm"})
 
 def is_default_kernel(template_id: str | None, params: dict[str, Any] | None) -> bool:
     """A measured config that is the very kernel Inductor's default compile runs: the ``aten`` config
-    (backend list = ATEN only, or none given, with or without C++-template knobs, which then apply to
-    nothing: the CPU path, the prepacked linear), on CUDA an ``aten::<op>`` template
+    (backend list = ATEN only, or none given beside C++-template knobs, which then apply to nothing:
+    the CPU path, the prepacked linear), on CUDA an ``aten::<op>`` template
     choice (DEFAULT_KERNEL_TEMPLATES; ``aten::bias_addmm`` is another kernel), or torch.backends flags
     set to what they are anyway (``allow_tf32: false``). Its "speedup" over the default is noise, and a
     table ships Inductor's default entry for it."""
@@ -51,9 +51,11 @@ def is_default_kernel(template_id: str | None, params: dict[str, Any] | None) ->
         return all(backend_flag(k) == v for k, v in params.items())  # ... that are this process's own
     # the backend list ATEN alone (the cpp.gemm_* knobs then change nothing: the template is not
     # offered), however written: Inductor strips each comma-separated part (torch/_inductor/utils.py);
-    # none given is ATEN too: a CPU entry without CPP compiles ATen (table_choices; an attack found
-    # {} and {"cpp.gemm_max_k_slices": 2} paired against their own kernel, a claim made of noise)
+    # none given beside C++-template knobs (CPU knobs) is ATEN too: a CPU entry without CPP compiles
+    # ATen (table_choices; an attack found {"cpp.gemm_max_k_slices": 2} paired against its own kernel).
+    # No params at all is not: on CUDA that config compiles under max-autotune (Triton's templates too)
     params = params or {}
-    backends = {b.strip() for b in str(params.get("max_autotune_gemm_backends", "ATEN")).upper().split(",")}
+    backends = {b.strip() for b in str(params.get("max_autotune_gemm_backends", "ATEN" if params else "")).upper()
+                .split(",")}
     return backends - {""} == {"ATEN"} and all(k == "max_autotune_gemm_backends" or k.startswith("cpp.gemm_")
                                         for k in params)

@@ -106,34 +106,38 @@ def _check_keys(rows: dict[type, list], refuse: Callable[[str], NoReturn]) -> No
         if p.op in OPS and not recorded and not (isinstance(shape, dict) and shape and set(shape) <= {"M", "N", "K", "B"} and all(
                 isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape.values())):
             refuse(f"problem {p.id}: shape {json.dumps(shape)[:120]} is not positive integer dims M, N, K, B")
-    problem_keys = {p.id: p.lookup_key for p in rows[m.Problem] if isinstance(p.lookup_key, str)}
+    shapes = {p.id: p.shape for p in rows[m.Problem] if p.op in OPS and isinstance(p.lookup_key, str)}
     for r in rows[m.MeasurementRow]:  # a default row's key is the one export looks its GEMM up under
         shown = json.dumps(r.lookup_key, default=repr)[:120]
         if r.lookup_key is not None and not (isinstance(r.lookup_key, str) and r.lookup_key.isprintable()
                                              and parse_key(r.lookup_key)):
             refuse(f"measurement {r.id}: lookup_key {shown} is not an Inductor lookup key")
-        if r.lookup_key is not None and (own := problem_keys.get(r.problem_id)) and not _lookup_of(r.lookup_key, own):
-            refuse(f"measurement {r.id}: lookup_key {shown} is not a lookup of its problem's GEMM ({own[:120]})")
+        if r.lookup_key is not None and (shape := shapes.get(r.problem_id)) and not _lookup_of(r.lookup_key, shape):
+            dims = ", ".join(f"{d}={shape[d]}" for d in ("B", "M", "N", "K") if d in shape)
+            refuse(f"measurement {r.id}: lookup_key {shown} is not a lookup of its problem's GEMM ({dims})")
 
 
 #: one input of a lookup key's inputs: (dtype, sizes, strides)
 _INPUT = re.compile(r"\((torch\.\w+), (\[[^\]]*\]), (\[[^\]]*\])\)")
 
 
-def _lookup_of(key: str, problem_key: str) -> bool:
-    """Whether a measurement's lookup key (its device part first) is a lookup of the GEMM of its
-    problem's (device-agnostic) key: the same inputs, scalars and op, except that an addmm template's
-    lookup sees the bias expanded (``[M, N], [0, 1]``; torch/_inductor/kernel/mm.py tuned_addmm) and
-    the other two inputs decide."""
+def _lookup_of(key: str, shape: dict) -> bool:
+    """Whether a measurement's lookup key is a lookup of a GEMM of its problem's ``shape`` (M, N, K,
+    B): its last two inputs' sizes are [..., M, K] and [..., K, N], the leading ones B's. Not the
+    problem's own key: one problem row serves every device, and a float32 linear_act is an addmm
+    lookup on CPU and an mm on a GPU (a review), an addmm template's sees the bias expanded; a size
+    that is not a number (a symbol) is not compared."""
     from zhantune.inductor.table import parse_key
 
-    a, b = parse_key(key), parse_key(problem_key)
-    if not a or not b or (a["scalars"], a["op"]) != (b["scalars"], b["op"]):
+    found = _INPUT.findall((parse_key(key) or {}).get("inputs") or "")
+    if len(found) < 2:
         return False
-    if a["inputs"] == b["inputs"]:
+    try:
+        a, b = ([int(v) for v in sizes.strip("[]").split(",") if v.strip()] for _, sizes, _ in found[-2:])
+    except ValueError:
         return True
-    x, y = _INPUT.findall(a["inputs"] or ""), _INPUT.findall(b["inputs"] or "")
-    return a["op"] == "addmm" and len(x) == len(y) == 3 and x[1:] == y[1:] and x[0][0] == y[0][0]
+    return (len(a) >= 2 and len(b) >= 2 and (a[-2], a[-1], b[-2], b[-1]) == (shape.get("M"), shape.get("K"),
+            shape.get("K"), shape.get("N")) and a[:-2] in ([], [shape.get("B", 1)]))
 
 
 def _check_optuna_studies(source: Store, names: set[str], refuse: Callable[[str], NoReturn]) -> None:

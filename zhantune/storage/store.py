@@ -63,9 +63,7 @@ class Store(Queries):
 
     def __init__(self, url: str, option: str = "storage.url", read_only: bool = False):
         check_url(url, option, writable=not read_only)
-        self.url = url
-        self.option = option
-        self.read_only = read_only
+        self.url, self.option, self.read_only = url, option, read_only
         path = sqlite_path(url)
         #: set under the schema lock when this process found no database there: the file is its own
         self._creating = False
@@ -74,8 +72,7 @@ class Store(Queries):
             with contextlib.nullcontext() if read_only else self.schema_lock():
                 self._check_schema()
         except BaseException as e:
-            # a database this process could not create (disk full) leaves no file behind; one that
-            # another process created while this one waited for the lock is never touched
+            # one this process could not create (disk full) leaves no file; another process's is never touched
             if self._creating:
                 self.engine.dispose()
                 remove_sqlite_files(path)
@@ -217,19 +214,20 @@ class Store(Queries):
             return row.id
 
     def device_id(self, key: str, name: str, kind: str, properties: dict[str, Any]) -> int:
-        """The device row's id by its key (CUDA: gcnArchName; CPU: model name and thread count),
-        created when absent.
-        Raises StorageError, before anything is written, when the key is stored as another kind of
-        device (``devices=[NAME]`` of an import naming a CPU, a merged database): a GPU's rows and
-        claims would join a CPU's rankings, and its knobs a CPU table."""
+        """The device row's id by its key (CUDA: gcnArchName; CPU: model name and thread count), created
+        when absent. Raises StorageError, before anything is written, when the key is stored as another
+        kind of device (``devices=[NAME]`` of an import naming a CPU, a merged database) or as a CPU of
+        another vector ISA (one model name, two kinds of machine): its rows would join the other's."""
         def same_kind(row: m.Device) -> None:
-            if row.kind != kind:
-                raise StorageError(self._other_kind(key, row.kind, kind))
+            theirs, mine = (row.properties if isinstance(row.properties, dict) else {}).get("isa"), properties.get("isa")
+            if row.kind != kind or (kind == "cpu" and theirs and mine and theirs != mine):
+                raise StorageError(self._other_kind(key, row.kind, kind) if row.kind != kind else (
+                    f"device {shown(key, 120)} in {redact_url(self.url)} is a CPU with vector ISA {shown(theirs)}; this "
+                    f"one's is {shown(mine)} (one model name, two kinds of machine): tune into another database"))
         return self._get_or_create(m.Device, {"key": key}, dict(name=name, kind=kind, properties=properties), same_kind)
 
     def refuse_other_kind(self, key: str, kind: str) -> None:
-        """Raise StorageError (as :meth:`device_id` would, without writing) when ``key`` is stored as
-        another kind of device than ``kind``."""
+        """Raise StorageError as :meth:`device_id` would (without writing) for a key of another kind."""
         with self.session() as s:
             stored = s.scalar(select(m.Device.kind).where(m.Device.key == key))
         if stored is not None and stored != kind:
@@ -379,6 +377,8 @@ class Store(Queries):
 
     def add_measurements(self, rows: list[dict[str, Any]]) -> int:
         """Insert many measurement rows in one transaction (an ORM bulk insert); returns how many."""
+        if unknown := set().union(*rows) - set(m.MeasurementRow.__table__.columns.keys()):
+            raise TypeError(f"not a measurement column: {', '.join(sorted(unknown))}")  # the bulk insert drops it
         if rows:
             with self.session() as s:
                 s.execute(insert(m.MeasurementRow), rows)
