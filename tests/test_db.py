@@ -1546,7 +1546,7 @@ def test_a_cpu_key_of_another_vector_isa_is_refused_and_a_misspelt_column_too(tm
     dev = store.device_id("AMD EPYC (2 threads)", "AMD EPYC", "cpu", {"isa": "AVX2"})
     assert store.device_id("AMD EPYC (2 threads)", "AMD EPYC", "cpu", {"isa": "AVX2"}) == dev
     assert store.device_id("AMD EPYC (2 threads)", "AMD EPYC", "cpu", {}) == dev  # not stored: not compared
-    with pytest.raises(StorageError, match=r"is a CPU with vector ISA 'AVX2'; this one's is 'AVX512' \(one model name"):
+    with pytest.raises(StorageError, match=r"is a CPU with vector ISA 'AVX2'; this one's is 'AVX512' \(another machine"):
         store.device_id("AMD EPYC (2 threads)", "AMD EPYC", "cpu", {"isa": "AVX512"})
     assert len(store.devices()) == 1
     with pytest.raises(TypeError, match="not a measurement column: median_usec"):

@@ -51,15 +51,14 @@ class ClaimLost(Exception):
 
 
 class Store(Queries):
-    """Measurements in a SQLAlchemy database (``url``: ``sqlite:///FILE`` or
-    ``postgresql+psycopg://...``). Opening it creates a new database at the newest schema revision;
-    raises StorageError (a UserError, exit code 2) when it cannot be opened or holds an older, newer
-    or foreign schema. A failing statement afterwards raises StorageInternalError, except a
-    unique-constraint violation (a race another worker won): SQLAlchemy's IntegrityError. ``option``:
-    where the URL came from, as the errors name it (``sources[0]`` for a merge's source).
-    ``read_only``: a database this process only reads (a merge's source): it must hold zhantune's
-    schema at the newest revision, may be a read-only file, and is never written to (no schema lock
-    file, no switch to WAL mode)."""
+    """Measurements in a SQLAlchemy database (``url``: ``sqlite:///FILE`` or ``postgresql+psycopg://...``).
+    Opening it creates a new database at the newest schema revision; raises StorageError (a UserError,
+    exit code 2) when it cannot be opened or holds an older, newer or foreign schema. A failing
+    statement afterwards raises StorageInternalError, except a unique-constraint violation (a race
+    another worker won): SQLAlchemy's IntegrityError. ``option``: where the URL came from, as the errors
+    name it (``sources[0]`` for a merge's source). ``read_only``: a database this process only reads (a
+    merge's source): it must hold zhantune's schema at the newest revision, may be a read-only file, and
+    is never written to (no schema lock file, no switch to WAL mode)."""
 
     def __init__(self, url: str, option: str = "storage.url", read_only: bool = False):
         check_url(url, option, writable=not read_only)
@@ -223,7 +222,8 @@ class Store(Queries):
             if row.kind != kind or (kind == "cpu" and theirs and mine and theirs != mine):
                 raise StorageError(self._other_kind(key, row.kind, kind) if row.kind != kind else (
                     f"device {shown(key, 120)} in {redact_url(self.url)} is a CPU with vector ISA {shown(theirs)}; this "
-                    f"one's is {shown(mine)} (one model name, two kinds of machine): tune into another database"))
+                    f"one's is {shown(mine)} (another machine of one model name, or ATEN_CPU_CAPABILITY set): tune "
+                    "into another database"))
         return self._get_or_create(m.Device, {"key": key}, dict(name=name, kind=kind, properties=properties), same_kind)
 
     def refuse_other_kind(self, key: str, kind: str) -> None:
