@@ -1027,6 +1027,7 @@ def test_merge_takes_a_rocm_device_key_and_writes_nothing_to_a_source(cli, tmp_p
     with sqlite3.connect(tmp_path / "a.db") as con:
         con.execute("update zt_device set key = ?, name = ?, kind = 'cuda'", (rocm, rocm))
         con.execute("update zt_measurement set kind = 'default', lookup_key = ?", (f"{rocm}+{KEY}",))
+        con.execute("""update zt_problem set shape = '{"M": 32, "N": 128, "K": 64, "B": 1}'""")  # KEY's GEMM
         for table in OPTUNA_TABLES:
             con.execute(f"drop table if exists {table}")
     con.close()
