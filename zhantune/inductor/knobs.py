@@ -32,7 +32,7 @@ from typing import Any
 from zhantune.errors import shown
 
 __all__ = ["DEVICE_KINDS", "CONFIG_KNOBS", "FUSION_KNOBS", "TEMPLATE_KWARGS", "BACKEND_FLAGS", "config_knob_problem",
-           "triton_resources_problem", "TRITON_REQUIRED", "MAX_ACCUMULATORS", "MAX_TILE_NUMEL", "MAX_TABLE_WARPS",
+           "triton_resources_problem", "key_inputs", "TRITON_REQUIRED", "MAX_ACCUMULATORS", "MAX_TILE_NUMEL", "MAX_TABLE_WARPS",
            "config_patch_problem", "template_entry_problem", "stored_params_problem", "allowed_config_keys",
            "template_kwargs", "TRITON_KWARGS"]
 
@@ -288,6 +288,12 @@ def triton_resources_problem(entry: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def key_inputs(inputs: str) -> list[tuple[str, list[int]]]:
+    """(dtype, sizes) of each input of a lookup key's inputs part (zhantune.inductor.table.parse_key's
+    ``inputs``), e.g. ("float32", [32, 64]); an input whose sizes are not all numbers is left out."""
+    return [(m.group(1), [int(v) for v in m.group(2).split(",") if v.strip()]) for m in _INPUT.finditer(inputs)]
+
+
 def key_entry_problem(entry: dict[str, Any], inputs: str, op: str, amd: bool = False) -> tuple[str, str] | None:
     """(key, why) when an allow-listed template entry cannot be right for its lookup key's sizes
     (``inputs``, ``op``: the parts zhantune.inductor.table.parse_key splits off), or None.
@@ -302,7 +308,7 @@ def key_entry_problem(entry: dict[str, Any], inputs: str, op: str, amd: bool = F
     but stock Inductor merges its first heuristic config's (torch/_inductor/lookup_table/choices.py),
     possibly true (a table zhantune exported before it wrote EVEN_K loads for use_table). A ``decompose_k``
     entry's ``k_split`` must divide K (Inductor reshapes K into k_split slices: the compile fails)."""
-    found = [(m.group(1), [int(v) for v in m.group(2).split(",") if v.strip()]) for m in _INPUT.finditer(inputs)]
+    found = key_inputs(inputs)
     tid = entry.get("template_id", "")
     dtype = found[-2][0] if len(found) >= 2 else found[0][0] if found else "an unknown dtype"
     nbytes = _DTYPE_BYTES.get(dtype)

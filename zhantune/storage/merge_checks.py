@@ -7,7 +7,6 @@ database and the row; nothing is merged."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -117,25 +116,19 @@ def _check_keys(rows: dict[type, list], refuse: Callable[[str], NoReturn]) -> No
             refuse(f"measurement {r.id}: lookup_key {shown} is not a lookup of its problem's GEMM ({dims})")
 
 
-#: one input of a lookup key's inputs: (dtype, sizes, strides)
-_INPUT = re.compile(r"\((torch\.\w+), (\[[^\]]*\]), (\[[^\]]*\])\)")
-
-
 def _lookup_of(key: str, shape: dict) -> bool:
     """Whether a measurement's lookup key is a lookup of a GEMM of its problem's ``shape`` (M, N, K,
     B): its last two inputs' sizes are [..., M, K] and [..., K, N], the leading ones B's. Not the
     problem's own key: one problem row serves every device, and a float32 linear_act is an addmm
-    lookup on CPU and an mm on a GPU (a review), an addmm template's sees the bias expanded; a size
-    that is not a number (a symbol) is not compared."""
+    lookup on CPU and an mm on a GPU (a review), an addmm template's sees the bias expanded. A key
+    without two inputs of numeric sizes is not one."""
+    from zhantune.inductor.knobs import key_inputs
     from zhantune.inductor.table import parse_key
 
-    found = _INPUT.findall((parse_key(key) or {}).get("inputs") or "")
+    found = key_inputs((parse_key(key) or {}).get("inputs") or "")
     if len(found) < 2:
         return False
-    try:
-        a, b = ([int(v) for v in sizes.strip("[]").split(",") if v.strip()] for _, sizes, _ in found[-2:])
-    except ValueError:
-        return True
+    (_, a), (_, b) = found[-2:]
     return (len(a) >= 2 and len(b) >= 2 and (a[-2], a[-1], b[-2], b[-1]) == (shape.get("M"), shape.get("K"),
             shape.get("K"), shape.get("N")) and a[:-2] in ([], [shape.get("B", 1)]))
 
