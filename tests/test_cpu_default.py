@@ -282,6 +282,41 @@ def test_a_bmm_entry_for_a_batch_permuted_input_is_stale_for_its_layout_not_its_
     torch.testing.assert_close(out, model(*args))
 
 
+class _WeightBmm(torch.nn.Module):
+    def __init__(self, w: torch.Tensor):
+        super().__init__()
+        self.w = torch.nn.Parameter(w)
+
+    def forward(self, x):
+        return torch.bmm(x, self.w)
+
+
+class _ActivationBmm(torch.nn.Module):
+    def forward(self, x):  # attention's q @ k^T: both operands computed at run time
+        return torch.bmm(x, torch.relu(x).transpose(1, 2).contiguous())
+
+
+def test_a_bmm_entry_applies_to_a_constant_second_operand_only():
+    """An attack's finding: a tune measures a bmm with its second operand a frozen weight (the C++
+    BMM template blocks it when compiled), and a collected attention bmm (both operands activations)
+    hit its entry, compiling another kernel that no measurement covered (checked, not a speedup).
+    Such a hit is stale now, and the default compiles; on a frozen weight the entry is a hit."""
+    from zhantune.inductor.cpu_entries import BMM_RUNTIME_OPERAND
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 32, 64)
+    weight, activations = _WeightBmm(torch.randn(2, 64, 32)), _ActivationBmm()
+    for model, hit in ((weight, True), (activations, False)):
+        with recording() as rec:
+            _compile(model, x)
+        (key,) = [e.device_key for e in rec.events if e.offered]
+        with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
+            out, seen = _counted(_compile, model, x)
+        assert (seen["cpp_template"] == 1) is hit and bool(installed.report.hits) is hit, installed.report
+        assert installed.report.stale == ({} if hit else {key: BMM_RUNTIME_OPERAND})
+        torch.testing.assert_close(out, model(x))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_cpp_entry_compiles_under_inductors_defaults_for_the_knobs_it_leaves_out(dtype):
     """A hostile-table attack (session 40): a hand-written C++-template entry that names only its

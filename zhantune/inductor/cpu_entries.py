@@ -12,7 +12,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, not_carried
 
-__all__ = ["NOT_FROZEN", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "OTHER_ISA", "other_isa", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
+__all__ = ["NOT_FROZEN", "BMM_RUNTIME_OPERAND", "constant_operand", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "OTHER_ISA", "other_isa", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
            "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp", "TRANSPOSED_INPUT",
            "CPP_NOT_OFFERED", "UNHOOKED_LOWERING", "strided_input", "cpp_unoffered", "CPP_KNOB_DEFAULTS", "cpp_knobs", "cpp_entry_stale"]
 
@@ -32,6 +32,10 @@ def cpp_knobs(patch: dict[str, Any]) -> dict[str, Any]:
 #: why a C++-template entry compiled Inductor's default instead (TableReport.stale)
 NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._inductor.config.freezing = True and "
               "compile under torch.no_grad() (in torch 2.13 torch.compile(options={'freezing': True}) does not freeze)")
+#: why a C++ BMM entry compiled Inductor's default where its second operand is computed at run time
+BMM_RUNTIME_OPERAND = ("the tune measured the C++ BMM template on a constant second operand (a frozen weight, "
+                       "blocked when compiled); here it is computed at run time (e.g. attention's keys), another "
+                       "kernel no measurement covers: Inductor's default compiled")
 #: why a C++-template entry compiled Inductor's default with weight prepacking off (TableReport.stale)
 PREPACK_OFF = ("torch._inductor.config.cpp.weight_prepack is False in this process: Inductor offers its C++ GEMM "
                "template only with it (torch/_inductor/utils.py use_cpp_gemm_template), so the entry's kernel "
@@ -165,19 +169,22 @@ def cpp_unoffered(kernel_inputs: Any, op_name: str = "mm") -> str:
     """Why Inductor did not offer its C++ template for an unpacked GEMM (:func:`cpp_template_applies`
     said no): PREPACK_OFF, TRANSPOSED_INPUT, NOT_FROZEN (not a bmm, whose second operand need not be
     constant, and a second operand that is not a constant module buffer), else CPP_NOT_OFFERED."""
-    from torch._inductor import ir
-
     if not inductor_config.cpp.weight_prepack:
         return PREPACK_OFF
     if strided_input(kernel_inputs, op_name):
         return TRANSPOSED_INPUT
     if op_name == "bmm":
         return CPP_NOT_OFFERED
+    return CPP_NOT_OFFERED if constant_operand(kernel_inputs) else NOT_FROZEN
+
+
+def constant_operand(kernel_inputs: Any) -> bool:
+    """Whether the GEMM's second operand is a constant module buffer of the compile (a frozen weight)."""
+    from torch._inductor import ir
+
     mat2 = kernel_inputs.mat1mat2()[1]
     mat2 = mat2.unwrap_view() if isinstance(mat2, ir.BaseView) else mat2
-    if not (isinstance(mat2, ir.StorageBox) and mat2.is_module_buffer()):
-        return NOT_FROZEN
-    return CPP_NOT_OFFERED
+    return isinstance(mat2, ir.StorageBox) and mat2.is_module_buffer()
 
 
 def dynamic_m(kernel_inputs: Any) -> bool:
