@@ -545,6 +545,38 @@ def test_check_times_each_way_as_compiled_and_finds_the_defaults_own_code(tmp_pa
     assert result["ways"]["table"]["vs_default"]["reason"] == "the same code as the default compile: any difference is noise"
 
 
+def test_check_compiles_each_way_of_a_model_without_parameters(tmp_path):
+    """An attack's finding: each way's copy of a model shares one forward code object, and where no
+    parameter gives Dynamo a guard (x @ w, both inputs) every way after the warm-up ran the warm-up's
+    default code: the report saw 0 lookups and the table way timed the default. Each way now compiles
+    a forward of its own (kept.own_entry): the table's key is looked up and hit."""
+    import json
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    import zhantune.bench.model_check as mc
+    from zhantune.config import BenchConfig
+    from zhantune.device import resolve_device
+    from zhantune.inductor.gemms import collect
+    from zhantune.inductor.table import read_table
+
+    class XW(torch.nn.Module):
+        def forward(self, x, w):
+            return x @ w
+
+    torch.manual_seed(0)
+    model, args, device = XW(), (torch.randn(16, 64), torch.randn(64, 32)), resolve_device("cpu")
+    (key,) = [f"{device.key}+{p.lookup_key}" for p in collect(model, args, device)]
+    (tmp_path / "t.json").write_text(json.dumps({key: [{"template_id": "aten::mm"}]}))
+    before = counters["stats"]["unique_graphs"]
+    bench = BenchConfig(warmup_ms=1.0, target_ms=2.0, busy_wait_s=0.0)
+    result = mc.check_model(model, args, device, read_table(tmp_path / "t.json", "cpu"), bench, max_autotune=False,
+                            rounds=2)
+    assert result["report"].hits == {key: 1}, result["report"]
+    assert counters["stats"]["unique_graphs"] - before == 3  # the warm-up, the table's, the default's
+
+
 def test_a_replayed_entry_confirmed_below_the_floor_says_the_default_ships(tmp_path):
     """A helper's: a table's replay printed "1.01x (rounds 1.01-1.01x, n=3)" with nothing more while
     its export shipped the default; a tune's summary says so. The replay's line says it too now."""

@@ -22,8 +22,9 @@ __all__ = ["check_model", "time_interleaved", "versus"]
 def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], table: Any = None) -> dict[str, Any]:
     """Compile a copy of ``model`` under ``patch`` (zhantune.inductor.settings.model_patch: Inductor's
     caches off; ``table`` served through use_table while it compiles) and run it once: {"fn", "compile_s", "out", "report"}. Each way
-    compiles its own copy, so that Dynamo keeps one graph per way and calling one never recompiles
-    another."""
+    compiles its own copy with a ``forward`` of its own code object (zhantune.bench.kept.own_entry),
+    so that Dynamo keeps one graph per way and calling one never recompiles another (copies share
+    a code object: a model without parameters gave Dynamo no guard, and every way ran the first's code)."""
     import copy
     from unittest import mock
 
@@ -31,10 +32,12 @@ def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], tabl
     from torch._inductor import config as inductor_config
     from torch._inductor.graph import GraphLowering
 
+    from zhantune.bench.kept import own_entry
     from zhantune.inductor.runtime import use_table
 
     codes: list[str] = []
     mine = copy.deepcopy(model)
+    mine = own_entry(mine) if isinstance(mine, torch.nn.Module) else mine
     installed = use_table(table, device.kind) if table is not None else None
     try:
         with torch.no_grad(), inductor_config.patch(patch):
