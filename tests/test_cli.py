@@ -178,7 +178,7 @@ def test_export_device_by_quoted_key_number_or_kind_and_unknown_lists_them(cli, 
         assert r.returncode == 2 and f"no correct measured candidate for device '{key}'" in r.stderr, (spec, r.stderr)
     r = cli([url, "device=Xeon"], tmp_path, module="zhantune.export")
     assert r.returncode == 2
-    assert f"device='Xeon': no such device in sqlite:///{existing_db}; it has 0: '{xeon}' (cpu); 1: 'some gpu' (cuda)" \
+    assert f"device='Xeon': no such device in sqlite:///{existing_db}; its devices: 0: '{xeon}' (cpu); 1: 'some gpu' (cuda)" \
         in r.stderr
 
 

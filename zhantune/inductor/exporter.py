@@ -107,7 +107,7 @@ def resolve_device_key(store: Store, spec: Any, option: str = "device") -> str |
     if want.isdigit() and int(want) < len(devices):
         return devices[int(want)].key
     listed = "; ".join(f"{i}: {d.key!r} ({d.kind})" for i, d in enumerate(devices)) or "none"
-    raise ConfigError(f"{option}={want!r}: no such device in {redact_url(store.url)}; it has {listed}. Give the number "
+    raise ConfigError(f"{option}={want!r}: no such device in {redact_url(store.url)}; its devices: {listed}. Give the number "
                       f"({option}=0), or the key in quotes inside the shell's: '{option}=\"KEY\"'")
 
 
