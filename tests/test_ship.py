@@ -12,6 +12,7 @@ import textwrap
 import pytest
 import torch
 import yaml
+from omegaconf import OmegaConf
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, FORMAT, read_table
 from zhantune.inductor.table_choices import stale_reason
@@ -43,9 +44,11 @@ def test_collect_tune_export_then_every_key_hits_in_a_fresh_process(cli, tmp_pat
     assert r.returncode == 0, r.stderr[-3000:]
     doc = yaml.safe_load((tmp_path / "problems.yaml").read_text())
     problems = doc["problems"]
-    # Linear(64,128) and Linear(128,64): addmm with nn.Linear's [N, K] weight, each once
-    assert sorted(tuple(p["shape"]) for p in problems) == [(32, 64, 128), (32, 128, 64)]
-    assert all(p["op"] == "addmm" and p["weight_layout"] == "nk" and p["count"] == 1 for p in problems)
+    # Linear(64,128) + GELU and Linear(128,64): linear_act:gelu and addmm with nn.Linear's [N, K] weight,
+    # each once (tests/test_collect.py: the activation's problem makes the same lookup)
+    assert sorted((p["op"], p.get("activation"), tuple(p["shape"])) for p in problems) == [
+        ("addmm", None, (32, 64, 128)), ("linear_act", "gelu", (32, 128, 64))]
+    assert all(p["weight_layout"] == "nk" and p["count"] == 1 for p in problems)
     assert all(p["default_us"] > 0 for p in problems)
     assert sum(p["share"] for p in problems) == pytest.approx(1.0)
 
@@ -180,6 +183,8 @@ def test_malformed_table_is_one_line_exit_2_naming_file_and_key_path(cli, tmp_pa
     ({"weight_layout": "zz"}, "problems[0].weight_layout: 'zz' for op addmm; allowed: kn, nk"),
     ({"bogus": 1}, "problems[0].bogus: not a key of a problem (a typo?); allowed: op, shape, dtype"),
     ({"twice": True}, "problems[1]: the same problem and lookup key as problems[0]: it would be tuned twice"),
+    ({"activation": "gelu"}, "problems[0].activation: 'gelu' for op addmm: only linear_act takes an activation"),
+    ({"op": "linear_act", "activation": "swish"}, "problems[0].activation: 'swish'; allowed: relu, gelu"),
     ({"shape": [10**9, 10**9, 64]}, "problems[0].shape=[1000000000,1000000000,64]: addmm in float32 needs at least"),
 ])
 def test_malformed_problems_file_is_one_line_naming_file_and_key_path(cli, tmp_path, existing_db, edit, message):
@@ -234,6 +239,13 @@ def test_problems_file_fields_are_typed_and_aliases_counted_unexpanded(tmp_path)
 
     path.write_text(yaml.safe_dump({"format": "zhantune-problems", "problems": [{"op": "linear_act", "shape": [16, 16, 16]}]}))
     assert len(read_problems(path)) == 1 and problem_keys(path) == ["linear_act[M=16,N=16,K=16]:float32:relu"]
+    # collect writes the model's own activation (tests/test_collect.py), which the tune of the row takes
+    from zhantune.problemset import _problem_cfg
+
+    gelu = {"op": "linear_act", "shape": [16, 16, 16], "activation": "gelu", "note": "a note"}
+    path.write_text(yaml.safe_dump({"format": "zhantune-problems", "problems": [gelu, {**gelu, "activation": "relu"}]}))
+    assert problem_keys(path) == ["linear_act[M=16,N=16,K=16]:float32:gelu", "linear_act[M=16,N=16,K=16]:float32:relu"]
+    assert _problem_cfg(OmegaConf.create({"search": {}, "export": {}}), gelu, 2).op.activation == "gelu"
 
 
 def test_allocate_trials_follows_shares_with_a_floor():

@@ -92,7 +92,9 @@ def _collect_app(cfg: DictConfig) -> None:
 
 
 def _print_problems(console: Any, title: str, problems: list[Any], contention: ContentionCount) -> None:
-    """One row per GEMM lookup: op, shape, weight layout, count, default time (us), share, note."""
+    """One row per GEMM lookup: the problem's op (linear_act with its activation: linear_act:gelu;
+    the lookup's op where not tunable), shape, weight layout, count, default time (us), share, note
+    (why not tunable, or what the tune leaves out: CollectedProblem.note)."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -103,9 +105,10 @@ def _print_problems(console: Any, title: str, problems: list[Any], contention: C
         t.add_column(col, justify="right" if col in ("count", "default min us", "share") else "left")
     for p in problems:
         g = p.problem
-        t.add_row(p.op_name, str(list(g.shape)) if g else "-", g.weight_layout if g else "-", str(p.count),
+        op = (f"{g.op}:{g.activation}" if g.activation else g.op) if g else p.op_name
+        t.add_row(op, str(list(g.shape)) if g else "-", g.weight_layout if g else "-", str(p.count),
                   f"{p.default_us:.1f}" if p.default_us else "-", f"{p.share:.0%}" if p.share else "-",
-                  escape(p.reason or ""))
+                  escape(p.reason or p.note or ""))
     print_table(console, t)
     busy = contention.text("each default time is its fastest run; the shares, and so the order problems= tunes "
                            "them in, may differ on an idle machine")

@@ -112,6 +112,8 @@ class ProblemsResult:
 def _problem_cfg(cfg: DictConfig, row: dict[str, Any], n_trials: int) -> DictConfig:
     op_file = CONF_DIR / "op" / f"{row['op']}.yaml"
     op = OmegaConf.merge(OmegaConf.structured(OpConfig), OmegaConf.load(op_file))
+    if row.get("activation") is not None:  # collect's linear_act: its model's activation
+        op.activation = row["activation"]
     sub = copy.deepcopy(cfg)
     with open_dict(sub):
         sub.op = op

@@ -23,6 +23,8 @@ from torch._inductor import config as inductor_config
 from torch._inductor.lookup_table import LookupTableChoices
 from torch._inductor.virtualized import V
 
+from zhantune.inductor.epilogue import Epilogue, epilogue_of
+
 __all__ = ["LookupEvent", "RecordingChoices", "recording"]
 
 
@@ -34,7 +36,8 @@ class LookupEvent:
     Inductor's order (bias first for addmm); ``scalars`` are alpha/beta where the op has them.
     ``packed`` names the prepacked linear op (``mkl._mkl_linear``, ``mkldnn._linear_pointwise``)
     when the GEMM reached zhantune through the CPU lowering hook (zhantune.inductor.cpu_gemm)
-    instead of Inductor's GEMM lookup; Inductor's default for it is that packed op.
+    instead of Inductor's GEMM lookup; Inductor's default for it is that packed op. ``epilogue``:
+    what the GEMM's output feeds in the graph (zhantune.inductor.epilogue: linear_act's activation).
     """
 
     op_name: str
@@ -45,6 +48,7 @@ class LookupEvent:
     inputs: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = ()
     scalars: tuple[tuple[str, float | int], ...] = ()
     packed: str | None = None
+    epilogue: Epilogue = Epilogue()
 
     @property
     def hit(self) -> bool:
@@ -135,7 +139,7 @@ class RecordingChoices(LookupTableChoices):
         )
         scalars = tuple(sorted((getattr(kernel_inputs, "_scalars", None) or {}).items()))
         return LookupEvent(op_name, device_key, agnostic_key, dict(template_hash_map or {}), hit_templates,
-                           inputs, scalars, packed)
+                           inputs, scalars, packed, epilogue_of(getattr(V.graph, "current_node", None)))
 
 
 @contextmanager

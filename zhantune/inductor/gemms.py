@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CollectedProblem", "collect", "problem_from_event"]
+__all__ = ["CollectedProblem", "collect", "epilogue_note", "problem_from_event"]
 
 
 @dataclass
@@ -29,6 +29,9 @@ class CollectedProblem:
     reason: str | None = None
     default_us: float | None = None
     share: float | None = None
+    #: what the tuned problem leaves out of what the model runs (an epilogue linear_act does not
+    #: model, GEMMs of one key with different epilogues), or None
+    note: str | None = None
 
 
 def problem_from_event(event: Any, dtype_names: dict[str, str]) -> tuple[Any, str | None]:
@@ -36,7 +39,11 @@ def problem_from_event(event: Any, dtype_names: dict[str, str]) -> tuple[Any, st
 
     Tunable: mm / addmm with a contiguous [M, K] activation and a [K, N] weight stored row-major
     ("kn") or as nn.Linear's [N, K] transposed ("nk"), addmm with a [N] bias and alpha = beta = 1;
-    bmm with contiguous [B, M, K] and [B, K, N].
+    bmm with contiguous [B, M, K] and [B, K, N]. An addmm whose output feeds relu or (exact) gelu
+    alone, or an mm whose output gets a 1-D bias and then one of them (a GPU's float32 addmm, unfused
+    by Inductor's post-grad pass: the lookup is "mm"), is linear_act with that activation
+    (``event.epilogue``, zhantune.inductor.epilogue): its own compile makes the same lookup and
+    fuses the same epilogue (GemmProblem.lookup_op_on).
     """
     from zhantune.problems import GemmProblem
 
@@ -74,7 +81,34 @@ def problem_from_event(event: Any, dtype_names: dict[str, str]) -> tuple[Any, st
         return None, f"weight [K, N] with strides {list(sw)} (tunable: [N, 1] or [1, K])"
     if bias is not None and (list(bias[1]) != [n] or list(bias[2]) != [1]):
         return None, f"addmm bias of size {list(bias[1])} (tunable: [N])"
+    epi = getattr(event, "epilogue", None)
+    if epi is not None and epi.activation and (bias is not None or epi.bias_added):
+        return GemmProblem("linear_act", (m, n, k), dtype, activation=epi.activation, weight_layout=layout), None
     return GemmProblem(op, (m, n, k), dtype, weight_layout=layout), None
+
+
+def epilogue_note(problem: Any, epilogues: list[Any]) -> str | None:
+    """What a collected problem's tune leaves out of what the model runs, given the epilogues of
+    every GEMM of its key (first first), or None: an epilogue linear_act does not model, or GEMMs of
+    one key with different epilogues (one table entry serves them all; the first is tuned)."""
+    if problem is None:
+        return None
+    kinds = list(dict.fromkeys(e.describe() for e in epilogues))
+    if len(kinds) > 1:
+        return (f"{len(epilogues)} GEMMs of this key feed different epilogues ({', '.join(kinds)}); one table "
+                f"entry serves them all: tuned as the first ({kinds[0]})")
+    first = epilogues[0]
+    if problem.op == "linear_act":
+        return None
+    if first.activation:  # an mm without a bias: linear_act has one
+        return (f"its output feeds {first.activation}, which linear_act models only after a bias: tuned as "
+                f"{problem.op} without it")
+    if first.other:
+        return (f"its output feeds {first.other}, which linear_act does not model (relu, gelu): tuned as "
+                f"{problem.op} without it")
+    if first.bias_added:
+        return f"a bias is added to its output after it (an unfused addmm): tuned as {problem.op} without it"
+    return None
 
 
 def collect(model: Any, inputs: tuple, device: Any) -> list[CollectedProblem]:
@@ -93,14 +127,18 @@ def collect(model: Any, inputs: tuple, device: Any) -> list[CollectedProblem]:
     with torch.no_grad(), recording() as rec, inductor_config.patch(patch):
         torch.compile(model, fullgraph=False)(*inputs)
     found: dict[str, CollectedProblem] = {}
+    epilogues: dict[str, list[Any]] = {}
     for e in rec.events:
         if not e.offered:  # a pass with nothing to choose (addmm's expanded-bias pass)
             continue
         key = e.agnostic_key or e.device_key
+        epilogues.setdefault(key, []).append(e.epilogue)
         if key in found:
             found[key].count += 1
             continue
         problem, reason = problem_from_event(e, dtype_names)
         found[key] = CollectedProblem(key, e.op_name, [[d, list(s), list(st)] for d, s, st in e.inputs],
                                       dict(e.scalars), 1, problem, reason)
+    for key, p in found.items():
+        p.note = epilogue_note(p.problem, epilogues[key])
     return list(found.values())

@@ -15,12 +15,13 @@ from zhantune.errors import ConfigError, shown
 from zhantune.paths import write_atomic
 
 __all__ = ["PROBLEMS_FORMAT", "ROW_KEYS", "MAX_PROBLEMS_BYTES", "write_problems", "read_problems", "problem_keys",
-           "op_activation"]
+           "op_activation", "row_activation"]
 
 PROBLEMS_FORMAT = "zhantune-problems"
 #: the keys of a problem in the file (python -m zhantune.collect writes them all; a hand-written
 #: file needs op and shape)
-ROW_KEYS = ("op", "shape", "dtype", "weight_layout", "lookup_key", "count", "inputs", "scalars", "default_us", "share")
+ROW_KEYS = ("op", "shape", "dtype", "weight_layout", "activation", "lookup_key", "count", "inputs", "scalars",
+            "default_us", "share", "note")
 #: the largest problems file read (bytes)
 MAX_PROBLEMS_BYTES = 1 << 20
 
@@ -34,9 +35,11 @@ def write_problems(path: str | Path, problems: list[Any], header: dict[str, Any]
             row["scalars"] = p.scalars
         if p.problem is not None and p.reason is None:
             g = p.problem
+            act = {"activation": g.activation} if g.activation else {}
+            note = {"note": p.note} if getattr(p, "note", None) else {}
             tunable.append({"op": g.op, "shape": list(g.shape), "dtype": g.dtype,
-                            "weight_layout": g.weight_layout, **row, "default_us": p.default_us,
-                            "share": p.share})
+                            "weight_layout": g.weight_layout, **act, **row, "default_us": p.default_us,
+                            "share": p.share, **note})
         else:
             skipped.append({"op": p.op_name, **row, "reason": p.reason})
     doc = {"format": PROBLEMS_FORMAT, "format_version": 1, **header, "problems": tunable, "skipped": skipped}
@@ -111,7 +114,8 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
         if row.get("weight_layout", "kn") not in layouts:
             raise ConfigError(f"{at}.weight_layout: {row.get('weight_layout')!r} for op {row['op']}; "
                               f"allowed: {', '.join(layouts)}")
-        GemmProblem.from_config(row["op"], row.get("shape"), row.get("dtype", "float32"), op_activation(row["op"]),
+        act = row_activation(row, at)
+        GemmProblem.from_config(row["op"], row.get("shape"), row.get("dtype", "float32"), act,
                                 source=f"{at}.shape", weight_layout=row.get("weight_layout", "kn"))
         count, share, key = row.get("count", 1), row.get("share"), row.get("lookup_key")
         if type(count) is not int or count < 1:  # not a bool: True is an int to isinstance
@@ -123,10 +127,12 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
             raise ConfigError(f"{at}.default_us: {shown(default_us)} must be a positive number of microseconds or null")
         if key is not None and not (isinstance(key, str) and key.isprintable()):
             raise ConfigError(f"{at}.lookup_key: {shown(key)} must be one line of text (an Inductor lookup key) or null")
+        if row.get("note") is not None and not (isinstance(row["note"], str) and row["note"].isprintable()):
+            raise ConfigError(f"{at}.note: {shown(row['note'])} must be one line of text or null")
         for name, kind in (("inputs", list), ("scalars", dict)):
             if row.get(name) is not None and not isinstance(row[name], kind):
                 raise ConfigError(f"{at}.{name}: {shown(row[name])} must be a {kind.__name__} or null")
-        same = (row["op"], str(row["shape"]), row.get("dtype", "float32"), row.get("weight_layout", "kn"),
+        same = (row["op"], str(row["shape"]), row.get("dtype", "float32"), row.get("weight_layout", "kn"), act,
                 row.get("lookup_key"))
         if same in seen:
             raise ConfigError(f"{at}: the same problem and lookup key as problems[{seen[same]}]: it would be tuned "
@@ -143,9 +149,25 @@ def problem_keys(path: str | Path) -> list[str]:
 
     keys = []
     for r in read_problems(path):
-        keys.append(GemmProblem.from_config(r["op"], r["shape"], r.get("dtype", "float32"), op_activation(r["op"]),
+        keys.append(GemmProblem.from_config(r["op"], r["shape"], r.get("dtype", "float32"), row_activation(r),
                                             weight_layout=r.get("weight_layout", "kn")).key)
     return keys
+
+
+def row_activation(row: dict[str, Any], at: str = "problems[]") -> str | None:
+    """The activation of a problems file's row: its ``activation`` (collect writes it for a
+    linear_act), else its op file's (conf/op/linear_act.yaml: relu); raises ConfigError for one on
+    another op or outside zhantune.request.ACTIVATIONS."""
+    from zhantune.request import ACTIVATIONS
+
+    act = row.get("activation")
+    if act is None:
+        return op_activation(row["op"])
+    if row["op"] != "linear_act":
+        raise ConfigError(f"{at}.activation: {shown(act)} for op {row['op']}: only linear_act takes an activation")
+    if act not in ACTIVATIONS:
+        raise ConfigError(f"{at}.activation: {shown(act)}; allowed: {', '.join(ACTIVATIONS)}")
+    return act
 
 
 def op_activation(op: str) -> str | None:

@@ -1,0 +1,147 @@
+"""collect: a Linear + activation is the problem linear_act, whose own compile makes the model's lookup
+and fuses the model's epilogue; what a tune leaves out is noted (zhantune.inductor.epilogue)."""
+
+from __future__ import annotations
+
+import sqlite3
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from zhantune.device import resolve_device
+from zhantune.inductor.gemms import collect
+
+
+class Heads(torch.nn.Module):
+    """One Linear per epilogue, each of its own size (its own lookup key)."""
+
+    def __init__(self, bias: bool = True):
+        super().__init__()
+        self.gelu, self.relu, self.silu, self.tanh = (torch.nn.Linear(64, n, bias=bias) for n in (128, 96, 80, 72))
+        self.down = torch.nn.Linear(128, 64)
+
+    def forward(self, x):
+        return (self.down(F.gelu(self.gelu(x))) + x, torch.relu(self.relu(x)), F.silu(self.silu(x)),
+                F.gelu(self.tanh(x), approximate="tanh"))
+
+
+def _by_n(found):
+    return {p.problem.dims["N"]: p for p in found}
+
+
+def _own_key(problem, patch: dict) -> str:
+    """The device-agnostic key the problem's own compile (a tune's) looks up."""
+    from torch._inductor import config as inductor_config
+
+    from zhantune.inductor.choices import recording
+
+    module, inputs = problem.build(torch.device("cpu"))
+    torch._dynamo.reset()
+    with torch.no_grad(), recording() as rec, inductor_config.patch({**patch, "force_disable_caches": True}):
+        torch.compile(module)(*inputs)
+    (key,) = {e.agnostic_key for e in rec.events if e.offered}
+    return key
+
+
+def test_a_linear_and_its_activation_are_collected_as_linear_act_with_the_models_own_key():
+    """A helper's check (session 44): collect listed the MLP's Linear + GELU as a bare addmm; with
+    the table, the model ran the C++ template with GELU fused into its epilogue, the tune had timed
+    the template without it. Now: addmm + relu / exact gelu is linear_act with that activation; its
+    own compile (a tune's) looks up the key the model did; silu, tanh-GELU, and a GELU after a
+    bias-less Linear (linear_act has a bias) stay the bare GEMM with a note; a residual add is no
+    activation and gets none."""
+    from zhantune.inductor.settings import CPU_BASE_PATCH
+
+    found = _by_n(collect(Heads().eval(), (torch.randn(8, 64),), resolve_device("cpu")))
+    assert {n: (p.problem.op, p.problem.activation) for n, p in found.items()} == {
+        128: ("linear_act", "gelu"), 64: ("addmm", None), 96: ("linear_act", "relu"), 80: ("addmm", None),
+        72: ("addmm", None)}
+    assert found[128].note is None and found[96].note is None and found[64].note is None
+    assert "feeds silu, which linear_act does not model" in found[80].note
+    assert "feeds gelu (tanh), which linear_act does not model" in found[72].note
+    for n in (128, 96):  # the tune's compile makes the model's lookup (an addmm on CPU)
+        assert _own_key(found[n].problem, CPU_BASE_PATCH) == found[n].lookup_key
+        assert found[n].lookup_key.endswith("+addmm")
+    torch._dynamo.reset()
+    bare = _by_n(collect(Heads(bias=False).eval(), (torch.randn(8, 64),), resolve_device("cpu")))
+    assert (bare[128].problem.op, bare[128].problem.activation) == ("mm", None)
+    assert bare[128].note == "its output feeds gelu, which linear_act models only after a bias: tuned as mm without it"
+    assert (bare[96].problem.op, bare[96].problem.activation) == ("mm", None) and "feeds relu" in bare[96].note
+
+    class Mixed(torch.nn.Module):  # two Linears of one key: one table entry serves both
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(64, 48), torch.nn.Linear(64, 48)
+
+        def forward(self, x):
+            return F.gelu(self.a(x)), self.b(x)
+
+    torch._dynamo.reset()
+    (mixed,) = collect(Mixed().eval(), (torch.randn(8, 64),), resolve_device("cpu"))
+    assert (mixed.problem.op, mixed.problem.activation, mixed.count) == ("linear_act", "gelu", 2)
+    assert mixed.note == ("2 GEMMs of this key feed different epilogues (gelu, none); one table entry serves "
+                          "them all: tuned as the first (gelu)")
+
+
+def test_a_gpus_unfused_addmm_then_gelu_is_linear_act_looked_up_as_mm():
+    """On a GPU, Inductor's post-grad pass rewrites a float32 addmm whose uses are pointwise into
+    mm + bias add (unfuse_bias_add_to_pointwise): the model's lookup is an mm. Its real pass run on
+    CPU (``is_gpu`` patched, as PyTorch's own tests mock devices): the mm's output gets the bias and
+    then GELU, so it is linear_act, and linear_act's own compile under the same pass looks up that mm
+    key (GemmProblem.lookup_op_on); a plain residual add after the bias is not an activation."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.fx_passes import post_grad
+
+    from zhantune.inductor.choices import recording
+    from zhantune.inductor.gemms import epilogue_note, problem_from_event
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(64, 128), torch.nn.Linear(64, 96)
+
+        def forward(self, x):
+            return F.gelu(self.a(x)), self.b(x) + 1
+
+    with mock.patch.object(post_grad, "is_gpu", lambda _: True):
+        torch._dynamo.reset()
+        with torch.no_grad(), recording() as rec, inductor_config.patch({"freezing": False, "force_disable_caches": True}):
+            torch.compile(Two().eval())(torch.randn(8, 64))
+        events = {e.inputs[1][1][1]: e for e in rec.events if e.offered}
+        assert {n: e.op_name for n, e in events.items()} == {128: "mm", 96: "mm"}
+        problem, why = problem_from_event(events[128], {"float32": "float32"})
+        assert why is None and (problem.op, problem.activation) == ("linear_act", "gelu")
+        assert problem.lookup_op_on("cuda") == "mm"
+        assert _own_key(problem, {"freezing": False}) == events[128].agnostic_key
+        plain, _ = problem_from_event(events[96], {"float32": "float32"})
+        assert plain.op == "mm" and events[96].epilogue.bias_added and events[96].epilogue.activation is None
+        assert epilogue_note(plain, [events[96].epilogue]) == ("a bias is added to its output after it (an unfused "
+                                                              "addmm): tuned as mm without it")
+
+
+@pytest.mark.slow
+def test_collect_writes_linear_act_rows_that_a_tune_of_the_file_compiles_with_their_activation(cli, tmp_path):
+    """The problems file carries a linear_act row's activation (conf/op/linear_act.yaml's relu is
+    the default a hand-written row gets), and the tune of the file tunes linear_act:gelu."""
+    from zhantune.problems.file import problem_keys
+
+    r = cli(["model=zhantune.models:mlp", "model_kwargs={d_model:32,hidden:64,layers:1}", "input_shapes=[[8,32]]",
+             "measure=false", "out=p.yaml"], tmp_path, module="zhantune.collect")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "linear_act:gelu" in r.stdout
+    rows = yaml.safe_load((tmp_path / "p.yaml").read_text())["problems"]
+    assert [(p["op"], p.get("activation"), p["shape"]) for p in rows] == [
+        ("linear_act", "gelu", [8, 64, 32]), ("addmm", None, [8, 32, 64])]
+    assert problem_keys(tmp_path / "p.yaml")[0] == "linear_act[M=8,N=64,K=32]:float32:gelu:weight_nk"
+    r = cli(["problems=p.yaml", "search.total_trials=2", "bench.remeasure_rounds=0", "bench.isolate=false",
+             "progress=false", "storage.url=sqlite:///z.db", "export.path=t.json"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "z.db") as con:
+        ops = set(con.execute("select op, activation from zt_problem"))
+    assert ops == {("linear_act", "gelu"), ("addmm", None)}
+    keys = set(yaml.safe_load((tmp_path / "t.json").read_text())["table"])  # JSON is YAML
+    device_key = yaml.safe_load((tmp_path / "p.yaml").read_text())["device"]["key"]
+    assert keys == {f"{device_key}+{p['lookup_key']}" for p in rows}
