@@ -303,13 +303,15 @@ def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):
     """Rerunning a finished study runs its settles again only when its newest verdict is a paired
     one left unconfirmed by a busy machine, and only when the run settles at all: a confirmed claim,
     a flip on an idle machine, a later "no claim" (the default's own kernel won the close call) or
-    another study's busy verdict do not; nor do bench.remeasure_rounds=0 or a replay. A claim
+    another study's busy verdict on another config do not (on its config it does: the claim the
+    summary reports is the newest verdict on it); nor do bench.remeasure_rounds=0 or a replay. A claim
     confirmed under an earlier rule that the rule in use rejects, or with another torch, is settled
     again."""
     from types import SimpleNamespace
 
     from zhantune.storage import Store
     from zhantune.tune import _settle_again
+    from zhantune.tune_result import stored_claim
 
     store = Store(f"sqlite:///{tmp_path / 'z.db'}")
     dev = store.device_id("cpu-x", "cpu-x", "cpu", {})
@@ -323,14 +325,22 @@ def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):
                           reason="r")
 
     assert not _settle_again(run, store, mine)  # no verdict yet
+    assert stored_claim(store, mine) == (None, None)
     verdict(mine, contended=4)
     assert _settle_again(run, store, mine)
     assert not _settle_again(SimpleNamespace(replay=None, bench=SimpleNamespace(remeasure_rounds=0)), store, mine)
     assert not _settle_again(SimpleNamespace(replay=object(), bench=run.bench), store, mine)
     verdict(mine, rounds=0, ratio=None)  # the re-settle's close call made the default's kernel the winner
     assert not _settle_again(run, store, mine)
-    verdict(other, contended=4)  # another study's busy verdict on the same problem
+    # another study's busy verdict on another config of the problem is not this study's claim ...
+    store.add_verdict(study_id=other, device_id=dev, problem_id=prob, config_hash="d", ratio=1.3, ratio_low=1.3,
+                      ratio_high=1.3, rounds=2, contended=4, confirmed=False, reason="r")
     assert not _settle_again(run, store, mine) and _settle_again(run, store, other)
+    # ... but on its config it is (a replay of a table with that entry): the newest verdict, which the
+    # study's summary (stored_claim) and the export read; a helper found the summary's "rerun the same
+    # command on an idle machine" never settled, the rerun reading the study's own verdict
+    verdict(other, contended=4)
+    assert _settle_again(run, store, mine) and stored_claim(store, mine)[0].contended == 4
     verdict(mine, contended=4)
     verdict(mine, confirmed=True)  # settled again on an idle machine
     assert not _settle_again(run, store, mine)

@@ -14,7 +14,7 @@ from zhantune.provenance import software_versions
 from zhantune.search.transfer import Prior
 from zhantune.storage import MeasurementRow
 
-__all__ = ["TuneResult", "stored_claim", "own_rows", "study_best", "ranked_rows"]
+__all__ = ["TuneResult", "claim_verdict", "stored_claim", "own_rows", "study_best", "ranked_rows"]
 
 
 def stored_claim(store: Any, study_id: int) -> tuple[SpeedupVerdict | None, MeasurementRow | None]:
@@ -28,13 +28,10 @@ def stored_claim(store: Any, study_id: int) -> tuple[SpeedupVerdict | None, Meas
     from zhantune.bench.decision import claim_holds
     from zhantune.provenance import software_versions, torch_release
 
-    newest = store.study_verdict(study_id)
-    if newest is None:
+    v = claim_verdict(store, study_id)
+    if v is None:
         return None, None
     this = software_versions()["torch"]
-    key = (newest.device_id, newest.problem_id, newest.config_hash)
-    v = store.latest_verdicts(this).get(key)
-    v = v or store.latest_verdicts().get(key) or newest  # every torch's verdicts read only where needed
     confirmed = claim_holds(v) and torch_release(v.torch_version) == torch_release(this)
     reason = v.reason
     if claim_holds(v) and not confirmed:
@@ -44,6 +41,21 @@ def stored_claim(store: Any, study_id: int) -> tuple[SpeedupVerdict | None, Meas
     claimed = store.config_best(v.device_id, v.problem_id, v.config_hash) if v.config_hash else None
     ratio = v.ratio if v.ratio_low is not None and v.ratio_high is not None else None  # a row without its range
     return SpeedupVerdict(ratio, v.ratio_low, v.ratio_high, v.rounds or 0, v.contended or 0, confirmed, reason), claimed
+
+
+def claim_verdict(store: Any, study_id: int) -> Any:
+    """The stored verdict a finished study's claim is read from (:func:`stored_claim`): the newest on
+    the config of the study's newest verdict (Store.study_verdict), whoever settled it (a replay of a
+    table with that entry, another study), as the export reads it (Store.latest_verdicts: this torch's
+    release first); None where the study stored none."""
+    from zhantune.provenance import software_versions
+
+    newest = store.study_verdict(study_id)
+    if newest is None:
+        return None
+    key = (newest.device_id, newest.problem_id, newest.config_hash)
+    v = store.latest_verdicts(software_versions()["torch"]).get(key)
+    return v or store.latest_verdicts().get(key) or newest  # every torch's verdicts read only where needed
 
 
 @dataclass
@@ -141,10 +153,20 @@ def settle_again(run: Any, store: Any, study_id: int) -> bool:
     (decision.claim_holds) or from rounds timed before zhantune checked how long their threads waited
     for a core (Store.rounds_unchecked_for_waiting), or settled with another torch (a claim holds for
     the torch its rounds ran with), and this run settles (``bench.remeasure_rounds`` > 0, not a
-    replay; ``run``: a RunSpec)."""
+    replay; ``run``: a RunSpec). Judged on the study's newest verdict, and on the one its summary
+    reports (:func:`claim_verdict`) where that is newer: a helper found a busy replay's later verdict
+    on the study's config reported, with "rerun the same command on an idle machine", by reruns that
+    never settled (they read the study's own). A "no claim" of the study's own newer than the claim
+    reported (the default's kernel won a re-settle's close call) ends it, as before."""
     if run.replay is not None or not run.bench.remeasure_rounds:
         return False
-    v = store.study_verdict(study_id)
+    own, reported = store.study_verdict(study_id), claim_verdict(store, study_id)
+    return _due(store, own) or (reported is not None and own is not None and reported.id > own.id
+                                and _due(store, reported))
+
+
+def _due(store: Any, v: Any) -> bool:
+    """Whether stored verdict ``v`` is due to be settled again (:func:`settle_again`)."""
     return v is not None and bool(v.rounds) and v.ratio is not None and (
         (not v.confirmed and bool(v.contended)) or (v.confirmed and not claim_holds(v))
         or v.torch_version != software_versions()["torch"]
