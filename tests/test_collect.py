@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from torch._inductor.utils import is_mkldnn_bf16_supported
 
 from zhantune.device import resolve_device
 from zhantune.inductor.gemms import collect
@@ -70,6 +71,16 @@ def test_a_linear_and_its_activation_are_collected_as_linear_act_with_the_models
     assert (bare[128].problem.op, bare[128].problem.activation) == ("mm", None)
     assert bare[128].note == "its output feeds gelu, which linear_act models only after a bias: tuned as mm without it"
     assert (bare[96].problem.op, bare[96].problem.activation) == ("mm", None) and "feeds relu" in bare[96].note
+
+    # a Linear on [B, S, D] not prepacked (bfloat16 where oneDNN has no bf16: an AMD EPYC without
+    # AVX-512; with it, oneDNN fuses the GELU and no lookup is made: README): an addmm on [B*S, D]
+    # whose output is viewed back as [B, S, N] before its activation
+    if not is_mkldnn_bf16_supported("cpu"):
+        torch._dynamo.reset()
+        lin = torch.nn.Sequential(torch.nn.Linear(64, 56), torch.nn.GELU()).to(torch.bfloat16).eval()
+        (viewed,) = collect(lin, (torch.randn(2, 4, 64, dtype=torch.bfloat16),), resolve_device("cpu"))
+        assert (viewed.problem.op, viewed.problem.activation, viewed.problem.dims["M"]) == ("linear_act", "gelu", 8)
+        assert _own_key(viewed.problem, CPU_BASE_PATCH) == viewed.lookup_key
 
     class Mixed(torch.nn.Module):  # two Linears of one key: one table entry serves both
         def __init__(self):

@@ -27,6 +27,10 @@ NOTED = ("silu", "sigmoid", "tanh", "gelu", "hardswish", "hardsigmoid", "leaky_r
          "hardtanh", "softplus", "relu")
 
 
+#: ops that only view a GEMM's output in another shape on its way to the activation
+VIEWS = ("view", "reshape", "_unsafe_view")
+
+
 @dataclass(frozen=True)
 class Epilogue:
     """What one GEMM's output feeds.
@@ -76,6 +80,14 @@ def _bias_add(gemm: Any) -> Any:
     return add if val is not None and getattr(val, "dim", lambda: 0)() == 1 else None
 
 
+def _through_views(node: Any) -> Any:
+    """The last of a chain of views that is ``node``'s only use, each the next one's (a Linear on
+    [B, S, D] is an addmm on [B*S, D] viewed back as [B, S, N] before its activation), else ``node``."""
+    while len(node.users) == 1 and _target(next(iter(node.users))) in VIEWS:
+        node = next(iter(node.users))
+    return node
+
+
 def _region(starts: list[Any], origin: str) -> list[Any]:
     """The nodes reachable from ``starts`` that came from the ATen op ``origin`` (one activation's
     decomposition)."""
@@ -97,6 +109,7 @@ def epilogue_of(gemm: Any) -> Epilogue:
     add = _bias_add(gemm)
     if add is not None:
         out, bias = add, True
+    out = _through_views(out)
     users = list(out.users)
     origins = {_origin(u) for u in users}
     if len(origins) != 1 or None in origins:
