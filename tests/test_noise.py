@@ -138,6 +138,10 @@ def test_a_close_call_is_clear_only_by_the_claim_rule(a_us, b_us, verdict):
     assert text.index(cands[faster].describe()) < text.index(cands[slower].describe())
     lo, hi = min(a_us if faster == "a" else b_us), max(a_us if faster == "a" else b_us)
     assert f"{cands[faster].describe()} {lo:,.1f}-{hi:,.1f} us" in text  # the rounds' own numbers
+    if verdict == "tie":  # a helper's attack: "a tie, either is fine" where the first was faster in every round
+        every = all(x < y for x, y in zip(a_us, b_us, strict=True))
+        assert ("every round found the first faster (1.00-1.01x)" in text) is every, text
+        assert ("either is fine" in text) is not every, text
 
 
 def test_a_close_call_measured_on_a_busy_machine_is_unconfirmed_and_its_rounds_alternate():
