@@ -82,6 +82,19 @@ def test_a_linear_and_its_activation_are_collected_as_linear_act_with_the_models
         assert (viewed.problem.op, viewed.problem.activation, viewed.problem.dims["M"]) == ("linear_act", "gelu", 8)
         assert _own_key(viewed.problem, CPU_BASE_PATCH) == viewed.lookup_key
 
+    class Chained(torch.nn.Module):  # a helper's attack on the detection
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(64, 96), torch.nn.Linear(64, 88)
+
+        def forward(self, x):  # exact GELU, then another, tanh, GELU; a reinterpretation is not a view
+            return F.gelu(F.gelu(self.a(x)), approximate="tanh"), F.relu(self.b(x).view(torch.int32))
+
+    torch._dynamo.reset()
+    chained = _by_n(collect(Chained().eval(), (torch.randn(8, 64),), resolve_device("cpu")))
+    assert (chained[96].problem.op, chained[96].problem.activation, chained[96].note) == ("linear_act", "gelu", None)
+    assert (chained[88].problem.op, chained[88].note) == ("addmm", None)
+
     class Mixed(torch.nn.Module):  # two Linears of one key: one table entry serves both
         def __init__(self):
             super().__init__()

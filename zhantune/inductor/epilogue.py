@@ -66,6 +66,12 @@ def _target(node: Any) -> str:
     return name if isinstance(name, str) else ""
 
 
+def _source(node: Any) -> frozenset[str]:
+    """The names of the nodes of the graph before decomposition that ``node`` was made from
+    (``meta["from_node"]``: "gelu", "gelu_1": one per call), empty where not recorded."""
+    return frozenset(getattr(s, "name", "") for s in node.meta.get("from_node") or ())
+
+
 def _bias_add(gemm: Any) -> Any:
     """The node adding a 1-D bias to an mm's output when the GPU's post-grad pass unfused an addmm
     (its only use, an ``add`` that came from an addmm), else None."""
@@ -83,18 +89,21 @@ def _bias_add(gemm: Any) -> Any:
 def _through_views(node: Any) -> Any:
     """The last of a chain of views that is ``node``'s only use, each the next one's (a Linear on
     [B, S, D] is an addmm on [B*S, D] viewed back as [B, S, N] before its activation), else ``node``."""
-    while len(node.users) == 1 and _target(next(iter(node.users))) in VIEWS:
-        node = next(iter(node.users))
+    while len(node.users) == 1 and _target(user := next(iter(node.users))) in VIEWS and \
+            getattr(user.target, "_overloadname", None) == "default":  # not view.dtype: a reinterpretation
+        node = user
     return node
 
 
 def _region(starts: list[Any], origin: str) -> list[Any]:
-    """The nodes reachable from ``starts`` that came from the ATen op ``origin`` (one activation's
-    decomposition)."""
+    """The nodes reachable from ``starts`` that came from the ATen op ``origin`` and from the same
+    call (:func:`_source`: one activation's decomposition; a second GELU after the first is another
+    call, a helper's attack found its tanh taken for the first's)."""
     seen, queue = {id(n): n for n in starts}, deque(starts)
+    calls = frozenset().union(*(_source(n) for n in starts))
     while queue:
         for u in queue.popleft().users:
-            if id(u) not in seen and _origin(u) == origin:
+            if id(u) not in seen and _origin(u) == origin and (not calls or _source(u) <= calls):
                 seen[id(u)] = u
                 queue.append(u)
     return list(seen.values())
@@ -115,6 +124,8 @@ def epilogue_of(gemm: Any) -> Epilogue:
     if len(origins) != 1 or None in origins:
         return Epilogue(bias_added=bias)
     (origin,) = origins
+    if len({_source(u) for u in users}) > 1:  # two calls of it on one output (gelu(h), gelu(h))
+        return Epilogue(bias_added=bias)
     if origin == "relu" and len(users) == 1 and _target(users[0]) == "relu":
         return Epilogue("relu", bias)
     if origin == "gelu":
