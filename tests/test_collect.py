@@ -144,6 +144,12 @@ def test_a_gpus_unfused_addmm_then_gelu_is_linear_act_looked_up_as_mm():
         assert plain.op == "mm" and events[96].epilogue.bias_added and events[96].epilogue.activation is None
         assert epilogue_note(plain, [events[96].epilogue]) == ("a bias is added to its output after it (an unfused "
                                                               "addmm): tuned as mm without it")
+    from zhantune.inductor.epilogue import Epilogue
+    from zhantune.problems import GemmProblem
+
+    bmm = GemmProblem("bmm", (4, 8, 32, 16), "float32")  # linear_act is 2-D: a review found "only after a bias"
+    assert epilogue_note(bmm, [Epilogue("relu")]) == ("its output feeds relu, which linear_act models only after a "
+                                                      "Linear's addmm: tuned as bmm without it")
 
 
 @pytest.mark.slow
@@ -156,7 +162,9 @@ def test_collect_writes_linear_act_rows_that_a_tune_of_the_file_compiles_with_th
              "measure=false", "out=p.yaml"], tmp_path, module="zhantune.collect")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "linear_act:gelu" in r.stdout
-    rows = yaml.safe_load((tmp_path / "p.yaml").read_text())["problems"]
+    doc = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    rows = doc["problems"]
+    assert doc["format_version"] == 2  # rows with an activation: an older zhantune refuses it by its version
     assert [(p["op"], p.get("activation"), p["shape"]) for p in rows] == [
         ("linear_act", "gelu", [8, 64, 32]), ("addmm", None, [8, 32, 64])]
     assert problem_keys(tmp_path / "p.yaml")[0] == "linear_act[M=8,N=64,K=32]:float32:gelu:weight_nk"

@@ -177,8 +177,8 @@ def test_malformed_table_is_one_line_exit_2_naming_file_and_key_path(cli, tmp_pa
 
 
 @pytest.mark.parametrize("edit, message", [
-    ({"format_version": 9}, "format_version: this zhantune reads version 1, got 9"),
-    ({"format_version": "1"}, "format_version: this zhantune reads version 1, got '1'"),
+    ({"format_version": 9}, "format_version: this zhantune reads versions 1 and 2, got 9"),
+    ({"format_version": "1"}, "format_version: this zhantune reads versions 1 and 2, got '1'"),
     ({"dtype": "int8"}, "problems[0].dtype: 'int8'; allowed: float32, bfloat16, float16"),
     ({"weight_layout": "zz"}, "problems[0].weight_layout: 'zz' for op addmm; allowed: kn, nk"),
     ({"bogus": 1}, "problems[0].bogus: not a key of a problem (a typo?); allowed: op, shape, dtype"),

@@ -161,8 +161,9 @@ def settle_again(run: Any, store: Any, study_id: int) -> bool:
     if run.replay is not None or not run.bench.remeasure_rounds:
         return False
     own, reported = store.study_verdict(study_id), claim_verdict(store, study_id)
-    return _due(store, own) or (reported is not None and own is not None and reported.id > own.id
-                                and _due(store, reported))
+    newer = (reported is not None and own is not None  # newest as the store orders them (a merge keeps created_at)
+             and (reported.created_at, reported.id) > (own.created_at, own.id))
+    return _due(store, own) or (newer and _due(store, reported))
 
 
 def _due(store: Any, v: Any) -> bool:

@@ -199,8 +199,8 @@ def judge_speedup(rounds: list[Round]) -> SpeedupVerdict:
         return verdict(False, f"unconfirmed: {contended} paired measurement(s) taken on a busy machine (other "
                               "work on the cores or the GPU when they began, their threads kept waiting for a core, or "
                               "no real-time scheduling); rerun the "
-                              "same command on an idle machine (a finished tune runs no search again, only these "
-                              "paired rounds)")
+                              "same command on an idle machine (a finished tune's rerun runs its paired rounds again, "
+                              "not its search)")
     if ratio <= 1.0:
         return verdict(False, f"not faster than the default ({ratio:.2f}x)")
     if len(ok) < n:

@@ -120,12 +120,17 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
 def _tie_text(ratios: list[float], busy: int) -> str:
     """The end of a tied close call's sentence; ``ratios``: each round's second / first (> 1: the
     first faster in that round). A helper's attack found "a tie, either is fine" printed where the
-    first was 1.18-1.48x faster in every round (the rounds' disagreement too large for the rule)."""
+    first was 1.18-1.48x faster in every round (the rounds' disagreement too large for the rule); a
+    review, the mirror case, where the table ships the first."""
     lo, hi = min(ratios), max(ratios)
     on_busy = f" ({busy} of {len(ratios)} round(s) taken on a busy machine)" if busy else ""
     if lo > 1:
         return (f"every round found the first faster ({lo:.2f}-{hi:.2f}x), by less than the rounds disagree: no "
                 f"clear winner{on_busy}; the first ranks first")
+    if hi < 1:
+        return (f"every round found the second faster ({1 / hi:.2f}-{1 / lo:.2f}x), by less than the rounds "
+                f"disagree: no clear winner{on_busy}; the first ranks first by its single fastest run, and a "
+                "table ships it")
     return f"still within the noise: a tie, either is fine{on_busy}"
 
 

@@ -100,8 +100,9 @@ def epilogue_note(problem: Any, epilogues: list[Any]) -> str | None:
     first = epilogues[0]
     if problem.op == "linear_act":
         return None
-    if first.activation:  # an mm without a bias: linear_act has one
-        return (f"its output feeds {first.activation}, which linear_act models only after a bias: tuned as "
+    if first.activation:  # an mm without a bias (linear_act has one), or a bmm (linear_act is 2-D)
+        after = "a bias" if problem.op == "mm" else "a Linear's addmm"
+        return (f"its output feeds {first.activation}, which linear_act models only after {after}: tuned as "
                 f"{problem.op} without it")
     if first.other:
         return (f"its output feeds {first.other}, which linear_act does not model (relu, gelu): tuned as "

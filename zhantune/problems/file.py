@@ -1,7 +1,7 @@
 """The problems file (YAML) that ``python -m zhantune.collect`` writes and a tune of ``problems=`` reads:
-``format: zhantune-problems``, ``format_version: 1``, the model, its inputs, the device and versions,
-``problems`` (op, shape, dtype, weight_layout, lookup_key, count, inputs, scalars, default_us:
-microseconds, share) and ``skipped`` (with the reason). zhantune.problemset tunes it."""
+``format: zhantune-problems``, ``format_version`` (FORMAT_VERSIONS), the model, its inputs, the device and
+versions, ``problems`` (op, shape, dtype, weight_layout, activation, lookup_key, count, inputs, scalars,
+default_us: microseconds, share, note) and ``skipped`` (with the reason). zhantune.problemset tunes it."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ PROBLEMS_FORMAT = "zhantune-problems"
 #: file needs op and shape)
 ROW_KEYS = ("op", "shape", "dtype", "weight_layout", "activation", "lookup_key", "count", "inputs", "scalars",
             "default_us", "share", "note")
+#: versions read: 1, and 2 (since 2026-11-30: a row may carry ``activation`` and ``note``), which
+#: collect writes only for a file that has them, so that an older zhantune refuses it by its version
+#: rather than by a key it takes for a typo
+FORMAT_VERSIONS = (1, 2)
 #: the largest problems file read (bytes)
 MAX_PROBLEMS_BYTES = 1 << 20
 
@@ -42,7 +46,8 @@ def write_problems(path: str | Path, problems: list[Any], header: dict[str, Any]
                             "share": p.share, **note})
         else:
             skipped.append({"op": p.op_name, **row, "reason": p.reason})
-    doc = {"format": PROBLEMS_FORMAT, "format_version": 1, **header, "problems": tunable, "skipped": skipped}
+    version = 2 if any("activation" in row or "note" in row for row in tunable) else 1
+    doc = {"format": PROBLEMS_FORMAT, "format_version": version, **header, "problems": tunable, "skipped": skipped}
     return write_atomic(path, OmegaConf.to_yaml(OmegaConf.create(doc)), "out")
 
 
@@ -92,8 +97,8 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
     if not isinstance(doc, dict) or doc.get("format") != PROBLEMS_FORMAT:
         raise ConfigError(f"{path}: format: expected {PROBLEMS_FORMAT!r} (write the file with python -m zhantune.collect)")
     version = doc.get("format_version", 1)  # a hand-written file may leave it out: version 1
-    if type(version) is not int or version != 1:
-        raise ConfigError(f"{path}: format_version: this zhantune reads version 1, got {version!r}")
+    if type(version) is not int or version not in FORMAT_VERSIONS:
+        raise ConfigError(f"{path}: format_version: this zhantune reads versions 1 and 2, got {version!r}")
     rows = doc.get("problems")
     if not isinstance(rows, list) or not rows:
         raise ConfigError(f"{path}: problems: expected a non-empty list")
@@ -171,6 +176,6 @@ def row_activation(row: dict[str, Any], at: str = "problems[]") -> str | None:
 
 
 def op_activation(op: str) -> str | None:
-    """The op file's activation (conf/op/<op>.yaml), as a tune of a problems file's row takes it
-    (_problem_cfg): a row has no activation of its own; linear_act's was refused for lacking one."""
+    """The op file's activation (conf/op/<op>.yaml): what a problems file's row without an
+    ``activation`` of its own takes (:func:`row_activation`; a hand-written linear_act row: relu)."""
     return OmegaConf.load(CONF_DIR / "op" / f"{op}.yaml").get("activation")
