@@ -150,6 +150,50 @@ def test_a_problem_measured_on_one_device_is_said_to_be_left_out(tmp_path, db):
     assert json.loads(Path(write_json(str(tmp_path / "c.json"), cmp)).read_text())["left_out"] == {"Other GPU": 1}
 
 
+def test_a_winner_run_on_one_device_has_no_worst_regret_and_a_killed_workers_row_is_no_failure(tmp_path):
+    """A helper's attack on compare (session 44): the JSON gave a winner never run on the other device a
+    worst and geomean regret of 1.0 (its own device's; the console and the HTML show "-"), and a
+    killed worker's row (``crashed``) made its config "fails" there, where the export counts it as
+    never measured (Store.incorrect_configs)."""
+    import sqlite3
+
+    from zhantune.report.outputs import write_json
+
+    store = Store(f"sqlite:///{tmp_path / 'z.db'}")
+    for name, times in (("GPU A", {1: 2.0, 2: 5.0, 3: 1.0}), ("GPU B", {1: 3.0, 2: 2.0})):
+        doc = {"device_name": name, "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+               "tune_params": {"x": [1, 2, 3]}, "objective": "time",
+               "cache": {str(x): {"x": x, "time": t, "times": [t, t]} for x, t in times.items()}}
+        (tmp_path / f"{name}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+        import_kerneltuner(store, load_kerneltuner(tmp_path / f"{name}.json.gz"))
+    (p,) = compare(store).problems
+    only_a = p.winner["GPU A"]
+    assert only_a.params == {"x": 3} and set(only_a.regret) == {"GPU A"}
+    got = json.loads(write_json(tmp_path / "c.json", compare(store)).read_text())["problems"][0]["winners"]
+    assert got["GPU A"]["worst_regret"] is None and got["GPU A"]["geomean_regret"] is None
+    assert got["GPU A"]["measured_on_every_device"] is False
+    assert got["GPU B"]["worst_regret"] == pytest.approx(5.0) and got["GPU B"]["measured_on_every_device"] is True
+    with sqlite3.connect(tmp_path / "z.db") as con:  # x=3 on GPU B: a worker killed while measuring it
+        (b,), = con.execute("select id from zt_device where key = 'GPU B'")
+        cols = [r[1] for r in con.execute("pragma table_info(zt_measurement)") if r[1] != "id"]
+        picked = ", ".join("'crashed'" if c == "status" else str(b) if c == "device_id" else "null" if c == "trial_number"
+                           else c for c in cols)
+        con.execute(f"insert into zt_measurement ({', '.join(cols)}) select {picked} from zt_measurement "
+                    "where config_hash = ? and kind = 'candidate'", (only_a.config_hash,))
+    (p,) = compare(store).problems
+    assert set(p.winner["GPU A"].regret) == {"GPU A"}  # not "fails" (inf) on GPU B
+
+
+def test_a_device_name_with_spaces_around_it_is_the_device_it_names(tmp_path):
+    """A helper's attack (session 44): a replay's bench.device_name='NVIDIA RTX A4000 ' kept the space
+    (the import's devices=[...] strips it) and compare printed two devices named NVIDIA RTX A4000."""
+    doc = {"device_name": " GPU B ", "kernel_name": "k", "problem_size": [64], "tune_params_keys": ["x"],
+           "tune_params": {"x": [1]}, "objective": "time", "cache": {"1": {"x": 1, "time": 2.0}}}
+    (tmp_path / "b.json").write_text(json.dumps(doc))
+    assert load_kerneltuner(tmp_path / "b.json").device_key == "GPU B"
+    assert load_kerneltuner(tmp_path / "b.json", device="GPU C ").device_key == "GPU C"
+
+
 def _charts(path: Path) -> dict[str, str]:
     """Each chart the report says it holds, and any other Plotly chart in it: drawn, empty or missing."""
     dom = render_dom(path)

@@ -303,5 +303,6 @@ def check_fits(problem: GemmProblem, device: DeviceInfo) -> None:
 def _resolve_replay(cfg: DictConfig) -> RunSpec:
     """bench=replay: problem, device and space all come from the Kernel Tuner file."""
     # bench.path and space=[...] were checked (check_request)
-    replay = load_kerneltuner(cfg.bench.path, device=cfg.bench.get("device_name") or None)
+    # stripped, as the import's devices=[...] (a helper found 'NAME ' a second device that prints as NAME)
+    replay = load_kerneltuner(cfg.bench.path, device=str(cfg.bench.get("device_name") or "").strip() or None)
     return RunSpec(replay.problem(), replay.device(), replay.space(), ["replay"], {}, cfg, replay)

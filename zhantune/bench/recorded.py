@@ -127,9 +127,9 @@ class KernelTunerFile:
         else a name from the file name (:func:`device_from_file_name`); never empty, so two files
         without a device name never become one device unless their file names agree."""
         if self.device_label:
-            return self.device_label
+            return self.device_label.strip()
         if self.device_name.strip():
-            return self.device_name
+            return self.device_name.strip()  # as devices=[...] is: 'NAME ' is not a second device that prints as NAME
         return device_from_file_name(self.path, self.kernel_name)
 
     def entry(self, values: dict[str, Any]) -> dict[str, Any] | None:

@@ -164,13 +164,18 @@ def write_csv(path: str | Path, cmp: Comparison) -> Path:
     return write_atomic(path, text.getvalue(), "csv")
 
 
-def _choice(c: Choice | None) -> dict[str, Any] | None:
+def _choice(c: Choice | None, devices: Any = ()) -> dict[str, Any] | None:
+    """A choice as JSON; ``devices``: the problem's compared devices. Its worst and geomean regret
+    are null where it was not run on every one of them (a helper found a winner never run on the other
+    device given a worst regret of 1.0, its own device's; the console and the HTML show "-")."""
     if c is None:
         return None
+    everywhere = set(devices) <= set(c.regret)
     return {"config_hash": c.config_hash, "template_id": c.template_id, "params": c.params,
             "regret": {d: (r if math.isfinite(r) else "inf") for d, r in c.regret.items()},
-            "worst_regret": c.worst_regret if math.isfinite(c.worst_regret) else "inf",
-            "geomean_regret": c.geomean_regret if math.isfinite(c.geomean_regret) else "inf"}
+            "measured_on_every_device": everywhere,
+            "worst_regret": None if not everywhere else c.worst_regret if math.isfinite(c.worst_regret) else "inf",
+            "geomean_regret": None if not everywhere else c.geomean_regret if math.isfinite(c.geomean_regret) else "inf"}
 
 
 def write_json(path: str | Path, cmp: Comparison) -> Path:
@@ -192,7 +197,7 @@ def write_json(path: str | Path, cmp: Comparison) -> Path:
             "problem": p.problem_key, "flops": p.flops, "best_us": p.best_us, "default_us": p.default_us,
             "confirmed_speedup": p.confirmed_speedup,
             "claims": {d: _claim(c) for d, c in p.claims.items()},
-            "winners": {d: _choice(c) for d, c in p.winner.items()},
+            "winners": {d: _choice(c, p.best_us) for d, c in p.winner.items()},
             "portable": _choice(p.portable), "portable_geomean": _choice(p.portable_geomean),
             "disagreement": p.disagreement if p.disagreement is None or math.isfinite(p.disagreement) else "inf",
         } for p in cmp.problems],

@@ -214,12 +214,14 @@ def _times(store: Store, ids: dict[int, str], torch: str, other_torch: Counter,
     (or recorded GPU data, imported from Kernel Tuner or replayed, whatever torch), as the export ranks them:
     time[problem id][device key][config hash] (each config at its lowest decision statistic, the
     ranking rule of the export), failed[problem id][device key] = config hashes whose candidates
-    failed there (one wrong output there, ``incorrect``, makes a config failed however many ``ok``
-    rows it has, Store.incorrect_configs), configs[config hash] = (template_id, params),
+    failed there (a wrong output, a compile or runtime error, a timeout; not a killed worker's
+    ``crashed`` nor ``not_applied``; one wrong output there, ``incorrect``, makes a config failed
+    however many ``ok`` rows it has: Store.incorrect_configs), configs[config hash] = (template_id, params),
     default_us[problem id][device key] (Inductor's default, lowest too). ``other_torch`` counts the
     rows of other torch releases left out, by device key; ``releases`` gets those releases."""
     from zhantune.provenance import torch_release
     from zhantune.storage.ingest import IMPORTED_VERSION
+    from zhantune.storage.queries import FAILED_STATUSES
 
     ok: dict[int, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
     defaults: dict[int, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
@@ -248,7 +250,9 @@ def _times(store: Store, ids: dict[int, str], torch: str, other_torch: Counter,
         configs.setdefault(row.config_hash, (row.template_id, row.params))
         if good:
             ok[row.problem_id][dev].append(row)
-        elif row.kind == "candidate":
+        elif row.kind == "candidate" and row.status in ("incorrect", *FAILED_STATUSES):
+            # a killed worker's row (crashed) or a template not applied is no measurement of the config,
+            # as for the export (Store.incorrect_configs); a helper found compare calling such a config "fails"
             failed[row.problem_id][dev].add(row.config_hash)
     time = {pid: {dev: {r.config_hash: decision_us(r) for r in best_per_config(rows)} for dev, rows in by_dev.items()}
             for pid, by_dev in ok.items()}
