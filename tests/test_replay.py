@@ -189,6 +189,41 @@ def _two_recordings(tmp_path, device_name="GPU-R"):
     return paths
 
 
+def test_two_gpus_recorded_under_their_names_never_become_one_device(cli, tmp_path):
+    """A helper's attack on compare (session 44): a replay of an A100's file with
+    bench.device_name='NVIDIA RTX A4000' added its rows to the A4000's device (its best went from
+    997.9 to 812.0 us), and an import with devices=[GPU,GPU] made one device of both. A file that
+    records its GPU's name may not join a device holding the problem from a file recorded on
+    another: refused in one line (exit 2, nothing written); a second recording of the same GPU under
+    the name given, and a replay of the imported file itself, still join it."""
+    import gzip
+    import hashlib
+
+    a, b = _two_recordings(tmp_path)  # both recorded on GPU-R
+    doc = json.loads(gzip.decompress(a.read_bytes()))
+    other = tmp_path / "c.json"
+    other.write_text(json.dumps({**doc, "device_name": "GPU-S"}))
+    db = tmp_path / "r.db"
+    url = f"storage.url=sqlite:///{db}"
+    r = cli([f"files=[{a},{other}]", "devices=[GPU,GPU]", url], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 2 and not db.exists(), r.stderr[-2000:]
+    assert "(recorded on 'GPU-R') and" in r.stderr and "two GPUs in one device; name them apart with devices=[...]" \
+        in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = cli([f"files=[{a}]", "devices=[GPU]", url], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 0, r.stderr[-2000:]
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    r = cli(["bench=replay", f"bench.path={other}", "bench.device_name=GPU", "search.n_trials=2", "progress=false", url],
+            tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert f"bench.path={other}: recorded on 'GPU-S', gives device 'GPU', which holds" in r.stderr
+    assert "recorded on 'GPU-R': two GPUs in one device; name them apart with bench.device_name=NAME" in r.stderr
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    for path in (b, a):  # another recording of GPU-R, then the imported file replayed: the same GPU
+        r = cli(["bench=replay", f"bench.path={path}", "bench.device_name=GPU", "search.n_trials=2",
+                 "progress=false", url], tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):
     """Naming a replay's study creates it with the file's digest at once (real SQLite): a job that
     starts on another file of the same device and problem before the first measured anything gets
@@ -206,7 +241,8 @@ def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):
     other = replay_study(store, b, key, dev, None)
     assert other == f"{key}[sha256:{b.sha256[:12]}]@{dev}" and b.sha256 != a.sha256
     assert replay_study(store, a, key, dev, None) == f"{key}@{dev}" == replay_study(store, a, key, dev, f"{key}@{dev}")
-    assert store.study_config(f"{key}@{dev}") == {"replay_sha256": a.sha256, "content_sha256": a.content_digest}
+    assert store.study_config(f"{key}@{dev}") == {"replay_sha256": a.sha256, "content_sha256": a.content_digest,
+                                                  "recorded_device": "GPU-R"}
     with pytest.raises(ConfigError, match=r"search.study_name='kerneltuner:k\[64\]@GPU-R' holds another "
                                           r"file's replay \(sha256 [0-9a-f]{12}\.\.\.\), not bench.path=.*b/k_GPUX"):
         replay_study(store, b, key, dev, f"{key}@{dev}")

@@ -44,8 +44,8 @@ def _check_devices(files: list[str], devices: object) -> list[str | None]:
 
 
 def _check_distinct(loaded: list[KernelTunerFile]) -> None:
-    """Two files of one problem whose devices are both named after file names must not meet in one
-    device (ConfigError)."""
+    """Two files of one problem whose devices are both named after file names, or that record two
+    GPUs' names, must not meet in one device (ConfigError)."""
     seen: dict[tuple[str, str], KernelTunerFile] = {}
     for f in loaded:
         key = (f.device_key, f.problem().key)
@@ -53,6 +53,11 @@ def _check_distinct(loaded: list[KernelTunerFile]) -> None:
         if other is not f and "file name" in (f.device_named_by, other.device_named_by):
             raise ConfigError(f"files=[...]: {other.path} and {f.path} both give device {f.device_key!r} for "
                               f"{key[1]} (named after the file name); name them with devices=[...]")
+        names = (other.device_name.strip(), f.device_name.strip())
+        if other is not f and all(names) and names[0] != names[1]:
+            raise ConfigError(f"files=[...]: {other.path} (recorded on {names[0]!r}) and {f.path} (recorded on "
+                              f"{names[1]!r}) both give device {f.device_key!r} for {key[1]}: two GPUs in one device; "
+                              "name them apart with devices=[...]")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="kerneltuner")

@@ -23,6 +23,9 @@ __all__ = ["import_kerneltuner", "check_import", "refuse_merge", "replay_study",
 
 #: torch_version of imported rows: they were measured by Kernel Tuner, not through torch
 IMPORTED_VERSION = "kerneltuner"
+#: a study config's key for the device name its Kernel Tuner file records (its ``device_name``,
+#: stripped; "" for none), stored since 2026-11-30 by imports and replays (:func:`refuse_merge`)
+RECORDED_DEVICE = "recorded_device"
 
 
 def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
@@ -50,7 +53,7 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     if held is not None and held.get("sha256") != digest:  # another file of that name (another folder)
         name = f"kerneltuner:{file.path.name}[sha256:{digest[:12]}]@{device.key}"
     study_id = store.study_id(name, {"source": str(file.path), "sha256": digest, "content_sha256": file.content_digest,
-                                     "format": "kerneltuner"})
+                                     "format": "kerneltuner", RECORDED_DEVICE: file.device_name.strip()})
     if store.count_measurements(study_id):
         store.finish_study(study_id)
         return name, 0
@@ -87,15 +90,25 @@ def refuse_merge(store: Store, file: KernelTunerFile, option: str = "files",
     ``bench.device_name``) add them to a device named after another file's name (stored as
     ``named_by: file name``). A study stored without a digest (a replay from before digests were
     stored) may hold another file, so it counts as one, unless it is ``adopt`` (the replay's
-    ``search.study_name``, taken as this file's). Raises ConfigError naming the file (``option``), the
-    study and how to name the device (``naming``)."""
-    if file.device_named_by != "file name" and store.device_properties(file.device_key).get("named_by") != "file name":
-        return
+    ``search.study_name``, taken as this file's). Nor may a file that records its GPU's name add to a
+    device (named by ``devices=[...]`` or ``bench.device_name``) that holds the problem from a file
+    recorded on another (:data:`RECORDED_DEVICE`; a helper's attack put an A100's replay into an A4000's
+    device, and ``devices=[GPU,GPU]`` made one device of the two). Raises ConfigError naming the file
+    (``option``), the study and how to name the device (``naming``)."""
     studies = dict(store.studies_holding(file.device_key, file.problem().key))
     plain = f"{file.problem().key}@{file.device_key}"  # a replay's study, reserved before its first row
     reserved = store.study_config(plain)
     if reserved is not None and reserved.get("replay_sha256"):
         studies[plain] = reserved
+    own = file.device_name.strip()
+    for name, config in studies.items():  # two GPUs that recorded their names, under one name given
+        other = (config or {}).get(RECORDED_DEVICE)
+        if own and other and other != own and not same_recording(config, file):
+            raise ConfigError(f"{option}={file.path}: recorded on {own!r}, gives device {file.device_key!r}, which "
+                              f"holds {file.problem().key} from study {name!r}, recorded on {other!r}: two GPUs in "
+                              f"one device; name them apart with {naming}")
+    if file.device_named_by != "file name" and store.device_properties(file.device_key).get("named_by") != "file name":
+        return
     for name, config in studies.items():
         if not same_recording(config, file) and not (name == adopt and _adoptable(config)):
             _refuse(file, name, config, option, naming)
@@ -115,7 +128,7 @@ def replay_study(store: Store, file: KernelTunerFile, problem_key: str, device_k
     taken as this file's), not another file's replay, an import's study or a tune's. Raises
     ConfigError (one line)."""
     digest = file.sha256
-    reserve = {"replay_sha256": digest, "content_sha256": file.content_digest}
+    reserve = {"replay_sha256": digest, "content_sha256": file.content_digest, RECORDED_DEVICE: file.device_name.strip()}
     plain = f"{problem_key}@{device_key}"
     if file.device_named_by == "file name" or not explicit:
         held = store.reserve_study(plain, reserve)
