@@ -95,6 +95,19 @@ def test_a_linear_and_its_activation_are_collected_as_linear_act_with_the_models
     assert (chained[96].problem.op, chained[96].problem.activation, chained[96].note) == ("linear_act", "gelu", None)
     assert (chained[88].problem.op, chained[88].note) == ("addmm", None)
 
+    class Hand(torch.nn.Module):  # x @ w + b: an mm's lookup (frozen: a packed linear, then the add)
+        def __init__(self):
+            super().__init__()
+            self.w, self.b = torch.nn.Parameter(torch.randn(64, 40)), torch.nn.Parameter(torch.randn(40))
+
+        def forward(self, x):
+            return torch.relu(x @ self.w + self.b)
+
+    torch._dynamo.reset()
+    (hand,) = collect(Hand().eval(), (torch.randn(8, 64),), resolve_device("cpu"))
+    assert (hand.problem.op, hand.note) == ("mm", "a bias is added to its output by the model's own add, then relu "
+                                                  "(not an addmm: the lookup is the mm's): tuned as mm without them")
+
     class Mixed(torch.nn.Module):  # two Linears of one key: one table entry serves both
         def __init__(self):
             super().__init__()

@@ -39,17 +39,20 @@ class Epilogue:
     post-grad pass unfused an addmm, feeds that activation and nothing else: linear_act's epilogue
     (zhantune.request.ACTIVATIONS). ``bias_added``: the output of an mm gets a 1-D bias added after it
     (an unfused addmm). ``other``: the activation it feeds alone that linear_act does not model
-    ("silu", "gelu (tanh)"), else None.
+    ("silu", "gelu (tanh)"), or any after a hand-written bias, else None. ``hand_bias``: a 1-D bias
+    is added to an mm's output by an add of the model's own (``x @ w + b``): no addmm, so the
+    lookup is the mm's, which linear_act's (an addmm's on CPU) is not.
     """
 
     activation: str | None = None
     bias_added: bool = False
     other: str | None = None
+    hand_bias: bool = False
 
     def describe(self) -> str:
-        """One phrase: "gelu", "bias + relu", "silu", or "none"."""
+        """One phrase: "gelu", "bias + relu", "silu", "bias by hand + relu" or "none"."""
         act = self.activation or self.other
-        parts = (["bias"] if self.bias_added else []) + ([act] if act else [])
+        parts = (["bias"] if self.bias_added else []) + (["bias by hand"] if self.hand_bias else []) + ([act] if act else [])
         return " + ".join(parts) or "none"
 
 
@@ -61,8 +64,11 @@ def _origin(node: Any) -> str | None:
 
 
 def _target(node: Any) -> str:
-    """A call_function node's op name ("mm", "add", "erf", "_mkl_linear"), else ""."""
-    name = getattr(node.target, "_opname", None) if node.op == "call_function" else None
+    """A call_function node's op name ("mm", "add", "erf", "_mkl_linear": an overload's, or a packet's
+    as freezing's packed linears are called), else ""."""
+    target = node.target if node.op == "call_function" else None
+    name = getattr(target, "_opname", None) or (getattr(target, "__name__", None) if isinstance(
+        getattr(target, "_qualified_op_name", None), str) else None)
     return name if isinstance(name, str) else ""
 
 
@@ -72,17 +78,19 @@ def _source(node: Any) -> frozenset[str]:
     return frozenset(getattr(s, "name", "") for s in node.meta.get("from_node") or ())
 
 
-def _bias_add(gemm: Any) -> Any:
-    """The node adding a 1-D bias to an mm's output when the GPU's post-grad pass unfused an addmm
-    (its only use, an ``add`` that came from an addmm), else None."""
+def _bias_add(gemm: Any, origin: str = "addmm") -> Any:
+    """The node adding a 1-D bias to an mm's output: its only use, an ``add`` that came from an
+    addmm (the GPU's post-grad pass unfused it), or with ``origin="add"`` the model's own add; else None."""
     users = list(gemm.users)
-    if _target(gemm) != "mm" or len(users) != 1:
+    if _target(gemm) not in ("mm", "_mkl_linear", "_linear_pointwise") or len(users) != 1:
         return None
     add = users[0]
-    if _target(add) != "add" or _origin(add) != "addmm" or len(add.args) != 2:
+    if _target(add) != "add" or _origin(add) != origin or len(add.args) != 2:
         return None
     other = add.args[1] if add.args[0] is gemm else add.args[0]
     val = getattr(other, "meta", {}).get("val")
+    if val is None and getattr(other, "op", None) == "get_attr":  # a frozen parameter: the module holds it
+        val = getattr(other.graph.owning_module, str(other.target), None)
     return add if val is not None and getattr(val, "dim", lambda: 0)() == 1 else None
 
 
@@ -118,7 +126,14 @@ def epilogue_of(gemm: Any) -> Epilogue:
     add = _bias_add(gemm)
     if add is not None:
         out, bias = add, True
-    out = _through_views(out)
+    elif (hand := _bias_add(gemm, "add")) is not None:  # x @ w + b: no linear_act (another lookup)
+        found = _fed(_through_views(hand), False)
+        return Epilogue(None, False, found.activation or found.other, hand_bias=True)
+    return _fed(_through_views(out), bias)
+
+
+def _fed(out: Any, bias: bool) -> Epilogue:
+    """What ``out`` feeds alone: linear_act's activation, another activation, or nothing named."""
     users = list(out.users)
     origins = {_origin(u) for u in users}
     if len(origins) != 1 or None in origins:

@@ -100,6 +100,10 @@ def epilogue_note(problem: Any, epilogues: list[Any]) -> str | None:
     first = epilogues[0]
     if problem.op == "linear_act":
         return None
+    if first.hand_bias:
+        then = f", then {first.other}" if first.other else ""
+        return (f"a bias is added to its output by the model's own add{then} (not an addmm: the lookup is the "
+                f"{problem.op}'s): tuned as {problem.op} without {'them' if then else 'it'}")
     if first.activation:  # an mm without a bias (linear_act has one), or a bmm (linear_act is 2-D)
         after = "a bias" if problem.op == "mm" else "a Linear's addmm"
         return (f"its output feeds {first.activation}, which linear_act models only after {after}: tuned as "
