@@ -105,8 +105,9 @@ def test_a_linear_and_its_activation_are_collected_as_linear_act_with_the_models
 
     torch._dynamo.reset()
     (hand,) = collect(Hand().eval(), (torch.randn(8, 64),), resolve_device("cpu"))
-    assert (hand.problem.op, hand.note) == ("mm", "a bias is added to its output by the model's own add, then relu "
-                                                  "(not an addmm: the lookup is the mm's): tuned as mm without them")
+    assert (hand.problem.op, hand.note) == ("mm", "a 1-D tensor is added to its output by the model's own add, then "
+                                                  "relu, which linear_act does not model (its lookup is an addmm's on "
+                                                  "CPU): tuned as mm without them")
 
     class Mixed(torch.nn.Module):  # two Linears of one key: one table entry serves both
         def __init__(self):

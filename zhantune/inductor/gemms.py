@@ -102,8 +102,8 @@ def epilogue_note(problem: Any, epilogues: list[Any]) -> str | None:
         return None
     if first.hand_bias:
         then = f", then {first.other}" if first.other else ""
-        return (f"a bias is added to its output by the model's own add{then} (not an addmm: the lookup is the "
-                f"{problem.op}'s): tuned as {problem.op} without {'them' if then else 'it'}")
+        return (f"a 1-D tensor is added to its output by the model's own add{then}, which linear_act does not "
+                f"model (its lookup is an addmm's on CPU): tuned as {problem.op} without {'them' if then else 'it'}")
     if first.activation:  # an mm without a bias (linear_act has one), or a bmm (linear_act is 2-D)
         after = "a bias" if problem.op == "mm" else "a Linear's addmm"
         return (f"its output feeds {first.activation}, which linear_act models only after {after}: tuned as "
