@@ -224,6 +224,64 @@ def test_two_gpus_recorded_under_their_names_never_become_one_device(cli, tmp_pa
         assert r.returncode == 0, r.stderr[-2000:]
 
 
+def test_a_device_holds_the_recordings_of_one_gpu_whatever_the_problem_the_order_or_the_database(cli, tmp_path):
+    """A helper's attack (session 45) on the check above: a finished replay's study lost the name its
+    file records (the tune rewrote its config), so an A100's import then joined the device of an
+    A4000's replay named after it; the check was per problem (an A4000's convolution and an A100's
+    dedispersion under one name given passed); ``zhantune.db merge`` did not check at all; a study
+    stored before the name was kept counted as no GPU. Each is refused in one line (exit 2), nothing
+    written; a file of the device's own name still joins a database of before."""
+    import gzip
+    import hashlib
+
+    from sqlalchemy import select
+
+    from zhantune.storage import orm
+
+    a, _ = _two_recordings(tmp_path)  # problem [64], recorded on GPU-R
+    doc = json.loads(gzip.decompress(a.read_bytes()))
+    s64, r128 = tmp_path / "s64.json", tmp_path / "r128.json"
+    s64.write_text(json.dumps({**doc, "device_name": "GPU-S"}))
+    r128.write_text(json.dumps({**doc, "problem_size": [128]}))
+
+    def run(args, db, module="zhantune"):
+        extra = ["progress=false", "search.n_trials=2"] if module == "zhantune" else []
+        return cli([*args, f"storage.url=sqlite:///{db}", *extra], tmp_path, module=module)
+
+    def refused(r, db, *parts):
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+        assert all(p in r.stderr for p in parts), r.stderr
+        assert db is None or hashlib.sha256(db.read_bytes()).hexdigest() == digest[db], db
+
+    one, two = tmp_path / "one.db", tmp_path / "two.db"
+    assert run(["bench=replay", f"bench.path={s64}", "bench.device_name=GPU"], one).returncode == 0
+    assert Store(f"sqlite:///{one}").study_config("kerneltuner:k[64]@GPU")["recorded_device"] == "GPU-S"
+    assert run([f"files=[{a}]", "devices=[GPU-R]"], two, "zhantune.kerneltuner").returncode == 0
+    digest = {db: hashlib.sha256(db.read_bytes()).hexdigest() for db in (one, two)}
+    refused(run([f"files=[{r128}]", "devices=[GPU]"], one, "zhantune.kerneltuner"), one,
+            "recorded on 'GPU-R', gives device 'GPU', which holds study 'kerneltuner:k[64]@GPU', recorded on 'GPU-S'")
+    refused(run([f"files=[{s64},{r128}]", "devices=[G,G]"], tmp_path / "new.db", "zhantune.kerneltuner"), None,
+            "(recorded on 'GPU-S') and", "(recorded on 'GPU-R') both give device 'G': two GPUs in one device")
+    assert not (tmp_path / "new.db").exists()
+    # two databases, each of one GPU named GPU-R: one of them renamed after the other
+    assert run(["bench=replay", f"bench.path={s64}", "bench.device_name=GPU-R"], tmp_path / "three.db").returncode == 0
+    refused(cli(["merge", f"sources=[sqlite:///{two},sqlite:///{tmp_path / 'three.db'}]",
+                 f"storage.url=sqlite:///{tmp_path / 'merged.db'}"], tmp_path, module="zhantune.db"), None,
+            "made on 'GPU-R' on device 'GPU-R', where study", "made on 'GPU-S': two GPUs in one device; nothing was merged")
+    assert not (tmp_path / "merged.db").exists()
+    # a database of before: its study holds no recorded name; a renamed file may be another GPU, a file of
+    # the device's own name is taken as its GPU
+    old = Store(f"sqlite:///{two}")
+    with old.session() as s:
+        study = s.scalars(select(orm.Study).where(orm.Study.name.like("kerneltuner:%"))).one()
+        study.config = {k: v for k, v in study.config.items() if k != "recorded_device"}
+    old.engine.dispose()  # the WAL checkpointed into the file
+    digest[two] = hashlib.sha256(two.read_bytes()).hexdigest()
+    refused(run(["bench=replay", f"bench.path={s64}", "bench.device_name=GPU-R"], two), two,
+            "recorded on 'GPU-S', gives device 'GPU-R', which holds study", "stored before zhantune kept the device name")
+    assert run([f"files=[{r128}]"], two, "zhantune.kerneltuner").returncode == 0
+
+
 def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):
     """Naming a replay's study creates it with the file's digest at once (real SQLite): a job that
     starts on another file of the same device and problem before the first measured anything gets

@@ -38,26 +38,31 @@ def _check_devices(files: list[str], devices: object) -> list[str | None]:
         return [None] * len(files)
     if not isinstance(devices, list) or len(devices) != len(files) \
             or not all(isinstance(d, str) and d.strip() for d in devices):
+        quote = next((d for d in devices if isinstance(d, (bool, int, float))), None) if isinstance(devices, list) else None
         raise ConfigError(f"devices={devices!r}: expected one non-empty device name per file "
-                          f"({len(files)} file(s)), e.g. devices=[A100,MI250X]")
+                          f"({len(files)} file(s)), e.g. devices=[A100,MI250X]"
+                          + (f" (a name Hydra reads as a number or boolean, such as {quote!r}: quote it, e.g. "
+                             f"devices=['{quote}'])" if quote is not None else ""))
     return [d.strip() for d in devices]
 
 
 def _check_distinct(loaded: list[KernelTunerFile]) -> None:
-    """Two files of one problem whose devices are both named after file names, or that record two
-    GPUs' names, must not meet in one device (ConfigError)."""
+    """Two files of one problem whose devices are both named after file names, or two files that
+    record two GPUs' names (of any problems), must not meet in one device (ConfigError); copies of one
+    recording are one file (the import adds it once)."""
     seen: dict[tuple[str, str], KernelTunerFile] = {}
+    named: dict[str, KernelTunerFile] = {}  # device key -> its first file that records a GPU's name
     for f in loaded:
         key = (f.device_key, f.problem().key)
         other = seen.setdefault(key, f)
-        if other is not f and "file name" in (f.device_named_by, other.device_named_by):
+        if other is not f and not other.digests & f.digests and "file name" in (f.device_named_by, other.device_named_by):
             raise ConfigError(f"files=[...]: {other.path} and {f.path} both give device {f.device_key!r} for "
                               f"{key[1]} (named after the file name); name them with devices=[...]")
-        names = (other.device_name.strip(), f.device_name.strip())
-        if other is not f and all(names) and names[0] != names[1]:
-            raise ConfigError(f"files=[...]: {other.path} (recorded on {names[0]!r}) and {f.path} (recorded on "
-                              f"{names[1]!r}) both give device {f.device_key!r} for {key[1]}: two GPUs in one device; "
-                              "name them apart with devices=[...]")
+        other = named.setdefault(f.device_key, f) if f.device_name.strip() else f
+        if other.device_name.strip() != f.device_name.strip():
+            raise ConfigError(f"files=[...]: {other.path} (recorded on {other.device_name.strip()!r}) and {f.path} "
+                              f"(recorded on {f.device_name.strip()!r}) both give device {f.device_key!r}: two GPUs in "
+                              "one device; name them apart with devices=[...]")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="kerneltuner")

@@ -35,7 +35,7 @@ from zhantune.search.seeds import enqueue_seeds, inductor_seeds
 from zhantune.search.study import MAX_RETRIES, Heartbeat, HeartbeatSettings, open_study, retry_trial
 from zhantune.search.transfer import load_prior, transfer_text
 from zhantune.storage import ClaimLost, MeasurementRow, Recorder, Store, redact_url
-from zhantune.storage.ingest import refuse_merge, replay_study
+from zhantune.storage.ingest import RECORDED_DEVICE, refuse_merge, replay_study
 from zhantune.tune_result import (
     TuneResult,
     busy_text,
@@ -189,8 +189,9 @@ class _Tune:
         self.progress = progress
         self.device_id = store.device_id(run.device.key, run.device.name, run.device.kind, run.device.properties)
         config = stored_config(run.cfg)  # no password: stored, and merged elsewhere
-        if run.replay is not None:  # which file this study replays (zhantune.storage.ingest.replay_study)
+        if run.replay is not None:  # which file this study replays, and the GPU it records (zhantune.storage.ingest)
             config["replay_sha256"], config["content_sha256"] = run.replay.sha256, run.replay.content_digest
+            config[RECORDED_DEVICE] = run.replay.device_name.strip()  # a helper found it dropped here
         self.study_id = store.study_id(run.study_name, config)
         before, _ = store.trial_counts(self.study_id)  # measured: a dead worker's claim is not
         rows, reused = self._baselines()

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from zhantune.bench.recorded import KernelTunerFile
     from zhantune.storage.store import Store
 
-__all__ = ["import_kerneltuner", "check_import", "refuse_merge", "replay_study", "file_digest", "recording_digests",
+__all__ = ["import_kerneltuner", "check_import", "refuse_merge", "other_gpu", "replay_study", "file_digest", "recording_digests",
            "same_recording", "IMPORTED_VERSION"]
 
 #: torch_version of imported rows: they were measured by Kernel Tuner, not through torch
@@ -92,26 +92,52 @@ def refuse_merge(store: Store, file: KernelTunerFile, option: str = "files",
     stored) may hold another file, so it counts as one, unless it is ``adopt`` (the replay's
     ``search.study_name``, taken as this file's). Nor may a file that records its GPU's name add to a
     device (named by ``devices=[...]`` or ``bench.device_name``) that holds the problem from a file
-    recorded on another (:data:`RECORDED_DEVICE`; a helper's attack put an A100's replay into an A4000's
-    device, and ``devices=[GPU,GPU]`` made one device of the two). Raises ConfigError naming the file
-    (``option``), the study and how to name the device (``naming``)."""
+    recorded on another, for any problem (:func:`other_gpu`; a helper's attacks put an A100's replay into
+    an A4000's device, and ``devices=[GPU,GPU]`` made one device of the two). Raises ConfigError naming
+    the file (``option``), the study and how to name the device (``naming``)."""
     studies = dict(store.studies_holding(file.device_key, file.problem().key))
     plain = f"{file.problem().key}@{file.device_key}"  # a replay's study, reserved before its first row
     reserved = store.study_config(plain)
     if reserved is not None and reserved.get("replay_sha256"):
         studies[plain] = reserved
     own = file.device_name.strip()
-    for name, config in studies.items():  # two GPUs that recorded their names, under one name given
-        other = (config or {}).get(RECORDED_DEVICE)
-        if own and other and other != own and not same_recording(config, file):
-            raise ConfigError(f"{option}={file.path}: recorded on {own!r}, gives device {file.device_key!r}, which "
-                              f"holds {file.problem().key} from study {name!r}, recorded on {other!r}: two GPUs in "
-                              f"one device; name them apart with {naming}")
+    found = other_gpu(own, file.device_key, [*store.studies_holding(file.device_key, None), *studies.items()],
+                      file.digests)
+    if found is not None:  # two GPUs that recorded their names, under one name given
+        name, other = found
+        raise ConfigError(f"{option}={file.path}: recorded on {own!r}, gives device {file.device_key!r}, which holds "
+                          f"study {name!r}, " + (f"recorded on {other!r}: two GPUs in one device" if other else
+                                                 "of a Kernel Tuner file stored before zhantune kept the device name "
+                                                 "a file records (2026-11-30): it may be another GPU")
+                          + f"; name them apart with {naming}")
     if file.device_named_by != "file name" and store.device_properties(file.device_key).get("named_by") != "file name":
         return
     for name, config in studies.items():
         if not same_recording(config, file) and not (name == adopt and _adoptable(config)):
             _refuse(file, name, config, option, naming)
+
+
+def other_gpu(own: str, device_key: str, studies: list[tuple[str, dict | None]],
+              digests: frozenset[str] | set[str]) -> tuple[str, str | None] | None:
+    """The first of ``studies`` ((name, config) of studies on device ``device_key``, any problem) that
+    holds a Kernel Tuner recording made on another GPU than a file recorded on ``own`` (its
+    ``device_name``, stripped): (its name, the name its file records), else None. A recording
+    made on another name is another GPU, and so may be one stored before that name was kept
+    (2026-11-30: no :data:`RECORDED_DEVICE`; the name is None) where ``own`` is not ``device_key``
+    itself (the device was named by ``devices=[...]`` or ``bench.device_name``: a helper's attack renamed
+    an A4000's file after an A100 in a database of the day before). The recording ``digests`` names (a
+    copy of the file), studies of no recording (a tune) and a file that records no name (``own`` "",
+    or a study's "": the name given is taken) are not compared."""
+    if not own:
+        return None
+    for name, config in studies:
+        held = recording_digests(config)
+        if not held or held & set(digests):
+            continue
+        other = (config or {}).get(RECORDED_DEVICE)
+        if (other is None and own != device_key) or (other and other != own):
+            return name, other
+    return None
 
 
 def replay_study(store: Store, file: KernelTunerFile, problem_key: str, device_key: str,

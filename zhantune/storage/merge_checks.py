@@ -1,7 +1,7 @@
 """The checks a merge makes before it writes anything (zhantune.storage.merge.merge_into copies):
 each source's rows hold only what a zhantune run writes (:func:`check_importable`), no device key
 joins a CPU and a GPU or two instruction sets (:func:`check_device_kinds`), no device named after a
-file name gets two recordings (:func:`check_recordings`). Each raises StorageError naming the
+file name gets two recordings and no device recordings of two GPUs (:func:`check_recordings`). Each raises StorageError naming the
 database and the row; nothing is merged."""
 
 from __future__ import annotations
@@ -206,3 +206,33 @@ def check_recordings(stores: list[tuple[str, Store]]) -> None:
                                        f"a file name in one of the databases) from another file than study {prev[2]!r} of "
                                        f"{prev[1]}; they could be different GPUs: nothing was merged (name the "
                                        "devices apart: devices=[...] at import, bench.device_name=NAME at replay)")
+    _check_recorded_names(stores)
+
+
+def _check_recorded_names(stores: list[tuple[str, Store]]) -> None:
+    """Refuse a merge that would put, on one device, a Kernel Tuner recording of one database and
+    one of another database recorded on another GPU (for any problems; zhantune.storage.ingest.other_gpu,
+    the rule an import and a replay follow: a helper merged an A100's and an A4000's imports, each
+    named G, into one device G). Raises StorageError naming both studies."""
+    from zhantune.storage.ingest import RECORDED_DEVICE, other_gpu, recording_digests
+
+    held: dict[str, list[tuple[str, str, dict | None]]] = {}  # device key -> (where, study, config)
+    for where, store in stores:
+        with store.session() as s:
+            keys = list(s.scalars(select(m.Device.key)))
+        for key in keys:
+            held.setdefault(key, []).extend((where, n, c) for n, c in store.studies_holding(key, None)
+                                            if recording_digests(c))
+    for key, studies in held.items():
+        for where, name, config in studies:
+            own = str((config or {}).get(RECORDED_DEVICE) or "")
+            theirs = [(n, c) for w, n, c in studies if w != where]
+            found = other_gpu(own, key, theirs, recording_digests(config))
+            if found is not None:
+                raise StorageError(
+                    f"{where}: study {name!r} holds a Kernel Tuner recording made on {own!r} on device {key!r}, "
+                    f"where study {found[0]!r} of another database holds one "
+                    + (f"made on {found[1]!r}" if found[1] else "stored before zhantune kept the device name a file "
+                       "records (2026-11-30: it may be another GPU)")
+                    + ": two GPUs in one device; nothing was merged (name the devices apart: devices=[...] at import, "
+                    "bench.device_name=NAME at replay)")

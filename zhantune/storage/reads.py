@@ -152,13 +152,14 @@ class ReportQueries:
         with self.session() as s:
             return dict(s.scalar(select(m.Device.properties).where(m.Device.key == key)) or {})
 
-    def studies_holding(self, device_key: str, problem_key: str) -> list[tuple[str, dict[str, Any] | None]]:
-        """(name, config) of every study with measurements of this problem on this device."""
+    def studies_holding(self, device_key: str, problem_key: str | None) -> list[tuple[str, dict[str, Any] | None]]:
+        """(name, config) of every study with measurements of this problem (None: of any problem) on
+        this device."""
         with self.session() as s:
             # a subquery: PostgreSQL has no DISTINCT over the JSON config column
             ids = (select(_M.study_id).join(m.Device, _M.device_id == m.Device.id)
                    .join(m.Problem, _M.problem_id == m.Problem.id)
-                   .where(m.Device.key == device_key, m.Problem.key == problem_key))
+                   .where(m.Device.key == device_key, *([] if problem_key is None else [m.Problem.key == problem_key])))
             return [(name, config) for name, config in
                     s.execute(select(m.Study.name, m.Study.config).where(m.Study.id.in_(ids)))]
 
