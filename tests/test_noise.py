@@ -602,7 +602,49 @@ def test_check_compiles_each_way_of_a_model_without_parameters(tmp_path):
     result = mc.check_model(model, args, device, read_table(tmp_path / "t.json", "cpu"), bench, max_autotune=False,
                             rounds=2)
     assert result["report"].hits == {key: 1}, result["report"]
-    assert counters["stats"]["unique_graphs"] - before == 3  # the warm-up, the table's, the default's
+    assert counters["stats"]["unique_graphs"] - before == 4  # a warm-up of each way, then the table's, the default's
+
+
+def test_check_says_a_model_that_compiles_again_while_timed_was_not_checked(tmp_path):
+    """A helper's (session 45): a forward that changes its own state (self.n += 1) made Dynamo
+    compile again at every timed call, without the table (it is installed for the first compile
+    only), until its recompile limit ran it eager; check reported "hit, coverage 100%: ok" with exit
+    0. The recompiles are counted per way while it is timed: no ratio, the reason, exit 1."""
+    import json
+
+    import torch
+    from omegaconf import OmegaConf
+    from rich.console import Console
+
+    import zhantune.bench.model_check as mc
+    from zhantune.check import _verdict
+    from zhantune.config import BenchConfig
+    from zhantune.device import resolve_device
+    from zhantune.inductor.gemms import collect
+    from zhantune.inductor.table import read_table
+
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.n = torch.nn.Linear(32, 16), 0
+
+        def forward(self, x):
+            self.n += 1
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    model, x, device = Counter().eval(), torch.randn(8, 32), resolve_device("cpu")
+    keys = {f"{device.key}+{p.lookup_key}" for p in collect(Counter().eval(), (x,), device)}
+    (tmp_path / "t.json").write_text(json.dumps({k: [{"template_id": "aten::addmm"}] for k in keys}))
+    bench = BenchConfig(warmup_ms=1.0, target_ms=2.0, busy_wait_s=0.0)
+    result = mc.check_model(model, (x,), device, read_table(tmp_path / "t.json", "cpu"), bench, max_autotune=False,
+                            rounds=2)
+    way = result["ways"]["table"]
+    assert way["recompiles"] > 0 and result["ways"]["default"]["recompiles"] > 0, way
+    assert not way["vs_default"]["consistent"] and "compiled the model again while it was timed" in way["vs_default"]["reason"]
+    console = Console(record=True, width=200)
+    assert _verdict(console, OmegaConf.create({"min_coverage": 0.0}), result, 1e-4) == 1
+    assert "the model compiled again while it was timed (table: " in console.export_text()
 
 
 def test_a_replayed_entry_confirmed_below_the_floor_says_the_default_ships(tmp_path):

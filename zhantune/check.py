@@ -136,6 +136,10 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
                   "~ (range): no difference shown, only the rounds' range: they disagree on which is faster, or too "
                   "much for the difference they show, or there is one round, or a round began on a busy machine "
                   "or ran contended without SCHED_FIFO, as a tune's claim may not (noise could have made it)")
+    for name, w in result["ways"].items():  # why each "~" (a helper read a same-code table's 0.79 as a slowdown)
+        if name != "default" and not w["vs_default"]["consistent"]:
+            console.print(f"{name}: no difference shown: {w['vs_default']['reason']}", soft_wrap=True, markup=False,
+                          highlight=False)
     if result["contention"].text():
         console.print(f"[yellow]warning: {result['contention'].text()}[/yellow]")
 
@@ -157,8 +161,16 @@ def _verdict(console: Any, cfg: DictConfig, result: dict[str, Any], tol: float) 
     if wrong:
         console.print(f"[red]output differs from eager beyond tolerance {tol:g}: {', '.join(wrong)}[/red]")
         return COVERAGE_EXIT_CODE
-    if report.note:
-        console.print(f"[red]{report.note}[/red]")
+    again = {n: w["recompiles"] for n, w in result["ways"].items() if w.get("recompiles")}
+    if again:  # a helper's model (forward does self.n += 1) recompiled without the table, then ran eager
+        console.print("[red]the model compiled again while it was timed ("
+                      + ", ".join(f"{n}: {k} time(s)" for n, k in again.items()) + "): the timed code is not the "
+                      "compile checked, nor the table's (check times a model whose compiled graph a second call "
+                      "reuses: a forward that changes its own state, or inputs its guards fail on, recompiles)[/red]")
+        return COVERAGE_EXIT_CODE
+    if report.note:  # check compiles cold (caches off): no lookup is the model's own
+        console.print("[red]no GEMM lookup seen: the model's compile made none (no mm, addmm or bmm Inductor "
+                      "looks up; check compiles with Inductor's caches off)[/red]")
         return COVERAGE_EXIT_CODE
     if coverage < cfg.min_coverage:
         console.print(f"[red]coverage {coverage:.0%} is below min_coverage {cfg.min_coverage:.0%}[/red]")

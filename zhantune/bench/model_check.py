@@ -96,18 +96,26 @@ def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) 
     in a tune: one-sided noise cannot make it smaller), ``median_us`` the median of the per-round
     medians, ``rounds_us`` each round's fastest run, ``disturbed_rounds`` how many of its rounds a
     paired comparison cannot vouch for (begun busy, or contended and not shielded by SCHED_FIFO:
-    zhantune.bench.conditions.disturbs_claim, a tune's claim's rule). Returns (per way, ContentionCount)."""
+    zhantune.bench.conditions.disturbs_claim, a tune's claim's rule), ``recompiles`` how many frames
+    Dynamo converted while it was timed (``counters["frames"]["total"]``: a compiled way that a
+    call compiles again runs other code than its compile's). Returns (per way, ContentionCount)."""
     import statistics
+    import sys
 
     from zhantune.bench.conditions import ContentionCount, disturbs_claim, is_contended
 
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    frames = (lambda: dynamo.counters["frames"]["total"]) if dynamo is not None else (lambda: 0)
     names = list(fns)
     timings: dict[str, list[Any]] = {n: [] for n in names}
     busy = dict.fromkeys(names, 0)
+    recompiles = dict.fromkeys(names, 0)
     contention = ContentionCount()
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            before = frames()
             timing, seen = _time_once(fns[name], device, bench)
+            recompiles[name] += frames() - before
             timings[name].append(timing)
             contended = is_contended(seen)
             busy[name] += disturbs_claim(seen, contended, timing.method)  # a tune's claim's rule
@@ -116,7 +124,7 @@ def time_interleaved(fns: dict[str, Any], device: Any, bench: Any, rounds: int) 
     for name, ts in timings.items():
         out[name] = {"run_us": min(t.min_us for t in ts), "median_us": statistics.median(t.median_us for t in ts),
                      "rounds_us": [t.min_us for t in ts], "n": sum(t.n for t in ts), "method": ts[0].method,
-                     "disturbed_rounds": busy[name]}
+                     "disturbed_rounds": busy[name], "recompiles": recompiles[name]}
     return out, contention
 
 
@@ -143,7 +151,10 @@ def versus(way: dict[str, Any], default: dict[str, Any], same_code: bool = False
     per_round = [d / w for d, w in zip(default["rounds_us"], way["rounds_us"], strict=True)]
     n, low, high, ratio = len(per_round), min(per_round), max(per_round), paired_ratio(per_round)
     reason = None
-    if same_code:
+    if way.get("recompiles") or default.get("recompiles"):
+        reason = ("Dynamo compiled the model again while it was timed (a forward that changes its own state, or "
+                  "inputs its guards fail on): the timed code is not the compile checked")
+    elif same_code:
         reason = "the same code as the default compile: any difference is noise"
     elif n < 2:
         reason = "one round: no difference can be shown"
@@ -188,12 +199,16 @@ def _check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
         reference = model(*inputs).double()
     # max-autotune's AUTOTUNE tables on stderr off (zhantune prints its own report)
     base = model_patch(device.kind)
-    # an untimed compile first, so that the process's one-time costs (Dynamo, Inductor's imports,
-    # the C++ toolchain's first run) do not land on whichever way compiles first
-    _compile(model, inputs, device, base)
-    compiled = {"table": _compile(model, inputs, device, base, table), "default": _compile(model, inputs, device, base)}
+    ways = {"table": (base, table), "default": (base, None)}
     if max_autotune:
-        compiled["max-autotune"] = _compile(model, inputs, device, model_patch(device.kind, max_autotune=True))
+        ways["max-autotune"] = (model_patch(device.kind, max_autotune=True), None)
+    # an untimed compile of each way first, so that the process's one-time costs (Dynamo, Inductor's
+    # imports, the C++ toolchain's first run, the C++ GEMM template's first use: a helper saw a C++
+    # table's compile take 9.0 s against max-autotune's 0.4 s, and 1.0 s against 8.6 s with the
+    # default's entries) land on no way's compile time
+    for patch, tab in ways.values():
+        _compile(model, inputs, device, patch, tab)
+    compiled = {name: _compile(model, inputs, device, patch, tab) for name, (patch, tab) in ways.items()}
     times, contention = time_interleaved({n: c["fn"] for n, c in compiled.items()}, device, bench, rounds)
     ways: dict[str, dict[str, Any]] = {}
     for name, c in compiled.items():
