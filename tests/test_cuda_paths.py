@@ -1538,6 +1538,11 @@ def test_the_default_min_speedup_keeps_a_claim_noise_offsets_reach_out_of_the_ta
     assert claim_cell(SimpleNamespace(claim=v), other) == "1.03x (other torch's table)"
     same = ExportConfig(path=str(tmp_path / "t.json"), torch_version=torch.__version__)
     assert claim_cell(SimpleNamespace(claim=v), same) == "1.03x"
+    # an unconfirmed ratio beside the default that ships (a newcomer read "1.20x (unconfirmed)" as shipped)
+    from zhantune.inductor.builder import Shipped
+
+    loose = SimpleNamespace(**{**vars(v), "confirmed": False})
+    assert claim_cell(SimpleNamespace(claim=loose, shipped=Shipped(None)), same) == "1.03x (unconfirmed) (default ships)"
     off = ExportConfig(path=str(tmp_path / "t.json"), torch_version="9.9.9", enabled=False)  # no table at all
     console = Console(record=True, width=400)
     _print_winner(console, SimpleNamespace(best=best, claim=v, not_carried=None), 20.0, best, off)

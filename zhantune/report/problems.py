@@ -50,7 +50,11 @@ def print_problems_summary(console: Console, result: Any) -> None:
     if contention.text(of=of):
         console.print(f"[yellow]warning: {contention.text(of=of)}[/yellow]")
     if result.table_path is not None:
-        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s))", markup=False)
+        placed = [pr.result.shipped for pr in result.runs if pr.result is not None and pr.result.shipped is not None]
+        defaults = sum(1 for s in placed if s.row is None)
+        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s)"
+                      + (f"; {defaults} of its {len(placed)} problem(s) get Inductor's default choice (each row's "
+                         "speedup cell says why)" if defaults else "") + ")", markup=False)
 
 
 def claim_cell(r: Any, export: Any) -> str:
@@ -84,7 +88,7 @@ def _claim_cell(r: Any, export: Any) -> str:
         return f"{claim.ratio:.2f}x (other torch's table)"
     cell = f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")
     shipped = getattr(r, "shipped", None)  # what the table ships under the problem's key
-    if shipped is not None and shipped.row is None and claim.confirmed:
+    if shipped is not None and shipped.row is None:  # an unconfirmed one's too (a newcomer read 1.20x as shipped)
         return cell + (" (default ships: shared key)" if shipped.shared else " (default ships)")
     if shipped is not None and shipped.row is not None and shipped.row.config_hash != getattr(r.claimed or r.best, "config_hash", None):
         return cell + " (table: another config)"
