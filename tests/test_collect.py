@@ -191,3 +191,15 @@ def test_collect_writes_linear_act_rows_that_a_tune_of_the_file_compiles_with_th
     keys = set(yaml.safe_load((tmp_path / "t.json").read_text())["table"])  # JSON is YAML
     device_key = yaml.safe_load((tmp_path / "p.yaml").read_text())["device"]["key"]
     assert keys == {f"{device_key}+{p['lookup_key']}" for p in rows}
+    assert "is not the key this problem's own compile makes here" not in r.stdout, r.stdout[-3000:]
+    # a helper's hand edit: the linear_act row made a bare mm, the model's addmm key kept: said, not silent
+    edited = {**rows[0], "op": "mm"}
+    del edited["activation"]
+    (tmp_path / "p2.yaml").write_text(yaml.safe_dump({**doc, "problems": [edited]}))
+    r = cli(["problems=p2.yaml", "search.total_trials=1", "bench.remeasure_rounds=0", "bench.isolate=false",
+             "progress=false", "storage.url=sqlite:///z2.db", "export.path=t2.json"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = " ".join(r.stdout.split())
+    assert (f"warning: mm[M=8,N=64,K=32]:float32:weight_nk: the problems file's lookup_key {rows[0]['lookup_key']!r}"
+            in out and "+mm': its table entry is under the latter, which that model does not look up" in out), out[-3000:]
+    assert "(1 key(s); 1 of its 1 problem(s) get Inductor's default choice" in out, out[-1000:]

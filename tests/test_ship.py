@@ -185,6 +185,7 @@ def test_malformed_table_is_one_line_exit_2_naming_file_and_key_path(cli, tmp_pa
     ({"twice": True}, "problems[1]: the same problem and lookup key as problems[0]: it would be tuned twice"),
     ({"activation": "gelu"}, "problems[0].activation: 'gelu' for op addmm: only linear_act takes an activation"),
     ({"op": "linear_act", "activation": "swish"}, "problems[0].activation: 'swish'; allowed: relu, gelu"),
+    ({"op": "linear_act", "activation": None}, "problems[0].activation: null for op linear_act; give one of relu, gelu"),
     ({"shape": [10**9, 10**9, 64]}, "problems[0].shape=[1000000000,1000000000,64]: addmm in float32 needs at least"),
 ])
 def test_malformed_problems_file_is_one_line_naming_file_and_key_path(cli, tmp_path, existing_db, edit, message):

@@ -63,8 +63,9 @@ def _export_app(cfg: DictConfig) -> None:
     defaults = sum(1 for entries in table.values() if len(entries) == 1 and list(entries[0]) == ["template_id"]
                    and entries[0]["template_id"].startswith("aten::"))
     print(f"wrote {len(table)} key(s) to {out} (format {cfg.format}, top_k {cfg.top_k})"
-          + (f"; {defaults} of them Inductor's default choice: no tuned config confirmed faster in paired rounds"
-             + (f" by at least min_speedup={cfg.min_speedup:g}" if cfg.min_speedup is not None else "")
+          + (f"; {defaults} of them Inductor's default choice" + (
+              f": no tuned config confirmed faster in paired rounds by at least min_speedup={cfg.min_speedup:g}"
+              if cfg.min_speedup is not None else "")  # null: no claim needed; a shared key or the default's own kernel
              + " (each tune's summary says why)" if defaults else ""))
     from zhantune.inductor.builder import NO_CLAIM_NOTE, claims_of_other_torch, table_torch
 

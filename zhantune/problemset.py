@@ -107,6 +107,8 @@ class ProblemsResult:
     interrupted: bool = False
     table_path: Any = None
     table_keys: list[str] = field(default_factory=list)
+    #: (problem key, the file's lookup_key, the key its own compile makes here) where the two differ
+    other_keys: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def _problem_cfg(cfg: DictConfig, row: dict[str, Any], n_trials: int) -> DictConfig:
@@ -211,6 +213,9 @@ def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: 
         shipped: dict = {}  # what each problem's key ships, for its row of the problems table
         out.table_path, table = export_table(store, cfg.export, runs[0].run.device.key, problem_ids=ids, shipped=shipped)
         out.table_keys = list(table)
+        out.other_keys = [(r.run.problem.key, r.row["lookup_key"], by_key[r.run.problem.key].lookup_key) for r in runs
+                          if r.row.get("lookup_key") and r.run.problem.key in by_key
+                          and by_key[r.run.problem.key].lookup_key not in (None, r.row["lookup_key"])]
         for dev in store.devices_with_candidates(runs[0].run.device.key):
             for r in runs:
                 if r.result is not None and r.run.problem.key in by_key:

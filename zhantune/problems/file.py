@@ -166,6 +166,9 @@ def row_activation(row: dict[str, Any], at: str = "problems[]") -> str | None:
     from zhantune.request import ACTIVATIONS
 
     act = row.get("activation")
+    if act is None and "activation" in row and row["op"] == "linear_act":  # a helper's null: relu, silently
+        raise ConfigError(f"{at}.activation: null for op linear_act; give one of {', '.join(ACTIVATIONS)} "
+                          "(a row without the key takes the op's: relu)")
     if act is None:
         return op_activation(row["op"])
     if row["op"] != "linear_act":
