@@ -1298,7 +1298,11 @@ def test_a_table_entry_that_cannot_be_right_for_its_keys_sizes_is_refused(tmp_pa
                          ({"devices": [{"key": "cpu", "extra": 1}]}, r'devices\[0\]\."extra": not a field of a device'),
                          ({"devices": [{"key": "cpu", "name": ["x"]}]}, r"devices\[0\]\.name: expected one line"),
                          ({"options": {"pad": "ab" * (1 << 20)}}, r"the fields besides table take 2,097,\d+ bytes"),
-                         ({"options": {"x": float("nan")}}, r"the fields besides table are not JSON data")):
+                         ({"options": {"x": float("nan")}}, r"the fields besides table are not JSON data"),
+                         ({"activations": {}}, r'"activations": not a field of a table file \(version 1 has'),
+                         ({"format_version": 2, "activations": {KEY: "silu"}}, r"activations: expected an object of "
+                          r"lookup keys to relu or gelu"),
+                         ({"format_version": 2, "activations": [KEY]}, r"activations: expected an object")):
         with pytest.raises(TableError, match=match):
             read_table({**wrapped, **extra})
     (tmp_path / "w.json").write_text(json.dumps({**wrapped, "evil": 1}))

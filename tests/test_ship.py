@@ -390,6 +390,57 @@ def _linear_and_bmm():
     return compile_with
 
 
+def test_an_entry_measured_with_one_activation_is_stale_on_a_gemm_that_feeds_another():
+    """A helper's attack (session 45): a table tuned on a Linear + GELU (linear_act, GELU fused into
+    the C++ template) hit, coverage 100%, on the same Linear followed by relu, silu or nothing, which
+    no one measured. A table file of version 2 names each key's activation (none where not listed):
+    an entry is stale where the GEMM feeds another one, and Inductor's default compiles; a table that
+    does not say (version 1, Inductor's format) is not compared."""
+    import torch.nn.functional as F
+
+    from zhantune.inductor.runtime import use_table
+    from zhantune.inductor.table import FORMAT
+
+    lin = torch.nn.Linear(32, 48)
+    acts = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu, None: lambda t: t}
+
+    class LinearAct(torch.nn.Module):
+        def __init__(self, act):
+            super().__init__()
+            self.lin, self.act = lin, acts[act]
+
+        def forward(self, x):
+            return self.act(self.lin(x))
+
+    def compile_with(table, act):
+        torch._dynamo.reset()
+        x = torch.randn(16, 32)
+        with use_table(table) as installed, torch.no_grad(), \
+                torch._inductor.config.patch(freezing=True, force_disable_caches=True):
+            out = torch.compile(LinearAct(act).eval())(x)
+        assert torch.allclose(out, LinearAct(act)(x), rtol=1e-4, atol=1e-4)
+        return installed.report
+
+    (key,) = compile_with({}, "gelu").misses
+    entry = [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": {"max_autotune_gemm_backends": "CPP",
+              "cpp.gemm_max_k_slices": 1, "cpp.gemm_cache_blocking": None, "cpp.gemm_thread_factors": None}}]
+
+    def wrapped(version, activations):
+        return {"format": FORMAT, "format_version": version, "torch": str(torch.__version__), "table": {key: entry},
+                **({"activations": activations} if version > 1 else {})}
+
+    assert compile_with(wrapped(2, {key: "gelu"}), "gelu").hits == {key: 1}
+    for act, feeds in (("relu", "relu"), ("silu", "no relu or gelu"), (None, "no relu or gelu")):
+        report = compile_with(wrapped(2, {key: "gelu"}), act)
+        assert report.hits == {} and report.stale[key].startswith(
+            f"measured with gelu fused after the GEMM, and this GEMM's output feeds {feeds}: never measured so"), report
+    report = compile_with(wrapped(2, {}), "relu")  # measured bare
+    assert report.stale[key].startswith("measured with no activation fused after the GEMM, and this GEMM's output "
+                                        "feeds relu"), report.as_dict()
+    assert compile_with(wrapped(2, {}), "silu").hits == {key: 1}  # not modelled: collect tunes it bare, noted
+    assert compile_with(wrapped(1, None), "relu").hits == {key: 1}  # the table does not say
+
+
 def test_a_gpu_template_entry_on_cpu_is_stale_not_a_hit():
     """A table made on a GPU (device-agnostic keys, triton::mm entries) used on CPU: Inductor's CPU
     GEMM cannot run the entry, so the lookup is stale (it was a hit at 100% coverage, with

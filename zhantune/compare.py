@@ -118,6 +118,7 @@ def _write_outputs(cfg: DictConfig, console: Any, store: Any, cmp: Any, study: A
 
         meta = table_metadata(store, portable.table, {"portable": True, "min_speedup": cfg.min_speedup,
                                                       "devices": list(cmp.devices) if cfg.devices else None}, redact_url(store.url))
+        meta["activations"] = portable.activations  # use_table compares them with each GEMM's epilogue
         console.print(f"lookup table: {write_table(cfg.table, portable.table, meta, 'table')} ({len(portable.table)} key(s))",
                       markup=False)
         _print_withheld(console, portable)

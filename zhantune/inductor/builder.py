@@ -101,7 +101,8 @@ NO_CLAIM_NOTE = ("min_speedup=null: each key's fastest stored config ships as it
 def build_table(store: Store, device_key: str | None = None, device_agnostic: bool = False, top_k: int = 1,
                 min_speedup: float | None = None, torch_version: str | None = None,
                 shared: list[str] | None = None, problem_ids: set[int] | None = None,
-                shipped: dict[tuple[int, int], Shipped] | None = None) -> dict[str, list[dict[str, Any]]]:
+                shipped: dict[tuple[int, int], Shipped] | None = None,
+                activations: dict[str, str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Best correct candidates per (device, problem) from a Store, as a lookup table.
 
     ``top_k`` entries per key, fastest first (1: Inductor compiles that one, no autotuning; more:
@@ -110,25 +111,22 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     ``min_speedup`` (None: no check): a tuned entry ships only where its claim (a Verdict: paired,
     interleaved rounds, zhantune.bench.decision) was confirmed with a ratio of at least this (the
     fastest config whose claim was, in any run with the table's torch: a faster one never paired or
-    unconfirmed does not hide it); elsewhere the key gets Inductor's default choice
-    (:func:`default_entry`): where the tunes settled another config, one a table cannot carry on
-    that device (:func:`not_carried`), made no claim (``bench.remeasure_rounds=0``) or left no
-    verdict (an interrupted tune, a database from before verdicts): stored times alone were never
-    paired with the default. Verdicts, rows and keys count only where measured with a build of the
-    table's torch release (``torch_version``, else this process's: :func:`table_torch`).
-    ``device_agnostic`` keys entries without the device: the fastest device's ranking is used, and
-    a tuned entry ships only where its claim cleared on every device of its kind that measured the
-    problem, ``device_key`` or not (the key applies on each, as in compare's portable table), never
-    a config wrong on one of them (:func:`_carried_ranked`). Where two problems map to one lookup
-    key with different entries (a float32 linear_act with relu and one with gelu: one addmm lookup
-    on CPU), neither choice was measured for the other: both get the default under their own keys,
-    appended to ``shared`` (a list, where given). ``problem_ids``: only these problems (a problems
+    unconfirmed does not hide it); elsewhere Inductor's default choice (:func:`default_entry`): where
+    the tunes settled a config no table carries there (:func:`not_carried`), made no claim or left no
+    verdict, stored times alone were never paired with the default. Verdicts, rows and keys count only
+    where measured with the table's torch release (``torch_version``, else this process's).
+    ``device_agnostic`` keys entries without the device: the fastest device's ranking, a tuned entry
+    only where its claim cleared on every device of its kind that measured the problem (the key applies
+    on each), never a config wrong on one of them (:func:`_carried_ranked`). Two problems of one lookup
+    key with different entries (a float32 linear_act with relu and one with gelu: one addmm lookup on
+    CPU) both get the default, appended to ``shared`` (a list, where given). ``problem_ids``: only these problems (a problems
     file's), None: every problem measured. ``shipped`` (a dict, where given) gets (device id,
-    problem id) -> :class:`Shipped` for each problem placed: what its key ships, for the summary."""
+    problem id) -> :class:`Shipped` for each problem placed; ``activations`` key -> a linear_act's."""
     from zhantune.inductor.heuristics import with_derived_kwargs
 
     verdicts = store.latest_verdicts(table_torch(torch_version)) if min_speedup is not None else {}  # its release's
     own_keys = store.default_lookup_keys(table_torch(torch_version))
+    acts = activations if activations is not None else {}
     table: dict[str, list[dict[str, Any]]] = {}
     seen: set[int] = set()
     owners: dict[str, tuple[str | None, str]] = {}  # key -> (own key, lookup op) of the problem that placed it
@@ -170,10 +168,13 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
             continue
         seen.update([problem.id] if device_agnostic else [])
         table.update(mine)
+        acts.update(dict.fromkeys(mine, problem.activation) if problem.activation else {})
         owners.update((key, (own, lookup_op)) for key in mine)
     found = _default_for_clashes(table, owners, clashes)
     if shared is not None:
         shared.extend(found)
+    for key in found:  # Inductor's default there: measured with neither
+        acts.pop(key, None)
     if shipped is not None:
         shipped.update({k: Shipped(None if own in found else row, own in found) for k, (row, own) in placed_rows.items()})
     return dict(sorted(table.items()))

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Epilogue", "epilogue_of"]
+__all__ = ["Epilogue", "epilogue_of", "modelled_activation", "activation_stale"]
 
 #: activations named in a note when the GEMM's output feeds one of them alone and linear_act does
 #: not model it (its ACTIVATIONS: relu, exact gelu); the ATen op names (``aten.<name>.default``)
@@ -149,3 +149,33 @@ def _fed(out: Any, bias: bool) -> Epilogue:
             return Epilogue("gelu", bias)
         return Epilogue(None, bias, "gelu (tanh)" if "tanh" in targets else "gelu")
     return Epilogue(None, bias, origin if origin in NOTED else None)
+
+
+def modelled_activation(event: Any) -> str | None:
+    """The activation a linear_act problem of this lookup carries (a zhantune.inductor.choices.LookupEvent):
+    its epilogue's relu or gelu after an addmm, or after an mm whose output gets a bias added (a GPU's
+    unfused addmm); None otherwise, a bias-less GEMM's activation too (collect tunes that one bare:
+    zhantune.inductor.gemms.problem_from_event, whose rule this is)."""
+    epi = getattr(event, "epilogue", None)
+    if epi is None or not epi.activation:
+        return None
+    return epi.activation if event.op_name == "addmm" or epi.bias_added else None
+
+
+#: why a table's entry is stale where the GEMM it would serve feeds another activation
+ACTIVATION_STALE = ("measured with {want} fused after the GEMM, and this GEMM's output feeds {got}: never measured "
+                    "so; Inductor's default compiles it (tune this model's own GEMMs: python -m zhantune.collect)")
+
+
+def activation_stale(activations: dict[str, str] | None, key: str | None, event: Any) -> str | None:
+    """Why the entries under ``key`` are stale for this lookup, or None: the table says which
+    activation they were measured fused with (``activations``: a table file's, key -> relu or gelu,
+    a key not listed: none; None: the table does not say, and nothing is compared) and this GEMM
+    feeds another (:func:`modelled_activation`). A helper's attack found a table tuned on a Linear +
+    GELU hit, coverage 100%, on the same Linear followed by relu, silu or nothing."""
+    if activations is None or key is None:
+        return None
+    want, got = activations.get(key), modelled_activation(event)
+    if want == got:
+        return None
+    return ACTIVATION_STALE.format(want=want or "no activation", got=got or "no relu or gelu")

@@ -53,16 +53,17 @@ def export_table(store: Store, opts: Any, device_key: str | None = None, shared:
     CUDA devices (:func:`_refuse_two_kinds`). ``shared``, ``problem_ids``, ``shipped``: as :func:`build_table`'s."""
     from zhantune.storage import redact_url
 
+    activations: dict[str, str] = {}  # the keys of linear_act problems: use_table compares the GEMM's epilogue
     table = build_table(store, device_key=device_key, device_agnostic=opts.device_agnostic, top_k=opts.top_k,
                         min_speedup=opts.min_speedup, torch_version=opts.torch_version, shared=shared,
-                        problem_ids=problem_ids, shipped=shipped)
+                        problem_ids=problem_ids, shipped=shipped, activations=activations)
     meta = None
     if opts.format == "inductor":
         _refuse_two_kinds(store, table, option)
     if opts.format == "zhantune":
         options = {"top_k": opts.top_k, "min_speedup": opts.min_speedup, "device_agnostic": opts.device_agnostic,
                    "device": device_key, "torch_version": opts.torch_version}
-        meta = table_metadata(store, table, options, redact_url(store.url))
+        meta = {**table_metadata(store, table, options, redact_url(store.url)), "activations": activations}
     if not table:
         return None, table
     return write_table(opts.path, table, meta, option), table

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from zhantune.inductor.epilogue import modelled_activation
+
 __all__ = ["CollectedProblem", "collect", "epilogue_note", "problem_from_event"]
 
 
@@ -81,9 +83,8 @@ def problem_from_event(event: Any, dtype_names: dict[str, str]) -> tuple[Any, st
         return None, f"weight [K, N] with strides {list(sw)} (tunable: [N, 1] or [1, K])"
     if bias is not None and (list(bias[1]) != [n] or list(bias[2]) != [1]):
         return None, f"addmm bias of size {list(bias[1])} (tunable: [N])"
-    epi = getattr(event, "epilogue", None)
-    if epi is not None and epi.activation and (bias is not None or epi.bias_added):
-        return GemmProblem("linear_act", (m, n, k), dtype, activation=epi.activation, weight_layout=layout), None
+    if act := modelled_activation(event):  # an addmm's (bias is not None here), or an unfused one's
+        return GemmProblem("linear_act", (m, n, k), dtype, activation=act, weight_layout=layout), None
     return GemmProblem(op, (m, n, k), dtype, weight_layout=layout), None
 
 

@@ -27,11 +27,13 @@ class PortableTable:
     """What :func:`portable_choices` wrote and why: the ``table``; ``withheld``: problem key ->
     device key -> why its portable choice may not replace Inductor's default there
     (:func:`unconfirmed_portable`); ``shared``: the lookup keys that problems with different
-    portable choices map to (Inductor's default entry there)."""
+    portable choices map to (Inductor's default entry there); ``activations``: key -> the activation of
+    the linear_act problem whose choice it holds (the table file's field, as the export writes it)."""
 
     table: dict[str, list[dict[str, Any]]]
     withheld: dict[str, dict[str, str]] = field(default_factory=dict)
     shared: list[str] = field(default_factory=list)
+    activations: dict[str, str] = field(default_factory=dict)
 
 
 #: why a portable choice is withheld on a device it was not compared on (the table's key applies there)
@@ -86,7 +88,10 @@ def portable_choices(comparison: Comparison, store: Store, min_speedup: float | 
             entry = default
             out.shared.append(key)
         table[key] = [entry]
+        if getattr(problem, "activation", None) and entry is not default:
+            out.activations[key] = problem.activation
     out.table, out.shared = dict(sorted(table.items())), sorted(set(out.shared))
+    out.activations = {k: a for k, a in out.activations.items() if k not in out.shared}
     return out
 
 

@@ -11,10 +11,15 @@ applies the patch. Inductor's default choice is the ATen entry ``{"template_id":
 
 The file (``format=zhantune``, the default) wraps the table with its provenance::
 
-    {"format": "zhantune-lookup-table", "format_version": 1, "zhantune": "0.1.0",
+    {"format": "zhantune-lookup-table", "format_version": 2, "zhantune": "0.1.0",
      "torch": "2.13.0+cpu", "triton": "3.9.0", "created_at": "2026-11-22T05:00:00+00:00",
      "source": "sqlite:///zhantune.db", "devices": [{"key": ..., "name": ..., "kind": "cpu"}],
-     "options": {"top_k": 1, "device_agnostic": false, "min_speedup": 1.02}, "table": {...}}
+     "options": {"top_k": 1, "device_agnostic": false, "min_speedup": 1.02},
+     "activations": {"<key>": "gelu"}, "table": {...}}
+
+``activations`` (version 2) names the keys whose entries were measured with an activation fused
+after the GEMM (a linear_act's); use_table reports such an entry stale where the GEMM it serves
+feeds another (zhantune.inductor.epilogue.activation_stale).
 
 ``format=inductor`` writes the bare dict. Both load with :func:`read_table`. Tables are JSON, never
 pickle, and loading one never executes code from it. Building a table from measurements is
@@ -84,6 +89,12 @@ class TableFile:
     @property
     def torch_version(self) -> str | None:
         return self.meta.get("torch")
+
+    @property
+    def activations(self) -> dict[str, str] | None:
+        """Key -> the activation its entries were measured fused with (a key not listed: none); None
+        for a table that does not say (Inductor's format, a wrapper of version 1, a dict)."""
+        return self.meta.get("activations") if self.meta.get("format_version", 1) > 1 else None
 
 
 def parse_key(key: str) -> dict[str, str | None] | None:

@@ -40,6 +40,7 @@ from zhantune.inductor.cuda_entries import (
     resources_stale,
     stale_reason,
 )
+from zhantune.inductor.epilogue import activation_stale
 from zhantune.inductor.heuristics import TF32_ON, even_k, half_math_changed, tf32_float32
 from zhantune.inductor.knobs import config_patch_problem
 from zhantune.inductor.settings import get_config, set_knob
@@ -104,8 +105,8 @@ class TableChoices(RecordingChoices):
     def _key_stale(self, key: str | None, event: LookupEvent, cuda: bool = False) -> str | None:
         """Why every entry under ``key`` is stale here, or None: the table's torch is another release,
         a GEMM's math differs from the one measured (TF32_ON, HALF_MATH_CHANGED; CPU: REDUCED_FLOAT32),
-        the table gives the key's CPU another vector ISA than this one's (OTHER_ISA),
-        or ``key`` is a CPU key of a table made before database revision 0009 (LEGACY_CPU_KEY)."""
+        the key's CPU has another vector ISA (OTHER_ISA), ``key`` is a CPU key of a table of before revision 0009
+        (LEGACY_CPU_KEY), or another activation was fused in its measurement (epilogue.activation_stale)."""
         if self.version_mismatch:
             return self.version_mismatch
         dtypes = [dtype for dtype, _, _ in event.inputs]
@@ -117,7 +118,7 @@ class TableChoices(RecordingChoices):
             return why
         if key is not None and key == legacy_cpu_key(event.device_key, event.agnostic_key):
             return LEGACY_CPU_KEY.format(key=event.device_key.partition("+((")[0])
-        return None
+        return activation_stale(self.tf.activations, key, event)
 
     # -- CPU: the lowering hooks (zhantune.inductor.cpu_gemm) -----------------------------------
     def cpu_packed_gemm(self, kernel_inputs, op_name: str, packed_op: str) -> dict[str, Any] | None:

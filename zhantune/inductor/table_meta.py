@@ -10,13 +10,17 @@ from typing import Any
 
 from zhantune.errors import SHOWN_KEY, TableError, shown, shown_json
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "WRAPPER_FIELDS", "MAX_WRAPPER_BYTES", "VERSION", "check_meta", "plain_copy"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "FORMAT_VERSIONS", "WRAPPER_FIELDS", "MAX_WRAPPER_BYTES", "VERSION", "check_meta", "plain_copy"]
 
 FORMAT = "zhantune-lookup-table"
-FORMAT_VERSION = 1
+#: the version written: 2 adds ``activations`` (key -> the activation its entries were measured
+#: fused with: a linear_act's relu or gelu; keys not listed were measured with none)
+FORMAT_VERSION = 2
+#: the versions read (1: no ``activations``, so use_table does not compare a GEMM's epilogue)
+FORMAT_VERSIONS = (1, 2)
 #: the fields of a table file (zhantune.inductor.exporter.table_metadata writes them all)
 WRAPPER_FIELDS = ("format", "format_version", "zhantune", "torch", "triton", "created_at", "source", "devices",
-                  "options", "table")
+                  "options", "activations", "table")
 #: the most the fields besides ``table`` take as JSON: a device is about a hundred bytes, the
 #: export options a few hundred; kept in memory while the table is installed (64 MiB of padding was)
 MAX_WRAPPER_BYTES = 1 << 20
@@ -34,11 +38,12 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
     if meta.get("format") != FORMAT:
         raise TableError(f"{where}: format: expected {FORMAT!r}, got {shown(meta.get('format'))}")
     version = meta.get("format_version")
-    if type(version) is not int or version != FORMAT_VERSION:  # not 1.0, not true
-        raise TableError(f"{where}: format_version: this zhantune reads version {FORMAT_VERSION}, got {shown(version)}")
-    if unknown := sorted(set(meta) - set(WRAPPER_FIELDS)):
+    if type(version) is not int or version not in FORMAT_VERSIONS:  # not 1.0, not true
+        raise TableError(f"{where}: format_version: this zhantune reads versions 1 and 2, got {shown(version)}")
+    fields = [f for f in WRAPPER_FIELDS if version > 1 or f != "activations"]
+    if unknown := sorted(set(meta) - set(fields)):
         raise TableError(f"{where}: {shown_json(unknown[0])[:80]}: not a field of a table file (version "
-                         f"{FORMAT_VERSION} has {', '.join(WRAPPER_FIELDS)})")
+                         f"{version} has {', '.join(fields)})")
     try:
         size = len(json.dumps(meta, allow_nan=False))  # NaN and Infinity: no JSON (an attack put NaN in options)
     except (TypeError, ValueError, RecursionError) as e:  # a dict from Python holding what JSON cannot
@@ -78,6 +83,10 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
                              f"got {json.dumps(d[bad], default=str)[:80]}")
     if not isinstance(meta.get("options", {}), dict):
         raise TableError(f"{where}: options: expected an object")
+    acts = meta.get("activations", {})
+    if not isinstance(acts, dict) or not all(isinstance(k, str) and v in ("relu", "gelu") for k, v in acts.items()):
+        raise TableError(f"{where}: activations: expected an object of lookup keys to relu or gelu (the activation "
+                         "a key's entries were measured fused with)")
 
 
 def plain_copy(value: Any, where: str) -> Any:
