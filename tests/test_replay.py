@@ -280,6 +280,18 @@ def test_a_device_holds_the_recordings_of_one_gpu_whatever_the_problem_the_order
     refused(run(["bench=replay", f"bench.path={s64}", "bench.device_name=GPU-R"], two), two,
             "recorded on 'GPU-S', gives device 'GPU-R', which holds study", "stored before zhantune kept the device name")
     assert run([f"files=[{r128}]"], two, "zhantune.kerneltuner").returncode == 0
+    # one database that already holds two GPUs in one device (stored before the rule; made here by an
+    # edit): its first merge is refused too, not only a second one (a review's finding)
+    mixed = tmp_path / "mixed.db"
+    assert run([f"files=[{a},{r128}]", "devices=[G,G]"], mixed, "zhantune.kerneltuner").returncode == 0
+    edit = Store(f"sqlite:///{mixed}")
+    with edit.session() as s:
+        study = s.scalars(select(orm.Study).where(orm.Study.name.like("kerneltuner:r128%"))).one()
+        study.config = {**study.config, "recorded_device": "GPU-S"}
+    edit.engine.dispose()
+    refused(cli(["merge", f"sources=[sqlite:///{mixed}]", f"storage.url=sqlite:///{tmp_path / 'm2.db'}"], tmp_path,
+                module="zhantune.db"), None, "of sources[0] holds one made on", "two GPUs in one device; nothing was merged")
+    assert not (tmp_path / "m2.db").exists()
 
 
 def test_a_replay_study_records_its_file_before_anything_is_measured(tmp_path):

@@ -210,10 +210,12 @@ def check_recordings(stores: list[tuple[str, Store]]) -> None:
 
 
 def _check_recorded_names(stores: list[tuple[str, Store]]) -> None:
-    """Refuse a merge that would put, on one device, a Kernel Tuner recording of one database and
-    one of another database recorded on another GPU (for any problems; zhantune.storage.ingest.other_gpu,
-    the rule an import and a replay follow: a helper merged an A100's and an A4000's imports, each
-    named G, into one device G). Raises StorageError naming both studies."""
+    """Refuse a merge that would leave, on one device, Kernel Tuner recordings made on two GPUs (for
+    any problems; zhantune.storage.ingest.other_gpu, the rule an import and a replay follow: a helper
+    merged an A100's and an A4000's imports, each named G, into one device G), whether they come from
+    two of the databases or one already holds both (stored before the rule: the first merge passed
+    it and a second refused it, blaming "another database", a review found). Raises StorageError
+    naming both studies and their databases."""
     from zhantune.storage.ingest import RECORDED_DEVICE, other_gpu, recording_digests
 
     held: dict[str, list[tuple[str, str, dict | None]]] = {}  # device key -> (where, study, config)
@@ -226,12 +228,12 @@ def _check_recorded_names(stores: list[tuple[str, Store]]) -> None:
     for key, studies in held.items():
         for where, name, config in studies:
             own = str((config or {}).get(RECORDED_DEVICE) or "")
-            theirs = [(n, c) for w, n, c in studies if w != where]
+            theirs = [(f"{n!r} of {w}", c) for w, n, c in studies if (w, n) != (where, name)]
             found = other_gpu(own, key, theirs, recording_digests(config))
             if found is not None:
                 raise StorageError(
                     f"{where}: study {name!r} holds a Kernel Tuner recording made on {own!r} on device {key!r}, "
-                    f"where study {found[0]!r} of another database holds one "
+                    f"where study {found[0]} holds one "
                     + (f"made on {found[1]!r}" if found[1] else "stored before zhantune kept the device name a file "
                        "records (2026-11-30: it may be another GPU)")
                     + ": two GPUs in one device; nothing was merged (name the devices apart: devices=[...] at import, "
