@@ -188,10 +188,12 @@ def test_collect_writes_linear_act_rows_that_a_tune_of_the_file_compiles_with_th
     with sqlite3.connect(tmp_path / "z.db") as con:
         ops = set(con.execute("select op, activation from zt_problem"))
     assert ops == {("linear_act", "gelu"), ("addmm", None)}
-    keys = set(yaml.safe_load((tmp_path / "t.json").read_text())["table"])  # JSON is YAML
+    written = yaml.safe_load((tmp_path / "t.json").read_text())  # JSON is YAML
     device_key = yaml.safe_load((tmp_path / "p.yaml").read_text())["device"]["key"]
-    assert keys == {f"{device_key}+{p['lookup_key']}" for p in rows}
-    assert "is not the key this problem's own compile makes here" not in r.stdout, r.stdout[-3000:]
+    assert set(written["table"]) == {f"{device_key}+{p['lookup_key']}" for p in rows}
+    # the activation each key was measured with: use_table compares it with the GEMM's own
+    assert written["format_version"] == 2 and written["activations"] == {f"{device_key}+{rows[0]['lookup_key']}": "gelu"}
+    assert "is not the key this problem's own compile made" not in r.stdout, r.stdout[-3000:]
     # a helper's hand edit: the linear_act row made a bare mm, the model's addmm key kept: said, not silent
     edited = {**rows[0], "op": "mm"}
     del edited["activation"]

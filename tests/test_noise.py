@@ -647,6 +647,54 @@ def test_check_says_a_model_that_compiles_again_while_timed_was_not_checked(tmp_
     assert "the model compiled again while it was timed (table: " in console.export_text()
 
 
+def test_check_raises_dynamos_recompile_limit_for_its_own_compiles_and_says_where_it_was_hit(tmp_path):
+    """A review's finding (session 45): check compiles each way twice, and a submodule's code, shared by
+    every copy, gets a cache entry per copy and compile: three children with a graph break each made 12
+    entries, over Dynamo's limit of 8, during the compiles; the last ways then ran those children
+    uncompiled while timed, and nothing said so. The limit is raised for check's compiles by their
+    number; where it is hit all the same (here a limit of 1), no way is compared and the check fails."""
+    import json
+
+    import torch
+    from omegaconf import OmegaConf
+    from rich.console import Console
+
+    import zhantune.bench.model_check as mc
+    from zhantune.check import _verdict
+    from zhantune.config import BenchConfig
+    from zhantune.device import resolve_device
+    from zhantune.inductor.table import read_table
+
+    class Child(torch.nn.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.lin, self.k = torch.nn.Linear(16, 16), k
+
+        def forward(self, x):
+            x = self.lin(x) * self.k
+            torch._dynamo.graph_break()
+            return x + 1
+
+    model = torch.nn.Sequential(Child(1), Child(2), Child(3)).eval()
+    device = resolve_device("cpu")
+    (tmp_path / "t.json").write_text(json.dumps({}))
+    bench = BenchConfig(warmup_ms=1.0, target_ms=2.0, busy_wait_s=0.0)
+
+    def check():
+        return mc.check_model(model, (torch.randn(4, 16),), device, read_table(tmp_path / "t.json", "cpu"), bench,
+                              max_autotune=False, rounds=2)
+
+    result = check()
+    assert result["recompile_limit"] == [] and result["ways"]["table"]["recompiles"] == 0, result
+    with torch._dynamo.config.patch(recompile_limit=1):
+        result = check()
+    assert result["recompile_limit"] and all("forward" in f for f in result["recompile_limit"]), result
+    assert result["ways"]["table"]["vs_default"]["reason"] == mc.LIMIT_HIT
+    console = Console(record=True, width=300)
+    assert _verdict(console, OmegaConf.create({"min_coverage": 0.0}), result, 1e-4) == 1
+    assert "Dynamo hit its recompile limit during the check ('forward'" in console.export_text()
+
+
 def test_a_replayed_entry_confirmed_below_the_floor_says_the_default_ships(tmp_path):
     """A helper's: a table's replay printed "1.01x (rounds 1.01-1.01x, n=3)" with nothing more while
     its export shipped the default; a tune's summary says so. The replay's line says it too now."""

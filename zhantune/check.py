@@ -38,6 +38,9 @@ register()
 
 #: exit code when coverage is under min_coverage
 COVERAGE_EXIT_CODE = 1
+#: why coverage is none in check (TableReport.note's "served from Inductor's cache" cannot be: caches are off)
+NO_LOOKUP = ("no GEMM lookup seen: the model's compile made none (no mm, addmm or bmm Inductor looks up; check "
+             "compiles with Inductor's caches off)")
 
 
 def _check_options(cfg: DictConfig) -> None:
@@ -146,8 +149,12 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
 
 def _write_json(cfg: DictConfig, device: Any, result: dict[str, Any], tol: float) -> None:
     c = result["contention"]
-    doc = {"table": str(cfg.table), "model": cfg.model, "device": device.key, "report": result["report"].as_dict(),
-           "ways": result["ways"], "tolerance": tol, "rounds": cfg.rounds,
+    report = result["report"].as_dict()
+    if report["note"]:  # check compiles cold: not "served from Inductor's cache" (a review)
+        report["note"] = NO_LOOKUP
+    doc = {"table": str(cfg.table), "model": cfg.model, "device": device.key, "report": report,
+           "ways": result["ways"], "recompile_limit": result.get("recompile_limit", []), "tolerance": tol,
+           "rounds": cfg.rounds,
            "contention": {"timed": c.timed, "contended": c.contended, "waited_s": c.waited_s,
                           "shielded": c.shielded}}
     write_atomic(cfg.json, json.dumps(doc, indent=2) + "\n", "json")
@@ -155,6 +162,8 @@ def _write_json(cfg: DictConfig, device: Any, result: dict[str, Any], tol: float
 
 def _verdict(console: Any, cfg: DictConfig, result: dict[str, Any], tol: float) -> int:
     """0 when every way is correct and coverage reaches min_coverage; COVERAGE_EXIT_CODE otherwise."""
+    from rich.markup import escape
+
     report = result["report"]
     coverage = report.coverage or 0.0
     wrong = [n for n, w in result["ways"].items() if not w["error"] <= tol]
@@ -168,9 +177,13 @@ def _verdict(console: Any, cfg: DictConfig, result: dict[str, Any], tol: float) 
                       "compile checked, nor the table's (check times a model whose compiled graph a second call "
                       "reuses: a forward that changes its own state, or inputs its guards fail on, recompiles)[/red]")
         return COVERAGE_EXIT_CODE
+    if result.get("recompile_limit"):  # a frame ran uncompiled in some way (a review's submodule case)
+        console.print("[red]Dynamo hit its recompile limit during the check (" + escape(", ".join(result["recompile_limit"]))
+                      + "): part of the model ran uncompiled in some way; its timings are not the compiled model's"
+                      "[/red]", soft_wrap=True)
+        return COVERAGE_EXIT_CODE
     if report.note:  # check compiles cold (caches off): no lookup is the model's own
-        console.print("[red]no GEMM lookup seen: the model's compile made none (no mm, addmm or bmm Inductor "
-                      "looks up; check compiles with Inductor's caches off)[/red]")
+        console.print(f"[red]{NO_LOOKUP}[/red]")
         return COVERAGE_EXIT_CODE
     if coverage < cfg.min_coverage:
         console.print(f"[red]coverage {coverage:.0%} is below min_coverage {cfg.min_coverage:.0%}[/red]")

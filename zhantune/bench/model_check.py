@@ -11,7 +11,9 @@ user gets: ``freezing=True`` under ``no_grad``, oneDNN on). Timing is zhantune's
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP
@@ -199,23 +201,55 @@ def _check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
         reference = model(*inputs).double()
     # max-autotune's AUTOTUNE tables on stderr off (zhantune prints its own report)
     base = model_patch(device.kind)
-    ways = {"table": (base, table), "default": (base, None)}
+    patches = {"table": (base, table), "default": (base, None)}
     if max_autotune:
-        ways["max-autotune"] = (model_patch(device.kind, max_autotune=True), None)
-    # an untimed compile of each way first, so that the process's one-time costs (Dynamo, Inductor's
-    # imports, the C++ toolchain's first run, the C++ GEMM template's first use: a helper saw a C++
-    # table's compile take 9.0 s against max-autotune's 0.4 s, and 1.0 s against 8.6 s with the
-    # default's entries) land on no way's compile time
-    for patch, tab in ways.values():
-        _compile(model, inputs, device, patch, tab)
-    compiled = {name: _compile(model, inputs, device, patch, tab) for name, (patch, tab) in ways.items()}
-    times, contention = time_interleaved({n: c["fn"] for n, c in compiled.items()}, device, bench, rounds)
+        patches["max-autotune"] = (model_patch(device.kind, max_autotune=True), None)
+    with _limit_hits() as hits:
+        # each way compiled twice: a submodule's code, shared by every copy, gets an entry per copy and
+        # compile, so the user's recompile limit times the compiles (a review hit it before the timing)
+        with torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit * 2 * len(patches)):
+            # an untimed compile of each way first, so that the process's one-time costs (Dynamo, Inductor's
+            # imports, the C++ toolchain's first run, the C++ GEMM template's first use: a helper saw a C++
+            # table's compile take 9.0 s against max-autotune's 0.4 s, and 1.0 s against 8.6 s with the
+            # default's entries) land on no way's compile time
+            for patch, tab in patches.values():
+                _compile(model, inputs, device, patch, tab)
+            compiled = {name: _compile(model, inputs, device, patch, tab) for name, (patch, tab) in patches.items()}
+        times, contention = time_interleaved({n: c["fn"] for n, c in compiled.items()}, device, bench, rounds)
     ways: dict[str, dict[str, Any]] = {}
     for name, c in compiled.items():
         same = name != "default" and c["code"] is not None and c["code"] == compiled["default"]["code"]
         vs = versus(times[name], times["default"], same_code=same)
         if name == "default":
             vs["reason"] = "the default itself"
+        elif hits and not (times[name]["recompiles"] or times["default"]["recompiles"]):  # that reason first
+            vs = {**vs, "ratio": None, "consistent": False, "reason": LIMIT_HIT}
         ways[name] = {"compile_s": c["compile_s"], **times[name], "error": relative_error(c["out"], reference),
                       "vs_default": vs}
-    return {"report": compiled["table"]["report"], "ways": ways, "contention": contention}
+    return {"report": compiled["table"]["report"], "ways": ways, "contention": contention, "recompile_limit": hits}
+
+
+#: why no way is compared where Dynamo hit its recompile limit during the check
+LIMIT_HIT = ("Dynamo hit its recompile limit during the check: part of the model ran uncompiled in some way, so "
+             "the timed code is not the compiled model's")
+
+
+@contextlib.contextmanager
+def _limit_hits() -> Iterator[list[str]]:
+    """The functions Dynamo gave up compiling while inside (its "hit config.recompile_limit" warning,
+    torch/_dynamo/convert_frame.py: such a frame runs uncompiled from then on), as "name (file:line)"."""
+    import logging
+
+    hits: list[str] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if str(record.msg).startswith("torch._dynamo hit config.") and len(record.args or ()) > 2:
+                hits.append(str(record.args[2]))
+
+    seen, logger = Seen(logging.WARNING), logging.getLogger("torch._dynamo.convert_frame")
+    logger.addHandler(seen)
+    try:
+        yield hits
+    finally:
+        logger.removeHandler(seen)

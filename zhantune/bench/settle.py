@@ -102,8 +102,8 @@ def settle_close_call(ranked: Sequence[Any], branches: Sequence[Any], bench: Ben
             f"close call re-measured {rounds}x interleaved, each round's fastest run: {cands[first].describe()} "
             f"{spans[first]}, {cands[second].describe()} {spans[second]}; every round found the second faster, "
             f"yet the first one's single fastest run ({best_us[first]:,.1f} us, against {best_us[second]:,.1f} us) "
-            "ranks it first (a table's entry where its speedup over Inductor's default is confirmed): the rounds "
-            "and the ranking disagree, no clear winner"
+            "ranks it first (it would be a table's entry only where its speedup over Inductor's default is "
+            "confirmed): the rounds and the ranking disagree, no clear winner"
             + (f" ({busy} of {n} round(s) taken on a busy machine)" if busy else ""))
     if not tied and busy:
         return "unconfirmed", (
@@ -130,8 +130,8 @@ def _tie_text(ratios: list[float], busy: int) -> str:
                 f"clear winner{on_busy}; the first ranks first")
     if hi < 1:
         return (f"every round found the second faster ({1 / hi:.2f}-{1 / lo:.2f}x), by less than the rounds "
-                f"disagree: no clear winner{on_busy}; the first ranks first by its single fastest run (a table's "
-                "entry where its speedup over Inductor's default is confirmed)")
+                f"disagree: no clear winner{on_busy}; the first ranks first by its single fastest run (it would be "
+                "a table's entry only where its speedup over Inductor's default is confirmed)")
     return f"still within the noise: a tie, either is fine{on_busy}"
 
 

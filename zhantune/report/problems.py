@@ -51,9 +51,9 @@ def print_problems_summary(console: Console, result: Any) -> None:
         console.print(f"[yellow]warning: {contention.text(of=of)}[/yellow]")
     for key, theirs, own in result.other_keys:  # a helper's hand-edited row: op mm, the model's addmm key
         console.print(f"warning: {key}: the problems file's lookup_key {theirs!r} (the model's lookup, where it was "
-                      f"collected) is not the key this problem's own compile makes here, {own!r}: its table entry is "
-                      "under the latter, which that model does not look up (collect the model again on this device, "
-                      "or fix the row)", soft_wrap=True, markup=False, highlight=False)
+                      f"collected) is not the key this problem's own compile made (stored with the problem by the first "
+                      f"run that measured it), {own!r}: its table entry is under the latter, which that model does not "
+                      "look up (collect the model again on this device, or fix the row)", soft_wrap=True, markup=False, highlight=False)
     if result.table_path is not None:
         placed = [pr.result.shipped for pr in result.runs if pr.result is not None and pr.result.shipped is not None]
         defaults = sum(1 for s in placed if s.row is None)
