@@ -269,17 +269,24 @@ def test_a_device_holds_the_recordings_of_one_gpu_whatever_the_problem_the_order
                  f"storage.url=sqlite:///{tmp_path / 'merged.db'}"], tmp_path, module="zhantune.db"), None,
             "made on 'GPU-R' on device 'GPU-R', where study", "made on 'GPU-S': two GPUs in one device; nothing was merged")
     assert not (tmp_path / "merged.db").exists()
-    # a database of before: its study holds no recorded name; a renamed file may be another GPU, a file of
-    # the device's own name is taken as its GPU
-    old = Store(f"sqlite:///{two}")
-    with old.session() as s:
+    # a database of before: its study holds no recorded name. The name is read from its file where that is
+    # still there (a review: a second file of the same GPU was refused with no way to add it); without the
+    # file a renamed one may be another GPU, a file of the device's own name is taken as its GPU
+    old = tmp_path / "old.db"
+    assert run([f"files=[{a}]", "devices=[G]"], old, "zhantune.kerneltuner").returncode == 0
+    edit = Store(f"sqlite:///{old}")
+    with edit.session() as s:
         study = s.scalars(select(orm.Study).where(orm.Study.name.like("kerneltuner:%"))).one()
         study.config = {k: v for k, v in study.config.items() if k != "recorded_device"}
-    old.engine.dispose()  # the WAL checkpointed into the file
-    digest[two] = hashlib.sha256(two.read_bytes()).hexdigest()
-    refused(run(["bench=replay", f"bench.path={s64}", "bench.device_name=GPU-R"], two), two,
-            "recorded on 'GPU-S', gives device 'GPU-R', which holds study", "stored before zhantune kept the device name")
-    assert run([f"files=[{r128}]"], two, "zhantune.kerneltuner").returncode == 0
+    edit.engine.dispose()  # the WAL checkpointed into the file
+    digest[old] = hashlib.sha256(old.read_bytes()).hexdigest()
+    a.parent.rename(tmp_path / "gone")
+    refused(run(["bench=replay", f"bench.path={s64}", "bench.device_name=G"], old), old,
+            "recorded on 'GPU-S', gives device 'G', which holds study", "stored before zhantune kept the device name")
+    (tmp_path / "gone").rename(a.parent)
+    refused(run(["bench=replay", f"bench.path={s64}", "bench.device_name=G"], old), old,
+            "recorded on 'GPU-S', gives device 'G', which holds study", "recorded on 'GPU-R': two GPUs in one device")
+    assert run([f"files=[{r128}]", "devices=[G]"], old, "zhantune.kerneltuner").returncode == 0
     # one database that already holds two GPUs in one device (stored before the rule; made here by an
     # edit): its first merge is refused too, not only a second one (a review's finding)
     mixed = tmp_path / "mixed.db"

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from zhantune.bench.recorded import KernelTunerFile
     from zhantune.storage.store import Store
 
-__all__ = ["import_kerneltuner", "check_import", "refuse_merge", "other_gpu", "replay_study", "file_digest", "recording_digests",
+__all__ = ["import_kerneltuner", "check_import", "refuse_merge", "other_gpu", "with_recorded_name", "replay_study", "file_digest", "recording_digests",
            "same_recording", "IMPORTED_VERSION"]
 
 #: torch_version of imported rows: they were measured by Kernel Tuner, not through torch
@@ -101,8 +101,8 @@ def refuse_merge(store: Store, file: KernelTunerFile, option: str = "files",
     if reserved is not None and reserved.get("replay_sha256"):
         studies[plain] = reserved
     own = file.device_name.strip()
-    found = other_gpu(own, file.device_key, [*store.studies_holding(file.device_key, None), *studies.items()],
-                      file.digests)
+    held = [(n, with_recorded_name(c)) for n, c in [*store.studies_holding(file.device_key, None), *studies.items()]]
+    found = other_gpu(own, file.device_key, held, file.digests)
     if found is not None:  # two GPUs that recorded their names, under one name given
         name, other = found
         raise ConfigError(f"{option}={file.path}: recorded on {own!r}, gives device {file.device_key!r}, which holds "
@@ -115,6 +115,25 @@ def refuse_merge(store: Store, file: KernelTunerFile, option: str = "files",
     for name, config in studies.items():
         if not same_recording(config, file) and not (name == adopt and _adoptable(config)):
             _refuse(file, name, config, option, naming)
+
+
+def with_recorded_name(config: dict | None) -> dict | None:
+    """A study's config, with :data:`RECORDED_DEVICE` read from its Kernel Tuner file where it was stored
+    before that name was kept: the file its config names (an import's ``source``, a replay's
+    ``bench.path``), if it is still there with one of the stored digests. Otherwise as it is (a name
+    unknown: :func:`other_gpu` counts it as another GPU where a file is renamed; a review found a second
+    file of the same GPU refused with no way to add it)."""
+    c = config or {}
+    path = c.get("source") or (c.get("bench") if isinstance(c.get("bench"), dict) else {}).get("path")
+    if RECORDED_DEVICE in c or not recording_digests(c) or not isinstance(path, str):
+        return config
+    from zhantune.bench.recorded import load_kerneltuner
+
+    try:
+        file = load_kerneltuner(path)
+    except (ConfigError, OSError, ValueError):
+        return config
+    return {**c, RECORDED_DEVICE: file.device_name.strip()} if same_recording(c, file) else config
 
 
 def other_gpu(own: str, device_key: str, studies: list[tuple[str, dict | None]],

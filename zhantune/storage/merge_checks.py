@@ -216,14 +216,14 @@ def _check_recorded_names(stores: list[tuple[str, Store]]) -> None:
     two of the databases or one already holds both (stored before the rule: the first merge passed
     it and a second refused it, blaming "another database", a review found). Raises StorageError
     naming both studies and their databases."""
-    from zhantune.storage.ingest import RECORDED_DEVICE, other_gpu, recording_digests
+    from zhantune.storage.ingest import RECORDED_DEVICE, other_gpu, recording_digests, with_recorded_name
 
     held: dict[str, list[tuple[str, str, dict | None]]] = {}  # device key -> (where, study, config)
     for where, store in stores:
         with store.session() as s:
             keys = list(s.scalars(select(m.Device.key)))
         for key in keys:
-            held.setdefault(key, []).extend((where, n, c) for n, c in store.studies_holding(key, None)
+            held.setdefault(key, []).extend((where, n, with_recorded_name(c)) for n, c in store.studies_holding(key, None)
                                             if recording_digests(c))
     for key, studies in held.items():
         for where, name, config in studies:
