@@ -1300,8 +1300,10 @@ def test_a_table_entry_that_cannot_be_right_for_its_keys_sizes_is_refused(tmp_pa
                          ({"options": {"pad": "ab" * (1 << 20)}}, r"the fields besides table take 2,097,\d+ bytes"),
                          ({"options": {"x": float("nan")}}, r"the fields besides table are not JSON data"),
                          ({"activations": {}}, r'"activations": not a field of a table file \(version 1 has'),
-                         ({"format_version": 2, "activations": {KEY: "silu"}}, r"activations: expected an object of "
-                          r"lookup keys to relu or gelu"),
+                         ({"format_version": 2, "activations": {KEY: "silu"}}, r'activations\["\(\(torch\.float32.*\]: "silu"; '
+                          r"allowed: relu, gelu"),
+                         ({"format_version": 2, "activations": {"other+((x))+mm": "gelu"}},
+                          r'activations\["other\+\(\(x\)\)\+mm"\]: not a key of the table'),
                          ({"format_version": 2, "activations": [KEY]}, r"activations: expected an object")):
         with pytest.raises(TableError, match=match):
             read_table({**wrapped, **extra})

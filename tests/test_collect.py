@@ -120,8 +120,9 @@ def test_a_linear_and_its_activation_are_collected_as_linear_act_with_the_models
     torch._dynamo.reset()
     (mixed,) = collect(Mixed().eval(), (torch.randn(8, 64),), resolve_device("cpu"))
     assert (mixed.problem.op, mixed.problem.activation, mixed.count) == ("linear_act", "gelu", 2)
-    assert mixed.note == ("2 GEMMs of this key feed different epilogues (gelu, none); one table entry serves "
-                          "them all: tuned as the first (gelu)")
+    assert mixed.note == ("2 GEMMs of this key feed different epilogues (gelu, none); a table holds one entry per "
+                          "key: tuned as the first (gelu), which use_table serves to the GEMMs of that activation "
+                          "(Inductor's default, reported stale, to the others)")
 
 
 def test_a_gpus_unfused_addmm_then_gelu_is_linear_act_looked_up_as_mm():

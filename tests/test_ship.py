@@ -439,6 +439,11 @@ def test_an_entry_measured_with_one_activation_is_stale_on_a_gemm_that_feeds_ano
                                         "feeds relu"), report.as_dict()
     assert compile_with(wrapped(2, {}), "silu").hits == {key: 1}  # not modelled: collect tunes it bare, noted
     assert compile_with(wrapped(1, None), "relu").hits == {key: 1}  # the table does not say
+    no_field = {k: v for k, v in wrapped(2, {}).items() if k != "activations"}  # version 2: none recorded
+    assert compile_with(no_field, "gelu").stale[key].startswith("measured with no activation fused")
+    # Inductor's default entry compiles what Inductor would anyway: never stale (a helper saw compare's
+    # portable table report its own defaults stale)
+    assert compile_with({**wrapped(2, {}), "table": {key: [{"template_id": "aten::addmm"}]}}, "gelu").hits == {key: 1}
 
 
 def test_a_gpu_template_entry_on_cpu_is_stale_not_a_hit():

@@ -164,16 +164,24 @@ def modelled_activation(event: Any) -> str | None:
 
 #: why a table's entry is stale where the GEMM it would serve feeds another activation
 ACTIVATION_STALE = ("measured with {want} fused after the GEMM, and this GEMM's output feeds {got}: never measured "
-                    "so; Inductor's default compiles it (tune this model's own GEMMs: python -m zhantune.collect)")
+                    "so; Inductor's default compiles it (a table of another model: collect this one's GEMMs; a key "
+                    "whose GEMMs feed different activations holds one entry, tuned for one of them)")
 
 
-def activation_stale(activations: dict[str, str] | None, key: str | None, event: Any) -> str | None:
+def activation_stale(activations: dict[str, str] | None, key: str | None, event: Any,
+                     entries: list[dict[str, Any]] | None = None) -> str | None:
     """Why the entries under ``key`` are stale for this lookup, or None: the table says which
     activation they were measured fused with (``activations``: a table file's, key -> relu or gelu,
     a key not listed: none; None: the table does not say, and nothing is compared) and this GEMM
-    feeds another (:func:`modelled_activation`). A helper's attack found a table tuned on a Linear +
-    GELU hit, coverage 100%, on the same Linear followed by relu, silu or nothing."""
+    feeds another (:func:`modelled_activation`). ``entries`` that are Inductor's default choice
+    (``aten::<op>`` alone) or none (``[]``: the GEMM's templates come from another key) are never
+    stale: they compile what Inductor would anyway (a helper saw a portable table's own defaults
+    reported stale). A helper's attack found a table tuned on a Linear + GELU hit, coverage 100%, on
+    the same Linear followed by relu, silu or nothing."""
     if activations is None or key is None:
+        return None
+    if entries is not None and all(list(e) == ["template_id"] and str(e["template_id"]).startswith("aten::")
+                                   for e in entries):
         return None
     want, got = activations.get(key), modelled_activation(event)
     if want == got:

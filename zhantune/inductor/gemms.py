@@ -91,13 +91,15 @@ def problem_from_event(event: Any, dtype_names: dict[str, str]) -> tuple[Any, st
 def epilogue_note(problem: Any, epilogues: list[Any]) -> str | None:
     """What a collected problem's tune leaves out of what the model runs, given the epilogues of
     every GEMM of its key (first first), or None: an epilogue linear_act does not model, or GEMMs of
-    one key with different epilogues (one table entry serves them all; the first is tuned)."""
+    one key with different epilogues (one table entry per key; the first is tuned)."""
     if problem is None:
         return None
     kinds = list(dict.fromkeys(e.describe() for e in epilogues))
     if len(kinds) > 1:
-        return (f"{len(epilogues)} GEMMs of this key feed different epilogues ({', '.join(kinds)}); one table "
-                f"entry serves them all: tuned as the first ({kinds[0]})")
+        served = ("which use_table serves to the GEMMs of that activation (Inductor's default, reported stale, to "
+                  "the others)" if len({e.activation for e in epilogues}) > 1 else "which use_table serves to them all")
+        return (f"{len(epilogues)} GEMMs of this key feed different epilogues ({', '.join(kinds)}); a table holds "
+                f"one entry per key: tuned as the first ({kinds[0]}), {served}")
     first = epilogues[0]
     if problem.op == "linear_act":
         return None

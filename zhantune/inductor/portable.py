@@ -88,8 +88,8 @@ def portable_choices(comparison: Comparison, store: Store, min_speedup: float | 
             entry = default
             out.shared.append(key)
         table[key] = [entry]
-        if getattr(problem, "activation", None) and entry is not default:
-            out.activations[key] = problem.activation
+        if getattr(problem, "activation", None):  # the default's keys too, and the ATen key of a template's
+            out.activations.update(dict.fromkeys({key, own}, problem.activation))
     out.table, out.shared = dict(sorted(table.items())), sorted(set(out.shared))
     out.activations = {k: a for k, a in out.activations.items() if k not in out.shared}
     return out

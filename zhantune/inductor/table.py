@@ -92,9 +92,10 @@ class TableFile:
 
     @property
     def activations(self) -> dict[str, str] | None:
-        """Key -> the activation its entries were measured fused with (a key not listed: none); None
-        for a table that does not say (Inductor's format, a wrapper of version 1, a dict)."""
-        return self.meta.get("activations") if self.meta.get("format_version", 1) > 1 else None
+        """Key -> the activation its entries were measured fused with (a key not listed: none, in a
+        version 2 file without the field too); None for a table that does not say (Inductor's format,
+        a wrapper of version 1, a dict)."""
+        return self.meta.get("activations", {}) if self.meta.get("format_version", 1) > 1 else None
 
 
 def parse_key(key: str) -> dict[str, str | None] | None:
@@ -208,6 +209,8 @@ def recheck_table(tf: TableFile, device_kind: str | None) -> TableFile:
 
 def _checked(table: Any, meta: dict[str, Any], where: str, device_kind: str | None, prefix: str,
              source: str | None) -> TableFile:
+    if isinstance(table, dict) and (stray := next((k for k in meta.get("activations") or {} if k not in table), None)):
+        raise TableError(f"{where}: activations[{shown_json(stray)[:SHOWN_KEY]}]: not a key of the table")
     kinds = _device_kinds(meta)
     check_table(table, where, device_kind, prefix, kinds)
     other = {k: kinds[d] for k in table if (d := (parse_key(k) or {}).get("device")) in kinds

@@ -118,7 +118,7 @@ class TableChoices(RecordingChoices):
             return why
         if key is not None and key == legacy_cpu_key(event.device_key, event.agnostic_key):
             return LEGACY_CPU_KEY.format(key=event.device_key.partition("+((")[0])
-        return activation_stale(self.tf.activations, key, event)
+        return activation_stale(self.tf.activations, key, event, self.tf.table.get(key) if key else None)
 
     # -- CPU: the lowering hooks (zhantune.inductor.cpu_gemm) -----------------------------------
     def cpu_packed_gemm(self, kernel_inputs, op_name: str, packed_op: str) -> dict[str, Any] | None:

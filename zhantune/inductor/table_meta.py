@@ -50,7 +50,7 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
         raise TableError(f"{where}: the fields besides table are not JSON data ({str(e)[:80]})") from None
     if size > MAX_WRAPPER_BYTES:
         raise TableError(f"{where}: the fields besides table take {size:,} bytes as JSON; a table file's take at most "
-                         f"{MAX_WRAPPER_BYTES:,} (its devices and export options)")
+                         f"{MAX_WRAPPER_BYTES:,} (its devices, export options and activations)")
     if meta.get("torch") is None:
         raise TableError(f"{where}: torch: missing or null; a table file names the torch release its entries were "
                          "measured with (the export writes it; under another release they are stale). Export it "
@@ -84,9 +84,12 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
     if not isinstance(meta.get("options", {}), dict):
         raise TableError(f"{where}: options: expected an object")
     acts = meta.get("activations", {})
-    if not isinstance(acts, dict) or not all(isinstance(k, str) and v in ("relu", "gelu") for k, v in acts.items()):
+    if not isinstance(acts, dict):
         raise TableError(f"{where}: activations: expected an object of lookup keys to relu or gelu (the activation "
                          "a key's entries were measured fused with)")
+    if bad := next((k for k, v in acts.items() if v not in ("relu", "gelu")), None):
+        raise TableError(f"{where}: activations[{shown_json(bad)[:SHOWN_KEY]}]: {shown_json(acts[bad])[:80]}; allowed: "
+                         "relu, gelu (the activation the key's entries were measured fused with)")
 
 
 def plain_copy(value: Any, where: str) -> Any:
