@@ -2,8 +2,8 @@
 default and with max-autotune, and time the three ways in interleaved rounds.
 
 Each way is a cold compile (Inductor's caches off, in a temporary cache directory deleted at the
-end: ``force_disable_caches`` leaves a directory per compile there) of its own copy in this process, after one
-untimed warm-up compile, under zhantune.inductor.settings.model_patch (on CPU the inference compile a
+end: ``force_disable_caches`` leaves a directory per compile there) of its own copy in this process, after an
+untimed warm-up compile of every way, under zhantune.inductor.settings.model_patch (on CPU the inference compile a
 user gets: ``freezing=True`` under ``no_grad``, oneDNN on). Timing is zhantune's protocol
 (zhantune.bench.timing), a busy machine waited for and reported as in a tune
 (zhantune.bench.conditions); every run time is the decision statistic (the fastest run).
