@@ -206,3 +206,27 @@ def test_collect_writes_linear_act_rows_that_a_tune_of_the_file_compiles_with_th
     assert (f"warning: mm[M=8,N=64,K=32]:float32:weight_nk: the problems file's lookup_key {rows[0]['lookup_key']!r}"
             in out and "+mm': its table entry is under the latter, which that model does not look up" in out), out[-3000:]
     assert "(1 key(s); 1 of its 1 problem(s) get Inductor's default choice" in out, out[-1000:]
+
+
+def test_only_inductors_own_default_entry_escapes_the_activation_check():
+    """A review (session 45): the exemption of Inductor's default entries took any ``aten::`` entry:
+    ``aten::bias_addmm`` (another kernel, a tuned choice) or an ``aten::mm`` under an addmm key
+    was served to a GEMM feeding relu from a table that recorded gelu. Only ``aten::<the key's op>``
+    alone (or ``[]``) escapes it; a tuned entry, alone or beside the default, is stale there."""
+    from types import SimpleNamespace
+
+    from zhantune.inductor.epilogue import Epilogue, activation_stale
+
+    key = "((torch.float32, [64], [1]), (torch.float32, [8, 32], [32, 1]), (torch.float32, [32, 64], [1, 32]))" \
+          "+alpha=1&beta=1+addmm"
+    relu = SimpleNamespace(op_name="addmm", epilogue=Epilogue("relu"))
+    measured = {key: "gelu"}
+    assert activation_stale(measured, key, relu, [{"template_id": "aten::addmm"}]) is None
+    assert activation_stale(measured, key, relu, []) is None
+    for entries in ([{"template_id": "aten::bias_addmm"}], [{"template_id": "aten::mm"}],
+                    [{"template_id": "aten::addmm"}, {"template_id": "zhantune::config", "config_patch": {}}]):
+        assert activation_stale(measured, key, relu, entries).startswith(
+            "measured with gelu fused after the GEMM, and this GEMM's output feeds relu"), entries
+    assert activation_stale(measured, key, SimpleNamespace(op_name="addmm", epilogue=Epilogue("gelu")),
+                            [{"template_id": "aten::bias_addmm"}]) is None  # measured so
+    assert activation_stale(None, key, relu, [{"template_id": "aten::bias_addmm"}]) is None  # the table does not say

@@ -161,6 +161,13 @@ def test_a_table_of_cpu_and_gpu_devices_loads_on_each_kind(tmp_path):
     from zhantune.inductor.table import recheck_table
 
     assert recheck_table(anywhere, "cuda") == on_cuda and recheck_table(on_cpu, "cpu") == on_cpu
+    # version 2: the keys left out take their activations with them, so a recheck of what was kept
+    # (use_table(tf)) finds no stray key (a review: "activations[...]: not a key of the table")
+    v2 = write_table(tmp_path / "v2.json", table, {**meta, "format_version": 2,
+                                                    "activations": {cpu_key: "gelu", gpu_key: "relu"}})
+    kept = read_table(v2, "cuda")
+    assert kept.activations == {gpu_key: "relu"} and recheck_table(kept, "cuda").activations == {gpu_key: "relu"}
+    assert recheck_table(read_table(v2), "cpu").activations == {cpu_key: "gelu"}
     with pytest.raises(TableError, match="read for another kind of device than cuda; read it again for cuda"):
         recheck_table(on_cpu, "cuda")  # its GPU keys were left out: it would install an empty table
     for patch in ({"cpp.march": "native"}, {"max_autotune_gemm_backends": "TRITON"}):

@@ -174,14 +174,17 @@ def activation_stale(activations: dict[str, str] | None, key: str | None, event:
     activation they were measured fused with (``activations``: a table file's, key -> relu or gelu,
     a key not listed: none; None: the table does not say, and nothing is compared) and this GEMM
     feeds another (:func:`modelled_activation`). ``entries`` that are Inductor's default choice
-    (``aten::<op>`` alone) or none (``[]``: the GEMM's templates come from another key) are never
+    (``aten::<op>`` alone, of the key's own op: ``aten::bias_addmm`` is another kernel) or none (``[]``: the GEMM's templates come from another key) are never
     stale: they compile what Inductor would anyway (a helper saw a portable table's own defaults
     reported stale). A helper's attack found a table tuned on a Linear + GELU hit, coverage 100%, on
     the same Linear followed by relu, silu or nothing."""
     if activations is None or key is None:
         return None
-    if entries is not None and all(list(e) == ["template_id"] and str(e["template_id"]).startswith("aten::")
-                                   for e in entries):
+    from zhantune.inductor.templates import DEFAULT_KERNEL_TEMPLATES  # not aten::bias_addmm: another kernel
+
+    op = key.rpartition("+")[2]
+    if entries is not None and all(list(e) == ["template_id"] and e["template_id"] in DEFAULT_KERNEL_TEMPLATES
+                                   and e["template_id"] == f"aten::{op}" for e in entries):
         return None
     want, got = activations.get(key), modelled_activation(event)
     if want == got:

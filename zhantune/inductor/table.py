@@ -17,9 +17,8 @@ The file (``format=zhantune``, the default) wraps the table with its provenance:
      "options": {"top_k": 1, "device_agnostic": false, "min_speedup": 1.02},
      "activations": {"<key>": "gelu"}, "table": {...}}
 
-``activations`` (version 2) names the keys whose entries were measured with an activation fused
-after the GEMM (a linear_act's); use_table reports such an entry stale where the GEMM it serves
-feeds another (zhantune.inductor.epilogue.activation_stale).
+``activations`` (version 2): the keys measured with a linear_act's activation fused; use_table reports
+an entry stale where its GEMM feeds another (zhantune.inductor.epilogue.activation_stale).
 
 ``format=inductor`` writes the bare dict. Both load with :func:`read_table`. Tables are JSON, never
 pickle, and loading one never executes code from it. Building a table from measurements is
@@ -215,8 +214,10 @@ def _checked(table: Any, meta: dict[str, Any], where: str, device_kind: str | No
     check_table(table, where, device_kind, prefix, kinds)
     other = {k: kinds[d] for k in table if (d := (parse_key(k) or {}).get("device")) in kinds
              and device_kind is not None and kinds[d] != device_kind}
-    if other:
+    if other:  # and their activations: a recheck of the kept keys (use_table(tf)) found them stray (a review)
         table = {k: v for k, v in table.items() if k not in other}
+        meta = {**meta, "activations": {k: a for k, a in meta["activations"].items() if k not in other}} \
+            if meta.get("activations") else meta
     return TableFile(table, meta, source, other)
 
 

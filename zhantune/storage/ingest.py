@@ -120,20 +120,28 @@ def refuse_merge(store: Store, file: KernelTunerFile, option: str = "files",
 def with_recorded_name(config: dict | None) -> dict | None:
     """A study's config, with :data:`RECORDED_DEVICE` read from its Kernel Tuner file where it was stored
     before that name was kept: the file its config names (an import's ``source``, a replay's
-    ``bench.path``), if it is still there with one of the stored digests. Otherwise as it is (a name
-    unknown: :func:`other_gpu` counts it as another GPU where a file is renamed; a review found a second
-    file of the same GPU refused with no way to add it)."""
+    ``bench.path``; a relative path is the current directory's), if it is still there, a regular file
+    of at most MAX_KT_BYTES whose bytes have the stored digest (hashed before it is parsed: a merged-in
+    database's path may name any file). Otherwise as it is (a name unknown: :func:`other_gpu` counts it
+    as another GPU where a file is renamed; a review found a second file of the same GPU refused with no
+    way to add it)."""
+    import hashlib
+    from pathlib import Path
+
+    from zhantune.bench.recorded import MAX_KT_BYTES, load_kerneltuner
+
     c = config or {}
     path = c.get("source") or (c.get("bench") if isinstance(c.get("bench"), dict) else {}).get("path")
     if RECORDED_DEVICE in c or not recording_digests(c) or not isinstance(path, str):
         return config
-    from zhantune.bench.recorded import load_kerneltuner
-
     try:
-        file = load_kerneltuner(path)
-    except (ConfigError, OSError, ValueError):
+        p = Path(path)
+        if not p.is_file() or p.stat().st_size > MAX_KT_BYTES or \
+                hashlib.sha256(p.read_bytes()).hexdigest() != file_digest(c):
+            return config
+        return {**c, RECORDED_DEVICE: load_kerneltuner(path).device_name.strip()}
+    except (ConfigError, OSError, ValueError):  # gone or changed meanwhile, or not a Kernel Tuner file
         return config
-    return {**c, RECORDED_DEVICE: file.device_name.strip()} if same_recording(c, file) else config
 
 
 def other_gpu(own: str, device_key: str, studies: list[tuple[str, dict | None]],
