@@ -180,11 +180,10 @@ def activation_stale(activations: dict[str, str] | None, key: str | None, event:
     the same Linear followed by relu, silu or nothing."""
     if activations is None or key is None:
         return None
-    from zhantune.inductor.templates import DEFAULT_KERNEL_TEMPLATES  # not aten::bias_addmm: another kernel
+    from zhantune.inductor.table import default_entry, parse_key  # not aten::bias_addmm: another kernel
 
-    op = key.rpartition("+")[2]
-    if entries is not None and all(list(e) == ["template_id"] and e["template_id"] in DEFAULT_KERNEL_TEMPLATES
-                                   and e["template_id"] == f"aten::{op}" for e in entries):
+    op = (parse_key(key) or {}).get("op")
+    if entries is not None and op and all(e == default_entry(op) for e in entries):
         return None
     want, got = activations.get(key), modelled_activation(event)
     if want == got:

@@ -101,7 +101,8 @@ def refuse_merge(store: Store, file: KernelTunerFile, option: str = "files",
     if reserved is not None and reserved.get("replay_sha256"):
         studies[plain] = reserved
     own = file.device_name.strip()
-    held = [(n, with_recorded_name(c)) for n, c in [*store.studies_holding(file.device_key, None), *studies.items()]]
+    every = {**dict(store.studies_holding(file.device_key, None)), **studies}  # each study once: its file hashed once
+    held = [(n, with_recorded_name(c)) for n, c in every.items()]
     found = other_gpu(own, file.device_key, held, file.digests)
     if found is not None:  # two GPUs that recorded their names, under one name given
         name, other = found
