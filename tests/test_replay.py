@@ -379,6 +379,30 @@ def test_one_recording_is_imported_once_and_a_named_file_never_joins_a_file_name
     assert len(store.study_names()) == 1
 
 
+def test_one_name_in_two_unicode_forms_is_one_device_and_one_gpu(tmp_path):
+    """Noticed in session 45: a device name typed or recorded in NFC ("é", one code point) and in NFD
+    (e + U+0301, as macOS file names are) printed alike but made two devices, and the second
+    recording of one GPU was refused as another GPU. Names are NFC from the loader on."""
+    import unicodedata
+
+    from zhantune.storage.ingest import check_import, import_kerneltuner
+
+    nfc, nfd = (unicodedata.normalize(form, "Café GPU") for form in ("NFC", "NFD"))
+    assert nfc != nfd
+    a_path, b_path = _two_recordings(tmp_path, device_name=nfc)
+    doc = json.loads(gzip.decompress(b_path.read_bytes()))
+    b_path.write_bytes(gzip.compress(json.dumps({**doc, "device_name": nfd}).encode()))
+    store = Store(f"sqlite:///{tmp_path / 'u.db'}")
+    import_kerneltuner(store, load_kerneltuner(a_path))
+    second = load_kerneltuner(b_path)
+    assert second.device_key == nfc and second.device_name == nfc
+    check_import(store, second)  # the same GPU: not refused as another
+    import_kerneltuner(store, second)
+    assert [d.key for d in store.devices()] == [nfc]
+    named = load_kerneltuner(b_path, device=unicodedata.normalize("NFD", "Gérard's GPU"))
+    assert named.device_key == unicodedata.normalize("NFC", "Gérard's GPU")
+
+
 def test_a_second_recordings_study_name_that_would_not_fit_names_search_study_name(tmp_path):
     """The plain study name fits the database (507 characters), the second recording's [sha256:...]
     one would not: one line naming search.study_name, which then works."""

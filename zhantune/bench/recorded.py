@@ -21,6 +21,7 @@ import hashlib
 import json
 import statistics
 import time
+import unicodedata
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -130,7 +131,7 @@ class KernelTunerFile:
             return self.device_label.strip()
         if self.device_name.strip():
             return self.device_name.strip()  # as devices=[...] is: 'NAME ' is not a second device that prints as NAME
-        return device_from_file_name(self.path, self.kernel_name)
+        return _nfc(device_from_file_name(self.path, self.kernel_name))
 
     def entry(self, values: dict[str, Any]) -> dict[str, Any] | None:
         """The cache entry of a configuration (param name -> value), None when absent."""
@@ -260,11 +261,16 @@ def load_kerneltuner(path: str | Path, source: str = "bench.path", device: str |
     if not size or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in size):
         raise ConfigError(f"{source}={path}: problem_size={data['problem_size']!r}; expected a positive integer "
                           "or a list of positive integers")
-    loaded = KernelTunerFile(p, str(data["device_name"] or ""), str(data["kernel_name"]), size, list(names),
-                             {n: list(tune_params[n]) for n in names}, cache, device or None,
+    # NFC: one name typed or recorded in two Unicode forms ("é" as one code point or e + U+0301) is one device
+    loaded = KernelTunerFile(p, _nfc(str(data["device_name"] or "")), _nfc(str(data["kernel_name"])), size, list(names),
+                             {n: list(tune_params[n]) for n in names}, cache, _nfc(device) if device else None,
                              content_digest=hashlib.sha256(raw).hexdigest())
     check_fits(loaded, f"{source}={path}")
     return loaded
+
+
+def _nfc(name: str) -> str:
+    return unicodedata.normalize("NFC", name)
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
