@@ -333,10 +333,13 @@ def test_compares_table_keys_and_kinds_as_the_export_after_a_second_review(tmp_p
     assert both(db, [H100]) == ({AGNOSTIC: [default_entry("mm")]},) * 2
 
 
-def test_compares_html_report_says_which_rows_of_other_releases_it_left_out(tmp_path):
+def test_compares_html_report_and_csv_say_which_rows_of_other_releases_it_left_out(tmp_path):
     """The terminal and json= said how many rows of other torch releases compare left out; the HTML
-    report did not (a review)."""
+    report did not (a review), nor the CSV (noticed in session 45)."""
+    import csv
+
     from zhantune.report.html import write_html_report
+    from zhantune.report.outputs import write_csv
 
     db = _Db(tmp_path / "z.db")
     db.candidate(db.recorder(H100, torch="2.12.0+cu128"), A, 8.0)
@@ -344,6 +347,10 @@ def test_compares_html_report_says_which_rows_of_other_releases_it_left_out(tmp_
     text = write_html_report(tmp_path / "r.html", compare(db.store)).read_text()
     assert "Left out: 1 measurement(s) made with another torch release than this " in text
     assert f"({H100}: 1)" in text
+    cmp = compare(db.store)
+    with open(write_csv(tmp_path / "c.csv", cmp), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["torch"] == cmp.torch and r["other_torch_left_out"] == "1" for r in rows), rows
 
 
 def test_compare_never_calls_devices_in_agreement_when_no_winner_ran_on_another(tmp_path):

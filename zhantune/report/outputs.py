@@ -133,7 +133,9 @@ def comparison_records(cmp: Comparison) -> list[dict[str, Any]]:
     microseconds, stored and never paired with one another (:data:`STORED_TIMES`); ``regret`` is
     their ratio. The ``claim_*`` columns, on the row where B is A, are the winner's speedup claim over
     Inductor's default there (:class:`zhantune.report.regret.Claim`: paired rounds; ``claim_confirmed``
-    is what the export ships at ``min_speedup``), empty elsewhere."""
+    is what the export ships at ``min_speedup``), empty elsewhere. ``torch`` is the release whose rows were
+    compared; ``other_torch_left_out``, the rows of device B measured with another release and left out
+    (the JSON's ``other_torch``; the console's "left out" line)."""
     rows = []
     for p in cmp.problems:
         for a, w in p.winner.items():
@@ -151,6 +153,7 @@ def comparison_records(cmp: Comparison) -> list[dict[str, Any]]:
                     "claim_confirmed": None if c is None else c.confirmed,
                     "claim_ratio": None if c is None else c.ratio,
                     "claim_reason": None if c is None else c.reason,
+                    "torch": cmp.torch, "other_torch_left_out": cmp.other_torch.get(b, 0),
                 })
     return rows
 
