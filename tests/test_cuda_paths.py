@@ -184,6 +184,38 @@ def test_use_table_on_cuda_offers_the_persistent_tma_template():
     assert served.uids == ["triton::mm_persistent_tma"]
 
 
+def test_a_device_agnostic_table_of_cpus_only_is_never_served_on_cuda(tmp_path):
+    """A helper's attack (session 46): ``export device_agnostic=true device=cpu`` writes keys without a
+    device, its ``devices`` a CPU alone. Read for CUDA such a key took the kind read for: its
+    ``aten::mm`` entry hit on an H100 (coverage 100%) and stopped the user's max-autotune from
+    offering triton::mm; a C++-template entry refused the whole table ("not a knob on cuda"). A key
+    without a device is of the kind of every device the wrapper lists: here a CPU's, left out on CUDA."""
+    from zhantune.inductor.runtime import use_table
+    from zhantune.inductor.table import FORMAT, read_table, write_table
+
+    key = "((torch.bfloat16, [256, 256], [256, 1]), (torch.bfloat16, [256, 512], [512, 1]))+mm"
+    cpp = {"template_id": "zhantune::config", "config_patch": {"max_autotune_gemm_backends": "CPP"}}
+    meta = {"format": FORMAT, "format_version": 2, "torch": torch.__version__,
+            "devices": [{"key": "AMD EPYC 7B13 (2 threads)", "kind": "cpu", "isa": "AVX2"}],
+            "options": {"device_agnostic": True}}
+    shapes = [(256, 256), (256, 512)]
+    with fake_cuda(), inductor_config.patch(max_autotune=True):
+        without = sorted(set(lower("mm", shapes, torch.bfloat16).uids))
+    assert without == ["aten::mm", "triton::mm"]
+    for entry in ({"template_id": "aten::mm"}, cpp):
+        path = write_table(tmp_path / "t.json", {key: [entry]}, meta)
+        tf = read_table(path, "cuda")
+        assert tf.table == {} and tf.other_kind == {key: "cpu"}
+        assert read_table(path, "cpu").table == {key: [entry]}
+        with fake_cuda(), inductor_config.patch(max_autotune=True), use_table(path, device="cuda") as installed:
+            served = lower("mm", shapes, torch.bfloat16)
+        assert sorted(set(served.uids)) == without and not installed.report.hits and not installed.report.stale
+    # listed devices of both kinds (a hand-made file: the export refuses it): the kind read for, as before
+    both = {**meta, "devices": [*meta["devices"], {"key": "NVIDIA H100 80GB HBM3", "kind": "cuda"}]}
+    path = write_table(tmp_path / "both.json", {key: [{"template_id": "aten::mm"}]}, both)
+    assert read_table(path, "cuda").table == {key: [{"template_id": "aten::mm"}]}
+
+
 def test_a_cuda_candidate_or_table_compile_autotunes_the_gemm_only():
     """C1 of the second review: with ``max_autotune=True`` Inductor also autotunes every pointwise
     and reduction kernel (runtime/triton_heuristics.py reads ``max_autotune`` from each kernel's

@@ -179,8 +179,8 @@ def test_a_table_of_cpu_and_gpu_devices_loads_on_each_kind(tmp_path):
     write_table(tmp_path / "bare.json", table)
     with pytest.raises(TableError, match="max_autotune_gemm_backends='CPP' is not allowed"):
         read_table(tmp_path / "bare.json", "cuda")
-    # a device-free key is checked for the kind read for, the kind it is kept for: a devices entry of
-    # an empty key made it checked as the other kind's and kept (TRITON reached a CPU compile)
+    # a device-free key is checked for the kind it is kept for: a devices entry of an empty key made it
+    # checked as the other kind's and kept (TRITON reached a CPU compile)
     triton = {inputs: [{"template_id": "zhantune::config", "config_patch": {"max_autotune_gemm_backends": "TRITON"}}]}
     for key in ("", " ", "a\nb", "x+((y"):
         (tmp_path / "dev.json").write_text(json.dumps({**meta, "devices": [{"key": key, "kind": "cuda"}], "table": triton}))
@@ -188,8 +188,14 @@ def test_a_table_of_cpu_and_gpu_devices_loads_on_each_kind(tmp_path):
             read_table(tmp_path / "dev.json", "cpu")
     (tmp_path / "dev.json").write_text(json.dumps({**meta, "devices": [{"key": "NVIDIA H100", "kind": "cuda"}],
                                                    "table": triton}))
+    # the wrapper lists GPUs only: a device-free key is a GPU's (a device-agnostic export's), left out here
+    gpus_only = read_table(tmp_path / "dev.json", "cpu")
+    assert gpus_only.table == {} and gpus_only.other_kind == {inputs: "cuda"}
+    (tmp_path / "dev.json").write_text(json.dumps({**meta, "devices": [{"key": "NVIDIA H100", "kind": "cuda"},
+                                                                       {"key": "Intel Xeon", "kind": "cpu"}],
+                                                   "table": triton}))
     with pytest.raises(TableError, match="max_autotune_gemm_backends='TRITON' is not allowed"):
-        read_table(tmp_path / "dev.json", "cpu")
+        read_table(tmp_path / "dev.json", "cpu")  # of both kinds: the kind read for
 
 
 def test_a_crafted_long_key_is_refused_at_once():

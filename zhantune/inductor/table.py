@@ -37,14 +37,13 @@ from typing import Any
 
 from zhantune.errors import SHOWN_KEY, TableError, shown, shown_json
 from zhantune.inductor.knobs import (
-    DEVICE_KINDS,
     FUSION_KNOBS,
     config_patch_problem,
     key_entry_problem,
     template_entry_problem,
     triton_resources_problem,
 )
-from zhantune.inductor.table_meta import FORMAT, FORMAT_VERSION, check_meta, plain_copy
+from zhantune.inductor.table_meta import FORMAT, FORMAT_VERSION, check_meta, device_kinds, plain_copy
 
 __all__ = ["CONFIG_TEMPLATE_ID", "FORMAT", "FORMAT_VERSION", "TableFile", "entry_for", "default_entry", "table_key",
            "agnostic_key", "write_table", "read_table", "recheck_table", "check_table", "check_meta", "entry_problem", "not_carried", "carried",
@@ -210,7 +209,7 @@ def _checked(table: Any, meta: dict[str, Any], where: str, device_kind: str | No
              source: str | None) -> TableFile:
     if isinstance(table, dict) and (stray := next((k for k in meta.get("activations") or {} if k not in table), None)):
         raise TableError(f"{where}: activations[{shown_json(stray)[:SHOWN_KEY]}]: not a key of the table")
-    kinds = _device_kinds(meta)
+    kinds = device_kinds(meta)
     check_table(table, where, device_kind, prefix, kinds)
     other = {k: kinds[d] for k in table if (d := (parse_key(k) or {}).get("device")) in kinds
              and device_kind is not None and kinds[d] != device_kind}
@@ -224,17 +223,6 @@ def _checked(table: Any, meta: dict[str, Any], where: str, device_kind: str | No
 def _amd(device: str | None) -> bool:
     """Whether a key's device part is an AMD GPU's (its gcnArchName "gfx90a:...", or a name with AMD)."""
     return device is not None and (device.startswith("gfx") or "AMD" in device)
-
-
-def _device_kinds(meta: dict[str, Any]) -> dict[str, str]:
-    """device key -> kind (``cpu``, ``cuda``) from a checked wrapper's ``devices`` (kinds zhantune
-    tunes only; two entries of one key with different kinds: neither)."""
-    out: dict[str, str] = {}
-    for d in meta.get("devices", []):
-        kind = d.get("kind")
-        if kind in DEVICE_KINDS:
-            out[d["key"]] = kind if out.get(d["key"], kind) == kind else ""
-    return {k: v for k, v in out.items() if v}
 
 
 def _read_json(path: str, where: str) -> Any:
@@ -301,10 +289,10 @@ def load_table(path: str | os.PathLike[str], device_kind: str | None = None) -> 
 
 
 def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str | None = None,
-                prefix: str = "", device_kinds: dict[str, str] | None = None) -> None:
+                prefix: str = "", kinds: dict[str | None, str] | None = None) -> None:
     """Check a bare table's keys and entries (see :func:`read_table`); raises TableError.
-    ``device_kinds``: device key -> kind (a wrapper's ``devices``): a key of such a device is
-    checked against that kind's allow-list instead of ``device_kind``'s."""
+    ``kinds``: device key -> kind (a wrapper's ``devices``, table_meta.device_kinds): a key of such a
+    device is checked against that kind's allow-list instead of ``device_kind``'s."""
     def path(*parts: str) -> str:
         return (prefix + "".join(parts)) if prefix else "".join(parts).removeprefix(".")
 
@@ -325,8 +313,8 @@ def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str |
         if len(entries) > MAX_ENTRIES:  # each one a kernel Inductor compiles and benchmarks at every compile
             raise TableError(f"{where}: {path(k)}: {len(entries):,} entries; a key holds at most {MAX_ENTRIES} "
                              "(export's top_k)")
-        device = parsed["device"]  # a key without one: the kind read for, as _checked keeps it
-        kind = (device_kinds or {}).get(device, device_kind) if device is not None else device_kind
+        device = parsed["device"]  # a key without one: its devices' one kind (device_kinds), else the kind read for
+        kind = (kinds or {}).get(device, device_kind)
         for i, entry in enumerate(entries):
             at = path(k, f"[{i}]")
             if not isinstance(entry, dict) or not isinstance(entry.get("template_id"), str):

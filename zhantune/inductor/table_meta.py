@@ -9,8 +9,9 @@ import re
 from typing import Any
 
 from zhantune.errors import SHOWN_KEY, TableError, shown, shown_json
+from zhantune.inductor.knobs import DEVICE_KINDS
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "FORMAT_VERSIONS", "WRAPPER_FIELDS", "MAX_WRAPPER_BYTES", "VERSION", "check_meta", "plain_copy"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "FORMAT_VERSIONS", "WRAPPER_FIELDS", "MAX_WRAPPER_BYTES", "VERSION", "check_meta", "device_kinds", "plain_copy"]
 
 FORMAT = "zhantune-lookup-table"
 #: the version written: 2 adds ``activations`` (key -> the activation its entries were measured
@@ -115,3 +116,19 @@ def plain_copy(value: Any, where: str) -> Any:
         return copy_of(value)
     except RecursionError:
         raise TableError(f"{where}: nested too deeply; a table is key -> list of flat entries") from None
+
+
+def device_kinds(meta: dict[str, Any]) -> dict[str | None, str]:
+    """device key -> kind (``cpu``, ``cuda``) from a checked wrapper's ``devices`` (kinds zhantune
+    tunes only; two entries of one key with different kinds: neither); None -> the kind of every device
+    listed where they are of one kind: a device-agnostic key's (a helper found a table exported from CPUs
+    alone served as hits on CUDA, where its ``aten::mm`` entry stopped Inductor's Triton autotuning)."""
+    out: dict[str, str] = {}
+    for d in meta.get("devices", []):
+        kind = d.get("kind")
+        if kind in DEVICE_KINDS:
+            out[d["key"]] = kind if out.get(d["key"], kind) == kind else ""
+    kinds: dict[str | None, str] = {k: v for k, v in out.items() if v}
+    if len(set(kinds.values())) == 1:
+        kinds[None] = next(iter(kinds.values()))
+    return kinds
