@@ -216,6 +216,56 @@ def test_a_device_agnostic_table_of_cpus_only_is_never_served_on_cuda(tmp_path):
     assert read_table(path, "cuda").table == {key: [{"template_id": "aten::mm"}]}
 
 
+def test_a_tma_entry_of_another_gemm_never_changes_what_a_miss_autotunes_nor_breaks_native_matmul():
+    """A helper's attack (session 46): a table whose only entry is a triton::mm_persistent_tma one,
+    under another GPU's key, turns on ``triton.enable_persistent_tma_matmul`` for the compile; on a
+    B200 a GEMM the table does not hold (a miss) then autotuned
+    triton::blackwell_ws_persistent_device_tma too, which the flag also gates, under the user's
+    max-autotune. A miss now offers what it would without the table. Under the user's
+    ``triton.native_matmul`` the flag is left off (Inductor raises at every mm with both on)."""
+    from zhantune.inductor.runtime import use_table
+    from zhantune.inductor.settings import cuda_table_patch
+
+    b200 = dataclasses.replace(PROFILES["H100"], name="NVIDIA B200", gcn_arch_name="NVIDIA B200", major=10, minor=0,
+                               sm_count=148)
+    other = "NVIDIA A100-SXM4-80GB+((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
+    table = {other: [{"template_id": "triton::mm_persistent_tma", **TRITON_PARAMS, "BLOCK_M": 128, "BLOCK_N": 128}]}
+    shapes = [(256, 256), (256, 256)]
+    with fake_cuda(b200.properties()), inductor_config.patch(max_autotune=True):
+        without = sorted(set(lower("mm", shapes, torch.bfloat16).uids))
+        with inductor_config.patch({"triton.enable_persistent_tma_matmul": True}):  # what the flag offers here
+            flagged = set(lower("mm", shapes, torch.bfloat16).uids)
+        with use_table(table, device="cuda") as installed:
+            served = sorted(set(lower("mm", shapes, torch.bfloat16).uids))
+    assert "triton::blackwell_ws_persistent_device_tma" in flagged - set(without)
+    assert served == without and sum(installed.report.misses.values()) == 1 and not installed.report.hits
+    assert cuda_table_patch(table)["triton.enable_persistent_tma_matmul"] is True
+    with inductor_config.patch({"triton.native_matmul": True}):
+        assert "triton.enable_persistent_tma_matmul" not in cuda_table_patch(table)
+
+
+def test_a_hit_that_leaves_out_some_of_its_keys_entries_says_which_and_why():
+    """A helper's attack (session 46): a top_k=2 device-agnostic table from an H100, its first entry
+    (the one confirmed against the default) triton::mm_persistent_tma, hit on an A100, which has no
+    TMA: only the second entry, never paired with the default, was served and the report said a
+    plain hit. The report (and check) now names what a hit left out."""
+    from zhantune.inductor.runtime import use_table
+
+    key = "((torch.bfloat16, [256, 256], [256, 1]), (torch.bfloat16, [256, 256], [256, 1]))+mm"
+    first = {"template_id": "triton::mm_persistent_tma", **TRITON_PARAMS, "BLOCK_M": 128, "BLOCK_N": 128}
+    second = {"template_id": "triton::mm", **TRITON_PARAMS}
+    stale_hash = {**second, "BLOCK_N": 128, "template_hash": "0" * 16}
+    for entries, dropped in (([first, second], "1 of 2 entries not served, the first (the one a claim confirmed "
+                                               "against the default) among them: a template Inductor does not offer"),
+                             ([second, stale_hash], "1 of 2 entries not served: "),
+                             ([second], None)):
+        with fake_cuda(PROFILES["A100"].properties()), use_table({key: entries}, device="cuda") as installed:
+            served = lower("mm", [(256, 256), (256, 256)], torch.bfloat16)
+        assert served.uids == ["triton::mm"] and installed.report.hits == {f"{key}": 1}, installed.report
+        got = installed.report.as_dict()["dropped"]
+        assert (got == {}) if dropped is None else got[key].startswith(dropped), got
+
+
 def test_a_cuda_candidate_or_table_compile_autotunes_the_gemm_only():
     """C1 of the second review: with ``max_autotune=True`` Inductor also autotunes every pointwise
     and reduction kernel (runtime/triton_heuristics.py reads ``max_autotune`` from each kernel's

@@ -115,7 +115,8 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
                      "out (another kind of device)" if tf.other_kind else ""),
                   markup=False)
     for key, n in report.hits.items():
-        console.print(f"[green]hit[/green]   x{n} {escape(key)}\n      -> {escape(str(report.chosen.get(key, '')))}",
+        console.print(f"[green]hit[/green]   x{n} {escape(key)}\n      -> {escape(str(report.chosen.get(key, '')))}"
+                      + (f"\n      [yellow]{escape(report.dropped[key])}[/yellow]" if key in report.dropped else ""),
                       soft_wrap=True)
     for key, n in report.misses.items():
         console.print(f"[red]miss[/red]  x{n} {escape(key)}", soft_wrap=True)

@@ -11,7 +11,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 
-__all__ = ["NOT_OFFERED", "SHARED_MEMORY", "held_back", "no_choice", "in_backends", "stale_reason",
+__all__ = ["NOT_OFFERED", "SHARED_MEMORY", "held_back", "no_choice", "users_template", "stale_reason",
            "gemm_settings", "shared_memory_bytes", "shared_memory_short", "resources_stale"]
 
 #: why a CUDA entry compiled Inductor's default: its template is not among those Inductor offers for
@@ -151,12 +151,19 @@ def gemm_settings() -> dict[str, Any]:
             "persistent_tma": bool(inductor_config.triton.enable_persistent_tma_matmul)}
 
 
-def in_backends(uid: str, backends: str) -> bool:
-    """Whether a template Inductor offers (``uid``) belongs to one of ``backends``
-    (``max_autotune_gemm_backends``, e.g. "ATEN,TRITON"): ``aten::*`` to ATEN, every other template
-    use_table lets Inductor offer (``triton::*``, ``decompose_k``) to TRITON."""
-    names = {b.strip().upper() for b in backends.split(",")}
-    return ("ATEN" if uid.startswith("aten::") else "TRITON") in names
+def users_template(uid: str, user: dict[str, Any]) -> bool:
+    """Whether Inductor would offer template ``uid`` under the user's own GEMM settings (``user``:
+    :func:`gemm_settings` before use_table): it belongs to one of their ``backends``
+    (``max_autotune_gemm_backends``, e.g. "ATEN,TRITON": ``aten::*`` to ATEN, every other template
+    use_table lets Inductor offer, ``triton::*`` and ``decompose_k``, to TRITON), and a template
+    ``triton.enable_persistent_tma_matmul`` gates only where they had it on. A table's TMA entry turns
+    it on, which in torch 2.13 also offers ``triton::blackwell_ws_persistent_device_tma``, scaled_mm's
+    ``scaled_mm_device_tma_*`` and on ROCm ``triton::mm_persistent`` (kernel/mm.py; ``use_triton_tma_template``
+    in utils.py): a helper found the Blackwell one offered on a miss of a B200; any ``triton::`` uid naming
+    TMA counts."""
+    names = {b.strip().upper() for b in user["backends"].split(",")}
+    tma = uid == "triton::mm_persistent" or (uid.startswith("triton::") and "tma" in uid)
+    return ("ATEN" if uid.startswith("aten::") else "TRITON") in names and (user["persistent_tma"] or not tma)
 
 
 def stale_reason(entry: dict[str, Any], template_hashes: dict[str, str | None]) -> str | None:

@@ -35,10 +35,10 @@ from zhantune.inductor.cuda_entries import (
     NOT_OFFERED,
     gemm_settings,
     held_back,
-    in_backends,
     no_choice,
     resources_stale,
     stale_reason,
+    users_template,
 )
 from zhantune.inductor.epilogue import activation_stale
 from zhantune.inductor.heuristics import TF32_ON, even_k, half_math_changed, tf32_float32
@@ -304,6 +304,7 @@ class TableChoices(RecordingChoices):
             return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
         self.report.hits[report_key] += 1
         self.report.chosen[report_key] = ", ".join(results)
+        self.report.drop(report_key, entries, [e for e in fresh if e["template_id"] in hashes], why)
         return self._create_lookup_choices(results, templates, kernel_inputs, op_name)
 
     # -- helpers -----------------------------------------------------------------------------
@@ -327,8 +328,7 @@ class TableChoices(RecordingChoices):
         user = self.user_gemm or gemm_settings()  # None: as set now
         if not (inductor_config.max_autotune or user["max_autotune_gemm"]):
             return self._aten_only(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
-        own = [t for t in templates if in_backends(t.uid, user["backends"])
-               and (user["persistent_tma"] or t.uid != "triton::mm_persistent_tma")]  # a table's entry turned it on
+        own = [t for t in templates if users_template(t.uid, user)]  # not a TMA one a table's entry turned on
         return self._fallback({t.uid: template_choices[t.uid] for t in own if t.uid in template_choices},
                               kernel_inputs, own, op_name, kwarg_overrides)
 

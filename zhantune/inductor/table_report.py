@@ -26,6 +26,18 @@ class TableReport:
     stale_count: Counter = field(default_factory=Counter)
     #: key -> the template_id (or config patch) that was compiled
     chosen: dict[str, str] = field(default_factory=dict)
+    #: key -> which of its entries a hit did not serve, and why (a top_k table's entry stale here or a
+    #: template Inductor does not offer here, the others served: a helper found its first entry, the
+    #: one confirmed against the default, dropped without a word)
+    dropped: dict[str, str] = field(default_factory=dict)
+
+    def drop(self, key: str, entries: list[dict[str, Any]], served: list[dict[str, Any]], why: str | None) -> None:
+        """Record the entries of ``key`` a hit left out (``served``: the ones it kept)."""
+        left = [i for i, e in enumerate(entries) if not any(e is s for s in served)]
+        if left:
+            self.dropped[key] = (f"{len(left)} of {len(entries)} entries not served"
+                                 + (", the first (the one a claim confirmed against the default) among them" if 0 in left else "")
+                                 + f": {why or 'a template Inductor does not offer here'}")
 
     @property
     def lookups(self) -> int:
@@ -45,4 +57,4 @@ class TableReport:
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "lookups": self.lookups, "coverage": self.coverage, "note": self.note,
                 "hits": dict(self.hits), "misses": dict(self.misses), "stale": dict(self.stale),
-                "chosen": dict(self.chosen)}
+                "chosen": dict(self.chosen), "dropped": dict(self.dropped)}
