@@ -123,6 +123,43 @@ def test_replay_table_errors(cli, tmp_path):
         assert con.execute("select count(*) from studies").fetchone() == (0,)
 
 
+def test_a_replay_on_a_busy_machine_leaves_a_confirmed_claim_standing_and_says_so(tmp_path, monkeypatch):
+    """A helper's attack (session 46): a replay under load stored "not confirmed: 6 paired
+    measurement(s) taken on a busy machine", the newest verdict, and the export and compare dropped
+    the entry's confirmed 2.01x claim without a word. Busy rounds neither confirm nor refute it: the
+    claim stands, and the replay says so; quiet rounds that do not confirm it replace it, said too."""
+    from types import SimpleNamespace
+
+    from zhantune.bench import settle
+    from zhantune.bench.decision import SpeedupVerdict
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.candidate import Candidate
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Recorder
+    from zhantune.table_replay import _settle
+
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    device_id, study_id = store.device_id("dev", "dev", "cpu", {}), store.study_id("s", {})
+    problem = GemmProblem("mm", (64, 64, 64), "float32")
+    rec = Recorder(store, problem, study_id, device_id, store.problem_id(problem.key, **problem.row_fields()))
+    cand = Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP"})
+    row = rec.add(Measurement("ok", timing=summarize_us([10.0, 11.0], "t")), "candidate", cand, trial_number=0)
+    store.add_verdict(study_id=study_id, device_id=device_id, problem_id=row.problem_id, config_hash=cand.config_hash,
+                      ratio=2.01, ratio_low=2.0, ratio_high=2.03, rounds=3, contended=0, confirmed=True, reason="r")
+    for contended, said_then, ratio in ((6, "stands: rounds of fewer than two or on a busy machine", 2.01),
+                                        (0, "is replaced by this one: the export ships this entry no longer", 1.5)):
+        verdict = SpeedupVerdict(1.5, 1.3, 1.6, 3, contended, False, "not confirmed")
+        settled = SimpleNamespace(verdict=verdict, text=None, default=row)
+        monkeypatch.setattr(settle, "settle_speedup", lambda *a, settled=settled, **k: settled)
+        said: list[str] = []
+        _settle(store, study_id, device_id, row, row, cand, None, rec, 3, said.append)
+        assert said[1] == f"    the claim stored before (2.01x confirmed in 3 rounds) {said_then}" + (
+            " neither confirm nor refute it" if contended else ""), said
+        (latest,) = store.latest_verdicts().values()
+        assert latest.ratio == ratio and latest.confirmed is (ratio == 2.01)
+
+
 @pytest.mark.parametrize(("default_us", "warned"), [(100.0, False), (115.0, False), (183.0, True), (50.0, True)])
 def test_a_replayed_default_kernel_beyond_noise_from_the_default_is_a_warning(default_us, warned):
     """A table entry that is the default's own kernel is not paired (nothing to claim); where the two

@@ -492,6 +492,19 @@ def test_a_finished_studys_claim_is_its_stored_verdict_judged_as_the_export_judg
         assert again.ratio == 1.15 and again.confirmed is confirmed, again
     else:  # the note is the newest: one round judges nothing, another torch's claim does not ship here
         assert again.ratio is None and not again.confirmed, again
+    if torch_version is not None or rounds < 2:
+        return
+    # a later replay on a busy machine (a helper's attack, session 46: it withdrew the confirmed claim
+    # from the export and compare): contended rounds neither confirm nor refute it
+    later = dict(study_id=study_id, device_id=device_id, problem_id=rec.problem_id, config_hash=cand.config_hash,
+                 ratio=1.5, ratio_low=1.3, ratio_high=1.6, rounds=3, confirmed=False)
+    store.add_verdict(**later, contended=6, reason="not confirmed: 6 paired measurement(s) taken on a busy machine")
+    again, _ = stored_claim(store, study_id)
+    assert again.ratio == 1.15 and again.confirmed is confirmed, again
+    # quiet rounds that fail to confirm it do judge it: the newest judged verdict
+    store.add_verdict(**later, contended=0, reason="not confirmed: a round was slower")
+    again, _ = stored_claim(store, study_id)
+    assert again.ratio == 1.5 and not again.confirmed, again
 
 
 def test_same_kernel_as_default_is_about_the_claimed_config_else_the_best():

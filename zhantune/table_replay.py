@@ -81,11 +81,15 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     a replay that claims nothing leaves what the tunes settled as it was."""
     from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, decision_us
     from zhantune.bench.settle import is_default_kernel, settle_speedup
+    from zhantune.provenance import software_versions
     from zhantune.report.summary import within_noise
+    from zhantune.storage.queries import judged
 
     settled = settle_speedup(row, default_row, (), bench, rec.add, rounds, cand, earlier=(row, default_row))
     v = settled.verdict
+    before = None
     if v.rounds:
+        before = store.latest_verdicts(software_versions()["torch"]).get((device_id, row.problem_id, cand.config_hash))
         store.add_verdict(study_id=study_id, device_id=device_id, problem_id=row.problem_id,
                           config_hash=cand.config_hash, ratio=v.ratio, ratio_low=v.ratio_low, ratio_high=v.ratio_high,
                           rounds=v.rounds, contended=v.contended, confirmed=v.confirmed, reason=v.reason)
@@ -93,6 +97,10 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     below = (f"; below export.min_speedup ({floor} by default): the export ships Inductor's default for it"
              if v.confirmed and v.ratio is not None and v.ratio < floor else "")
     say(f"    {settled.text or v.reason}{below}")
+    if before is not None and judged(before) and before.confirmed and not v.confirmed:
+        say(f"    the claim stored before ({before.ratio:.2f}x confirmed in {before.rounds} rounds) "
+            + ("stands: rounds of fewer than two or on a busy machine neither confirm nor refute it"
+               if not judged(v) else "is replaced by this one: the export ships this entry no longer"))
     if is_default_kernel(row):  # one kernel twice: a gap beyond noise is not a speedup (a tune's summary says so too)
         default_us, entry_us = decision_us(settled.default), decision_us(row)
         if not within_noise(default_us / entry_us):

@@ -293,11 +293,13 @@ class Queries(ReportQueries):
 
     def latest_verdicts(self, torch_version: str | None = None) -> dict[tuple[int, int, str | None], m.Verdict]:
         """(device id, problem id, config hash) -> the newest verdict on that config's speedup over
-        Inductor's default (a tune or a table's replay settles it): the newest settled in at least
-        two paired rounds (what a claim needs, zhantune.bench.decision) where there is one, so that
-        a later verdict of fewer rounds (a cached winner's "no claim made", ``bench.remeasure_rounds``
-        0 or 1: one round can neither confirm a speedup nor refute one, one-sided noise makes a
-        round slow) never hides a judged claim; else the newest. Newest by
+        Inductor's default (a tune or a table's replay settles it): the newest judged one, settled in at
+        least two paired rounds (what a claim needs, zhantune.bench.decision) none of them contended,
+        where there is one, so that a later verdict of fewer rounds (a cached winner's "no claim
+        made", ``bench.remeasure_rounds`` 0 or 1: one round can neither confirm a speedup nor refute
+        one, one-sided noise makes a round slow) or of rounds on a busy machine (which say nothing
+        either way: a helper's replay under load withdrew a confirmed claim from the export) never
+        hides a judged claim; else the newest. Newest by
         created_at (a merged database's copied verdicts keep theirs), then id. ``torch_version``:
         only verdicts whose paired rounds ran with a build of that torch release (None: every verdict)."""
         query = select(m.Verdict).order_by(m.Verdict.created_at, m.Verdict.id)
@@ -307,9 +309,15 @@ class Queries(ReportQueries):
             out: dict[tuple[int, int, str | None], m.Verdict] = {}
             for v in s.scalars(query):
                 key = (v.device_id, v.problem_id, v.config_hash)
-                if (v.rounds or 0) >= 2 or key not in out or (out[key].rounds or 0) < 2:
+                if judged(v) or key not in out or not judged(out[key]):
                     out[key] = v
             return out
+
+
+def judged(v: m.Verdict) -> bool:
+    """Whether a verdict judged its claim: two paired rounds or more, none contended (a confirmed one
+    never is: zhantune.bench.decision)."""
+    return (v.rounds or 0) >= 2 and (not v.contended or bool(v.confirmed))
 
 
 def _same_release(column: Any, version: str) -> Any:
