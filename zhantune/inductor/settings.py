@@ -147,9 +147,8 @@ def cuda_table_patch(table: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                              "max_autotune_conv_backends": "ATEN"}
     from torch._inductor import config as inductor_config
 
-    for entries in table.values():
-        for e in entries:
-            patch.update(TEMPLATE_CONFIG.get(e.get("template_id"), {}) if not inductor_config.triton.native_matmul else {})
+    for e in (e for entries in table.values() for e in entries) if not inductor_config.triton.native_matmul else ():
+        patch.update(TEMPLATE_CONFIG.get(e.get("template_id"), {}))
     return patch
 
 
