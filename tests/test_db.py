@@ -1511,6 +1511,51 @@ def test_a_gemm_row_named_like_a_kernel_tuner_template_is_still_allow_listed(tmp
         check_importable(store, "sources[0]")
 
 
+@pytest.mark.parametrize("change, refused", [
+    ("update zt_device set key = key || '{x300}'", r"device 1: key of 301 characters; the column holds 256"),
+    ("update zt_study set name = '{x600}'", r"study 1: name of 600 characters; the column holds 512"),
+    ("update zt_verdict set reason = 'a' || char(0) || 'b'", r"verdict 1: reason \"a\\u0000b\" holds a NUL character"),
+    ("update zt_device set name = 'line1' || char(10) || 'line2'", r"device 1: name \"line1\\nline2\" is not one line"),
+])
+def test_merge_refuses_what_another_database_could_not_store_or_a_reader_read(tmp_path, change, refused):
+    """A helper's attack (session 46): an SQLite source holding values no zhantune run writes and
+    PostgreSQL's columns refuse (a 301-character device key, a NUL in a verdict's reason) failed with
+    a traceback half way through a merge into PostgreSQL, the sources before it written; a device
+    name with a newline merged, then every reader refused the target. Refused before anything is
+    written, whatever the target."""
+    from zhantune.storage.merge import check_importable
+
+    _one_run(f"sqlite:///{tmp_path / 'src.db'}").engine.dispose()
+    con = sqlite3.connect(tmp_path / "src.db")
+    con.execute(change.format(x300="x" * 300, x600="n" * 600))
+    con.commit()
+    con.close()
+    with pytest.raises(StorageError, match=rf"^sources\[1\]=sqlite:///.*src.db: {refused}.*; nothing was merged$"):
+        check_importable(Store(f"sqlite:///{tmp_path / 'src.db'}"), "sources[1]")
+
+
+def test_merge_refuses_a_postgresql_sources_infinite_date_or_number_in_one_line(tmp_path, postgres):
+    """A helper's attack (session 46): a PostgreSQL source's 'infinity' timestamp (or a date BC) made
+    a merge end in a traceback (psycopg: timestamp too large), and a JSON number 1e400 merged into
+    SQLite as Infinity, which is not JSON: every reader then refused the target."""
+    from zhantune.storage.merge import check_importable
+
+    url = postgres.new_database()
+    _one_run(url).engine.dispose()
+    engine = create_engine(url)
+    for change, refused in (("update zt_study set started_at = 'infinity'",
+                             r"table zt_study: a stored value does not decode \(timestamp too large"),
+                            ("""update zt_device set properties = '{"n": 1e400}'""",
+                             r"device 1: properties holds a number JSON cannot write")):
+        with engine.begin() as conn:
+            conn.exec_driver_sql(change)
+        with pytest.raises(StorageError, match=rf"^sources\[0\]=postgresql.*: {refused}.*nothing was merged$"):
+            check_importable(Store(url), "sources[0]")
+        with engine.begin() as conn:
+            conn.exec_driver_sql("update zt_study set started_at = now()")
+    engine.dispose()
+
+
 def test_a_problem_measured_on_a_cpu_and_a_gpu_merges_though_their_lookups_differ(tmp_path):
     """A review's finding: merge's new check refused a database zhantune writes itself. One problem
     row serves every device (its lookup key is the first device's), and a float32 linear_act is an
@@ -1550,6 +1595,23 @@ def test_a_cpu_key_of_another_vector_isa_is_refused_and_a_misspelt_column_too(tm
     with pytest.raises(StorageError, match=r"is a CPU with vector ISA 'AVX2'; this one's is 'AVX512' \(another machine"):
         store.device_id("AMD EPYC (2 threads)", "AMD EPYC", "cpu", {"isa": "AVX512"})
     assert len(store.devices()) == 1
+    # a row stored without its ISA (an older database's, a merge's target) gets this machine's, so another
+    # machine's is refused from then on (a helper merged AVX2 and AVX-512 databases into one without it)
+    old = store.device_id("Intel Xeon (2 threads)", "Intel Xeon", "cpu", {})
+    assert store.device_id("Intel Xeon (2 threads)", "Intel Xeon", "cpu", {"isa": "AVX2"}) == old
+    with pytest.raises(StorageError, match=r"vector ISA 'AVX2'; this one's is 'AVX512'"):
+        store.device_id("Intel Xeon (2 threads)", "Intel Xeon", "cpu", {"isa": "AVX512"})
+    # a merge compares every ISA stored for a key, whichever database's row comes first and stores none
+    from zhantune.storage.merge import check_device_kinds
+
+    stores = []
+    for name, props in (("t", {}), ("a", {"isa": "AVX2"}), ("b", {"isa": "AVX512"})):
+        stores.append((name, Store(f"sqlite:///{tmp_path / name}.db")))
+        stores[-1][1].device_id("AMD EPYC (2 threads)", "AMD EPYC", "cpu", props)
+    with pytest.raises(StorageError, match=r"^b: device .* vector ISA 'AVX512' there and 'AVX2' in a \(one model"):
+        check_device_kinds(stores)
+    check_device_kinds(stores[:2])
+    check_device_kinds([stores[0], stores[2]])
     with pytest.raises(TypeError, match="not a measurement column: median_usec"):
         store.add_measurements([{"study_id": 1, "device_id": dev, "problem_id": 1, "kind": "candidate",
                                  "status": "ok", "median_usec": 3.0, "torch_version": "2.13.0"}])

@@ -12,8 +12,9 @@ from typing import NoReturn
 
 import optuna
 from sqlalchemy import inspect, select
+from sqlalchemy.exc import DataError
 
-from zhantune.errors import StorageError, shown
+from zhantune.errors import StorageError, StorageInternalError, shown
 from zhantune.storage import orm as m
 from zhantune.storage.engine import first_line, optuna_reader, optuna_reads, redact_url
 from zhantune.storage.store import Store
@@ -51,17 +52,23 @@ def check_importable(source: Store, where: str) -> None:
     if bad:
         refuse(bad)
     rows: dict[type, list] = {}
-    with source.session() as s:
-        for cls in (m.Device, m.Environment, m.Problem, m.Study, m.MeasurementRow, m.Verdict):
-            try:
+    for cls in (m.Device, m.Environment, m.Problem, m.Study, m.MeasurementRow, m.Verdict):
+        try:
+            with source.session() as s:
                 rows[cls] = list(s.scalars(select(cls)))
-            except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
-                refuse(f"table {cls.__tablename__}: a stored value does not decode ({first_line(e)})")
+        except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+            refuse(f"table {cls.__tablename__}: a stored value does not decode ({first_line(e)})")
+        except StorageInternalError as e:  # PostgreSQL's 'infinity' timestamp, which Python's datetime cannot hold
+            if not isinstance(e.__cause__, DataError):
+                raise
+            refuse(f"table {cls.__tablename__}: a stored value does not decode ({first_line(e.__cause__.orig)})")
+        _check_storable(cls, rows[cls], refuse)
     for d in rows[m.Device]:
         if d.kind not in ("cpu", "cuda"):
             refuse(f"device {d.id}: kind {json.dumps(d.kind, default=repr)[:40]} is not cpu or cuda")
-        if not (isinstance(d.key, str) and d.key.isprintable()):  # the device part of exported keys
-            refuse(f"device {d.id}: key {json.dumps(d.key, default=repr)[:120]} is not one line of printable text")
+        for what, value in (("key", d.key), ("name", d.name)):  # a key is the device part of exported keys
+            if not (isinstance(value, str) and value.isprintable()):  # as Store.check_readable: what readers refuse
+                refuse(f"device {d.id}: {what} {json.dumps(value, default=repr)[:120]} is not one line of printable text")
     kinds = {d.id: d.kind for d in rows[m.Device]}
     ids = {"device_id": kinds, "problem_id": {p.id for p in rows[m.Problem]},
            "study_id": {st.id for st in rows[m.Study]}, "environment_id": {e.id for e in rows[m.Environment]}}
@@ -88,6 +95,33 @@ def check_importable(source: Store, where: str) -> None:
         bad = stored_params_problem(r.template_id, r.params, kinds[r.device_id])
         if bad:
             refuse(f"measurement {r.id}: params.{bad[0]}: {bad[1]}")
+
+
+def _check_storable(cls: type, rows: list, refuse: Callable[[str], NoReturn]) -> None:
+    """Refuse a row of ``cls`` that another database could not store as it is (a helper's attack: an
+    SQLite source's 300-character device key, or a NUL in a verdict's reason, failed in PostgreSQL
+    half way through a merge): a string longer than its column (PostgreSQL enforces the length, SQLite
+    does not) or holding a NUL (PostgreSQL's text holds none; its json type, which the JSON columns
+    are, does), a JSON value with a number JSON cannot write (PostgreSQL's 1e400 reads as infinity,
+    which SQLite then holds as invalid JSON)."""
+    from sqlalchemy import JSON, String
+
+    for col in cls.__table__.columns:
+        if not isinstance(col.type, (String, JSON)):
+            continue
+        for r in rows:
+            value = getattr(r, col.key)
+            what = f"{cls.__tablename__.removeprefix('zt_')} {r.id}: {col.key}"
+            if isinstance(value, str) and isinstance(col.type, String):
+                if col.type.length and len(value) > col.type.length:
+                    refuse(f"{what} of {len(value):,} characters; the column holds {col.type.length}")
+                if "\0" in value:
+                    refuse(f"{what} {json.dumps(value)[:120]} holds a NUL character, which PostgreSQL's text cannot")
+            elif isinstance(col.type, JSON) and value is not None:
+                try:
+                    json.dumps(value, allow_nan=False)
+                except ValueError:
+                    refuse(f"{what} holds a number JSON cannot write (infinite or not a number)")
 
 
 def _check_keys(rows: dict[type, list], refuse: Callable[[str], NoReturn]) -> None:
@@ -155,20 +189,23 @@ def check_device_kinds(stores: list[tuple[str, Store]]) -> None:
     and knobs would join its rankings and tables; a CPU's key is its model name and threads, and one
     name such as "AMD EPYC" covers AVX2 and AVX-512 machines, whose C++ kernels differ: an attack's
     finding). ``stores``: (where, store), the target first when it exists. Raises StorageError
-    naming both; a device stored without its ISA is not compared."""
-    seen: dict[str, tuple[str, str | None, str]] = {}  # key -> (kind, isa, where)
+    naming both; a device stored without its ISA is compared with none, but every ISA stored for a key
+    with each other (a helper's attack: a target without one let an AVX2 and an AVX-512 source merge)."""
+    seen: dict[str, tuple[str, str]] = {}  # key -> (kind, where) of its first row
+    isas: dict[str, tuple[str, str]] = {}  # key -> (isa, where) of its first row that stores one
     for where, store in stores:
         with store.session() as s:
             rows = s.execute(select(m.Device.key, m.Device.kind, m.Device.properties).order_by(m.Device.key))
             for key, kind, props in rows:
                 isa = props.get("isa") if kind == "cpu" and isinstance(props, dict) else None
-                first = seen.setdefault(key, (kind, isa, where))
+                first = seen.setdefault(key, (kind, where))
                 if first[0] != kind:
                     raise StorageError(f"{where}: device {json.dumps(key)[:120]} is a {kind} device there and a "
-                                       f"{first[0]} device in {first[2]}: nothing was merged (one key, one device)")
-                if isa and first[1] and isa != first[1]:
+                                       f"{first[0]} device in {first[1]}: nothing was merged (one key, one device)")
+                other = isas.setdefault(key, (isa, where)) if isa else None
+                if other and isa != other[0]:
                     raise StorageError(f"{where}: device {json.dumps(key)[:120]} is a CPU with vector ISA "
-                                       f"{shown(isa)} there and {shown(first[1])} in {first[2]} (one model name, "
+                                       f"{shown(isa)} there and {shown(other[0])} in {other[1]} (one model name, "
                                        "two kinds of machine): nothing was merged (one key, one device)")
 
 

@@ -15,8 +15,10 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from zhantune.bench.decision import best_per_config, decision_us, rank_key
+from zhantune.errors import StorageError, shown
 from zhantune.provenance import torch_release
 from zhantune.storage import orm as m
+from zhantune.storage.engine import redact_url
 from zhantune.storage.reads import ReportQueries
 
 __all__ = ["Queries"]
@@ -32,6 +34,17 @@ class Queries(ReportQueries):
 
     url: str
     session: Callable[[], AbstractContextManager[Session]]
+
+    def refuse_other_kind(self, key: str, kind: str) -> None:
+        """Raise StorageError as :meth:`device_id` would (without writing) for a key of another kind."""
+        with self.session() as s:
+            stored = s.scalar(select(m.Device.kind).where(m.Device.key == key))
+        if stored is not None and stored != kind:
+            raise StorageError(self._other_kind(key, stored, kind))
+
+    def _other_kind(self, key: str, stored: str, kind: str) -> str:
+        return (f"device {shown(key, 120)} is a {stored} device in {redact_url(self.url)}, not a {kind} one; give the "
+                "device another name (a Kernel Tuner import's devices=[...], a replay's bench.device_name=NAME)")
 
     def devices(self) -> list[m.Device]:
         """Every device in the database, by key (the order ``python -m zhantune.export`` numbers

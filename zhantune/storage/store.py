@@ -216,7 +216,8 @@ class Store(Queries):
         """The device row's id by its key (CUDA: gcnArchName; CPU: model name and thread count), created
         when absent. Raises StorageError, before anything is written, when the key is stored as another
         kind of device (``devices=[NAME]`` of an import naming a CPU, a merged database) or as a CPU of
-        another vector ISA (one model name, two kinds of machine): its rows would join the other's."""
+        another vector ISA (one model name, two kinds of machine): its rows would join the other's. A CPU
+        row stored without its ISA (an older database's, a merge's target) is given this one's."""
         def same_kind(row: m.Device) -> None:
             theirs, mine = (row.properties if isinstance(row.properties, dict) else {}).get("isa"), properties.get("isa")
             if row.kind != kind or (kind == "cpu" and theirs and mine and theirs != mine):
@@ -224,18 +225,9 @@ class Store(Queries):
                     f"device {shown(key, 120)} in {redact_url(self.url)} is a CPU with vector ISA {shown(theirs)}; this "
                     f"one's is {shown(mine)} (another machine of one model name, or ATEN_CPU_CAPABILITY set): tune "
                     "into another database"))
+            if kind == "cpu" and mine and not theirs:  # a helper merged an AVX2 and an AVX-512 source into it
+                row.properties = {**(row.properties if isinstance(row.properties, dict) else {}), "isa": mine}
         return self._get_or_create(m.Device, {"key": key}, dict(name=name, kind=kind, properties=properties), same_kind)
-
-    def refuse_other_kind(self, key: str, kind: str) -> None:
-        """Raise StorageError as :meth:`device_id` would (without writing) for a key of another kind."""
-        with self.session() as s:
-            stored = s.scalar(select(m.Device.kind).where(m.Device.key == key))
-        if stored is not None and stored != kind:
-            raise StorageError(self._other_kind(key, stored, kind))
-
-    def _other_kind(self, key: str, stored: str, kind: str) -> str:
-        return (f"device {shown(key, 120)} is a {stored} device in {redact_url(self.url)}, not a {kind} one; give the "
-                "device another name (a Kernel Tuner import's devices=[...], a replay's bench.device_name=NAME)")
 
     def environment_id(self, fields: dict[str, Any]) -> int:
         """The environment row for these fields (torch, triton, cuda, hip, driver, python, zhantune, host)."""
