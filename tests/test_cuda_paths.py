@@ -255,9 +255,10 @@ def test_a_hit_that_leaves_out_some_of_its_keys_entries_says_which_and_why():
     first = {"template_id": "triton::mm_persistent_tma", **TRITON_PARAMS, "BLOCK_M": 128, "BLOCK_N": 128}
     second = {"template_id": "triton::mm", **TRITON_PARAMS}
     stale_hash = {**second, "BLOCK_N": 128, "template_hash": "0" * 16}
-    for entries, dropped in (([first, second], "1 of 2 entries not served, the first (the one a claim confirmed "
-                                               "against the default) among them: a template Inductor does not offer"),
-                             ([second, stale_hash], "1 of 2 entries not served: "),
+    for entries, dropped in (([first, second], "1 of 2 entries not served (the first is the one a claim confirmed "
+                                               "against the default): [0] triton::mm_persistent_tma: a template "
+                                               "Inductor does not offer here"),
+                             ([second, stale_hash], "1 of 2 entries not served: [1] triton::mm: "),
                              ([second], None)):
         with fake_cuda(PROFILES["A100"].properties()), use_table({key: entries}, device="cuda") as installed:
             served = lower("mm", [(256, 256), (256, 256)], torch.bfloat16)

@@ -333,6 +333,35 @@ def test_compares_table_keys_and_kinds_as_the_export_after_a_second_review(tmp_p
     assert both(db, [H100]) == ({AGNOSTIC: [default_entry("mm")]},) * 2
 
 
+def test_a_device_agnostic_table_lists_only_the_devices_of_its_release_so_its_keys_keep_their_kind(tmp_path):
+    """A review (session 46) of the rule that a key without a device is of the kind of every device
+    its table lists: the export listed every device with a candidate of any torch release, so a GPU
+    tuned under an older torch beside a CPU's confirmed claim made the CPU's config patch a key of
+    neither kind, read for CUDA as a CUDA key and refused ("CPP is not allowed")."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from zhantune.inductor.exporter import export_table
+    from zhantune.inductor.table import read_table
+
+    cpp = Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP"})
+    db = _Db(tmp_path / "z.db")
+    key = AGNOSTIC.replace("+mm", "+addmm")
+    db.confirmed("AMD EPYC (2 threads)", cpp, 10.0, 1.5, torch=torch.__version__, kind="cpu", key=key)
+    gpu = db.recorder(H100, torch="2.12.0+cu128", study="g")  # a GPU tuned under an older torch
+    db.default(gpu, 20.0)
+    db.candidate(gpu, A, 10.0)
+    opts = SimpleNamespace(device_agnostic=True, top_k=1, min_speedup=1.02, torch_version=None, format="zhantune",
+                           path=str(tmp_path / "t.json"))
+    path, table = export_table(db.store, opts)
+    assert list(table) == [key] and [d["kind"] for d in json.loads(Path(path).read_text())["devices"]] == ["cpu"]
+    assert read_table(path, "cpu").table == table
+    on_cuda = read_table(path, "cuda")
+    assert on_cuda.table == {} and on_cuda.other_kind == {key: "cpu"}
+
+
 def test_compares_html_report_and_csv_say_which_rows_of_other_releases_it_left_out(tmp_path):
     """The terminal and json= said how many rows of other torch releases compare left out; the HTML
     report did not (a review), nor the CSV (noticed in session 45)."""

@@ -148,7 +148,7 @@ def test_a_replay_on_a_busy_machine_leaves_a_confirmed_claim_standing_and_says_s
     store.add_verdict(study_id=study_id, device_id=device_id, problem_id=row.problem_id, config_hash=cand.config_hash,
                       ratio=2.01, ratio_low=2.0, ratio_high=2.03, rounds=3, contended=0, confirmed=True, reason="r")
     for contended, said_then, ratio in ((6, "stands: rounds of fewer than two or on a busy machine", 2.01),
-                                        (0, "is replaced by this one: the export ships this entry no longer", 1.5)):
+                                        (0, "is replaced by this one, which the export and compare follow", 1.5)):
         verdict = SpeedupVerdict(1.5, 1.3, 1.6, 3, contended, False, "not confirmed")
         settled = SimpleNamespace(verdict=verdict, text=None, default=row)
         monkeypatch.setattr(settle, "settle_speedup", lambda *a, settled=settled, **k: settled)

@@ -505,6 +505,12 @@ def test_a_finished_studys_claim_is_its_stored_verdict_judged_as_the_export_judg
     store.add_verdict(**later, contended=0, reason="not confirmed: a round was slower")
     again, _ = stored_claim(store, study_id)
     assert again.ratio == 1.5 and not again.confirmed, again
+    # rounds none of which measured both sides judge it too, though one side was disturbed (a review)
+    store.add_verdict(**later, contended=0, reason="r")
+    store.add_verdict(**{**later, "ratio": None, "ratio_low": None, "ratio_high": None}, contended=2,
+                      reason="no round measured both sides")
+    again, _ = stored_claim(store, study_id)
+    assert again.ratio is None and not again.confirmed, again
 
 
 def test_same_kernel_as_default_is_about_the_claimed_config_else_the_best():

@@ -79,7 +79,7 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     its verdict, the newest of that config on this device: the export and compare follow it, as they
     follow a rerun tune's. No verdict where no rounds ran (the default's own kernel, ``rounds`` 0):
     a replay that claims nothing leaves what the tunes settled as it was."""
-    from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, decision_us
+    from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, claim_holds, decision_us
     from zhantune.bench.settle import is_default_kernel, settle_speedup
     from zhantune.provenance import software_versions
     from zhantune.report.summary import within_noise
@@ -97,10 +97,10 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     below = (f"; below export.min_speedup ({floor} by default): the export ships Inductor's default for it"
              if v.confirmed and v.ratio is not None and v.ratio < floor else "")
     say(f"    {settled.text or v.reason}{below}")
-    if before is not None and judged(before) and before.confirmed and not v.confirmed:
+    if judged(before) and claim_holds(before) and not v.confirmed:
         say(f"    the claim stored before ({before.ratio:.2f}x confirmed in {before.rounds} rounds) "
             + ("stands: rounds of fewer than two or on a busy machine neither confirm nor refute it"
-               if not judged(v) else "is replaced by this one: the export ships this entry no longer"))
+               if not judged(v) else "is replaced by this one, which the export and compare follow"))
     if is_default_kernel(row):  # one kernel twice: a gap beyond noise is not a speedup (a tune's summary says so too)
         default_us, entry_us = decision_us(settled.default), decision_us(row)
         if not within_noise(default_us / entry_us):

@@ -118,7 +118,9 @@ def table_metadata(store: Store, table: dict[str, list[dict[str, Any]]], options
     process's torch and triton (zhantune.provenance; ``options["torch_version"]`` where given), the
     creation time (UTC), ``source`` (the database URL without its password), the devices it holds
     configs of (key, name, kind; a CPU's vector ISA where stored: use_table reports its entries
-    stale on a CPU of another), and the export ``options``."""
+    stale on a CPU of another; for a device-agnostic or portable table only those measured with the table's torch
+    release, which the table ranks: its keys without a device are of their one kind, and another
+    release's device of the other kind listed made them of neither: a review), and the export ``options``."""
     import zhantune
     from zhantune.provenance import software_versions
 
@@ -126,7 +128,8 @@ def table_metadata(store: Store, table: dict[str, list[dict[str, Any]]], options
     wanted = options.get("devices")  # compare's devices= (keys or names); None: every device
     devices = [{"key": d.key, "name": d.name, "kind": d.kind,  # a CPU's vector ISA: one model name covers several
                 **({"isa": d.properties["isa"]} if d.kind == "cpu" and (d.properties or {}).get("isa") else {})}
-               for d in store.devices_with_candidates(options.get("device"))
+               for d in store.devices_with_candidates(options.get("device"), table_torch(options.get("torch_version"))
+                                                      if options.get("device_agnostic") or options.get("portable") else None)
                if not wanted or d.key in wanted or d.name in wanted]
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "zhantune": zhantune.__version__,
             "torch": table_torch(options.get("torch_version")), "triton": versions["triton"],

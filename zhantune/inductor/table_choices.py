@@ -271,16 +271,15 @@ class TableChoices(RecordingChoices):
             if cpu:
                 return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
             return []
-        fresh, why = [], None
-        for e in entries:
-            reason = stale_reason(e, hashes) or (not cpu and self.any_key is None
-                                                 and resources_stale(e, kernel_inputs, templates, op_name, self))
-            if reason:
-                why = reason
-                continue
-            fresh.append(e)
-        if not fresh and why:
-            return self._stale(report_key, why, template_choices, kernel_inputs, templates, op_name,
+        fresh, whys = [], {}  # entry index -> why it is stale here
+        for i, e in enumerate(entries):
+            if reason := stale_reason(e, hashes) or (not cpu and self.any_key is None
+                                                     and resources_stale(e, kernel_inputs, templates, op_name, self)):
+                whys[i] = reason
+            else:
+                fresh.append(e)
+        if not fresh and whys:
+            return self._stale(report_key, whys[max(whys)], template_choices, kernel_inputs, templates, op_name,
                                kwarg_overrides, cpu)
         if cpu:
             return self._cpu_hit(report_key, event, fresh, template_choices, kernel_inputs, templates, op_name,
@@ -304,7 +303,7 @@ class TableChoices(RecordingChoices):
             return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
         self.report.hits[report_key] += 1
         self.report.chosen[report_key] = ", ".join(results)
-        self.report.drop(report_key, entries, [e for e in fresh if e["template_id"] in hashes], why)
+        self.report.drop(report_key, entries, [e for e in fresh if e["template_id"] in hashes], whys)
         return self._create_lookup_choices(results, templates, kernel_inputs, op_name)
 
     # -- helpers -----------------------------------------------------------------------------

@@ -31,13 +31,17 @@ class TableReport:
     #: one confirmed against the default, dropped without a word)
     dropped: dict[str, str] = field(default_factory=dict)
 
-    def drop(self, key: str, entries: list[dict[str, Any]], served: list[dict[str, Any]], why: str | None) -> None:
-        """Record the entries of ``key`` a hit left out (``served``: the ones it kept)."""
+    def drop(self, key: str, entries: list[dict[str, Any]], served: list[dict[str, Any]], whys: dict[int, str]) -> None:
+        """Record the entries of ``key`` a hit left out (``served``: the ones it kept; ``whys``: entry
+        index -> why it is stale here, else its template is not offered here), or that it left none out."""
         left = [i for i, e in enumerate(entries) if not any(e is s for s in served)]
-        if left:
-            self.dropped[key] = (f"{len(left)} of {len(entries)} entries not served"
-                                 + (", the first (the one a claim confirmed against the default) among them" if 0 in left else "")
-                                 + f": {why or 'a template Inductor does not offer here'}")
+        if not left:
+            self.dropped.pop(key, None)
+            return
+        self.dropped[key] = (f"{len(left)} of {len(entries)} entries not served"
+                             + (" (the first is the one a claim confirmed against the default)" if 0 in left else "")
+                             + ": " + "; ".join(f"[{i}] {entries[i].get('template_id')}: "
+                                                + whys.get(i, "a template Inductor does not offer here") for i in left))
 
     @property
     def lookups(self) -> int:

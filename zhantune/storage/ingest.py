@@ -8,6 +8,7 @@ zhantune.bench.recorded.ReplayBenchmarker), so that compare and transfer work on
 
 from __future__ import annotations
 
+import unicodedata
 from typing import TYPE_CHECKING
 
 from zhantune.bench.recorded_checks import MAX_KEY
@@ -163,6 +164,7 @@ def other_gpu(own: str, device_key: str, studies: list[tuple[str, dict | None]],
         if not held or held & set(digests):
             continue
         other = (config or {}).get(RECORDED_DEVICE)
+        other = unicodedata.normalize("NFC", other) if isinstance(other, str) else other  # as the loader's names
         if (other is None and own != device_key) or (other and other != own):
             return name, other
     return None

@@ -227,12 +227,15 @@ class Queries(ReportQueries):
                             .where(m.Device.key == device_key, m.Problem.key == problem_key, r.kind == "candidate",
                                    _same_release(r.torch_version, torch_version)).limit(1)) is not None
 
-    def devices_with_candidates(self, device_key: str | None = None) -> list[m.Device]:
-        """Devices that have at least one ``ok`` candidate (optionally only ``device_key``), by key."""
+    def devices_with_candidates(self, device_key: str | None = None, torch_version: str | None = None) -> list[m.Device]:
+        """Devices that have at least one ``ok`` candidate (optionally only ``device_key``; measured with a
+        build of ``torch_version``'s release, as :meth:`ranked_candidates` ranks them), by key."""
         with self.session() as s:
             has_ok = (select(m.MeasurementRow.id)
                       .where(m.MeasurementRow.device_id == m.Device.id, m.MeasurementRow.status == "ok",
-                             m.MeasurementRow.kind.in_(("candidate", "remeasure"))).exists())
+                             m.MeasurementRow.kind.in_(("candidate", "remeasure")),
+                             *([_same_release(m.MeasurementRow.torch_version, torch_version)] if torch_version else []))
+                      .exists())
             q = select(m.Device).where(has_ok).order_by(m.Device.key)
             if device_key is not None:
                 q = q.where(m.Device.key == device_key)
@@ -327,10 +330,11 @@ class Queries(ReportQueries):
             return out
 
 
-def judged(v: m.Verdict) -> bool:
+def judged(v: m.Verdict | None) -> bool:
     """Whether a verdict judged its claim: two paired rounds or more, none contended (a confirmed one
-    never is: zhantune.bench.decision)."""
-    return (v.rounds or 0) >= 2 and (not v.contended or bool(v.confirmed))
+    never is: zhantune.bench.decision), or none of which measured both sides (the entry failed: a
+    review found such rounds, one side disturbed, counted as busy)."""
+    return v is not None and (v.rounds or 0) >= 2 and (not v.contended or bool(v.confirmed) or v.ratio is None)
 
 
 def _same_release(column: Any, version: str) -> Any:
