@@ -1546,7 +1546,7 @@ def test_merge_refuses_a_postgresql_sources_infinite_date_or_number_in_one_line(
     for change, refused in (("update zt_study set started_at = 'infinity'",
                              r"table zt_study: a stored value does not decode \(timestamp too large"),
                             ("""update zt_device set properties = '{"n": 1e400}'""",
-                             r"device 1: properties holds a number JSON cannot write")):
+                             r"device 1: properties.n is inf, a number JSON cannot write")):
         with engine.begin() as conn:
             conn.exec_driver_sql(change)
         with pytest.raises(StorageError, match=rf"^sources\[0\]=postgresql.*: {refused}.*nothing was merged$"):

@@ -138,8 +138,9 @@ def cuda_table_patch(table: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     otherwise offer and benchmark Triton conv templates: torch/_inductor/kernel/conv.py), and
     ``triton.enable_persistent_tma_matmul`` when an entry names ``triton::mm_persistent_tma``
     (Inductor offers that template only then: ``use_triton_tma_template`` in torch/_inductor/utils.py),
-    unless the user has ``triton.native_matmul`` on: Inductor then raises "native matmul doesn't support
-    tma codegen yet" at every mm (kernel/mm_common.py), so such an entry is left unoffered instead.
+    unless the user has ``triton.native_matmul`` on when the table is installed: Inductor then raises
+    "native matmul doesn't support tma codegen yet" at every mm on a GPU with TMA (kernel/mm_common.py),
+    so such an entry is left unoffered instead.
     Two graph decisions still follow GEMM max-autotune (README: use_table on CUDA): a 1x1
     channels-last convolution is lowered as an mm, and ``a @ b + c @ d`` of equal sizes as one
     ``mm_plus_mm`` (torch/_inductor/fx_passes/post_grad.py)."""

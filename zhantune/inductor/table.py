@@ -80,8 +80,9 @@ class TableFile:
     meta: dict[str, Any] = field(default_factory=dict)
     source: str | None = None
     #: keys of devices the wrapper's ``devices`` lists with another kind than the one read for (a
-    #: table exported from a database of CPU and GPU measurements): checked against their own kind's
-    #: allow-list and left out of ``table`` (never looked up on this kind of device); key -> kind
+    #: table exported from a database of CPU and GPU measurements), and keys without a device where
+    #: every device listed is of another kind (a device-agnostic export of CPUs): checked against their
+    #: own kind's allow-list and left out of ``table`` (never looked up on this kind of device); key -> kind
     other_kind: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -291,8 +292,9 @@ def load_table(path: str | os.PathLike[str], device_kind: str | None = None) -> 
 def check_table(table: dict[str, Any], where: str = "<dict>", device_kind: str | None = None,
                 prefix: str = "", kinds: dict[str | None, str] | None = None) -> None:
     """Check a bare table's keys and entries (see :func:`read_table`); raises TableError.
-    ``kinds``: device key -> kind (a wrapper's ``devices``, table_meta.device_kinds): a key of such a
-    device is checked against that kind's allow-list instead of ``device_kind``'s."""
+    ``kinds``: device key -> kind (a wrapper's ``devices``, table_meta.device_kinds; None: a key
+    without a device): a key of such a device is checked against that kind's allow-list instead of
+    ``device_kind``'s."""
     def path(*parts: str) -> str:
         return (prefix + "".join(parts)) if prefix else "".join(parts).removeprefix(".")
 

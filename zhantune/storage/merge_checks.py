@@ -7,6 +7,7 @@ database and the row; nothing is merged."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -118,10 +119,19 @@ def _check_storable(cls: type, rows: list, refuse: Callable[[str], NoReturn]) ->
                 if "\0" in value:
                     refuse(f"{what} {json.dumps(value)[:120]} holds a NUL character, which PostgreSQL's text cannot")
             elif isinstance(col.type, JSON) and value is not None:
-                try:
-                    json.dumps(value, allow_nan=False)
-                except ValueError:
-                    refuse(f"{what} holds a number JSON cannot write (infinite or not a number)")
+                if (at := _not_finite(value)) is not None:
+                    refuse(f"{what}{at[0]} is {at[1]!r}, a number JSON cannot write (only finite numbers)")
+
+
+def _not_finite(value: object, at: str = "") -> tuple[str, float] | None:
+    """(path, value) of the first infinite or NaN number in a JSON value, else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return at, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        if (found := _not_finite(v, f"{at}.{k}" if isinstance(k, str) else f"{at}[{k}]")) is not None:
+            return found
+    return None
 
 
 def _check_keys(rows: dict[type, list], refuse: Callable[[str], NoReturn]) -> None:
