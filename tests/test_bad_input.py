@@ -458,6 +458,13 @@ CASES = [
     ("total-trials-without-problems", "zhantune", ["+op=mm", "shape=[4,4,4]", "search.total_trials=5"], None,
      "search.total_trials=5 shares trials among the problems of a problems= file; one problem takes search.n_trials",
      None),
+    # a helper's 400-digit size and count (session 46): an OverflowError in the memory check and the shares
+    ("shape-of-400-digits", "zhantune", ["+op=mm", "shape=[64,64," + "9" * 400 + "]", "device=cpu"], None,
+     "K is 400 digits; a tensor's size is at most 9223372036854775807 (int64)", None),
+    ("problems-count-of-400-digits", "zhantune", ["problems={x}", "device=cpu"],
+     lambda t: (t / "c.yaml").write_text("format: zhantune-problems\nproblems:\n- {op: mm, shape: [16, 16, 16], "
+                                         "count: " + "9" * 400 + "}\n") and "c.yaml",
+     "c.yaml: problems[0].count: 9999999999", None),
     ("problems-file-over-1-mib", "zhantune", ["problems={x}"],
      lambda t: (t / "big.yaml").write_text("format: zhantune-problems\n" + "#" * (1 << 20)) and "big.yaml",
      "problems=big.yaml: 1,048,602 bytes, over the 1 MiB a problems file may hold", None),

@@ -178,6 +178,10 @@ def check_search(cfg: Any) -> None:
     check_bench(cfg.bench)
 
 
+#: the largest size of a tensor dimension (torch's sizes are int64)
+MAX_SIZE = 2**63 - 1
+
+
 def check_problem(op: str, shape: object, dtype: str, activation: str | None = None, source: str = "shape",
                   weight_layout: str = "kn") -> tuple[tuple[int, ...], str | None]:
     """Validate a problem as given by the user; returns (sizes, the activation that applies).
@@ -204,6 +208,9 @@ def check_problem(op: str, shape: object, dtype: str, activation: str | None = N
             )
         if v <= 0:
             raise ConfigError(f"{source}={_show(shape)}: {name}={v} must be a positive integer")
+        if v > MAX_SIZE:  # a helper's 400-digit size overflowed a float in the memory check: a traceback
+            raise ConfigError(f"{source}={_show(shape)}: {name} is {len(str(v))} digits; a tensor's size is at most "
+                              f"{MAX_SIZE} (int64)")
         sizes.append(v)
     if op == "linear_act":
         if activation not in ACTIVATIONS:

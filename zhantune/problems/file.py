@@ -79,7 +79,7 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
     """The tunable problems of a problems file, checked; raises ConfigError naming the file and the
     key path (``problems.yaml: problems[1].shape: ...``)."""
     from zhantune.problems import OPS, GemmProblem
-    from zhantune.request import DTYPE_NAMES, WEIGHT_LAYOUTS
+    from zhantune.request import DTYPE_NAMES, MAX_SIZE, WEIGHT_LAYOUTS
 
     size = Path(path).stat().st_size if Path(path).is_file() else 0
     if size > MAX_PROBLEMS_BYTES:  # YAML parsing takes ~20 s and ~200 MB per MiB
@@ -123,8 +123,8 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
         GemmProblem.from_config(row["op"], row.get("shape"), row.get("dtype", "float32"), act,
                                 source=f"{at}.shape", weight_layout=row.get("weight_layout", "kn"))
         count, share, key = row.get("count", 1), row.get("share"), row.get("lookup_key")
-        if type(count) is not int or count < 1:  # not a bool: True is an int to isinstance
-            raise ConfigError(f"{at}.count: {shown(count)} must be a positive integer")
+        if type(count) is not int or not 1 <= count <= MAX_SIZE:  # not a bool: True is an int to isinstance
+            raise ConfigError(f"{at}.count: {shown(count)[:40]} must be a positive integer of at most {MAX_SIZE}")
         if share is not None and (type(share) not in (int, float) or not 0 <= share <= 1):
             raise ConfigError(f"{at}.share: {shown(share)} must be a number in [0, 1] or null")
         default_us = row.get("default_us")
