@@ -195,11 +195,28 @@ def test_cpp_template_candidate_really_uses_the_cpp_template(tune_cfg, tmp_path)
     assert counters["inductor"]["cpp_templated_kernel_counter"] - before >= 2
 
 
+def test_a_reused_sweep_directory_summarises_only_the_latest_sweep(tmp_path):
+    """A helper's attack (session 46): a multirun into a sweep directory an earlier one had used read
+    the earlier sweep's job records as its own: two records for one job, "-1 job(s) wrote no record",
+    and the earlier sweep's database named as the storage to export from. Each record carries the
+    token its sweep wrote at its start; only those of the latest are read (test_multirun_over_shapes
+    runs the whole path)."""
+    from zhantune.multirun import JOB_RECORD, SWEEP_TOKEN, read_records
+
+    for job, sweep in ((0, "new"), (1, "old"), (2, None)):
+        (tmp_path / str(job)).mkdir()
+        (tmp_path / str(job) / JOB_RECORD).write_text(json.dumps({"job": job, "sweep": sweep, "studies": []}))
+    assert [r["job"] for r in read_records(tmp_path)] == [0, 1, 2]  # a directory of before: every record
+    (tmp_path / SWEEP_TOKEN).write_text("new")
+    assert [r["job"] for r in read_records(tmp_path)] == [0]
+
+
 @pytest.mark.slow
 def test_multirun_over_shapes(cli, tmp_path):
     r = cli(["-m", "+op=mm", "shape=[32,32,32],[48,32,16]", "search.n_trials=1", "device=cpu",
              "progress=false", "space=[aten]", "bench.isolate=false", f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "zhantune multirun: 2 job record(s)" in r.stdout, r.stdout[-3000:]
     con = sqlite3.connect(tmp_path / "zhantune.db")
     assert con.execute("select count(*) from zt_problem").fetchone()[0] == 2
     assert len(load_table(tmp_path / "zhantune_table.json")) == 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,10 @@ __all__ = ["MultirunSummary", "job_record", "JOB_RECORD"]
 
 #: the file each job of a multirun writes in its output directory
 JOB_RECORD = "zhantune_job.json"
+#: the file in the sweep directory naming this sweep (a token each job's record carries): a sweep
+#: directory reused (``hydra.sweep.dir=...`` twice) holds the earlier sweep's records too, which a helper
+#: found in the summary, with its database named as the jobs' storage
+SWEEP_TOKEN = ".zhantune_sweep"
 
 
 def job_record(runs: list[tuple[Any, Any]], storage_url: str) -> dict[str, Any]:
@@ -239,6 +244,9 @@ class MultirunSummary(Callback):
         from zhantune.cli import mark_task_started
 
         _check_every_job(config)
+        sweep = Path(str(config.hydra.sweep.dir))
+        sweep.mkdir(parents=True, exist_ok=True)
+        (sweep / SWEEP_TOKEN).write_text(uuid.uuid4().hex)
         mark_task_started()
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
@@ -255,7 +263,9 @@ class MultirunSummary(Callback):
         if isinstance(value, dict) and value.get("zhantune_job"):
             from zhantune.redact import hide_overrides
 
-            record = {**value, "job": hc.job.num, "overrides": hide_overrides(hc.overrides.task, config)}
+            token = Path(hc.sweep.dir, SWEEP_TOKEN)
+            record = {**value, "job": hc.job.num, "overrides": hide_overrides(hc.overrides.task, config),
+                      "sweep": token.read_text() if token.is_file() else None}
             Path(hc.runtime.output_dir, JOB_RECORD).write_text(json.dumps(record, indent=1))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -278,13 +288,18 @@ def _job_count(config: DictConfig) -> int | None:
 
 
 def read_records(sweep_dir: Path) -> list[dict[str, Any]]:
-    """The job records under a sweep directory, by job number."""
+    """The job records of the sweep that last started in a sweep directory (its :data:`SWEEP_TOKEN`;
+    a directory without one: every record), by job number."""
+    token = sweep_dir / SWEEP_TOKEN
+    sweep = token.read_text() if token.is_file() else None
     records = []
     for path in sweep_dir.glob(f"*/{JOB_RECORD}"):
         try:
-            records.append(json.loads(path.read_text()))
+            record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if sweep is None or record.get("sweep") == sweep:
+            records.append(record)
     return sorted(records, key=lambda r: r.get("job", 0))
 
 
