@@ -626,6 +626,15 @@ CASES = [
      lambda t: ((t / "good.yaml").write_text("format: zhantune-problems\nproblems:\n- {op: mm, shape: [16, 16, 16]}\n"),
                 (t / "bad.yaml").write_text("format: zhantune-problems\nproblems:\n- {op: mm, shape: [0, 16, 16]}\n"),
                 "")[2], "sweep job #1 (problems=bad.yaml): bad.yaml: problems[0].shape", None),
+    # what a job's run refuses, refused before the first job tunes (a helper's attack, session 46: job #1
+    # refused after job #0 had tuned and stored)
+    ("sweep-one-study-name-two-shapes", "zhantune", ["-m", "+op=mm", "shape=[16,16,16],[32,16,16]",
+                                                     "search.study_name=s", "device=cpu"], None,
+     "sweep job #1: search.study_name='s' is also job #0's, of another problem: one study tunes one problem", None),
+    ("sweep-total-trials-below-problems", "zhantune", ["-m", "problems=p.yaml", "search.total_trials=2,1", "device=cpu"],
+     lambda t: (t / "p.yaml").write_text("format: zhantune-problems\nproblems:\n- {op: mm, shape: [16, 16, 16]}\n"
+                                         "- {op: mm, shape: [32, 16, 16]}\n") and "",
+     "sweep job #1 (search.total_trials=1): search.total_trials=1 is less than the 2 problems in p.yaml", None),
     # an interpolation that does not resolve: it was a Hydra traceback with exit code 1, from wherever it was read
     ("interpolation-missing-key", "zhantune", ["+op=mm", "shape=[4,4,4]", "dtype=${nope}"], None,
      "override dtype=${nope}: Interpolation key 'nope' not found; an interpolation reads a key of this config", None),

@@ -132,9 +132,20 @@ def _check_every_job(config: DictConfig) -> None:
     loader, hydra_config = GlobalHydra.instance().config_loader(), HydraConfig.instance()
     before = hydra_config.cfg
     checked: set[tuple[str, str]] = set()  # the files and databases checked so far (each distinct one once)
+    studies: dict[str, tuple[int, str]] = {}  # search.study_name -> (first job, its problem)
     try:
         for i, job in enumerate(jobs if len(jobs) > 1 else []):  # a single job checks itself, as a plain run
-            _check_job(config, loader, hydra_config, i, job, swept, checked)
+            task = _check_job(config, loader, hydra_config, i, job, swept, checked)
+            name = None if task is None else OmegaConf.select(task, "search.study_name", default=None)
+            if name is not None:  # one study tunes one problem (a helper's job #1 refused after job #0 tuned)
+                problem = str([OmegaConf.select(task, k, default=None) for k in ("op.name", "shape", "dtype",
+                                                                                 "op.activation", "bench.path")])
+                first = studies.setdefault(str(name), (i, problem))
+                if first[1] != problem:
+                    from zhantune.cli import user_error
+
+                    user_error(f"sweep job #{i}: search.study_name={name!r} is also job #{first[0]}'s, of another "
+                               "problem: one study tunes one problem; drop search.study_name or sweep it with the problem")
     finally:
         hydra_config.cfg = before
 
@@ -164,12 +175,12 @@ _UNESCAPE = re.compile(r"\\([\\{}():=,\[\] \t])")
 
 
 def _check_job(config: DictConfig, loader: Any, hydra_config: Any, i: int, job: list[str], swept: set[str],
-               checked: set[tuple[str, str]]) -> None:
+               checked: set[tuple[str, str]]) -> DictConfig | None:
     """One job of :func:`_check_every_job`: composed, with hydra.job.num and id and
     hydra.runtime.output_dir set as the launcher sets them (``${hydra:job.num}``,
     ``${hydra:runtime.cwd}`` resolve), then checked as the job's task function checks it, and the
     files and database it names (:func:`_check_job_inputs`); a failure other than a user error is left
-    to the job itself."""
+    to the job itself. Returns the job's task config (None where it could not be made)."""
     from omegaconf import open_dict
 
     from zhantune.cli import one_line, user_error
@@ -192,7 +203,7 @@ def _check_job(config: DictConfig, loader: Any, hydra_config: Any, i: int, job: 
         hydra_config.set_config(cfg)
         task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # as the task function gets it
     except Exception:
-        return
+        return None
     msg = unresolved_problem(task)
     if msg:  # its override as typed, not as the sweeper escaped it ($\{nope\})
         user_error(where + ": " + _UNESCAPE.sub(r"\1", msg))
@@ -202,7 +213,8 @@ def _check_job(config: DictConfig, loader: Any, hydra_config: Any, i: int, job: 
     except UserError as e:
         user_error(f"{where}: {e}")
     except Exception:  # not the input's fault, or not seen until the job runs: the job reports it
-        return
+        pass
+    return task
 
 
 def _check_job_inputs(task: DictConfig, checked: set[tuple[str, str]]) -> None:
@@ -233,6 +245,11 @@ def _check_job_inputs(task: DictConfig, checked: set[tuple[str, str]]) -> None:
 
             existing_revision(value, option)
         checked.add(item)
+    if task.get("problems"):  # its trials, each job's (a helper's total_trials=2,1: job #1 refused after job #0 tuned)
+        from zhantune.problems.file import read_problems
+        from zhantune.problemset import total_trials
+
+        total_trials(task, read_problems(str(task.problems)))
 
 
 class MultirunSummary(Callback):

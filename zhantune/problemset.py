@@ -137,10 +137,7 @@ def resolve_problems(cfg: DictConfig) -> list[ProblemRun]:
     rows = read_problems(cfg.problems)
     if not OmegaConf.is_missing(cfg, "shape") or not OmegaConf.is_missing(cfg, "op"):
         raise ConfigError(f"problems={cfg.problems} takes op and shape from the file; drop +op=... and shape=[...]")
-    given = cfg.search.total_trials
-    total = given if given is not None else cfg.search.n_trials * len(rows)
-    if total < len(rows):
-        raise ConfigError(f"search.total_trials={total} is less than the {len(rows)} problems in {cfg.problems}")
+    total = total_trials(cfg, rows)
     if cfg.search.min_trials < 1:
         raise ConfigError(f"search.min_trials={cfg.search.min_trials} must be at least 1")
     counts = allocate_trials(rows, total, cfg.search.min_trials)
@@ -169,6 +166,16 @@ def _weights(rows: list[dict[str, Any]]) -> list[float]:
     if any(w is None for w in shares) or not sum(shares):
         return [float(r.get("count", 1) * math.prod(r["shape"])) for r in rows]
     return [float(w) for w in shares]
+
+
+def total_trials(cfg: DictConfig, rows: list[dict[str, Any]]) -> int:
+    """The trials ``rows`` (a problems file's) share: ``search.total_trials``, else ``search.n_trials``
+    each; raises ConfigError where that is fewer than one per problem."""
+    given = cfg.search.total_trials
+    total = given if given is not None else cfg.search.n_trials * len(rows)
+    if total < len(rows):
+        raise ConfigError(f"search.total_trials={total} is less than the {len(rows)} problems in {cfg.problems}")
+    return total
 
 
 def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: Console) -> ProblemsResult:
