@@ -182,7 +182,9 @@ def test_malformed_table_is_one_line_exit_2_naming_file_and_key_path(cli, tmp_pa
     ({"dtype": "int8"}, "problems[0].dtype: 'int8'; allowed: float32, bfloat16, float16"),
     ({"weight_layout": "zz"}, "problems[0].weight_layout: 'zz' for op addmm; allowed: kn, nk"),
     ({"bogus": 1}, "problems[0].bogus: not a key of a problem (a typo?); allowed: op, shape, dtype"),
-    ({"twice": True}, "problems[1]: the same problem and lookup key as problems[0]: it would be tuned twice"),
+    ({"twice": True}, "problems[1]: the same problem as problems[0]: it would be tuned once and counted twice"),
+    ({"twice": "another key"}, "problems[1]: the same problem as problems[0]: it would be tuned once and counted twice"),
+    ({"twice": "shares"}, "problems[].share: they add up to 1.8; each is the problem's part of the model's GEMM time"),
     ({"activation": "gelu"}, "problems[0].activation: 'gelu' for op addmm: only linear_act takes an activation"),
     ({"op": "linear_act", "activation": "swish"}, "problems[0].activation: 'swish'; allowed: relu, gelu"),
     ({"op": "linear_act", "activation": None}, "problems[0].activation: null for op linear_act; give one of relu, gelu"),
@@ -196,8 +198,11 @@ def test_malformed_problems_file_is_one_line_naming_file_and_key_path(cli, tmp_p
     doc = {"format": "zhantune-problems", "format_version": 1, "problems": [row]}
     if "format_version" in edit:
         doc.update(edit)
-    elif "twice" in edit:
-        doc["problems"] = [row, dict(row)]
+    elif "twice" in edit:  # a second row of another lookup key too (a helper's: it tuned nothing, counted twice)
+        doc["problems"] = [row, {**row, **({"lookup_key": "((torch.float32, [64], [1]))+addmm"}
+                                           if edit["twice"] == "another key" else {})}]
+        if edit["twice"] == "shares":
+            doc["problems"] = [{**row, "share": 0.9}, {**row, "shape": [32, 64, 64], "share": 0.9}]
     else:
         row.update(edit)
     path = tmp_path / "problems.yaml"

@@ -137,13 +137,18 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
         for name, kind in (("inputs", list), ("scalars", dict)):
             if row.get(name) is not None and not isinstance(row[name], kind):
                 raise ConfigError(f"{at}.{name}: {shown(row[name])} must be a {kind.__name__} or null")
-        same = (row["op"], str(row["shape"]), row.get("dtype", "float32"), row.get("weight_layout", "kn"), act,
-                row.get("lookup_key"))
+        # one problem is one study, whatever its rows' lookup keys (collect writes a tunable row only where the
+        # problem's own compile makes the model's key): a helper's second row with another key tuned nothing,
+        # and its trials and its count were counted twice
+        same = (row["op"], str(row["shape"]), row.get("dtype", "float32"), row.get("weight_layout", "kn"), act)
         if same in seen:
-            raise ConfigError(f"{at}: the same problem and lookup key as problems[{seen[same]}]: it would be tuned "
-                              "twice and counted twice; keep one (its count: how often the model runs it)")
+            raise ConfigError(f"{at}: the same problem as problems[{seen[same]}]: it would be tuned once and "
+                              "counted twice; keep one (its count: how often the model runs it)")
         seen[same] = i
         out.append(row)
+    if (total := sum(r.get("share") or 0 for r in out)) > 1 + 1e-6:  # a helper's two rows of 0.9: each printed 90%
+        raise ConfigError(f"{path}: problems[].share: they add up to {total:g}; each is the problem's part of the "
+                          "model's GEMM time, at most 1 in all")
     return out
 
 
