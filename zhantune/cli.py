@@ -386,6 +386,8 @@ def run_app(hydra_main: Callable[[], object]) -> None:
             # argparse's usage (8 lines) then its error: the error, and where the options are listed
             user_error(f"{error}; --help lists the options (Hydra's own: --cfg job|hydra|all, --info, -m, ...)")
         sys.stderr.write(_hide(text))
+        if (multirun := sys.modules.get("zhantune.multirun")) is not None and e.code:
+            multirun.summary_of_an_ended_sweep()
         raise
     except Exception as e:  # raised through Hydra before the task (hydra.run.dir=${oc.env:UNSET}): its setup
         if _State.task_started:

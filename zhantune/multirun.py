@@ -30,6 +30,8 @@ JOB_RECORD = "zhantune_job.json"
 #: directory reused (``hydra.sweep.dir=...`` twice) holds the earlier sweep's records too, which a helper
 #: found in the summary, with its database named as the jobs' storage
 SWEEP_TOKEN = ".zhantune_sweep"
+#: the sweep this launcher runs, (sweep directory, jobs), from its start until its summary is printed
+_RUNNING: list[tuple[Path, int | None]] = []
 
 
 def job_record(runs: list[tuple[Any, Any]], storage_url: str) -> dict[str, Any]:
@@ -264,6 +266,7 @@ class MultirunSummary(Callback):
         sweep = Path(str(config.hydra.sweep.dir))
         sweep.mkdir(parents=True, exist_ok=True)
         (sweep / SWEEP_TOKEN).write_text(uuid.uuid4().hex)
+        _RUNNING[:] = [(sweep, _job_count(config))]
         mark_task_started()
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
@@ -286,7 +289,18 @@ class MultirunSummary(Callback):
             Path(hc.runtime.output_dir, JOB_RECORD).write_text(json.dumps(record, indent=1))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        _RUNNING.clear()
         print_multirun_summary(Path(str(config.hydra.sweep.dir)), _job_count(config))
+
+
+def summary_of_an_ended_sweep() -> None:
+    """The summary of a sweep that ended before its last job did (a job's error ends a sweep of Hydra's
+    basic launcher, a job killed under submitit raises in the launcher: Hydra then skips on_multirun_end,
+    and the summary was missing when a job had died, a helper found); nothing where none ran."""
+    if _RUNNING:
+        sweep, jobs = _RUNNING.pop()
+        print("the sweep ended before its last job; what its jobs recorded:", flush=True)
+        print_multirun_summary(sweep, jobs)
 
 
 def _job_count(config: DictConfig) -> int | None:
