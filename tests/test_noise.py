@@ -577,7 +577,9 @@ def test_check_compiles_each_way_of_a_model_without_parameters(tmp_path):
     """An attack's finding: each way's copy of a model shares one forward code object, and where no
     parameter gives Dynamo a guard (x @ w, both inputs) every way after the warm-up ran the warm-up's
     default code: the report saw 0 lookups and the table way timed the default. Each way now compiles
-    a forward of its own (kept.own_entry): the table's key is looked up and hit."""
+    a forward of its own (kept.own_entry): the table's key is looked up and hit. Its output is a dict
+    holding a tuple (a helper's, session 46: a model returning a tuple or dict was a traceback); one
+    returning no tensor is refused."""
     import json
 
     import torch
@@ -586,12 +588,13 @@ def test_check_compiles_each_way_of_a_model_without_parameters(tmp_path):
     import zhantune.bench.model_check as mc
     from zhantune.config import BenchConfig
     from zhantune.device import resolve_device
+    from zhantune.errors import ConfigError
     from zhantune.inductor.gemms import collect
     from zhantune.inductor.table import read_table
 
     class XW(torch.nn.Module):
         def forward(self, x, w):
-            return x @ w
+            return {"y": x @ w, "aux": (x.sum(), 3)}
 
     torch.manual_seed(0)
     model, args, device = XW(), (torch.randn(16, 64), torch.randn(64, 32)), resolve_device("cpu")
@@ -603,6 +606,14 @@ def test_check_compiles_each_way_of_a_model_without_parameters(tmp_path):
                             rounds=2)
     assert result["report"].hits == {key: 1}, result["report"]
     assert counters["stats"]["unique_graphs"] - before == 4  # a warm-up of each way, then the table's, the default's
+    assert all(w["error"] < 1e-4 for w in result["ways"].values()), result["ways"]
+
+    class Nothing(torch.nn.Module):
+        def forward(self, x, w):
+            return None
+
+    with pytest.raises(ConfigError, match="returns no tensor"):
+        mc.check_model(Nothing(), args, device, read_table(tmp_path / "t.json", "cpu"), bench, max_autotune=False)
 
 
 def test_check_says_a_model_that_compiles_again_while_timed_was_not_checked(tmp_path):

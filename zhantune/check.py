@@ -86,8 +86,12 @@ def _check_app(cfg: DictConfig) -> None:
     except UserError as e:
         user_error(e)
         return
-    result = check_model(req.model, req.inputs, req.device, tf, OmegaConf.to_object(cfg.bench), cfg.max_autotune,
-                         cfg.rounds)
+    try:
+        result = check_model(req.model, req.inputs, req.device, tf, OmegaConf.to_object(cfg.bench), cfg.max_autotune,
+                             cfg.rounds)
+    except UserError as e:  # a model that returns no tensor
+        user_error(f"model={cfg.model}: {e}")
+        return
     tol = TOLERANCES[req.dtype]
     _print_report(console, cfg, tf, req.device, result, tol)
     if cfg.json:

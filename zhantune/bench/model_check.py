@@ -12,6 +12,7 @@ user gets: ``freezing=True`` under ``no_grad``, oneDNN on). Timing is zhantune's
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -198,7 +199,12 @@ def _check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
 
     torch._dynamo.reset()
     with torch.no_grad():
-        reference = model(*inputs).double()
+        reference = [t.double() for t in _tensors(model(*inputs))]  # a tuple or dict too (it was a traceback)
+    if not reference:
+        from zhantune.errors import ConfigError
+
+        raise ConfigError("returns no tensor; check compares the model's tensors (one, or a tuple, list or dict "
+                          "of them) with its eager output")
     # max-autotune's AUTOTUNE tables on stderr off (zhantune prints its own report)
     base = model_patch(device.kind)
     patches = {"table": (base, table), "default": (base, None)}
@@ -224,9 +230,19 @@ def _check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
             vs["reason"] = "the default itself"
         elif hits and not (times[name]["recompiles"] or times["default"]["recompiles"]):  # that reason first
             vs = {**vs, "ratio": None, "consistent": False, "reason": LIMIT_HIT}
-        ways[name] = {"compile_s": c["compile_s"], **times[name], "error": relative_error(c["out"], reference),
+        outs = _tensors(c["out"])
+        error = max(map(relative_error, outs, reference)) if len(outs) == len(reference) else math.inf
+        ways[name] = {"compile_s": c["compile_s"], **times[name], "error": error,
                       "vs_default": vs}
     return {"report": compiled["table"]["report"], "ways": ways, "contention": contention, "recompile_limit": hits}
+
+
+def _tensors(out: Any) -> list[Any]:
+    """The tensors a model returned: itself, or those in its tuple, list or dict, in order."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
 #: why no way is compared where Dynamo hit its recompile limit during the check
