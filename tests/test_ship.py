@@ -442,8 +442,11 @@ def test_an_entry_measured_with_one_activation_is_stale_on_a_gemm_that_feeds_ano
     report = compile_with(wrapped(2, {}), "relu")  # measured bare
     assert report.stale[key].startswith("measured with no activation fused after the GEMM, and this GEMM's output "
                                         "feeds relu"), report.as_dict()
-    assert compile_with(wrapped(2, {}), "silu").hits == {key: 1}  # not modelled: collect tunes it bare, noted
+    silu = compile_with(wrapped(2, {}), "silu")  # not modelled: collect tunes it bare, noted
+    assert silu.hits == {key: 1} and silu.notes[key].startswith(  # and the hit says so (a helper's, session 46)
+        "its output feeds silu here, which the entry was not measured with"), silu.as_dict()
     assert compile_with(wrapped(1, None), "relu").hits == {key: 1}  # the table does not say
+    assert not compile_with(wrapped(2, {key: "gelu"}), "gelu").notes  # measured with it: nothing to note
     no_field = {k: v for k, v in wrapped(2, {}).items() if k != "activations"}  # version 2: none recorded
     assert compile_with(no_field, "gelu").stale[key].startswith("measured with no activation fused")
     # Inductor's default entry compiles what Inductor would anyway: never stale (a helper saw compare's

@@ -120,7 +120,8 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
                   markup=False)
     for key, n in report.hits.items():
         console.print(f"[green]hit[/green]   x{n} {escape(key)}\n      -> {escape(str(report.chosen.get(key, '')))}"
-                      + (f"\n      [yellow]{escape(report.dropped[key])}[/yellow]" if key in report.dropped else ""),
+                      + (f"\n      [yellow]{escape(report.dropped[key])}[/yellow]" if key in report.dropped else "")
+                      + (f"\n      note: {escape(report.notes[key])}" if key in report.notes else ""),
                       soft_wrap=True)
     for key, n in report.misses.items():
         console.print(f"[red]miss[/red]  x{n} {escape(key)}", soft_wrap=True)

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Epilogue", "epilogue_of", "modelled_activation", "activation_stale"]
+__all__ = ["Epilogue", "epilogue_of", "modelled_activation", "activation_stale", "unmeasured_epilogue"]
 
 #: activations named in a note when the GEMM's output feeds one of them alone and linear_act does
 #: not model it (its ACTIVATIONS: relu, exact gelu); the ATen op names (``aten.<name>.default``)
@@ -189,3 +189,20 @@ def activation_stale(activations: dict[str, str] | None, key: str | None, event:
     if want == got:
         return None
     return ACTIVATION_STALE.format(want=want or "no activation", got=got or "no relu or gelu")
+
+
+def unmeasured_epilogue(event: Any) -> str | None:
+    """A note for a hit whose template entry serves a GEMM that feeds an epilogue no zhantune problem
+    models (silu, a tanh GELU, an activation after a bias-less mm, a bias added by the model's own add:
+    :class:`Epilogue`'s ``other``, ``hand_bias``, an unmodelled ``activation``), or None. The tune timed
+    the GEMM without it, and a C++ or Triton template may fuse it into its kernel here (a helper's
+    attack found such hits reported with nothing said; check's paired timing of the whole model is
+    what measures them). A residual add or several uses are not named (:func:`epilogue_of`)."""
+    epi = getattr(event, "epilogue", None)
+    if epi is None or modelled_activation(event):  # linear_act's relu or gelu: compared by activation_stale
+        return None
+    what = epi.other or epi.activation or ("a 1-D tensor added by the model's own add" if epi.hand_bias else None)
+    if what is None:
+        return None
+    return (f"its output feeds {what} here, which the entry was not measured with (the tune timed the GEMM "
+            "without it); the template may fuse it into its kernel: the model's paired timing measures that")

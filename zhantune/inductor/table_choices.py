@@ -142,8 +142,8 @@ class TableChoices(RecordingChoices):
             self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
         else:
-            self.report.hits[report_key] += 1
             entry = entries[0] if entries else {}
+            self.report.hit(report_key, event, [entry])
             if wants_cpp(entry):
                 # only allow-listed knobs reach Inductor's config (read_table checked them; a bug otherwise)
                 bad = config_patch_problem(entry["config_patch"], "cpu")
@@ -301,7 +301,7 @@ class TableChoices(RecordingChoices):
                                    kwarg_overrides, cpu)
             self.report.misses[report_key] += 1
             return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
-        self.report.hits[report_key] += 1
+        self.report.hit(report_key, event, fresh)
         self.report.chosen[report_key] = ", ".join(results)
         self.report.drop(report_key, entries, [e for e in fresh if e["template_id"] in hashes], whys)
         return self._create_lookup_choices(results, templates, kernel_inputs, op_name)
@@ -356,7 +356,7 @@ class TableChoices(RecordingChoices):
         if entry["template_id"] == CONFIG_TEMPLATE_ID and self._scope_base is None:  # not cpu_gemm_lowering's
             return self._stale(key, UNHOOKED_LOWERING.format(op=op_name), template_choices, kernel_inputs, templates,
                                op_name, kwarg_overrides, True)
-        self.report.hits[key] += 1
+        self.report.hit(key, event, [entry])
         # this lookup's event records the hit, as a packed GEMM's does (cpu_packed_gemm): where oneDNN
         # does not pack the dtype (bf16 without AVX-512) the C++-template candidate is served here
         at = next(i for i in range(len(self.events) - 1, -1, -1) if self.events[i] is event)

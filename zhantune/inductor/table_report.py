@@ -30,6 +30,21 @@ class TableReport:
     #: template Inductor does not offer here, the others served: a helper found its first entry, the
     #: one confirmed against the default, dropped without a word)
     dropped: dict[str, str] = field(default_factory=dict)
+    #: key -> what a hit's GEMM feeds here that its template entry was not measured with
+    #: (zhantune.inductor.epilogue.unmeasured_epilogue)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def hit(self, key: str, event: Any = None, entries: list[dict[str, Any]] = ()) -> None:
+        """Count a hit of ``key``; where a served entry is a template's (a C++ template's config patch,
+        ``triton::*``, ``decompose_k``: ATen's kernels fuse nothing), note an epilogue it was not
+        measured with (``event``: the lookup's LookupEvent)."""
+        from zhantune.inductor.epilogue import unmeasured_epilogue
+
+        self.hits[key] += 1
+        template = any(not str(e.get("template_id")).startswith(("aten::", "zhantune::config")) or "CPP" in str(
+            (e.get("config_patch") or {}).get("max_autotune_gemm_backends", "")).upper() for e in entries)
+        if template and (note := unmeasured_epilogue(event)):
+            self.notes[key] = note
 
     def drop(self, key: str, entries: list[dict[str, Any]], served: list[dict[str, Any]], whys: dict[int, str]) -> None:
         """Record the entries of ``key`` a hit left out (``served``: the ones it kept; ``whys``: entry
@@ -61,4 +76,4 @@ class TableReport:
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "lookups": self.lookups, "coverage": self.coverage, "note": self.note,
                 "hits": dict(self.hits), "misses": dict(self.misses), "stale": dict(self.stale),
-                "chosen": dict(self.chosen), "dropped": dict(self.dropped)}
+                "chosen": dict(self.chosen), "dropped": dict(self.dropped), "notes": dict(self.notes)}
