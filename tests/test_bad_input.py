@@ -464,7 +464,7 @@ CASES = [
     ("problems-count-of-400-digits", "zhantune", ["problems={x}", "device=cpu"],
      lambda t: (t / "c.yaml").write_text("format: zhantune-problems\nproblems:\n- {op: mm, shape: [16, 16, 16], "
                                          "count: " + "9" * 400 + "}\n") and "c.yaml",
-     "c.yaml: problems[0].count: 9999999999", None),
+     "c.yaml: problems[0].count: 400 digits; a positive integer of at most 9223372036854775807", None),
     ("problems-file-over-1-mib", "zhantune", ["problems={x}"],
      lambda t: (t / "big.yaml").write_text("format: zhantune-problems\n" + "#" * (1 << 20)) and "big.yaml",
      "problems=big.yaml: 1,048,602 bytes, over the 1 MiB a problems file may hold", None),
@@ -631,6 +631,9 @@ CASES = [
     ("sweep-one-study-name-two-shapes", "zhantune", ["-m", "+op=mm", "shape=[16,16,16],[32,16,16]",
                                                      "search.study_name=s", "device=cpu"], None,
      "sweep job #1: search.study_name='s' is also job #0's, of another problem: one study tunes one problem", None),
+    ("sweep-one-study-name-two-layouts", "zhantune", ["-m", "+op=mm", "shape=[16,16,16]", "weight_layout=kn,nk",
+                                                      "search.study_name=s", "device=cpu"], None,
+     "sweep job #1: search.study_name='s' is also job #0's, of another problem", None),
     ("sweep-total-trials-below-problems", "zhantune", ["-m", "problems=p.yaml", "search.total_trials=2,1", "device=cpu"],
      lambda t: (t / "p.yaml").write_text("format: zhantune-problems\nproblems:\n- {op: mm, shape: [16, 16, 16]}\n"
                                          "- {op: mm, shape: [32, 16, 16]}\n") and "",

@@ -225,7 +225,7 @@ def test_problems_file_fields_are_typed_and_aliases_counted_unexpanded(tmp_path)
 
     row = {"op": "addmm", "shape": [64, 64, 64], "dtype": "float32", "weight_layout": "nk", "count": 1}
     path = tmp_path / "p.yaml"
-    for edit, message in [({"count": True}, "problems[0].count: True must be a positive integer"),
+    for edit, message in [({"count": True}, "problems[0].count: True; a positive integer of at most"),
                           ({"lookup_key": {"a": 1}}, "problems[0].lookup_key: {'a': 1} must be one line of text")]:
         path.write_text(yaml.safe_dump({"format": "zhantune-problems", "problems": [{**row, **edit}]}))
         with pytest.raises(ConfigError, match=re.escape(message)):
@@ -447,6 +447,12 @@ def test_an_entry_measured_with_one_activation_is_stale_on_a_gemm_that_feeds_ano
         "its output feeds silu here, which the entry was not measured with"), silu.as_dict()
     assert compile_with(wrapped(1, None), "relu").hits == {key: 1}  # the table does not say
     assert not compile_with(wrapped(2, {key: "gelu"}), "gelu").notes  # measured with it: nothing to note
+    from types import SimpleNamespace
+
+    from zhantune.inductor.epilogue import Epilogue, unmeasured_epilogue
+
+    hand = SimpleNamespace(op_name="mm", epilogue=Epilogue(None, False, "relu", hand_bias=True))  # relu(x @ w + b)
+    assert unmeasured_epilogue(hand).startswith("its output feeds a 1-D tensor added by the model's own add, then relu")
     no_field = {k: v for k, v in wrapped(2, {}).items() if k != "activations"}  # version 2: none recorded
     assert compile_with(no_field, "gelu").stale[key].startswith("measured with no activation fused")
     # Inductor's default entry compiles what Inductor would anyway: never stale (a helper saw compare's

@@ -141,7 +141,8 @@ def _check_every_job(config: DictConfig) -> None:
             name = None if task is None else OmegaConf.select(task, "search.study_name", default=None)
             if name is not None:  # one study tunes one problem (a helper's job #1 refused after job #0 tuned)
                 problem = str([OmegaConf.select(task, k, default=None) for k in ("op.name", "shape", "dtype",
-                                                                                 "op.activation", "bench.path")])
+                                                                                 "op.activation", "weight_layout",
+                                                                                 "bench.path")])
                 first = studies.setdefault(str(name), (i, problem))
                 if first[1] != problem:
                     from zhantune.cli import user_error
@@ -247,11 +248,13 @@ def _check_job_inputs(task: DictConfig, checked: set[tuple[str, str]]) -> None:
 
             existing_revision(value, option)
         checked.add(item)
-    if task.get("problems"):  # its trials, each job's (a helper's total_trials=2,1: job #1 refused after job #0 tuned)
+    trials = ("trials", str(task.get("problems")), f"{task.search.total_trials} {task.search.n_trials}")
+    if task.get("problems") and trials not in checked:  # a helper's total_trials=2,1: job #1 refused after job #0 tuned
         from zhantune.problems.file import read_problems
         from zhantune.problemset import total_trials
 
         total_trials(task, read_problems(str(task.problems)))
+        checked.add(trials)
 
 
 class MultirunSummary(Callback):
@@ -294,12 +297,13 @@ class MultirunSummary(Callback):
 
 
 def summary_of_an_ended_sweep() -> None:
-    """The summary of a sweep that ended before its last job did (a job's error ends a sweep of Hydra's
+    """The summary of a sweep that ended on a job's failure (a job's user error ends a sweep of Hydra's
     basic launcher, a job killed under submitit raises in the launcher: Hydra then skips on_multirun_end,
     and the summary was missing when a job had died, a helper found); nothing where none ran."""
     if _RUNNING:
         sweep, jobs = _RUNNING.pop()
-        print("the sweep ended before its last job; what its jobs recorded:", flush=True)
+        print("the sweep ended on a job's failure; what its jobs recorded (a job not started wrote no record "
+              "either):", flush=True)
         print_multirun_summary(sweep, jobs)
 
 

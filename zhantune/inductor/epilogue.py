@@ -201,7 +201,8 @@ def unmeasured_epilogue(event: Any) -> str | None:
     epi = getattr(event, "epilogue", None)
     if epi is None or modelled_activation(event):  # linear_act's relu or gelu: compared by activation_stale
         return None
-    what = epi.other or epi.activation or ("a 1-D tensor added by the model's own add" if epi.hand_bias else None)
+    act = epi.other or epi.activation
+    what = ("a 1-D tensor added by the model's own add" + (f", then {act}" if act else "")) if epi.hand_bias else act
     if what is None:
         return None
     return (f"its output feeds {what} here, which the entry was not measured with (the tune timed the GEMM "

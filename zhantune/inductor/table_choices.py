@@ -301,9 +301,10 @@ class TableChoices(RecordingChoices):
                                    kwarg_overrides, cpu)
             self.report.misses[report_key] += 1
             return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
-        self.report.hit(report_key, event, fresh)
+        served = [e for e in fresh if e["template_id"] in hashes]
+        self.report.hit(report_key, event, served)
         self.report.chosen[report_key] = ", ".join(results)
-        self.report.drop(report_key, entries, [e for e in fresh if e["template_id"] in hashes], whys)
+        self.report.drop(report_key, entries, served, whys)
         return self._create_lookup_choices(results, templates, kernel_inputs, op_name)
 
     # -- helpers -----------------------------------------------------------------------------

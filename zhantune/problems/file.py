@@ -124,7 +124,8 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
                                 source=f"{at}.shape", weight_layout=row.get("weight_layout", "kn"))
         count, share, key = row.get("count", 1), row.get("share"), row.get("lookup_key")
         if type(count) is not int or not 1 <= count <= MAX_SIZE:  # not a bool: True is an int to isinstance
-            raise ConfigError(f"{at}.count: {shown(count)[:40]} must be a positive integer of at most {MAX_SIZE}")
+            raise ConfigError(f"{at}.count: " + (f"{len(str(count))} digits" if type(count) is int and count > MAX_SIZE
+                                                  else shown(count)) + f"; a positive integer of at most {MAX_SIZE}")
         if share is not None and (type(share) not in (int, float) or not 0 <= share <= 1):
             raise ConfigError(f"{at}.share: {shown(share)} must be a number in [0, 1] or null")
         default_us = row.get("default_us")
@@ -146,7 +147,7 @@ def read_problems(path: str | Path) -> list[dict[str, Any]]:
                               "counted twice; keep one (its count: how often the model runs it)")
         seen[same] = i
         out.append(row)
-    if (total := sum(r.get("share") or 0 for r in out)) > 1 + 1e-6:  # a helper's two rows of 0.9: each printed 90%
+    if (total := sum(r.get("share") or 0 for r in out)) > 1.01:  # a helper's two rows of 0.9 (rounded percentages: 1.01)
         raise ConfigError(f"{path}: problems[].share: they add up to {total:g}; each is the problem's part of the "
                           "model's GEMM time, at most 1 in all")
     return out
