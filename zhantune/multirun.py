@@ -250,8 +250,7 @@ def _check_job_inputs(task: DictConfig, checked: set[tuple[str, str]]) -> None:
         checked.add(item)
     trials = ("trials", str(task.get("problems")), f"{task.search.total_trials} {task.search.n_trials}")
     if task.get("problems") and trials not in checked:  # a helper's total_trials=2,1: job #1 refused after job #0 tuned
-        from zhantune.problems.file import read_problems
-        from zhantune.problemset import total_trials
+        from zhantune.problems.file import read_problems, total_trials
 
         total_trials(task, read_problems(str(task.problems)))
         checked.add(trials)

@@ -29,6 +29,7 @@ from zhantune.errors import ConfigError
 from zhantune.problems.file import (
     PROBLEMS_FORMAT,
     read_problems,
+    total_trials,
     write_problems,
 )
 
@@ -166,16 +167,6 @@ def _weights(rows: list[dict[str, Any]]) -> list[float]:
     if any(w is None for w in shares) or not sum(shares):
         return [float(r.get("count", 1) * math.prod(r["shape"])) for r in rows]
     return [float(w) for w in shares]
-
-
-def total_trials(cfg: DictConfig, rows: list[dict[str, Any]]) -> int:
-    """The trials ``rows`` (a problems file's) share: ``search.total_trials``, else ``search.n_trials``
-    each; raises ConfigError where that is fewer than one per problem."""
-    given = cfg.search.total_trials
-    total = given if given is not None else cfg.search.n_trials * len(rows)
-    if total < len(rows):
-        raise ConfigError(f"search.total_trials={total} is less than the {len(rows)} problems in {cfg.problems}")
-    return total
 
 
 def tune_problems(cfg: DictConfig, runs: list[ProblemRun], store: Any, console: Console) -> ProblemsResult:

@@ -14,7 +14,7 @@ from zhantune.config import CONF_DIR
 from zhantune.errors import ConfigError, shown
 from zhantune.paths import write_atomic
 
-__all__ = ["PROBLEMS_FORMAT", "ROW_KEYS", "MAX_PROBLEMS_BYTES", "write_problems", "read_problems", "problem_keys",
+__all__ = ["PROBLEMS_FORMAT", "ROW_KEYS", "MAX_PROBLEMS_BYTES", "write_problems", "read_problems", "problem_keys", "total_trials",
            "op_activation", "row_activation"]
 
 PROBLEMS_FORMAT = "zhantune-problems"
@@ -188,3 +188,13 @@ def op_activation(op: str) -> str | None:
     """The op file's activation (conf/op/<op>.yaml): what a problems file's row without an
     ``activation`` of its own takes (:func:`row_activation`; a hand-written linear_act row: relu)."""
     return OmegaConf.load(CONF_DIR / "op" / f"{op}.yaml").get("activation")
+
+
+def total_trials(cfg: Any, rows: list[dict[str, Any]]) -> int:
+    """The trials ``rows`` (a problems file's) share: ``search.total_trials``, else ``search.n_trials``
+    each; raises ConfigError where that is fewer than one per problem."""
+    given = cfg.search.total_trials
+    total = given if given is not None else cfg.search.n_trials * len(rows)
+    if total < len(rows):
+        raise ConfigError(f"search.total_trials={total} is less than the {len(rows)} problems in {cfg.problems}")
+    return total
