@@ -369,16 +369,20 @@ def test_a_finished_study_settles_again_only_after_a_busy_settle(tmp_path):
     verdict(mine, rounds=3, confirmed=True)  # settled again with this torch
     assert not _settle_again(run, store, mine)
     # newest as the store orders verdicts, by when they were made (a merge keeps it), not by row id (a
-    # review): a busy replay's verdict stored before a merged-in, older confirmed one of the tune's own
+    # review): a quiet replay's unconfirmed verdict stored before a merged-in, older confirmed one of the
+    # tune's own; a busy one judges nothing (session 46: it withdrew a confirmed claim), so the claim stands
     import datetime as dt
 
     merged = store.study_id("merged", {})
-    store.add_verdict(study_id=other, device_id=dev, problem_id=prob, config_hash="e", ratio=1.3, ratio_low=1.3,
-                      ratio_high=1.3, rounds=3, contended=4, confirmed=False, reason="r")
-    store.add_verdict(study_id=merged, device_id=dev, problem_id=prob, config_hash="e", ratio=1.3, ratio_low=1.3,
-                      ratio_high=1.3, rounds=3, contended=0, confirmed=True, reason="r",
-                      created_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1))
-    assert stored_claim(store, merged)[0].contended == 4 and _settle_again(run, store, merged)
+    for config, contended in (("e", 0), ("f", 4)):
+        store.add_verdict(study_id=other, device_id=dev, problem_id=prob, config_hash=config, ratio=1.3,
+                          ratio_low=1.3, ratio_high=1.3, rounds=3, contended=contended, confirmed=False, reason="r")
+        store.add_verdict(study_id=merged, device_id=dev, problem_id=prob, config_hash=config, ratio=1.3,
+                          ratio_low=1.3, ratio_high=1.3, rounds=3, contended=0, confirmed=True, reason="r",
+                          created_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1))
+        claim = stored_claim(store, merged)[0]
+        assert claim.confirmed is bool(contended) and claim.contended == 0, claim
+        assert not _settle_again(run, store, merged)
 
 
 def test_a_finished_studys_settles_due_again_wait_for_an_idle_machine(tune_cfg, tmp_path):
