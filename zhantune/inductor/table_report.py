@@ -38,11 +38,12 @@ class TableReport:
         """Count a hit of ``key``; where a served entry is a template's (a C++ template's config patch,
         ``triton::*``, ``decompose_k``: ATen's kernels fuse nothing), note an epilogue it was not
         measured with (``event``: the lookup's LookupEvent)."""
+        from zhantune.inductor.cpu_entries import wants_cpp
         from zhantune.inductor.epilogue import unmeasured_epilogue
 
         self.hits[key] += 1
-        template = any(not str(e.get("template_id")).startswith(("aten::", "zhantune::config")) or "CPP" in str(
-            (e.get("config_patch") or {}).get("max_autotune_gemm_backends", "")).upper() for e in entries)
+        template = any(wants_cpp(e) or not str(e.get("template_id")).startswith(("aten::", "zhantune::config"))
+                       for e in entries)
         if template and (note := unmeasured_epilogue(event)):
             self.notes[key] = note
 
