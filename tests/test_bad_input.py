@@ -300,6 +300,15 @@ CASES = [
     # Inductor-format table of CPU and GPU keys that no load of either kind could read
     ("export-torch-version-not-a-version", "zhantune.export", ['torch_version="2.13.0+cpu x"'], None,
      "torch_version='2.13.0+cpu x': expected a torch release such as '2.13.0+cpu'", None),
+    # a helper's: these said "nothing to export ... with torch abc", or were stamped into the table
+    ("export-torch-version-a-word", "zhantune.export", ["torch_version=abc"], None,
+     "torch_version='abc': expected a torch release such as '2.13.0+cpu'", None),
+    ("export-torch-version-two-local-labels", "zhantune.export", ["torch_version=2.13.0+cpu+x"], None,
+     "torch_version='2.13.0+cpu+x': expected a torch release such as '2.13.0+cpu'", None),
+    # a helper's: an empty path was "path=.: cannot write: Device or resource busy", in a tune after its search
+    ("export-empty-path", "zhantune.export", ['path=""'], None, "path='': expected a file name", None),
+    ("tune-empty-export-path", "zhantune", ["+op=mm", "shape=[4,4,4]", "device=cpu", 'export.path=""'], None,
+     "export.path='': expected a file name", None),
     ("export-inductor-format-two-kinds", "zhantune.export",
      ["path=e.json", "format=inductor", "min_speedup=null", "storage.url=sqlite:///{x}"], _two_kinds_db,
      "format=inductor: the table holds keys of 1 cpu and 1 cuda device(s), and Inductor's format names no key's kind",

@@ -223,6 +223,63 @@ def test_device_agnostic_over_cpu_and_gpu_devices_is_refused_in_one_line(cli, tm
     assert r.returncode == 0 and "wrote 1 key(s)" in r.stdout, r.stdout + r.stderr
 
 
+def test_a_device_agnostic_export_lists_only_the_devices_that_placed_its_keys(tmp_path):
+    """A helper's: a CPU tuned one problem and a GPU another. ``problems=`` (the CPU's) got past the
+    two-kinds refusal, yet the wrapper listed both devices, so the key without a device had no kind and
+    the CPU's aten::mm entry was a hit on CUDA (where it stops Triton's autotuning). A GPU whose configs
+    no table carries (config patches) did the same without problems=, its problem's default entry
+    placed too. The wrapper lists the devices that placed a key: the keys are the CPU's, left out on CUDA."""
+    from zhantune.errors import ConfigError
+    from zhantune.inductor.exporter import export_table
+    from zhantune.inductor.table import read_table
+
+    db = _Db(tmp_path / "z.db")
+    small = GemmProblem("mm", (32, 32, 32), "float32")
+    key = "((torch.float32, [32, 32], [32, 1]), (torch.float32, [32, 32], [32, 1]))+mm"
+    cpu = db.recorder("AMD EPYC (2 threads)", torch="2.13.0+cpu", kind="cpu", problem=small, key=key)
+    db.default(cpu, 20.0)
+    db.candidate(cpu, Candidate("aten", "config", None, {"max_autotune_gemm_backends": "ATEN"}), 19.0)
+    gpu = db.confirmed(H100, A, 10.0, 1.5)
+    opts = SimpleNamespace(device_agnostic=True, top_k=1, min_speedup=1.02, torch_version="2.13.0+cpu",
+                           format="zhantune", path=str(tmp_path / "t.json"))
+    with pytest.raises(ConfigError, match="holds measurements of cpu and cuda devices"):
+        export_table(db.store, opts)
+    path, table = export_table(db.store, opts, problem_ids={cpu.problem_id})
+    assert table == {key: [{"template_id": "aten::mm"}]}
+    assert [d["kind"] for d in read_table(path).meta["devices"]] == ["cpu"]
+    assert read_table(path, "cpu").table == table
+    on_cuda = read_table(path, "cuda")
+    assert on_cuda.table == {} and list(on_cuda.other_kind) == [key]
+    # the GPU's configs are config patches, which no CUDA table carries: it places no key either
+    with db.store.engine.begin() as conn:
+        conn.exec_driver_sql(f"delete from zt_verdict where device_id = {gpu.device_id}")
+        conn.exec_driver_sql(f"delete from zt_measurement where device_id = {gpu.device_id} and kind = 'candidate'")
+    db.candidate(gpu, Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP"}), 5.0)
+    path, table = export_table(db.store, opts)
+    assert list(table) == [key] and [d["kind"] for d in read_table(path).meta["devices"]] == ["cpu"]
+    assert read_table(path, "cuda").table == {}
+
+
+def test_an_export_of_another_torchs_rows_names_that_torch_and_the_bare_format_says_what_it_drops(cli, tmp_path):
+    """A helper's: a database measured with torch 2.12 alone said "no correct measured candidate" to a
+    2.13 export, naming neither torch; and ``format=inductor`` (no torch, kind or ISA in the file: its
+    entries are never reported stale) said nothing of it."""
+    import torch
+
+    db = _Db(tmp_path / "z.db")
+    db.confirmed(H100, A, 10.0, 1.5, torch="2.12.0+cu126")
+    db.store.engine.dispose()
+    r = cli(["storage.url=sqlite:///z.db", "path=t.json"], tmp_path, module="zhantune.export")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"zhantune: nothing to export from sqlite:///z.db: no correct measured candidate with torch {torch.__version__}; "
+        "its candidates were measured with torch 2.12.0: export torch_version=2.12.0 for that torch's table"), r.stderr
+    r = cli(["storage.url=sqlite:///z.db", "path=t.json", "torch_version=2.12.0", "format=inductor"], tmp_path,
+            module="zhantune.export")
+    assert r.returncode == 0 and "wrote 1 key(s)" in r.stdout, r.stdout + r.stderr
+    assert ("note: format=inductor: the bare table names no torch release, device kind or CPU ISA: zhantune.use_table "
+            "cannot report its entries stale under a torch other than 2.12.0") in " ".join(r.stdout.split())
+
+
 def test_compares_table_of_some_devices_needs_the_claim_on_every_device_of_their_kind(cli, tmp_path):
     """compare devices=[H100] table=...: A is confirmed 1.5x on the H100 and refuted (0.7x, paired) on
     the H200 of the same database. The table's key is device-agnostic, so it applies on the H200 too:

@@ -53,9 +53,16 @@ def _export_app(cfg: DictConfig) -> None:
                                "have none; python -m zhantune.compare reads them)" if problems else
                                "it holds no problem yet"))
         if out is None:
+            from zhantune.inductor.builder import table_torch
+            from zhantune.provenance import torch_release
+
+            releases = [r for r in store.candidate_torch_releases(device)  # measured with another torch: say which
+                        if r != torch_release(table_torch(cfg.torch_version))]
             raise UserError(f"nothing to export from {redact_url(cfg.storage.url)}: no correct measured candidate"
                             + (f" for device {device!r}" if device else "")
-                            + (f" with torch {cfg.torch_version}" if cfg.torch_version else ""))
+                            + f" with torch {table_torch(cfg.torch_version)}"
+                            + (f"; its candidates were measured with torch {', '.join(releases)}: export "
+                               f"torch_version={releases[-1]} for that torch's table" if releases else ""))
     except UserError as e:
         user_error(e)
         return
@@ -92,6 +99,9 @@ def _export_app(cfg: DictConfig) -> None:
     if cfg.format == "inductor":
         from zhantune.inductor.stock import stock_inductor_notes
 
+        print(f"note: format=inductor: the bare table names no torch release, device kind or CPU ISA: zhantune.use_table "
+              f"cannot report its entries stale under a torch other than {table_torch(cfg.torch_version)} or on a CPU "
+              "of another ISA, and serves them as hits (format=zhantune keeps them)")
         kinds = {d.kind for d in store.devices() if device is None or d.key == device}
         for note in stock_inductor_notes(table, "cpu" if kinds == {"cpu"} else None):  # without zhantune.use_table
             print(f"note: {note}")

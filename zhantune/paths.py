@@ -30,7 +30,8 @@ def check_output_path(path: str | os.PathLike[str], option: str,
     p = Path(path)
     where = f"{option}={path}"
     if str(path).strip() == "" or str(path).endswith(os.sep):
-        raise ConfigError(f"{where}: expected a file name")
+        raise ConfigError(f"{option}={str(path)!r}: expected a file name" if not str(path).strip() else
+                          f"{where}: expected a file name")
     if p.is_dir():
         raise ConfigError(f"{where}: is a directory; give a file name")
     if _link_loop(p):  # a link to nothing is fine: the writer replaces it, as before

@@ -102,7 +102,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
                 min_speedup: float | None = None, torch_version: str | None = None,
                 shared: list[str] | None = None, problem_ids: set[int] | None = None,
                 shipped: dict[tuple[int, int], Shipped] | None = None,
-                activations: dict[str, str] | None = None) -> dict[str, list[dict[str, Any]]]:
+                activations: dict[str, str] | None = None, devices: set[int] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Best correct candidates per (device, problem) from a Store, as a lookup table.
 
     ``top_k`` entries per key, fastest first (1: Inductor compiles that one, no autotuning; more:
@@ -121,9 +121,9 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     key with different entries (a float32 linear_act with relu and one with gelu: one addmm lookup on
     CPU) both get the default, appended to ``shared`` (a list, where given). ``problem_ids``: only these problems (a problems
     file's), None: every problem measured. ``shipped`` (a dict, where given) gets (device id,
-    problem id) -> :class:`Shipped` for each problem placed; ``activations`` key -> a linear_act's."""
-    from zhantune.inductor.heuristics import with_derived_kwargs
-
+    problem id) -> :class:`Shipped` for each problem placed; ``activations`` key -> a linear_act's;
+    ``devices`` the ids of the devices whose measurements placed a key (a device-agnostic key's: every
+    device of its kind that measured the problem), which the table's wrapper lists."""
     verdicts = store.latest_verdicts(table_torch(torch_version)) if min_speedup is not None else {}  # its release's
     own_keys = store.default_lookup_keys(table_torch(torch_version))
     acts = activations if activations is not None else {}
@@ -136,8 +136,8 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     for device, problem, rows in ranked:
         if problem.id in seen or device.key != (device_key or device.key):  # seen: a faster device placed it
             continue
-        keys = [(d, problem.id) for d, kind in measured_on.get(problem.id, []) if kind == device.kind]
-        rows, keep = _tuned_rows(rows, keys or [(device.id, problem.id)], verdicts, min_speedup)
+        keys = [(d, problem.id) for d, kind in measured_on.get(problem.id, []) if kind == device.kind] or [(device.id, problem.id)]
+        rows, keep = _tuned_rows(rows, keys, verdicts, min_speedup)
         rows = rows[:max(1, top_k)]
         if keep and is_default_kernel(rows[0].template_id, rows[0].params):
             keep = False  # the default's own kernel: Inductor's default entry, never a "tuned" one
@@ -146,21 +146,10 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
         own_key = own_keys.get((device.id, problem.id))
         problem_key = agnostic_key(own_key) if own_key else problem.lookup_key
         lookup_op = (parse_key(problem_key) or {}).get("op") or problem.lookup_op if problem_key else problem.lookup_op
-        if not keep:
-            placed = [(table_key(device.key, problem_key, None, device_agnostic), default_entry(lookup_op))]
-        else:  # each entry under the key its own lookup makes (addmm: templates and ATen differ)
-            placed = [(table_key(device.key, problem_key, r, device_agnostic),
-                       entry_for(r.template_id, r.params, r.template_hash)) for r in rows]
-        own = table_key(device.key, problem_key, None, device_agnostic)
+        own, mine = _entries(device.key, problem, problem_key, lookup_op, rows if keep else None, device_agnostic)
         placed_rows[(device.id, problem.id)] = (rows[0] if keep else None, own)
-        mine: dict[str, list[dict[str, Any]]] = {}
-        for key, entry in placed:
-            if key:  # with the kwargs Inductor would otherwise take from another config (EVEN_K)
-                mine.setdefault(key, []).append(with_derived_kwargs(entry, problem.shape))
-        # every entry under another key (addmm's Triton templates use the expanded bias): the
-        # problem's own (ATen) lookup gets "nothing from this lookup", so the GEMM compiles only them
-        if own and own not in mine:
-            mine[own] = []
+        if devices is not None and mine:
+            devices.update(d for d, _ in keys)
         clash = [key for key in mine if key in table]
         if clash:  # another problem's lookup: the same entries ship for both, or the default for each
             if any(table[key] != mine[key] for key in clash):
@@ -178,6 +167,29 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     if shipped is not None:
         shipped.update({k: Shipped(None if own in found else row, own in found) for k, (row, own) in placed_rows.items()})
     return dict(sorted(table.items()))
+
+
+def _entries(device_key: str, problem: Any, problem_key: str | None, lookup_op: str, rows: list[Any] | None,
+             agnostic: bool) -> tuple[str | None, dict[str, list[dict[str, Any]]]]:
+    """(the problem's own key, key -> entries) that :func:`build_table` places for one problem on one
+    device: ``rows`` (None: Inductor's default entry) each under the key its own lookup makes."""
+    from zhantune.inductor.heuristics import with_derived_kwargs
+
+    if rows is None:
+        placed = [(table_key(device_key, problem_key, None, agnostic), default_entry(lookup_op))]
+    else:  # each entry under the key its own lookup makes (addmm: templates and ATen differ)
+        placed = [(table_key(device_key, problem_key, r, agnostic), entry_for(r.template_id, r.params, r.template_hash))
+                  for r in rows]
+    own = table_key(device_key, problem_key, None, agnostic)
+    mine: dict[str, list[dict[str, Any]]] = {}
+    for key, entry in placed:
+        if key:  # with the kwargs Inductor would otherwise take from another config (EVEN_K)
+            mine.setdefault(key, []).append(with_derived_kwargs(entry, problem.shape))
+    # every entry under another key (addmm's Triton templates use the expanded bias): the
+    # problem's own (ATen) lookup gets "nothing from this lookup", so the GEMM compiles only them
+    if own and own not in mine:
+        mine[own] = []
+    return own, mine
 
 
 @dataclass(frozen=True)
@@ -213,16 +225,22 @@ def _carried_ranked(store: Store, device_key: str | None, torch_version: str | N
     (Store.incorrect_configs), with :func:`_measured_on` of the devices before that (a device whose
     only configs failed elsewhere measured the problem all the same: a claim must clear there);
     raises ConfigError where, with no ``device_key``, devices of two kinds rank configs (a key
-    without its device has no kind to be checked against: a CPU's config patch fails a GPU's table read)."""
+    without its device has no kind to be checked against: a CPU's config patch fails a GPU's table read),
+    and leaves out the devices of another kind whose configs no table carries (they place no key: a
+    Inductor default entry from them would be one kind's choice under a key of the other's)."""
     torch = table_torch(torch_version)
     ranked = [(d, p, [r for r in rows if carried(entry_for(r.template_id, r.params, r.template_hash), d.kind)])
               for d, p, rows in store.ranked_candidates(None if agnostic else device_key, torch, 1 << 30)
               if problem_ids is None or p.id in problem_ids]
     measured_on: dict = {}
     if agnostic:
-        if device_key is None and len(kinds := sorted({d.kind for d, _, rows in ranked if rows})) > 1:
+        # the kinds of the devices with configs a table carries (none: of every device, each a default entry)
+        kinds = sorted({d.kind for d, _, rows in ranked if rows}) or sorted({d.kind for d, _, _ in ranked})
+        if device_key is None and len(kinds) > 1:
             raise ConfigError(two_kinds(f"device_agnostic=true: the database holds measurements of {' and '.join(kinds)} "
                                         "devices", "pick one device's kind with device=KEY"))
+        if device_key is None:
+            ranked = [(d, p, rows) for d, p, rows in ranked if d.kind in kinds]
         measured_on, wrong = _measured_on(ranked), store.incorrect_configs(torch, failed_too=True)
         ranked = [(d, p, [r for r in rows if d.kind not in wrong.get((p.id, r.config_hash), {}).values()])
                   for d, p, rows in ranked]

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zhantune.errors import ConfigError, shown
 from zhantune.inductor.builder import build_table, table_torch
 from zhantune.inductor.table import FORMAT, FORMAT_VERSION, MAX_ENTRIES, parse_key, write_table
-from zhantune.inductor.table_meta import VERSION
 
 if TYPE_CHECKING:
     from zhantune.storage import Store
@@ -22,6 +22,10 @@ __all__ = ["FORMATS", "export_table", "check_export_options", "resolve_device_ke
 
 #: ``export.format`` values: zhantune wraps the table with its provenance, inductor writes the bare dict
 FORMATS = ("zhantune", "inductor")
+
+#: what ``export.torch_version`` accepts: a torch version as torch.__version__ writes one (PEP 440:
+#: release, pre-release, post, dev, local label), e.g. 2.13.0, 2.13.0+cpu, 2.14.0a0+git5f3c2a1, 2.14.0.dev20261101+cu128
+TORCH_VERSION = re.compile(r"\d+(\.\d+)+((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[0-9A-Za-z]+(\.[0-9A-Za-z]+)*)?", re.ASCII)
 
 
 def check_export_options(opts: Any, prefix: str = "", inputs: dict[str, Any] | None = None) -> None:
@@ -37,9 +41,9 @@ def check_export_options(opts: Any, prefix: str = "", inputs: dict[str, Any] | N
     if opts.min_speedup is not None and not 1.0 <= opts.min_speedup < math.inf:
         raise ConfigError(f"{prefix}min_speedup={opts.min_speedup} must be a number of at least 1.0 "
                           "(1.0: the tuned entry unless it is slower than the default; null: always the tuned entry)")
-    if (version := getattr(opts, "torch_version", None)) is not None and not VERSION.fullmatch(str(version)):
+    if (version := getattr(opts, "torch_version", None)) is not None and not TORCH_VERSION.fullmatch(str(version)):
         raise ConfigError(f"{prefix}torch_version={shown(version)}: expected a torch release such as '2.13.0+cpu'")
-    if getattr(opts, "enabled", True) and opts.path:
+    if getattr(opts, "enabled", True) and opts.path is not None:  # '' too: refused before the tune, not after it
         check_output_path(opts.path, f"{prefix}path", inputs)
 
 
@@ -54,16 +58,17 @@ def export_table(store: Store, opts: Any, device_key: str | None = None, shared:
     from zhantune.storage import redact_url
 
     activations: dict[str, str] = {}  # the keys of linear_act problems: use_table compares the GEMM's epilogue
+    used: set[int] = set()  # the devices whose measurements placed a key: the wrapper lists those only
     table = build_table(store, device_key=device_key, device_agnostic=opts.device_agnostic, top_k=opts.top_k,
                         min_speedup=opts.min_speedup, torch_version=opts.torch_version, shared=shared,
-                        problem_ids=problem_ids, shipped=shipped, activations=activations)
+                        problem_ids=problem_ids, shipped=shipped, activations=activations, devices=used)
     meta = None
     if opts.format == "inductor":
         _refuse_two_kinds(store, table, option)
     if opts.format == "zhantune":
         options = {"top_k": opts.top_k, "min_speedup": opts.min_speedup, "device_agnostic": opts.device_agnostic,
                    "device": device_key, "torch_version": opts.torch_version}
-        meta = {**table_metadata(store, table, options, redact_url(store.url)), "activations": activations}
+        meta = {**table_metadata(store, table, options, redact_url(store.url), used), "activations": activations}
     if not table:
         return None, table
     return write_table(opts.path, table, meta, option), table
@@ -113,14 +118,17 @@ def resolve_device_key(store: Store, spec: Any, option: str = "device") -> str |
 
 
 def table_metadata(store: Store, table: dict[str, list[dict[str, Any]]], options: dict[str, Any],
-                   source: str) -> dict[str, Any]:
+                   source: str, device_ids: set[int] | None = None) -> dict[str, Any]:
     """The wrapper fields for a table built from ``store``: format, this zhantune's version and this
     process's torch and triton (zhantune.provenance; ``options["torch_version"]`` where given), the
     creation time (UTC), ``source`` (the database URL without its password), the devices it holds
     configs of (key, name, kind; a CPU's vector ISA where stored: use_table reports its entries
     stale on a CPU of another; for a device-agnostic or portable table only those measured with the table's torch
     release, which the table ranks: its keys without a device are of their one kind, and another
-    release's device of the other kind listed made them of neither: a review), and the export ``options``."""
+    release's device of the other kind listed made them of neither: a review; ``device_ids``: only these,
+    the devices that placed the export's keys: a problems file's CPU problems, exported device-agnostic
+    from a database that also held a GPU's, were listed with that GPU and served on CUDA, a helper found),
+    and the export ``options``."""
     import zhantune
     from zhantune.provenance import software_versions
 
@@ -130,7 +138,7 @@ def table_metadata(store: Store, table: dict[str, list[dict[str, Any]]], options
                 **({"isa": d.properties["isa"]} if d.kind == "cpu" and (d.properties or {}).get("isa") else {})}
                for d in store.devices_with_candidates(options.get("device"), table_torch(options.get("torch_version"))
                                                       if options.get("device_agnostic") or options.get("portable") else None)
-               if not wanted or d.key in wanted or d.name in wanted]
+               if (not wanted or d.key in wanted or d.name in wanted) and (device_ids is None or d.id in device_ids)]
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "zhantune": zhantune.__version__,
             "torch": table_torch(options.get("torch_version")), "triton": versions["triton"],
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -241,6 +241,17 @@ class Queries(ReportQueries):
                 q = q.where(m.Device.key == device_key)
             return list(s.scalars(q))
 
+    def candidate_torch_releases(self, device_key: str | None = None) -> list[str]:
+        """The torch releases (zhantune.provenance.torch_release) of the ``ok`` candidates measured
+        (on ``device_key``; None: any device), sorted: what an export's ``torch_version`` can name."""
+        with self.session() as s:
+            q = (select(m.MeasurementRow.torch_version).distinct()
+                 .where(m.MeasurementRow.status == "ok", m.MeasurementRow.kind.in_(("candidate", "remeasure")),
+                        m.MeasurementRow.torch_version.is_not(None)))
+            if device_key is not None:
+                q = q.join(m.Device, m.MeasurementRow.device_id == m.Device.id).where(m.Device.key == device_key)
+            return sorted({torch_release(v) for v in s.scalars(q)})
+
     def timed_conditions(self, study_id: int) -> list[tuple[dict[str, Any] | None, bool | None, str | None]]:
         """(conditions, contended, timing_method) of every timed row of a study, oldest first
         (zhantune.bench.conditions.ContentionCount sums them)."""
