@@ -280,6 +280,29 @@ def test_an_export_of_another_torchs_rows_names_that_torch_and_the_bare_format_s
             "cannot report its entries stale under a torch other than 2.12.0") in " ".join(r.stdout.split())
 
 
+def test_an_export_says_which_defaults_are_a_shared_keys(cli, tmp_path):
+    """A helper's: relu's and gelu's linear_act on one CPU make one addmm lookup; gelu's claim was
+    confirmed, relu's another config's, so the key ships the default, and the export's count said "no
+    tuned config confirmed faster ... by min_speedup" of it. It names the shared key instead."""
+    db = _Db(tmp_path / "z.db")
+    key = "((torch.float32, [64], [1]), (torch.float32, [32, 32], [32, 1]), (torch.float32, [32, 64], [1, 32]))+addmm"
+    for act, blocking in (("relu", "4,4,4"), ("gelu", "8,8,8")):
+        problem = GemmProblem("linear_act", (32, 64, 32), "float32", activation=act, weight_layout="nk")
+        cand = Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP",
+                                                      "cpp.gemm_cache_blocking": blocking})
+        rec = db.recorder("AMD EPYC (2 threads)", torch="2.13.0+cpu", kind="cpu", problem=problem, key=key)
+        db.default(rec, 20.0)
+        db.candidate(rec, cand, 10.0)
+        db.verdict(rec, cand, 2.0, torch="2.13.0+cpu")
+    db.store.engine.dispose()
+    r = cli(["storage.url=sqlite:///z.db", "path=t.json", "torch_version=2.13.0+cpu"], tmp_path, module="zhantune.export")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = " ".join(r.stdout.split())
+    assert ("wrote 1 key(s) to t.json (format zhantune, top_k 1); 1 of them Inductor's default choice: 1 shared by "
+            "problems with different tuned entries (below)") in out and "no tuned config confirmed" not in out, out
+    assert "Inductor's default choice: problems with different tuned entries share this lookup key" in out, out
+
+
 def test_compares_table_of_some_devices_needs_the_claim_on_every_device_of_their_kind(cli, tmp_path):
     """compare devices=[H100] table=...: A is confirmed 1.5x on the H100 and refuted (0.7x, paired) on
     the H200 of the same database. The table's key is device-agnostic, so it applies on the H200 too:

@@ -69,11 +69,12 @@ def _export_app(cfg: DictConfig) -> None:
     # Inductor's default choice alone ({"template_id": "aten::<op>"}, default_entry): no tuned entry made it
     defaults = sum(1 for entries in table.values() if len(entries) == 1 and list(entries[0]) == ["template_id"]
                    and entries[0]["template_id"].startswith("aten::"))
-    print(f"wrote {len(table)} key(s) to {out} (format {cfg.format}, top_k {cfg.top_k})"
-          + (f"; {defaults} of them Inductor's default choice" + (
-              f": no tuned config confirmed faster in paired rounds by at least min_speedup={cfg.min_speedup:g}"
-              if cfg.min_speedup is not None else "")  # null: no claim needed; a shared key or the default's own kernel
-             + " (each tune's summary says why)" if defaults else ""))
+    unclaimed = defaults - len(shared)  # a shared key's default: its problems' entries differ (said below)
+    why = ([("" if not shared else f"{unclaimed} with ") + "no tuned config confirmed faster in paired rounds by at least "
+            f"min_speedup={cfg.min_speedup:g} (each tune's summary says why)"] if cfg.min_speedup is not None and unclaimed
+           else []) + ([f"{len(shared)} shared by problems with different tuned entries (below)"] if shared else [])
+    print(f"wrote {len(table)} key(s) to {out} (format {cfg.format}, top_k {cfg.top_k})"  # null: no claim needed
+          + (f"; {defaults} of them Inductor's default choice" + (": " + ", ".join(why) if why else "") if defaults else ""))
     from zhantune.inductor.builder import NO_CLAIM_NOTE, claims_of_other_torch, table_torch
 
     if cfg.device_agnostic:
