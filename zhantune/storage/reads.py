@@ -12,7 +12,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import Row, select
+from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from zhantune.storage import orm as m
@@ -88,15 +88,25 @@ class ReportQueries:
     def bad_verdict_version(self) -> str | None:
         """The first verdict whose torch or triton version is neither null nor one line of printable
         text (what no zhantune run writes; the export prints a claim's torch), as ``verdict 3:
-        torch_version 5``; None when every one is."""
+        torch_version 5``; then the first measurement's (the export names the torch releases its
+        candidates were measured with: a helper's, 2026-11-30); None when every one is."""
         import json
+
+        def bad(value: Any) -> bool:
+            return value is not None and not (isinstance(value, str) and value.isprintable())
 
         with self.session() as s:
             for vid, *values in s.execute(select(m.Verdict.id, m.Verdict.torch_version, m.Verdict.triton_version)
                                           .order_by(m.Verdict.id)):
                 for name, value in zip(("torch_version", "triton_version"), values, strict=True):
-                    if value is not None and not (isinstance(value, str) and value.isprintable()):
+                    if bad(value):
                         return f"verdict {vid}: {name} {json.dumps(value, default=repr)[:120]}"
+            for name in ("torch_version", "triton_version"):  # each distinct value once: a large database
+                column = getattr(_M, name)
+                for value in s.scalars(select(column).distinct()):
+                    if bad(value):
+                        first = s.scalar(select(func.min(_M.id)).where(column == value))
+                        return f"measurement {first}: {name} {json.dumps(value, default=repr)[:120]}"
         return None
 
     def config_rows(self, device_ids: list[int], kinds: tuple[str, ...]) -> list[Row[Any]]:
