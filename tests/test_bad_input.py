@@ -125,6 +125,12 @@ def _bad_source_db(tmp: Path) -> str:
     return "evil.db"
 
 
+def _good_source_db(tmp: Path) -> str:
+    """A zhantune database with one ok row of an allowed knob: a source merge takes."""
+    _one_row_db(tmp / "good.db", "good", 4, {"max_autotune_gemm_backends": "ATEN"}, KEY)
+    return "good.db"
+
+
 def _broken_source(statement: str, knob: dict | None = None):
     """A setup: sources good.db (fine) and bad.db, one ok row each, ``statement`` run on bad.db with
     plain sqlite3 (``knob``: bad.db's row sets it); both are checked before the first is merged."""
@@ -281,6 +287,10 @@ CASES = [
      "fails SQLite's integrity check", "{x}"),
     ("current-corrupt", "zhantune.db", ["current", "storage.url=sqlite:///{x}"], _corrupt_db,
      "fails SQLite's integrity check", "{x}"),
+    # a merge's target lock (zhantune.storage.locks) is taken before the target is opened: a lock file that
+    # cannot be made was a FileNotFoundError traceback
+    ("merge-target-lock-file-unmakeable", "zhantune.db", ["merge", "sources=[sqlite:///{x}]", "storage.url=sqlite:////proc/x.db"],
+     _good_source_db, "storage.url=sqlite:////proc/x.db: cannot open the database: its lock file /proc/x.db.zt-lock", None),
     ("merge-missing-source", "zhantune.db", ["merge", "sources=[sqlite:///missing.db]"], None,
      "sources[0]=sqlite:///missing.db: no database at missing.db", None),
     ("merge-disallowed-knob", "zhantune.db", ["merge", "sources=[sqlite:///{x}]"], _bad_source_db,

@@ -313,6 +313,67 @@ def test_schema_lock_excludes_other_processes_and_leaves_no_file(tmp_path):
     assert not lock.exists()
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_an_import_beside_another_waits_for_its_writes_before_it_checks(tmp_path, request, backend):
+    """A helper's attack: two imports run at once, of two GPUs' files under one device name, both
+    passed the check that refuses the second when run one after the other (PostgreSQL and SQLite alike;
+    also one recording plain and gzipped, and two merges). An import checks and writes under the database
+    lock: one started while another holds it waits, then is refused."""
+    import threading
+
+    from zhantune.bench.recorded import load_kerneltuner
+    from zhantune.errors import ConfigError
+    from zhantune.storage.ingest import import_files
+    from zhantune.storage.locks import database_lock
+
+    url = f"sqlite:///{tmp_path / 'z.db'}" if backend == "sqlite" else request.getfixturevalue("postgres").new_database()
+    a100 = load_kerneltuner(A100, source="files", device="GPUX")
+    a4000 = load_kerneltuner(A100.with_name("convolution_A4000.json.gz"), source="files", device="GPUX")
+    mine, theirs = Store(url), Store(url)
+    got: list[BaseException | list] = []
+
+    def other_import() -> None:
+        try:
+            got.append(import_files(theirs, [a4000]))
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            got.append(e)
+
+    with database_lock(url):  # another process's import, between its checks and its writes
+        t = threading.Thread(target=other_import)
+        t.start()
+        t.join(timeout=5)
+        assert t.is_alive() and not got, got  # waiting for the lock, nothing checked or written
+        assert [added for _, added in import_files(mine, [a100])] == [4362]
+    t.join(timeout=120)
+    (outcome,) = got
+    assert isinstance(outcome, ConfigError), outcome
+    assert [d.key for d in mine.devices()] == ["GPUX"] and mine.count_measurements(1) == 4362
+
+
+def test_a_server_that_closes_the_connection_mid_run_is_one_line_and_a_restart_costs_a_reconnect(postgres):
+    """A helper's: the PostgreSQL server stopped or restarted under a tune, an import or a merge gave an
+    80-line traceback (exit 1), and a restart between two statements ended the run. A connection the
+    server terminates (pg_terminate_backend: what a shutdown sends, SQLSTATE 57P01) is one line saying
+    to run the command again, and the next session of the same Store works."""
+    from sqlalchemy import text
+
+    from zhantune.storage.rerun import locked_out
+
+    url = postgres.new_database()
+    store = Store(url)
+    with store.engine.connect() as conn:
+        pid = conn.execute(select(func.pg_backend_pid())).scalar()
+        with create_engine(url).connect() as admin:
+            assert admin.execute(select(func.pg_terminate_backend(pid))).scalar() is True
+        with pytest.raises(Exception) as got:
+            conn.execute(text("select 1"))
+    msg = locked_out(got.value, url)
+    assert msg is not None and msg.startswith("storage.url=postgresql"), msg
+    assert "the database server closed the connection" in msg and "run the same command again" in msg, msg
+    assert "\n" not in msg
+    assert [d.key for d in store.devices()] == []  # the pool's dead connection was replaced
+
+
 def test_four_workers_share_one_study_on_postgresql(tmp_path, postgres):
     _four_workers_on_one_study(postgres.new_database(), tmp_path)
 

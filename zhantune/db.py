@@ -37,7 +37,7 @@ def _db_app(cfg: DictConfig) -> None:
 
     from zhantune.storage import Store
     from zhantune.storage.engine import existing_revision, holds_zhantune_schema, open_existing, redact_url
-    from zhantune.storage.merge import check_device_kinds, check_importable, check_recordings, merge_into
+    from zhantune.storage.merge import check_importable
     from zhantune.storage.migrate import head_revision, upgrade
 
     cmd = _command[0]
@@ -70,19 +70,11 @@ def _db_app(cfg: DictConfig) -> None:
                 src = Store(str(u), f"sources[{i}]", read_only=True)
                 check_importable(src, f"sources[{i}]")
                 sources.append(src)
-            # a target without zhantune's tables (a new file, an empty database) gets them after the checks
-            target = Store(url) if holds_zhantune_schema(url) else None
-            stores = (([("storage.url", target)] if target is not None else [])
-                      + [(f"sources[{i}]", src) for i, src in enumerate(sources)])
-            check_device_kinds(stores)
-            check_recordings(stores)
-            target = target or Store(url)
-            for src in sources:
-                shown = redact_url(src.url)  # a renamed study's "[from ...]" and this line: no password
-                stats = merge_into(target, src, label=shown)
-                print(f"{shown}: +{stats.measurements_added} measurement(s), {stats.measurements_skipped} "
-                      f"already there; {stats.verdicts_added} verdict(s); {stats.studies_new} new stud(y/ies), "
-                      f"{stats.studies_renamed} renamed")
+            from zhantune.storage.locks import database_lock
+
+            holds_zhantune_schema(url)  # its one-line errors (no server, no such directory) before the lock's
+            with database_lock(url):  # the target's checks and writes as one: a merge or import beside it waits
+                _merge(url, sources)
     except UserError as e:
         user_error(e)
     except Exception as e:
@@ -91,6 +83,27 @@ def _db_app(cfg: DictConfig) -> None:
         if (msg := locked_out(e, url, concurrent=True)) is None:
             raise
         user_error(msg)
+
+
+def _merge(url: str, sources: list) -> None:
+    """Check the target ``url`` with the checked ``sources`` (Stores), then merge each into it."""
+    from zhantune.storage import Store
+    from zhantune.storage.engine import holds_zhantune_schema, redact_url
+    from zhantune.storage.merge import check_device_kinds, check_recordings, merge_into
+
+    # a target without zhantune's tables (a new file, an empty database) gets them after the checks
+    target = Store(url) if holds_zhantune_schema(url) else None
+    stores = (([("storage.url", target)] if target is not None else [])
+              + [(f"sources[{i}]", src) for i, src in enumerate(sources)])
+    check_device_kinds(stores)
+    check_recordings(stores)
+    target = target or Store(url)
+    for src in sources:
+        shown = redact_url(src.url)  # a renamed study's "[from ...]" and this line: no password
+        stats = merge_into(target, src, label=shown)
+        print(f"{shown}: +{stats.measurements_added} measurement(s), {stats.measurements_skipped} "
+              f"already there; {stats.verdicts_added} verdict(s); {stats.studies_new} new stud(y/ies), "
+              f"{stats.studies_renamed} renamed")
 
 
 def usage() -> str:

@@ -75,6 +75,11 @@ def _export_app(cfg: DictConfig) -> None:
            else []) + ([f"{len(shared)} shared by problems with different tuned entries (below)"] if shared else [])
     print(f"wrote {len(table)} key(s) to {out} (format {cfg.format}, top_k {cfg.top_k})"  # null: no claim needed
           + (f"; {defaults} of them Inductor's default choice" + (": " + ", ".join(why) if why else "") if defaults else ""))
+    _notes(cfg, store, table, device, ids, shared)
+
+
+def _notes(cfg: DictConfig, store: Any, table: dict, device: str | None, ids: set[int] | None, shared: list[str]) -> None:
+    """The lines after an export's "wrote ..." line: what its options mean for the table written."""
     from zhantune.inductor.builder import NO_CLAIM_NOTE, claims_of_other_torch, table_torch
 
     if cfg.device_agnostic:

@@ -83,17 +83,13 @@ def _import_app(cfg: DictConfig) -> None:
                                  else cfg.devices)
         from zhantune.bench.recorded import load_kerneltuner
         from zhantune.storage import Store
-        from zhantune.storage.ingest import check_import, import_kerneltuner
+        from zhantune.storage.ingest import import_files
 
         # all checked before writing
         loaded = [load_kerneltuner(Path(f), source="files", device=d) for f, d in zip(files, devices, strict=True)]
         _check_distinct(loaded)
-        store = Store(cfg.storage.url)
-        for f in loaded:  # against what the database holds: no file is written when one is refused
-            check_import(store, f)
         names = []
-        for f in loaded:
-            name, added = import_kerneltuner(store, f)
+        for f, (name, added) in zip(loaded, import_files(Store(cfg.storage.url), loaded), strict=True):
             names.append(name)
             named = "" if f.device_named_by == "device_name" else f" (device named by {f.device_named_by})"
             print(f"{f.path}: {added} measurement(s) of device {f.device_key!r}{named} as study {name!r}"

@@ -268,7 +268,10 @@ def make_engine(url: str, wal: bool = True) -> Engine:
     # immutable open); one it may write reads through pooled plain connections (no write per session)
     reader = ({} if wal or path is None else
               {"creator": sqlite_reader(path), **({"poolclass": NullPool} if read_mode(path) != "plain" else {})})
-    engine = create_engine(url, json_serializer=canonical_json, **reader)
+    # PostgreSQL: a pooled connection is checked before use, so a server restarted between two
+    # statements costs a reconnect, not the run (a helper's restart ended every worker)
+    ping = {"pool_pre_ping": True} if url.startswith("postgresql") else {}
+    engine = create_engine(url, json_serializer=canonical_json, **ping, **reader)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", sqlite_pragmas if wal else sqlite_read_pragmas)
     return engine

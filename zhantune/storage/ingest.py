@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from zhantune.bench.recorded import KernelTunerFile
     from zhantune.storage.store import Store
 
-__all__ = ["import_kerneltuner", "check_import", "refuse_merge", "other_gpu", "with_recorded_name", "replay_study", "file_digest", "recording_digests",
+__all__ = ["import_files", "import_kerneltuner", "check_import", "refuse_merge", "other_gpu", "with_recorded_name", "replay_study", "file_digest", "recording_digests",
            "same_recording", "IMPORTED_VERSION"]
 
 #: torch_version of imported rows: they were measured by Kernel Tuner, not through torch
@@ -70,6 +70,18 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     added = store.add_measurements(rows)
     store.finish_study(study_id)
     return name, added
+
+
+def import_files(store: Store, files: list[KernelTunerFile]) -> list[tuple[str, int]]:
+    """Import ``files`` (:func:`import_kerneltuner` each; (study name, rows added) each, in order)
+    after checking every one against what the database holds (:func:`check_import`: no file is
+    written when one is refused), the checks and the writes under the database lock
+    (zhantune.storage.locks): an import or a merge run beside this one waits, then checks what this
+    one wrote (two run at once both passed the checks that refuse one run after the other)."""
+    with store.schema_lock():
+        for f in files:
+            check_import(store, f)
+        return [import_kerneltuner(store, f) for f in files]
 
 
 def check_import(store: Store, file: KernelTunerFile) -> None:

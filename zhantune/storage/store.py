@@ -11,7 +11,6 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, delete, exists, func, insert, inspect, select, text, update
@@ -25,7 +24,6 @@ from zhantune.storage import orm as m
 from zhantune.storage.engine import (
     canonical_json,
     check_url,
-    file_lock,
     first_line,
     make_engine,
     redact_url,
@@ -37,12 +35,11 @@ from zhantune.storage.engine import (
     table_names,
     users_side,
 )
+from zhantune.storage.locks import database_lock
 from zhantune.storage.migrate import current_revision, head_revision, upgrade
 from zhantune.storage.queries import Queries
 
 __all__ = ["Store", "ClaimLost"]
-
-_PG_LOCK_KEY = 0x7A68616E  # "zhan"
 
 
 class ClaimLost(Exception):
@@ -138,29 +135,11 @@ class Store(Queries):
                                        f"{json.dumps(value, default=repr)[:120]} is not one line of printable text; no zhantune run "
                                        "writes it (an edited database?): nothing was read")
 
-    @contextlib.contextmanager
-    def schema_lock(self) -> Iterator[None]:
-        """Serialise schema creation between processes: a lock file beside an SQLite database,
-        an advisory lock on PostgreSQL (so N workers can start on one new database at once).
-
-        The lock file (``<database>.zt-lock``) exists only while a process holds or waits for the
-        lock: the holder removes it before it lets go, and a waiter that then gets the lock on the
-        removed file tries again on a fresh one (it compares the file it locked with the path)."""
-        path = sqlite_path(self.url)
-        if path is not None:
-            with file_lock(Path(f"{path}.zt-lock")):
-                yield
-        elif self.engine.dialect.name == "postgresql":
-            with self.engine.connect() as conn:
-                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
-                conn.commit()
-                try:
-                    yield
-                finally:
-                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK_KEY})
-                    conn.commit()
-        else:
-            yield
+    def schema_lock(self) -> contextlib.AbstractContextManager[None]:
+        """Serialise schema creation, and an import's or a merge's checks with its writes, between
+        processes (zhantune.storage.locks.database_lock: a lock file beside an SQLite database, an
+        advisory lock on PostgreSQL, so N workers can start on one new database at once)."""
+        return database_lock(self.url, self.engine, self.option)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
