@@ -261,6 +261,9 @@ CASES = [
     # a password is never printed (the generic test also checks that "s3cret" appears nowhere)
     ("db-current-unreachable-server", "zhantune.db", ["current", "storage.url=postgresql+psycopg://u:s3cret@127.0.0.1:1/db"],
      None, "storage.url=postgresql+psycopg://u:***@127.0.0.1:1/db: cannot open the database", None),
+    # a helper's: libpq then used the database named as the user (the maintenance database 'postgres')
+    ("postgres-url-without-a-database", "zhantune.export", ["storage.url=postgresql+psycopg://u:s3cret@127.0.0.1:1/"],
+     None, "storage.url='postgresql+psycopg://u:***@127.0.0.1:1/': no database name", None),
     ("merge-unreachable-source", "zhantune.db", ["merge", "sources=[postgresql+psycopg://u:s3cret@127.0.0.1:1/db]"], None,
      "sources[0]=postgresql+psycopg://u:***@127.0.0.1:1/db: cannot open the database", None),
     ("export-unreachable-server", "zhantune.export", ["storage.url=postgresql+psycopg://u:s3cret@127.0.0.1:1/db"], None,

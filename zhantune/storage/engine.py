@@ -70,6 +70,10 @@ def check_url(url: str, source: str = "storage.url", writable: bool = True) -> N
                            "use sqlite:///FILE or postgresql+psycopg://user@host/db")
     if u.get_backend_name() == "postgresql" and u.get_driver_name() != "psycopg":
         raise StorageError(f"{source}={redact_url(url)!r}: PostgreSQL through psycopg 3: postgresql+psycopg://user@host/db")
+    if u.get_backend_name() == "postgresql" and not u.database and not {"dbname", "service"} & set(u.query):
+        # libpq then connects to the database named as the user (postgres: the maintenance database)
+        raise StorageError(f"{source}={redact_url(url)!r}: no database name; give the one to use: "
+                           "postgresql+psycopg://user@host/DB")
     if u.get_backend_name() != "sqlite":
         return
     if u.get_driver_name() != "pysqlite":  # sqlite+aiosqlite, +pysqlcipher: a driver zhantune does not install

@@ -340,7 +340,7 @@ class Store(Queries):
                     m.Claim.study_id == fields["study_id"], m.Claim.config_hash == fields["config_hash"],
                     m.Claim.trial_number == fields["trial_number"]).values(trial_number=m.Claim.trial_number)).rowcount
                 if not held:
-                    raise ClaimLost(f"trial {fields['trial_number']}: claim released by another worker")
+                    raise ClaimLost("claim released by another worker")
             row = m.MeasurementRow(**fields)
             s.add(row)
             s.flush()
