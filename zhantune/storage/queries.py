@@ -243,11 +243,13 @@ class Queries(ReportQueries):
 
     def candidate_torch_releases(self, device_key: str | None = None) -> list[str]:
         """The torch releases (zhantune.provenance.torch_release) of the ``ok`` candidates measured
-        (on ``device_key``; None: any device), sorted: what an export's ``torch_version`` can name."""
+        for problems with an Inductor lookup key (not imports or replays; on ``device_key``; None: any
+        device), sorted: what an export's ``torch_version`` can name."""
         with self.session() as s:
             q = (select(m.MeasurementRow.torch_version).distinct()
+                 .join(m.Problem, m.MeasurementRow.problem_id == m.Problem.id)
                  .where(m.MeasurementRow.status == "ok", m.MeasurementRow.kind.in_(("candidate", "remeasure")),
-                        m.MeasurementRow.torch_version.is_not(None)))
+                        m.MeasurementRow.torch_version.is_not(None), m.Problem.lookup_key.is_not(None)))
             if device_key is not None:
                 q = q.join(m.Device, m.MeasurementRow.device_id == m.Device.id).where(m.Device.key == device_key)
             return sorted({torch_release(v) for v in s.scalars(q)})
