@@ -88,12 +88,13 @@ def _import_app(cfg: DictConfig) -> None:
         # all checked before writing
         loaded = [load_kerneltuner(Path(f), source="files", device=d) for f, d in zip(files, devices, strict=True)]
         _check_distinct(loaded)
-        names = []
-        for f, (name, added) in zip(loaded, import_files(Store(cfg.storage.url), loaded), strict=True):
-            names.append(name)
+
+        def imported(f: KernelTunerFile, name: str, added: int) -> None:  # each file's line as it is stored
             named = "" if f.device_named_by == "device_name" else f" (device named by {f.device_named_by})"
             print(f"{f.path}: {added} measurement(s) of device {f.device_key!r}{named} as study {name!r}"
                   + ("" if added else " (already imported)"))
+
+        names = [name for name, _ in import_files(Store(cfg.storage.url), loaded, imported)]
         if loaded:  # a command that runs when pasted: the database too where it is not the default
             from zhantune.cli import override_arg
             from zhantune.config import StorageConfig

@@ -9,6 +9,7 @@ zhantune.bench.recorded.ReplayBenchmarker), so that compare and transfer work on
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from zhantune.bench.recorded_checks import MAX_KEY
@@ -72,16 +73,23 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     return name, added
 
 
-def import_files(store: Store, files: list[KernelTunerFile]) -> list[tuple[str, int]]:
+def import_files(store: Store, files: list[KernelTunerFile],
+                 imported: Callable[[KernelTunerFile, str, int], None] | None = None) -> list[tuple[str, int]]:
     """Import ``files`` (:func:`import_kerneltuner` each; (study name, rows added) each, in order)
     after checking every one against what the database holds (:func:`check_import`: no file is
     written when one is refused), the checks and the writes under the database lock
     (zhantune.storage.locks): an import or a merge run beside this one waits, then checks what this
-    one wrote (two run at once both passed the checks that refuse one run after the other)."""
+    one wrote (two run at once both passed the checks that refuse one run after the other).
+    ``imported(file, study name, rows added)`` is called after each file's import (its line)."""
+    out = []
     with store.schema_lock():
         for f in files:
             check_import(store, f)
-        return [import_kerneltuner(store, f) for f in files]
+        for f in files:
+            out.append(import_kerneltuner(store, f))
+            if imported is not None:
+                imported(f, *out[-1])
+    return out
 
 
 def check_import(store: Store, file: KernelTunerFile) -> None:
