@@ -1370,6 +1370,15 @@ def test_a_failed_jobs_overrides_are_printed_without_the_password(capsys):
         _ = ret.return_value  # Hydra reads it so: the print, then the raise
     err = capsys.readouterr().err
     assert "storage.url=postgresql+psycopg://me:***@db.example:5432/z" in err and "s3cr" not in err, err
+    # submitit pickles the whole JobReturn (<job>_result.pkl): its configs keep no password either
+    import pickle
+
+    ret = JobReturn(overrides=[f"storage.url={url}"], status=JobStatus.COMPLETED, _return_value={"x": 1})
+    ret.cfg = OmegaConf.create({"storage": {"url": url}, "op": {"name": "mm"}})
+    ret.hydra_cfg = OmegaConf.create({"hydra": {"overrides": {"task": [f"storage.url={url}"]}}})
+    HidePasswords().on_job_end(config=OmegaConf.create({"storage": {"url": url}}), job_return=ret)
+    assert b"s3cr" not in pickle.dumps(ret) and ret.cfg.storage.url == "postgresql+psycopg://me:***@db.example:5432/z"
+    assert ret.cfg.op.name == "mm" and ret.return_value == {"x": 1}
 
 
 def test_merge_into_postgresql(tmp_path, postgres):

@@ -316,5 +316,21 @@ class HidePasswords(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         # Hydra prints job_return.overrides when the job failed (JobReturn.return_value); the
-        # callbacks' on_job_end run in reverse order, so listed last this one runs before any reader
+        # callbacks' on_job_end run in reverse order, so listed last this one runs before any reader.
+        # submitit pickles the whole JobReturn to <job>_result.pkl: its configs too (a helper found
+        # the password there)
         job_return.overrides = hide_overrides(job_return.overrides, config)
+        secrets = config_secrets(config)
+        for name in ("cfg", "hydra_cfg"):
+            if secrets and OmegaConf.is_config(getattr(job_return, name, None)):
+                setattr(job_return, name, OmegaConf.create(_masked(
+                    OmegaConf.to_container(getattr(job_return, name), resolve=False), secrets)))
+
+
+def _masked(value: Any, secrets: set[str]) -> Any:
+    """``value`` (plain containers of a config) with every string masked (:func:`mask`)."""
+    if isinstance(value, dict):
+        return {k: _masked(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v, secrets) for v in value]
+    return mask(value, secrets) if isinstance(value, str) else value
