@@ -273,6 +273,39 @@ def test_a_study_a_timed_out_run_marked_finished_with_a_dead_claim_is_measured_t
     assert "the study holds 6 of 6" in " ".join(out.split()), out[-2000:]
 
 
+def test_with_heartbeats_off_a_claim_that_holds_the_budget_is_named(tmp_path):
+    """A helper's: with storage.heartbeat_interval_s=null a killed worker's claim is never released,
+    and every rerun printed "0 measured ... the study holds 9 of 10" and exited 0 with no reason. The
+    summary names the claims and what measures them (heartbeats on: a dead claim is retried)."""
+    import gzip
+    import json
+
+    from zhantune.storage import Store
+
+    cache = {f"{a},{b}": {"a": a, "b": b, "time": float(a + b), "times": [float(a + b)] * 3, "compile_time": 1.0}
+             for a in (1, 2, 3) for b in (1, 2)}
+    doc = {"device_name": "GPU-T", "kernel_name": "toy_kernel", "problem_size": [8], "tune_params_keys": ["a", "b"],
+           "tune_params": {"a": [1, 2, 3], "b": [1, 2]}, "cache": cache}
+    with gzip.open(tmp_path / "toy.json.gz", "wt") as f:
+        json.dump(doc, f)
+    args = ["bench=replay", f"bench.path={tmp_path / 'toy.json.gz'}", "storage.url=sqlite:///t.db", "progress=false"]
+
+    def tune(*extra: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "zhantune", *args, *extra, f"hydra.run.dir={tmp_path}/hydra"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        assert r.returncode == 0, r.stderr[-3000:]
+        return " ".join(r.stdout.split())
+
+    assert "note: " not in tune("search.n_trials=3")
+    store = Store(f"sqlite:///{tmp_path / 't.db'}")
+    store.claim(1, "a-killed-workers-point", 3)  # trial 3 of study 1: claimed, never stored
+    out = tune("search.n_trials=4", "storage.heartbeat_interval_s=null")
+    assert "the study holds 3 of 4" in out, out[-2000:]
+    assert ("note: 1 trial(s) of the budget are claimed by workers that stored no result: still running elsewhere, "
+            "or killed; with storage.heartbeat_interval_s=null a killed worker's claim is never released") in out, out
+
+
 @pytest.mark.slow
 def test_a_rerun_at_once_after_a_kill_waits_for_the_dead_claim_before_calling_the_space_exhausted(tmp_path):
     """A space smaller than search.n_trials, its tune killed mid-trial and rerun at once (the dead

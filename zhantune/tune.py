@@ -39,6 +39,7 @@ from zhantune.storage.ingest import RECORDED_DEVICE, refuse_merge, replay_study
 from zhantune.tune_result import (
     TuneResult,
     busy_text,
+    held_claims_text,
     other_release_best,
     own_rows,
     ranked_rows,
@@ -385,6 +386,7 @@ class _Tune:
             store.finish_study(self.study_id, "interrupted" if result.interrupted
                                else EXHAUSTED if result.exhausted else FINISHED)
         result.contention = contention_count(store.timed_conditions(self.study_id))
+        result.held_text = None if result.interrupted else held_claims_text(run, store, self.study_id, self.target)
         result.best = study_best(run, store, self.study_id)
         # a Kernel Tuner replay has no lookup table to carry its configs: nothing to say
         result.not_carried = not_carried_reason(result.best, run.device.kind) if run.replay is None else None

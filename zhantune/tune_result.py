@@ -104,6 +104,9 @@ class TuneResult:
     #: one line on the fastest config of another torch release measured again with this one
     #: (:func:`other_release_best`), for the summary; None: none was
     carried_text: str | None = None
+    #: one line on trials of the budget claimed by workers that stored no result, with heartbeats off
+    #: (:func:`held_claims_text`); None: none
+    held_text: str | None = None
     #: the study's budget of measured trials (``search.n_trials``, or what it held plus
     #: ``search.more_trials``) and the trials earlier runs had measured
     target: int = 0
@@ -186,6 +189,21 @@ def busy_text(run: Any) -> str | None:
         return None
     return (f"the machine is still busy after {waited['waited_s']:.1f} s (bench.busy_wait_s): its paired rounds "
             "run again when this command finds it idle")
+
+
+def held_claims_text(run: Any, store: Any, study_id: int, target: int) -> str | None:
+    """With heartbeats off (``storage.heartbeat_interval_s=null``), the line saying that the study's
+    budget is short of measured trials by claims of workers that stored no result (running
+    elsewhere, or killed: then never released; a helper's rerun printed "0 measured ... the study
+    holds 9 of 10" with no reason); None with heartbeats on (a dead claim is retried) or none held."""
+    if run.storage.heartbeat_interval_s:
+        return None
+    measured, in_flight = store.trial_counts(study_id)
+    if not in_flight or measured >= target:
+        return None
+    return (f"{in_flight} trial(s) of the budget are claimed by workers that stored no result: still running "
+            "elsewhere, or killed; with storage.heartbeat_interval_s=null a killed worker's claim is never "
+            "released: rerun with heartbeats on (the default) to measure them")
 
 
 def own_rows(run: Any, study_id: int) -> int | None:

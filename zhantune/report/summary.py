@@ -242,6 +242,8 @@ def _print_notes(console: Console, result: Any) -> None:
         console.print(result.transfer_text, markup=False)
     if getattr(result, "carried_text", None):
         console.print(result.carried_text, markup=False)
+    if getattr(result, "held_text", None):
+        console.print(f"[yellow]note: {escape(result.held_text)}[/yellow]")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())) or "none"
     done, target = getattr(result, "done", result.measured), getattr(result, "target", 0)
     console.print(f"trials: {result.measured} measured ({counts}), {result.cached} cached, "
