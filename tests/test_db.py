@@ -1540,9 +1540,12 @@ def test_a_stored_value_no_run_writes_is_refused_in_one_line_by_every_reader(cli
 
 
 @pytest.mark.parametrize("bad", ["X'1b5b33316d'", "'2.13' || char(27) || '[31m' || char(10)"])
-def test_a_verdicts_torch_that_no_run_writes_is_refused_by_readers_and_merge(tmp_path, bad):
-    """The export prints a claim's torch: a verdict's torch or triton version that is not one line
-    of printable text (a blob, a terminal escape) is refused by every reader and by merge."""
+@pytest.mark.parametrize("row", ["verdict", "measurement"])
+def test_a_torch_version_no_run_writes_is_refused_by_readers_and_merge(tmp_path, bad, row):
+    """The export prints a claim's torch, and names the torch releases a database's candidates were
+    measured with (where none is the table's): a verdict's or a measurement's torch version that is not
+    one line of printable text (a blob, a terminal escape) is refused by every reader and by merge (a
+    measurement's merged, and would have reached the terminal)."""
     from zhantune.storage.merge import check_importable
 
     store = Store(f"sqlite:///{tmp_path / 'v.db'}")
@@ -1551,36 +1554,17 @@ def test_a_verdicts_torch_that_no_run_writes_is_refused_by_readers_and_merge(tmp
                            lookup_op="mm", flops=128)
     store.add_verdict(study_id=sid, device_id=dev, problem_id=pid, config_hash="h", ratio=1.5, ratio_low=1.5,
                       ratio_high=1.5, rounds=3, contended=0, confirmed=True, reason="r")
-    store.check_readable()
-    with sqlite3.connect(tmp_path / "v.db") as con:
-        con.execute(f"update zt_verdict set torch_version = {bad}")
-    with pytest.raises(StorageError, match=r"verdict 1: torch_version .* is not one line of printable text"):
-        store.check_readable()
-    with pytest.raises(StorageError, match=r"verdict 1: torch_version .* not one line of printable text; nothing"):
-        check_importable(store, "sources[0]")
-
-
-@pytest.mark.parametrize("bad", ["X'1b5b33316d'", "'2.13' || char(27) || '[31m' || char(10)"])
-def test_a_measurements_torch_that_no_run_writes_is_refused_by_readers_and_merge(tmp_path, bad):
-    """The export names the torch releases a database's candidates were measured with (where none is
-    the table's): a measurement's torch version that is not one line of printable text is refused by
-    every reader and by merge (it merged, and would have reached the terminal)."""
-    from zhantune.storage.merge import check_importable
-
-    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
-    sid, dev = store.study_id("s", {}), store.device_id("d", "d", "cpu", {})
-    pid = store.problem_id("p", op="mm", shape={"M": 4, "N": 4, "K": 4}, dtype="float32", activation=None,
-                           lookup_op="mm", flops=128)
     for _ in range(2):
         store.add_measurement(study_id=sid, device_id=dev, problem_id=pid, kind="candidate", status="ok",
                               template_id=None, params={}, median_us=2.0, min_us=1.0, trial_number=None,
                               torch_version="2.13.0+cpu")
     store.check_readable()
+    rid = 1 if row == "verdict" else 2
     with sqlite3.connect(tmp_path / "v.db") as con:
-        con.execute(f"update zt_measurement set torch_version = {bad} where id = 2")
-    with pytest.raises(StorageError, match=r"measurement 2: torch_version .* is not one line of printable text"):
+        con.execute(f"update zt_{row} set torch_version = {bad} where id = {rid}")
+    with pytest.raises(StorageError, match=rf"{row} {rid}: torch_version .* is not one line of printable text"):
         store.check_readable()
-    with pytest.raises(StorageError, match=r"measurement 2: torch_version .* not one line of printable text; nothing"):
+    with pytest.raises(StorageError, match=rf"{row} {rid}: torch_version .* not one line of printable text; nothing"):
         check_importable(store, "sources[0]")
 
 
