@@ -204,7 +204,7 @@ class _Tune:
             # no compile shares the cores (CPU) or the GPU (a compile worker runs its candidate once to
             # check it, on the GPU being timed) with a timed run
             self.bench.phase_hook = self.pool.phase_hook
-        with store.schema_lock():  # N workers may start on one new database: Optuna creates its tables once
+        with store.database_lock():  # N workers may start on one new database: Optuna creates its tables once
             study = open_study(run.study_name, run.storage.url, sampler, self._heartbeat())
         seeds = inductor_seeds(run.space, run.problem, run.problem_vars, run.search.seed_inductor)
         enqueue_seeds(study, run.space, seeds, run.search.seed_inductor, run.search.max_seeds)

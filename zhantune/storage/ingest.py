@@ -82,7 +82,7 @@ def import_files(store: Store, files: list[KernelTunerFile],
     one wrote (two run at once both passed the checks that refuse one run after the other).
     ``imported(file, study name, rows added)`` is called after each file's import (its line)."""
     out = []
-    with store.schema_lock():
+    with store.database_lock():
         for f in files:
             check_import(store, f)
         for f in files:

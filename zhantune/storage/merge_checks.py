@@ -83,7 +83,7 @@ def check_importable(source: Store, where: str) -> None:
     bad = source.bad_time()
     if bad is not None:
         refuse(f"{bad} is not a positive, finite number")
-    bad = source.bad_verdict_version()
+    bad = source.bad_recorded_version()
     if bad is not None:
         refuse(f"{bad} is not one line of printable text")
     _check_optuna_studies(source, {st.name for st in rows[m.Study]}, refuse)

@@ -85,7 +85,7 @@ class ReportQueries:
                         return f"{what} {found[0]}: {col.key} {found[1]!r:.120} is not {holds}"
         return None
 
-    def bad_verdict_version(self) -> str | None:
+    def bad_recorded_version(self) -> str | None:
         """The first verdict whose torch or triton version is neither null nor one line of printable
         text (what no zhantune run writes; the export prints a claim's torch), as ``verdict 3:
         torch_version 5``; then the first measurement's (the export names the torch releases its

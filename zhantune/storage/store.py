@@ -65,7 +65,7 @@ class Store(Queries):
         self._creating = False
         try:
             self.engine: Engine = make_engine(url, wal=not read_only)
-            with contextlib.nullcontext() if read_only else self.schema_lock():
+            with contextlib.nullcontext() if read_only else self.database_lock():
                 self._check_schema()
         except BaseException as e:
             # one this process could not create (disk full) leaves no file; another process's is never touched
@@ -124,7 +124,7 @@ class Store(Queries):
         if bad is not None:
             raise StorageError(f"{self.option}={redact_url(self.url)}: {bad} is not a positive, finite number; "
                                "no zhantune run writes it (an edited database?): nothing was read")
-        bad = self.bad_stored_value() or ((v := self.bad_verdict_version()) and f"{v} is not one line of printable text")
+        bad = self.bad_stored_value() or ((v := self.bad_recorded_version()) and f"{v} is not one line of printable text")
         if bad:
             raise StorageError(f"{self.option}={redact_url(self.url)}: {bad}; no zhantune run writes it (an edited "
                                "database?): nothing was read")
@@ -135,7 +135,7 @@ class Store(Queries):
                                        f"{json.dumps(value, default=repr)[:120]} is not one line of printable text; no zhantune run "
                                        "writes it (an edited database?): nothing was read")
 
-    def schema_lock(self) -> contextlib.AbstractContextManager[None]:
+    def database_lock(self) -> contextlib.AbstractContextManager[None]:
         """Serialise schema creation, and an import's or a merge's checks with its writes, between
         processes (zhantune.storage.locks.database_lock: a lock file beside an SQLite database, an
         advisory lock on PostgreSQL, so N workers can start on one new database at once)."""
