@@ -170,6 +170,41 @@ def test_a_speedup_is_always_settled_in_paired_alternating_rounds(tune_cfg, tmp_
     assert "paired interleaved" in result.speedup_text and f"{result.claim.ratio:.2f}x" in result.speedup_text
 
 
+@pytest.mark.parametrize("earlier", ["this machine", "another host", "the default alone"])
+def test_a_claim_an_earlier_run_on_this_machine_contradicts_is_no_claim(tune_cfg, tmp_path, earlier):
+    """A helper's attack (session 47): a slow phase of this VM that outlasted whole tunes slowed the
+    default (278-306 us in every baseline and round) more than the C++ template (233-249 us), and
+    three rounds agreed on 1.21-1.25x in five tunes, where other runs measured the default at
+    210-227 us and the template at 230-233 us. Through tune.settle and a real database: an earlier
+    run on this machine (the same host and software) whose rows hold the default as fast as the
+    winner makes the rounds' claim no claim; one on another host does not, nor an earlier run that
+    measured the default alone (its quiet phase against this run's winner would be two phases)."""
+    from zhantune.provenance import environment_fields
+
+    path = DATA / "gemm_RTX_3090.json.gz"
+    measured = _measured_configs(path)
+    win_t, win_v = measured[0]
+    def_t, def_v = next((t, v) for t, v in measured if not is_tie(win_t, t))
+    run, store, device_id, problem_id, study_id, rec, bench = _replay_study(tune_cfg, tmp_path, path, "earlier")
+    winner = run.space.branches[0].candidate(win_v)
+    if earlier == "another host":
+        rec.environment_id = store.environment_id({**environment_fields(), "host": "another-host"})
+    rec.add(bench.measure(winner), "default")  # that run's default as fast as the winner
+    if earlier != "the default alone":
+        rec.add(bench.measure(winner), "candidate", winner, trial_number=0)
+    _, store, _, _, _, result = _settle_speedup(tune_cfg, tmp_path, path, def_v, win_v)
+    (verdict,) = store.latest_verdicts().values()
+    if earlier != "this machine":
+        assert result.claim.confirmed and verdict.confirmed, result.claim
+        return
+    assert not result.claim.confirmed and not verdict.confirmed
+    assert result.claim.ratio == pytest.approx(def_t.median_us / win_t.median_us)  # what the rounds agreed on
+    assert re.search(rf"on this machine \(same host and software\) the default's fastest measurement "
+                     rf"\({win_t.median_us:,.1f} us, a run of \d{{4}}-\d\d-\d\d \d\d:\d\d UTC\) is as fast as the "
+                     rf"winner's \({win_t.median_us:,.1f} us, ", verdict.reason), verdict.reason
+    assert verdict.reason in result.speedup_text
+
+
 def test_a_winner_slower_than_the_default_is_no_claim(tune_cfg, tmp_path):
     path = DATA / "gemm_RTX_3090.json.gz"
     measured = _measured_configs(path)

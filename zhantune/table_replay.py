@@ -85,7 +85,8 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     from zhantune.report.summary import within_noise
     from zhantune.storage.queries import judged
 
-    settled = settle_speedup(row, default_row, (), bench, rec.add, rounds, cand, earlier=(row, default_row))
+    settled = settle_speedup(row, default_row, (), bench, rec.add, rounds, cand, earlier=(row, default_row),
+                             other_runs=lambda: rec.other_runs(row))
     v = settled.verdict
     before = None
     if v.rounds:

@@ -164,7 +164,8 @@ def settle(run: RunSpec, store: Store, bench: Benchmarker, rec: Recorder, proble
             return
         result.claimed = best
         settled = settle_speedup(best, default, run.space.branches, bench, rec.add, rounds,
-                                 earlier=[r for r in (default, best) if r.id in rec.stored_ids])
+                                 earlier=[r for r in (default, best) if r.id in rec.stored_ids],
+                                 other_runs=lambda: rec.other_runs(best))
         result.default = settled.default
         result.speedup_text = settled.text if settled.text is not None else result.speedup_text
         v = settled.verdict

@@ -23,6 +23,7 @@ from zhantune.bench.decision import (
     Round,
     SpeedupVerdict,
     against_fastest,
+    against_other_runs,
     beyond_spread,
     decision_us,
     judge_speedup,
@@ -151,7 +152,8 @@ def _no_claim(default: Any, reason: str) -> SpeedupSettle:
 
 
 def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benchmarker, record: Record,
-                   rounds: int, candidate: Candidate | None = None, earlier: Sequence[Any] = ()) -> SpeedupSettle:
+                   rounds: int, candidate: Candidate | None = None, earlier: Sequence[Any] = (),
+                   other_runs: Callable[[], tuple[Any, Any]] | None = None) -> SpeedupSettle:
     """Settle the speedup claim of ``best`` (the fastest row a table can carry) over Inductor's
     default (``default``, its ok row; always, not only when their times overlap): one measurement of
     each first (it compiles what is not kept compiled; stored, not judged), then ``rounds``
@@ -164,7 +166,10 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
     has no space); else rebuilt from ``branches``. ``earlier``: rows of the two this run measured
     before the settle (a default's baseline of kind ``default``, the winner's search row), which
     zhantune.bench.decision.against_fastest weighs with the settle's own; never another run's (another
-    machine of the device key, another phase, another torch)."""
+    machine of the device key, another phase, another torch). ``other_runs``: gives (default, winner),
+    the fastest rows of the two that other runs on this machine with this software stored
+    (zhantune.storage.Recorder.other_runs), which zhantune.bench.decision.against_other_runs weighs
+    where both exist; called only for a claim the rounds and this run's rows confirm."""
     if is_default_kernel(best):
         return _no_claim(default, "the winner is the kernel Inductor's default compile runs: no speedup to claim")
     if rounds == 0:
@@ -197,8 +202,11 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
             paired.append(Round(*(decision_us(got[s]) if got.get(s) is not None and got[s].status == "ok"
                                   else None for s in ("default", "winner")),
                                 contended=sum(1 for r in got.values() if _disturbed(r))))
-    # the rounds' verdict, then against every measurement of the two in this run (the baseline's, the search's)
+    # the rounds' verdict, then against every measurement of the two in this run (the baseline's, the
+    # search's), then against this machine's other runs of the two
     verdict = against_fastest(judge_speedup(paired), map(_ok_us, seen_default), map(_ok_us, seen_winner))
+    if verdict.confirmed and other_runs is not None:
+        verdict = against_other_runs(verdict, map(_ok_us, seen_default), map(_ok_us, seen_winner), *other_runs())
     text = (f"speedup vs default, median of {len(paired)} paired interleaved round(s) (each side's fastest run, "
             "back to back): "
             f"{verdict.claim_text()}" + ("" if verdict.confirmed or verdict.ratio is None else f"; {verdict.reason}"))

@@ -7,7 +7,7 @@ config measured several times counts with its row with the lowest one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -87,6 +87,23 @@ class Queries(ReportQueries):
                 m.MeasurementRow.config_hash == config_hash, m.MeasurementRow.status == "ok",
                 m.MeasurementRow.kind.in_(("candidate", "remeasure")), m.MeasurementRow.median_us.is_not(None))))
             return min(rows, key=rank_key, default=None)
+
+    def fastest_in_other_runs(self, device_id: int, problem_id: int, environment_id: int, config_hash: str | None,
+                              own: Collection[int]) -> tuple[m.MeasurementRow | None, m.MeasurementRow | None]:
+        """(default, winner): the fastest ok row (zhantune.bench.decision.rank_key) of Inductor's default
+        compile (kind ``default``) and of the config ``config_hash`` (kinds ``candidate``, ``remeasure``)
+        that other runs stored for this problem on this device with ``environment_id`` (the same host and
+        software, zhantune.provenance.environment_fields), any study; rows whose id is in ``own`` (this
+        run's) are left out. None where there is none (zhantune.bench.decision.against_other_runs)."""
+        r = m.MeasurementRow
+        with self.session() as s:
+            rows = [row for row in s.scalars(select(r).where(
+                r.device_id == device_id, r.problem_id == problem_id, r.environment_id == environment_id,
+                r.status == "ok", r.median_us.is_not(None),
+                or_(r.kind == "default", (r.config_hash == config_hash) & r.kind.in_(("candidate", "remeasure")))))
+                if row.id not in own]
+        return (min((x for x in rows if x.kind == "default"), key=rank_key, default=None),
+                min((x for x in rows if x.kind != "default"), key=rank_key, default=None))
 
     def count_measurements(self, study_id: int) -> int:
         """How many measurement rows a study holds (every kind)."""

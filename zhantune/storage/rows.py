@@ -95,3 +95,10 @@ class Recorder:
             row_id = self.store.add_measurement(claimed=claimed, **fields)
         self.stored_ids.add(row_id)
         return m.MeasurementRow(id=row_id, **fields)
+
+    def other_runs(self, winner: Any) -> tuple[m.MeasurementRow | None, m.MeasurementRow | None]:
+        """(default, winner): the fastest rows of Inductor's default and of ``winner``'s config (a row)
+        that other runs on this machine with this software stored for this problem and device
+        (Store.fastest_in_other_runs; this Recorder's rows left out)."""
+        return self.store.fastest_in_other_runs(self.device_id, self.problem_id, self.environment_id,
+                                                winner.config_hash, self.stored_ids)
