@@ -53,7 +53,7 @@ def _settle_with(conditions: dict, method: str, default_us=(100.0,), winner_us=(
     measurements, ``conditions_of()``) and timing ``method``, rows built as a tune stores them
     (measurement_row); ``default_us``/``winner_us``: each side's successive timings in the settle
     (the last one repeats); ``this_run``: the search and baseline rows were measured by this run;
-    ``other_runs``: (default us, winner us) of other runs on this machine (None: no such row)."""
+    ``other_runs``: (default us, winner us, when) of each other run on this machine that measured both."""
     from types import SimpleNamespace
 
     from zhantune.bench.measurement import Measurement
@@ -87,12 +87,9 @@ def _settle_with(conditions: dict, method: str, default_us=(100.0,), winner_us=(
             conditions=meas.conditions))
 
     best, default = record(timed(best_us), "candidate", cand), record(timed(baseline_us), "default", None)
-    others = None if other_runs is None else tuple(
-        None if us is None else record(timed(us), kind, None if kind == "default" else cand)
-        for us, kind in zip(other_runs, ("default", "candidate"), strict=True))
     return settle_speedup(best, default, [SimpleNamespace(name="cpp_gemm", scope="config")], bench, record, 3,
                           earlier=(best, default) if this_run else (),
-                          other_runs=None if others is None else lambda: others).verdict
+                          other_runs=None if other_runs is None else lambda method: other_runs).verdict
 
 
 @pytest.mark.parametrize("a_us,b_us,verdict", [
@@ -549,26 +546,27 @@ def test_rounds_that_agree_are_no_claim_when_the_defaults_fastest_measurement_is
 def test_a_claim_is_weighed_against_this_machines_other_runs_of_both_kernels():
     """A helper's attack (session 47): through five tunes a slow phase held the default at 278-306 us
     and the C++ template at 233-249 us, and three rounds agreed on 1.21-1.25x; other runs measured
-    210-227 us and 230-233 us. Each kernel's fastest over this machine's runs is its quiet time
-    (noise only adds time): the default there at or below the winner is no claim. A real 1.2x
+    210-227 us and 230-233 us. Each other run on this machine that measured both is judged against
+    itself (noise only adds time): its default at or below its winner is no claim. A real 1.2x
     measured in a whole-machine slow phase (both 1.25x slower than in the other run) still holds,
-    and so does any claim where the other runs measured only one of the two."""
+    and so does a claim whose other runs all found the winner faster."""
+    import datetime as dt
+
     quiet = {"cores": 2, "load_avg_1m": 0.1, "others_running": 0, "busy_at_start": False, "waited_s": 0.0}
-    fifo = "cpu:perf_counter:fifo"
+    fifo, at = "cpu:perf_counter:fifo", dt.datetime(2026, 11, 30, 11, 45, tzinfo=dt.timezone(dt.timedelta(hours=2)))
     slow = {"default_us": (285.0, 281.0, 290.0, 283.0), "winner_us": (240.0, 236.0, 238.0, 241.0),
             "best_us": 233.0, "baseline_us": 278.0}
     assert _settle_with(quiet, fifo, **slow).confirmed  # what the helper saw shipped
-    v = _settle_with(quiet, fifo, **slow, other_runs=(210.4, 230.5))
+    v = _settle_with(quiet, fifo, **slow, other_runs=[(290.0, 240.0, None), (210.4, 230.5, at), (225.0, 231.0, None)])
     assert not v.confirmed and v.ratio == pytest.approx(281.0 / 236.0), v
-    assert v.reason == ("unconfirmed: on this machine (same host and software) the default's fastest measurement "
-                        "(210.4 us, an earlier run) is as fast as the winner's (230.5 us, an earlier run): the rounds' "
-                        "difference is this run's phase of the machine, not the kernels' (noise only adds time)"), v
-    v = _settle_with(quiet, fifo, **slow, other_runs=(230.0, 250.0))  # this run's winner (233) the faster
-    assert not v.confirmed and "(230.0 us, an earlier run) is as fast as the winner's (233.0 us, this run)" in v.reason
-    for other in ((210.4, None), (None, 230.5), (None, None), (234.0, 230.5)):
-        assert _settle_with(quiet, fifo, **slow, other_runs=other).confirmed, other
+    assert v.reason == ("unconfirmed: a run of 2026-11-30 09:45 UTC on this machine (same host, software and timing "
+                        "method) measured the default as fast as the winner (their fastest 210.4 us and 230.5 us): the "
+                        "rounds' difference is this run's phase of the machine, not the kernels' (noise only adds "
+                        "time)"), v
+    for others in ([], [(234.0, 230.5, at)], [(273.0, 227.5, at), (300.0, 250.0, None)]):
+        assert _settle_with(quiet, fifo, **slow, other_runs=others).confirmed, others
     phase = {"default_us": (125.0,), "winner_us": (104.0,), "best_us": 104.0, "baseline_us": 125.0}
-    v = _settle_with(quiet, fifo, **phase, other_runs=(100.0, 83.0))
+    v = _settle_with(quiet, fifo, **phase, other_runs=[(100.0, 83.0, at)])
     assert v.confirmed and v.ratio == pytest.approx(125 / 104), v
 
 
@@ -775,7 +773,8 @@ def test_a_replayed_entry_confirmed_below_the_floor_says_the_default_ships(tmp_p
     said: list[str] = []
     bench = SimpleNamespace(measure=lambda c: timed(100.0), measure_default=lambda: timed(101.0))
     env = store.environment_id(environment_fields())  # no run stored rows there: (None, None)
-    rec = SimpleNamespace(add=record, other_runs=lambda w: store.fastest_in_other_runs(dev, prob, env, w.config_hash, ()))
+    rec = SimpleNamespace(add=record, other_runs=lambda w, method: store.other_runs_of_pair(
+        dev, prob, env, w.config_hash, method, "this run"))
     _settle(store, study, dev, record(timed(100.0), "candidate", cand), record(timed(101.0), "default", None), cand,
             bench, rec, 3, said.append)
     assert "1.01x (rounds 1.01-1.01x, n=3); below export.min_speedup (1.02 by default): the export ships " \
@@ -791,6 +790,7 @@ def test_a_replay_weighs_its_claim_against_this_machines_earlier_runs(tmp_path):
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import Timing
     from zhantune.candidate import Candidate
+    from zhantune.device import resolve_device
     from zhantune.problems import GemmProblem
     from zhantune.storage import Recorder, Store
     from zhantune.table_replay import _settle
@@ -798,6 +798,7 @@ def test_a_replay_weighs_its_claim_against_this_machines_earlier_runs(tmp_path):
     quiet = {"cores": 2, "load_avg_1m": 0.1, "others_running": 0, "busy_at_start": False, "waited_s": 0.0}
     store = Store(f"sqlite:///{tmp_path / 'r.db'}")
     device_id, problem = store.device_id("cpu", "cpu", "cpu", {}), GemmProblem("mm", (64, 64, 64), "float32")
+    cpu = resolve_device("cpu")
     problem_id = store.problem_id(problem.key, **problem.row_fields())
     cand = Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": 1})
 
@@ -806,61 +807,81 @@ def test_a_replay_weighs_its_claim_against_this_machines_earlier_runs(tmp_path):
 
     bench = SimpleNamespace(measure=lambda c: timed(10.0), measure_default=lambda: timed(20.0))
     for tuned_default_us, confirmed in ((25.0, True), (9.5, False)):
-        tune = Recorder(store, problem, store.study_id(f"tune{tuned_default_us}", {}), device_id, problem_id)
+        tune = Recorder(store, problem, store.study_id(f"tune{tuned_default_us}", {}), device_id, problem_id, cpu)
         tune.add(timed(tuned_default_us), "default")
         tune.add(timed(10.5), "candidate", cand, trial_number=0)
         study_id = store.study_id(f"replay{tuned_default_us}", {})
-        rec = Recorder(store, problem, study_id, device_id, problem_id)
+        rec = Recorder(store, problem, study_id, device_id, problem_id, cpu)
         said: list[str] = []
         _settle(store, study_id, device_id, rec.add(timed(10.0), "candidate", cand), rec.add(timed(20.0), "default"),
                 cand, bench, rec, 3, said.append)
         verdict = store.study_verdict(study_id)
         assert verdict.ratio == pytest.approx(2.0) and verdict.confirmed is confirmed, said
-        if not confirmed:  # the tune of 25 us stored before is this machine's run too: the fastest of every run
-            assert "the default's fastest measurement (9.5 us, a run of " in verdict.reason and \
-                "as fast as the winner's (10.0 us, this run)" in said[0], said
+        if not confirmed:  # the tune that measured its default at 9.5 us and the entry at 10.5 us
+            assert "on this machine (same host, software and timing method) measured the default as fast as the " \
+                "winner (their fastest 9.5 us and 10.5 us)" in said[0], said
 
 
-def test_other_runs_are_this_machines_rows_of_the_two_kernels_only(tmp_path):
-    """Store.fastest_in_other_runs (a real database): the fastest ok row of the default and of the
-    winner's config, of this problem and device, stored with this host and software by a run other
-    than this one; never another config's (it would make the winner look faster than it ran), a
-    failed row, another problem's, another host's or this run's own."""
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_other_runs_are_this_machines_runs_of_the_two_kernels_only(tmp_path, request, backend):
+    """Store.other_runs_of_pair (a real database): per other run (a Recorder's rows) on this machine
+    with this software and timing method that measured both, the default's fastest and the winner's
+    fastest ok row; never another config's (it would make the winner look faster than it ran), a
+    failed row, another problem's, another host's, another timing method's, this run's own, or a run
+    that measured one side only. SQLite and a real PostgreSQL server (the run is read from the JSON
+    column ``conditions``)."""
+    import datetime as dt
+
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import Timing
     from zhantune.candidate import Candidate
+    from zhantune.device import resolve_device
     from zhantune.problems import GemmProblem
     from zhantune.provenance import environment_fields
     from zhantune.storage import Recorder, Store
 
-    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
-    device_id, study_id = store.device_id("cpu", "cpu", "cpu", {}), store.study_id("s", {})
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}" if backend == "sqlite" else
+                  request.getfixturevalue("postgres").new_database())
+    device_id, study_id, cpu = store.device_id("cpu", "cpu", "cpu", {}), store.study_id("s", {}), resolve_device("cpu")
     problems = [GemmProblem("mm", (64, 64, n), "float32") for n in (64, 32)]
     winner, other = (Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": k})
                      for k in (1, 2))
 
-    def timed(us: float, status: str = "ok") -> Measurement:
-        return Measurement(status, Timing(us, us, us, us, us, 100, "cpu:perf_counter"))
+    def timed(us: float, status: str = "ok", method: str = "cpu:perf_counter") -> Measurement:
+        return Measurement(status, Timing(us, us, us, us, us, 100, method))
 
-    def run(problem: GemmProblem, host: str | None = None) -> Recorder:
-        rec = Recorder(store, problem, study_id, device_id, store.problem_id(problem.key, **problem.row_fields()))
+    def run(problem: GemmProblem = problems[0], host: str | None = None) -> Recorder:
+        rec = Recorder(store, problem, study_id, device_id, store.problem_id(problem.key, **problem.row_fields()), cpu)
         if host:
             rec.environment_id = store.environment_id({**environment_fields(), "host": host})
         return rec
 
-    earlier, mine = run(problems[0]), run(problems[0])
-    first = earlier.add(timed(30.0), "candidate", winner)
+    def pairs(rec: Recorder, row) -> list[tuple[float, float]]:
+        return [(d, w) for d, w, _ in rec.other_runs(row, "cpu:perf_counter")]
+
+    mine, one_side = run(), run()
+    first = one_side.add(timed(30.0), "candidate", winner)  # a run that measured the winner alone
     mine.add(timed(1.0), "remeasure", winner)
     mine.add(timed(1.0), "default")
-    d, w = mine.other_runs(first)
-    assert d is None and w.id == first.id, (d, w)  # this run's own rows (1.0 us) left out
-    want = earlier.add(timed(20.0), "default"), earlier.add(timed(25.0), "remeasure", winner)
-    earlier.add(timed(5.0), "candidate", other)
-    earlier.add(timed(4.0, "runtime_error"), "candidate", winner)
-    run(problems[1]).add(timed(3.0), "default")
-    run(problems[0], "another-host").add(timed(2.0), "default")
-    got = mine.other_runs(want[1])
-    assert [(r.id, r.min_us) for r in got] == [(w.id, w.min_us) for w in want], got
+    assert pairs(mine, first) == []
+    a, b = run(), run()
+    for us in (22.0, 20.0):
+        a.add(timed(us), "default")
+    a.add(timed(25.0), "remeasure", winner)
+    a.add(timed(24.0), "candidate", winner)
+    a.add(timed(5.0), "candidate", other)
+    a.add(timed(4.0, "runtime_error"), "candidate", winner)
+    a.add(timed(3.0, method="cpu:perf_counter:flush"), "default")
+    b.add(timed(40.0), "default")
+    b.add(timed(30.0), "candidate", winner)
+    for rec in (run(problems[1]), run(host="another-host")):
+        rec.add(timed(2.0), "default")
+        rec.add(timed(2.0), "candidate", winner)
+    assert pairs(mine, first) == [(20.0, 24.0), (40.0, 30.0)]
+    (_, _, when), _ = mine.other_runs(first, "cpu:perf_counter")
+    if when.tzinfo is not None:  # PostgreSQL's, in the session's time zone; SQLite's is naive UTC
+        when = when.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    assert abs((when - dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)).total_seconds()) < 600, when
 
 
 @pytest.mark.parametrize("rounds,confirmed,reason", VERDICTS)

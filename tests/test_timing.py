@@ -3,6 +3,7 @@ conditions, and correctness on edge shapes."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from pathlib import Path
@@ -170,28 +171,38 @@ def test_a_speedup_is_always_settled_in_paired_alternating_rounds(tune_cfg, tmp_
     assert "paired interleaved" in result.speedup_text and f"{result.claim.ratio:.2f}x" in result.speedup_text
 
 
-@pytest.mark.parametrize("earlier", ["this machine", "another host", "the default alone"])
+@pytest.mark.parametrize("earlier", ["this machine", "another host", "another timing", "two runs, one side each"])
 def test_a_claim_an_earlier_run_on_this_machine_contradicts_is_no_claim(tune_cfg, tmp_path, earlier):
     """A helper's attack (session 47): a slow phase of this VM that outlasted whole tunes slowed the
     default (278-306 us in every baseline and round) more than the C++ template (233-249 us), and
     three rounds agreed on 1.21-1.25x in five tunes, where other runs measured the default at
     210-227 us and the template at 230-233 us. Through tune.settle and a real database: an earlier
-    run on this machine (the same host and software) whose rows hold the default as fast as the
-    winner makes the rounds' claim no claim; one on another host does not, nor an earlier run that
-    measured the default alone (its quiet phase against this run's winner would be two phases)."""
+    run on this machine (the same host, software and timing method; its rows timed here, with this
+    CPU's conditions) that measured the default as fast as the winner makes the rounds' claim no
+    claim. Not a run on another host or with another timing method, nor two runs that measured one
+    side each (one's quiet default against the other's slow winner would be two phases)."""
+    from zhantune.device import resolve_device
     from zhantune.provenance import environment_fields
 
     path = DATA / "gemm_RTX_3090.json.gz"
     measured = _measured_configs(path)
     win_t, win_v = measured[0]
     def_t, def_v = next((t, v) for t, v in measured if not is_tie(win_t, t))
-    run, store, device_id, problem_id, study_id, rec, bench = _replay_study(tune_cfg, tmp_path, path, "earlier")
+    run, store, device_id, problem_id, study_id, _, bench = _replay_study(tune_cfg, tmp_path, path, "earlier")
     winner = run.space.branches[0].candidate(win_v)
-    if earlier == "another host":
-        rec.environment_id = store.environment_id({**environment_fields(), "host": "another-host"})
-    rec.add(bench.measure(winner), "default")  # that run's default as fast as the winner
-    if earlier != "the default alone":
-        rec.add(bench.measure(winner), "candidate", winner, trial_number=0)
+
+    def earlier_run(sides: tuple[str, ...]) -> None:
+        rec = Recorder(store, run.problem, study_id, device_id, problem_id, resolve_device("cpu"))
+        if earlier == "another host":
+            rec.environment_id = store.environment_id({**environment_fields(), "host": "another-host"})
+        for side in sides:  # that run's default as fast as the winner
+            meas = bench.measure(winner)
+            if earlier == "another timing":
+                meas = dataclasses.replace(meas, timing=dataclasses.replace(meas.timing, method="kerneltuner:other"))
+            rec.add(meas, side, None if side == "default" else winner, trial_number=None if side == "default" else 0)
+
+    for sides in ((("default",), ("candidate",)) if earlier == "two runs, one side each" else (("default", "candidate"),)):
+        earlier_run(sides)
     _, store, _, _, _, result = _settle_speedup(tune_cfg, tmp_path, path, def_v, win_v)
     (verdict,) = store.latest_verdicts().values()
     if earlier != "this machine":
@@ -199,9 +210,9 @@ def test_a_claim_an_earlier_run_on_this_machine_contradicts_is_no_claim(tune_cfg
         return
     assert not result.claim.confirmed and not verdict.confirmed
     assert result.claim.ratio == pytest.approx(def_t.median_us / win_t.median_us)  # what the rounds agreed on
-    assert re.search(rf"on this machine \(same host and software\) the default's fastest measurement "
-                     rf"\({win_t.median_us:,.1f} us, a run of \d{{4}}-\d\d-\d\d \d\d:\d\d UTC\) is as fast as the "
-                     rf"winner's \({win_t.median_us:,.1f} us, ", verdict.reason), verdict.reason
+    assert re.search(rf"unconfirmed: a run of \d{{4}}-\d\d-\d\d \d\d:\d\d UTC on this machine \(same host, software "
+                     rf"and timing method\) measured the default as fast as the winner \(their fastest "
+                     rf"{win_t.median_us:,.1f} us and {win_t.median_us:,.1f} us\)", verdict.reason), verdict.reason
     assert verdict.reason in result.speedup_text
 
 

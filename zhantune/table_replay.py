@@ -86,7 +86,7 @@ def _settle(store: Store, study_id: int, device_id: int, row: Any, default_row: 
     from zhantune.storage.queries import judged
 
     settled = settle_speedup(row, default_row, (), bench, rec.add, rounds, cand, earlier=(row, default_row),
-                             other_runs=lambda: rec.other_runs(row))
+                             other_runs=lambda method: rec.other_runs(row, method))
     v = settled.verdict
     before = None
     if v.rounds:

@@ -165,7 +165,7 @@ def settle(run: RunSpec, store: Store, bench: Benchmarker, rec: Recorder, proble
         result.claimed = best
         settled = settle_speedup(best, default, run.space.branches, bench, rec.add, rounds,
                                  earlier=[r for r in (default, best) if r.id in rec.stored_ids],
-                                 other_runs=lambda: rec.other_runs(best))
+                                 other_runs=lambda method: rec.other_runs(best, method))
         result.default = settled.default
         result.speedup_text = settled.text if settled.text is not None else result.speedup_text
         v = settled.verdict

@@ -31,6 +31,7 @@ compile's per-call overhead makes it 3.9x eager's time, measured, and that is re
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
 import statistics
 from collections.abc import Iterable
@@ -237,40 +238,39 @@ def against_fastest(verdict: SpeedupVerdict, default_us: Iterable[float | None],
         f"({w:,.1f} us): the rounds' difference is not the kernels' (noise only adds time)"))
 
 
-def against_other_runs(verdict: SpeedupVerdict, default_us: Iterable[float | None], winner_us: Iterable[float | None],
-                       other_default: Any, other_winner: Any) -> SpeedupVerdict:
+def against_other_runs(verdict: SpeedupVerdict, runs: Iterable[tuple[float, float, Any]]) -> SpeedupVerdict:
     """A confirmed ``verdict`` checked against this machine's other runs of the same two kernels:
-    ``other_default`` and ``other_winner`` are the fastest ok rows of Inductor's default and of the
-    winner that earlier runs with the same host and software stored (Store.fastest_in_other_runs),
-    None where there is none; ``default_us``/``winner_us`` this run's (microseconds, as for
-    :func:`against_fastest`). Only where both have such a row: each kernel's fastest over every run
-    is its time on a quiet phase of this machine (noise only adds time), so a default at or below
-    the winner there contradicts the rounds. A slow phase that outlasts a tune can slow one kernel
-    more than the other (a helper's, 2026-11-30: the default 278-306 us through five tunes'
-    baselines and rounds, the C++ template 233-249 us, three rounds agreeing on 1.21-1.25x; the same
-    default 210-227 us in other runs, the template 230-233 us). Not the winner alone: its only rows
-    may be from a slow phase, and a default from a quiet one would then sink a real claim.
-    Unconfirmed then (the table ships the default); other verdicts are returned as they are."""
-    if not verdict.confirmed or other_default is None or other_winner is None:
+    ``runs`` holds, for each other run with the same host, software and timing method that measured
+    both (Store.other_runs_of_pair), the default's fastest and the winner's fastest (microseconds) and
+    when. Noise only adds time, so a run whose default was at or below its own winner contradicts the
+    speedup, as :func:`against_fastest` judges this run's rows. A slow phase that outlasts a tune can slow
+    one kernel more than the other (a helper's, 2026-11-30: the default 278-306 us through five tunes'
+    baselines and rounds, the C++ template 233-249 us, three rounds agreeing on 1.21-1.25x; in other
+    runs the same default 210-227 us, the template 230-233 us). Each run against itself, never one
+    run's default against another's winner: a phase of the whole machine (both 1.25x slower) between
+    two runs would then sink a real claim, and the default (measured by every tune) would be taken
+    over more phases than the winner. Unconfirmed then, its ratio kept (the table ships the default);
+    other verdicts are returned as they are."""
+    if not verdict.confirmed:
         return verdict
-    def fastest(mine: Iterable[float | None], other: Any) -> tuple[float, int, str]:
-        """(us, 0 or 1, when): the fastest of this run's (named first on a tie) and the other runs'."""
-        ours = [(t, 0, "this run") for t in mine if t is not None and 0 < t < math.inf]
-        return min([*ours, (decision_us(other), 1, _when(other))])
-
-    (d, _, d_when), (w, _, w_when) = fastest(default_us, other_default), fastest(winner_us, other_winner)
-    if d > w:
+    against = min(((d / w, d, w, when) for d, w, when in runs if d <= w), default=None, key=lambda x: x[0])
+    if against is None:
         return verdict
+    _, d, w, when = against
     return dataclasses.replace(verdict, confirmed=False, reason=(
-        f"unconfirmed: on this machine (same host and software) the default's fastest measurement ({d:,.1f} us, "
-        f"{d_when}) is as fast as the winner's ({w:,.1f} us, {w_when}): the rounds' difference is this run's "
-        "phase of the machine, not the kernels' (noise only adds time)"))
+        f"unconfirmed: {_when(when)} on this machine (same host, software and timing method) measured the "
+        f"default as fast as the winner (their fastest {d:,.1f} us and {w:,.1f} us): the rounds' difference "
+        "is this run's phase of the machine, not the kernels' (noise only adds time)"))
 
 
-def _when(row: Any) -> str:
-    """"a run of 2026-11-30 11:45 UTC": when an earlier run stored ``row``."""
-    at = getattr(row, "created_at", None)
-    return f"a run of {at:%Y-%m-%d %H:%M} UTC" if at is not None else "an earlier run"
+def _when(at: Any) -> str:
+    """"a run of 2026-11-30 11:45 UTC" (``at``: when that run stored its first row; a naive time, as
+    SQLite gives it back, is UTC, as zhantune stores it)."""
+    if at is None:
+        return "another run"
+    if at.tzinfo is not None:
+        at = at.astimezone(dt.timezone.utc)
+    return f"a run of {at:%Y-%m-%d %H:%M} UTC"
 
 
 #: export.min_speedup's default: two copies of one kernel were confirmed 1.002-1.015x apart on a

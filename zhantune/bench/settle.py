@@ -153,7 +153,7 @@ def _no_claim(default: Any, reason: str) -> SpeedupSettle:
 
 def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benchmarker, record: Record,
                    rounds: int, candidate: Candidate | None = None, earlier: Sequence[Any] = (),
-                   other_runs: Callable[[], tuple[Any, Any]] | None = None) -> SpeedupSettle:
+                   other_runs: Callable[[str | None], Any] | None = None) -> SpeedupSettle:
     """Settle the speedup claim of ``best`` (the fastest row a table can carry) over Inductor's
     default (``default``, its ok row; always, not only when their times overlap): one measurement of
     each first (it compiles what is not kept compiled; stored, not judged), then ``rounds``
@@ -166,10 +166,10 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
     has no space); else rebuilt from ``branches``. ``earlier``: rows of the two this run measured
     before the settle (a default's baseline of kind ``default``, the winner's search row), which
     zhantune.bench.decision.against_fastest weighs with the settle's own; never another run's (another
-    machine of the device key, another phase, another torch). ``other_runs``: gives (default, winner),
-    the fastest rows of the two that other runs on this machine with this software stored
-    (zhantune.storage.Recorder.other_runs), which zhantune.bench.decision.against_other_runs weighs
-    where both exist; called only for a claim the rounds and this run's rows confirm."""
+    machine of the device key, another phase, another torch). ``other_runs``: given the settle's
+    timing method, each other run on this machine that measured both (zhantune.storage.Recorder.other_runs),
+    which zhantune.bench.decision.against_other_runs weighs; called only for a claim the rounds and
+    this run's rows confirm."""
     if is_default_kernel(best):
         return _no_claim(default, "the winner is the kernel Inductor's default compile runs: no speedup to claim")
     if rounds == 0:
@@ -206,7 +206,7 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
     # search's), then against this machine's other runs of the two
     verdict = against_fastest(judge_speedup(paired), map(_ok_us, seen_default), map(_ok_us, seen_winner))
     if verdict.confirmed and other_runs is not None:
-        verdict = against_other_runs(verdict, map(_ok_us, seen_default), map(_ok_us, seen_winner), *other_runs())
+        verdict = against_other_runs(verdict, other_runs(seen_winner[-1].timing_method))
     text = (f"speedup vs default, median of {len(paired)} paired interleaved round(s) (each side's fastest run, "
             "back to back): "
             f"{verdict.claim_text()}" + ("" if verdict.confirmed or verdict.ratio is None else f"; {verdict.reason}"))

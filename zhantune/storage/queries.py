@@ -7,14 +7,16 @@ config measured several times counts with its row with the lowest one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import datetime as dt
+import math
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from zhantune.bench.decision import best_per_config, decision_us, rank_key
+from zhantune.bench.decision import best_per_config, decision_us, decision_value, rank_key
 from zhantune.errors import StorageError, shown
 from zhantune.provenance import torch_release
 from zhantune.storage import orm as m
@@ -88,22 +90,30 @@ class Queries(ReportQueries):
                 m.MeasurementRow.kind.in_(("candidate", "remeasure")), m.MeasurementRow.median_us.is_not(None))))
             return min(rows, key=rank_key, default=None)
 
-    def fastest_in_other_runs(self, device_id: int, problem_id: int, environment_id: int, config_hash: str | None,
-                              own: Collection[int]) -> tuple[m.MeasurementRow | None, m.MeasurementRow | None]:
-        """(default, winner): the fastest ok row (zhantune.bench.decision.rank_key) of Inductor's default
-        compile (kind ``default``) and of the config ``config_hash`` (kinds ``candidate``, ``remeasure``)
-        that other runs stored for this problem on this device with ``environment_id`` (the same host and
-        software, zhantune.provenance.environment_fields), any study; rows whose id is in ``own`` (this
-        run's) are left out. None where there is none (zhantune.bench.decision.against_other_runs)."""
+    def other_runs_of_pair(self, device_id: int, problem_id: int, environment_id: int, config_hash: str | None,
+                           timing_method: str | None, run: str) -> list[tuple[float, float, dt.datetime]]:
+        """Each other run that measured both Inductor's default compile (kind ``default``) and the config
+        ``config_hash`` (kinds ``candidate``, ``remeasure``) ok, for this problem on this device, with
+        ``environment_id`` (the same host and software, zhantune.provenance.environment_fields) and
+        ``timing_method``, any study: (the default's fastest, the config's fastest, in microseconds,
+        zhantune.bench.decision.decision_value; when that run stored its first of them). A run is a
+        Recorder's (``conditions.run``, zhantune.storage.Recorder; rows stored before 2026-11-30 have
+        none and are left out), ``run`` is this one's. Oldest first (zhantune.bench.decision.against_other_runs)."""
         r = m.MeasurementRow
+        run_of = r.conditions["run"].as_string()
         with self.session() as s:
-            rows = [row for row in s.scalars(select(r).where(
+            rows = s.execute(select(run_of, r.kind, r.min_us, r.median_us, r.timing_method, r.created_at).where(
                 r.device_id == device_id, r.problem_id == problem_id, r.environment_id == environment_id,
-                r.status == "ok", r.median_us.is_not(None),
-                or_(r.kind == "default", (r.config_hash == config_hash) & r.kind.in_(("candidate", "remeasure")))))
-                if row.id not in own]
-        return (min((x for x in rows if x.kind == "default"), key=rank_key, default=None),
-                min((x for x in rows if x.kind != "default"), key=rank_key, default=None))
+                r.timing_method == timing_method, r.status == "ok", r.median_us.is_not(None),
+                or_(r.kind == "default", (r.config_hash == config_hash) & r.kind.in_(("candidate", "remeasure"))),
+                run_of.is_not(None), run_of != run).order_by(r.id)).all()
+        runs: dict[str, list[Any]] = {}
+        for row in rows:
+            us = decision_value(row.min_us, row.median_us, row.timing_method)
+            side = 0 if row.kind == "default" else 1
+            got = runs.setdefault(row[0], [math.inf, math.inf, row.created_at])
+            got[side] = min(got[side], us)
+        return [(d, w, at) for d, w, at in runs.values() if d < math.inf and w < math.inf]
 
     def count_measurements(self, study_id: int) -> int:
         """How many measurement rows a study holds (every kind)."""

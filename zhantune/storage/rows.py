@@ -5,6 +5,7 @@ tune, the table replay, the Kernel Tuner import), so that every row carries the 
 from __future__ import annotations
 
 import math
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from zhantune import interrupt
@@ -76,6 +77,8 @@ class Recorder:
         self.environment_id = store.environment_id(environment_fields())
         #: the ids of the rows stored through this Recorder: this run's own measurements
         self.stored_ids: set[int] = set()
+        #: this run, in every timed row's conditions (``run``): Store.other_runs_of_pair tells runs apart by it
+        self.run_id = uuid.uuid4().hex
 
     def add(self, meas: Measurement, kind: str, candidate: Candidate | None = None,
             trial_number: int | None = None, claimed: bool = False) -> m.MeasurementRow:
@@ -86,7 +89,7 @@ class Recorder:
             from zhantune.bench.conditions import conditions
 
             # as the timing process saw it (with the back-off's wait), else a snapshot here
-            seen = meas.conditions or conditions(self.device_kind, self.device_index)
+            seen = {**(meas.conditions or conditions(self.device_kind, self.device_index)), "run": self.run_id}
         fields = measurement_row(meas, kind, candidate, study_id=self.study_id, device_id=self.device_id,
                                  problem_id=self.problem_id, environment_id=self.environment_id,
                                  trial_number=trial_number, torch_version=self.versions["torch"],
@@ -96,9 +99,9 @@ class Recorder:
         self.stored_ids.add(row_id)
         return m.MeasurementRow(id=row_id, **fields)
 
-    def other_runs(self, winner: Any) -> tuple[m.MeasurementRow | None, m.MeasurementRow | None]:
-        """(default, winner): the fastest rows of Inductor's default and of ``winner``'s config (a row)
-        that other runs on this machine with this software stored for this problem and device
-        (Store.fastest_in_other_runs; this Recorder's rows left out)."""
-        return self.store.fastest_in_other_runs(self.device_id, self.problem_id, self.environment_id,
-                                                winner.config_hash, self.stored_ids)
+    def other_runs(self, winner: Any, timing_method: str | None) -> list[tuple[float, float, Any]]:
+        """Each other run on this machine with this software and ``timing_method`` that measured both
+        Inductor's default and ``winner``'s config (a row) for this problem and device: (the default's
+        fastest us, the config's fastest us, when); Store.other_runs_of_pair."""
+        return self.store.other_runs_of_pair(self.device_id, self.problem_id, self.environment_id,
+                                             winner.config_hash, timing_method, self.run_id)
