@@ -1680,8 +1680,8 @@ def test_the_summary_says_what_the_table_ships(tmp_path):
     opts = ExportConfig(path=str(tmp_path / "t.json"))
     verdict(x, 1.6, True)  # an earlier run confirmed x; this run's winner y did not confirm
     text, cell = summary(verdict(y, 1.9, False), opts)
-    assert "winner in this run: inductor default (20.0 us); no candidate beat it in this run's confirmed paired " \
-           "comparison" in text, text
+    assert "winner in this run: inductor default (20.0 us): no candidate's speedup over it was confirmed in paired " \
+           "rounds (triton_mm: 1.90x, unconfirmed: a flip); the table ships" in text, text
     assert "; the table ships triton::mm BLOCK_K=32 BLOCK_M=32 BLOCK_N=64" in text, text
     assert "whose speedup paired rounds of an earlier run confirmed" in text and cell == "1.90x (unconfirmed) (table: another config)"
     text, _ = summary(verdict(y, 1.9, False), ExportConfig(path=str(tmp_path / "t.json"), min_speedup=None))

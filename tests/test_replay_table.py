@@ -104,6 +104,11 @@ def test_replay_table_errors(cli, tmp_path):
     (tmp_path / "t.json").write_text(json.dumps({"X+((torch.float32, [8, 8], [8, 1]),)+mm": [{"template_id": "aten::mm"}]}))
     r = cli([f"table={tmp_path}/t.json", f"storage.url={url}", "device=cpu"], tmp_path, module="zhantune.replay")
     assert r.returncode == 2 and "no problem with this Inductor input key in the database" in r.stderr
+    # no database at all (a newcomer's, session 48: the hint was to run a tune): where the problems are
+    r = cli([f"table={tmp_path}/t.json", f"storage.url=sqlite:///{tmp_path}/none.db"], tmp_path, module="zhantune.replay")
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "none.db (a replay measures the problems stored in the database the table was exported from: give its "
+        "storage.url, or copy it here)"), r.stderr
     (tmp_path / "bad.json").write_text("{not json")
     r = cli([f"table={tmp_path}/bad.json", f"storage.url={url}"], tmp_path, module="zhantune.replay")
     assert r.returncode == 2 and "not valid JSON" in r.stderr

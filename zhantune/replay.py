@@ -58,8 +58,9 @@ def _replay_app(cfg: DictConfig) -> None:
         check_bench(cfg.bench)
         path = sqlite_path(cfg.storage.url)
         if path is not None and not path.exists():
-            raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path} (a tune, "
-                               "python -m zhantune ..., writes one; or give the storage.url of yours)")
+            raise StorageError(f"storage.url={hide_password(cfg.storage.url)}: no database at {path} (a replay "
+                               "measures the problems stored in the database the table was exported from: give "
+                               "its storage.url, or copy it here)")
         device = resolve_device(cfg.device)
         tf = read_table_option(cfg.table, device.kind)  # only allow-listed knobs (zhantune.inductor.knobs)
         table = tf.table

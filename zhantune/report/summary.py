@@ -71,7 +71,8 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     Every "best" is the one ranking (zhantune.bench.decision: the minimum of individually timed
     runs, shown as "min us" beside the median); the speedup claim is the settled, paired one
     (``result.claim``, zhantune.bench.decision): the winner line says "R.RRx faster than inductor
-    default" only for a confirmed claim, else "no candidate beat it" with the reason.
+    default" only for a confirmed claim, else "no candidate's speedup over it was confirmed" with the
+    paired ratio and the reason.
     ``result``: a zhantune.tune.TuneResult; ``db``: the database URL shown."""
     ok_default = result.default is not None and result.default.status == "ok"
     default_us = decision_us(result.default) if ok_default else None
@@ -207,10 +208,13 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
         # the reason from the paired rounds when there were any (never the unpaired ratio of the
         # fastest runs as if it were a speedup: the rounds may say the opposite)
         why = claim.reason if claim is not None else "not settled in paired rounds"
-        # "in this run": a config an earlier run confirmed may still ship (what_ships says so)
-        console.print(f"winner in this run: inductor default ({_us(default_us)} us); no candidate beat it in this run's "
-                      f"confirmed paired comparison: {claimed.branch if claimed is not None else result.best.branch} {why}"
-                      + ("" if shipped is None else what_ships(shipped, run_export)), markup=False)
+        # "in this run": a config an earlier run confirmed may still ship (what_ships says so); the
+        # paired ratio named with its reason, where it was above 1x: "winner: the default" beside a
+        # table row of 2.38x read as a contradiction (a newcomer's, session 48)
+        ratio = f"{claim.ratio:.2f}x, " if claim is not None and claim.ratio is not None and claim.ratio > 1 else ""
+        console.print(f"winner in this run: inductor default ({_us(default_us)} us): no candidate's speedup over it was "
+                      f"confirmed in paired rounds ({claimed.branch if claimed is not None else result.best.branch}: "
+                      f"{ratio}{why})" + ("" if shipped is None else what_ships(shipped, run_export)), markup=False)
 
 
 def what_ships(shipped: Any, run_export: Any) -> str:
