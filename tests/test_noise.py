@@ -822,6 +822,21 @@ def test_a_replay_weighs_its_claim_against_this_machines_earlier_runs(tmp_path):
                 "winner (their fastest 9.5 us and 10.5 us)" in said[0], said
 
 
+@pytest.mark.parametrize(("a", "b", "same"), [
+    ("cpu:perf_counter:fifo", "cpu:perf_counter", True), ("cpu:perf_counter:nice-10", "cpu:perf_counter:fifo", True),
+    ("cpu:perf_counter:flush:fifo", "cpu:perf_counter:fifo", False),
+    ("cuda:triton.do_bench_cudagraph:batch=7", "cuda:triton.do_bench_cudagraph:batch=1", True),
+    ("cuda:triton.do_bench_cudagraph:batch=7", "cuda:triton.do_bench", False)])
+def test_which_timings_measure_the_same_thing(a, b, same):
+    """Rows of two runs are weighed against each other only where they time the same thing: the
+    scheduling a run got (FIFO, a niceness) and a CUDA graph's batch aside, a cold cache (flush) or
+    another CUDA timer is another measurement (a helper's: a run without flushing, 24 us, would
+    have sunk a flushed 224-against-204 us claim)."""
+    from zhantune.bench.decision import timing_kind
+
+    assert (timing_kind(a) == timing_kind(b)) is same
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_other_runs_are_this_machines_runs_of_the_two_kernels_only(tmp_path, request, backend):
     """Store.other_runs_of_pair (a real database): per other run (a Recorder's rows) on this machine
@@ -872,7 +887,7 @@ def test_other_runs_are_this_machines_runs_of_the_two_kernels_only(tmp_path, req
     a.add(timed(5.0), "candidate", other)
     a.add(timed(4.0, "runtime_error"), "candidate", winner)
     a.add(timed(3.0, method="cpu:perf_counter:flush"), "default")
-    b.add(timed(40.0), "default")
+    b.add(timed(40.0, method="cpu:perf_counter:fifo"), "default")  # shielded or not, one kind of timing
     b.add(timed(30.0), "candidate", winner)
     for rec in (run(problems[1]), run(host="another-host")):
         rec.add(timed(2.0), "default")

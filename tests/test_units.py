@@ -339,6 +339,15 @@ def test_a_table_printed_off_a_terminal_cuts_no_cell():
     print_table(Console(file=out, width=60, force_terminal=False), table)
     text = out.getvalue()
     assert key in text and "154.6" in text and "(share of the model's GEMM time)" in text and "…" not in text
+    # a title wider than the cells (compare's, a problem key) is one line, not broken mid-word
+    title = "linear_act[M=64,N=1024,K=256]:float32:gelu:weight_nk"
+    table = Table(title=title)
+    table.add_column("device")
+    table.add_column("best us")
+    table.add_row("AMD EPYC (2 threads)", "233.6")
+    out = io.StringIO()
+    print_table(Console(file=out, width=100, force_terminal=False), table)
+    assert title in out.getvalue(), out.getvalue()
 
 
 def test_weights_that_do_not_fit_on_the_device_are_one_line(monkeypatch):

@@ -40,7 +40,7 @@ from typing import Any
 
 __all__ = ["Round", "SpeedupVerdict", "judge_speedup", "ratio_spread", "beyond_spread", "claim_holds", "CONFIRM_C",
            "below_min_speedup", "DEFAULT_MIN_SPEEDUP", "paired_ratio", "decision_us", "decision_value", "rank_key",
-           "best_per_config"]
+           "best_per_config", "timing_kind"]
 
 
 def decision_us(row: Any) -> float:
@@ -60,6 +60,16 @@ def decision_value(min_us: float | None, median_us: float | None, method: str | 
     if min_us is None or (method or "").startswith("kerneltuner"):
         return median_us
     return min_us
+
+
+def timing_kind(method: str | None) -> str | None:
+    """What a timing ``method`` measures, without how it was shielded or batched: ``:fifo`` and
+    ``:nice<N>`` (the scheduling a run got, zhantune.bench.timing.time_cpu) and ``:batch=N`` (the
+    runs a CUDA graph replay averages) dropped; ``:flush`` (a cold cache), the CUDA timer and a
+    recorded file's objective kept. "cpu:perf_counter:flush:fifo" -> "cpu:perf_counter:flush"."""
+    if method is None:
+        return None
+    return ":".join(p for p in method.split(":") if p != "fifo" and not p.startswith(("nice", "batch=")))
 
 
 def rank_key(row: Any) -> tuple[float, int]:

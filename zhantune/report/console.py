@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 __all__ = ["LOG_WIDTH", "make_console", "print_table", "compact"]
 
@@ -33,10 +34,14 @@ def make_console(**kwargs: Any) -> Console:
 
 
 def print_table(console: Console, table: Table) -> None:
-    """Print ``table``; off a terminal as wide as its widest row needs, so that no cell is cut."""
+    """Print ``table``; off a terminal as wide as its widest row, or its title, needs, so that no cell
+    is cut and the title (compare's: a problem key) is not broken mid-word (a newcomer's, session 48:
+    ``linear_act[...]:floa`` / ``t32:gelu:weight_nk``)."""
     if console.is_terminal:
         console.print(table)
         return
+    if isinstance(table.title, str):
+        table.min_width = max(table.min_width or 0, Text.from_markup(table.title).cell_len)
     need = Measurement.get(console, console.options.update(max_width=10**6), table).maximum  # uncapped
     if need <= console.width:
         console.print(table)

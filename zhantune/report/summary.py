@@ -90,7 +90,9 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     console.print(f"database: {escape(redact_url(str(db)))}  study: {escape(result.study_name)}")
     if result.table_path is not None:
         # how it is used: a CPU entry (a config patch) is applied by zhantune's handler, not by stock Inductor
-        console.print(f"lookup table: {result.table_path} ({len(result.table_keys)} key(s)); use it: "
+        n = len(result.table_keys)  # a newcomer's (session 48): a one-shape tune's table of 3 keys, unexplained
+        console.print(f"lookup table: {result.table_path} ({n} key(s)"
+                      + ("" if n < 2 else ", from every problem in the database, not only this run's") + "); use it: "
                       f"zhantune.use_table({str(result.table_path)!r}) before torch.compile (README: Ship a table "
                       "with a model)", markup=False)
 

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from zhantune.bench.decision import best_per_config, decision_us, decision_value, rank_key
+from zhantune.bench.decision import best_per_config, decision_us, decision_value, rank_key, timing_kind
 from zhantune.errors import StorageError, shown
 from zhantune.provenance import torch_release
 from zhantune.storage import orm as m
@@ -95,7 +95,8 @@ class Queries(ReportQueries):
         """Each other run that measured both Inductor's default compile (kind ``default``) and the config
         ``config_hash`` (kinds ``candidate``, ``remeasure``) ok, for this problem on this device, with
         ``environment_id`` (the same host and software, zhantune.provenance.environment_fields) and
-        ``timing_method``, any study: (the default's fastest, the config's fastest, in microseconds,
+        ``timing_method``'s kind (zhantune.bench.decision.timing_kind: FIFO or not, a CUDA graph's
+        batch aside), any study: (the default's fastest, the config's fastest, in microseconds,
         zhantune.bench.decision.decision_value; when that run stored its first of them). A run is a
         Recorder's (``conditions.run``, zhantune.storage.Recorder; rows stored before 2026-11-30 have
         none and are left out), ``run`` is this one's. Oldest first (zhantune.bench.decision.against_other_runs)."""
@@ -104,11 +105,13 @@ class Queries(ReportQueries):
         with self.session() as s:
             rows = s.execute(select(run_of, r.kind, r.min_us, r.median_us, r.timing_method, r.created_at).where(
                 r.device_id == device_id, r.problem_id == problem_id, r.environment_id == environment_id,
-                r.timing_method == timing_method, r.status == "ok", r.median_us.is_not(None),
+                r.status == "ok", r.median_us.is_not(None),
                 or_(r.kind == "default", (r.config_hash == config_hash) & r.kind.in_(("candidate", "remeasure"))),
                 run_of.is_not(None), run_of != run).order_by(r.id)).all()
         runs: dict[str, list[Any]] = {}
         for row in rows:
+            if timing_kind(row.timing_method) != timing_kind(timing_method):
+                continue
             us = decision_value(row.min_us, row.median_us, row.timing_method)
             side = 0 if row.kind == "default" else 1
             got = runs.setdefault(row[0], [math.inf, math.inf, row.created_at])
