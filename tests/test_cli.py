@@ -98,6 +98,40 @@ def test_unwritable_storage_file_is_refused(cli, tmp_path, existing_db):
     assert "is not a writable file" in r.stderr
 
 
+def test_a_tune_with_the_other_cache_flushing_than_the_stored_rows_is_refused(cli, tmp_path):
+    """A helper's (session 48): a tune with bench.flush_cache=true answered a trial from a warm-cache
+    row another study stored (24.9 us) and ranked it beside its cold-cache rows (100-157 us):
+    "4.04x". Rows of the problem on this device timed the other way refuse the tune, one line, exit
+    2, nothing stored; the same flushing as the stored rows tunes."""
+    import sqlite3
+
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import Timing
+    from zhantune.device import resolve_device
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Recorder, Store
+
+    db, cpu, problem = tmp_path / "z.db", resolve_device("cpu"), GemmProblem("mm", (16, 16, 16), "float32")
+    store = Store(f"sqlite:///{db}")
+    rec = Recorder(store, problem, store.study_id("warm", {}), store.device_id(cpu.key, cpu.name, "cpu", cpu.properties),
+                   store.problem_id(problem.key, **problem.row_fields()), cpu)
+    rec.add(Measurement("ok", Timing(24.9, 24.9, 24.9, 24.9, 24.9, 100, "cpu:perf_counter:fifo")), "default")
+    store.engine.dispose()
+    with sqlite3.connect(db) as con:
+        before = con.execute("select count(*) from zt_measurement").fetchone()
+    args = ["+op=mm", "shape=[16,16,16]", "device=cpu", "search.n_trials=1", f"storage.url=sqlite:///{db}",
+            "export.enabled=false", "progress=false", "space=[aten]", "bench.remeasure_rounds=0"]
+    r = cli([*args, "bench.flush_cache=true"], tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"zhantune: bench.flush_cache=true: 1 measurement(s) of {problem.key} on {cpu.key} in this database were "
+        "timed without flushing the cache before each run; its rankings and cached trials would mix the two: use "
+        "bench.flush_cache=false, or another storage.url"), r.stderr
+    with sqlite3.connect(db) as con:
+        assert con.execute("select count(*) from zt_measurement").fetchone() == before
+    r = cli(args, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_export_without_database(cli, tmp_path):
     r = cli(["storage.url=sqlite:///missing.db"], cwd=tmp_path, module="zhantune.export")
     assert r.returncode == 2

@@ -43,6 +43,7 @@ from zhantune.tune_result import (
     other_release_best,
     own_rows,
     ranked_rows,
+    refuse_other_timing,
     stored_claim,
     study_best,
 )
@@ -89,6 +90,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     if others:
         raise ConfigError(f"search.study_name={run.study_name!r} is the study of {others[0]}, not of "
                           f"{run.problem.key}: one study tunes one problem; choose another name or drop it")
+    refuse_other_timing(run, store)  # warm-cache and cold-cache rows in one ranking
     # measured, not used: a dead worker's claim stays in flight until a search retries it
     finished = row is not None and (row.status == FINISHED and store.trial_counts(row.id)[0] >= target
                                     or row.status == EXHAUSTED and _same_space(row.config, run))

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from zhantune.bench.conditions import ContentionCount
-from zhantune.bench.decision import SpeedupVerdict, claim_holds
+from zhantune.bench.decision import SpeedupVerdict, claim_holds, timing_kind
+from zhantune.errors import ConfigError
 from zhantune.provenance import software_versions
 from zhantune.search.transfer import Prior
 from zhantune.storage import MeasurementRow
@@ -251,3 +252,26 @@ def _torch(run: Any, store: Any) -> str | None:
     where the device has no candidate of this release for the problem."""
     this = software_versions()["torch"]
     return this if run.replay is None and store.has_candidates(run.device.key, run.problem.key, this) else None
+
+
+def refuse_other_timing(run: Any, store: Any) -> None:
+    """A CPU tune ranks its rows with every study's of the problem on the device
+    (Store.ranked_candidates) and answers trials from them (Store.cached); rows timed with the other
+    ``bench.flush_cache`` (a cold last-level cache before every run, or a warm one) measure another
+    thing (a helper's, session 48: a cached warm-cache ATen row, 24.9 us, ranked beside cold-cache
+    rows of 100-157 us, "4.04x"). Raises ConfigError naming the option, how many rows were timed the
+    other way, and what to do; nothing is measured or stored. Replays and CUDA are not checked (a
+    CUDA timing falls back from CUDA graphs to do_bench by itself, zhantune.bench.timing.time_cuda)."""
+    if run.replay is not None or run.device.kind != "cpu":
+        return
+    flush = bool(run.bench.flush_cache)
+    want = "cpu:perf_counter" + (":flush" if flush else "")
+    other = sum(n for method, n in store.timing_methods(run.device.key, run.problem.key).items()
+                if (method or "").startswith("cpu:") and timing_kind(method) != want)
+    if other:
+        raise ConfigError(
+            f"bench.flush_cache={str(flush).lower()}: {other} measurement(s) of {run.problem.key} on {run.device.key} "
+            f"in this database were timed {'without' if flush else 'with'} flushing the cache before each run; "
+            "its rankings and cached trials would mix the two: use "
+            f"bench.flush_cache={str(not flush).lower()}, or another storage.url")
+

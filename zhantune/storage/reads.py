@@ -162,6 +162,17 @@ class ReportQueries:
         with self.session() as s:
             return dict(s.scalar(select(m.Device.properties).where(m.Device.key == key)) or {})
 
+    def timing_methods(self, device_key: str, problem_key: str) -> dict[str | None, int]:
+        """Timing method -> how many ok rows of this problem on this device (any study) rank configs
+        or the default (kinds ``candidate``, ``remeasure``, ``default``) were timed with it."""
+        with self.session() as s:
+            rows = s.execute(select(_M.timing_method, func.count()).join(m.Device, _M.device_id == m.Device.id)
+                             .join(m.Problem, _M.problem_id == m.Problem.id)
+                             .where(m.Device.key == device_key, m.Problem.key == problem_key, _M.status == "ok",
+                                    _M.kind.in_((*MEASURED_KINDS, "default")))
+                             .group_by(_M.timing_method)).all()
+        return {method: n for method, n in rows}
+
     def studies_holding(self, device_key: str, problem_key: str | None) -> list[tuple[str, dict[str, Any] | None]]:
         """(name, config) of every study with measurements of this problem (None: of any problem) on
         this device."""
