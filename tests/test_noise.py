@@ -557,16 +557,19 @@ def test_a_claim_is_weighed_against_this_machines_other_runs_of_both_kernels():
     slow = {"default_us": (285.0, 281.0, 290.0, 283.0), "winner_us": (240.0, 236.0, 238.0, 241.0),
             "best_us": 233.0, "baseline_us": 278.0}
     assert _settle_with(quiet, fifo, **slow).confirmed  # what the helper saw shipped
-    v = _settle_with(quiet, fifo, **slow, other_runs=[(290.0, 240.0, None), (210.4, 230.5, at), (225.0, 231.0, None)])
+    v = _settle_with(quiet, fifo, **slow, other_runs=[(290.0, 240.0, None, "s"), (210.4, 230.5, at, "mm@cpu"),
+                                                       (225.0, 231.0, None, "s")])
     assert not v.confirmed and v.ratio == pytest.approx(281.0 / 236.0), v
     assert v.reason == ("unconfirmed: a run of 2026-11-30 09:45 UTC on this machine (same host, software and timing "
-                        "method) measured the default as fast as the winner (their fastest 210.4 us and 230.5 us): the "
-                        "rounds' difference is this run's phase of the machine, not the kernels' (noise only adds "
-                        "time)"), v
-    for others in ([], [(234.0, 230.5, at)], [(273.0, 227.5, at), (300.0, 250.0, None)]):
+                        "method; study mm@cpu) measured the default as fast as the winner (their fastest 210.4 us and "
+                        "230.5 us, neither on a busy machine): the rounds' difference may be this run's phase of the "
+                        "machine, not the kernels' (noise only adds time)"), v
+    long = _settle_with(quiet, fifo, **slow, other_runs=[(210.4, 230.5, at, "x" * 300)]).reason
+    assert len(long) <= 500 and "study" not in long and "(same host, software and timing method)" in long
+    for others in ([], [(234.0, 230.5, at, "s")], [(273.0, 227.5, at, "s"), (300.0, 250.0, None, "s")]):
         assert _settle_with(quiet, fifo, **slow, other_runs=others).confirmed, others
     phase = {"default_us": (125.0,), "winner_us": (104.0,), "best_us": 104.0, "baseline_us": 125.0}
-    v = _settle_with(quiet, fifo, **phase, other_runs=[(100.0, 83.0, at)])
+    v = _settle_with(quiet, fifo, **phase, other_runs=[(100.0, 83.0, at, "s")])
     assert v.confirmed and v.ratio == pytest.approx(125 / 104), v
 
 
@@ -818,8 +821,8 @@ def test_a_replay_weighs_its_claim_against_this_machines_earlier_runs(tmp_path):
         verdict = store.study_verdict(study_id)
         assert verdict.ratio == pytest.approx(2.0) and verdict.confirmed is confirmed, said
         if not confirmed:  # the tune that measured its default at 9.5 us and the entry at 10.5 us
-            assert "on this machine (same host, software and timing method) measured the default as fast as the " \
-                "winner (their fastest 9.5 us and 10.5 us)" in said[0], said
+            assert "on this machine (same host, software and timing method; study tune9.5) measured the default as " \
+                "fast as the winner (their fastest 9.5 us and 10.5 us, neither on a busy machine)" in said[0], said
 
 
 @pytest.mark.parametrize(("a", "b", "same"), [
@@ -842,8 +845,8 @@ def test_other_runs_are_this_machines_runs_of_the_two_kernels_only(tmp_path, req
     """Store.other_runs_of_pair (a real database): per other run (a Recorder's rows) on this machine
     with this software and timing method that measured both, the default's fastest and the winner's
     fastest ok row; never another config's (it would make the winner look faster than it ran), a
-    failed row, another problem's, another host's, another timing method's, this run's own, or a run
-    that measured one side only. SQLite and a real PostgreSQL server (the run is read from the JSON
+    failed row, one taken on a busy machine, another problem's, another host's, another timing
+    method's, this run's own, or a run that measured one side only. SQLite and a real PostgreSQL server (the run is read from the JSON
     column ``conditions``)."""
     import datetime as dt
 
@@ -862,8 +865,10 @@ def test_other_runs_are_this_machines_runs_of_the_two_kernels_only(tmp_path, req
     winner, other = (Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP", "cpp.gemm_max_k_slices": k})
                      for k in (1, 2))
 
+    quiet = {"cores": 2, "load_avg_1m": 0.1, "others_running": 0, "busy_at_start": False, "waited_s": 0.0}
+
     def timed(us: float, status: str = "ok", method: str = "cpu:perf_counter") -> Measurement:
-        return Measurement(status, Timing(us, us, us, us, us, 100, method))
+        return Measurement(status, Timing(us, us, us, us, us, 100, method), conditions=quiet)
 
     def run(problem: GemmProblem = problems[0], host: str | None = None) -> Recorder:
         rec = Recorder(store, problem, study_id, device_id, store.problem_id(problem.key, **problem.row_fields()), cpu)
@@ -872,7 +877,7 @@ def test_other_runs_are_this_machines_runs_of_the_two_kernels_only(tmp_path, req
         return rec
 
     def pairs(rec: Recorder, row) -> list[tuple[float, float]]:
-        return [(d, w) for d, w, _ in rec.other_runs(row, "cpu:perf_counter")]
+        return [(d, w) for d, w, _, _ in rec.other_runs(row, "cpu:perf_counter")]
 
     mine, one_side = run(), run()
     first = one_side.add(timed(30.0), "candidate", winner)  # a run that measured the winner alone
@@ -888,12 +893,16 @@ def test_other_runs_are_this_machines_runs_of_the_two_kernels_only(tmp_path, req
     a.add(timed(4.0, "runtime_error"), "candidate", winner)
     a.add(timed(3.0, method="cpu:perf_counter:flush"), "default")
     b.add(timed(40.0, method="cpu:perf_counter:fifo"), "default")  # shielded or not, one kind of timing
+    busy = Measurement("ok", Timing(1.5, 1.5, 1.5, 1.5, 1.5, 100, "cpu:perf_counter"),
+                       conditions={**quiet, "busy_at_start": True})
+    b.add(busy, "default")  # begun on a busy machine: the rounds would not trust it either
     b.add(timed(30.0), "candidate", winner)
     for rec in (run(problems[1]), run(host="another-host")):
         rec.add(timed(2.0), "default")
         rec.add(timed(2.0), "candidate", winner)
     assert pairs(mine, first) == [(20.0, 24.0), (40.0, 30.0)]
-    (_, _, when), _ = mine.other_runs(first, "cpu:perf_counter")
+    (_, _, when, study), _ = mine.other_runs(first, "cpu:perf_counter")
+    assert study == "s"
     if when.tzinfo is not None:  # PostgreSQL's, in the session's time zone; SQLite's is naive UTC
         when = when.astimezone(dt.timezone.utc).replace(tzinfo=None)
     assert abs((when - dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)).total_seconds()) < 600, when

@@ -248,11 +248,11 @@ def against_fastest(verdict: SpeedupVerdict, default_us: Iterable[float | None],
         f"({w:,.1f} us): the rounds' difference is not the kernels' (noise only adds time)"))
 
 
-def against_other_runs(verdict: SpeedupVerdict, runs: Iterable[tuple[float, float, Any]]) -> SpeedupVerdict:
+def against_other_runs(verdict: SpeedupVerdict, runs: Iterable[tuple[float, float, Any, str]]) -> SpeedupVerdict:
     """A confirmed ``verdict`` checked against this machine's other runs of the same two kernels:
     ``runs`` holds, for each other run with the same host, software and timing method that measured
-    both (Store.other_runs_of_pair), the default's fastest and the winner's fastest (microseconds) and
-    when. Noise only adds time, so a run whose default was at or below its own winner contradicts the
+    both, neither on a busy machine (Store.other_runs_of_pair), the default's fastest and the winner's
+    fastest (microseconds), when, and its study. Noise only adds time, so a run whose default was at or below its own winner contradicts the
     speedup, as :func:`against_fastest` judges this run's rows. A slow phase that outlasts a tune can slow
     one kernel more than the other (a helper's, 2026-11-30: the default 278-306 us through five tunes'
     baselines and rounds, the C++ template 233-249 us, three rounds agreeing on 1.21-1.25x; in other
@@ -263,14 +263,20 @@ def against_other_runs(verdict: SpeedupVerdict, runs: Iterable[tuple[float, floa
     other verdicts are returned as they are."""
     if not verdict.confirmed:
         return verdict
-    against = min(((d / w, d, w, when) for d, w, when in runs if d <= w), default=None, key=lambda x: x[0])
+    against = min(((d / w, d, w, when, study) for d, w, when, study in runs if d <= w), default=None,
+                  key=lambda x: x[0])
     if against is None:
         return verdict
-    _, d, w, when = against
-    return dataclasses.replace(verdict, confirmed=False, reason=(
-        f"unconfirmed: {_when(when)} on this machine (same host, software and timing method) measured the "
-        f"default as fast as the winner (their fastest {d:,.1f} us and {w:,.1f} us): the rounds' difference "
-        "is this run's phase of the machine, not the kernels' (noise only adds time)"))
+    _, d, w, when, study = against
+
+    def reason(where: str) -> str:
+        return (f"unconfirmed: {_when(when)} on this machine (same host, software and timing method{where}) "
+                f"measured the default as fast as the winner (their fastest {d:,.1f} us and {w:,.1f} us, neither "
+                "on a busy machine): the rounds' difference may be this run's phase of the machine, not the "
+                "kernels' (noise only adds time)")
+
+    text = reason(f"; study {study}")  # Verdict.reason holds 500 characters
+    return dataclasses.replace(verdict, confirmed=False, reason=text if len(text) <= 500 else reason(""))
 
 
 def _when(at: Any) -> str:

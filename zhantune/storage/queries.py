@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from zhantune.bench.conditions import disturbs_claim
 from zhantune.bench.decision import best_per_config, decision_us, decision_value, rank_key, timing_kind
 from zhantune.errors import StorageError, shown
 from zhantune.provenance import torch_release
@@ -91,32 +92,36 @@ class Queries(ReportQueries):
             return min(rows, key=rank_key, default=None)
 
     def other_runs_of_pair(self, device_id: int, problem_id: int, environment_id: int, config_hash: str | None,
-                           timing_method: str | None, run: str) -> list[tuple[float, float, dt.datetime]]:
+                           timing_method: str | None, run: str) -> list[tuple[float, float, dt.datetime, str]]:
         """Each other run that measured both Inductor's default compile (kind ``default``) and the config
-        ``config_hash`` (kinds ``candidate``, ``remeasure``) ok, for this problem on this device, with
-        ``environment_id`` (the same host and software, zhantune.provenance.environment_fields) and
-        ``timing_method``'s kind (zhantune.bench.decision.timing_kind: FIFO or not, a CUDA graph's
-        batch aside), any study: (the default's fastest, the config's fastest, in microseconds,
-        zhantune.bench.decision.decision_value; when that run stored its first of them). A run is a
-        Recorder's (``conditions.run``, zhantune.storage.Recorder; rows stored before 2026-11-30 have
-        none and are left out), ``run`` is this one's. Oldest first (zhantune.bench.decision.against_other_runs)."""
+        ``config_hash`` (kinds ``candidate``, ``remeasure``) ok and undisturbed (not taken on a busy
+        machine, zhantune.bench.conditions.disturbs_claim: the rounds do not trust such a row either), for
+        this problem on this device, with ``environment_id`` (the same host and software,
+        zhantune.provenance.environment_fields) and ``timing_method``'s kind
+        (zhantune.bench.decision.timing_kind: FIFO or not, a CUDA graph's batch aside), any study: (the
+        default's fastest, the config's fastest, in microseconds, zhantune.bench.decision.decision_value;
+        when that run stored its first of them; its study's name). A run is a Recorder's
+        (``conditions.run``, zhantune.storage.Recorder; rows stored before 2026-11-30 have none and are
+        left out), ``run`` is this one's. Oldest first (zhantune.bench.decision.against_other_runs)."""
         r = m.MeasurementRow
         run_of = r.conditions["run"].as_string()
         with self.session() as s:
-            rows = s.execute(select(run_of, r.kind, r.min_us, r.median_us, r.timing_method, r.created_at).where(
+            rows = s.execute(select(run_of, r.kind, r.min_us, r.median_us, r.timing_method, r.created_at, r.conditions,
+                                    r.contended, m.Study.name).join(m.Study, r.study_id == m.Study.id).where(
                 r.device_id == device_id, r.problem_id == problem_id, r.environment_id == environment_id,
                 r.status == "ok", r.median_us.is_not(None),
                 or_(r.kind == "default", (r.config_hash == config_hash) & r.kind.in_(("candidate", "remeasure"))),
                 run_of.is_not(None), run_of != run).order_by(r.id)).all()
         runs: dict[str, list[Any]] = {}
         for row in rows:
-            if timing_kind(row.timing_method) != timing_kind(timing_method):
+            if timing_kind(row.timing_method) != timing_kind(timing_method) or disturbs_claim(
+                    row.conditions, row.contended, row.timing_method):
                 continue
             us = decision_value(row.min_us, row.median_us, row.timing_method)
+            got = runs.setdefault(row[0], [math.inf, math.inf, row.created_at, row.name])
             side = 0 if row.kind == "default" else 1
-            got = runs.setdefault(row[0], [math.inf, math.inf, row.created_at])
             got[side] = min(got[side], us)
-        return [(d, w, at) for d, w, at in runs.values() if d < math.inf and w < math.inf]
+        return [(d, w, at, study) for d, w, at, study in runs.values() if d < math.inf and w < math.inf]
 
     def count_measurements(self, study_id: int) -> int:
         """How many measurement rows a study holds (every kind)."""

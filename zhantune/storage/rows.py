@@ -99,9 +99,9 @@ class Recorder:
         self.stored_ids.add(row_id)
         return m.MeasurementRow(id=row_id, **fields)
 
-    def other_runs(self, winner: Any, timing_method: str | None) -> list[tuple[float, float, Any]]:
+    def other_runs(self, winner: Any, timing_method: str | None) -> list[tuple[float, float, Any, str]]:
         """Each other run on this machine with this software and ``timing_method`` that measured both
         Inductor's default and ``winner``'s config (a row) for this problem and device: (the default's
-        fastest us, the config's fastest us, when); Store.other_runs_of_pair."""
+        fastest us, the config's fastest us, when, its study); Store.other_runs_of_pair."""
         return self.store.other_runs_of_pair(self.device_id, self.problem_id, self.environment_id,
                                              winner.config_hash, timing_method, self.run_id)
