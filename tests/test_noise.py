@@ -846,8 +846,8 @@ def test_other_runs_are_this_machines_runs_of_the_two_kernels_only(tmp_path, req
     with this software and timing method that measured both, the default's fastest and the winner's
     fastest ok row; never another config's (it would make the winner look faster than it ran), a
     failed row, one taken on a busy machine, another problem's, another host's, another timing
-    method's, this run's own, or a run that measured one side only. SQLite and a real PostgreSQL server (the run is read from the JSON
-    column ``conditions``)."""
+    method's, this run's own, or a run that measured one side only. SQLite and a real PostgreSQL
+    server (the run is read from the JSON column ``conditions``)."""
     import datetime as dt
 
     from zhantune.bench.measurement import Measurement

@@ -252,9 +252,9 @@ def against_other_runs(verdict: SpeedupVerdict, runs: Iterable[tuple[float, floa
     """A confirmed ``verdict`` checked against this machine's other runs of the same two kernels:
     ``runs`` holds, for each other run with the same host, software and timing method that measured
     both, neither on a busy machine (Store.other_runs_of_pair), the default's fastest and the winner's
-    fastest (microseconds), when, and its study. Noise only adds time, so a run whose default was at or below its own winner contradicts the
-    speedup, as :func:`against_fastest` judges this run's rows. A slow phase that outlasts a tune can slow
-    one kernel more than the other (a helper's, 2026-11-30: the default 278-306 us through five tunes'
+    fastest (microseconds), when, and its study. Noise only adds time, so a run whose default was at
+    or below its own winner contradicts the speedup, as :func:`against_fastest` judges this run's
+    rows; one such run is enough. A slow phase that outlasts a tune can slow one kernel more than the other (a helper's, 2026-11-30: the default 278-306 us through five tunes'
     baselines and rounds, the C++ template 233-249 us, three rounds agreeing on 1.21-1.25x; in other
     runs the same default 210-227 us, the template 230-233 us). Each run against itself, never one
     run's default against another's winner: a phase of the whole machine (both 1.25x slower) between
