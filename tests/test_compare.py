@@ -142,7 +142,7 @@ def test_a_problem_measured_on_one_device_is_said_to_be_left_out(tmp_path, db):
     assert len(cmp.problems) == 1 and cmp.left_out == {"Other GPU": 1}
     console = Console(record=True, width=400)
     print_comparison(console, cmp)
-    assert "left out: 1 problem(s) measured on one device only (Other GPU: 1); devices=[KEY] compares one " \
+    assert "left out: 1 problem(s) with a correct measurement on one device only (Other GPU: 1); devices=[KEY] compares one " \
            "device's own" in console.export_text()
     assert compare(store, ["Other GPU"]).left_out == {} and compare(Store(db)).left_out == {}
     from zhantune.report.outputs import write_json
@@ -182,6 +182,14 @@ def test_a_winner_run_on_one_device_has_no_worst_regret_and_a_killed_workers_row
                     "where config_hash = ? and kind = 'candidate'", (only_a.config_hash,))
     (p,) = compare(store).problems
     assert set(p.winner["GPU A"].regret) == {"GPU A"}  # not "fails" (inf) on GPU B
+    # a wrong output in a re-measurement of it there (session 48's attack: shown as never measured, "-")
+    with sqlite3.connect(tmp_path / "z.db") as con:
+        picked = ", ".join("'incorrect'" if c == "status" else "'remeasure'" if c == "kind" else str(b)
+                           if c == "device_id" else "null" if c == "trial_number" else c for c in cols)
+        con.execute(f"insert into zt_measurement ({', '.join(cols)}) select {picked} from zt_measurement "
+                    "where config_hash = ? and kind = 'candidate' and status = 'ok'", (only_a.config_hash,))
+    (p,) = compare(store).problems
+    assert p.winner["GPU A"].regret["GPU B"] == math.inf  # fails there, as the export counts it
 
 
 def test_a_device_name_with_spaces_around_it_is_the_device_it_names(tmp_path):

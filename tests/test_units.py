@@ -540,6 +540,37 @@ def test_same_kernel_as_default_is_about_the_claimed_config_else_the_best():
     assert TuneResult("s", 1, None, None, cpp, claimed=aten).same_kernel_as_default
 
 
+def test_an_output_path_that_is_a_pipe_is_refused_without_reading_it(tmp_path):
+    """A helper's attack (session 48): compare json=FIFO (or csv=/dev/stdout into a pipe) hung for
+    good: the SQLite-header check read the pipe before the "not a regular file" refusal. A pipe is
+    refused at once, in one line, unread."""
+    import os
+    import threading
+
+    from zhantune.errors import ConfigError
+    from zhantune.paths import check_output_path
+
+    fifo = tmp_path / "f.json"
+    os.mkfifo(fifo)
+    got: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            check_output_path(fifo, "json")
+        except ConfigError as e:
+            got.append(e)
+
+    worker = threading.Thread(target=check, daemon=True)
+    worker.start()
+    worker.join(20)
+    if worker.is_alive():
+        with open(fifo, "wb"):  # a writer unblocks the reader, so that the test ends
+            pass
+        worker.join(5)
+        pytest.fail("check_output_path opened the pipe to read it")
+    assert [str(e) for e in got] == [f"json={fifo}: exists and is not a regular file"]
+
+
 def test_write_atomic_keeps_a_files_mode_replaces_a_link_and_fits_any_name(tmp_path):
     """zhantune.paths.write_atomic (reports, tables, problems files): a review found it reset a 0600
     file to 0644, wrote through a link whose directory check_output_path had not checked, and named

@@ -151,6 +151,8 @@ def _sqlite_database_at(p: Path) -> Path | None:
 
 
 def _is_sqlite(p: Path) -> bool:
+    if not p.is_file():  # never read a pipe or a device (a FIFO output path hung compare: session 48)
+        return False
     try:
         with open(p, "rb") as f:
             return f.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER

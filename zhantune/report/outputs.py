@@ -92,7 +92,8 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: b
                 console.print(f"{label}: worst {_x(c.worst_regret)}, geomean {_x(c.geomean_regret)} "
                               f"({regrets}) {_params(c)}", soft_wrap=True, highlight=False, markup=False)
     if cmp.left_out:  # compared: problems measured on two or more of the devices
-        console.print(f"left out: {sum(cmp.left_out.values())} problem(s) measured on one device only ("
+        console.print(f"left out: {sum(cmp.left_out.values())} problem(s) with a correct measurement on one "
+                      "device only ("
                       + ", ".join(f"{d}: {n}" for d, n in cmp.left_out.items())
                       + "); devices=[KEY] compares one device's own", soft_wrap=True, highlight=False, markup=False)
     if cmp.other_torch:  # as the export ranks: one torch release's rows

@@ -250,9 +250,11 @@ def _times(store: Store, ids: dict[int, str], torch: str, other_torch: Counter,
         configs.setdefault(row.config_hash, (row.template_id, row.params))
         if good:
             ok[row.problem_id][dev].append(row)
-        elif row.kind == "candidate" and row.status in ("incorrect", *FAILED_STATUSES):
-            # a killed worker's row (crashed) or a template not applied is no measurement of the config,
-            # as for the export (Store.incorrect_configs); a helper found compare calling such a config "fails"
+        elif (row.problem_id, row.device_id, row.config_hash) in wrong or (
+                row.kind == "candidate" and row.status in FAILED_STATUSES):
+            # a wrong output in any row (a re-measurement's too: session 48's attack showed one as never
+            # measured), a candidate's failure; a killed worker's row (crashed) or a template not applied
+            # is no measurement of the config, as for the export (Store.incorrect_configs)
             failed[row.problem_id][dev].add(row.config_hash)
     time = {pid: {dev: {r.config_hash: decision_us(r) for r in best_per_config(rows)} for dev, rows in by_dev.items()}
             for pid, by_dev in ok.items()}
