@@ -22,7 +22,11 @@ def main() -> None:
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     html, png = sys.argv[1], sys.argv[2]
-    declared = charts_in(Path(html).read_text(encoding="utf-8"))
+    try:
+        declared = charts_in(Path(html).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"render_report: {html}: cannot read the report: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+        sys.exit(2)
     dom = render_dom(html)
     status = chart_status(dom, declared)
     status.update({c: s for c, s in chart_status(dom).items() if c not in status})

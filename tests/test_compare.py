@@ -249,8 +249,15 @@ def test_render_check_fails_on_an_empty_chart(tmp_path, db):
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "render_report.py"
     good = write_html_report(tmp_path / "good.html", compare(Store(db)))
-    r = subprocess.run([sys.executable, str(script), str(good), str(tmp_path / "good.png")], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(script), str(good), str(tmp_path / "new" / "good.png")], capture_output=True,
+                       text=True)
     assert r.returncode == 0 and "regret-heatmap           drawn" in r.stdout, r.stdout + r.stderr
+    # a screenshot into a missing directory was "written" and was not there (session 48's attack)
+    assert (tmp_path / "new" / "good.png").stat().st_size > 10_000
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "missing.html"), str(tmp_path / "m.png")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr == (f"render_report: {tmp_path / 'missing.html'}: cannot read the report: "
+                                              "No such file or directory\n"), r.stderr
     empty = tmp_path / "empty.html"  # axes and a title, no trace: what the report used to draw
     empty.write_text(go.Figure().update_layout(title="nothing").to_html(include_plotlyjs="inline", div_id="nothing"))
     r = subprocess.run([sys.executable, str(script), str(empty), str(tmp_path / "empty.png")], capture_output=True, text=True)

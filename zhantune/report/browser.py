@@ -40,7 +40,11 @@ def render_dom(html_path: str | Path, timeout_s: float = 120) -> str:
 def screenshot(html_path: str | Path, png_path: str | Path, width: int = 1400, height: int = 3000,
                timeout_s: float = 120) -> Path:
     out = Path(png_path).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)  # Chromium writes nothing into a missing one, and says nothing
+    before = out.stat().st_mtime_ns if out.exists() else None
     _run([f"--screenshot={out}", f"--window-size={width},{height}", Path(html_path).resolve().as_uri()], timeout_s)
+    if not out.is_file() or out.stat().st_mtime_ns == before:
+        raise RuntimeError(f"Chromium wrote no screenshot to {out}")
     return out
 
 
