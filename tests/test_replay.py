@@ -115,6 +115,18 @@ def test_measurements_are_answered_from_the_file(a100):
      "tune_params_keys names the parameter 'time', which an entry uses for its recorded time"),
     (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
      b' "tune_params": {"a": [1, true]}, "cache": {}}', "cache is empty: no recorded configuration"),
+    # session 48's attack: an entry's 4 against tune_params' 4.0 imported, and the replay sampled 4.0 and
+    # found no entry; a parameter's name or value with a control character was stored and printed raw
+    (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
+     b' "tune_params": {"a": [1, 4.0]}, "cache": {"4": {"a": 4, "time": 1}}}',
+     "cache.'4'.a=4 is not one of tune_params.a [1, 4.0] (written alike: 4 and 4.0 are two values)"),
+    (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a\\nx"],'
+     b' "tune_params": {"a\\nx": [1]}, "cache": {"1": {"a\\nx": 1, "time": 1}}}',
+     "tune_params_keys holds 'a\\nx'; a parameter's name is plain text (no control or format character) of at most "
+     "100 characters"),
+    (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
+     b' "tune_params": {"a": ["x\\u0000y"]}, "cache": {"x\\u0000y": {"a": "x\\u0000y", "time": 1}}}',
+     "tune_params.a holds 'x\\x00y'; a parameter's values are finite numbers, strings of plain text"),
     # a time that is neither a number nor a failure name (was stored as a failure), a run that is not a number
     (b'{"device_name": "x", "kernel_name": "k", "problem_size": [1], "tune_params_keys": ["a"],'
      b' "tune_params": {"a": [1]}, "cache": {"1": {"a": 1, "time": true}}}', "cache.1.time=True; a recorded time"),

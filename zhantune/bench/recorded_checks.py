@@ -33,6 +33,13 @@ def _same(a: Any, b: Any) -> bool:
     return a == b and isinstance(a, bool) == isinstance(b, bool)
 
 
+def _alike(a: Any, b: Any) -> bool:
+    """One value written alike (4 and 4, never 4 and 4.0): a cache entry's value and the tune_params
+    member a search samples for it (a helper's, session 48: an entry's 4 against tune_params' 4.0
+    imported, and the replay never found it)."""
+    return a == b and type(a) is type(b)
+
+
 def _is_number(t: Any) -> bool:
     return isinstance(t, (int, float)) and not isinstance(t, bool)
 
@@ -93,13 +100,16 @@ def check_params(names: Any, tune_params: Any, cache: Any, where: str) -> None:
             f"names the parameter {_short(clash)}, which an entry uses for its recorded time; rename it"
             if clash is not None else f"lists {_short(names[twice])} twice; each parameter once"))
     for n in names:
+        if isinstance(n, str) and (not printable_name(n) or len(n) > MAX_PARAM_NAME):
+            raise ConfigError(f"{where}: tune_params_keys holds {shown_name(n)}; a parameter's name is plain text "
+                              f"(no control or format character) of at most {MAX_PARAM_NAME} characters")
         values = tune_params.get(n) if isinstance(n, str) else None
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{where}: tune_params.{n} must be a non-empty list")
-        bad = next((v for v in values if not _is_scalar(v)), None)
+        bad = next((v for v in values if not _is_scalar(v) or isinstance(v, str) and not printable_name(v)), None)
         if bad is not None:
             raise ConfigError(f"{where}: tune_params.{_key(n)} holds {_short(bad)}; a parameter's values are finite "
-                              "numbers, strings, booleans or null")
+                              "numbers, strings of plain text (no control or format character), booleans or null")
         twice = next((i for i, v in enumerate(values) if any(_same(v, w) for w in values[:i])), None)
         if twice is not None:
             raise ConfigError(f"{where}: tune_params.{n} lists {_short(values[twice])} twice; a parameter's values "
@@ -118,10 +128,12 @@ def check_cache(names: list[str], tune_params: dict[str, list[Any]], cache: dict
         if bad is not None:
             raise ConfigError(f"{where}: cache.{_key(key)}.{_key(bad)}={_short(entry[bad])}; a parameter's value is a "
                               "finite number, a string, a boolean or null")
-        bad = next((n for n in names if entry[n] not in tune_params[n]), None)
-        if bad is not None:
+        bad = next((n for n in names if not any(_alike(entry[n], v) for v in tune_params[n])), None)
+        if bad is not None:  # 4 against 4.0: the replay samples tune_params' 4.0, and finds no entry "4.0,..."
             raise ConfigError(f"{where}: cache.{_short(key)}.{bad}={_short(entry[bad])} is not one of "
-                              f"tune_params.{bad} {_short(tune_params[bad])}")
+                              f"tune_params.{bad} {_short(tune_params[bad])}" + (
+                                  " (written alike: 4 and 4.0 are two values)"
+                                  if any(_same(entry[bad], v) for v in tune_params[bad]) else ""))
         own = ",".join(str(entry[n]) for n in names)  # Kernel Tuner's key: the values in tune_params_keys order
         if key != own:
             raise ConfigError(f"{where}: cache.{_short(key)} holds the configuration {_short(own)}; a cache "
@@ -138,6 +150,8 @@ def check_cache(names: list[str], tune_params: dict[str, list[Any]], cache: dict
 #: PostgreSQL enforces them, SQLite does not, so a merge would fail later), and the longest problem
 #: key and study name (Problem.key, Study.name)
 MAX_KERNEL_NAME, MAX_DEVICE_NAME, MAX_KEY = 100, 256, 512
+#: the longest parameter name (tune_params_keys) an import takes: printed in every config line
+MAX_PARAM_NAME = 100
 
 
 def shown_name(value: str) -> str:
