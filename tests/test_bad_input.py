@@ -406,6 +406,8 @@ CASES = [
     ("problems-with-study-name", "zhantune", ["problems={x}", "search.study_name=s"], _file,
      "search.study_name='s' names one study; problems= tunes one study per problem", None),
     ("compare-html-dir", "zhantune.compare", ["html={x}"], _dir, "html=adir: is a directory", None),
+    ("compare-study-without-html", "zhantune.compare", ["study=s"], None,
+     "study=s: a study's history is drawn into the HTML report: give html=PATH too", None),
     # the -wal file of a database, not there yet: SQLite would take what is written there as its log
     ("compare-json-to-a-wal-to-be", "zhantune.compare", ["json=zhantune.db-wal"], None,
      "json=zhantune.db-wal: zhantune.db is an SQLite database", None),

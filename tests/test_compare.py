@@ -142,8 +142,13 @@ def test_a_problem_measured_on_one_device_is_said_to_be_left_out(tmp_path, db):
     assert len(cmp.problems) == 1 and cmp.left_out == {"Other GPU": 1}
     console = Console(record=True, width=400)
     print_comparison(console, cmp)
+    text = console.export_text()
     assert "left out: 1 problem(s) with a correct measurement on one device only (Other GPU: 1); devices=[KEY] compares one " \
-           "device's own" in console.export_text()
+           "device's own" in text and "most disagreement: " in text
+    console = Console(record=True, width=400)
+    print_comparison(console, cmp, top=0)  # none asked for: no empty "most disagreement: " line (session 48)
+    text = console.export_text()
+    assert "most disagreement" not in text and "left out: 1 problem(s)" in text
     assert compare(store, ["Other GPU"]).left_out == {} and compare(Store(db)).left_out == {}
     from zhantune.report.outputs import write_json
 

@@ -47,6 +47,9 @@ def _compare_app(cfg: DictConfig) -> None:
             raise ConfigError(f"min_speedup={cfg.min_speedup} must be a number of at least 1.0 (1.0: a portable "
                               "entry where confirmed not slower than the default on every device; null: always "
                               "the portable choice)")
+        if cfg.study and not cfg.html:  # it was checked, then nothing was drawn (a helper's, session 48)
+            raise ConfigError(f"study={cfg.study}: a study's history is drawn into the HTML report: give html=PATH "
+                              "too")
         if cfg.top < 0:
             raise ConfigError(f"top={cfg.top} must be at least 0 (how many of the most-disagreeing problems to list)")
         if cfg.devices is not None and not OmegaConf.is_list(cfg.devices):

@@ -107,8 +107,9 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: b
     for a in cmp.devices:
         m.add_row(escape(a), *[_x(cmp.matrix[(a, b)]) for b in cmp.devices])
     print_table(console, m)
-    console.print("most disagreement: " + "; ".join(f"{p.problem_key} {_x(p.disagreement)}"
-                                                     for p in cmp.most_disagreeing(top)), highlight=False, markup=False)
+    if top > 0:  # top=0: none asked for (it printed "most disagreement: " and nothing)
+        console.print("most disagreement: " + "; ".join(f"{p.problem_key} {_x(p.disagreement)}"
+                                                         for p in cmp.most_disagreeing(top)), highlight=False, markup=False)
 
 
 def claim_text(c: Claim) -> str:
