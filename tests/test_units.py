@@ -236,6 +236,13 @@ def test_a_cpu_model_at_two_thread_counts_is_two_devices_of_one_name(tmp_path):
     with pytest.raises(CompareError, match=r"device 'M' \(from devices\) names several devices"):
         _pick_devices(store, ["M"])
     assert [d.key for d in _pick_devices(store, ["M (2 threads)", "NVIDIA G"])] == ["M (2 threads)", "G"]
+    # a device named "2" (an import's devices=['2']) and device number 2: the key's was taken silently
+    store.device_id("2", "2", "cuda", {})
+    assert [d.key for d in store.devices()] == ["2", "G", "M (2 threads)", "M (4 threads)"]  # numbered so
+    assert [d.key for d in _pick_devices(store, ["0", "3"])] == ["2", "M (4 threads)"]
+    with pytest.raises(CompareError, match=r"device '2' \(from devices\) is the name of '2' and the number of "
+                                           r"'M \(2 threads\)'; give a key"):
+        _pick_devices(store, ["2"])
 
 
 def test_a_table_error_stays_one_short_line_for_huge_or_odd_values(tmp_path):

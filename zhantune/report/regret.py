@@ -138,7 +138,12 @@ def _pick_devices(store: Store, wanted: list[str] | None) -> list[Any]:
             if d.name not in by_name:
                 by_name[d.name] = d if names[d.name] == 1 else None
         for i, d in enumerate(devices):  # a number as export's device=N (its errors list them so)
-            by_name.setdefault(str(i), d)
+            other = by_name.setdefault(str(i), d)
+            if other is not d and str(i) in wanted:  # a device named "1" and device number 1 (session 48)
+                raise CompareError(f"device {str(i)!r} (from devices) is the name of {other.key!r} and the number of "
+                                   f"{d.key!r}; give a key" if other is not None else
+                                   f"device {str(i)!r} (from devices) is a name of several devices and the number of "
+                                   f"{d.key!r}; give a key")
         several = next((w for w in wanted if w in by_name and by_name[w] is None), None)
         if several is not None:
             raise CompareError(f"device {several!r} (from devices) names several devices: "
