@@ -34,7 +34,11 @@ def main() -> None:
         print(f"{chart:24s} {state}")
     if not status:
         print("no chart in the report")
-    print(f"screenshot: {screenshot(html, png)}")
+    try:
+        print(f"screenshot: {screenshot(html, png)}")
+    except RuntimeError as e:  # Chromium wrote no file (a path it cannot write)
+        print(f"render_report: {e}", file=sys.stderr)
+        sys.exit(1)
     sys.exit(0 if status and all(s == "drawn" for s in status.values()) else 1)
 
 
