@@ -297,8 +297,9 @@ def test_study_name_printed_by_the_import_draws_its_history(cli, tmp_path, files
 
 @pytest.mark.parametrize("args, message", [
     (["devices=[H100,A100]"], "unknown device 'H100' (from devices)"),
-    (["study=nope"], "study='nope': no such study in sqlite:///"),
-    (["study=kerneltuner"], "study='kerneltuner': 2 studies match"),
+    (["study=nope", "html=r.html"], "study='nope': no such study in sqlite:///"),
+    (["study=kerneltuner", "html=r.html"], "study='kerneltuner': 2 studies match"),
+    (["study=kerneltuner"], "study=kerneltuner: a study's history is drawn into the HTML report: give html=PATH too"),
     (["devices=cpu"], "devices='cpu' must be a list of device keys, names or numbers"),
     (["top=-1"], "top=-1 must be at least 0"),
     (["table=t.json", "min_speedup=0.9"], "min_speedup=0.9 must be a number of at least 1.0"),
