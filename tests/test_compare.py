@@ -149,6 +149,9 @@ def test_a_problem_measured_on_one_device_is_said_to_be_left_out(tmp_path, db):
     print_comparison(console, cmp, top=0)  # none asked for: no empty "most disagreement: " line (session 48)
     text = console.export_text()
     assert "most disagreement" not in text and "left out: 1 problem(s)" in text
+    # the HTML report says it too (it did not: session 48's attack)
+    page = write_html_report(tmp_path / "r.html", cmp).read_text()
+    assert "Left out: 1 problem(s) with a correct measurement on one device only (Other GPU: 1)" in page
     assert compare(store, ["Other GPU"]).left_out == {} and compare(Store(db)).left_out == {}
     from zhantune.report.outputs import write_json
 
@@ -244,6 +247,14 @@ def test_html_report_shows_every_devices_best_config_and_the_portable_choice(tmp
         full = " ".join(f"{k}={v}" for k, v in sorted(choice.params.items()))
         assert full in text and "block_size_x=" in full and len(choice.params) == 10
     assert "best on NVIDIA A100-PCIE-40GB" in text and "portable (min worst regret)" in text
+    # the heatmap's darkest red at 1.5x, or at the largest regret where one is larger (the two devices'
+    # winners lose 1.587x and 1.488x elsewhere): a scale ending at the largest alone drew 1.00025x darkest
+    from zhantune.report.html import _regret_heatmap
+
+    largest = max(v for v in cmp.matrix.values() if v is not None and math.isfinite(v))
+    assert _regret_heatmap(cmp).data[0].zmax == max(1.5, largest) and largest > 1.5
+    cmp.matrix = {k: (1.00025 if v is not None and math.isfinite(v) and v > 1 else v) for k, v in cmp.matrix.items()}
+    assert _regret_heatmap(cmp).data[0].zmax == 1.5
 
 
 def test_render_check_fails_on_an_empty_chart(tmp_path, db):

@@ -21,7 +21,7 @@ import optuna
 import plotly.graph_objects as go
 
 from zhantune.paths import write_atomic
-from zhantune.report.outputs import STORED_TIMES, other_torch_text
+from zhantune.report.outputs import STORED_TIMES, left_out_text, other_torch_text
 from zhantune.report.regret import Choice, Comparison
 
 __all__ = ["write_html_report", "CHART_IDS", "charts_in"]
@@ -36,8 +36,11 @@ def _regret_heatmap(cmp: Comparison) -> go.Figure | None:
     z = [[cmp.matrix[(a, b)] for b in cmp.devices] for a in cmp.devices]
     text = [["-" if v is None else ("fails" if math.isinf(v) else f"{v:.3f}x") for v in row] for row in z]
     zz = [[None if v is None or math.isinf(v) else v for v in row] for row in z]
+    # the darkest red at 1.5x or the largest regret: a scale from 1.0 to the largest alone drew 1.00025x
+    # darkest and an all-1.000x matrix orange (a helper's, session 48)
+    top = max([1.5, *(v for row in zz for v in row if v is not None)])
     fig = go.Figure(go.Heatmap(z=zz, x=cmp.devices, y=cmp.devices, text=text, texttemplate="%{text}",
-                               colorscale="Reds", zmin=1.0, colorbar={"title": "regret"}))
+                               colorscale="Reds", zmin=1.0, zmax=top, colorbar={"title": "regret"}))
     fig.update_layout(title="Geometric-mean regret: winners of (row) run on (column)",
                       xaxis_title="run on", yaxis_title="winners of", yaxis_autorange="reversed", height=420)
     return fig
@@ -156,6 +159,8 @@ def _configs_table(cmp: Comparison) -> str:
                      "<table><tr><th>config</th><th>best us</th><th>worst regret elsewhere</th>"
                      f"<th>template_id</th><th>parameters</th></tr>{''.join(rows)}</table>")
     other = f"<p>Left out: {e(other_torch_text(cmp))}.</p>" if cmp.other_torch else ""
+    if cmp.left_out:  # as the console says it (a helper's, session 48: the report did not)
+        other += f"<p>Left out: {e(left_out_text(cmp))}.</p>"
     return f"<p>{e(STORED_TIMES)}.</p>" + other + "".join(parts)
 
 

@@ -17,7 +17,7 @@ from zhantune.paths import write_atomic
 from zhantune.report.console import compact, print_table
 from zhantune.report.regret import Choice, Claim, Comparison
 
-__all__ = ["STORED_TIMES", "other_torch_text", "claim_text", "print_comparison", "comparison_records", "write_csv", "write_json"]
+__all__ = ["STORED_TIMES", "other_torch_text", "left_out_text", "claim_text", "print_comparison", "comparison_records", "write_csv", "write_json"]
 
 
 #: what compare's times and ratios are (printed above its tables, written into its HTML report)
@@ -32,6 +32,12 @@ def other_torch_text(cmp: Comparison) -> str:
     return (f"{sum(cmp.other_torch.values())} measurement(s) made with another torch release than this {cmp.torch} ("
             + ", ".join(f"{d}: {n}" for d, n in cmp.other_torch.items())
             + "); a config's time and its claim hold for the release they were measured with")
+
+
+def left_out_text(cmp: Comparison) -> str:
+    """What compare left out for being measured correctly on one compared device only (``cmp.left_out``)."""
+    return (f"{sum(cmp.left_out.values())} problem(s) with a correct measurement on one device only ("
+            + ", ".join(f"{d}: {n}" for d, n in cmp.left_out.items()) + "); devices=[KEY] compares one device's own")
 
 
 def _x(v: float | None) -> str:
@@ -92,10 +98,7 @@ def print_comparison(console: Console, cmp: Comparison, top: int = 5, history: b
                 console.print(f"{label}: worst {_x(c.worst_regret)}, geomean {_x(c.geomean_regret)} "
                               f"({regrets}) {_params(c)}", soft_wrap=True, highlight=False, markup=False)
     if cmp.left_out:  # compared: problems measured on two or more of the devices
-        console.print(f"left out: {sum(cmp.left_out.values())} problem(s) with a correct measurement on one "
-                      "device only ("
-                      + ", ".join(f"{d}: {n}" for d, n in cmp.left_out.items())
-                      + "); devices=[KEY] compares one device's own", soft_wrap=True, highlight=False, markup=False)
+        console.print(f"left out: {left_out_text(cmp)}", soft_wrap=True, highlight=False, markup=False)
     if cmp.other_torch:  # as the export ranks: one torch release's rows
         console.print(f"left out: {other_torch_text(cmp)}", soft_wrap=True, highlight=False, markup=False)
     if not several:
