@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from zhantune.bench.conditions import ContentionCount
-from zhantune.bench.decision import SpeedupVerdict, claim_holds, timing_kind
+from zhantune.bench.decision import SpeedupVerdict, claim_holds, cpu_timing_method, timing_kind
 from zhantune.errors import ConfigError
 from zhantune.provenance import software_versions
 from zhantune.search.transfer import Prior
@@ -265,7 +265,7 @@ def refuse_other_timing(run: Any, store: Any) -> None:
     if run.replay is not None or run.device.kind != "cpu":
         return
     flush = bool(run.bench.flush_cache)
-    want = "cpu:perf_counter" + (":flush" if flush else "")
+    want = cpu_timing_method(flush)
     other = sum(n for method, n in store.timing_methods(run.device.key, run.problem.key).items()
                 if (method or "").startswith("cpu:") and timing_kind(method) != want)
     if other:

@@ -40,7 +40,7 @@ from typing import Any
 
 __all__ = ["Round", "SpeedupVerdict", "judge_speedup", "ratio_spread", "beyond_spread", "claim_holds", "CONFIRM_C",
            "below_min_speedup", "DEFAULT_MIN_SPEEDUP", "paired_ratio", "decision_us", "decision_value", "rank_key",
-           "best_per_config", "timing_kind"]
+           "best_per_config", "timing_kind", "cpu_timing_method"]
 
 
 def decision_us(row: Any) -> float:
@@ -60,6 +60,12 @@ def decision_value(min_us: float | None, median_us: float | None, method: str | 
     if min_us is None or (method or "").startswith("kerneltuner"):
         return median_us
     return min_us
+
+
+def cpu_timing_method(flush: bool) -> str:
+    """The method a CPU timing records before its scheduling suffix (zhantune.bench.timing.time_cpu):
+    "cpu:perf_counter", with ":flush" where the cache was flushed before each run."""
+    return "cpu:perf_counter" + (":flush" if flush else "")
 
 
 def timing_kind(method: str | None) -> str | None:

@@ -19,9 +19,8 @@ CUDA: Triton's own ``triton.testing.do_bench_cudagraph`` (kernel time without Py
 overhead) or ``do_bench`` (L2 flush, per-run CUDA events), asking for every run's time
 (``return_mode="all"``) so that both devices reduce the same way.
 
-Every Timing carries median, min, max, the 20th/80th percentiles, mean and standard deviation, the
-interquartile range (75th - 25th percentile) and the coefficient of variation (std / mean).
-:func:`is_tie` says whether two timings are within each other's noise (docs/timing.md).
+Every Timing carries median, min, max, the 20th/80th percentiles, mean, standard deviation, interquartile
+range and coefficient of variation; :func:`is_tie` says whether two are within each other's noise.
 """
 
 from __future__ import annotations
@@ -36,8 +35,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Timing", "summarize_us", "time_cpu", "time_cuda", "is_tie", "runs_per_sample", "run_range_us", "raised_priority", "renice_threads",
-           "realtime", "DEFAULT_NICE"]
+from zhantune.bench.decision import cpu_timing_method
+
+__all__ = ["Timing", "summarize_us", "time_cpu", "time_cuda", "is_tie", "runs_per_sample", "run_range_us",
+           "raised_priority", "renice_threads", "realtime", "DEFAULT_NICE"]
 
 #: the niceness of the timed runs (lower runs first; -20 is the highest, 0 the normal priority)
 DEFAULT_NICE = -10
@@ -347,7 +348,7 @@ def _time_cpu(fn: Callable[[], object], warmup_ms: float, target_ms: float, min_
         start = time.perf_counter_ns()
         fn()
         times_us.append((time.perf_counter_ns() - start) / 1e3)
-    return summarize_us(times_us, "cpu:perf_counter" + (":flush" if flush else ""))
+    return summarize_us(times_us, cpu_timing_method(flush is not None))
 
 
 def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25.0, target_ms: float = 100.0,
