@@ -98,6 +98,38 @@ def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path)
     assert portable[agnostic][0]["config_patch"] == p.portable.params
 
 
+def test_a_replay_with_the_other_cache_flushing_than_the_stored_rows_is_refused(cli, tmp_path):
+    """A replay's rows join the rankings of its problems on this device (compare's, the export's), as
+    a tune's do: where the stored rows of a problem were timed with the other bench.flush_cache
+    (warm-cache 24.9 us beside cold-cache 100 us rows), the replay is refused before anything is
+    measured, as the tune is (tests/test_cli.py), one line, exit 2, nothing stored."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import Timing
+    from zhantune.device import resolve_device
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Recorder
+
+    db, cpu, problem = tmp_path / "z.db", resolve_device("cpu"), GemmProblem("mm", (16, 16, 16), "float32")
+    lookup = "((torch.float32, [16, 16], [16, 1]), (torch.float32, [16, 16], [16, 1]))+mm"
+    store = Store(f"sqlite:///{db}")
+    rec = Recorder(store, problem, store.study_id("warm", {}), store.device_id(cpu.key, cpu.name, "cpu", cpu.properties),
+                   store.problem_id(problem.key, lookup_key=lookup, **problem.row_fields()), cpu)
+    rec.add(Measurement("ok", Timing(24.9, 24.9, 24.9, 24.9, 24.9, 100, "cpu:perf_counter:fifo")), "default")
+    store.engine.dispose()
+    (tmp_path / "t.json").write_text(json.dumps({f"{cpu.key}+{lookup}": [{"template_id": "aten::mm"}]}))
+    with sqlite3.connect(db) as con:
+        before = con.execute("select count(*) from zt_measurement").fetchone()
+    r = cli([f"table={tmp_path}/t.json", f"storage.url=sqlite:///{db}", "device=cpu", "bench.flush_cache=true"],
+            tmp_path, module="zhantune.replay")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"zhantune: bench.flush_cache=true: 1 measurement(s) of {problem.key} on {cpu.key} in this database were "
+        "timed without flushing the cache before each run; this replay's would join their rankings (compare's, the "
+        "export's): use bench.flush_cache=false"), r.stderr
+    with sqlite3.connect(db) as con:
+        assert con.execute("select count(*) from zt_measurement").fetchone() == before
+        assert con.execute("select count(*) from zt_study where name like 'replay:%'").fetchone() == (0,)
+
+
 def test_replay_table_errors(cli, tmp_path):
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     Store(url)

@@ -72,6 +72,11 @@ def _replay_app(cfg: DictConfig) -> None:
         store = Store(cfg.storage.url)
         work = table_candidates(table, store.problems_by_lookup_key(), str(cfg.table), device.kind)
         work = [(row, _search_branches(store, row.id, cands)) for row, cands in work]
+        if device.kind == "cpu":  # before anything is measured: warm- and cold-cache rows in one ranking
+            from zhantune.tune_result import refuse_other_flushing
+
+            refuse_other_flushing(store, device.key, [row.key for row, _ in work], bool(cfg.bench.flush_cache),
+                                  "this replay's would join their rankings (compare's, the export's)")
     except UserError as e:
         user_error(e)
         return

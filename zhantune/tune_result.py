@@ -260,18 +260,28 @@ def refuse_other_timing(run: Any, store: Any) -> None:
     ``bench.flush_cache`` (a cold last-level cache before every run, or a warm one) measure another
     thing (a helper's, session 48: a cached warm-cache ATen row, 24.9 us, ranked beside cold-cache
     rows of 100-157 us, "4.04x"). Raises ConfigError naming the option, how many rows were timed the
-    other way, and what to do; nothing is measured or stored. Replays and CUDA are not checked (a
-    CUDA timing falls back from CUDA graphs to do_bench by itself, zhantune.bench.timing.time_cuda)."""
+    other way, and what to do; nothing is measured or stored. Replays of recorded data and CUDA are not checked (a
+    CUDA timing falls back from CUDA graphs to do_bench by itself, zhantune.bench.timing.time_cuda); a
+    table's replay is, by zhantune.replay (:func:`refuse_other_flushing`)."""
     if run.replay is not None or run.device.kind != "cpu":
         return
-    flush = bool(run.bench.flush_cache)
+    refuse_other_flushing(store, run.device.key, [run.problem.key], bool(run.bench.flush_cache),
+                          "its rankings and cached trials would mix the two", ", or another storage.url")
+
+
+def refuse_other_flushing(store: Any, device_key: str, problem_keys: list[str], flush: bool, why: str,
+                          instead: str = "") -> None:
+    """Raise ConfigError where ok rows of one of ``problem_keys`` on this CPU device were timed with the
+    other ``bench.flush_cache`` than ``flush``: the first such problem, how many rows, ``why`` that
+    matters and what to do (``instead``: a second way out). A tune's check (:func:`refuse_other_timing`)
+    and a table replay's (zhantune.replay: its rows join the same rankings, compare's and the export's)."""
     want = cpu_timing_method(flush)
-    other = sum(n for method, n in store.timing_methods(run.device.key, run.problem.key).items()
-                if (method or "").startswith("cpu:") and timing_kind(method) != want)
-    if other:
-        raise ConfigError(
-            f"bench.flush_cache={str(flush).lower()}: {other} measurement(s) of {run.problem.key} on {run.device.key} "
-            f"in this database were timed {'without' if flush else 'with'} flushing the cache before each run; "
-            "its rankings and cached trials would mix the two: use "
-            f"bench.flush_cache={str(not flush).lower()}, or another storage.url")
+    for key in problem_keys:
+        other = sum(n for method, n in store.timing_methods(device_key, key).items()
+                    if (method or "").startswith("cpu:") and timing_kind(method) != want)
+        if other:
+            raise ConfigError(
+                f"bench.flush_cache={str(flush).lower()}: {other} measurement(s) of {key} on {device_key} in this "
+                f"database were timed {'without' if flush else 'with'} flushing the cache before each run; {why}: "
+                f"use bench.flush_cache={str(not flush).lower()}{instead}")
 
