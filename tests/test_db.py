@@ -150,7 +150,9 @@ def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path, re
     one model were one device. The upgrade keys the device by its recorded count, moves the rows of
     another count (conditions.threads) to a device of that count with the verdict settled from them,
     and renames a default-named study (and its Optuna study) after its rows' device; a downgrade
-    joins them again."""
+    joins them again. A verdict goes with its own settle's rows, not with its config's newest: a
+    study continued with another thread count that measures the config again (a helper's,
+    2026-11-30: a 2-thread 1.14x claim moved to the 1-thread device, and the export shipped it there)."""
     from alembic import command
 
     from zhantune.storage.migrate import _config, _transactional, upgrade
@@ -168,6 +170,14 @@ def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path, re
                               conditions=None if threads is None else {"threads": threads})
     store.add_verdict(study_id=sid, device_id=dev, problem_id=prob, config_hash="c", ratio=1.5, ratio_low=1.4,
                       ratio_high=1.6, rounds=3, contended=0, confirmed=True, reason="r")
+    # config f settled with 2 threads, then measured again by the study continued with 4
+    store.add_measurement(study_id=sid, device_id=dev, problem_id=prob, kind="remeasure", status="ok", template_id=None,
+                          params={}, median_us=1.0, config_hash="f", torch_version="2.13.0", conditions={"threads": 2})
+    store.add_verdict(study_id=sid, device_id=dev, problem_id=prob, config_hash="f", ratio=1.14, ratio_low=1.1,
+                      ratio_high=1.2, rounds=3, contended=0, confirmed=True, reason="r")
+    store.add_measurement(study_id=sid, device_id=dev, problem_id=prob, kind="candidate", status="ok", template_id=None,
+                          params={}, median_us=1.0, config_hash="f", torch_version="2.13.0", trial_number=9,
+                          conditions={"threads": 4})
     optuna.create_study(study_name="p@M", storage=url)
     store.study_id("q@M", {})  # reserved, no row yet
     store.study_id("z@m", {})  # another device's (SQLite's LIKE ignores case; the rename must not)
@@ -185,8 +195,8 @@ def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path, re
             got = (dict(con.exec_driver_sql("select key, id from zt_device").all()),
                    sorted(tuple(r) for r in con.exec_driver_sql("select d.key, m.config_hash from zt_measurement m "
                                                                 "join zt_device d on d.id = m.device_id")),
-                   [tuple(r) for r in con.exec_driver_sql("select d.key from zt_verdict v join zt_device d on "
-                                                          "d.id = v.device_id")],
+                   [tuple(r) for r in con.exec_driver_sql("select d.key, v.config_hash from zt_verdict v join "
+                                                          "zt_device d on d.id = v.device_id order by v.id")],
                    [tuple(r) for r in con.exec_driver_sql("select name from zt_study order by id")],
                    [tuple(r) for r in con.exec_driver_sql("select study_name from studies order by study_id")])
         engine.dispose()
@@ -195,9 +205,9 @@ def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path, re
     upgraded = state()
     devices, rows, verdicts, studies, optuna_studies = upgraded
     assert set(devices) == {"M (2 threads)", "M (4 threads)", "N"} and devices["M (2 threads)"] == dev
-    assert rows == [("M (2 threads)", "d"), ("M (2 threads)", "x"), ("M (4 threads)", "c"), ("M (4 threads)", "c"),
-                    ("M (4 threads)", "e")]
-    assert verdicts == [("M (4 threads)",)]
+    assert rows == [("M (2 threads)", "d"), ("M (2 threads)", "f"), ("M (2 threads)", "x"), ("M (4 threads)", "c"),
+                    ("M (4 threads)", "c"), ("M (4 threads)", "e"), ("M (4 threads)", "f")]
+    assert verdicts == [("M (4 threads)", "c"), ("M (2 threads)", "f")]
     assert studies == [("p@M (4 threads)",), ("q@M (2 threads)",), ("z@m",)]
     assert optuna_studies == [("p@M (4 threads)",)]
     eng = _transactional(make_engine(url))
@@ -205,7 +215,8 @@ def test_upgrade_to_0009_keys_each_cpu_by_its_thread_count_and_back(tmp_path, re
         command.downgrade(_config(conn), "0008")
     eng.dispose()
     devices, rows, verdicts, studies, optuna_studies = state()
-    assert devices == {"M": dev, "N": devices["N"]} and {k for k, _ in rows} == {"M"} and verdicts == [("M",)]
+    assert devices == {"M": dev, "N": devices["N"]} and {k for k, _ in rows} == {"M"}
+    assert verdicts == [("M", "c"), ("M", "f")]
     assert studies == [("p@M",), ("q@M",), ("z@m",)] and optuna_studies == [("p@M",)]
     assert upgrade(make_engine(url)) == ("0008", head_revision())  # and up again: as the first time
     assert state()[1:] == upgraded[1:] and set(state()[0]) == set(upgraded[0])

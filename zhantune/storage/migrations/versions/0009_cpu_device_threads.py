@@ -2,7 +2,10 @@
 a 2-vCPU runner and a 32-core machine with one CPU model were one device, their timings, rankings
 and speedup claims pooled. Each CPU device takes the thread count it was first recorded with
 (``properties.threads``, else the most common of its rows'); rows measured with another count
-(``conditions.threads``) move to a device of that count, with the verdicts settled from them; a
+(``conditions.threads``) move to a device of that count, with the verdicts settled from them (a
+verdict goes with its settle's rows: its config's newest re-measurement in its study stored at or
+before it, as 0008 finds them; a study continued with another thread count measures the config
+again later, and those rows are not this verdict's rounds: a helper's, 2026-11-30); a
 study named ``<problem>@<device key>`` (the tune's default name) and its Optuna study are renamed
 after the device its rows are on. A CPU device with no recorded thread count keeps its key.
 
@@ -29,10 +32,11 @@ _DEV = sa.table("zt_device", sa.column("id", sa.Integer), sa.column("key", sa.St
                 sa.column("kind", sa.String), sa.column("properties", sa.JSON))
 _MEAS = sa.table("zt_measurement", sa.column("id", sa.Integer), sa.column("device_id", sa.Integer),
                  sa.column("study_id", sa.Integer), sa.column("problem_id", sa.Integer),
-                 sa.column("config_hash", sa.String), sa.column("kind", sa.String), sa.column("conditions", sa.JSON))
+                 sa.column("config_hash", sa.String), sa.column("kind", sa.String), sa.column("conditions", sa.JSON),
+                 sa.column("created_at", sa.DateTime(timezone=True)))
 _VERDICT = sa.table("zt_verdict", sa.column("id", sa.Integer), sa.column("device_id", sa.Integer),
                     sa.column("study_id", sa.Integer), sa.column("problem_id", sa.Integer),
-                    sa.column("config_hash", sa.String))
+                    sa.column("config_hash", sa.String), sa.column("created_at", sa.DateTime(timezone=True)))
 _STUDY = sa.table("zt_study", sa.column("id", sa.Integer), sa.column("name", sa.String))
 _OPTUNA = sa.table("studies", sa.column("study_name", sa.String))
 #: the key format of this revision (zhantune.device.cpu_device_key, copied: a migration never changes)
@@ -63,6 +67,16 @@ def _rename_study(bind: Any, study_id: int, old: str, new: str, optuna: bool) ->
         bind.execute(_OPTUNA.update().where(_OPTUNA.c.study_name == old).values(study_name=new))
 
 
+def _settled_with(verdict: Any, of_config: list[Any], threads: dict[int, int], own: int) -> int:
+    """The thread count of ``verdict``'s settle: among ``of_config`` (the rows of its config in its
+    study and problem), the newest re-measurement stored at or before it (else the newest row so
+    stored; else ``own``)."""
+    same = [r for r in of_config
+            if r.created_at is None or verdict.created_at is None or r.created_at <= verdict.created_at]
+    settle = [r for r in same if r.kind == "remeasure"] or same
+    return threads[max(settle, key=lambda r: r.id).id] if settle else own
+
+
 def upgrade() -> None:
     bind = op.get_bind()
     optuna = "studies" in sa.inspect(bind).get_table_names()
@@ -71,7 +85,8 @@ def upgrade() -> None:
         if _KEYED.fullmatch(d.key):
             continue  # keyed by its count already (a database downgraded, then upgraded again)
         rows = bind.execute(sa.select(_MEAS.c.id, _MEAS.c.study_id, _MEAS.c.problem_id, _MEAS.c.config_hash,
-                                      _MEAS.c.kind, _MEAS.c.conditions).where(_MEAS.c.device_id == d.id)
+                                      _MEAS.c.kind, _MEAS.c.conditions, _MEAS.c.created_at)
+                            .where(_MEAS.c.device_id == d.id)
                             .order_by(_MEAS.c.id)).all()
         props = d.properties if isinstance(d.properties, dict) else {}
         recorded = {r.id: _threads((r.conditions or {}).get("threads") if isinstance(r.conditions, dict) else None)
@@ -92,10 +107,11 @@ def upgrade() -> None:
                                         .returning(_DEV.c.id)).scalar_one()
             taken.add(_key(d.key, t))
             _move(bind, _MEAS, [rid for rid, n in threads.items() if n == t], device_of[t])
-        # a verdict goes with the newest row of its config in its study (its settle's re-measure)
-        newest = {(r.study_id, r.problem_id, r.config_hash): threads[r.id] for r in rows}
+        of_config: dict[tuple[int, int, str | None], list[Any]] = {}
+        for r in rows:
+            of_config.setdefault((r.study_id, r.problem_id, r.config_hash), []).append(r)
         for v in bind.execute(sa.select(_VERDICT).where(_VERDICT.c.device_id == d.id)).all():
-            t = newest.get((v.study_id, v.problem_id, v.config_hash), own)
+            t = _settled_with(v, of_config.get((v.study_id, v.problem_id, v.config_hash), []), threads, own)
             if device_of.get(t, d.id) != d.id:
                 _move(bind, _VERDICT, [v.id], device_of[t])
         by_study: dict[int, Counter] = {}
