@@ -223,7 +223,8 @@ def test_a_killed_tunes_orphaned_trial_is_not_counted_as_measured(tmp_path):
 def test_ctrl_c_while_the_baselines_are_measured_stops_them_and_stores_none(tmp_path):
     """A helper's: Ctrl-C during the baselines was acted on only once all three were measured and
     stored (16 s at shape [128,64,80]; 29 s with a long bench.target_ms). They are interruptible now:
-    the run stops with exit 130 and stores no baseline (a rerun measures them)."""
+    the run stops with exit 130 and stores no baseline (a rerun measures them). Its study is marked
+    interrupted, as a search's interrupt marks it (another helper's: it was left "running")."""
     db = tmp_path / "zhantune.db"
     p = _tune(tmp_path, "bench.target_ms=30000", "bench.warmup_ms=0", "progress=false")  # 30 s per baseline
     deadline = time.monotonic() + 120
@@ -236,6 +237,8 @@ def test_ctrl_c_while_the_baselines_are_measured_stops_them_and_stores_none(tmp_
     assert p.returncode == 130, out[-2000:] + err[-2000:]
     assert "Traceback" not in err and "interrupted" in out + err, err[-2000:]
     assert _kinds(db) == {}, _kinds(db)  # no eager, default or default_unfrozen row
+    with sqlite3.connect(db) as con:
+        assert con.execute("select status from zt_study").fetchall() == [("interrupted",)]
 
 
 @pytest.mark.slow

@@ -13,7 +13,6 @@ import logging
 from typing import Any
 
 import optuna
-from omegaconf import OmegaConf
 from sqlalchemy.exc import IntegrityError
 
 from zhantune import interrupt
@@ -44,6 +43,7 @@ from zhantune.tune_result import (
     own_rows,
     ranked_rows,
     refuse_other_timing,
+    same_space,
     stored_claim,
     study_best,
 )
@@ -93,7 +93,7 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     refuse_other_timing(run, store)  # warm-cache and cold-cache rows in one ranking
     # measured, not used: a dead worker's claim stays in flight until a search retries it
     finished = row is not None and (row.status == FINISHED and store.trial_counts(row.id)[0] >= target
-                                    or row.status == EXHAUSTED and _same_space(row.config, run))
+                                    or row.status == EXHAUSTED and same_space(row.config, run))
     again = finished and _settle_again(run, store, row.id)
     busy = busy_text(run) if again else None  # a busy machine would disturb its rounds again
     if finished and (not again or busy):
@@ -111,13 +111,6 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
             if pool is not None:
                 pool.close()
             bench.close()
-
-
-def _same_space(stored: dict[str, Any] | None, run: RunSpec) -> bool:
-    """Whether the run that exhausted a study searched this run's space (the ``space=`` files' contents,
-    the op's default spaces): another space has points the study never measured."""
-    now = OmegaConf.to_container(run.cfg, resolve=True)
-    return stored is not None and all(stored.get(k) == now.get(k) for k in ("space", "op"))
 
 
 def _finished_result(run: RunSpec, store: Store, row: Any, target: int, settle_deferred: str | None = None) -> TuneResult:
@@ -198,7 +191,11 @@ class _Tune:
             config[RECORDED_DEVICE] = run.replay.device_name.strip()  # a helper found it dropped here
         self.study_id = store.study_id(run.study_name, config)
         before, _ = store.trial_counts(self.study_id)  # measured: a dead worker's claim is not
-        rows, reused = self._baselines()
+        try:
+            rows, reused = self._baselines()
+        except KeyboardInterrupt:  # before its first trial (a helper's: left "running"), as a search's interrupt
+            store.finish_study(self.study_id, "interrupted")
+            raise
         self.result = TuneResult(run.study_name, self.study_id, rows.get("eager"), rows.get("default"), None,
                                  default_unfrozen=rows.get("default_unfrozen"), target=self.target,
                                  before=before, baselines_reused=reused)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from zhantune.bench.conditions import ContentionCount
 from zhantune.bench.decision import SpeedupVerdict, claim_holds, cpu_timing_method, timing_kind
 from zhantune.errors import ConfigError
@@ -285,3 +287,9 @@ def refuse_other_flushing(store: Any, device_key: str, problem_keys: list[str], 
                 f"database were timed {'without' if flush else 'with'} flushing the cache before each run; {why}: "
                 f"use bench.flush_cache={str(not flush).lower()}{instead}")
 
+
+def same_space(stored: dict[str, Any] | None, run: Any) -> bool:
+    """Whether the run that exhausted a study searched this run's space (the ``space=`` files' contents,
+    the op's default spaces): another space has points the study never measured."""
+    now = OmegaConf.to_container(run.cfg, resolve=True)
+    return stored is not None and all(stored.get(k) == now.get(k) for k in ("space", "op"))
