@@ -98,11 +98,9 @@ def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path)
     assert portable[agnostic][0]["config_patch"] == p.portable.params
 
 
-def test_a_replay_with_the_other_cache_flushing_than_the_stored_rows_is_refused(cli, tmp_path):
-    """A replay's rows join the rankings of its problems on this device (compare's, the export's), as
-    a tune's do: where the stored rows of a problem were timed with the other bench.flush_cache
-    (warm-cache 24.9 us beside cold-cache 100 us rows), the replay is refused before anything is
-    measured, as the tune is (tests/test_cli.py), one line, exit 2, nothing stored."""
+def _one_warm_row(tmp_path):
+    """A database with one warm-cache default row of mm 16^3 on this CPU, and a table of its key:
+    (db path, the CPU, the problem)."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import Timing
     from zhantune.device import resolve_device
@@ -117,6 +115,15 @@ def test_a_replay_with_the_other_cache_flushing_than_the_stored_rows_is_refused(
     rec.add(Measurement("ok", Timing(24.9, 24.9, 24.9, 24.9, 24.9, 100, "cpu:perf_counter:fifo")), "default")
     store.engine.dispose()
     (tmp_path / "t.json").write_text(json.dumps({f"{cpu.key}+{lookup}": [{"template_id": "aten::mm"}]}))
+    return db, cpu, problem
+
+
+def test_a_replay_with_the_other_cache_flushing_than_the_stored_rows_is_refused(cli, tmp_path):
+    """A replay's rows join the rankings of its problems on this device (compare's, the export's), as
+    a tune's do: where the stored rows of a problem were timed with the other bench.flush_cache
+    (warm-cache 24.9 us beside cold-cache 100 us rows), the replay is refused before anything is
+    measured, as the tune is (tests/test_cli.py), one line, exit 2, nothing stored."""
+    db, cpu, problem = _one_warm_row(tmp_path)
     with sqlite3.connect(db) as con:
         before = con.execute("select count(*) from zt_measurement").fetchone()
     r = cli([f"table={tmp_path}/t.json", f"storage.url=sqlite:///{db}", "device=cpu", "bench.flush_cache=true"],
@@ -128,6 +135,22 @@ def test_a_replay_with_the_other_cache_flushing_than_the_stored_rows_is_refused(
     with sqlite3.connect(db) as con:
         assert con.execute("select count(*) from zt_measurement").fetchone() == before
         assert con.execute("select count(*) from zt_study where name like 'replay:%'").fetchone() == (0,)
+
+
+def test_a_replay_on_a_cpu_of_another_vector_isa_under_the_stored_key_is_one_line(cli, tmp_path):
+    """A helper's: the device's row refused a CPU whose vector ISA differs from the stored one (one
+    model name, two kinds of machine), and the replay printed that refusal as a traceback (exit 1); a
+    tune said it in one line. Now the replay does too: exit 2, nothing stored."""
+    db, cpu, _ = _one_warm_row(tmp_path)
+    with sqlite3.connect(db) as con:
+        con.execute("""update zt_device set properties = '{"isa": "NOT-THIS-ONE"}'""")
+        before = con.execute("select count(*) from zt_measurement").fetchone()
+    r = cli([f"table={tmp_path}/t.json", f"storage.url=sqlite:///{db}", "device=cpu"], tmp_path,
+            module="zhantune.replay")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert len(r.stderr.strip().splitlines()) == 1 and "is a CPU with vector ISA 'NOT-THIS-ONE'" in r.stderr, r.stderr
+    with sqlite3.connect(db) as con:
+        assert con.execute("select count(*) from zt_measurement").fetchone() == before
 
 
 def test_replay_table_errors(cli, tmp_path):
