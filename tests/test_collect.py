@@ -230,3 +230,27 @@ def test_only_inductors_own_default_entry_escapes_the_activation_check():
     assert activation_stale(measured, key, SimpleNamespace(op_name="addmm", epilogue=Epilogue("gelu")),
                             [{"template_id": "aten::bias_addmm"}]) is None  # measured so
     assert activation_stale(None, key, relu, [{"template_id": "aten::bias_addmm"}]) is None  # the table does not say
+
+
+def test_a_model_of_another_dtype_cast_by_the_default_dtype_is_said(cli, tmp_path):
+    """A helper's: without dtype=, collect and check cast the factory's model to float32 on CPU (the
+    documented default), and a bfloat16 model was collected and checked as float32 with nothing
+    saying so. The cast is now said, once, in one line; with dtype= given, or a float32 model, not."""
+    from omegaconf import OmegaConf
+
+    from zhantune.models import from_config
+
+    (tmp_path / "bfmod.py").write_text("import torch\n\ndef make(dtype='bfloat16'):\n"
+                                       "    return torch.nn.Linear(32, 64).to(getattr(torch, dtype))\n")
+    r = cli(["model=bfmod:make", "input_shapes=[[8,32]]", f"out={tmp_path}/p.yaml"], tmp_path, module="zhantune.collect")
+    assert r.returncode == 0, r.stderr[-2000:]
+    note = ("note: the model's bfloat16 weights were cast to float32 (dtype= not given: float32 on a cpu device; "
+            "dtype=NAME casts the whole model to NAME)")
+    assert note in " ".join(r.stdout.split()), r.stdout
+    assert yaml.safe_load((tmp_path / "p.yaml").read_text())["problems"][0]["dtype"] == "float32"
+    base = {"model": "bfmod:make", "model_kwargs": None, "input_shapes": [[8, 32]], "device": "cpu"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(tmp_path))
+        assert from_config(OmegaConf.create({**base, "dtype": None})).cast_note == note
+        assert from_config(OmegaConf.create({**base, "dtype": "float32"})).cast_note is None
+        assert from_config(OmegaConf.create({**base, "model_kwargs": {"dtype": "float32"}, "dtype": None})).cast_note is None

@@ -86,6 +86,8 @@ def _check_app(cfg: DictConfig) -> None:
     except UserError as e:
         user_error(e)
         return
+    if req.cast_note:
+        console.print(req.cast_note, markup=False, soft_wrap=True)
     try:
         result = check_model(req.model, req.inputs, req.device, tf, OmegaConf.to_object(cfg.bench), cfg.max_autotune,
                              cfg.rounds)

@@ -65,6 +65,8 @@ def _collect_app(cfg: DictConfig) -> None:
         if cfg.measure:
             check_bench(cfg.bench)
         req = from_config(cfg)
+        if req.cast_note:
+            console.print(req.cast_note, markup=False, soft_wrap=True)
         model, inputs, device, dtype, shapes, kwargs = req.model, req.inputs, req.device, req.dtype, req.shapes, req.kwargs
         problems = collect(model, inputs, device)
         if not any(p.problem is not None for p in problems):

@@ -134,6 +134,13 @@ def _not_a_model_factory(factory: Any) -> str | None:
 def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torch.float32,
                 device: torch.device | str = "cpu", seed: int = 0) -> nn.Module:
     """The factory's module in eval mode, in ``dtype`` on ``device``, weights seeded by ``seed``."""
+    return _built(spec, kwargs, dtype, device, seed)[0]
+
+
+def _built(spec: str, kwargs: dict | None, dtype: torch.dtype, device: torch.device | str,
+           seed: int = 0) -> tuple[nn.Module, set[torch.dtype]]:
+    """:func:`build_model`'s module, and the floating dtypes of its parameters and buffers as the
+    factory made them, before the cast to ``dtype``."""
     factory = load_factory(spec)
     torch.manual_seed(seed)
     try:
@@ -150,8 +157,9 @@ def build_model(spec: str, kwargs: dict | None = None, dtype: torch.dtype = torc
                           f"{type(e).__name__}: {first_line(e)}{raised_at(e)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model={spec!r} returned {type(model).__name__}, not a torch.nn.Module")
+    made = {t.dtype for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()}
     try:
-        return model.to(device=device, dtype=dtype).eval()
+        return model.to(device=device, dtype=dtype).eval(), made
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError copying to a GPU: was a traceback
         if not _out_of_memory(e):
             raise
@@ -224,12 +232,18 @@ def _check_inputs_fit(shapes: list[list[int]], dtype: torch.dtype, device: Any) 
 class ModelRequest:
     """A model and its example inputs as the collect and check apps are asked for them."""
 
-    def __init__(self, spec: str, kwargs: dict, shapes: list[list[int]], dtype: str, device):
+    def __init__(self, spec: str, kwargs: dict, shapes: list[list[int]], dtype: str, device, defaulted: bool = False):
         from zhantune.problems import DTYPES
 
         self.spec, self.kwargs, self.shapes, self.dtype, self.device = spec, kwargs, shapes, dtype, device
         _check_inputs_fit(shapes, DTYPES[dtype], device)
-        self.model = build_model(spec, kwargs, DTYPES[dtype], device.torch_device)
+        self.model, made = _built(spec, kwargs, DTYPES[dtype], device.torch_device)
+        other = sorted(str(t).removeprefix("torch.") for t in made - {DTYPES[dtype]})
+        #: where dtype was not given and the factory's weights were another dtype: the cast, said (a
+        #: helper's: a bfloat16 model collected and checked as float32, with nothing saying so)
+        self.cast_note = (f"note: the model's {' and '.join(other)} weights were cast to {dtype} (dtype= not given: "
+                          f"{dtype} on a {device.kind} device; dtype=NAME casts the whole model to NAME)"
+                          if defaulted and other else None)
         self.inputs = example_inputs(shapes, DTYPES[dtype], device.torch_device)
         try:  # one eager call: inputs the model cannot take are bad input, not a compile failure
             with torch.no_grad():
@@ -260,4 +274,4 @@ def from_config(cfg) -> ModelRequest:
     kwargs = OmegaConf.to_container(cfg.model_kwargs, resolve=True) if cfg.model_kwargs else {}
     if not isinstance(kwargs, dict):
         raise ConfigError(f"model_kwargs={kwargs}: expected a mapping, e.g. model_kwargs={{d_model:64}}")
-    return ModelRequest(cfg.model, kwargs, shapes, dtype, device)
+    return ModelRequest(cfg.model, kwargs, shapes, dtype, device, defaulted=not cfg.dtype)
