@@ -1347,7 +1347,10 @@ def test_a_table_entry_that_cannot_be_right_for_its_keys_sizes_is_refused(tmp_pa
                           r"allowed: relu, gelu"),
                          ({"format_version": 2, "activations": {"other+((x))+mm": "gelu"}},
                           r'activations\["other\+\(\(x\)\)\+mm"\]: not a key of the table'),
-                         ({"format_version": 2, "activations": [KEY]}, r"activations: expected an object")):
+                         ({"format_version": 2, "activations": [KEY]}, r"activations: expected an object"),
+                         ({"format_version": 2, "activations": {KEY: ["gelu"]}}, r'\]: \["gelu"\]; allowed: relu, gelu, or a list'),
+                         ({"format_version": 2, "activations": {KEY: ["gelu", "gelu"]}}, r"allowed: relu, gelu, or a list"),
+                         ({"format_version": 2, "activations": {KEY: ["gelu", "silu"]}}, r"allowed: relu, gelu, or a list")):
         with pytest.raises(TableError, match=match):
             read_table({**wrapped, **extra})
     (tmp_path / "w.json").write_text(json.dumps({**wrapped, "evil": 1}))

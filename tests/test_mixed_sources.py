@@ -303,6 +303,32 @@ def test_an_export_says_which_defaults_are_a_shared_keys(cli, tmp_path):
     assert "Inductor's default choice: problems with different tuned entries share this lookup key" in out, out
 
 
+def test_one_keys_equal_entries_tuned_for_several_activations_serve_each(tmp_path):
+    """A helper's: a plain addmm and linear_act relu (and gelu) of one shape make one addmm lookup on a
+    CPU; where each problem's tune confirmed the same config, the key ships it for all, but the table
+    tagged the key with the first problem's activation alone, so use_table reported the others'
+    GEMMs stale and compiled Inductor's default. The tag now lists every activation the entries were
+    tuned with (None: none), in the export's table and compare's portable one."""
+    from zhantune.inductor.portable import portable_choices
+
+    db = _Db(tmp_path / "z.db")
+    key = "((torch.float32, [64], [1]), (torch.float32, [32, 32], [32, 1]), (torch.float32, [32, 64], [1, 32]))+addmm"
+    cand = Candidate("cpp_gemm", "config", None, {"max_autotune_gemm_backends": "CPP", "cpp.gemm_cache_blocking": "4,4,4"})
+    for op, act in (("linear_act", "relu"), ("addmm", None), ("linear_act", "gelu")):
+        problem = GemmProblem(op, (32, 64, 32), "float32", activation=act, weight_layout="nk")
+        rec = db.recorder("AMD EPYC (2 threads)", torch="2.13.0+cpu", kind="cpu", problem=problem, key=key)
+        db.default(rec, 20.0)
+        db.candidate(rec, cand, 10.0)
+        db.verdict(rec, cand, 2.0, torch="2.13.0+cpu")
+    acts: dict = {}
+    table = build_table(db.store, min_speedup=1.02, torch_version="2.13.0+cpu", activations=acts)
+    ((placed, [entry]),) = table.items()
+    assert placed == f"AMD EPYC (2 threads)+{key}" and entry["config_patch"]["cpp.gemm_cache_blocking"] == "4,4,4"
+    assert acts == {placed: ["gelu", "relu", None]}
+    portable = portable_choices(compare(db.store), db.store, None)
+    assert list(portable.table) == [key] and portable.activations == {key: ["gelu", "relu", None]}
+
+
 def test_compares_table_of_some_devices_needs_the_claim_on_every_device_of_their_kind(cli, tmp_path):
     """compare devices=[H100] table=...: A is confirmed 1.5x on the H100 and refuted (0.7x, paired) on
     the H200 of the same database. The table's key is device-agnostic, so it applies on the H200 too:

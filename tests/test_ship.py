@@ -450,6 +450,11 @@ def test_an_entry_measured_with_one_activation_is_stale_on_a_gemm_that_feeds_ano
         "its output feeds silu here, which the entry was not measured with"), silu.as_dict()
     assert compile_with(wrapped(1, None), "relu").hits == {key: 1}  # the table does not say
     assert not compile_with(wrapped(2, {key: "gelu"}), "gelu").notes  # measured with it: nothing to note
+    # one key's equal entries tuned for problems of several activations: each of them hits, others are stale
+    for act in ("gelu", None):
+        assert compile_with(wrapped(2, {key: ["gelu", None]}), act).hits == {key: 1}
+    assert compile_with(wrapped(2, {key: ["gelu", None]}), "relu").stale[key].startswith(
+        "measured with gelu or no activation fused after the GEMM, and this GEMM's output feeds relu")
     from types import SimpleNamespace
 
     from zhantune.inductor.epilogue import Epilogue, unmeasured_epilogue

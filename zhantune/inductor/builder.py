@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from zhantune.bench.decision import claim_holds, decision_us
 from zhantune.errors import SHOWN_KEY, ConfigError, TableError, shown, two_kinds
+from zhantune.inductor.epilogue import merged_activation
 from zhantune.inductor.knobs import BACKEND_FLAGS
 from zhantune.inductor.table import (
     CONFIG_TEMPLATE_ID,
@@ -102,7 +103,7 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
                 min_speedup: float | None = None, torch_version: str | None = None,
                 shared: list[str] | None = None, problem_ids: set[int] | None = None,
                 shipped: dict[tuple[int, int], Shipped] | None = None,
-                activations: dict[str, str] | None = None, devices: set[int] | None = None) -> dict[str, list[dict[str, Any]]]:
+                activations: dict[str, Any] | None = None, devices: set[int] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Best correct candidates per (device, problem) from a Store, as a lookup table.
 
     ``top_k`` entries per key, fastest first (1: Inductor compiles that one, no autotuning; more:
@@ -121,7 +122,8 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     key with different entries (a float32 linear_act with relu and one with gelu: one addmm lookup on
     CPU) both get the default, appended to ``shared`` (a list, where given). ``problem_ids``: only these problems (a problems
     file's), None: every problem measured. ``shipped`` (a dict, where given) gets (device id,
-    problem id) -> :class:`Shipped` for each problem placed; ``activations`` key -> a linear_act's;
+    problem id) -> :class:`Shipped` for each problem placed; ``activations`` key -> a linear_act's
+    (zhantune.inductor.epilogue.merged_activation where equal entries of one key were tuned for several);
     ``devices`` the ids of the devices whose measurements placed a key (a device-agnostic key's: every
     device of its kind that measured the problem), which the table's wrapper lists."""
     verdicts = store.latest_verdicts(table_torch(torch_version)) if min_speedup is not None else {}  # its release's
@@ -154,6 +156,9 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
         if clash:  # another problem's lookup: the same entries ship for both, or the default for each
             if any(table[key] != mine[key] for key in clash):
                 clashes.append((own, lookup_op, clash))
+            else:  # tuned for both: the key serves both activations (a helper's: it was tagged with the first's)
+                for key in clash:
+                    _tag(acts, key, merged_activation(acts.get(key), problem.activation))
             continue
         seen.update([problem.id] if device_agnostic else [])
         table.update(mine)
@@ -167,6 +172,14 @@ def build_table(store: Store, device_key: str | None = None, device_agnostic: bo
     if shipped is not None:
         shipped.update({k: Shipped(None if own in found else row, own in found) for k, (row, own) in placed_rows.items()})
     return dict(sorted(table.items()))
+
+
+def _tag(acts: dict[str, Any], key: str, activation: Any) -> None:
+    """Set a key's ``activations`` tag (None: not listed, measured with none)."""
+    if activation is None:
+        acts.pop(key, None)
+    else:
+        acts[key] = activation
 
 
 def _entries(device_key: str, problem: Any, problem_key: str | None, lookup_op: str, rows: list[Any] | None,

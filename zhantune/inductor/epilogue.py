@@ -172,8 +172,8 @@ def activation_stale(activations: dict[str, str] | None, key: str | None, event:
                      entries: list[dict[str, Any]] | None = None) -> str | None:
     """Why the entries under ``key`` are stale for this lookup, or None: the table says which
     activation they were measured fused with (``activations``: a table file's, key -> relu or gelu,
-    a key not listed: none; None: the table does not say, and nothing is compared) and this GEMM
-    feeds another (:func:`modelled_activation`). ``entries`` that are Inductor's default choice
+    or a list of them and None; a key not listed: none; None: the table does not say, and nothing is
+    compared) and this GEMM feeds another (:func:`modelled_activation`). ``entries`` that are Inductor's default choice
     (``aten::<op>`` alone, of the key's own op: ``aten::bias_addmm`` is another kernel) or none (``[]``: the GEMM's templates come from another key) are never
     stale: they compile what Inductor would anyway (a helper saw a portable table's own defaults
     reported stale). A helper's attack found a table tuned on a Linear + GELU hit, coverage 100%, on
@@ -186,9 +186,19 @@ def activation_stale(activations: dict[str, str] | None, key: str | None, event:
     if entries is not None and op and all(e == default_entry(op) for e in entries):
         return None
     want, got = activations.get(key), modelled_activation(event)
-    if want == got:
+    wants = want if isinstance(want, list) else [want]  # a list: equal entries tuned for problems of each
+    if got in wants:
         return None
-    return ACTIVATION_STALE.format(want=want or "no activation", got=got or "no relu or gelu")
+    return ACTIVATION_STALE.format(want=" or ".join(w or "no activation" for w in wants), got=got or "no relu or gelu")
+
+
+def merged_activation(old: Any, new: str | None) -> Any:
+    """A key's ``activations`` tag once a problem fused with ``new`` (None: none) ships the same entries
+    there as the problems tagged ``old`` (a table's value: relu, gelu, a list of them and None; None:
+    not listed, measured with none): one value where they agree, else the sorted list (None last)."""
+    both = old if isinstance(old, list) else [old]
+    both = both + [new] if new not in both else both
+    return both[0] if len(both) == 1 else sorted(both, key=lambda a: (a is None, a or ""))
 
 
 def unmeasured_epilogue(event: Any) -> str | None:

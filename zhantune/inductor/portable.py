@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from zhantune.bench.decision import claim_status
 from zhantune.errors import ConfigError, two_kinds
 from zhantune.inductor.builder import table_torch
+from zhantune.inductor.epilogue import merged_activation
 from zhantune.inductor.table import agnostic_key, carried, default_entry, entry_for, parse_key, table_key
 from zhantune.inductor.templates import is_default_kernel
 
@@ -33,7 +34,7 @@ class PortableTable:
     table: dict[str, list[dict[str, Any]]]
     withheld: dict[str, dict[str, str]] = field(default_factory=dict)
     shared: list[str] = field(default_factory=list)
-    activations: dict[str, str] = field(default_factory=dict)
+    activations: dict[str, Any] = field(default_factory=dict)
 
 
 #: why a portable choice is withheld on a device it was not compared on (the table's key applies there)
@@ -73,6 +74,7 @@ def portable_choices(comparison: Comparison, store: Store, min_speedup: float | 
     for p, problem, entry in entries:
         own = next((agnostic_key(lookups[(d, problem.id)]) for d in compared if (d, problem.id) in lookups),
                    problem.lookup_key)
+        before = set(table)  # keys another problem placed: a tag there is merged, never replaced
         choice, key = p.portable, own
         default = default_entry((parse_key(key) or {}).get("op") or problem.lookup_op)
         if p.problem_key in out.withheld or is_default_kernel(choice.template_id, choice.params):
@@ -88,8 +90,13 @@ def portable_choices(comparison: Comparison, store: Store, min_speedup: float | 
             entry = default
             out.shared.append(key)
         table[key] = [entry]
-        if getattr(problem, "activation", None):  # the default's keys too, and the ATen key of a template's
-            out.activations.update(dict.fromkeys({key, own}, problem.activation))
+        act = getattr(problem, "activation", None)
+        for k in {key, own}:  # the default's keys too, and the ATen key of a template's
+            tag = merged_activation(out.activations.get(k), act) if k in before else act
+            if tag is None:
+                out.activations.pop(k, None)
+            else:
+                out.activations[k] = tag
     out.table, out.shared = dict(sorted(table.items())), sorted(set(out.shared))
     out.activations = {k: a for k, a in out.activations.items() if k not in out.shared}
     return out

@@ -17,8 +17,9 @@ The file (``format=zhantune``, the default) wraps the table with its provenance:
      "options": {"top_k": 1, "device_agnostic": false, "min_speedup": 1.02},
      "activations": {"<key>": "gelu"}, "table": {...}}
 
-``activations`` (version 2): the keys measured with a linear_act's activation fused; use_table reports
-an entry stale where its GEMM feeds another (zhantune.inductor.epilogue.activation_stale).
+``activations`` (version 2): the keys measured with a linear_act's activation fused (a list of them
+and null, none, where one key's equal entries were tuned for problems of each); use_table reports an
+entry stale where its GEMM feeds another (zhantune.inductor.epilogue.activation_stale).
 
 ``format=inductor`` writes the bare dict. Both load with :func:`read_table`. Tables are JSON, never
 pickle, and loading one never executes code from it. Building a table from measurements is

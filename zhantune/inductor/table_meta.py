@@ -15,7 +15,8 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "FORMAT_VERSIONS", "WRAPPER_FIELDS", "MAX
 
 FORMAT = "zhantune-lookup-table"
 #: the version written: 2 adds ``activations`` (key -> the activation its entries were measured
-#: fused with: a linear_act's relu or gelu; keys not listed were measured with none)
+#: fused with: a linear_act's relu or gelu, or a list of them and null where one key's equal entries
+#: were tuned for problems of each; keys not listed were measured with none)
 FORMAT_VERSION = 2
 #: the versions read (1: no ``activations``, so use_table does not compare a GEMM's epilogue)
 FORMAT_VERSIONS = (1, 2)
@@ -88,9 +89,18 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
     if not isinstance(acts, dict):
         raise TableError(f"{where}: activations: expected an object of lookup keys to relu or gelu (the activation "
                          "a key's entries were measured fused with)")
-    if bad := next((k for k, v in acts.items() if v not in ("relu", "gelu")), None):
-        raise TableError(f"{where}: activations[{shown_json(bad)[:SHOWN_KEY]}]: {shown_json(acts[bad])[:80]}; allowed: "
-                         "relu, gelu (the activation the key's entries were measured fused with)")
+    if bad := next((k for k, v in acts.items() if not _activation(v)), None):
+        raise TableError(f"{where}: activations[{shown_json(bad)[:SHOWN_KEY]}]: "
+                         f"{json.dumps(acts[bad], default=str)[:80]}; allowed: relu, gelu, or a list of two or more of relu, gelu and null (the activations the key's "
+                         "entries were measured fused with: null, none)")
+
+
+def _activation(value: Any) -> bool:
+    """A table's ``activations`` value: ``relu`` or ``gelu``, or a list of two or more distinct ones
+    of relu, gelu and null (no activation: one key's equal entries, tuned for problems of each)."""
+    if isinstance(value, list):
+        return len(value) >= 2 and len(set(value)) == len(value) and all(v in ("relu", "gelu", None) for v in value)
+    return value in ("relu", "gelu")
 
 
 def plain_copy(value: Any, where: str) -> Any:
