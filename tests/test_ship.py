@@ -258,7 +258,14 @@ def test_allocate_trials_follows_shares_with_a_floor():
     rows = [{"shape": [8, 8, 8], "share": 0.7}, {"shape": [8, 8, 8], "share": 0.2}, {"shape": [8, 8, 8], "share": 0.1}]
     assert allocate_trials(rows, 20, 2) == [14, 4, 2]
     assert sum(allocate_trials(rows, 21, 2)) == 21
-    assert allocate_trials(rows, 3, 2) == [2, 2, 2]  # the floor wins over the total
+    assert allocate_trials(rows, 3, 2) == [1, 1, 1]  # the total wins over the floor
+    assert allocate_trials(rows, 7, 2) == [3, 2, 2]
+    # a helper's: a large problem and nine small ones, 12 trials: the floor was added on top (29 ran)
+    big_and_small = [{"shape": [1024, 1024, 1024]}] + [{"shape": [8, 8, 8]}] * 9
+    assert allocate_trials(big_and_small, 12, 2) == [3, *[1] * 9]
+    assert allocate_trials(big_and_small, 30, 2) == [12, *[2] * 9]
+    for total in range(10, 60):
+        assert sum(allocate_trials(big_and_small, total, 2)) == total
     no_shares = [{"shape": [64, 64, 64], "count": 1}, {"shape": [64, 64, 64], "count": 3}]
     assert allocate_trials(no_shares, 8, 1) == [2, 6]  # count x FLOPs where shares are missing
 

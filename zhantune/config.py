@@ -65,6 +65,7 @@ class SearchConfig:
     study_name: str | None = None
     #: problems=FILE: measured trials over all problems (None: n_trials per problem on average),
     #: shared in proportion to each problem's share of the model's GEMM time, at least min_trials each
+    #: where the total allows (the total is never exceeded: zhantune.problemset.allocate_trials)
     total_trials: int | None = None
     min_trials: int = 2
     #: transfer (zhantune.search.transfer, docs/search.md): auto uses what the storage already holds

@@ -71,22 +71,30 @@ def _measured(store: Any, pr: Any) -> int:
 
 
 def allocate_trials(rows: list[dict[str, Any]], total: int, min_trials: int) -> list[int]:
-    """Trials per problem: ``total`` in proportion to ``share`` (count x FLOPs where shares are
-    missing), at least ``min_trials`` each (largest remainders get the rounding)."""
+    """Trials per problem, ``total`` of them exactly (at least one per problem: the caller's check,
+    zhantune.problems.file.total_trials): each problem ``min_trials`` where the total allows (else as
+    many as it allows each, ``total // len(rows)``), the others the rest in proportion to ``share``
+    (count x FLOPs where shares are missing; the largest remainders get the rounding). The floor was
+    added on top of the total before: a helper's 12 trials over 10 problems ran 29."""
     import math
 
     weights = [r.get("share") for r in rows]
     if any(w is None for w in weights) or not sum(weights):
         weights = [r.get("count", 1) * math.prod(r["shape"]) for r in rows]
-    s = sum(weights)
-    raw = [total * w / s for w in weights]
-    counts = [max(min_trials, math.floor(x)) for x in raw]
-    left = total - sum(counts)
-    for i in sorted(range(len(rows)), key=lambda i: raw[i] - math.floor(raw[i]), reverse=True):
-        if left <= 0:
+    floor = min(min_trials, total // len(rows))
+    fixed: set[int] = set()  # the problems whose share is below the floor: they get the floor
+    while True:
+        free = [i for i in range(len(rows)) if i not in fixed]
+        left, s = total - floor * len(fixed), sum(weights[i] for i in free)
+        raw = {i: left * weights[i] / s if s else left / len(free) for i in free}
+        low = {i for i in free if raw[i] < floor}
+        if not low:
             break
+        fixed |= low
+    counts = [floor if i in fixed else math.floor(raw[i]) for i in range(len(rows))]
+    left = total - sum(counts)
+    for i in sorted(free, key=lambda i: raw[i] - math.floor(raw[i]), reverse=True)[:left]:
         counts[i] += 1
-        left -= 1
     return counts
 
 
