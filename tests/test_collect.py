@@ -254,3 +254,27 @@ def test_a_model_of_another_dtype_cast_by_the_default_dtype_is_said(cli, tmp_pat
         assert from_config(OmegaConf.create({**base, "dtype": None})).cast_note == note
         assert from_config(OmegaConf.create({**base, "dtype": "float32"})).cast_note is None
         assert from_config(OmegaConf.create({**base, "model_kwargs": {"dtype": "float32"}, "dtype": None})).cast_note is None
+
+
+class _AttentionAndWeightBmm(torch.nn.Module):
+    """Attention's scores (both bmm operands computed at run time) and a bmm with a weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(2, 64, 32))
+
+    def forward(self, x):
+        scores = torch.bmm(x, torch.relu(x).transpose(1, 2).contiguous())
+        return scores.sum(), torch.bmm(x, self.w)
+
+
+def test_a_cpu_bmm_whose_second_operand_is_computed_at_run_time_is_not_collected_as_tunable():
+    """A helper's: collect listed attention's bmm (both operands computed at run time) as tunable, a
+    tune then measured the C++ BMM template on a frozen constant operand, and the entry never applied
+    (use_table: stale). It is listed not tunable, with why; a bmm with a weight still is."""
+    found = collect(_AttentionAndWeightBmm().eval(), (torch.randn(2, 16, 64),), resolve_device("cpu"))
+    by_n = {p.inputs[1][1][2]: p for p in found if p.op_name == "bmm"}
+    assert by_n[16].problem is None and by_n[16].reason.startswith(
+        "bmm whose second operand is computed at run time (e.g. attention's keys or values): a CPU tune measures the "
+        "C++ BMM template on a frozen constant one"), by_n[16]
+    assert by_n[32].problem is not None and by_n[32].problem.op == "bmm" and by_n[32].reason is None, by_n[32]

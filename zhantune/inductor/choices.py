@@ -38,6 +38,8 @@ class LookupEvent:
     when the GEMM reached zhantune through the CPU lowering hook (zhantune.inductor.cpu_gemm)
     instead of Inductor's GEMM lookup; Inductor's default for it is that packed op. ``epilogue``:
     what the GEMM's output feeds in the graph (zhantune.inductor.epilogue: linear_act's activation).
+    ``runtime_mat2``: a CPU bmm whose second operand is computed at run time, not a frozen constant
+    (attention's keys): a tune measures the C++ BMM template on a constant one (zhantune.inductor.cpu_entries).
     """
 
     op_name: str
@@ -49,6 +51,7 @@ class LookupEvent:
     scalars: tuple[tuple[str, float | int], ...] = ()
     packed: str | None = None
     epilogue: Epilogue = Epilogue()
+    runtime_mat2: bool = False
 
     @property
     def hit(self) -> bool:
@@ -138,8 +141,13 @@ class RecordingChoices(LookupTableChoices):
                                            kernel_inputs.strides_hinted(), strict=True)
         )
         scalars = tuple(sorted((getattr(kernel_inputs, "_scalars", None) or {}).items()))
+        runtime = False
+        if op_name == "bmm" and kernel_inputs.device_type == "cpu":
+            from zhantune.inductor.cpu_entries import constant_operand
+
+            runtime = not constant_operand(kernel_inputs)
         return LookupEvent(op_name, device_key, agnostic_key, dict(template_hash_map or {}), hit_templates,
-                           inputs, scalars, packed, epilogue_of(getattr(V.graph, "current_node", None)))
+                           inputs, scalars, packed, epilogue_of(getattr(V.graph, "current_node", None)), runtime)
 
 
 @contextmanager
