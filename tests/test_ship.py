@@ -286,6 +286,31 @@ def test_replay_measures_a_cpu_default_entry_as_the_aten_config():
     assert cuda.scope == "template" and cuda.template_id == "aten::mm"
 
 
+def test_a_replay_measures_a_keys_entries_on_the_problems_of_the_activations_they_were_tuned_with():
+    """A helper's: an addmm and a linear_act gelu of one shape share a CPU lookup key, and the replay
+    measured a gelu-tagged entry on whichever problem was stored last (the plain addmm), settling its
+    claim there. The table's activations now pick the problems (each of a list's; every problem of
+    the key where the table does not say), and none of them in the database is refused."""
+    from types import SimpleNamespace
+
+    from zhantune.errors import TableError
+    from zhantune.inductor.builder import table_candidates
+
+    agnostic = "((torch.float32, [64], [1]), (torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 64], [1, 8]))+addmm"
+    key = f"AMD EPYC (2 threads)+{agnostic}"
+    plain, gelu = (SimpleNamespace(shape={"M": 8, "N": 64, "K": 8}, activation=a) for a in (None, "gelu"))
+    problems, table = {agnostic: [gelu, plain]}, {key: [{"template_id": "aten::addmm"}]}
+
+    def measured_on(activations):
+        return [row for row, _ in table_candidates(table, problems, "t.json", "cpu", activations)]
+
+    assert measured_on({key: "gelu"}) == [gelu] and measured_on({}) == [plain]
+    assert measured_on({key: ["gelu", None]}) == [gelu, plain] and measured_on(None) == [gelu, plain]
+    with pytest.raises(TableError, match=r"\]: its entries were measured with relu fused; no problem of this key in "
+                                         "the database was: use the database the table was exported from"):
+        measured_on({key: "relu"})
+
+
 @pytest.mark.slow
 def test_export_options_on_a_real_cpu_tune(tune_cfg, cli, tmp_path):
     from zhantune.inductor.builder import build_table

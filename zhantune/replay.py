@@ -70,7 +70,7 @@ def _replay_app(cfg: DictConfig) -> None:
                 f" for a {device.kind} device (its {len(tf.other_kind)} key(s) are of {', '.join(others)} devices: "
                 "replay it on one)" if others else "") + ", nothing to measure")
         store = Store(cfg.storage.url)
-        work = table_candidates(table, store.problems_by_lookup_key(), str(cfg.table), device.kind)
+        work = table_candidates(table, store.problems_by_lookup_key(), str(cfg.table), device.kind, tf.activations)
         work = [(row, _search_branches(store, row.id, cands)) for row, cands in work]
         if device.kind == "cpu":  # before anything is measured: warm- and cold-cache rows in one ranking
             from zhantune.tune_result import refuse_other_flushing

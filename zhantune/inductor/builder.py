@@ -53,11 +53,15 @@ def not_carried_reason(row: Any, device_kind: str) -> str | None:
     return why
 
 
-def table_candidates(table: dict, problems: dict[str, Any], source: str,
-                     device_kind: str = "cuda") -> list[tuple[Any, list[Candidate]]]:
-    """(problem row, [Candidate, ...]) for each key of ``table``; ``problems``: problem rows by
-    their device-agnostic lookup key (Store.problems_by_lookup_key). Raises TableError naming
-    ``source`` and the key for a key with no problem.
+def table_candidates(table: dict, problems: dict[str, Any], source: str, device_kind: str = "cuda",
+                     activations: dict[str, Any] | None = None) -> list[tuple[Any, list[Candidate]]]:
+    """(problem row, [Candidate, ...]) for each problem of each key of ``table``; ``problems``: problem
+    rows (a row, or a list of those sharing the key) by their device-agnostic lookup key
+    (Store.problems_by_lookup_key). ``activations`` (a table file's, None: it does not say): a key's
+    entries are measured on the problems of the activation(s) they were tuned with, else on every
+    problem of the key (a helper's: the replay took whichever problem was stored last, and settled a
+    gelu entry's claim on a plain addmm). Raises TableError naming ``source`` and the key for a key
+    with no problem, or none of the table's activation.
 
     On CPU an ``aten::<op>`` entry (Inductor's default choice) is measured as the config candidate
     that selects ATen (``max_autotune_gemm_backends=ATEN``, the ``aten`` space's point, same config
@@ -65,33 +69,46 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str,
     derives from the problem (``EVEN_K``, zhantune.inductor.heuristics.derived_kwargs) are left out
     of its params where they hold the derived value, so that it has the config hash of the tune's
     candidate it was exported from (the measurement adds them again)."""
+    out = []
+    for key, entries in table.items():
+        rows = next(([ps] if not isinstance(ps, list) else ps for agnostic, ps in problems.items()
+                     if key == agnostic or key.endswith("+" + agnostic)), [])
+        if not rows:
+            raise TableError(f"{source}: [{shown(key, SHOWN_KEY)}]: no problem with this Inductor input key in the database; "
+                             "use the database the table was exported from (or merge it: python -m zhantune.db merge)")
+        if activations is not None:
+            want = activations.get(key)
+            wants = want if isinstance(want, list) else [want]
+            if not (rows := [r for r in rows if getattr(r, "activation", None) in wants]):
+                raise TableError(f"{source}: [{shown(key, SHOWN_KEY)}]: its entries were measured with "
+                                 f"{' or '.join(w or 'no activation' for w in wants)} fused; no problem of this key in "
+                                 "the database was: use the database the table was exported from")
+        out.extend((row, _candidates(key, entries, row, source, device_kind)) for row in rows)
+    return out
+
+
+def _candidates(key: str, entries: list[dict[str, Any]], row: Any, source: str, device_kind: str) -> list[Candidate]:
+    """:func:`table_candidates`' candidates of one key's entries for one problem ``row``."""
     from zhantune.candidate import Candidate
     from zhantune.inductor.heuristics import derived_kwargs
 
-    out = []
-    for key, entries in table.items():
-        row = next((p for agnostic, p in problems.items() if key == agnostic or key.endswith("+" + agnostic)), None)
-        if row is None:
-            raise TableError(f"{source}: [{shown(key, SHOWN_KEY)}]: no problem with this Inductor input key in the database; "
-                             "use the database the table was exported from (or merge it: python -m zhantune.db merge)")
-        cands = []
-        for i, entry in enumerate(entries):
-            entry = dict(entry)
-            template_id = entry.pop("template_id")
-            entry.pop("template_hash", None)
-            if template_id == CONFIG_TEMPLATE_ID:
-                patch = entry.get("config_patch")
-                if not isinstance(patch, dict):
-                    raise TableError(f"{source}: [{shown(key, SHOWN_KEY)}][{i}].config_patch: expected an object")
-                cands.append(Candidate("table", "config", None, dict(patch)))
-            elif device_kind == "cpu" and template_id.startswith("aten::"):
-                cands.append(Candidate("table", "config", None, {"max_autotune_gemm_backends": "ATEN"}))
-            else:  # without the kwargs zhantune derives and adds where it measures (EVEN_K): the tune's hash
-                derived = derived_kwargs(template_id, entry, row.shape or {})
-                cands.append(Candidate("table", "template", template_id,
-                                       {k: v for k, v in entry.items() if k not in derived or v != derived[k]}))
-        out.append((row, cands))
-    return out
+    cands = []
+    for i, entry in enumerate(entries):
+        entry = dict(entry)
+        template_id = entry.pop("template_id")
+        entry.pop("template_hash", None)
+        if template_id == CONFIG_TEMPLATE_ID:
+            patch = entry.get("config_patch")
+            if not isinstance(patch, dict):
+                raise TableError(f"{source}: [{shown(key, SHOWN_KEY)}][{i}].config_patch: expected an object")
+            cands.append(Candidate("table", "config", None, dict(patch)))
+        elif device_kind == "cpu" and template_id.startswith("aten::"):
+            cands.append(Candidate("table", "config", None, {"max_autotune_gemm_backends": "ATEN"}))
+        else:  # without the kwargs zhantune derives and adds where it measures (EVEN_K): the tune's hash
+            derived = derived_kwargs(template_id, entry, row.shape or {})
+            cands.append(Candidate("table", "template", template_id,
+                                   {k: v for k, v in entry.items() if k not in derived or v != derived[k]}))
+    return cands
 
 
 #: what export and compare print for a table written with min_speedup=null

@@ -124,10 +124,15 @@ class ReportQueries:
         with self.session() as s:
             return {p.id: p for p in s.scalars(select(m.Problem).where(m.Problem.id.in_(ids)))}
 
-    def problems_by_lookup_key(self) -> dict[str, m.Problem]:
-        """Problem rows that recorded Inductor's device-agnostic lookup key, by that key."""
+    def problems_by_lookup_key(self) -> dict[str, list[m.Problem]]:
+        """Problem rows that recorded Inductor's device-agnostic lookup key, by that key (several
+        problems share one: an addmm and a linear_act of its shape on CPU), oldest first."""
+        out: dict[str, list[m.Problem]] = {}
         with self.session() as s:
-            return {p.lookup_key: p for p in s.scalars(select(m.Problem)) if p.lookup_key}
+            for p in s.scalars(select(m.Problem).order_by(m.Problem.id)):
+                if p.lookup_key:
+                    out.setdefault(p.lookup_key, []).append(p)
+        return out
 
     def branch_names(self, problem_id: int) -> dict[str, str]:
         """The branch of the space each config of this problem was measured under, by config hash
