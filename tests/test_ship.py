@@ -470,7 +470,7 @@ def test_an_entry_measured_with_one_activation_is_stale_on_a_gemm_that_feeds_ano
                 **({"activations": activations} if version > 1 else {})}
 
     assert compile_with(wrapped(2, {key: "gelu"}), "gelu").hits == {key: 1}
-    for act, feeds in (("relu", "relu"), ("silu", "no relu or gelu"), (None, "no relu or gelu")):
+    for act, feeds in (("relu", "relu"), ("silu", "no relu or gelu alone"), (None, "no relu or gelu alone")):
         report = compile_with(wrapped(2, {key: "gelu"}), act)
         assert report.hits == {} and report.stale[key].startswith(
             f"measured with gelu fused after the GEMM, and this GEMM's output feeds {feeds}: never measured so"), report

@@ -187,9 +187,10 @@ def activation_stale(activations: dict[str, str] | None, key: str | None, event:
         return None
     want, got = activations.get(key), modelled_activation(event)
     wants = want if isinstance(want, list) else [want]  # a list: equal entries tuned for problems of each
+    # "alone": relu(y) + y feeds relu and an add, which no linear_act models (a helper read "no relu")
     if got in wants:
         return None
-    return ACTIVATION_STALE.format(want=" or ".join(w or "no activation" for w in wants), got=got or "no relu or gelu")
+    return ACTIVATION_STALE.format(want=" or ".join(w or "no activation" for w in wants), got=got or "no relu or gelu alone")
 
 
 def merged_activation(old: Any, new: str | None) -> Any:
