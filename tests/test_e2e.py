@@ -222,7 +222,7 @@ def test_a_sweep_a_job_ends_still_summarises_the_jobs_before(cli, tmp_path):
              f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path)
     assert r.returncode == 2 and "needs at least" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
     out = r.stdout[r.stdout.index("the sweep ended on a job's failure; what its jobs recorded"):]
-    assert "zhantune multirun: 1 job record(s)" in out and "1 job(s) wrote no record" in out, out
+    assert "zhantune multirun: 1 job record(s)" in out and "1 job(s) wrote no record (#1: failed, killed" in out, out
     assert "mm[M=16,N=16,K=16]:float32" in out and "storage of the jobs: sqlite:///" in out, out
 
 

@@ -366,10 +366,12 @@ def print_multirun_summary(sweep_dir: Path, n_jobs: int | None = None) -> None:
             if s.get("claim") not in (None, "not settled") and r["ended_at"] >= claims.get(s["study"], ("",))[0]:
                 claims[s["study"]] = (r["ended_at"], s["claim"])
     console.print(jobs)
-    missing = None if n_jobs is None else n_jobs - len(records)
+    # which: a helper's sweep interrupted in job #0 said "2 job(s) wrote no record", job #1 never started
+    missing = [] if n_jobs is None else sorted(set(range(n_jobs)) - {r.get("job") for r in records})
     if missing:
-        console.print(f"[yellow]{missing} job(s) wrote no record (failed, killed or interrupted): see their logs "
-                      "(with submitit: .submitit/<job id>/ in the sweep directory)[/yellow]")
+        console.print(f"[yellow]{len(missing)} job(s) wrote no record ({', '.join(f'#{j}' for j in missing)}: failed, "
+                      "killed, interrupted, or never started): see their logs (with submitit: .submitit/<job id>/ in "
+                      "the sweep directory)[/yellow]")
     studies = Table(title="studies (as their last job left them)")
     for col in ("study", "measured", "best us", "best config", "speedup vs default (paired)"):
         studies.add_column(col, justify="right" if col in ("measured", "best us") else "left")
