@@ -78,15 +78,28 @@ def test_the_heartbeat_reads_the_storages_grace_period_through_optunas_cache(tmp
 def test_a_missing_launcher_names_the_cluster_extra(monkeypatch):
     import importlib.util
 
-    from zhantune.cli import _launcher_hint
+    from zhantune.launcher import launcher_hint
 
     message = "In 'hydra/config': Could not find 'hydra/launcher/submitit_slurm'"
-    assert _launcher_hint(message) == ""  # installed here (the dev extra includes it)
+    assert launcher_hint(message) == ""  # installed here (the dev extra includes it)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "hydra_plugins.hydra_submitit_launcher" else real(name, *a))
-    assert "pip install 'zhantune[cluster]'" in _launcher_hint(message)
-    assert _launcher_hint("Could not find 'op/mmm'") == ""
+    assert "pip install 'zhantune[cluster]'" in launcher_hint(message)
+    assert launcher_hint("Could not find 'op/mmm'") == ""
+
+
+def test_a_submitit_jobs_user_error_is_its_one_line_not_hydras_traceback(tmp_path):
+    """A helper's: a bad value that fails in a submitit job (a shape far beyond the machine's memory)
+    printed Hydra's 45-line traceback of submitit's UncompletedJobError, the job's one line at its end,
+    exit 1. It is that line now, naming the job and its log, exit 2, then the sweep's summary."""
+    huge = "[1000000000,1000000000,1000000000]"
+    launcher = _launch(["+op=mm", f"shape={huge},[2000000000,1000000000,1000000000]", "device=cpu"], tmp_path)
+    out, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert re.fullmatch(rf"zhantune: a sweep job \(submitit job \S+, log in {tmp_path}/sweep/\.submitit/\S+\): "
+                        rf"shape={re.escape(huge)}: mm in float32 needs at least .* GiB", err.strip()), err
+    assert "the sweep ended on a job's failure" in out and "2 job(s) wrote no record (#0, #1" in " ".join(out.split())
 
 
 def _launch(args: list[str], cwd: Path) -> subprocess.Popen:
@@ -138,8 +151,10 @@ def test_two_jobs_split_one_study_and_retry_a_killed_jobs_trial(postgres, tmp_pa
     log1 = tmp_path / "sweep" / "1" / "app.log"
     pid, killed, killed_at = _kill_mid_trial(log1, launcher, url)
     out, err = launcher.communicate(timeout=600)
-    # the launcher waits for job 0 (which finishes the study), then reports job 1's death
-    assert launcher.returncode == 1 and "UncompletedJobError" in err, err[-3000:]
+    # the launcher waits for job 0 (which finishes the study), then reports job 1's death in one line
+    assert launcher.returncode == 1 and "Traceback" not in err, err[-3000:]
+    assert re.fullmatch(r"zhantune: a sweep job \(submitit job \S+, log in \S+\) ended without a result \(state: .*",
+                        err.strip()), err[-3000:]
     assert ": measuring " in log1.read_text().splitlines()[-1]  # it died in the middle of that trial
 
     rows = _rows(url)

@@ -18,6 +18,7 @@ from typing import Any
 
 from zhantune.config import CONF_DIR
 from zhantune.errors import INTERRUPTED_EXIT_CODE, USER_ERROR_EXIT_CODE, UserError
+from zhantune.overrides import hydra_instantiates, password_split
 from zhantune.quiet import quiet_known_warnings
 
 __all__ = ["run_app", "user_error", "check_group_overrides", "one_line", "quoting_hint"]
@@ -58,7 +59,7 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
         return None  # Hydra reports syntax errors itself
     for o in parsed:
         group = o.key_or_group
-        if _password_split(o):
+        if password_split(o):
             quoted = ("['postgresql+psycopg://user:PASSWORD@host/db']" if isinstance(o.value(), list)
                       else "'postgresql+psycopg://user:PASSWORD@host/db'")
             return (f"override {group}=...: a database URL's password holds a character that Hydra's override "
@@ -68,7 +69,7 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
             return (f"override {o.input_line}: zhantune reads and writes paths (storage.url's SQLite file, "
                     "problems=, table=, export.path) from the directory it starts in; with hydra.job.chdir=true "
                     "each run would get its own database in its run folder")
-        if _hydra_instantiates(o):
+        if hydra_instantiates(o):
             return (f"override {o.input_line}: Hydra instantiates what it names (a callback, a launcher, a "
                     "logging factory), outside zhantune's _target_ allowlist; such overrides are not allowed")
         if group not in _GROUPS or o.is_delete():
@@ -87,54 +88,6 @@ def check_group_overrides(args: list[str], conf_dir: Path = CONF_DIR) -> str | N
             if v not in available:
                 return f"unknown {group} {v!r} (from override {o.input_line}); allowed: {', '.join(available)}"
     return None
-
-
-def _walk(node: object) -> tuple[list[str], list[str]]:
-    """(every string, every mapping key) in a parsed override value."""
-    strings: list[str] = []
-    keys: list[str] = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, str):
-            strings.append(n)
-        elif isinstance(n, dict):
-            keys.extend(str(k) for k in n)
-            stack.extend(n.values())
-        elif isinstance(n, list):
-            stack.extend(n)
-    return strings, keys
-
-
-def _password_split(o: object) -> bool:
-    """Whether Hydra's grammar split a database URL with a password written in override ``o``: an
-    item of its parsed value holds an ``@`` but no ``://`` (``sources=[postgresql://u:a,b@h/db]``
-    parses to ``...u:a`` and ``b@h/db``; the second was saved to .hydra/config.yaml, masked nowhere:
-    a review's finding). Escaped (``a\\,b``) or quoted, and several URLs in one list, pass."""
-    from zhantune.redact import url_secrets
-
-    if o.is_sweep_override() or o.is_delete():
-        return False
-    if not any(url_secrets([o.input_line.partition("=")[2]])):
-        return False
-    strings, _ = _walk(o.value())
-    return any("@" in v and "://" not in v for v in strings)
-
-
-def _hydra_instantiates(o: object) -> bool:
-    """Whether override ``o`` sets something Hydra instantiates (a callback, a ``_target_``, a logging
-    ``()`` factory) through its key (``hydra.callbacks.x._target_=os.makedirs``) or a mapping value
-    (``++hydra={callbacks: ...}``): code outside the _target_ allowlist. Sweep parameters
-    (``hydra.sweeper.params.*``) are the app's values, not Hydra's, and pass."""
-    group = o.key_or_group
-    if not (group == "hydra" or group.startswith("hydra.")) or group.startswith("hydra.sweeper.params."):
-        return False
-    if group == "hydra" or group.startswith("hydra.callbacks") or "_target_" in group or "()" in group:
-        return True
-    if o.is_delete() or o.is_sweep_override():
-        return False
-    _, keys = _walk(o.value())
-    return any(k in ("_target_", "()", "callbacks") for k in keys)
 
 
 def _hide(text: str) -> str:
@@ -201,6 +154,16 @@ class _Stdout:
 
 class _HeldStderr(io.StringIO):
     real: object = None
+    reword = False  # held after the task started (a submitit launcher's): returned for rewording too
+
+
+def hold_stderr_for_launcher() -> None:
+    """In a sweep's launcher whose jobs run in other processes (submitit): hold stderr again once the
+    sweep has started, so that Hydra's traceback of a job that returned no result is reworded as the
+    job's one line (zhantune.launcher.submitit_failure, in :func:`run_app`); anything else held is
+    written out as it was when the launcher ends."""
+    held = _HeldStderr()
+    held.real, held.reword, sys.stderr = sys.stderr, True, held
 
 
 def _release_stderr() -> str:
@@ -210,7 +173,7 @@ def _release_stderr() -> str:
         return ""
     sys.stderr = held.real
     text = held.getvalue()
-    if _State.task_started:
+    if _State.task_started and not held.reword:
         sys.stderr.write(_hide(text))
         return ""
     return text
@@ -306,17 +269,6 @@ def override_arg(key: str, value: str) -> str:
     return shlex.quote(f"{key}={value}")
 
 
-def _launcher_hint(hydra_message: str) -> str:
-    """How to get Hydra's submitit launcher when a command names it and it is not installed."""
-    import importlib.util
-
-    if "Could not find 'hydra/launcher/submitit_" not in hydra_message:
-        return ""
-    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None:
-        return ""
-    return "; the submitit launcher comes with zhantune's cluster extra: pip install 'zhantune[cluster]' (docs/cluster.md)"
-
-
 def _drop_stdout() -> None:
     """Point stdout's descriptor at /dev/null: what is still buffered for the closed pipe is dropped
     at exit instead of failing again (the recipe of Python's signal module documentation)."""
@@ -375,19 +327,27 @@ def run_app(hydra_main: Callable[[], object]) -> None:
         text = _release_stderr()
         if e.code == 1 and not _State.task_started:
             bad = _unparsable_override(sys.argv[1:])
+            from zhantune.launcher import launcher_hint
             from zhantune.redact import override_secrets
 
             # Hydra's parser message may quote any piece of the value: not shown for a database password
             why = "not valid in Hydra's override grammar" if bad and override_secrets([bad]) else one_line(text)
             user_error(_unknown_key(text) or (f"override {bad}: " if bad else "") + why
-                       + (quoting_hint(bad) if bad else "") + _launcher_hint(text))
+                       + (quoting_hint(bad) if bad else "") + launcher_hint(text))
         error = next((line.split(": error: ", 1)[1] for line in text.splitlines() if ": error: " in line), None)
         if e.code == 2 and not _State.task_started and text.lstrip().startswith("usage:") and error:
             # argparse's usage (8 lines) then its error: the error, and where the options are listed
             user_error(f"{error}; --help lists the options (Hydra's own: --cfg job|hydra|all, --info, -m, ...)")
-        sys.stderr.write(_hide(text))
+        failed = None
+        if "UncompletedJobError" in text:  # a submitit job's failure: the job's one line, not Hydra's traceback
+            from zhantune.launcher import submitit_failure
+
+            failed = submitit_failure(text)
+        sys.stderr.write(_hide(f"{failed[0]}\n" if failed else text))
         if (multirun := sys.modules.get("zhantune.multirun")) is not None and e.code:
             multirun.summary_of_an_ended_sweep()
+        if failed:
+            sys.exit(failed[1])
         raise
     except Exception as e:  # raised through Hydra before the task (hydra.run.dir=${oc.env:UNSET}): its setup
         if _State.task_started:

@@ -270,6 +270,10 @@ class MultirunSummary(Callback):
         (sweep / SWEEP_TOKEN).write_text(uuid.uuid4().hex)
         _RUNNING[:] = [(sweep, _job_count(config))]
         mark_task_started()
+        if "submitit" in str(OmegaConf.select(config, "hydra.launcher._target_", default="")):
+            from zhantune.cli import hold_stderr_for_launcher
+
+            hold_stderr_for_launcher()  # a job's failure: its one line, not Hydra's traceback of it
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         from hydra.core.hydra_config import HydraConfig

@@ -1,0 +1,40 @@
+"""What Hydra's launchers say, in zhantune's words: how to get the submitit launcher where a command
+names it and it is not installed, and a submitit job's failure as one line instead of Hydra's
+traceback (zhantune.cli.run_app calls both)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+__all__ = ["launcher_hint", "submitit_failure"]
+
+
+def launcher_hint(hydra_message: str) -> str:
+    """How to get Hydra's submitit launcher when a command names it and it is not installed."""
+    import importlib.util
+
+    if "Could not find 'hydra/launcher/submitit_" not in hydra_message:
+        return ""
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None:
+        return ""
+    return "; the submitit launcher comes with zhantune's cluster extra: pip install 'zhantune[cluster]' (docs/cluster.md)"
+
+
+def submitit_failure(text: str) -> tuple[str, int] | None:
+    """One line and an exit code for Hydra's traceback of a submitit job that returned no result
+    (``text``: what Hydra wrote), None for any other text: the job's own one-line error (``zhantune:
+    ...``, a user error: exit 2), else which job and where its log is (exit 1). A helper's: a bad
+    shape in a submitit sweep printed a 45-line traceback with the job's line at its end."""
+    marker = "submitit.core.utils.UncompletedJobError: "
+    if marker not in text:
+        return None
+    first, _, rest = text.split(marker, 1)[1].partition("\n")
+    job = re.match(r"Job (\S+) \(task: (\d+)\) with path (\S+)", first)
+    where = f"submitit job {job[1]}, log in {Path(job[3]).parent}" if job else "a submitit job"
+    stream = [line for line in rest.partition("-" * 40)[2].splitlines() if line.strip()]
+    if stream and stream[-1].startswith("zhantune: "):
+        return f"zhantune: a sweep job ({where}): {stream[-1].removeprefix('zhantune: ')}", 2
+    state = re.search(r"\(state: ([^)]*)\)", text)
+    return (f"zhantune: a sweep job ({where}) ended without a result (state: {state[1] if state else 'unknown'})"
+            + (f"; its last error line: {stream[-1].strip()[:300]}" if stream else ""), 1)
