@@ -644,3 +644,29 @@ def test_table_report_is_this_threads_as_the_table_is():
     for t in threads:
         t.join()
     assert got == {"a": True, "b": True}
+
+
+def test_a_problem_whose_default_did_not_run_says_why_in_the_summaries():
+    """A helper's: a bfloat16 linear_act relu on CPU (oneDNN's fused linear_pointwise: no GEMM lookup)
+    showed "-" in every cell of the problems table and "no candidate measured ok" in the tune's
+    summary, the reason only in the trial lines. Both now give the default's status and error text."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from zhantune.bench.conditions import ContentionCount
+    from zhantune.problemset import ProblemRun, ProblemsResult
+    from zhantune.report.problems import print_problems_summary
+    from zhantune.report.summary import default_failure
+
+    why = "Inductor made no GEMM lookup while compiling"
+    default = SimpleNamespace(status="not_applied", error_text=why)
+    result = SimpleNamespace(default=default, best=None, claimed=None, claim=None, done=2, contention=ContentionCount(),
+                             same_kernel_as_default=False, shipped=None)
+    assert default_failure(result) == f"; inductor default not_applied: {why}"
+    assert default_failure(SimpleNamespace(default=SimpleNamespace(status="ok", error_text=None))) is None
+    run = SimpleNamespace(problem=SimpleNamespace(key="linear_act[M=32,N=64,K=64]:bfloat16:relu:weight_nk"), export=None)
+    console = Console(record=True, width=300)
+    print_problems_summary(console, ProblemsResult(runs=[ProblemRun({}, 2, run, result)]))
+    assert (f"linear_act[M=32,N=64,K=64]:bfloat16:relu:weight_nk: no config measured ok; inductor default "
+            f"not_applied: {why}") in console.export_text()

@@ -13,7 +13,7 @@ from rich.table import Table
 from zhantune.bench.conditions import ContentionCount
 from zhantune.bench.decision import below_min_speedup, decision_us, other_torch_table
 from zhantune.report.console import print_table
-from zhantune.report.summary import same_kernel_gap
+from zhantune.report.summary import default_failure, same_kernel_gap
 
 __all__ = ["print_problems_summary", "claim_cell"]
 
@@ -37,6 +37,9 @@ def print_problems_summary(console: Console, result: Any) -> None:
                   f"{d:,.1f}" if d else "-", f"{b:,.1f}" if b else "-", claim_cell(r, getattr(pr.run, "export", None)))
         contention += r.contention
     print_table(console, t)
+    for pr in result.runs:  # why a row is all "-": the default itself did not run (a helper's)
+        if pr.result is not None and pr.result.best is None and (why := default_failure(pr.result)):
+            console.print(f"{pr.run.problem.key}: no config measured ok{why}", markup=False, soft_wrap=True)
     for pr in result.runs:  # as the tune's summary warns (report.summary): "(same kernel: differs)"
         if pr.result is not None and (gap := same_kernel_gap(pr.result)):
             r = pr.result  # the claim is about the best a table carries (the best unless a compile-wide setting)

@@ -85,7 +85,7 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
     if result.best is not None:
         _print_winner(console, result, default_us, claimed, getattr(run, "export", None))
     else:
-        console.print("[yellow]no candidate measured ok[/yellow]")
+        console.print(f"[yellow]no candidate measured ok{escape(default_failure(result) or '')}[/yellow]")
     _print_notes(console, result)
     console.print(f"database: {escape(redact_url(str(db)))}  study: {escape(result.study_name)}")
     if result.table_path is not None:
@@ -265,3 +265,14 @@ def _print_notes(console: Console, result: Any) -> None:
         console.print(f"baselines: stored ones re-used (measured {result.eager.created_at:%Y-%m-%d %H:%M} "
                       "with this torch; bench.remeasure_baselines=true measures them again); the default's row "
                       "above is its fastest run, every run's paired rounds included")
+
+
+def default_failure(result: Any) -> str | None:
+    """"; inductor default not_applied: REASON" where the default's own measurement did not run ok
+    (its status and error text: a bfloat16 linear + relu on CPU, fused into oneDNN's linear_pointwise,
+    makes no GEMM lookup), else None. A helper's: the summaries said "no candidate measured ok" and
+    "-" with the reason in the trial lines alone."""
+    d = getattr(result, "default", None)
+    if d is None or d.status == "ok":
+        return None
+    return f"; inductor default {d.status}" + (f": {d.error_text}" if d.error_text else "")
