@@ -126,8 +126,10 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
                       + (f"\n      note: {escape(report.notes[key])}" if key in report.notes else ""),
                       soft_wrap=True)
     for key, n in report.misses.items():
-        console.print(f"[red]miss[/red]  x{n} {escape(key)}", soft_wrap=True)
-    if report.misses:
+        console.print(f"[red]miss[/red]  x{n} {escape(key)}" + (f"\n      not tunable: {escape(report.untunable[key])}; "
+                                                              "no table serves it, Inductor's default compiles it"
+                                                              if key in report.untunable else ""), soft_wrap=True)
+    if set(report.misses) - set(report.untunable):  # collect lists the others: the hint to tune them
         console.print(_miss_hint(cfg), soft_wrap=True, markup=False, highlight=False)
     for key, why in report.stale.items():
         console.print(f"[yellow]stale[/yellow] {escape(key)}: {escape(why)}", soft_wrap=True)

@@ -131,7 +131,7 @@ class TableChoices(RecordingChoices):
         report_key = key or event.device_key or event.agnostic_key or op_name
         patch = None
         if entries is None:
-            self.report.misses[report_key] += 1
+            self.report.miss(report_key, event)
         elif why := self._key_stale(key, event):
             self.report.stale[report_key] = why
             self.report.stale_count[report_key] += 1
@@ -234,7 +234,7 @@ class TableChoices(RecordingChoices):
                 self.report.stale[report_key] = NOT_OFFERED.format(tids=", ".join(tids))
                 self.report.stale_count[report_key] += 1
             else:
-                self.report.misses[report_key] += 1
+                self.report.miss(report_key, event)
         return held[3] + (served if said else self._cuda_users_own(*args))
 
     def _serve(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, decided=False):
@@ -263,7 +263,7 @@ class TableChoices(RecordingChoices):
             return self._stale(report_key, why, template_choices, kernel_inputs,
                                templates, op_name, kwarg_overrides, cpu)
         if entries is None:
-            self.report.misses[report_key] += 1
+            self.report.miss(report_key, event)
             return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
         if not entries:  # "nothing from this lookup": the GEMM's choice is under its other key (addmm)
             self.report.hits[report_key] += 1
@@ -299,7 +299,7 @@ class TableChoices(RecordingChoices):
             if why:  # a config patch on CUDA: said so, never a silent miss
                 return self._stale(report_key, why, template_choices, kernel_inputs, templates, op_name,
                                    kwarg_overrides, cpu)
-            self.report.misses[report_key] += 1
+            self.report.miss(report_key, event)
             return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
         served = [e for e in fresh if e["template_id"] in hashes]
         self.report.hit(report_key, event, served)

@@ -33,6 +33,22 @@ class TableReport:
     #: key -> what a hit's GEMM feeds here that its template entry was not measured with
     #: (zhantune.inductor.epilogue.unmeasured_epilogue)
     notes: dict[str, str] = field(default_factory=dict)
+    #: key -> why zhantune cannot tune a missed GEMM at all (collect's reason: a transposed operand,
+    #: attention's bmm on CPU): no table serves it, and collect does not list it (a helper's)
+    untunable: dict[str, str] = field(default_factory=dict)
+
+    def miss(self, key: str, event: Any = None) -> None:
+        """Count a miss of ``key``; where collect would not list its GEMM (``event``: the lookup's
+        LookupEvent; zhantune.inductor.gemms.problem_from_event), record why in ``untunable``."""
+        self.misses[key] += 1
+        if event is None or key in self.untunable:
+            return
+        from zhantune.inductor.gemms import problem_from_event
+        from zhantune.problems import DTYPES
+
+        problem, why = problem_from_event(event, {str(t).removeprefix("torch."): n for n, t in DTYPES.items()})
+        if problem is None and why:
+            self.untunable[key] = why
 
     def hit(self, key: str, event: Any = None, entries: list[dict[str, Any]] = ()) -> None:
         """Count a hit of ``key``; where a served entry is a template's (a C++ template's config patch,
@@ -77,4 +93,5 @@ class TableReport:
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "lookups": self.lookups, "coverage": self.coverage, "note": self.note,
                 "hits": dict(self.hits), "misses": dict(self.misses), "stale": dict(self.stale),
-                "chosen": dict(self.chosen), "dropped": dict(self.dropped), "notes": dict(self.notes)}
+                "chosen": dict(self.chosen), "dropped": dict(self.dropped), "notes": dict(self.notes),
+                "untunable": dict(self.untunable)}
