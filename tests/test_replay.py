@@ -491,6 +491,30 @@ def test_a_file_named_only_by_its_file_name_never_replays_into_another_files_dev
     assert r.returncode == 0 and "is finished" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
 
 
+def test_a_renamed_copy_of_a_file_named_by_its_file_name_is_its_recordings_device(cli, tmp_path):
+    """A helper's: dedispersion_MI250X.json.gz records no device_name, so its device is named after
+    its file name; a decompressed copy under another name imported its 11,130 measurements again as a
+    second device ('mi_copy'), and a replay of a renamed copy made a third: compare ranked them as three
+    GPUs. The same recording under any file name is now the device that holds it: the import adds
+    nothing and says which device holds it, the replay is that device's."""
+    import shutil
+
+    src = DATA / "dedispersion_MI250X.json.gz"
+    (tmp_path / "mi_copy.json").write_bytes(gzip.decompress(src.read_bytes()))
+    shutil.copy(src, tmp_path / "mi.json.gz")
+    url = f"storage.url=sqlite:///{tmp_path}/z.db"
+    r = cli([f"files=[{src}]", url], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 0 and "11130 measurement(s) of device 'MI250X'" in r.stdout, r.stdout + r.stderr
+    r = cli(["files=[mi_copy.json]", url], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 0 and ("mi_copy.json: 0 measurement(s) of device 'MI250X' (the device holding this "
+                                  "recording, imported under another file name)") in r.stdout, r.stdout + r.stderr
+    r = cli(["bench=replay", "bench.path=mi.json.gz", "search.n_trials=3", "progress=false", url], tmp_path)
+    assert r.returncode == 0 and "@MI250X" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    with sqlite3.connect(tmp_path / "z.db") as con:
+        assert [k for (k,) in con.execute("select key from zt_device")] == ["MI250X"]
+        assert con.execute("select count(*) from zt_measurement").fetchone() == (11130 + 3,)
+
+
 def test_cli_replay_stores_100_measurements_and_resumes(cli, tmp_path):
     db = tmp_path / "replay.db"
     args = ["bench=replay", f"bench.path={A100}", "search.n_trials=100", f"storage.url=sqlite:///{db}",

@@ -90,7 +90,9 @@ def _import_app(cfg: DictConfig) -> None:
         _check_distinct(loaded)
 
         def imported(f: KernelTunerFile, name: str, added: int) -> None:  # each file's line as it is stored
-            named = "" if f.device_named_by == "device_name" else f" (device named by {f.device_named_by})"
+            named = "" if f.device_named_by == "device_name" else (
+                " (the device holding this recording, imported under another file name)" if f.adopted
+                else f" (device named by {f.device_named_by})")
             print(f"{f.path}: {added} measurement(s) of device {f.device_key!r}{named} as study {name!r}"
                   + ("" if added else " (already imported)"))
 

@@ -34,7 +34,7 @@ from zhantune.search.seeds import enqueue_seeds, inductor_seeds
 from zhantune.search.study import MAX_RETRIES, Heartbeat, HeartbeatSettings, open_study, retry_trial
 from zhantune.search.transfer import load_prior, transfer_text
 from zhantune.storage import ClaimLost, MeasurementRow, Recorder, Store, redact_url
-from zhantune.storage.ingest import RECORDED_DEVICE, refuse_merge, replay_study
+from zhantune.storage.ingest import RECORDED_DEVICE, adopt_recorded_device, refuse_merge, replay_study
 from zhantune.tune_result import (
     TuneResult,
     busy_text,
@@ -82,6 +82,8 @@ def tune(run: RunSpec, store: Store, progress: Any = None) -> TuneResult:
     line per trial.
     """
     if run.replay is not None:  # a file named only by its file name joins no other file's device
+        run.replay = adopt_recorded_device(store, run.replay)  # ... but its own recording's under another name
+        run.device = run.replay.device()
         refuse_merge(store, run.replay, "bench.path", "bench.device_name=NAME", adopt=run.search.study_name)
         run.search.study_name = replay_study(store, run.replay, run.problem.key, run.device.key,
                                              run.search.study_name)

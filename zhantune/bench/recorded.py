@@ -95,6 +95,9 @@ class KernelTunerFile:
     cache: dict[str, dict[str, Any]]
     #: the device's name given by the user (``devices=[...]`` of the import); None: from the file
     device_label: str | None = None
+    #: ``device_label`` is the device that already holds this recording (a renamed or decompressed
+    #: copy of a file named after its file name: zhantune.storage.ingest.adopt_recorded_device)
+    adopted: bool = False
     _digest: str | None = field(default=None, repr=False, compare=False)
     #: SHA-256 of the JSON as read (decompressed); set by :func:`load_kerneltuner`
     content_digest: str | None = field(default=None, repr=False, compare=False)
@@ -119,7 +122,7 @@ class KernelTunerFile:
         key) or ``file name`` (the file records no device_name, as benchmark_hub's dedispersion
         MI250X file)."""
         if self.device_label:
-            return "devices"
+            return "the device holding this recording" if self.adopted else "devices"
         return "device_name" if self.device_name.strip() else "file name"
 
     @property

@@ -73,6 +73,24 @@ def import_kerneltuner(store: Store, file: KernelTunerFile) -> tuple[str, int]:
     return name, added
 
 
+def adopt_recorded_device(store: Store, file: KernelTunerFile) -> KernelTunerFile:
+    """``file``, or where its device would be named after its file name (it records no device_name,
+    and no name was given) and another device already holds its recording for its problem (an import
+    or a replay: :func:`same_recording`), ``file`` with that device: a renamed or decompressed copy of
+    it is the same GPU's recording. A helper's: a copy of dedispersion_MI250X.json.gz under another
+    name imported 11,130 measurements as a second device, which compare then ranked as another GPU."""
+    import dataclasses
+
+    if file.device_named_by != "file name":
+        return file
+    key = file.problem().key
+    for device in store.devices():
+        if device.key != file.device_key and any(
+                file_digest(c) and same_recording(c, file) for _, c in store.studies_holding(device.key, key)):
+            return dataclasses.replace(file, device_label=device.key, adopted=True)
+    return file
+
+
 def import_files(store: Store, files: list[KernelTunerFile],
                  imported: Callable[[KernelTunerFile, str, int], None] | None = None) -> list[tuple[str, int]]:
     """Import ``files`` (:func:`import_kerneltuner` each; (study name, rows added) each, in order)
@@ -83,6 +101,7 @@ def import_files(store: Store, files: list[KernelTunerFile],
     ``imported(file, study name, rows added)`` is called after each file's import (its line)."""
     out = []
     with store.database_lock():
+        files = [adopt_recorded_device(store, f) for f in files]
         for f in files:
             check_import(store, f)
         for f in files:
