@@ -504,7 +504,7 @@ def test_a_renamed_copy_of_a_file_named_by_its_file_name_is_its_recordings_devic
     shutil.copy(src, tmp_path / "mi.json.gz")
     url = f"storage.url=sqlite:///{tmp_path}/z.db"
     r = cli([f"files=[{src}]", url], tmp_path, module="zhantune.kerneltuner")
-    assert r.returncode == 0 and "11130 measurement(s) of device 'MI250X'" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "11,130 measurement(s) of device 'MI250X'" in r.stdout, r.stdout + r.stderr
     r = cli(["files=[mi_copy.json]", url], tmp_path, module="zhantune.kerneltuner")
     assert r.returncode == 0 and ("mi_copy.json: 0 measurement(s) of device 'MI250X' (the device holding this "
                                   "recording, imported under another file name)") in r.stdout, r.stdout + r.stderr

@@ -54,7 +54,7 @@ def _tune_app(cfg: DictConfig) -> dict | None:
         user_error(msg)
         return
     if result.already_finished:
-        print_finished(console, result, run.export)
+        print_finished(console, result, run.export, replay=run.replay is not None)
         return job_record([(run, result)], cfg.storage.url)  # a multirun's summary: done, not failed
     print_summary(console, run, result, cfg.storage.url)
     if result.interrupted:
@@ -79,10 +79,11 @@ def open_run(cfg: DictConfig) -> tuple[Any, Any]:
     return run, store
 
 
-def print_finished(console: Console, result: Any, export: Any = None) -> None:
+def print_finished(console: Console, result: Any, export: Any = None, replay: bool = False) -> None:
     """The study had measured its budget before this run: say so, with its best config, and its
     stored claim, naming the config the claim is about where that is not the best (a compile-wide
-    setting no table carries won) and saying where ``export.min_speedup`` keeps it out of a table."""
+    setting no table carries won) and saying where ``export.min_speedup`` keeps it out of a table.
+    ``replay``: a Kernel Tuner file's study, which no lookup table carries (no export hint: a helper's)."""
     from zhantune.bench.decision import below_min_speedup, decision_us
     from zhantune.report.console import compact
 
@@ -91,7 +92,7 @@ def print_finished(console: Console, result: Any, export: Any = None) -> None:
            else f"{result.before} trials measured (search.n_trials={result.target})")
     more = "space=[...] with other spaces measures theirs" if result.exhausted else "search.more_trials=N measures N more"
     console.print(f"study {escape(repr(result.study_name))} is finished: {why}; nothing to measure. "
-                  f"{more}; python -m zhantune.export writes the table again", highlight=False)
+                  f"{more}" + ("" if replay else "; python -m zhantune.export writes the table again"), highlight=False)
     if result.best is not None:
         console.print(f"best config: {result.best.template_id or result.best.branch} {compact(result.best.params)} "
                       f"({decision_us(result.best):,.1f} us)", highlight=False, markup=False)

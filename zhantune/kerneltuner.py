@@ -93,7 +93,7 @@ def _import_app(cfg: DictConfig) -> None:
             named = "" if f.device_named_by == "device_name" else (
                 " (the device holding this recording, imported under another file name)" if f.adopted
                 else f" (device named by {f.device_named_by})")
-            print(f"{f.path}: {added} measurement(s) of device {f.device_key!r}{named} as study {name!r}"
+            print(f"{f.path}: {added:,} measurement(s) of device {f.device_key!r}{named} as study {name!r}"
                   + ("" if added else " (already imported)"))
 
         names = [name for name, _ in import_files(Store(cfg.storage.url), loaded, imported)]

@@ -71,8 +71,8 @@ class Prior:
         return sum(s.measured for s in self.sources)
 
     def describe(self, here: set[str] | None = None) -> str:
-        """One line for the summary, e.g. ``4,195 prior measurement(s) of this problem from 1 other
-        device: NVIDIA RTX A4000 (4,195)`` (distinct configs measured per source). ``here``: the
+        """One line for the summary, e.g. ``4,362 prior measurement(s) of this problem from 1 other
+        device: NVIDIA RTX A4000 (4,362)`` (distinct configs measured per source, failed ones included). ``here``: the
         config hashes of this space's feasible points; a source with none of them says so."""
         def count(src: Source) -> str:
             if here is None or not src.configs or src.configs & here:
