@@ -178,6 +178,7 @@ def test_a_second_recording_of_one_device_and_problem_is_replayed_from_its_own_d
     assert "best config: kerneltuner::k x=1 (3,000.0 us)" in again, again
     first = replay("a.json.gz")
     assert "'kerneltuner:k[64]@GPU-R' is finished" in first and "(1,000.0 us)" in first, first
+    assert "zhantune.export" not in first, first  # no table carries a recording's configs (a helper's)
     with sqlite3.connect(db) as con:
         got = con.execute("select s.name, m.median_us from zt_measurement m join zt_study s on s.id = m.study_id "
                           "where m.kind = 'candidate' order by m.median_us").fetchall()
