@@ -658,6 +658,11 @@ CASES = [
     ("sweep-one-study-name-two-layouts", "zhantune", ["-m", "+op=mm", "shape=[16,16,16]", "weight_layout=kn,nk",
                                                       "search.study_name=s", "device=cpu"], None,
      "sweep job #1: search.study_name='s' is also job #0's, of another problem", None),
+    # a shape beyond the machine's memory: job #1 failed after job #0 had tuned (a helper's)
+    ("sweep-shape-beyond-memory", "zhantune", ["-m", "+op=mm", "shape=[16,16,16],[1000000000,1000000000,1000000000]",
+                                               "device=cpu"], None,
+     "sweep job #1 (shape=[1000000000,1000000000,1000000000]): shape=[1000000000,1000000000,1000000000]: mm in float32 "
+     "needs at least", None),
     ("sweep-total-trials-below-problems", "zhantune", ["-m", "problems=p.yaml", "search.total_trials=2,1", "device=cpu"],
      lambda t: (t / "p.yaml").write_text("format: zhantune-problems\nproblems:\n- {op: mm, shape: [16, 16, 16]}\n"
                                          "- {op: mm, shape: [32, 16, 16]}\n") and "",

@@ -90,15 +90,29 @@ def test_a_missing_launcher_names_the_cluster_extra(monkeypatch):
 
 
 def test_a_submitit_jobs_user_error_is_its_one_line_not_hydras_traceback(tmp_path):
-    """A helper's: a bad value that fails in a submitit job (a shape far beyond the machine's memory)
-    printed Hydra's 45-line traceback of submitit's UncompletedJobError, the job's one line at its end,
-    exit 1. It is that line now, naming the job and its log, exit 2, then the sweep's summary."""
-    huge = "[1000000000,1000000000,1000000000]"
-    launcher = _launch(["+op=mm", f"shape={huge},[2000000000,1000000000,1000000000]", "device=cpu"], tmp_path)
+    """A helper's: a bad value that fails in a submitit job printed Hydra's 45-line traceback of
+    submitit's UncompletedJobError, the job's one line at its end, exit 1. It is that line now, naming
+    the job and its log, exit 2, then the sweep's summary. The jobs' error, seen only by a tune: the
+    database holds the problem's rows timed without flushing the cache, the jobs time with it."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import Timing
+    from zhantune.device import resolve_device
+    from zhantune.problems import GemmProblem
+    from zhantune.storage import Recorder
+
+    cpu, problem = resolve_device("cpu"), GemmProblem("mm", (16, 16, 16), "float32")
+    store = Store(f"sqlite:///{tmp_path}/z.db")
+    Recorder(store, problem, store.study_id("warm", {}), store.device_id(cpu.key, cpu.name, "cpu", cpu.properties),
+             store.problem_id(problem.key, **problem.row_fields()), cpu).add(
+        Measurement("ok", Timing(24.9, 24.9, 24.9, 24.9, 24.9, 100, "cpu:perf_counter:fifo")), "default")
+    store.engine.dispose()
+    launcher = _launch(["+op=mm", "shape=[16,16,16]", "device=cpu", "bench.flush_cache=true", "search.seed=0,1",
+                        f"storage.url=sqlite:///{tmp_path}/z.db"], tmp_path)
     out, err = launcher.communicate(timeout=300)
     assert launcher.returncode == 2 and "Traceback" not in err, err[-3000:]
     assert re.fullmatch(rf"zhantune: a sweep job \(submitit job \S+, log in {tmp_path}/sweep/\.submitit/\S+\): "
-                        rf"shape={re.escape(huge)}: mm in float32 needs at least .* GiB", err.strip()), err
+                        r"bench.flush_cache=true: 1 measurement\(s\) of mm\[M=16,N=16,K=16\]:float32 on .* timed without "
+                        r"flushing the cache before each run; .*", err.strip()), err
     assert "the sweep ended on a job's failure" in out and "2 job(s) wrote no record (#0, #1" in " ".join(out.split())
 
 
