@@ -5,6 +5,7 @@ or printed a config from rows that should not decide it."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -327,6 +328,14 @@ def test_one_keys_equal_entries_tuned_for_several_activations_serve_each(tmp_pat
     assert acts == {placed: ["gelu", "relu", None]}
     portable = portable_choices(compare(db.store), db.store, None)
     assert list(portable.table) == [key] and portable.activations == {key: ["gelu", "relu", None]}
+    # written as format_version 3: a zhantune that reads 1 and 2 refuses it by its version (a review's)
+    from zhantune.inductor.exporter import export_table
+
+    opts = SimpleNamespace(device_agnostic=False, top_k=1, min_speedup=1.02, torch_version="2.13.0+cpu",
+                           format="zhantune", path=str(tmp_path / "t.json"))
+    path, _ = export_table(db.store, opts)
+    written = json.loads(path.read_text())
+    assert written["format_version"] == 3 and written["activations"] == {placed: ["gelu", "relu", None]}
 
 
 def test_compares_table_of_some_devices_needs_the_claim_on_every_device_of_their_kind(cli, tmp_path):

@@ -299,7 +299,8 @@ def test_a_replay_measures_a_keys_entries_on_the_problems_of_the_activations_the
     agnostic = "((torch.float32, [64], [1]), (torch.float32, [8, 8], [8, 1]), (torch.float32, [8, 64], [1, 8]))+addmm"
     key = f"AMD EPYC (2 threads)+{agnostic}"
     plain, gelu = (SimpleNamespace(shape={"M": 8, "N": 64, "K": 8}, activation=a) for a in (None, "gelu"))
-    problems, table = {agnostic: [gelu, plain]}, {key: [{"template_id": "aten::addmm"}]}
+    tuned = {"template_id": "zhantune::config", "config_patch": {"max_autotune_gemm_backends": "CPP"}}
+    problems, table = {agnostic: [gelu, plain]}, {key: [tuned]}
 
     def measured_on(activations):
         return [row for row, _ in table_candidates(table, problems, "t.json", "cpu", activations)]
@@ -309,6 +310,10 @@ def test_a_replay_measures_a_keys_entries_on_the_problems_of_the_activations_the
     with pytest.raises(TableError, match=r"\]: its entries were measured with relu fused; no problem of this key in "
                                          "the database was: use the database the table was exported from"):
         measured_on({key: "relu"})
+    # Inductor's default (a key two problems' different choices share: untagged) on each of them (a review's)
+    for default in ([{"template_id": "aten::addmm"}], []):
+        table = {key: default}
+        assert measured_on({}) == [gelu, plain] and measured_on({key: "relu"}) == [gelu, plain]
 
 
 @pytest.mark.slow
@@ -484,8 +489,8 @@ def test_an_entry_measured_with_one_activation_is_stale_on_a_gemm_that_feeds_ano
     assert not compile_with(wrapped(2, {key: "gelu"}), "gelu").notes  # measured with it: nothing to note
     # one key's equal entries tuned for problems of several activations: each of them hits, others are stale
     for act in ("gelu", None):
-        assert compile_with(wrapped(2, {key: ["gelu", None]}), act).hits == {key: 1}
-    assert compile_with(wrapped(2, {key: ["gelu", None]}), "relu").stale[key].startswith(
+        assert compile_with(wrapped(3, {key: ["gelu", None]}), act).hits == {key: 1}
+    assert compile_with(wrapped(3, {key: ["gelu", None]}), "relu").stale[key].startswith(
         "measured with gelu or no activation fused after the GEMM, and this GEMM's output feeds relu")
     from types import SimpleNamespace
 

@@ -117,11 +117,13 @@ def _write_outputs(cfg: DictConfig, console: Any, store: Any, cmp: Any, study: A
         from zhantune.inductor.builder import NO_CLAIM_NOTE
         from zhantune.inductor.exporter import table_metadata
         from zhantune.inductor.table import write_table
+        from zhantune.inductor.table_meta import version_for
         from zhantune.storage.engine import redact_url
 
         meta = table_metadata(store, portable.table, {"portable": True, "min_speedup": cfg.min_speedup,
                                                       "devices": list(cmp.devices) if cfg.devices else None}, redact_url(store.url))
         meta["activations"] = portable.activations  # use_table compares them with each GEMM's epilogue
+        meta["format_version"] = version_for(portable.activations)
         console.print(f"lookup table: {write_table(cfg.table, portable.table, meta, 'table')} ({len(portable.table)} key(s))",
                       markup=False)
         _print_withheld(console, portable)

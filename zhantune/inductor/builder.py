@@ -60,7 +60,8 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str, device_
     (Store.problems_by_lookup_key). ``activations`` (a table file's, None: it does not say): a key's
     entries are measured on the problems of the activation(s) they were tuned with, else on every
     problem of the key (a helper's: the replay took whichever problem was stored last, and settled a
-    gelu entry's claim on a plain addmm). Raises TableError naming ``source`` and the key for a key
+    gelu entry's claim on a plain addmm); Inductor's default entry (or none: ``[]``) on every problem of
+    the key, whatever the table says (a shared key's default, untagged: a review's). Raises TableError naming ``source`` and the key for a key
     with no problem, or none of the table's activation.
 
     On CPU an ``aten::<op>`` entry (Inductor's default choice) is measured as the config candidate
@@ -76,7 +77,8 @@ def table_candidates(table: dict, problems: dict[str, Any], source: str, device_
         if not rows:
             raise TableError(f"{source}: [{shown(key, SHOWN_KEY)}]: no problem with this Inductor input key in the database; "
                              "use the database the table was exported from (or merge it: python -m zhantune.db merge)")
-        if activations is not None:
+        op = (parse_key(key) or {}).get("op")
+        if activations is not None and not all(e == default_entry(op) for e in entries):  # a default (or []) serves all
             want = activations.get(key)
             wants = want if isinstance(want, list) else [want]
             if not (rows := [r for r in rows if getattr(r, "activation", None) in wants]):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from zhantune.errors import ConfigError, shown
 from zhantune.inductor.builder import build_table, table_torch
 from zhantune.inductor.table import FORMAT, FORMAT_VERSION, MAX_ENTRIES, parse_key, write_table
+from zhantune.inductor.table_meta import version_for
 
 if TYPE_CHECKING:
     from zhantune.storage import Store
@@ -57,7 +58,7 @@ def export_table(store: Store, opts: Any, device_key: str | None = None, shared:
     CUDA devices (:func:`_refuse_two_kinds`). ``shared``, ``problem_ids``, ``shipped``: as :func:`build_table`'s."""
     from zhantune.storage import redact_url
 
-    activations: dict[str, str] = {}  # the keys of linear_act problems: use_table compares the GEMM's epilogue
+    activations: dict[str, Any] = {}  # the keys of linear_act problems: use_table compares the GEMM's epilogue
     used: set[int] = set()  # the devices whose measurements placed a key: the wrapper lists those only
     table = build_table(store, device_key=device_key, device_agnostic=opts.device_agnostic, top_k=opts.top_k,
                         min_speedup=opts.min_speedup, torch_version=opts.torch_version, shared=shared,
@@ -68,7 +69,8 @@ def export_table(store: Store, opts: Any, device_key: str | None = None, shared:
     if opts.format == "zhantune":
         options = {"top_k": opts.top_k, "min_speedup": opts.min_speedup, "device_agnostic": opts.device_agnostic,
                    "device": device_key, "torch_version": opts.torch_version}
-        meta = {**table_metadata(store, table, options, redact_url(store.url), used), "activations": activations}
+        meta = {**table_metadata(store, table, options, redact_url(store.url), used), "activations": activations,
+                "format_version": version_for(activations)}
     if not table:
         return None, table
     return write_table(opts.path, table, meta, option), table

@@ -11,15 +11,17 @@ from typing import Any
 from zhantune.errors import SHOWN_KEY, TableError, shown, shown_json
 from zhantune.inductor.knobs import DEVICE_KINDS
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "FORMAT_VERSIONS", "WRAPPER_FIELDS", "MAX_WRAPPER_BYTES", "VERSION", "check_meta", "device_kinds", "plain_copy"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "FORMAT_VERSIONS", "WRAPPER_FIELDS", "MAX_WRAPPER_BYTES", "VERSION", "check_meta", "device_kinds", "plain_copy",
+           "version_for"]
 
 FORMAT = "zhantune-lookup-table"
 #: the version written: 2 adds ``activations`` (key -> the activation its entries were measured
 #: fused with: a linear_act's relu or gelu, or a list of them and null where one key's equal entries
 #: were tuned for problems of each; keys not listed were measured with none)
 FORMAT_VERSION = 2
-#: the versions read (1: no ``activations``, so use_table does not compare a GEMM's epilogue)
-FORMAT_VERSIONS = (1, 2)
+#: the versions read (1: no ``activations``, so use_table does not compare a GEMM's epilogue; 3: a
+#: key's activations may be a list, written only where one is: :func:`version_for`)
+FORMAT_VERSIONS = (1, 2, 3)
 #: the fields of a table file (zhantune.inductor.exporter.table_metadata writes them all)
 WRAPPER_FIELDS = ("format", "format_version", "zhantune", "torch", "triton", "created_at", "source", "devices",
                   "options", "activations", "table")
@@ -41,7 +43,7 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
         raise TableError(f"{where}: format: expected {FORMAT!r}, got {shown(meta.get('format'))}")
     version = meta.get("format_version")
     if type(version) is not int or version not in FORMAT_VERSIONS:  # not 1.0, not true
-        raise TableError(f"{where}: format_version: this zhantune reads versions 1 and 2, got {shown(version)}")
+        raise TableError(f"{where}: format_version: this zhantune reads versions 1, 2 and 3, got {shown(version)}")
     fields = [f for f in WRAPPER_FIELDS if version > 1 or f != "activations"]
     if unknown := sorted(set(meta) - set(fields)):
         raise TableError(f"{where}: {shown_json(unknown[0])[:80]}: not a field of a table file (version "
@@ -89,18 +91,26 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
     if not isinstance(acts, dict):
         raise TableError(f"{where}: activations: expected an object of lookup keys to relu or gelu (the activation "
                          "a key's entries were measured fused with)")
-    if bad := next((k for k, v in acts.items() if not _activation(v)), None):
+    if bad := next((k for k, v in acts.items() if not _activation(v, version)), None):
         raise TableError(f"{where}: activations[{shown_json(bad)[:SHOWN_KEY]}]: "
-                         f"{json.dumps(acts[bad], default=str)[:80]}; allowed: relu, gelu, or a list of two or more of relu, gelu and null (the activations the key's "
-                         "entries were measured fused with: null, none)")
+                         f"{json.dumps(acts[bad], default=str)[:80]}; allowed: relu, gelu, or (format_version 3) a "
+                         "list of two or more of relu, gelu and null (the activations the key's entries were measured "
+                         "fused with: null, none)")
 
 
-def _activation(value: Any) -> bool:
-    """A table's ``activations`` value: ``relu`` or ``gelu``, or a list of two or more distinct ones
-    of relu, gelu and null (no activation: one key's equal entries, tuned for problems of each)."""
-    if isinstance(value, list):
-        return len(value) >= 2 and len(set(value)) == len(value) and all(v in ("relu", "gelu", None) for v in value)
+def _activation(value: Any, version: int) -> bool:
+    """A table's ``activations`` value: ``relu`` or ``gelu``, or from version 3 a list of two or more
+    distinct ones of relu, gelu and null (no activation: one key's equal entries, tuned for problems of each)."""
+    if isinstance(value, list):  # the items first: a nested list is not hashable (a review's traceback)
+        return (version >= 3 and len(value) >= 2 and all(v in ("relu", "gelu", None) for v in value)
+                and len(set(value)) == len(value))
     return value in ("relu", "gelu")
+
+
+def version_for(activations: dict[str, Any]) -> int:
+    """The format_version a table with these ``activations`` is written with: 3 where a key lists
+    several (a zhantune that reads 1 and 2 then refuses it by its version, not as a bad value), else 2."""
+    return 3 if any(isinstance(v, list) for v in activations.values()) else FORMAT_VERSION
 
 
 def plain_copy(value: Any, where: str) -> Any:
