@@ -135,6 +135,23 @@ def test_a_replay_with_the_other_cache_flushing_than_the_stored_rows_is_refused(
     with sqlite3.connect(db) as con:
         assert con.execute("select count(*) from zt_measurement").fetchone() == before
         assert con.execute("select count(*) from zt_study where name like 'replay:%'").fetchone() == (0,)
+    # a merged database holding rows timed both ways (a review's: either value refused, and a replay
+    # cannot leave its database): its rankings mix them already, and the replay is not refused
+    from zhantune.bench.decision import cpu_timing_method
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import Timing
+    from zhantune.errors import ConfigError
+    from zhantune.storage import Recorder
+    from zhantune.tune_result import refuse_other_flushing
+
+    store = Store(f"sqlite:///{db}")
+    rec = Recorder(store, problem, store.study_id("cold", {}), store.device_id(cpu.key, cpu.name, "cpu", cpu.properties),
+                   store.problem_id(problem.key, **problem.row_fields()), cpu)
+    rec.add(Measurement("ok", Timing(99.0, 99.0, 99.0, 99.0, 99.0, 100, cpu_timing_method(True) + ":fifo")), "default")
+    for flush in (True, False):
+        refuse_other_flushing(store, cpu.key, [problem.key], flush, "why", mixed_ok=True)
+        with pytest.raises(ConfigError, match=f"bench.flush_cache={str(flush).lower()}: 1 measurement"):
+            refuse_other_flushing(store, cpu.key, [problem.key], flush, "why")
 
 
 def test_a_replay_on_a_cpu_of_another_vector_isa_under_the_stored_key_is_one_line(cli, tmp_path):

@@ -76,7 +76,7 @@ def _replay_app(cfg: DictConfig) -> None:
             from zhantune.tune_result import refuse_other_flushing
 
             refuse_other_flushing(store, device.key, [row.key for row, _ in work], bool(cfg.bench.flush_cache),
-                                  "this replay's would join their rankings (compare's, the export's)")
+                                  "this replay's would join their rankings (compare's, the export's)", mixed_ok=True)
     except UserError as e:
         user_error(e)
         return

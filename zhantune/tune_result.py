@@ -272,16 +272,19 @@ def refuse_other_timing(run: Any, store: Any) -> None:
 
 
 def refuse_other_flushing(store: Any, device_key: str, problem_keys: list[str], flush: bool, why: str,
-                          instead: str = "") -> None:
+                          instead: str = "", mixed_ok: bool = False) -> None:
     """Raise ConfigError where ok rows of one of ``problem_keys`` on this CPU device were timed with the
     other ``bench.flush_cache`` than ``flush``: the first such problem, how many rows, ``why`` that
     matters and what to do (``instead``: a second way out). A tune's check (:func:`refuse_other_timing`)
-    and a table replay's (zhantune.replay: its rows join the same rankings, compare's and the export's)."""
+    and a table replay's (zhantune.replay: its rows join the same rankings, compare's and the export's;
+    ``mixed_ok``: not where rows of both are stored, a merged database's, which a replay cannot leave and
+    whose rankings mix them already: a review found either value refused)."""
     want = cpu_timing_method(flush)
     for key in problem_keys:
-        other = sum(n for method, n in store.timing_methods(device_key, key).items()
-                    if (method or "").startswith("cpu:") and timing_kind(method) != want)
-        if other:
+        kinds = [(timing_kind(method) == want, n) for method, n in store.timing_methods(device_key, key).items()
+                 if (method or "").startswith("cpu:")]
+        other = sum(n for same, n in kinds if not same)
+        if other and not (mixed_ok and any(same for same, _ in kinds)):
             raise ConfigError(
                 f"bench.flush_cache={str(flush).lower()}: {other} measurement(s) of {key} on {device_key} in this "
                 f"database were timed {'without' if flush else 'with'} flushing the cache before each run; {why}: "
