@@ -256,3 +256,19 @@ def test_a_job_that_finds_its_study_finished_is_reported_done_not_failed(tmp_pat
     assert (first["measured"], first["already_finished"]) == (3, False)
     assert (late["measured"], late["study_measured"], late["already_finished"]) == (0, 3, True)
     assert "3/3 (finished before the job)" in out
+
+
+def test_a_submitit_failure_names_its_log_folder_whole():
+    """A review's: a sweep folder with a space was cut at it ("log in /tmp")."""
+    from zhantune.launcher import submitit_failure
+
+    text = ("Traceback (most recent call last):\n  File \"x\", line 1\n"
+            "submitit.core.utils.UncompletedJobError: Job 7141 (task: 0) with path /tmp/my sweeps/.submitit/7141/"
+            "7141_0_result.pkl\nhas not produced any output (state: FINISHED)\nError stream produced:\n"
+            + "-" * 40 + "\nzhantune: shape=[1]: bad\n")
+    assert submitit_failure(text) == ("zhantune: a sweep job (submitit job 7141, log in /tmp/my sweeps/.submitit/7141): "
+                                      "shape=[1]: bad", 2)
+    killed = text.replace("state: FINISHED", "state: INTERRUPTED").replace("zhantune: shape=[1]: bad\n", "")
+    assert submitit_failure(killed) == ("zhantune: a sweep job (submitit job 7141, log in /tmp/my sweeps/.submitit/7141) "
+                                        "ended without a result (state: INTERRUPTED)", 1)
+    assert submitit_failure("Traceback ... ValueError: x") is None

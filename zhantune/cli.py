@@ -343,7 +343,8 @@ def run_app(hydra_main: Callable[[], object]) -> None:
             from zhantune.launcher import submitit_failure
 
             failed = submitit_failure(text)
-        sys.stderr.write(_hide(f"{failed[0]}\n" if failed else text))
+        # what was held before Hydra's traceback goes out as it was (a warning), then the job's line
+        sys.stderr.write(_hide(text.split("Traceback (most recent call last)")[0] + f"{failed[0]}\n" if failed else text))
         if (multirun := sys.modules.get("zhantune.multirun")) is not None and e.code:
             multirun.summary_of_an_ended_sweep()
         if failed:

@@ -30,7 +30,7 @@ def submitit_failure(text: str) -> tuple[str, int] | None:
     if marker not in text:
         return None
     first, _, rest = text.split(marker, 1)[1].partition("\n")
-    job = re.match(r"Job (\S+) \(task: (\d+)\) with path (\S+)", first)
+    job = re.match(r"Job (\S+) \(task: (\d+)\) with path (.+)$", first.strip())  # a folder may hold spaces
     where = f"submitit job {job[1]}, log in {Path(job[3]).parent}" if job else "a submitit job"
     stream = [line for line in rest.partition("-" * 40)[2].splitlines() if line.strip()]
     if stream and stream[-1].startswith("zhantune: "):
