@@ -278,3 +278,24 @@ def test_a_cpu_bmm_whose_second_operand_is_computed_at_run_time_is_not_collected
         "bmm whose second operand is computed at run time (e.g. attention's keys or values): a CPU tune measures the "
         "C++ BMM template on a frozen constant one"), by_n[16]
     assert by_n[32].problem is not None and by_n[32].problem.op == "bmm" and by_n[32].reason is None, by_n[32]
+
+
+class _RuntimeAndWeightMm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 48))
+
+    def forward(self, x):  # x [16, 64]: a Gram matrix (both operands at run time), then a weight
+        return torch.mm(x, torch.relu(torch.mm(x.t(), x))), torch.mm(x, self.w)
+
+
+def test_a_cpu_mm_whose_second_operand_is_computed_at_run_time_is_not_collected_as_tunable():
+    """A review's: as attention's bmm, an mm whose second operand is computed at run time was collected
+    as tunable, and a tune measured the C++ template on a frozen constant one, which Inductor needs for
+    it: the entry never applied. Listed not tunable with why; an mm with a weight still is."""
+    found = [p for p in collect(_RuntimeAndWeightMm().eval(), (torch.randn(16, 64),), resolve_device("cpu"))
+             if p.op_name == "mm"]
+    runtime = [p for p in found if p.problem is None]
+    assert runtime and all(p.reason.startswith("mm whose second operand is computed at run time") for p in runtime), found
+    weight = [p for p in found if p.problem is not None]
+    assert [p.problem.dims["N"] for p in weight] == [48] and weight[0].reason is None, found

@@ -38,8 +38,9 @@ class LookupEvent:
     when the GEMM reached zhantune through the CPU lowering hook (zhantune.inductor.cpu_gemm)
     instead of Inductor's GEMM lookup; Inductor's default for it is that packed op. ``epilogue``:
     what the GEMM's output feeds in the graph (zhantune.inductor.epilogue: linear_act's activation).
-    ``runtime_mat2``: a CPU bmm whose second operand is computed at run time, not a frozen constant
-    (attention's keys): a tune measures the C++ BMM template on a constant one (zhantune.inductor.cpu_entries).
+    ``runtime_mat2``: a CPU GEMM (bmm, mm, addmm; not a packed linear) whose second operand is computed
+    at run time, not a frozen constant (attention's keys): a tune measures the C++ template on a
+    constant one, which Inductor needs for it (zhantune.inductor.cpu_entries).
     """
 
     op_name: str
@@ -142,7 +143,9 @@ class RecordingChoices(LookupTableChoices):
         )
         scalars = tuple(sorted((getattr(kernel_inputs, "_scalars", None) or {}).items()))
         runtime = False
-        if op_name == "bmm" and kernel_inputs.device_type == "cpu":
+        # under freezing (collect's, a tune's on CPU): without it every weight is a graph input, not a constant
+        if op_name in ("bmm", "mm", "addmm") and packed is None and kernel_inputs.device_type == "cpu" \
+                and inductor_config.freezing:
             from zhantune.inductor.cpu_entries import constant_operand
 
             runtime = not constant_operand(kernel_inputs)

@@ -56,10 +56,10 @@ def problem_from_event(event: Any, dtype_names: dict[str, str]) -> tuple[Any, st
     dtype = dtype_names[next(iter(dtypes))]
     scalars = dict(event.scalars)
     op = event.op_name
-    if op == "bmm" and len(ins) == 2 and getattr(event, "runtime_mat2", False):  # a helper's: tuned, never applied
-        return None, ("bmm whose second operand is computed at run time (e.g. attention's keys or values): a CPU "
-                      "tune measures the C++ BMM template on a frozen constant one, another kernel, so its entry "
-                      "cannot apply here (Inductor's default compiles it)")
+    if getattr(event, "runtime_mat2", False):  # a helper's: tuned, never applied
+        return None, (f"{op} whose second operand is computed at run time (e.g. attention's keys or values): a CPU "
+                      f"tune measures the C++ {'BMM ' if op == 'bmm' else ''}template on a frozen constant one, "
+                      "which Inductor needs for it, so its entry cannot apply here (Inductor's default compiles it)")
     if op == "bmm" and len(ins) == 2:
         (_, (b, m, k), s1), (_, (b2, k2, n), s2) = ins
         if b == b2 and k == k2 and list(s1) == [m * k, k, 1] and list(s2) == [k * n, n, 1]:
