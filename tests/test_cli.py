@@ -105,18 +105,10 @@ def test_a_tune_with_the_other_cache_flushing_than_the_stored_rows_is_refused(cl
     2, nothing stored; the same flushing as the stored rows tunes."""
     import sqlite3
 
-    from zhantune.bench.measurement import Measurement
-    from zhantune.bench.timing import Timing
-    from zhantune.device import resolve_device
-    from zhantune.problems import GemmProblem
-    from zhantune.storage import Recorder, Store
+    from stored import warm_default_row
 
-    db, cpu, problem = tmp_path / "z.db", resolve_device("cpu"), GemmProblem("mm", (16, 16, 16), "float32")
-    store = Store(f"sqlite:///{db}")
-    rec = Recorder(store, problem, store.study_id("warm", {}), store.device_id(cpu.key, cpu.name, "cpu", cpu.properties),
-                   store.problem_id(problem.key, **problem.row_fields()), cpu)
-    rec.add(Measurement("ok", Timing(24.9, 24.9, 24.9, 24.9, 24.9, 100, "cpu:perf_counter:fifo")), "default")
-    store.engine.dispose()
+    db = tmp_path / "z.db"
+    cpu, problem = warm_default_row(db)
     with sqlite3.connect(db) as con:
         before = con.execute("select count(*) from zt_measurement").fetchone()
     args = ["+op=mm", "shape=[16,16,16]", "device=cpu", "search.n_trials=1", f"storage.url=sqlite:///{db}",

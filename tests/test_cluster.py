@@ -94,18 +94,9 @@ def test_a_submitit_jobs_user_error_is_its_one_line_not_hydras_traceback(tmp_pat
     submitit's UncompletedJobError, the job's one line at its end, exit 1. It is that line now, naming
     the job and its log, exit 2, then the sweep's summary. The jobs' error, seen only by a tune: the
     database holds the problem's rows timed without flushing the cache, the jobs time with it."""
-    from zhantune.bench.measurement import Measurement
-    from zhantune.bench.timing import Timing
-    from zhantune.device import resolve_device
-    from zhantune.problems import GemmProblem
-    from zhantune.storage import Recorder
+    from stored import warm_default_row
 
-    cpu, problem = resolve_device("cpu"), GemmProblem("mm", (16, 16, 16), "float32")
-    store = Store(f"sqlite:///{tmp_path}/z.db")
-    Recorder(store, problem, store.study_id("warm", {}), store.device_id(cpu.key, cpu.name, "cpu", cpu.properties),
-             store.problem_id(problem.key, **problem.row_fields()), cpu).add(
-        Measurement("ok", Timing(24.9, 24.9, 24.9, 24.9, 24.9, 100, "cpu:perf_counter:fifo")), "default")
-    store.engine.dispose()
+    warm_default_row(tmp_path / "z.db")
     launcher = _launch(["+op=mm", "shape=[16,16,16]", "device=cpu", "bench.flush_cache=true", "search.seed=0,1",
                         f"storage.url=sqlite:///{tmp_path}/z.db"], tmp_path)
     out, err = launcher.communicate(timeout=300)

@@ -101,19 +101,10 @@ def test_replay_a_remote_table_then_compare_gives_its_regret_here(cli, tmp_path)
 def _one_warm_row(tmp_path):
     """A database with one warm-cache default row of mm 16^3 on this CPU, and a table of its key:
     (db path, the CPU, the problem)."""
-    from zhantune.bench.measurement import Measurement
-    from zhantune.bench.timing import Timing
-    from zhantune.device import resolve_device
-    from zhantune.problems import GemmProblem
-    from zhantune.storage import Recorder
+    from stored import warm_default_row
 
-    db, cpu, problem = tmp_path / "z.db", resolve_device("cpu"), GemmProblem("mm", (16, 16, 16), "float32")
-    lookup = "((torch.float32, [16, 16], [16, 1]), (torch.float32, [16, 16], [16, 1]))+mm"
-    store = Store(f"sqlite:///{db}")
-    rec = Recorder(store, problem, store.study_id("warm", {}), store.device_id(cpu.key, cpu.name, "cpu", cpu.properties),
-                   store.problem_id(problem.key, lookup_key=lookup, **problem.row_fields()), cpu)
-    rec.add(Measurement("ok", Timing(24.9, 24.9, 24.9, 24.9, 24.9, 100, "cpu:perf_counter:fifo")), "default")
-    store.engine.dispose()
+    db, lookup = tmp_path / "z.db", "((torch.float32, [16, 16], [16, 1]), (torch.float32, [16, 16], [16, 1]))+mm"
+    cpu, problem = warm_default_row(db, lookup_key=lookup)
     (tmp_path / "t.json").write_text(json.dumps({f"{cpu.key}+{lookup}": [{"template_id": "aten::mm"}]}))
     return db, cpu, problem
 
@@ -137,17 +128,14 @@ def test_a_replay_with_the_other_cache_flushing_than_the_stored_rows_is_refused(
         assert con.execute("select count(*) from zt_study where name like 'replay:%'").fetchone() == (0,)
     # a merged database holding rows timed both ways (a review's: either value refused, and a replay
     # cannot leave its database): its rankings mix them already, and the replay is not refused
+    from stored import warm_default_row
+
     from zhantune.bench.decision import cpu_timing_method
-    from zhantune.bench.measurement import Measurement
-    from zhantune.bench.timing import Timing
     from zhantune.errors import ConfigError
-    from zhantune.storage import Recorder
     from zhantune.tune_result import refuse_other_flushing
 
+    warm_default_row(db, method=cpu_timing_method(True) + ":fifo", study="cold", us=99.0)
     store = Store(f"sqlite:///{db}")
-    rec = Recorder(store, problem, store.study_id("cold", {}), store.device_id(cpu.key, cpu.name, "cpu", cpu.properties),
-                   store.problem_id(problem.key, **problem.row_fields()), cpu)
-    rec.add(Measurement("ok", Timing(99.0, 99.0, 99.0, 99.0, 99.0, 100, cpu_timing_method(True) + ":fifo")), "default")
     for flush in (True, False):
         refuse_other_flushing(store, cpu.key, [problem.key], flush, "why", mixed_ok=True)
         with pytest.raises(ConfigError, match=f"bench.flush_cache={str(flush).lower()}: 1 measurement"):
