@@ -295,7 +295,21 @@ def test_a_cpu_mm_whose_second_operand_is_computed_at_run_time_is_not_collected_
     it: the entry never applied. Listed not tunable with why; an mm with a weight still is."""
     found = [p for p in collect(_RuntimeAndWeightMm().eval(), (torch.randn(16, 64),), resolve_device("cpu"))
              if p.op_name == "mm"]
-    runtime = [p for p in found if p.problem is None]
-    assert runtime and all(p.reason.startswith("mm whose second operand is computed at run time") for p in runtime), found
+    runtime = [p for p in found if p.problem is None]  # x.t() @ x: its transposed first operand is said first
+    assert len(runtime) == 2 and [p.reason.startswith("mm whose second operand is computed at run time")
+                                  for p in runtime].count(True) == 1, found
     weight = [p for p in found if p.problem is not None]
     assert [p.problem.dims["N"] for p in weight] == [48] and weight[0].reason is None, found
+    # one key, a run-time operand's GEMM first: tunable all the same, where any of its GEMMs is (a review's)
+    both = collect(_SameKeyRuntimeFirst().eval(), (torch.randn(16, 64), torch.randn(64, 48)), resolve_device("cpu"))
+    ((p,),) = [[p for p in both if p.op_name == "mm"]]
+    assert p.count == 2 and p.problem is not None and p.reason is None, both
+
+
+class _SameKeyRuntimeFirst(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 48))
+
+    def forward(self, x, y):
+        return torch.cat([x @ (y * 2), x @ self.w])

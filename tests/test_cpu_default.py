@@ -344,7 +344,7 @@ def test_a_miss_no_table_can_serve_says_why_and_check_gives_no_collect_hint(tmp_
                         "table=t.json", "rounds=1"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     out = " ".join(r.stdout.split())
     assert r.returncode == 1 and "not tunable: bmm whose second operand is computed at run time" in out, out[-3000:]
-    assert "no table serves it, Inductor's default compiles it" in out and "python -m zhantune.collect" not in out, out
+    assert "; no table serves it" in out and "python -m zhantune.collect" not in out, out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

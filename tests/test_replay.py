@@ -514,6 +514,12 @@ def test_a_renamed_copy_of_a_file_named_by_its_file_name_is_its_recordings_devic
     with sqlite3.connect(tmp_path / "z.db") as con:
         assert [k for (k,) in con.execute("select key from zt_device")] == ["MI250X"]
         assert con.execute("select count(*) from zt_measurement").fetchone() == (11130 + 3,)
+    # the file and its copy in one import (a review's: adopted before either was stored, two devices)
+    one = f"storage.url=sqlite:///{tmp_path}/one.db"
+    r = cli([f"files=[{src},mi_copy.json]", one], tmp_path, module="zhantune.kerneltuner")
+    assert r.returncode == 0 and "mi_copy.json: 0 measurement(s) of device 'MI250X'" in r.stdout, r.stdout + r.stderr
+    with sqlite3.connect(tmp_path / "one.db") as con:
+        assert [k for (k,) in con.execute("select key from zt_device")] == ["MI250X"]
 
 
 def test_cli_replay_stores_100_measurements_and_resumes(cli, tmp_path):

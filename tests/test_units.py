@@ -618,7 +618,8 @@ def test_an_addmm_with_float_scalars_is_not_taken_for_the_problem_of_integer_one
     floats = next(p for p in found if "alpha=1.0&beta=1.0" in p.lookup_key)
     assert floats.problem is None and "(tunable: the integers 1 and 1)" in floats.reason, floats
     ints = next(p for p in found if "+alpha=1&beta=1+" in p.lookup_key)
-    assert ints.problem is not None and ints.problem.dims == {"M": 6, "N": 8, "K": 16, "B": 1}
+    # its weight is an input, computed at run time for the compile: on CPU no entry applies (session 49)
+    assert ints.problem is None and ints.reason.startswith("addmm whose second operand is computed at run time")
 
 
 def test_table_report_is_this_threads_as_the_table_is():

@@ -127,7 +127,7 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
                       soft_wrap=True)
     for key, n in report.misses.items():
         console.print(f"[red]miss[/red]  x{n} {escape(key)}" + (f"\n      not tunable: {escape(report.untunable[key])}; "
-                                                              "no table serves it, Inductor's default compiles it"
+                                                              "no table serves it"
                                                               if key in report.untunable else ""), soft_wrap=True)
     if set(report.misses) - set(report.untunable):  # collect lists the others: the hint to tune them
         console.print(_miss_hint(cfg), soft_wrap=True, markup=False, highlight=False)

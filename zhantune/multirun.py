@@ -213,13 +213,9 @@ def _check_job(config: DictConfig, loader: Any, hydra_config: Any, i: int, job: 
     try:
         check_request(task)
         _check_job_inputs(task, checked)
-        if not OmegaConf.is_missing(task, "shape") and task.bench.name != "replay":
-            from zhantune.device import resolve_device  # a shape beyond memory: refused before job #0 runs
-            from zhantune.problems import GemmProblem
-            from zhantune.runspec import check_fits
+        from zhantune.runspec import check_task_fits
 
-            check_fits(GemmProblem.from_config(task.op.name, list(task.shape), task.dtype, task.op.activation,
-                                               weight_layout=task.weight_layout), resolve_device(task.device))
+        check_task_fits(task)  # a shape beyond memory (shape=, a problems file's rows): before job #0 runs
     except UserError as e:
         user_error(f"{where}: {e}")
     except Exception:  # not the input's fault, or not seen until the job runs: the job reports it

@@ -289,6 +289,26 @@ def device_memory_bytes(device: DeviceInfo) -> int | None:
         return None
 
 
+def check_task_fits(task: DictConfig) -> None:
+    """A sweep job's problems (``shape=``, or each row of its ``problems=`` file) against its device's
+    memory (:func:`check_fits`), before any job runs (zhantune.multirun: job #1's shape beyond memory
+    was refused after job #0 had tuned); a replay has none. Raises ConfigError."""
+    from zhantune.problems.file import op_activation, read_problems
+
+    if task.bench.name == "replay":
+        return
+    if task.get("problems"):
+        rows = [(r["op"], r["shape"], r.get("dtype", "float32"), r.get("activation") or op_activation(r["op"]),
+                 r.get("weight_layout", "kn")) for r in read_problems(str(task.problems))]
+    elif not OmegaConf.is_missing(task, "shape"):
+        rows = [(task.op.name, list(task.shape), task.dtype, task.op.activation, task.weight_layout)]
+    else:
+        return
+    device = resolve_device(task.device)
+    for op, shape, dtype, activation, layout in rows:
+        check_fits(GemmProblem.from_config(op, list(shape), dtype, activation, weight_layout=layout), device)
+
+
 def check_fits(problem: GemmProblem, device: DeviceInfo) -> None:
     """Refuse a problem whose tensors cannot fit in the device's memory, before anything is
     allocated or opened; raises ConfigError (exit code 2)."""

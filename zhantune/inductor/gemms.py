@@ -37,6 +37,18 @@ class CollectedProblem:
 
 
 def problem_from_event(event: Any, dtype_names: dict[str, str]) -> tuple[Any, str | None]:
+    """:func:`_problem_of`'s problem, or where it is one but the GEMM's second operand is computed at
+    run time on CPU (``event.runtime_mat2``), (None, why): a CPU tune measures it on a frozen constant."""
+    problem, why = _problem_of(event, dtype_names)
+    if problem is not None and getattr(event, "runtime_mat2", False):  # a helper's: tuned, never applied
+        op = event.op_name
+        return None, (f"{op} whose second operand is computed at run time (e.g. attention's keys or values): a CPU "
+                      f"tune measures the C++ {'BMM ' if op == 'bmm' else ''}template on a frozen constant one, "
+                      "which Inductor needs for it, so its entry cannot apply here (Inductor's default compiles it)")
+    return problem, why
+
+
+def _problem_of(event: Any, dtype_names: dict[str, str]) -> tuple[Any, str | None]:
     """The GemmProblem whose own compile makes the same lookup key, or (None, why not).
 
     Tunable: mm / addmm with a contiguous [M, K] activation and a [K, N] weight stored row-major
@@ -56,10 +68,6 @@ def problem_from_event(event: Any, dtype_names: dict[str, str]) -> tuple[Any, st
     dtype = dtype_names[next(iter(dtypes))]
     scalars = dict(event.scalars)
     op = event.op_name
-    if getattr(event, "runtime_mat2", False):  # a helper's: tuned, never applied
-        return None, (f"{op} whose second operand is computed at run time (e.g. attention's keys or values): a CPU "
-                      f"tune measures the C++ {'BMM ' if op == 'bmm' else ''}template on a frozen constant one, "
-                      "which Inductor needs for it, so its entry cannot apply here (Inductor's default compiles it)")
     if op == "bmm" and len(ins) == 2:
         (_, (b, m, k), s1), (_, (b2, k2, n), s2) = ins
         if b == b2 and k == k2 and list(s1) == [m * k, k, 1] and list(s2) == [k * n, n, 1]:
@@ -145,10 +153,12 @@ def collect(model: Any, inputs: tuple, device: Any) -> list[CollectedProblem]:
             continue
         key = e.agnostic_key or e.device_key
         epilogues.setdefault(key, []).append(e.epilogue)
+        problem, reason = problem_from_event(e, dtype_names)
         if key in found:
             found[key].count += 1
+            if found[key].problem is None and problem is not None:  # tunable where any of its GEMMs is (a review's:
+                found[key].problem, found[key].reason = problem, reason  # a run-time operand's GEMM came first)
             continue
-        problem, reason = problem_from_event(e, dtype_names)
         found[key] = CollectedProblem(key, e.op_name, [[d, list(s), list(st)] for d, s, st in e.inputs],
                                       dict(e.scalars), 1, problem, reason)
     for key, p in found.items():

@@ -93,16 +93,16 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
                          "a key's entries were measured fused with)")
     if bad := next((k for k, v in acts.items() if not _activation(v, version)), None):
         raise TableError(f"{where}: activations[{shown_json(bad)[:SHOWN_KEY]}]: "
-                         f"{json.dumps(acts[bad], default=str)[:80]}; allowed: relu, gelu, or (format_version 3) a "
-                         "list of two or more of relu, gelu and null (the activations the key's entries were measured "
-                         "fused with: null, none)")
+                         f"{json.dumps(acts[bad], default=str)[:80]}; allowed: relu, gelu, or a list of two or more "
+                         "of relu, gelu and null (the activations the key's entries were measured fused with: null, none)")
 
 
 def _activation(value: Any, version: int) -> bool:
-    """A table's ``activations`` value: ``relu`` or ``gelu``, or from version 3 a list of two or more
-    distinct ones of relu, gelu and null (no activation: one key's equal entries, tuned for problems of each)."""
+    """A table's ``activations`` value: ``relu`` or ``gelu``, or a list of two or more distinct ones of
+    relu, gelu and null (no activation: one key's equal entries, tuned for problems of each), written
+    as version 3 (:func:`version_for`) and read in version 2 too (a few hours of 2026-11-30 wrote it so)."""
     if isinstance(value, list):  # the items first: a nested list is not hashable (a review's traceback)
-        return (version >= 3 and len(value) >= 2 and all(v in ("relu", "gelu", None) for v in value)
+        return (version >= 2 and len(value) >= 2 and all(v in ("relu", "gelu", None) for v in value)
                 and len(set(value)) == len(value))
     return value in ("relu", "gelu")
 

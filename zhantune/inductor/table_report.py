@@ -36,19 +36,23 @@ class TableReport:
     #: key -> why zhantune cannot tune a missed GEMM at all (collect's reason: a transposed operand,
     #: attention's bmm on CPU): no table serves it, and collect does not list it (a helper's)
     untunable: dict[str, str] = field(default_factory=dict)
+    _tunable: set[str] = field(default_factory=set, repr=False)
 
     def miss(self, key: str, event: Any = None) -> None:
         """Count a miss of ``key``; where collect would not list its GEMM (``event``: the lookup's
         LookupEvent; zhantune.inductor.gemms.problem_from_event), record why in ``untunable``."""
         self.misses[key] += 1
-        if event is None or key in self.untunable:
+        if event is None or key in self._tunable:
             return
         from zhantune.inductor.gemms import problem_from_event
         from zhantune.problems import DTYPES
 
         problem, why = problem_from_event(event, {str(t).removeprefix("torch."): n for n, t in DTYPES.items()})
         if problem is None and why:
-            self.untunable[key] = why
+            self.untunable.setdefault(key, why)
+        else:  # tunable where any of its GEMMs is, as collect lists it (a review's)
+            self._tunable.add(key)
+            self.untunable.pop(key, None)
 
     def hit(self, key: str, event: Any = None, entries: list[dict[str, Any]] = ()) -> None:
         """Count a hit of ``key``; where a served entry is a template's (a C++ template's config patch,

@@ -84,9 +84,14 @@ def adopt_recorded_device(store: Store, file: KernelTunerFile) -> KernelTunerFil
     if file.device_named_by != "file name":
         return file
     key = file.problem().key
+
+    def holds(device_key: str) -> bool:
+        return any(file_digest(c) and same_recording(c, file) for _, c in store.studies_holding(device_key, key))
+
+    if holds(file.device_key):  # its own device first: never moved off it (a review's)
+        return file
     for device in store.devices():
-        if device.key != file.device_key and any(
-                file_digest(c) and same_recording(c, file) for _, c in store.studies_holding(device.key, key)):
+        if device.key != file.device_key and holds(device.key):
             return dataclasses.replace(file, device_label=device.key, adopted=True)
     return file
 
@@ -104,7 +109,8 @@ def import_files(store: Store, files: list[KernelTunerFile],
         files = [adopt_recorded_device(store, f) for f in files]
         for f in files:
             check_import(store, f)
-        for f in files:
+        for f in files:  # adopted again: a copy of a file this import has just stored (a review's)
+            f = adopt_recorded_device(store, f)
             out.append(import_kerneltuner(store, f))
             if imported is not None:
                 imported(f, *out[-1])
