@@ -97,14 +97,14 @@ def test_a_submitit_jobs_user_error_is_its_one_line_not_hydras_traceback(tmp_pat
     from stored import warm_default_row
 
     warm_default_row(tmp_path / "z.db")
-    launcher = _launch(["+op=mm", "shape=[16,16,16]", "device=cpu", "bench.flush_cache=true", "search.seed=0,1",
-                        f"storage.url=sqlite:///{tmp_path}/z.db"], tmp_path)
+    launcher = _launch(["+op=mm", "shape=[16,16,16]", "device=cpu", "bench.flush_cache=true",
+                        f"storage.url=sqlite:///{tmp_path}/z.db"], tmp_path)  # one job: a sweep all the same
     out, err = launcher.communicate(timeout=300)
     assert launcher.returncode == 2 and "Traceback" not in err, err[-3000:]
     assert re.fullmatch(rf"zhantune: a sweep job \(submitit job \S+, log in {tmp_path}/sweep/\.submitit/\S+\): "
                         r"bench.flush_cache=true: 1 measurement\(s\) of mm\[M=16,N=16,K=16\]:float32 on .* timed without "
                         r"flushing the cache before each run; .*", err.strip()), err
-    assert "the sweep ended on a job's failure" in out and "2 job(s) wrote no record (#0, #1" in " ".join(out.split())
+    assert "the sweep ended on a job's failure" in out and "1 job(s) wrote no record (#0: " in " ".join(out.split())
 
 
 def _launch(args: list[str], cwd: Path) -> subprocess.Popen:

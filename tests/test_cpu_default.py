@@ -317,7 +317,7 @@ def test_a_bmm_entry_applies_to_a_constant_second_operand_only():
         torch.testing.assert_close(out, model(x))
 
 
-def test_a_miss_no_table_can_serve_says_why_and_check_gives_no_collect_hint(tmp_path):
+def test_a_miss_no_table_can_serve_says_why_and_check_gives_no_collect_hint():
     """A helper's: check's advice for every miss was to collect the model's GEMMs and tune them, also
     for a GEMM collect does not list (attention's bmm on CPU, a transposed operand), so coverage
     never rose. The report now says why such a miss is not tunable, and check prints the collect hint
@@ -328,23 +328,22 @@ def test_a_miss_no_table_can_serve_says_why_and_check_gives_no_collect_hint(tmp_
         _compile(_ActivationBmm(), x)
     ((key, why),) = installed.report.untunable.items()
     assert installed.report.misses == {key: 1} and why.startswith("bmm whose second operand is computed at run time")
+    untunable = installed.report
     with use_table({}) as installed:
         _compile(_WeightBmm(torch.randn(2, 64, 32)), x)
     assert len(installed.report.misses) == 1 and installed.report.untunable == {}
-    (tmp_path / "models.py").write_text(textwrap.dedent("""
-        import torch
-        class Scores(torch.nn.Module):
-            def forward(self, x):
-                return torch.bmm(x, torch.relu(x).transpose(1, 2).contiguous())
-        def scores():
-            return Scores()
-        """))
-    (tmp_path / "t.json").write_text("{}")
-    r = subprocess.run([sys.executable, "-m", "zhantune.check", "model=models:scores", "input_shapes=[[2,32,64]]",
-                        "table=t.json", "rounds=1"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    out = " ".join(r.stdout.split())
-    assert r.returncode == 1 and "not tunable: bmm whose second operand is computed at run time" in out, out[-3000:]
-    assert "; no table serves it" in out and "python -m zhantune.collect" not in out, out
+    from omegaconf import OmegaConf
+    from rich.console import Console
+
+    from zhantune.check import print_misses
+
+    cfg = OmegaConf.create({"model": "models:scores", "model_kwargs": None, "input_shapes": [[2, 32, 64]]})
+    for report, hint in ((untunable, False), (installed.report, True)):
+        console = Console(record=True, width=300)
+        print_misses(console, cfg, report)
+        out = " ".join(console.export_text().split())
+        assert ("not tunable: bmm whose second operand is computed at run time" in out) is not hint, out
+        assert ("python -m zhantune.collect model=models:scores" in out) is hint, out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

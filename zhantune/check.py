@@ -125,12 +125,7 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
                       + (f"\n      [yellow]{escape(report.dropped[key])}[/yellow]" if key in report.dropped else "")
                       + (f"\n      note: {escape(report.notes[key])}" if key in report.notes else ""),
                       soft_wrap=True)
-    for key, n in report.misses.items():
-        console.print(f"[red]miss[/red]  x{n} {escape(key)}" + (f"\n      not tunable: {escape(report.untunable[key])}; "
-                                                              "no table serves it"
-                                                              if key in report.untunable else ""), soft_wrap=True)
-    if set(report.misses) - set(report.untunable):  # collect lists the others: the hint to tune them
-        console.print(_miss_hint(cfg), soft_wrap=True, markup=False, highlight=False)
+    print_misses(console, cfg, report)
     for key, why in report.stale.items():
         console.print(f"[yellow]stale[/yellow] {escape(key)}: {escape(why)}", soft_wrap=True)
     coverage = report.coverage or 0.0  # no lookup at all proves nothing
@@ -200,6 +195,20 @@ def _verdict(console: Any, cfg: DictConfig, result: dict[str, Any], tol: float) 
         return COVERAGE_EXIT_CODE
     console.print(f"coverage {coverage:.0%} (min_coverage {cfg.min_coverage:.0%}): ok")
     return 0
+
+
+def print_misses(console: Any, cfg: Any, report: Any) -> None:
+    """Each missed key (``report``: a TableReport), with why where no table can serve it (its GEMM is
+    not tunable: TableReport.untunable), then the hint to collect and tune the model's lookups where a
+    miss is one collect lists (a helper's: the hint was given for GEMMs collect leaves out)."""
+    from rich.markup import escape
+
+    for key, n in report.misses.items():
+        console.print(f"[red]miss[/red]  x{n} {escape(key)}" + (f"\n      not tunable: {escape(report.untunable[key])}; "
+                                                              "no table serves it" if key in report.untunable else ""),
+                      soft_wrap=True)
+    if set(report.misses) - set(report.untunable):
+        console.print(_miss_hint(cfg), soft_wrap=True, markup=False, highlight=False)
 
 
 def _miss_hint(cfg: Any) -> str:
