@@ -131,6 +131,14 @@ def epilogue_note(problem: Any, epilogues: list[Any]) -> str | None:
     return None
 
 
+def dtype_names() -> dict[str, str]:
+    """A lookup's dtype as its event records it ("float32", "bfloat16") -> zhantune's dtype name, for
+    :func:`problem_from_event` (collect's and use_table's report)."""
+    from zhantune.problems import DTYPES
+
+    return {str(t).removeprefix("torch."): name for name, t in DTYPES.items()}
+
+
 def collect(model: Any, inputs: tuple, device: Any) -> list[CollectedProblem]:
     """Compile ``model`` on ``device`` (a DeviceInfo) with Inductor's defaults and return its GEMM
     problems, one per distinct lookup key, in first-seen order."""
@@ -139,9 +147,8 @@ def collect(model: Any, inputs: tuple, device: Any) -> list[CollectedProblem]:
 
     from zhantune.inductor.choices import recording
     from zhantune.inductor.settings import CPU_BASE_PATCH, CUDA_BASE_PATCH
-    from zhantune.problems import DTYPES
 
-    dtype_names = {str(t).removeprefix("torch."): name for name, t in DTYPES.items()}
+    names = dtype_names()
     patch = CPU_BASE_PATCH if device.kind == "cpu" else CUDA_BASE_PATCH
     torch._dynamo.reset()
     with torch.no_grad(), recording() as rec, inductor_config.patch(patch):
@@ -153,7 +160,7 @@ def collect(model: Any, inputs: tuple, device: Any) -> list[CollectedProblem]:
             continue
         key = e.agnostic_key or e.device_key
         epilogues.setdefault(key, []).append(e.epilogue)
-        problem, reason = problem_from_event(e, dtype_names)
+        problem, reason = problem_from_event(e, names)
         if key in found:
             found[key].count += 1
             if found[key].problem is None and problem is not None:  # tunable where any of its GEMMs is (a review's:

@@ -44,10 +44,9 @@ class TableReport:
         self.misses[key] += 1
         if event is None or key in self._tunable:
             return
-        from zhantune.inductor.gemms import problem_from_event
-        from zhantune.problems import DTYPES
+        from zhantune.inductor.gemms import dtype_names, problem_from_event
 
-        problem, why = problem_from_event(event, {str(t).removeprefix("torch."): n for n, t in DTYPES.items()})
+        problem, why = problem_from_event(event, dtype_names())
         if problem is None and why:
             self.untunable.setdefault(key, why)
         else:  # tunable where any of its GEMMs is, as collect lists it (a review's)
