@@ -346,6 +346,66 @@ def test_a_miss_no_table_can_serve_says_why_and_check_gives_no_collect_hint():
         assert ("python -m zhantune.collect model=models:scores" in out) is hint, out
 
 
+class _WeightThenAttention(_WeightBmm):
+    def forward(self, x):  # a frozen-weight bmm (tunable), then attention's scores of its output (not)
+        return _ActivationBmm()(torch.bmm(x, self.w))
+
+
+class _WeightThenRuntime(_WeightBmm):
+    def forward(self, x):  # a frozen-weight bmm (tunable) used once, by a bmm with a run-time operand (not)
+        return torch.bmm(torch.bmm(x, self.w), torch.relu(x[:, :, :32]).transpose(1, 2).contiguous())
+
+
+def test_a_bmm_entry_where_the_bmm_output_is_used_twice_compiles_the_default():
+    """Found while writing the next test: Inductor's C++ BMM template fails to compile ("AssertionError"
+    in ir.py's indexer, torch 2.13) with an epilogue fused and another use of its output, as in
+    attention's q @ k^T beside relu(q): a table's entry for the bmm made a model that compiles by
+    default fail. Such a hit is stale now, said why, and the default compiles."""
+    from zhantune.inductor.cpu_entries import BMM_SHARED_OUTPUT
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 32, 64)
+    model = _WeightThenAttention(torch.randn(2, 64, 32))
+    with recording() as rec:
+        _compile(model, x)
+    key = [e.device_key for e in rec.events if e.offered][0]
+    with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
+        out, seen = _counted(_compile, model, x)
+    assert installed.report.stale == {key: BMM_SHARED_OUTPUT} and seen["cpp_template"] == 0, installed.report
+    torch.testing.assert_close(out, model(x))
+
+
+def test_check_gates_coverage_on_the_lookups_a_table_can_serve():
+    """A helper's: check's min_coverage (1.0 by default) counted the lookups of GEMMs no table can
+    serve, so a model with attention's bmm on CPU failed the gate with every tunable lookup a hit.
+    The gate is now on the others' share; the report gives both; a model with none fails it."""
+    from omegaconf import OmegaConf
+    from rich.console import Console
+
+    from zhantune.check import _verdict
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 32, 64)
+    model = _WeightThenRuntime(torch.randn(2, 64, 32))
+    with recording() as rec:
+        _compile(model, x)
+    keys = [e.device_key for e in rec.events if e.offered]
+    assert len(set(keys)) == 2
+    cfg = OmegaConf.create({"min_coverage": 1.0})
+    for table, model, code, said in (
+            ({keys[0]: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}, model, 0,
+             "coverage 50% (100% of the 1 a table can serve) (min_coverage 100%): ok"),
+            ({}, model, 1, "coverage 0% (0% of the 1 a table can serve) is below min_coverage 100%"),
+            ({}, _ActivationBmm(), 1, "none of the 1 GEMM lookup(s) is one a table can serve")):
+        with use_table(table) as installed:
+            _compile(model, x)
+        report = installed.report
+        console = Console(record=True, width=300)
+        assert _verdict(console, cfg, {"report": report, "ways": {"table": {"error": 0.0}}}, 1e-4) == code
+        assert said in " ".join(console.export_text().split()), report.as_dict()
+    assert report.as_dict()["tunable_lookups"] == 0 and report.as_dict()["tunable_coverage"] is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_cpp_entry_compiles_under_inductors_defaults_for_the_knobs_it_leaves_out(dtype):
     """A hostile-table attack (session 40): a hand-written C++-template entry that names only its

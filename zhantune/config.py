@@ -256,7 +256,8 @@ class CheckConfig(CollectConfig):
 
     #: the table file (either format)
     table: str | None = None
-    #: exit with code 1 when the share of GEMM lookups that hit is below this
+    #: exit with code 1 when the share of GEMM lookups that hit is below this (of the lookups a table
+    #: can serve: a GEMM that is not tunable, attention's bmm on CPU, is left out)
     min_coverage: float = 1.0
     #: also compile and time with max-autotune (slow: Inductor benchmarks every choice)
     max_autotune: bool = True

@@ -12,7 +12,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, not_carried
 
-__all__ = ["NOT_FROZEN", "BMM_RUNTIME_OPERAND", "constant_operand", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "OTHER_ISA", "other_isa", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
+__all__ = ["NOT_FROZEN", "BMM_RUNTIME_OPERAND", "BMM_SHARED_OUTPUT", "bmm_stale", "constant_operand", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "OTHER_ISA", "other_isa", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
            "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp", "TRANSPOSED_INPUT",
            "CPP_NOT_OFFERED", "UNHOOKED_LOWERING", "strided_input", "cpp_unoffered", "CPP_KNOB_DEFAULTS", "cpp_knobs", "cpp_entry_stale"]
 
@@ -36,6 +36,13 @@ NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._induc
 BMM_RUNTIME_OPERAND = ("the tune measured the C++ BMM template on a constant second operand (a frozen weight, "
                        "blocked when compiled); here it is computed at run time (e.g. attention's keys), another "
                        "kernel no measurement covers: Inductor's default compiled")
+#: why a C++ BMM entry compiled Inductor's default where the bmm's output has several uses: Inductor's
+#: C++ BMM template with an epilogue fused and another use of its output fails to compile in torch 2.13
+#: (cpp_gemm_template.py's copy_from_local_to_global_buffer_epilogue loads the 3-D buffer with a 2-D
+#: index: "AssertionError" in ir.py's indexer), where the default compile works
+BMM_SHARED_OUTPUT = ("the bmm's output is used more than once here (e.g. q @ k^T beside relu(q)): Inductor's C++ BMM "
+                     "template fails to compile with an epilogue fused and another use of its output (torch 2.13, "
+                     "cpp_gemm_template.py copy_from_local_to_global_buffer_epilogue): Inductor's default compiled")
 #: why a C++-template entry compiled Inductor's default with weight prepacking off (TableReport.stale)
 PREPACK_OFF = ("torch._inductor.config.cpp.weight_prepack is False in this process: Inductor offers its C++ GEMM "
                "template only with it (torch/_inductor/utils.py use_cpp_gemm_template), so the entry's kernel "
@@ -185,6 +192,19 @@ def constant_operand(kernel_inputs: Any) -> bool:
     mat2 = kernel_inputs.mat1mat2()[1]
     mat2 = mat2.unwrap_view() if isinstance(mat2, ir.BaseView) else mat2
     return isinstance(mat2, ir.StorageBox) and mat2.is_module_buffer()
+
+
+def bmm_stale(kernel_inputs: Any) -> str | None:
+    """Why a C++ BMM entry cannot compile its measured kernel in the bmm being lowered, or None: a
+    second operand computed at run time (BMM_RUNTIME_OPERAND), an output used more than once
+    (BMM_SHARED_OUTPUT: ``V.graph.current_node``, the bmm's post-grad FX node)."""
+    from torch._inductor.virtualized import V
+
+    from zhantune.inductor.epilogue import shared_output
+
+    if not constant_operand(kernel_inputs):
+        return BMM_RUNTIME_OPERAND
+    return BMM_SHARED_OUTPUT if shared_output(getattr(V.graph, "current_node", None)) else None
 
 
 def dynamic_m(kernel_inputs: Any) -> bool:

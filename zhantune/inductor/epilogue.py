@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Epilogue", "epilogue_of", "modelled_activation", "activation_stale", "unmeasured_epilogue"]
+__all__ = ["Epilogue", "epilogue_of", "shared_output", "modelled_activation", "activation_stale", "unmeasured_epilogue"]
 
 #: activations named in a note when the GEMM's output feeds one of them alone and linear_act does
 #: not model it (its ACTIVATIONS: relu, exact gelu); the ATen op names (``aten.<name>.default``)
@@ -130,6 +130,12 @@ def epilogue_of(gemm: Any) -> Epilogue:
         found = _fed(_through_views(hand), False)
         return Epilogue(None, False, found.activation or found.other, hand_bias=True)
     return _fed(_through_views(out), bias)
+
+
+def shared_output(gemm: Any) -> bool:
+    """Whether the GEMM node ``gemm`` (an FX node of the post-grad graph, None: not known) has its
+    output, through views, used more than once (attention's ``q @ k^T`` beside ``relu(q)``)."""
+    return gemm is not None and hasattr(gemm, "users") and len(_through_views(gemm).users) > 1
 
 
 def _fed(out: Any, bias: bool) -> Epilogue:

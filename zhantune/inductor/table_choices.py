@@ -16,12 +16,11 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.choices import LookupEvent, RecordingChoices, legacy_cpu_key
 from zhantune.inductor.cpu_entries import (
-    BMM_RUNTIME_OPERAND,
     GPU_ENTRY_ON_CPU,
     LEGACY_CPU_KEY,
     REDUCED_FLOAT32,
     UNHOOKED_LOWERING,
-    constant_operand,
+    bmm_stale,
     cpp_entry_stale,
     cpp_knobs,
     cpp_template_applies,
@@ -351,8 +350,8 @@ class TableChoices(RecordingChoices):
             self.report.stale[key] = cpp_unoffered(kernel_inputs, op_name)
             self.report.stale_count[key] += 1
             return self._users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
-        if wants_cpp(entry) and op_name == "bmm" and not constant_operand(kernel_inputs):  # an attack's finding
-            return self._stale(key, BMM_RUNTIME_OPERAND, template_choices, kernel_inputs, templates, op_name,
+        if wants_cpp(entry) and op_name == "bmm" and (why := bmm_stale(kernel_inputs)):  # attacks' findings
+            return self._stale(key, why, template_choices, kernel_inputs, templates, op_name,
                                kwarg_overrides, True)
         if entry["template_id"] == CONFIG_TEMPLATE_ID and self._scope_base is None:  # not cpu_gemm_lowering's
             return self._stale(key, UNHOOKED_LOWERING.format(op=op_name), template_choices, kernel_inputs, templates,

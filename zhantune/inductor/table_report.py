@@ -16,7 +16,9 @@ class TableReport:
 
     ``hits`` / ``misses`` / ``stale`` count lookups by key; ``stale`` also gives the reason per key.
     ``coverage`` is the share of lookups that hit, None when there was none (``note`` says why:
-    nothing compiled since the table was installed, or a compile served from Inductor's cache).
+    nothing compiled since the table was installed, or a compile served from Inductor's cache);
+    ``tunable_coverage`` the share of the lookups a table can serve (``untunable`` misses left out:
+    check's min_coverage gate), None when there is none.
     """
 
     source: str | None
@@ -87,6 +89,16 @@ class TableReport:
         return sum(self.hits.values()) / self.lookups if self.lookups else None
 
     @property
+    def untunable_lookups(self) -> int:
+        """Misses of GEMMs no table can serve (their keys in ``untunable``)."""
+        return sum(n for key, n in self.misses.items() if key in self.untunable)
+
+    @property
+    def tunable_coverage(self) -> float | None:
+        tunable = self.lookups - self.untunable_lookups
+        return sum(self.hits.values()) / tunable if tunable else None
+
+    @property
     def note(self) -> str | None:
         """Why coverage is None, else None."""
         if self.lookups:
@@ -94,7 +106,9 @@ class TableReport:
         return "no GEMM lookup seen: served from Inductor's cache or not compiled yet"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "lookups": self.lookups, "coverage": self.coverage, "note": self.note,
+        return {"source": self.source, "lookups": self.lookups, "coverage": self.coverage,
+                "tunable_lookups": self.lookups - self.untunable_lookups, "tunable_coverage": self.tunable_coverage,
+                "note": self.note,
                 "hits": dict(self.hits), "misses": dict(self.misses), "stale": dict(self.stale),
                 "chosen": dict(self.chosen), "dropped": dict(self.dropped), "notes": dict(self.notes),
                 "untunable": dict(self.untunable)}
