@@ -375,6 +375,44 @@ def test_a_bmm_entry_where_the_bmm_output_is_used_twice_compiles_the_default():
     torch.testing.assert_close(out, model(x))
 
 
+def test_check_says_in_one_line_that_a_tables_compile_fails_where_the_default_compiles(tmp_path, monkeypatch):
+    """A table whose compile fails (here the bmm above with its guard taken away: Inductor's own
+    error) was check's 40-line traceback; it is now the entries served and one line naming the
+    error, exit 1. A model whose default compile fails is a user error (exit 2), not the table's."""
+    import zhantune.inductor.epilogue as epilogue
+    from omegaconf import OmegaConf
+    from rich.console import Console
+
+    from zhantune.bench.model_check import CompileFailed, _compile
+    from zhantune.check import _compile_failed
+    from zhantune.device import resolve_device
+    from zhantune.inductor.settings import model_patch
+    from zhantune.inductor.table import read_table
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 32, 64)
+    model = _WeightThenAttention(torch.randn(2, 64, 32))
+    key = (f"{resolve_device('cpu').key}+((torch.float32, [2, 32, 64], [2048, 64, 1]), "
+           "(torch.float32, [2, 64, 32], [2048, 32, 1]))+bmm")  # x @ w's lookup (the test above records it)
+    (tmp_path / "t.json").write_text(json.dumps({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}))
+    monkeypatch.setattr(epilogue, "shared_output", lambda gemm: False)
+    with pytest.raises(CompileFailed) as failed:  # the table's way, as check_model compiles it
+        _compile(model, (x,), resolve_device("cpu"), model_patch("cpu"), read_table(tmp_path / "t.json", "cpu"),
+                 way="table")
+    e = failed.value
+    assert e.way == "table" and e.what.startswith("InductorError: AssertionError") and dict(e.report.hits) == {key: 1}
+    cfg = OmegaConf.create({"model": "models:attention"})
+    console = Console(record=True, width=300)
+    with pytest.raises(SystemExit) as code:
+        _compile_failed(console, cfg, e)
+    out = " ".join(console.export_text().split())
+    assert code.value.code == 1 and f"hit x1 {key}" in out and "Traceback" not in out, out
+    assert "the compile with the table fails where Inductor's default compiles: InductorError: AssertionError" in out
+    with pytest.raises(SystemExit) as code:
+        _compile_failed(console, cfg, CompileFailed("default", "RuntimeError: boom (raised at x.py:1)"))
+    assert code.value.code == 2
+
+
 def test_check_gates_coverage_on_the_lookups_a_table_can_serve():
     """A helper's: check's min_coverage (1.0 by default) counted the lookups of GEMMs no table can
     serve, so a model with attention's bmm on CPU failed the gate with every tunable lookup a hit.

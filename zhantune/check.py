@@ -72,7 +72,7 @@ def _check_app(cfg: DictConfig) -> None:
         user_error(e)
         return
     from zhantune.bench.measurement import TOLERANCES
-    from zhantune.bench.model_check import check_model
+    from zhantune.bench.model_check import CompileFailed, check_model
     from zhantune.device import resolve_device
     from zhantune.inductor.table import read_table_option
     from zhantune.models import from_config
@@ -96,6 +96,8 @@ def _check_app(cfg: DictConfig) -> None:
     except UserError as e:  # a model that returns no tensor
         user_error(f"model={cfg.model}: {e}")
         return
+    except CompileFailed as e:
+        _compile_failed(console, cfg, e)
     tol = TOLERANCES[req.dtype]
     _print_report(console, cfg, tf, req.device, result, tol)
     if cfg.json:
@@ -149,6 +151,8 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
         if name != "default" and not w["vs_default"]["consistent"]:
             console.print(f"{name}: no difference shown: {w['vs_default']['reason']}", soft_wrap=True, markup=False,
                           highlight=False)
+    for name, why in result.get("failed", {}).items():  # Inductor's own max-autotune: not the table's doing
+        console.print(f"[yellow]{name}: left out, its compile fails ({escape(why)})[/yellow]", soft_wrap=True)
     if result["contention"].text():
         console.print(f"[yellow]warning: {result['contention'].text()}[/yellow]")
 
@@ -210,6 +214,23 @@ def _coverage_text(report: Any) -> str:
         tunable = report.lookups - report.untunable_lookups
         text += f" ({report.tunable_coverage or 0.0:.0%} of the {tunable} a table can serve)"
     return text
+
+
+def _compile_failed(console: Any, cfg: DictConfig, e: Any) -> None:
+    """Exit 2 where Inductor's default compile of the model fails (check needs a model it compiles),
+    else 1 with the lookups the table served and one line of the error: the table breaks this model."""
+    from rich.markup import escape
+
+    if e.way == "default":
+        user_error(f"model={cfg.model}: Inductor's default compile of it fails ({e.what}); check compares "
+                   "compiles of a model torch.compile compiles")
+    if e.report is not None:
+        for key, n in e.report.hits.items():
+            console.print(f"hit   x{n} {key}\n      -> {e.report.chosen.get(key, '')}", markup=False, soft_wrap=True)
+    console.print(f"[red]the compile with the table fails where Inductor's default compiles: {escape(e.what)}; the "
+                  "table breaks this model (an Inductor bug its entries reach: leave their keys out of the table, "
+                  "and report it to zhantune)[/red]", soft_wrap=True)
+    sys.exit(COVERAGE_EXIT_CODE)
 
 
 def print_misses(console: Any, cfg: Any, report: Any) -> None:

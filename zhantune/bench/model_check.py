@@ -19,15 +19,38 @@ from typing import Any
 
 from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP
 
-__all__ = ["check_model", "time_interleaved", "versus"]
+__all__ = ["CompileFailed", "check_model", "time_interleaved", "versus"]
 
 
-def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], table: Any = None) -> dict[str, Any]:
+class CompileFailed(Exception):
+    """A way's compile raised an error of Inductor's (not the user's input): ``way`` ("table",
+    "default", "max-autotune"), ``what`` (one line: the error's type, its first line and where it was
+    raised) and, for the table's way, the TableReport of the lookups made before it (``report``)."""
+
+    def __init__(self, way: str, what: str, report: Any = None):
+        super().__init__(f"{way}: {what}")
+        self.way, self.what, self.report = way, what, report
+
+
+def _failure(e: BaseException) -> str:
+    """One line for a compile's error: "InductorError: AssertionError: (raised at ir.py:2186)"."""
+    import traceback
+    from pathlib import Path
+
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    frames = traceback.extract_tb(e.__traceback__)
+    at = f" (raised at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(e).__name__}: {first}"[:300] + at
+
+
+def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], table: Any = None,
+             way: str = "default") -> dict[str, Any]:
     """Compile a copy of ``model`` under ``patch`` (zhantune.inductor.settings.model_patch: Inductor's
     caches off; ``table`` served through use_table while it compiles) and run it once: {"fn", "compile_s", "out", "report"}. Each way
     compiles its own copy with a ``forward`` of its own code object (zhantune.bench.kept.own_entry),
     so that Dynamo keeps one graph per way and calling one never recompiles another (copies share
-    a code object: a model without parameters gave Dynamo no guard, and every way ran the first's code)."""
+    a code object: a model without parameters gave Dynamo no guard, and every way ran the first's code).
+    Raises CompileFailed naming ``way`` when the compile raises anything but a UserError."""
     import copy
     from unittest import mock
 
@@ -36,6 +59,7 @@ def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], tabl
     from torch._inductor.graph import GraphLowering
 
     from zhantune.bench.kept import own_entry
+    from zhantune.errors import UserError
     from zhantune.inductor.runtime import use_table
 
     codes: list[str] = []
@@ -53,6 +77,10 @@ def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], tabl
             if device.kind == "cuda":  # pragma: no cover - needs a GPU
                 torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
+    except UserError:
+        raise
+    except Exception as e:  # Inductor's own failure (a helper's: a table made a model that compiles fail)
+        raise CompileFailed(way, _failure(e), installed.report if installed is not None else None) from e
     finally:
         if installed is not None:
             installed.remove()
@@ -180,7 +208,8 @@ def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
     the compiled ways in ``rounds`` interleaved rounds (:func:`time_interleaved`).
 
     Returns {"report": TableReport, "ways": {name: {compile_s, run_us, median_us, rounds_us, error,
-    vs_default}}, "contention": ContentionCount}; run times in microseconds (``run_us``: the fastest
+    vs_default}}, "contention": ContentionCount, "failed": {"max-autotune": why} where its compile
+    failed (left out)}; raises CompileFailed where the table's or the default's compile fails; run times in microseconds (``run_us``: the fastest
     run), compile times in seconds; ``error`` is the max relative error vs eager. Compiles in a
     temporary cache directory (zhantune.inductor.settings.scratch_cache_dir).
     """
@@ -218,9 +247,16 @@ def _check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
             # imports, the C++ toolchain's first run, the C++ GEMM template's first use: a helper saw a C++
             # table's compile take 9.0 s against max-autotune's 0.4 s, and 1.0 s against 8.6 s with the
             # default's entries) land on no way's compile time
-            for patch, tab in patches.values():
-                _compile(model, inputs, device, patch, tab)
-            compiled = {name: _compile(model, inputs, device, patch, tab) for name, (patch, tab) in patches.items()}
+            failed = {}
+            for name in sorted(patches, key=lambda n: n != "default"):  # the default's failure first: the model's
+                try:
+                    _compile(model, inputs, device, *patches[name], way=name)
+                except CompileFailed as e:
+                    if name != "max-autotune":  # Inductor's own choices: the check goes on without it
+                        raise
+                    failed[name] = e.what
+                    del patches[name]
+            compiled = {name: _compile(model, inputs, device, patch, tab, name) for name, (patch, tab) in patches.items()}
         times, contention = time_interleaved({n: c["fn"] for n, c in compiled.items()}, device, bench, rounds)
     ways: dict[str, dict[str, Any]] = {}
     for name, c in compiled.items():
@@ -234,7 +270,8 @@ def _check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
         error = max(map(relative_error, outs, reference)) if len(outs) == len(reference) else math.inf
         ways[name] = {"compile_s": c["compile_s"], **times[name], "error": error,
                       "vs_default": vs}
-    return {"report": compiled["table"]["report"], "ways": ways, "contention": contention, "recompile_limit": hits}
+    return {"report": compiled["table"]["report"], "ways": ways, "contention": contention, "recompile_limit": hits,
+            "failed": failed}
 
 
 def _tensors(out: Any) -> list[Any]:
