@@ -79,7 +79,7 @@ def _compile(model: Any, inputs: tuple, device: Any, patch: dict[str, Any], tabl
             compile_s = time.perf_counter() - t0
     except UserError:
         raise
-    except Exception as e:  # Inductor's own failure (a helper's: a table made a model that compiles fail)
+    except Exception as e:  # Inductor's own failure (found 2026-11-30: a table made a model that compiles fail)
         raise CompileFailed(way, _failure(e), installed.report if installed is not None else None) from e
     finally:
         if installed is not None:
@@ -209,9 +209,10 @@ def check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
 
     Returns {"report": TableReport, "ways": {name: {compile_s, run_us, median_us, rounds_us, error,
     vs_default}}, "contention": ContentionCount, "failed": {"max-autotune": why} where its compile
-    failed (left out)}; raises CompileFailed where the table's or the default's compile fails; run times in microseconds (``run_us``: the fastest
-    run), compile times in seconds; ``error`` is the max relative error vs eager. Compiles in a
-    temporary cache directory (zhantune.inductor.settings.scratch_cache_dir).
+    failed (left out)}; run times in microseconds (``run_us``: the fastest run), compile times in
+    seconds; ``error`` is the max relative error vs eager. Compiles in a temporary cache directory
+    (zhantune.inductor.settings.scratch_cache_dir). Raises CompileFailed where the table's or the
+    default's compile fails.
     """
     from zhantune.inductor.settings import scratch_cache_dir
 
