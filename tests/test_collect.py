@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from compiles import lookups_seen
 from torch._inductor.utils import is_mkldnn_bf16_supported
 
 from zhantune.device import resolve_device
@@ -35,13 +36,12 @@ def _by_n(found):
 
 def _own_key(problem, patch: dict) -> str:
     """The device-agnostic key the problem's own compile (a tune's) looks up."""
-    from torch._inductor import config as inductor_config
 
     from zhantune.inductor.choices import recording
 
     module, inputs = problem.build(torch.device("cpu"))
     torch._dynamo.reset()
-    with torch.no_grad(), recording() as rec, inductor_config.patch({**patch, "force_disable_caches": True}):
+    with torch.no_grad(), recording() as rec, lookups_seen(**patch):
         torch.compile(module)(*inputs)
     (key,) = {e.agnostic_key for e in rec.events if e.offered}
     return key
@@ -131,7 +131,6 @@ def test_a_gpus_unfused_addmm_then_gelu_is_linear_act_looked_up_as_mm():
     CPU (``is_gpu`` patched, as PyTorch's own tests mock devices): the mm's output gets the bias and
     then GELU, so it is linear_act, and linear_act's own compile under the same pass looks up that mm
     key (GemmProblem.lookup_op_on); a plain residual add after the bias is not an activation."""
-    from torch._inductor import config as inductor_config
     from torch._inductor.fx_passes import post_grad
 
     from zhantune.inductor.choices import recording
@@ -147,7 +146,7 @@ def test_a_gpus_unfused_addmm_then_gelu_is_linear_act_looked_up_as_mm():
 
     with mock.patch.object(post_grad, "is_gpu", lambda _: True):
         torch._dynamo.reset()
-        with torch.no_grad(), recording() as rec, inductor_config.patch({"freezing": False, "force_disable_caches": True}):
+        with torch.no_grad(), recording() as rec, lookups_seen(freezing=False):
             torch.compile(Two().eval())(torch.randn(8, 64))
         events = {e.inputs[1][1][1]: e for e in rec.events if e.offered}
         assert {n: e.op_name for n, e in events.items()} == {128: "mm", 96: "mm"}

@@ -15,6 +15,7 @@ import textwrap
 
 import pytest
 import torch
+from compiles import lookups_seen
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 from torch._inductor import lowering
@@ -130,7 +131,7 @@ def _linear(n: int, k: int, dtype=torch.bfloat16) -> torch.nn.Module:
 
 def _compile(model, x):
     torch._dynamo.reset()
-    with torch.no_grad(), inductor_config.patch(freezing=True, force_disable_caches=True):
+    with torch.no_grad(), lookups_seen(freezing=True):
         return torch.compile(model)(x)
 
 
@@ -162,7 +163,7 @@ def test_use_table_changes_only_the_gemms_it_covers():
     # without freezing the template cannot apply: the default compiles and the report says why
     with use_table(table) as installed:
         torch._dynamo.reset()
-        with torch.no_grad(), inductor_config.patch(force_disable_caches=True):
+        with torch.no_grad(), lookups_seen():
             _, seen = _counted(torch.compile(covered), x_covered)
         assert seen["cpp_template"] == 0 and seen["extern_mm"] == 1
         assert "freezing = True" in installed.report.stale[key]
@@ -240,7 +241,7 @@ def test_a_cpp_entry_inductor_does_not_offer_the_template_for_is_stale_with_the_
 
     def compile_(model, x):
         torch._dynamo.reset()
-        with torch.no_grad(), inductor_config.patch(freezing=frozen, force_disable_caches=True):
+        with torch.no_grad(), lookups_seen(freezing=frozen):
             return torch.compile(model)(x)
 
     with recording() as rec:
@@ -269,7 +270,7 @@ def test_a_bmm_entry_for_a_batch_permuted_input_is_stale_for_its_layout_not_its_
 
     def compile_(*args):
         torch._dynamo.reset()
-        with torch.no_grad(), inductor_config.patch(force_disable_caches=True):
+        with torch.no_grad(), lookups_seen():
             return torch.compile(model)(*args)
 
     with recording() as rec:
@@ -379,10 +380,10 @@ def test_check_says_in_one_line_that_a_tables_compile_fails_where_the_default_co
     """A table whose compile fails (here the bmm above with its guard taken away: Inductor's own
     error) was check's 40-line traceback; it is now the entries served and one line naming the
     error, exit 1. A model whose default compile fails is a user error (exit 2), not the table's."""
-    import zhantune.inductor.epilogue as epilogue
     from omegaconf import OmegaConf
     from rich.console import Console
 
+    import zhantune.inductor.epilogue as epilogue
     from zhantune.bench.model_check import CompileFailed, _compile
     from zhantune.check import _compile_failed
     from zhantune.device import resolve_device
@@ -424,16 +425,16 @@ def test_check_gates_coverage_on_the_lookups_a_table_can_serve():
 
     torch.manual_seed(0)
     x = torch.randn(2, 32, 64)
-    model = _WeightThenRuntime(torch.randn(2, 64, 32))
+    both = _WeightThenRuntime(torch.randn(2, 64, 32))
     with recording() as rec:
-        _compile(model, x)
+        _compile(both, x)
     keys = [e.device_key for e in rec.events if e.offered]
     assert len(set(keys)) == 2
     cfg = OmegaConf.create({"min_coverage": 1.0})
     for table, model, code, said in (
-            ({keys[0]: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}, model, 0,
+            ({keys[0]: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}, both, 0,
              "coverage 50% (100% of the 1 a table can serve) (min_coverage 100%): ok"),
-            ({}, model, 1, "coverage 0% (0% of the 1 a table can serve) is below min_coverage 100%"),
+            ({}, both, 1, "coverage 0% (0% of the 1 a table can serve) is below min_coverage 100%"),
             ({}, _ActivationBmm(), 1, "none of the 1 GEMM lookup(s) is one a table can serve")):
         with use_table(table) as installed:
             _compile(model, x)
@@ -552,8 +553,7 @@ def test_under_the_users_max_autotune_a_gemm_the_table_does_not_tune_compiles_as
             return real(name, choices, *args, **kwargs)
 
         torch._dynamo.reset()
-        with torch.no_grad(), inductor_config.patch(max_autotune=autotune, max_autotune_gemm_backends=backends,
-                                                    force_disable_caches=True), \
+        with torch.no_grad(), lookups_seen(max_autotune=autotune, max_autotune_gemm_backends=backends), \
                 mock.patch.object(bmm, "autotune_select_algorithm", select):
             out = torch.compile(lambda x, y: torch.bmm(x, y))(a, b)
         torch.testing.assert_close(out, torch.bmm(a, b), rtol=1e-4, atol=1e-4)
@@ -596,8 +596,7 @@ def test_a_config_entry_for_a_gemm_lowered_outside_zhantunes_hook_is_stale_and_c
 
     def compile_it():
         torch._dynamo.reset()
-        with torch.no_grad(), inductor_config.patch(freezing=True, force_disable_caches=True,
-                                                    max_autotune_gemm_backends=backends):
+        with torch.no_grad(), lookups_seen(freezing=True, max_autotune_gemm_backends=backends):
             return _counted(torch.compile(model, mode="max-autotune"), a)
 
     with recording() as rec:

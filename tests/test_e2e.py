@@ -12,6 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
+from compiles import lookups_seen
 
 from zhantune.config import CONF_DIR, ExportConfig
 from zhantune.device import resolve_device
@@ -53,7 +54,7 @@ def _recorded_key(problem: GemmProblem) -> str:
     module, inputs = problem.build(device.torch_device)
     torch._dynamo.reset()
     with torch.no_grad(), recording() as rec, \
-            torch._inductor.config.patch({"freezing": True, "force_disable_caches": True}):
+            lookups_seen(freezing=True):
         torch.compile(module)(*inputs)
     keys = [e.device_key for e in rec.events if e.op_name == problem.lookup_op and e.offered]
     assert len(keys) == 1

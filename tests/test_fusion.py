@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from compiles import lookups_seen
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
@@ -27,10 +28,10 @@ def _kernels(patch: dict, table: dict | None = None) -> list[str]:
     device = resolve_device("cpu")
     module, inputs = GemmProblem.from_config("linear_act", [64, 64, 64], "float32", "gelu").build(device.torch_device)
     torch._dynamo.reset()
-    compile_patch = {**CPU_BASE_PATCH, "force_disable_caches": True}
+    compile_patch = dict(CPU_BASE_PATCH)
     if table is None:
         compile_patch.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP", **patch})
-    with torch.no_grad(), torch._inductor.config.patch(compile_patch), \
+    with torch.no_grad(), lookups_seen(**compile_patch), \
             (use_table(table, "cpu") if table is not None else contextlib.nullcontext()) as installed:
         out, code = run_and_get_code(torch.compile(module), *inputs)
     if table is not None:
@@ -57,7 +58,7 @@ def test_a_cpu_table_entry_with_a_fusion_limit_is_stale_not_a_hit():
     device = resolve_device("cpu")
     module, inputs = GemmProblem.from_config("linear_act", [64, 64, 64], "float32", "gelu").build(device.torch_device)
     torch._dynamo.reset()
-    with torch.no_grad(), torch._inductor.config.patch({**CPU_BASE_PATCH, "force_disable_caches": True}), \
+    with torch.no_grad(), lookups_seen(**CPU_BASE_PATCH), \
             recording() as rec:
         torch.compile(module)(*inputs)
     (key,) = {e.device_key for e in rec.events if e.offered}

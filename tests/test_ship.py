@@ -12,6 +12,7 @@ import textwrap
 import pytest
 import torch
 import yaml
+from compiles import lookups_seen
 from omegaconf import OmegaConf
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, FORMAT, read_table
@@ -124,7 +125,6 @@ def test_collect_tune_export_then_every_key_hits_in_a_fresh_process(cli, tmp_pat
     data["torch"] = "2.1.0"
     (tmp_path / "old.json").write_text(json.dumps(data))
     from rich.console import Console
-    from torch._inductor import config as inductor_config
 
     from zhantune import use_table
     from zhantune.check import _verdict
@@ -134,7 +134,7 @@ def test_collect_tune_export_then_every_key_hits_in_a_fresh_process(cli, tmp_pat
         example_inputs([[32, 64]], torch.float32)
     torch._dynamo.reset()
     with use_table(tmp_path / "old.json") as installed, torch.no_grad(), \
-            inductor_config.patch(freezing=True, force_disable_caches=True):
+            lookups_seen(freezing=True):
         torch.compile(model)(*x)
     old = installed.report
     assert sorted(old.stale) == sorted(tf.table) and all("torch 2.1.0" in why for why in old.stale.values())
@@ -436,7 +436,7 @@ def _linear_and_bmm():
     def compile_with(table):
         torch._dynamo.reset()
         with use_table(table) as installed, torch.no_grad(), \
-                torch._inductor.config.patch(freezing=True, force_disable_caches=True):
+                lookups_seen(freezing=True):
             out = torch.compile(Two())(torch.ones(16, 48), b1, b2)
         assert torch.allclose(out[0], torch.ones(16, 48) @ w, rtol=1e-4, atol=1e-4)
         assert torch.allclose(out[1], torch.bmm(b1, b2), rtol=1e-4, atol=1e-4)
@@ -471,7 +471,7 @@ def test_an_entry_measured_with_one_activation_is_stale_on_a_gemm_that_feeds_ano
         torch._dynamo.reset()
         x = torch.randn(16, 32)
         with use_table(table) as installed, torch.no_grad(), \
-                torch._inductor.config.patch(freezing=True, force_disable_caches=True):
+                lookups_seen(freezing=True):
             out = torch.compile(LinearAct(act).eval())(x)
         assert torch.allclose(out, LinearAct(act)(x), rtol=1e-4, atol=1e-4)
         return installed.report
