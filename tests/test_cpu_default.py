@@ -357,16 +357,24 @@ class _WeightThenRuntime(_WeightBmm):
         return torch.bmm(torch.bmm(x, self.w), torch.relu(x[:, :, :32]).transpose(1, 2).contiguous())
 
 
-def test_a_bmm_entry_where_the_bmm_output_is_used_twice_compiles_the_default():
+class _WeightUnsqueezedTwice(_WeightBmm):
+    def forward(self, x):  # a view of the output (not a view/reshape chain) used twice: a helper's
+        t = torch.bmm(x, self.w).unsqueeze(0)
+        return torch.relu(t), t.sum(0)
+
+
+@pytest.mark.parametrize("cls", [_WeightThenAttention, _WeightUnsqueezedTwice])
+def test_a_bmm_entry_where_the_bmm_output_is_used_twice_compiles_the_default(cls):
     """Found while writing the next test: Inductor's C++ BMM template fails to compile ("AssertionError"
     in ir.py's indexer, torch 2.13) with an epilogue fused and another use of its output, as in
     attention's q @ k^T beside relu(q): a table's entry for the bmm made a model that compiles by
-    default fail. Such a hit is stale now, said why, and the default compiles."""
+    default fail. Such a hit is stale now, said why, and the default compiles; so through any view of
+    the output (a helper's attack: unsqueeze, expand, as_strided, y[None] were still hits)."""
     from zhantune.inductor.cpu_entries import BMM_SHARED_OUTPUT
 
     torch.manual_seed(0)
     x = torch.randn(2, 32, 64)
-    model = _WeightThenAttention(torch.randn(2, 64, 32))
+    model = cls(torch.randn(2, 64, 32))
     with recording() as rec:
         _compile(model, x)
     key = [e.device_key for e in rec.events if e.offered][0]

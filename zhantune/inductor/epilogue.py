@@ -134,8 +134,30 @@ def epilogue_of(gemm: Any) -> Epilogue:
 
 def shared_output(gemm: Any) -> bool:
     """Whether the GEMM node ``gemm`` (an FX node of the post-grad graph, None: not known) has its
-    output, through views, used more than once (attention's ``q @ k^T`` beside ``relu(q)``)."""
-    return gemm is not None and hasattr(gemm, "users") and len(_through_views(gemm).users) > 1
+    output used more than once (attention's ``q @ k^T`` beside ``relu(q)``), counting the uses of every
+    view of it (any op returning an alias of its input: unsqueeze, expand, a slice, as_strided; a
+    helper's attack found ``y.unsqueeze(0)`` used twice passed a check of view/reshape chains) and the
+    graph's output as a use."""
+    if gemm is None or not hasattr(gemm, "users"):
+        return False
+    uses, queue = 0, deque([gemm])
+    while queue:
+        for user in queue.popleft().users:
+            if _aliases(user):
+                queue.append(user)
+            else:
+                uses += 1
+    return uses > 1
+
+
+def _aliases(node: Any) -> bool:
+    """Whether ``node`` returns a view of its input (its ATen schema's first return aliases, without
+    mutating it: unsqueeze, expand, permute, view, select), or is one of VIEWS."""
+    if _target(node) in VIEWS:
+        return True
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    return bool(schema is not None and schema.returns and schema.returns[0].alias_info is not None
+                and not schema.is_mutable)
 
 
 def _fed(out: Any, bias: bool) -> Epilogue:
