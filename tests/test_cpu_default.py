@@ -377,11 +377,17 @@ def test_a_bmm_entry_where_the_bmm_output_is_used_twice_compiles_the_default(cls
     model = cls(torch.randn(2, 64, 32))
     with recording() as rec:
         _compile(model, x)
-    key = [e.device_key for e in rec.events if e.offered][0]
+    event = [e for e in rec.events if e.offered][0]
+    key = event.device_key
     with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
         out, seen = _counted(_compile, model, x)
     assert installed.report.stale == {key: BMM_SHARED_OUTPUT} and seen["cpp_template"] == 0, installed.report
     torch.testing.assert_close(out, model(x))
+    # nor does collect list it (no tuned entry can apply), as check's report says of a miss
+    from zhantune.inductor.gemms import dtype_names, problem_from_event
+
+    problem, why = problem_from_event(event, dtype_names())
+    assert problem is None and why.startswith("bmm whose output is used more than once here"), why
 
 
 def test_check_says_in_one_line_that_a_tables_compile_fails_where_the_default_compiles(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.lookup_table import LookupTableChoices
 from torch._inductor.virtualized import V
 
-from zhantune.inductor.epilogue import Epilogue, epilogue_of
+from zhantune.inductor.epilogue import Epilogue, epilogue_of, shared_output
 
 __all__ = ["LookupEvent", "RecordingChoices", "recording"]
 
@@ -40,7 +40,9 @@ class LookupEvent:
     what the GEMM's output feeds in the graph (zhantune.inductor.epilogue: linear_act's activation).
     ``runtime_mat2``: a CPU GEMM (bmm, mm, addmm; not a packed linear) whose second operand is computed
     at run time, not a frozen constant (attention's keys): a tune measures the C++ template on a
-    constant one, which Inductor needs for it (zhantune.inductor.cpu_entries).
+    constant one, which Inductor needs for it (zhantune.inductor.cpu_entries). ``shared_output``: a CPU
+    bmm whose output is used more than once (zhantune.inductor.epilogue.shared_output), where Inductor's
+    C++ BMM template fails to compile (cpu_entries.BMM_SHARED_OUTPUT).
     """
 
     op_name: str
@@ -53,6 +55,7 @@ class LookupEvent:
     packed: str | None = None
     epilogue: Epilogue = Epilogue()
     runtime_mat2: bool = False
+    shared_output: bool = False
 
     @property
     def hit(self) -> bool:
@@ -142,15 +145,17 @@ class RecordingChoices(LookupTableChoices):
                                            kernel_inputs.strides_hinted(), strict=True)
         )
         scalars = tuple(sorted((getattr(kernel_inputs, "_scalars", None) or {}).items()))
-        runtime = False
+        runtime = shared = False
         # under freezing (collect's, a tune's on CPU): without it every weight is a graph input, not a constant
         if op_name in ("bmm", "mm", "addmm") and packed is None and kernel_inputs.device_type == "cpu" \
                 and inductor_config.freezing:
             from zhantune.inductor.cpu_entries import constant_operand
 
             runtime = not constant_operand(kernel_inputs)
+            shared = op_name == "bmm" and shared_output(getattr(V.graph, "current_node", None))
         return LookupEvent(op_name, device_key, agnostic_key, dict(template_hash_map or {}), hit_templates,
-                           inputs, scalars, packed, epilogue_of(getattr(V.graph, "current_node", None)), runtime)
+                           inputs, scalars, packed, epilogue_of(getattr(V.graph, "current_node", None)), runtime,
+                           shared)
 
 
 @contextmanager

@@ -38,13 +38,19 @@ class CollectedProblem:
 
 def problem_from_event(event: Any, dtype_names: dict[str, str]) -> tuple[Any, str | None]:
     """:func:`_problem_of`'s problem, or where it is one but the GEMM's second operand is computed at
-    run time on CPU (``event.runtime_mat2``), (None, why): a CPU tune measures it on a frozen constant."""
+    run time on CPU (``event.runtime_mat2``), (None, why): a CPU tune measures it on a frozen constant;
+    so for a CPU bmm whose output is used more than once (``event.shared_output``): no C++ BMM entry
+    compiles there."""
     problem, why = _problem_of(event, dtype_names)
     if problem is not None and getattr(event, "runtime_mat2", False):  # a helper's: tuned, never applied
         op = event.op_name
         return None, (f"{op} whose second operand is computed at run time (e.g. attention's keys or values): a CPU "
                       f"tune measures the C++ {'BMM ' if op == 'bmm' else ''}template on a frozen constant one, "
                       "which Inductor needs for it, so its entry cannot apply here (Inductor's default compiles it)")
+    if problem is not None and getattr(event, "shared_output", False):
+        return None, ("bmm whose output is used more than once here: Inductor's C++ BMM template fails to compile "
+                      "with an epilogue fused and another use of its output (torch 2.13), so no tuned entry applies "
+                      "(Inductor's default compiles it)")
     return problem, why
 
 
