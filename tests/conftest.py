@@ -16,6 +16,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Inductor's cache for this test run, shared by its workers (they inherit the controller's environment)
+# and every process they start, deleted at its end: a kernel the tests build is reused within the run
+# (tests/compiles.py), never by a later run or the user's own compiles (a review's: a build cut short,
+# or another run's state, in the user's /tmp/torchinductor_<user>)
+if "ZHANTUNE_TESTS_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["ZHANTUNE_TESTS_CACHE_DIR"] = tempfile.mkdtemp(prefix="zhantune-tests-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ["ZHANTUNE_TESTS_CACHE_DIR"]
+    atexit.register(shutil.rmtree, os.environ["ZHANTUNE_TESTS_CACHE_DIR"], ignore_errors=True)
+
 
 def run_cli(args: list[str], cwd: Path, module: str = "zhantune", timeout: int = 600,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -416,16 +416,56 @@ def test_check_says_in_one_line_that_a_tables_compile_fails_where_the_default_co
                  way="table")
     e = failed.value
     assert e.way == "table" and e.what.startswith("InductorError: AssertionError") and dict(e.report.hits) == {key: 1}
-    cfg = OmegaConf.create({"model": "models:attention"})
+    cfg = OmegaConf.create({"model": "models:attention", "json": None})
     console = Console(record=True, width=300)
     with pytest.raises(SystemExit) as code:
-        _compile_failed(console, cfg, e)
+        _compile_failed(console, cfg, e, resolve_device("cpu"))
     out = " ".join(console.export_text().split())
     assert code.value.code == 1 and f"hit x1 {key}" in out and "Traceback" not in out, out
     assert "the compile with the table fails where Inductor's default compiles: InductorError: AssertionError" in out
+    device = resolve_device("cpu")
     with pytest.raises(SystemExit) as code:
-        _compile_failed(console, cfg, CompileFailed("default", "RuntimeError: boom (raised at x.py:1)"))
+        _compile_failed(console, cfg, CompileFailed("default", "RuntimeError: boom (raised at x.py:1)"), device)
     assert code.value.code == 2
+    # nothing served: not the table's doing, said so; json= still written (a review's: none was)
+    from zhantune.inductor.table_report import TableReport
+
+    cfg = OmegaConf.create({"model": "models:attention", "table": "t.json", "json": str(tmp_path / "r.json")})
+    console = Console(record=True, width=300)
+    with pytest.raises(SystemExit) as code:
+        _compile_failed(console, cfg, CompileFailed("table", "RuntimeError: boom (raised at x.py:1)", TableReport(None)),
+                        device)
+    out = " ".join(console.export_text().split())
+    assert code.value.code == 1 and "no entry of the table was served" in out and "breaks" not in out, out
+    assert json.loads((tmp_path / "r.json").read_text())["failed"] == {"table": "RuntimeError: boom (raised at x.py:1)"}
+
+
+def test_check_leaves_out_max_autotune_where_its_compile_fails_untimed_or_timed(monkeypatch):
+    """A review's: only max-autotune's untimed compile was caught; a failure of its timed compile was
+    reported as the table's. Either is now left out with its reason (Inductor's own choices)."""
+    from torch._inductor.graph import GraphLowering
+
+    from zhantune.bench.model_check import check_model
+    from zhantune.device import resolve_device
+    from zhantune.inductor.table import read_table
+
+    real, calls = GraphLowering.codegen, []
+
+    def codegen(self, *args, **kwargs):  # Inductor's own code generation, failing on its Nth call
+        calls.append(1)
+        if len(calls) == fail_at:
+            raise RuntimeError("injected")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GraphLowering, "codegen", codegen)
+    model, x = torch.nn.Linear(16, 8).eval(), torch.randn(4, 16)
+    # untimed compiles: default, table, max-autotune (3rd); then timed: table, default, max-autotune (6th)
+    for fail_at in (3, 6):
+        calls.clear()
+        result = check_model(model, (x,), resolve_device("cpu"), read_table({}, "cpu"),
+                             BenchConfig(warmup_ms=1.0, target_ms=2.0, busy_wait_s=0.0), max_autotune=True, rounds=1)
+        assert set(result["ways"]) == {"table", "default"}, (fail_at, calls)
+        assert result["failed"]["max-autotune"].startswith("InductorError: RuntimeError: injected")
 
 
 def test_check_gates_coverage_on_the_lookups_a_table_can_serve():
@@ -449,6 +489,9 @@ def test_check_gates_coverage_on_the_lookups_a_table_can_serve():
             ({keys[0]: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}, both, 0,
              "coverage 50% (100% of the 1 a table can serve) (min_coverage 100%): ok"),
             ({}, both, 1, "coverage 0% (0% of the 1 a table can serve) is below min_coverage 100%"),
+            # an entry for the GEMM no table can serve (stale) counts as its miss does (a review's: it failed)
+            ({keys[1]: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}, both, 1,
+             "coverage 0% (0% of the 1 a table can serve) is below min_coverage 100%"),
             ({}, _ActivationBmm(), 1, "none of the 1 GEMM lookup(s) is one a table can serve")):
         with use_table(table) as installed:
             _compile(model, x)
@@ -457,6 +500,14 @@ def test_check_gates_coverage_on_the_lookups_a_table_can_serve():
         assert _verdict(console, cfg, {"report": report, "ways": {"table": {"error": 0.0}}}, 1e-4) == code
         assert said in " ".join(console.export_text().split()), report.as_dict()
     assert report.as_dict()["tunable_lookups"] == 0 and report.as_dict()["tunable_coverage"] is None
+    # min_coverage=0 asks for nothing (a review's: it exited 1); a share is never rounded up to the gate
+    console = Console(record=True, width=300)
+    result = {"report": report, "ways": {"table": {"error": 0.0}}}
+    assert _verdict(console, OmegaConf.create({"min_coverage": 0.0}), result, 1e-4) == 0
+    assert "coverage 0% (none a table can serve) (min_coverage 0%): ok" in " ".join(console.export_text().split())
+    from zhantune.check import _pct
+
+    assert [_pct(s) for s in (199 / 200, 1.0, 0.5, 0.995, 0.9999, 0.0)] == ["99.5%", "100%", "50%", "99.5%", "99.9%", "0%"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

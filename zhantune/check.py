@@ -23,6 +23,7 @@ tunable" with the reason) is left out of it, and the report gives both shares.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -97,7 +98,7 @@ def _check_app(cfg: DictConfig) -> None:
         user_error(f"model={cfg.model}: {e}")
         return
     except CompileFailed as e:
-        _compile_failed(console, cfg, e)
+        _compile_failed(console, cfg, e, req.device)
     tol = TOLERANCES[req.dtype]
     _print_report(console, cfg, tf, req.device, result, tol)
     if cfg.json:
@@ -164,7 +165,7 @@ def _write_json(cfg: DictConfig, device: Any, result: dict[str, Any], tol: float
         report["note"] = NO_LOOKUP
     doc = {"table": str(cfg.table), "model": cfg.model, "device": device.key, "report": report,
            "ways": result["ways"], "recompile_limit": result.get("recompile_limit", []), "tolerance": tol,
-           "rounds": cfg.rounds,
+           "rounds": cfg.rounds, "failed": result.get("failed", {}),
            "contention": {"timed": c.timed, "contended": c.contended, "waited_s": c.waited_s,
                           "shielded": c.shielded}}
     write_atomic(cfg.json, json.dumps(doc, indent=2) + "\n", "json")
@@ -194,42 +195,57 @@ def _verdict(console: Any, cfg: DictConfig, result: dict[str, Any], tol: float) 
     if report.note:  # check compiles cold (caches off): no lookup is the model's own
         console.print(f"[red]{NO_LOOKUP}[/red]")
         return COVERAGE_EXIT_CODE
-    if report.tunable_coverage is None:  # a helper's attention model: every lookup one no table serves
+    if report.tunable_coverage is None and cfg.min_coverage > 0:  # every lookup one no table serves
         console.print(f"[red]none of the {report.lookups} GEMM lookup(s) is one a table can serve (each is not "
                       "tunable, above): the table changes nothing in this model[/red]")
         return COVERAGE_EXIT_CODE
-    if report.tunable_coverage < cfg.min_coverage:
-        console.print(f"[red]{_coverage_text(report)} is below min_coverage {cfg.min_coverage:.0%}[/red]")
+    if (report.tunable_coverage or 0.0) < cfg.min_coverage:
+        console.print(f"[red]{_coverage_text(report)} is below min_coverage {_pct(cfg.min_coverage)}[/red]")
         return COVERAGE_EXIT_CODE
-    console.print(f"{_coverage_text(report)} (min_coverage {cfg.min_coverage:.0%}): ok")
+    console.print(f"{_coverage_text(report)} (min_coverage {_pct(cfg.min_coverage)}): ok")
     return 0
+
+
+def _pct(share: float) -> str:
+    """A share as a percentage rounded down to 0.1 (199 of 200 is "99.5%", never "100%"), "100%" only whole."""
+    return f"{math.floor(share * 1000 + 1e-9) / 10:g}%"
 
 
 def _coverage_text(report: Any) -> str:
     """"coverage 75%", and where some lookups are of GEMMs no table can serve (not tunable: attention's
     bmm on CPU), the share of the others, which min_coverage gates: "coverage 75% (100% of the 3 a
     table can serve)"."""
-    text = f"coverage {report.coverage or 0.0:.0%}"  # no lookup at all proves nothing
+    text = f"coverage {_pct(report.coverage or 0.0)}"  # no lookup at all proves nothing
     if report.untunable_lookups:
         tunable = report.lookups - report.untunable_lookups
-        text += f" ({report.tunable_coverage or 0.0:.0%} of the {tunable} a table can serve)"
+        text += f" ({_pct(report.tunable_coverage or 0.0)} of the {tunable} a table can serve)" if tunable else \
+            " (none a table can serve)"
     return text
 
 
-def _compile_failed(console: Any, cfg: DictConfig, e: Any) -> None:
+def _compile_failed(console: Any, cfg: DictConfig, e: Any, device: Any) -> None:
     """Exit 2 where Inductor's default compile of the model fails (check needs a model it compiles),
-    else 1 with the lookups the table served and one line of the error: the table breaks this model."""
+    else 1 with the lookups the table served and one line of the error; with ``json=`` the report says
+    which compile failed and how ("failed")."""
     from rich.markup import escape
 
     if e.way == "default":
         user_error(f"model={cfg.model}: Inductor's default compile of it fails ({e.what}); check compares "
                    "compiles of a model torch.compile compiles")
-    if e.report is not None:
-        for key, n in e.report.hits.items():
-            console.print(f"hit   x{n} {key}\n      -> {e.report.chosen.get(key, '')}", markup=False, soft_wrap=True)
-    console.print(f"[red]the compile with the table fails where Inductor's default compiles: {escape(e.what)}; the "
-                  "table breaks this model (an Inductor bug its entries reach: leave their keys out of the table, "
-                  "and report it to zhantune)[/red]", soft_wrap=True)
+    hits = dict(e.report.hits) if e.report is not None else {}
+    for key, n in hits.items():
+        console.print(f"hit   x{n} {key}\n      -> {e.report.chosen.get(key, '')}", markup=False, soft_wrap=True)
+    console.print(f"[red]the compile with the table fails where Inductor's default compiles: {escape(e.what)}; "
+                  + ("the table breaks this model (an Inductor bug its entries reach: leave their keys out of the "
+                     "table, and report it to zhantune)" if hits else "no entry of the table was served (a failure "
+                     "of Inductor's own, not the table's entries)") + "[/red]", soft_wrap=True)
+    if cfg.json:
+        doc = {"table": str(cfg.table), "model": cfg.model, "device": device.key,
+               "report": e.report.as_dict() if e.report is not None else None, "ways": {}, "failed": {e.way: e.what}}
+        try:
+            write_atomic(cfg.json, json.dumps(doc, indent=2) + "\n", "json")
+        except UserError as err:
+            user_error(err)
     sys.exit(COVERAGE_EXIT_CODE)
 
 

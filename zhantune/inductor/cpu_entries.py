@@ -12,7 +12,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, not_carried
 
-__all__ = ["NOT_FROZEN", "BMM_RUNTIME_OPERAND", "BMM_SHARED_OUTPUT", "bmm_stale", "constant_operand", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "OTHER_ISA", "other_isa", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
+__all__ = ["NOT_FROZEN", "BMM_RUNTIME_OPERAND", "BMM_SHARED_OUTPUT", "RUNTIME_OPERAND", "bmm_stale", "constant_operand", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "OTHER_ISA", "other_isa", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
            "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp", "TRANSPOSED_INPUT",
            "CPP_NOT_OFFERED", "UNHOOKED_LOWERING", "strided_input", "cpp_unoffered", "CPP_KNOB_DEFAULTS", "cpp_knobs", "cpp_entry_stale"]
 
@@ -36,6 +36,10 @@ NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._induc
 BMM_RUNTIME_OPERAND = ("the tune measured the C++ BMM template on a constant second operand (a frozen weight, "
                        "blocked when compiled); here it is computed at run time (e.g. attention's keys), another "
                        "kernel no measurement covers: Inductor's default compiled")
+#: why a C++-template mm / addmm entry compiled Inductor's default under freezing where the second
+#: operand is not a weight (NOT_FROZEN advised the freezing already on)
+RUNTIME_OPERAND = ("the GEMM's second operand is computed at run time here (not a frozen weight): Inductor's C++ "
+                   "template needs a constant one; Inductor's default compiled")
 #: why a C++ BMM entry compiled Inductor's default where the bmm's output has several uses: Inductor's
 #: C++ BMM template with an epilogue fused and another use of its output fails to compile in torch 2.13
 #: (cpp_gemm_template.py's copy_from_local_to_global_buffer_epilogue loads the 3-D buffer with a 2-D
@@ -182,7 +186,9 @@ def cpp_unoffered(kernel_inputs: Any, op_name: str = "mm") -> str:
         return TRANSPOSED_INPUT
     if op_name == "bmm":
         return CPP_NOT_OFFERED
-    return CPP_NOT_OFFERED if constant_operand(kernel_inputs) else NOT_FROZEN
+    if constant_operand(kernel_inputs):
+        return CPP_NOT_OFFERED
+    return RUNTIME_OPERAND if inductor_config.freezing else NOT_FROZEN  # frozen, yet not a weight (a review's)
 
 
 def constant_operand(kernel_inputs: Any) -> bool:

@@ -308,8 +308,7 @@ class TableChoices(RecordingChoices):
 
     # -- helpers -----------------------------------------------------------------------------
     def _stale(self, key, why, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu):
-        self.report.stale[key] = why
-        self.report.stale_count[key] += 1
+        self.report.stale_at(key, why, self.events[-1] if self.events else None)  # this lookup's (_serve)
         return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
 
     def _default(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu):

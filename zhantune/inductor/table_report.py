@@ -44,6 +44,17 @@ class TableReport:
         """Count a miss of ``key``; where collect would not list its GEMM (``event``: the lookup's
         LookupEvent; zhantune.inductor.gemms.problem_from_event), record why in ``untunable``."""
         self.misses[key] += 1
+        self._classify(key, event)
+
+    def stale_at(self, key: str, why: str, event: Any = None) -> None:
+        """Count a lookup of ``key`` whose entry is stale here (``why``), its GEMM classified as for a
+        miss (a review's: an entry for a GEMM no table can serve counted against the gate, its absence
+        not)."""
+        self.stale[key] = why
+        self.stale_count[key] += 1
+        self._classify(key, event)
+
+    def _classify(self, key: str, event: Any) -> None:
         if event is None or key in self._tunable:
             return
         from zhantune.inductor.gemms import dtype_names, problem_from_event
@@ -90,8 +101,8 @@ class TableReport:
 
     @property
     def untunable_lookups(self) -> int:
-        """Misses of GEMMs no table can serve (their keys in ``untunable``)."""
-        return sum(n for key, n in self.misses.items() if key in self.untunable)
+        """Misses and stale lookups of GEMMs no table can serve (their keys in ``untunable``)."""
+        return sum(n for counts in (self.misses, self.stale_count) for key, n in counts.items() if key in self.untunable)
 
     @property
     def tunable_coverage(self) -> float | None:
