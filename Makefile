@@ -16,10 +16,12 @@ system-deps:
 demo: setup
 	.venv/bin/python -m zhantune +op=mm shape=[1,4096,4096] dtype=float32 device=cpu search.n_trials=16
 
-# the tests that make their own load run alone afterwards: their busy loops would slow the others
+# the tests that make their own load run alone afterwards: their busy loops would slow the others; both
+# parts share one Inductor cache directory of their own, deleted at the end (tests/conftest.py)
 test: setup system-deps
-	.venv/bin/python -m pytest -v -n 2 --durations=15 -m "not load"
-	.venv/bin/python -m pytest -v --durations=5 -m load
+	dir=$$(mktemp -d -t zhantune-tests-inductor-XXXXXX) && export ZHANTUNE_TESTS_CACHE_DIR=$$dir && \
+	.venv/bin/python -m pytest -v -n 2 --durations=15 -m "not load" && \
+	.venv/bin/python -m pytest -v --durations=5 -m load; rc=$$?; rm -rf "$$dir"; exit $$rc
 
 lint: setup
 	.venv/bin/ruff check zhantune tests scripts

@@ -19,8 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 # Inductor's cache for this test run, shared by its workers (they inherit the controller's environment)
 # and every process they start, deleted at its end: a kernel the tests build is reused within the run
 # (tests/compiles.py), never by a later run or the user's own compiles (a review's: a build cut short,
-# or another run's state, in the user's /tmp/torchinductor_<user>)
-if "ZHANTUNE_TESTS_CACHE_DIR" not in os.environ:
+# or another run's state, in the user's /tmp/torchinductor_<user>). `make test` gives its two pytest
+# runs one (ZHANTUNE_TESTS_CACHE_DIR), and deletes it.
+if os.environ.get("ZHANTUNE_TESTS_CACHE_DIR"):
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ["ZHANTUNE_TESTS_CACHE_DIR"]
+else:
     import atexit
     import shutil
     import tempfile

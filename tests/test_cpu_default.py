@@ -357,6 +357,11 @@ class _WeightThenRuntime(_WeightBmm):
         return torch.bmm(torch.bmm(x, self.w), torch.relu(x[:, :, :32]).transpose(1, 2).contiguous())
 
 
+class _RuntimeMm(torch.nn.Module):
+    def forward(self, x):  # an mm whose second operand is computed at run time (no weight)
+        return x @ torch.relu(x).t().contiguous()
+
+
 class _WeightUnsqueezedTwice(_WeightBmm):
     def forward(self, x):  # a view of the output (not a view/reshape chain) used twice: a helper's
         t = torch.bmm(x, self.w).unsqueeze(0)
@@ -500,6 +505,17 @@ def test_check_gates_coverage_on_the_lookups_a_table_can_serve():
         assert _verdict(console, cfg, {"report": report, "ways": {"table": {"error": 0.0}}}, 1e-4) == code
         assert said in " ".join(console.export_text().split()), report.as_dict()
     assert report.as_dict()["tunable_lookups"] == 0 and report.as_dict()["tunable_coverage"] is None
+    # so for an mm whose second operand is computed at run time, with its stale entry's reason (a review's:
+    # it advised freezing, on already)
+    from zhantune.inductor.cpu_entries import RUNTIME_OPERAND
+
+    with recording() as rec:
+        _compile(_RuntimeMm(), x[0])
+    (key,) = [e.device_key for e in rec.events if e.offered]
+    with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed:
+        _compile(_RuntimeMm(), x[0])
+    assert installed.report.stale == {key: RUNTIME_OPERAND} and key in installed.report.untunable, installed.report
+    assert installed.report.tunable_coverage is None
     # min_coverage=0 asks for nothing (a review's: it exited 1); a share is never rounded up to the gate
     console = Console(record=True, width=300)
     result = {"report": report, "ways": {"table": {"error": 0.0}}}

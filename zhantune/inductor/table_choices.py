@@ -346,8 +346,7 @@ class TableChoices(RecordingChoices):
         if wants_cpp(entry) and not cpp_template_applies(kernel_inputs, op_name):
             # Inductor would not offer the template here (a weight that is not a frozen constant,
             # a dtype it has no micro-kernel for): the default ATen kernel is compiled, and said so
-            self.report.stale[key] = cpp_unoffered(kernel_inputs, op_name)
-            self.report.stale_count[key] += 1
+            self.report.stale_at(key, cpp_unoffered(kernel_inputs, op_name), event)
             return self._users_own(template_choices, kernel_inputs, templates, op_name, kwarg_overrides)
         if wants_cpp(entry) and op_name == "bmm" and (why := bmm_stale(kernel_inputs)):  # attacks' findings
             return self._stale(key, why, template_choices, kernel_inputs, templates, op_name,
