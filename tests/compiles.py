@@ -13,13 +13,12 @@ def lookups_seen(**patch: Any) -> Iterator[None]:
     lowering): the FX graph, AOTAutograd and autotune caches and Dynamo's profile-guided dynamic shapes
     off, as ``force_disable_caches`` turns them off, but Inductor's kernel cache on, as a tune compiles
     (zhantune.inductor.settings.KERNEL_CACHE_PATCH): a kernel built before, by this test or another,
-    loads in 0.2 s where force_disable_caches built it again in 1.5 s."""
-    import torch
+    loads in 0.2 s where force_disable_caches built it again in 1.5 s. A tune's own settings: its
+    KERNEL_CACHE_PATCH and zhantune.bench.inductor's _no_graph_caches."""
     from torch._inductor import config as inductor_config
 
+    from zhantune.bench.inductor import _no_graph_caches
     from zhantune.inductor.settings import KERNEL_CACHE_PATCH
 
-    with inductor_config.patch({**KERNEL_CACHE_PATCH, **patch}), \
-            torch._functorch.config.patch(enable_autograd_cache=False), \
-            torch._dynamo.config.patch(automatic_dynamic_local_pgo=False):
+    with inductor_config.patch({**KERNEL_CACHE_PATCH, **patch}), _no_graph_caches():
         yield

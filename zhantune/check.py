@@ -102,10 +102,7 @@ def _check_app(cfg: DictConfig) -> None:
     tol = TOLERANCES[req.dtype]
     _print_report(console, cfg, tf, req.device, result, tol)
     if cfg.json:
-        try:  # a full disk: one line, the old file left as it was
-            _write_json(cfg, req.device, result, tol)
-        except UserError as e:
-            user_error(e)
+        _write_json(cfg, req.device, result, tol)
     code = _verdict(console, cfg, result, tol)
     if code:
         sys.exit(code)
@@ -163,12 +160,20 @@ def _write_json(cfg: DictConfig, device: Any, result: dict[str, Any], tol: float
     report = result["report"].as_dict()
     if report["note"]:  # check compiles cold: not "served from Inductor's cache" (a review)
         report["note"] = NO_LOOKUP
-    doc = {"table": str(cfg.table), "model": cfg.model, "device": device.key, "report": report,
-           "ways": result["ways"], "recompile_limit": result.get("recompile_limit", []), "tolerance": tol,
-           "rounds": cfg.rounds, "failed": result.get("failed", {}),
-           "contention": {"timed": c.timed, "contended": c.contended, "waited_s": c.waited_s,
-                          "shielded": c.shielded}}
-    write_atomic(cfg.json, json.dumps(doc, indent=2) + "\n", "json")
+    _write_doc(cfg, device, report=report, ways=result["ways"], recompile_limit=result.get("recompile_limit", []),
+               tolerance=tol, rounds=cfg.rounds, failed=result.get("failed", {}),
+               contention={"timed": c.timed, "contended": c.contended, "waited_s": c.waited_s,
+                           "shielded": c.shielded})
+
+
+def _write_doc(cfg: DictConfig, device: Any, **fields: Any) -> None:
+    """The JSON report at ``json=``: table, model, device key, then ``fields``; a full disk is one line
+    (exit 2), the old file left as it was."""
+    doc = {"table": str(cfg.table), "model": cfg.model, "device": device.key, **fields}
+    try:
+        write_atomic(cfg.json, json.dumps(doc, indent=2) + "\n", "json")
+    except UserError as e:
+        user_error(e)
 
 
 def _verdict(console: Any, cfg: DictConfig, result: dict[str, Any], tol: float) -> int:
@@ -217,9 +222,8 @@ def _coverage_text(report: Any) -> str:
     table can serve)"."""
     text = f"coverage {_pct(report.coverage or 0.0)}"  # no lookup at all proves nothing
     if report.untunable_lookups:
-        tunable = report.lookups - report.untunable_lookups
-        text += f" ({_pct(report.tunable_coverage or 0.0)} of the {tunable} a table can serve)" if tunable else \
-            " (none a table can serve)"
+        text += (f" ({_pct(report.tunable_coverage or 0.0)} of the {report.tunable_lookups} a table can serve)"
+                 if report.tunable_lookups else " (none a table can serve)")
     return text
 
 
@@ -240,12 +244,8 @@ def _compile_failed(console: Any, cfg: DictConfig, e: Any, device: Any) -> None:
                      "table, and report it to zhantune)" if hits else "no entry of the table was served (a failure "
                      "of Inductor's own, not the table's entries)") + "[/red]", soft_wrap=True)
     if cfg.json:
-        doc = {"table": str(cfg.table), "model": cfg.model, "device": device.key,
-               "report": e.report.as_dict() if e.report is not None else None, "ways": {}, "failed": {e.way: e.what}}
-        try:
-            write_atomic(cfg.json, json.dumps(doc, indent=2) + "\n", "json")
-        except UserError as err:
-            user_error(err)
+        _write_doc(cfg, device, report=e.report.as_dict() if e.report is not None else None, ways={},
+                   failed={e.way: e.what})
     sys.exit(COVERAGE_EXIT_CODE)
 
 

@@ -248,23 +248,23 @@ def _check_model(model: Any, inputs: tuple, device: Any, table: Any, bench: Any,
             # imports, the C++ toolchain's first run, the C++ GEMM template's first use: a helper saw a C++
             # table's compile take 9.0 s against max-autotune's 0.4 s, and 1.0 s against 8.6 s with the
             # default's entries) land on no way's compile time
-            failed = {}
-            for name in sorted(patches, key=lambda n: n != "default"):  # the default's failure first: the model's
+            failed: dict[str, str] = {}
+
+            def compile_way(name: str) -> dict[str, Any] | None:
+                """The way's compile; None where max-autotune's fails, untimed or timed (a review's):
+                Inductor's own choices, the check goes on without them."""
                 try:
-                    _compile(model, inputs, device, *patches[name], way=name)
+                    return _compile(model, inputs, device, *patches[name], way=name)
                 except CompileFailed as e:
-                    if name != "max-autotune":  # Inductor's own choices: the check goes on without it
-                        raise
-                    failed[name] = e.what
-                    del patches[name]
-            compiled = {}
-            for name, (patch, tab) in patches.items():
-                try:
-                    compiled[name] = _compile(model, inputs, device, patch, tab, name)
-                except CompileFailed as e:  # the timed compile too (a review's)
                     if name != "max-autotune":
                         raise
                     failed[name] = e.what
+                    return None
+
+            for name in sorted(patches, key=lambda n: n != "default"):  # the default's failure first: the model's
+                if compile_way(name) is None:
+                    del patches[name]
+            compiled = {name: c for name in list(patches) if (c := compile_way(name)) is not None}
         times, contention = time_interleaved({n: c["fn"] for n, c in compiled.items()}, device, bench, rounds)
     ways: dict[str, dict[str, Any]] = {}
     for name, c in compiled.items():

@@ -105,9 +105,13 @@ class TableReport:
         return sum(n for counts in (self.misses, self.stale_count) for key, n in counts.items() if key in self.untunable)
 
     @property
+    def tunable_lookups(self) -> int:
+        """The lookups a table can serve (``untunable_lookups`` left out)."""
+        return self.lookups - self.untunable_lookups
+
+    @property
     def tunable_coverage(self) -> float | None:
-        tunable = self.lookups - self.untunable_lookups
-        return sum(self.hits.values()) / tunable if tunable else None
+        return sum(self.hits.values()) / self.tunable_lookups if self.tunable_lookups else None
 
     @property
     def note(self) -> str | None:
@@ -118,7 +122,7 @@ class TableReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "lookups": self.lookups, "coverage": self.coverage,
-                "tunable_lookups": self.lookups - self.untunable_lookups, "tunable_coverage": self.tunable_coverage,
+                "tunable_lookups": self.tunable_lookups, "tunable_coverage": self.tunable_coverage,
                 "note": self.note,
                 "hits": dict(self.hits), "misses": dict(self.misses), "stale": dict(self.stale),
                 "chosen": dict(self.chosen), "dropped": dict(self.dropped), "notes": dict(self.notes),
