@@ -1,13 +1,14 @@
 """What Hydra's launchers say, in zhantune's words: how to get the submitit launcher where a command
 names it and it is not installed, and a submitit job's failure as one line instead of Hydra's
-traceback (zhantune.cli.run_app calls both)."""
+traceback (zhantune.cli.run_app calls both), and a local submitit job's failure without submitit's wait
+for a shared file system (zhantune.multirun)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-__all__ = ["launcher_hint", "submitit_failure"]
+__all__ = ["launcher_hint", "report_local_failures_at_once", "submitit_failure"]
 
 
 def launcher_hint(hydra_message: str) -> str:
@@ -38,3 +39,15 @@ def submitit_failure(text: str) -> tuple[str, int] | None:
     state = re.search(r"\(state: ([^)]*)\)", text)
     return (f"zhantune: a sweep job ({where}) ended without a result (state: {state[1] if state else 'unknown'})"
             + (f"; its last error line: {stream[-1].strip()[:300]}" if stream else ""), 1)
+
+
+def report_local_failures_at_once() -> None:
+    """A submitit job that ended without a result file waits ``Job._results_timeout_s`` (15 s,
+    submitit/core/core.py) for the file to appear before its failure is raised: time for a
+    cluster's shared file system to show what a job wrote on another node. A ``submitit_local`` job
+    runs on this machine and writes its result before its process ends (its state is read from that
+    process), so none appears later: its failure (a user error, a killed job) is reported as soon as
+    its process has ended, not 15 s later. Slurm jobs keep the wait."""
+    from submitit.local.local import LocalJob
+
+    LocalJob._results_timeout_s = 0

@@ -273,10 +273,15 @@ class MultirunSummary(Callback):
         (sweep / SWEEP_TOKEN).write_text(uuid.uuid4().hex)
         _RUNNING[:] = [(sweep, _job_count(config))]
         mark_task_started()
-        if "submitit" in str(OmegaConf.select(config, "hydra.launcher._target_", default="")):
+        launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+        if "submitit" in launcher:
             from zhantune.cli import hold_stderr_for_launcher
 
             hold_stderr_for_launcher()  # a job's failure: its one line, not Hydra's traceback of it
+        if launcher.endswith("submitit_launcher.LocalLauncher"):
+            from zhantune.launcher import report_local_failures_at_once
+
+            report_local_failures_at_once()
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         from hydra.core.hydra_config import HydraConfig
