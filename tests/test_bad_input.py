@@ -1140,7 +1140,9 @@ def test_readme_plain_call_use_table_hits_every_key_in_a_fresh_process(tmp_path)
     from zhantune.device import resolve_device
     from zhantune.inductor.gemms import collect
 
-    env = dict(os.environ, PYTHONWARNINGS="ignore", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    # the run's Inductor cache (tests/conftest.py), the FX graph and AOTAutograd caches off: the compile
+    # makes its lookups (tests/compiles.py), and the kernels (and the ISA probe's) built before load
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 96),
                                 torch.nn.GELU(), torch.nn.Linear(96, 64)).eval()  # PLAIN_CALL's (in this process)
     device = resolve_device("cpu")

@@ -83,7 +83,9 @@ def test_collect_tune_export_then_every_key_hits_in_a_fresh_process(cli, tmp_pat
     assert r.returncode == 2 and "problems=other.yaml: none of its 1 problem(s) is in sqlite:///z.db" in r.stderr
     assert not (tmp_path / "other.json").exists()
 
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor_cache"), PYTHONWARNINGS="ignore")
+    # the run's Inductor cache (tests/conftest.py), the FX graph and AOTAutograd caches off: the compile
+    # makes its lookups (tests/compiles.py), and the kernels (and the ISA probe's) built before load
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
     out = subprocess.run([sys.executable, "-c", USE_TABLE, str(tmp_path / "table.json")], capture_output=True,
                          text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
