@@ -362,6 +362,35 @@ class _RuntimeMm(torch.nn.Module):
         return x @ torch.relu(x).t().contiguous()
 
 
+class _TransposedLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 96)
+
+    def forward(self, x):  # a prepacked linear of a transposed activation (no table can serve it)
+        return self.lin(x.t())
+
+
+def test_a_stale_entry_of_a_prepacked_linear_no_table_can_serve_counts_as_its_miss():
+    """Session 51: the prepacked-linear hook wrote its stale entries past the report's classification,
+    so an entry for a GEMM no table can serve (a transposed activation) counted against check's gate
+    (1 lookup a table can serve, coverage 0%); a miss of it did not. Both count alike now."""
+    torch.manual_seed(0)
+    model, x = _TransposedLinear().eval(), torch.randn(64, 32)
+    with recording() as rec:
+        _compile(model, x)
+    (key,) = [e.device_key for e in rec.events if e.offered and e.packed]
+    for entry in ({"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP},  # the C++ template is not offered
+                  {"template_id": "triton::mm", "BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8,
+                   "num_stages": 2, "num_warps": 4}):  # a GPU entry on CPU
+        with use_table({key: [entry]}) as installed:
+            out = _compile(model, x)
+        report = installed.report
+        assert list(report.stale) == [key] and report.untunable[key].startswith("activation [M, K] with strides")
+        assert report.tunable_lookups == 0 and report.tunable_coverage is None, report.as_dict()
+        torch.testing.assert_close(out, model(x))
+
+
 class _WeightUnsqueezedTwice(_WeightBmm):
     def forward(self, x):  # a view of the output (not a view/reshape chain) used twice: a helper's
         t = torch.bmm(x, self.w).unsqueeze(0)

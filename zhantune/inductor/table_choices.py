@@ -132,14 +132,11 @@ class TableChoices(RecordingChoices):
         if entries is None:
             self.report.miss(report_key, event)
         elif why := self._key_stale(key, event):
-            self.report.stale[report_key] = why
-            self.report.stale_count[report_key] += 1
+            self.report.stale_at(report_key, why, event)
         elif entries and not cpu_entry(entries[0], op_name):
-            self.report.stale[report_key] = GPU_ENTRY_ON_CPU.format(tid=entries[0]["template_id"])
-            self.report.stale_count[report_key] += 1
+            self.report.stale_at(report_key, GPU_ENTRY_ON_CPU.format(tid=entries[0]["template_id"]), event)
         elif entries and (why := cpp_entry_stale(entries[0], kernel_inputs, op_name, True, self.any_key is None)):
-            self.report.stale[report_key] = why
-            self.report.stale_count[report_key] += 1
+            self.report.stale_at(report_key, why, event)
         else:
             entry = entries[0] if entries else {}
             self.report.hit(report_key, event, [entry])
@@ -230,8 +227,7 @@ class TableChoices(RecordingChoices):
             report_key = key or event.device_key or event.agnostic_key or op_name
             tids = sorted({e["template_id"] for e in entries or ()} - set(uids))
             if tids:
-                self.report.stale[report_key] = NOT_OFFERED.format(tids=", ".join(tids))
-                self.report.stale_count[report_key] += 1
+                self.report.stale_at(report_key, NOT_OFFERED.format(tids=", ".join(tids)), event)
             else:
                 self.report.miss(report_key, event)
         return held[3] + (served if said else self._cuda_users_own(*args))
