@@ -17,11 +17,13 @@ demo: setup
 	.venv/bin/python -m zhantune +op=mm shape=[1,4096,4096] dtype=float32 device=cpu search.n_trials=16
 
 # the tests that make their own load run alone afterwards: their busy loops would slow the others; both
-# parts share one Inductor cache directory of their own, deleted at the end (tests/conftest.py)
+# parts share one Inductor cache directory of their own, deleted at the end (tests/conftest.py). The
+# second part collects only the files that mark a test `load` (collecting all of them took 9 s)
 test: setup system-deps
 	dir=$$(mktemp -d -t zhantune-tests-inductor-XXXXXX) && export ZHANTUNE_TESTS_CACHE_DIR=$$dir && \
 	.venv/bin/python -m pytest -v -n 2 --durations=15 -m "not load" && \
-	.venv/bin/python -m pytest -v --durations=5 -m load; rc=$$?; rm -rf "$$dir"; exit $$rc
+	.venv/bin/python -m pytest -v --durations=5 -m load $$(grep -l "pytest.mark.load" tests/test_*.py); \
+	rc=$$?; rm -rf "$$dir"; exit $$rc
 
 lint: setup
 	.venv/bin/ruff check zhantune tests scripts
