@@ -391,6 +391,58 @@ def test_a_stale_entry_of_a_prepacked_linear_no_table_can_serve_counts_as_its_mi
         torch.testing.assert_close(out, model(x))
 
 
+class _WeightAndRuntimeBmm(_WeightBmm):
+    def forward(self, x, y):  # one lookup key, two GEMMs: a frozen weight's and a run-time operand's
+        return torch.bmm(x, self.w), torch.bmm(x, torch.relu(y).contiguous())
+
+
+def test_the_gate_leaves_out_lookups_not_keys_a_table_cannot_serve():
+    """A review (session 51): two bmms of one key, one of a frozen weight (tunable) and one of a
+    run-time operand (no table can serve it), counted 2 lookups a table can serve with no table and 1
+    with the best one: the key was classified by its first GEMM. Each lookup is counted by its own
+    GEMM now: 1 of 2 either way, 0% then 100%."""
+    from zhantune.inductor.cpu_entries import BMM_RUNTIME_OPERAND
+
+    torch.manual_seed(0)
+    model, x, y = _WeightAndRuntimeBmm(torch.randn(2, 64, 64)).eval(), torch.randn(2, 32, 64), torch.randn(2, 64, 64)
+    with recording() as rec:
+        _compile_many(model, x, y)
+    (key,) = {e.device_key for e in rec.events if e.offered}
+    for table, coverage in (({}, 0.0), ({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}, 1.0)):
+        with use_table(table) as installed:
+            out = _compile_many(model, x, y)
+        report = installed.report
+        assert report.lookups == 2 and report.tunable_lookups == 1, report.as_dict()
+        assert report.tunable_coverage == coverage and report.stale == ({key: BMM_RUNTIME_OPERAND} if table else {})
+        for got, want in zip(out, model(x, y), strict=True):
+            torch.testing.assert_close(got, want)
+
+
+def test_an_empty_entry_list_on_cpu_is_stale_not_a_hit():
+    """A review (session 51): ``[]`` ("nothing from this lookup", what a CUDA addmm's ATen key holds) under
+    a key a CPU GEMM looks up counted as a hit, 100% coverage, while Inductor's default compiled. It is
+    stale now, for a prepacked linear and an unpacked bmm alike."""
+    from zhantune.inductor.cpu_entries import EMPTY_ON_CPU
+
+    torch.manual_seed(0)
+    for model, x in ((torch.nn.Linear(64, 48).eval(), torch.randn(16, 64)),
+                     (_WeightBmm(torch.randn(2, 64, 32)).eval(), torch.randn(2, 32, 64))):
+        with recording() as rec:
+            _compile(model, x)
+        (key,) = [e.device_key for e in rec.events if e.offered]
+        with use_table({key: []}) as installed:
+            out = _compile(model, x)
+        report = installed.report
+        assert report.stale == {key: EMPTY_ON_CPU} and not report.hits and report.coverage == 0.0, report.as_dict()
+        torch.testing.assert_close(out, model(x))
+
+
+def _compile_many(model, *x):
+    torch._dynamo.reset()
+    with torch.no_grad(), lookups_seen(freezing=True):
+        return torch.compile(model)(*x)
+
+
 class _WeightUnsqueezedTwice(_WeightBmm):
     def forward(self, x):  # a view of the output (not a view/reshape chain) used twice: a helper's
         t = torch.bmm(x, self.w).unsqueeze(0)

@@ -315,6 +315,7 @@ def test_scratch_cache_dir_is_used_inside_then_deleted_and_inductor_points_back(
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    clear_caches()  # an earlier test's compile in this worker cached its own directory's path
     users = CacheBase.get_local_cache_path()  # cached by Inductor (functools.cache)
     with scratch_cache_dir() as scratch:
         assert cache_dir() == scratch and os.environ["TRITON_CACHE_DIR"] == os.path.join(scratch, "triton")

@@ -71,6 +71,10 @@ UNHOOKED_LOWERING = ("Inductor lowers this {op} outside the CPU GEMM lowerings z
 GPU_ENTRY_ON_CPU = ("{tid} is not a CPU choice (a GPU template, or none Inductor offers): Inductor's CPU GEMM "
                     "offers ATen and its C++ template only "
                     f"({CONFIG_TEMPLATE_ID} entries); Inductor's default compiled")
+#: why ``[]`` under a key a CPU GEMM looks up is not a hit (a review's: it counted as one, 100% coverage,
+#: with nothing of the table compiled)
+EMPTY_ON_CPU = ("[] (\"nothing from this lookup\": a CUDA addmm's ATen key where its templates' key holds the "
+                "entry) selects nothing on CPU, where a GEMM makes one lookup; Inductor's default compiled")
 #: why an entry under a CPU key without a thread count is not used (zhantune.device.cpu_device_key)
 LEGACY_CPU_KEY = ("keyed by the CPU model alone (a table made before zhantune keyed a CPU by its thread count too): "
                   "measured with an unknown number of threads, so not used on this CPU ({key}); upgrade the database "

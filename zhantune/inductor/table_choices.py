@@ -6,7 +6,6 @@ stale entries, the CPU per-GEMM knobs), and its report.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,6 +15,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.choices import LookupEvent, RecordingChoices, legacy_cpu_key
 from zhantune.inductor.cpu_entries import (
+    EMPTY_ON_CPU,
     GPU_ENTRY_ON_CPU,
     LEGACY_CPU_KEY,
     REDUCED_FLOAT32,
@@ -133,12 +133,14 @@ class TableChoices(RecordingChoices):
             self.report.miss(report_key, event)
         elif why := self._key_stale(key, event):
             self.report.stale_at(report_key, why, event)
-        elif entries and not cpu_entry(entries[0], op_name):
+        elif not entries:
+            self.report.stale_at(report_key, EMPTY_ON_CPU, event)
+        elif not cpu_entry(entries[0], op_name):
             self.report.stale_at(report_key, GPU_ENTRY_ON_CPU.format(tid=entries[0]["template_id"]), event)
-        elif entries and (why := cpp_entry_stale(entries[0], kernel_inputs, op_name, True, self.any_key is None)):
+        elif why := cpp_entry_stale(entries[0], kernel_inputs, op_name, True, self.any_key is None):
             self.report.stale_at(report_key, why, event)
         else:
-            entry = entries[0] if entries else {}
+            entry = entries[0]
             self.report.hit(report_key, event, [entry])
             if wants_cpp(entry):
                 # only allow-listed knobs reach Inductor's config (read_table checked them; a bug otherwise)
@@ -203,8 +205,9 @@ class TableChoices(RecordingChoices):
                 self._decided = gemm if sum(self.report.hits.values()) != hits else None  # its templates: none
                 return served
             self.events.append(event)
-            if not entries:  # "nothing from this lookup": the entry is under the templates' key
-                self.report.hits[key] += 1
+            if not entries:  # "nothing from this lookup": the entry is under the templates' key, whose lookup
+                # is the GEMM's one in the report (a review's: counted here too, a served Triton addmm was two
+                # lookups, a missed one one, and a table's coverage depended on which kind of entry won)
                 self.report.chosen[key] = "(nothing from this lookup)"
             self._held = (gemm, kernel_inputs, key if not entries else None, self._aten_only(*args))
             return []
@@ -218,9 +221,7 @@ class TableChoices(RecordingChoices):
             return served
         said = self.report.lookups != before
         if held[2] is not None:  # its "nothing from this lookup" did not hold
-            self.report.hits[held[2]] -= 1
             self.report.chosen.pop(held[2], None)
-            self.report.hits += Counter()  # drop the key at zero
         if not said:  # no template offered here serves the entry
             event = self.event(kernel_inputs, op_name, uids, ())
             key, entries = self._find(event)
@@ -260,11 +261,12 @@ class TableChoices(RecordingChoices):
         if entries is None:
             self.report.miss(report_key, event)
             return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
+        if not entries and cpu:
+            return self._stale(report_key, EMPTY_ON_CPU, template_choices, kernel_inputs, templates, op_name,
+                               kwarg_overrides, cpu)
         if not entries:  # "nothing from this lookup": the GEMM's choice is under its other key (addmm)
-            self.report.hits[report_key] += 1
+            self.report.hit(report_key, event)
             self.report.chosen[report_key] = "(nothing from this lookup)"
-            if cpu:
-                return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
             return []
         fresh, whys = [], {}  # entry index -> why it is stale here
         for i, e in enumerate(entries):

@@ -38,6 +38,10 @@ class TableReport:
     #: key -> why zhantune cannot tune a missed GEMM at all (collect's reason: a transposed operand,
     #: attention's bmm on CPU): no table serves it, and collect does not list it (a helper's)
     untunable: dict[str, str] = field(default_factory=dict)
+    #: key -> its missed and stale lookups whose own GEMM no table can serve: one key may be looked up by
+    #: a GEMM that can be tuned and by one that cannot (a bmm of a frozen weight and one of a run-time
+    #: operand, a review's), so the gate leaves out lookups, not keys
+    untunable_count: Counter = field(default_factory=Counter)
     _tunable: set[str] = field(default_factory=set, repr=False)
 
     def miss(self, key: str, event: Any = None) -> None:
@@ -55,14 +59,18 @@ class TableReport:
         self._classify(key, event)
 
     def _classify(self, key: str, event: Any) -> None:
-        if event is None or key in self._tunable:
+        """Count this lookup as untunable where its own GEMM is; ``untunable`` (what check prints)
+        names a key only while none of its GEMMs is tunable, as collect lists it (a review's)."""
+        if event is None:
             return
         from zhantune.inductor.gemms import dtype_names, problem_from_event
 
         problem, why = problem_from_event(event, dtype_names())
         if problem is None and why:
-            self.untunable.setdefault(key, why)
-        else:  # tunable where any of its GEMMs is, as collect lists it (a review's)
+            self.untunable_count[key] += 1
+            if key not in self._tunable:
+                self.untunable.setdefault(key, why)
+        else:
             self._tunable.add(key)
             self.untunable.pop(key, None)
 
@@ -101,8 +109,8 @@ class TableReport:
 
     @property
     def untunable_lookups(self) -> int:
-        """Misses and stale lookups of GEMMs no table can serve (their keys in ``untunable``)."""
-        return sum(n for counts in (self.misses, self.stale_count) for key, n in counts.items() if key in self.untunable)
+        """Misses and stale lookups of GEMMs no table can serve (``untunable_count``)."""
+        return sum(self.untunable_count.values())
 
     @property
     def tunable_lookups(self) -> int:
