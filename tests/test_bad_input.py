@@ -416,6 +416,9 @@ CASES = [
     ("check-json-dir", "zhantune.check", [*MLP, "table={x}", "json=."],
      lambda t: _table(t, {"template_id": "aten::mm"}), "json=.: is a directory", None),
     ("collect-out-dir", "zhantune.collect", [*MLP, "out={x}"], _dir, "out=adir: is a directory", None),
+    # collect's options, which check never reads, were taken and ignored (a newcomer's, session 51)
+    ("check-collects-option", "zhantune.check", [*MLP, "measure=false"], None,
+     "override measure=...: 'measure' is not an option (options: model, model_kwargs, input_shapes,", None),
     ("table-deep", "zhantune.check", [*MLP, "table={x}"], _deep, "JSON nested too deeply", None),
     ("table-dev-zero", "zhantune.check", [*MLP, "table=/dev/zero"], None,
      "/dev/zero: not a regular file", None),

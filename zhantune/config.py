@@ -231,8 +231,8 @@ class ExportAppConfig(ExportConfig):
 
 
 @dataclass
-class CollectConfig:
-    """``python -m zhantune.collect``: a model's GEMM problems (conf/collect.yaml)."""
+class ModelConfig:
+    """A model and its inputs, as collect and check take them."""
 
     #: module:factory returning an nn.Module (e.g. zhantune.models:mlp)
     model: str | None = None
@@ -244,14 +244,20 @@ class CollectConfig:
     dtype: str | None = None
     device: str = "auto"
     bench: BenchConfig = field(default_factory=BenchConfig)
-    #: collect: the problems file written; check: (unused)
+
+
+@dataclass
+class CollectConfig(ModelConfig):
+    """``python -m zhantune.collect``: a model's GEMM problems (conf/collect.yaml)."""
+
+    #: the problems file written
     out: str = "problems.yaml"
-    #: collect: time each problem's default compile (its share of the model's GEMM time)
+    #: time each problem's default compile (its share of the model's GEMM time)
     measure: bool = True
 
 
 @dataclass
-class CheckConfig(CollectConfig):
+class CheckConfig(ModelConfig):
     """``python -m zhantune.check``: compile a model with a table; hits, misses, stale; three timings."""
 
     #: the table file (either format)
