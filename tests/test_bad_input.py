@@ -585,6 +585,15 @@ CASES = [
     ("check-table-missing", "zhantune.check", [*MLP, "table=nope.json"], None, "table=nope.json: no such file", None),
     ("typo", "zhantune", ["+op=mm", "shape=[4,4,4]", "serch.n_trials=4"], None,
      "override serch.n_trials=...: 'serch' is not an option; did you mean search? (options: op, shape,", None),
+    # a launcher's option (a newcomer's, session 51: Hydra's advice, '+', took submitit to a traceback)
+    ("typo-launcher", "zhantune", ["-m", "hydra/launcher=submitit_local", "+op=mm", "shape=[4,4,4]",
+                                   "hydra.launcher.timeout_mn=5"], None,
+     "override hydra.launcher.timeout_mn=...: 'hydra.launcher.timeout_mn' is not an option of hydra.launcher; did "
+     "you mean hydra.launcher.timeout_min? (options of hydra.launcher: submitit_folder, timeout_min,", None),
+    # a misspelt launcher: Hydra's list of the group's options was dropped with its indented lines
+    ("launcher-name", "zhantune", ["-m", "hydra/launcher=submitit_lcoal", "+op=mm", "shape=[4,4,4]"], None,
+     "Could not find 'hydra/launcher/submitit_lcoal'; Available options in 'hydra/launcher': basic, submitit_local, "
+     "submitit_slurm", None),
     ("typo-nested-export", "zhantune.export", ["pth=x.json"], None,
      "override pth=...: 'pth' is not an option; did you mean path? (options: enabled, path,", None),
     ("plus-typo", "zhantune", ["+op=mm", "shape=[4,4,4]", "+serch.n_trials=4"], None,

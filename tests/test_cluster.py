@@ -107,6 +107,20 @@ def test_a_submitit_jobs_user_error_is_its_one_line_not_hydras_traceback(tmp_pat
     assert "the sweep ended on a job's failure" in out and "1 job(s) wrote no record (#0: " in " ".join(out.split())
 
 
+def test_a_launcher_parameter_submitit_does_not_know_is_one_line(tmp_path):
+    """A newcomer's (session 51): Hydra's hint for a launcher option it does not have is to add it with
+    '+'; submitit then refused it with a traceback ending in its NameError, exit 1. It is one line
+    naming the option and what the executor takes, exit 2, and no job runs."""
+    launcher = _launch(["+hydra.launcher.timeout_mn=5", "+op=mm", "shape=[16,16,16]", "device=cpu",
+                        f"storage.url=sqlite:///{tmp_path}/z.db"], tmp_path)
+    out, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert err.strip() == ("zhantune: hydra.launcher.timeout_mn: submitit's local executor has no parameter 'timeout_mn'; "
+                           "it takes: name, timeout_min, mem_gb, nodes, cpus_per_task, gpus_per_node, tasks_per_node, "
+                           "stderr_to_stdout, setup"), err
+    assert not (tmp_path / "z.db").exists()
+
+
 def _launch(args: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "zhantune", "-m", "hydra/launcher=submitit_local", *args,
                              "progress=false", f"hydra.sweep.dir={cwd}/sweep"],

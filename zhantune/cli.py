@@ -196,8 +196,16 @@ def one_line(hydra_message: str) -> str:
             text += ("; Hydra could not create the run's directory (hydra.run.dir, by default outputs/DATE/TIME "
                      "under the current directory): run from a directory you can write, or give hydra.run.dir=DIR")
         return "Hydra's setup failed: " + text
-    lines = [line.strip() for line in hydra_message.splitlines()
-             if line.strip() and not line[:1].isspace() and "HYDRA_FULL_ERROR" not in line]
+    lines, listing = [], False  # "Available options in 'GROUP':" then its options, indented (a newcomer's:
+    # the list was dropped with the config search path's lines)
+    for line in hydra_message.splitlines():
+        if line[:1].isspace():
+            if listing and line.strip():
+                lines[-1] += ("" if lines[-1].endswith(":") else ",") + " " + line.strip()
+            continue
+        listing = line.startswith("Available options in")
+        if line.strip() and "HYDRA_FULL_ERROR" not in line and not line.startswith("Config search path"):
+            lines.append(line.strip())
     out = ""
     for line in lines:  # a line that ends its sentence is followed by a space, not "; " (".; To append")
         out += ("" if not out else " " if out.endswith((".", "?", "!")) else "; ") + line
@@ -218,16 +226,24 @@ def _unknown_key(hydra_message: str) -> str | None:
     m = re.search(r"Could not override '([^']+)'\. To append to your config use \+\S+\s+Key '([^']+)' not in "
                   r"'(\w+)'", " ".join(hydra_message.split()))
     schema = getattr(config, m.group(3), None) if m else None
+    if m and schema is None and m.group(1).startswith("hydra.launcher."):  # a launcher's (a newcomer's: Hydra's
+        # advice, '+', took submitit to a traceback)
+        import contextlib
+        import importlib
+
+        for module in ("hydra._internal.core_plugins.basic_launcher", "hydra_plugins.hydra_submitit_launcher.config"):
+            with contextlib.suppress(ImportError):
+                schema = schema or getattr(importlib.import_module(module), m.group(3), None)
     if not (dataclasses.is_dataclass(schema) and m.group(2) in m.group(1).split(".")):
         return None
     key, part = m.group(1), m.group(2)
     where = ".".join(key.split(".")[:key.split(".").index(part)])
-    names = [f.name for f in dataclasses.fields(schema)]
+    names = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
     close = difflib.get_close_matches(part, names, n=1)
     of = f" of {where}" if where else ""
     return (f"override {key}=...: {'.'.join(filter(None, (where, part)))!r} is not an option{of}"
             + (f"; did you mean {'.'.join(filter(None, (where, close[0])))}?" if close else "")
-            + f" (options{of}: {', '.join(names)})")
+            + (f" (options{of}: {', '.join(names)})" if names else f" ({where or 'it'} takes no option)"))
 
 
 def _unparsable_override(args: list[str]) -> str | None:
@@ -339,10 +355,11 @@ def run_app(hydra_main: Callable[[], object]) -> None:
             # argparse's usage (8 lines) then its error: the error, and where the options are listed
             user_error(f"{error}; --help lists the options (Hydra's own: --cfg job|hydra|all, --info, -m, ...)")
         failed = None
-        if "UncompletedJobError" in text:  # a submitit job's failure: the job's one line, not Hydra's traceback
-            from zhantune.launcher import submitit_failure
+        if "UncompletedJobError" in text or "for executor" in text:  # a submitit job's failure or a launcher
+            # parameter submitit refuses: one line, not Hydra's traceback
+            from zhantune.launcher import submitit_failure, submitit_parameter_error
 
-            failed = submitit_failure(text)
+            failed = submitit_failure(text) or submitit_parameter_error(text)
         # what was held before Hydra's traceback goes out as it was (a warning), then the job's line
         sys.stderr.write(_hide(text.split("Traceback (most recent call last)")[0] + f"{failed[0]}\n" if failed else text))
         if (multirun := sys.modules.get("zhantune.multirun")) is not None and e.code:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["launcher_hint", "report_local_failures_at_once", "submitit_failure"]
+__all__ = ["launcher_hint", "report_local_failures_at_once", "submitit_failure", "submitit_parameter_error"]
 
 
 def launcher_hint(hydra_message: str) -> str:
@@ -51,3 +51,19 @@ def report_local_failures_at_once() -> None:
     from submitit.local.local import LocalJob
 
     LocalJob._results_timeout_s = 0
+
+
+def submitit_parameter_error(text: str) -> tuple[str, int] | None:
+    """One line (exit code 2) for submitit's refusal of a launcher parameter it does not know (``text``:
+    what Hydra wrote: ``NameError: Unknown argument 'timeout_mn' for executor 'local' ...``, a
+    traceback and exit 1 after the sweep had started: a newcomer's, who had followed Hydra's hint to
+    add ``+hydra.launcher.timeout_mn``); None for any other text."""
+    got = re.search(r"NameError: Unknown argument '([^']+)' for executor '([^']+)' in parameter '[^']*'\. "
+                    r"Valid arguments: ([^\n]*)", text)
+    if got is None:
+        return None
+    arg, executor, own = got[1], got[2], [a.strip() for a in got[3].split(",") if a.strip()]
+    shared = re.search(r"shared/generic \(non-prefixed\) parameters are: \{([^}]*)\}", text)
+    names = re.findall(r"'(\w+)':", shared[1]) if shared else []
+    return (f"zhantune: hydra.launcher.{arg}: submitit's {executor} executor has no parameter {arg!r}; "
+            f"it takes: {', '.join(names + own) or 'see submitit'}", 2)
