@@ -94,7 +94,16 @@ def print_summary(console: Console, run: Any, result: Any, db: str) -> None:
         console.print(f"lookup table: {result.table_path} ({n} key(s)"
                       + ("" if n < 2 else ", from every problem in the database, not only this run's") + "); use it: "
                       f"zhantune.use_table({str(result.table_path)!r}) before torch.compile (README: Ship a table "
-                      "with a model)", markup=False)
+                      "with a model)" + _other_key_hint(run.problem), markup=False)
+
+
+def _other_key_hint(problem: Any) -> str:
+    """Where a tuned GEMM is not the one an nn.Linear makes: which is (a newcomer's, session 51: the
+    demo's x @ W table used on an nn.Linear hit nothing, and nothing said why)."""
+    if getattr(problem, "op", None) != "mm" or getattr(problem, "weight_layout", "kn") != "kn":
+        return ""
+    return ("; it serves x @ W with W stored [K, N]: an nn.Linear's GEMM (its weight [N, K], a bias) is another "
+            "key, +op=addmm weight_layout=nk (python -m zhantune.collect lists a model's)")
 
 
 def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Table:
