@@ -1785,6 +1785,47 @@ def test_an_addmm_entry_compiles_itself_alone_or_the_default_never_nothing(gpu, 
         assert report.coverage == 0.0
 
 
+def test_an_addmm_the_table_does_not_serve_counts_in_the_gate_as_the_models_own_gemm():
+    """A review (session 51): an nn.Linear's addmm (a [N] bias) whose templates' entry was stale, or whose
+    ATen key's [] had no templates' entry, was classified by the templates' lookup, whose bias is expanded
+    to [M, N]: not tunable, left out of check's gate, which read 100% for a table serving one GEMM of two.
+    Its ATen lookup classifies it now: 1 of 2, 50%."""
+    from zhantune.inductor.runtime import use_table
+
+    served, other = _ADDMM_KEY, _ADDMM_KEY.replace("[256, 256], [256, 1]", "[128, 256], [256, 1]")
+    entry = {"template_id": "triton::mm", **TRITON_PARAMS, "BLOCK_M": 128, "BLOCK_N": 128}
+    base = {served.format(bias="[256, 512], [0, 1]"): [entry], served.format(bias="[512], [1]"): []}
+    for second in ({other.format(bias="[128, 512], [0, 1]"): [{**entry, "template_hash": "dead"}],
+                    other.format(bias="[512], [1]"): []},   # its entry stale (another template source)
+                   {other.format(bias="[512], [1]"): []}):  # [] and no templates' entry
+        with fake_cuda(PROFILES["H100"].properties()), use_table({**base, **second}, device="cuda") as installed:
+            got = [lower("addmm", [(512,), (m, 256), (256, 512)], torch.bfloat16, [None, None, (1, 256)]).uids
+                   for m in (256, 128)]
+        report = installed.report
+        assert got == [["triton::mm"], ["aten::addmm"]], got
+        assert report.lookups == 2 and report.tunable_lookups == 2 and report.tunable_coverage == 0.5, report.as_dict()
+        assert report.untunable == {}
+
+
+@pytest.mark.parametrize("op, shapes", [("mm", [(256, 256), (256, 512)]), ("bmm", [(2, 64, 32), (2, 32, 64)])])
+def test_an_empty_entry_list_no_lookup_follows_compiles_the_default_and_is_stale(op, shapes):
+    """A review (session 51): [] ("nothing from this lookup", an addmm's ATen key where its templates'
+    lookup follows) under an mm or bmm key left the GEMM with no kernel (no choice: the compile fails)
+    and was counted a hit, 100% coverage. The GEMM compiles Inductor's default, and [] is stale."""
+    from zhantune.inductor.choices import recording
+    from zhantune.inductor.cuda_entries import EMPTY_ALONE
+    from zhantune.inductor.runtime import use_table
+
+    with fake_cuda():
+        with recording() as rec:
+            lower(op, shapes, torch.bfloat16)
+        key = rec.events[0].agnostic_key
+        with use_table({key: []}, device="cuda") as installed:
+            got = lower(op, shapes, torch.bfloat16).uids
+    assert got == [f"aten::{op}"], got
+    assert installed.report.stale == {key: EMPTY_ALONE} and not installed.report.hits, installed.report.as_dict()
+
+
 @pytest.mark.parametrize("case", ["config entry, 1-D bias", "config entry, 2-D bias", "zero-size M"])
 def test_an_addmm_whose_entry_no_templates_lookup_serves_compiles_the_default_and_says_why(case):
     """A review of the addmm hold-back: a ``zhantune::config`` entry (no templates' lookup can serve

@@ -11,7 +11,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID
 
-__all__ = ["NOT_OFFERED", "SHARED_MEMORY", "held_back", "no_choice", "users_template", "stale_reason",
+__all__ = ["EMPTY_ALONE", "NOT_OFFERED", "SHARED_MEMORY", "held_back", "no_choice", "users_template", "stale_reason",
            "gemm_settings", "shared_memory_bytes", "shared_memory_short", "resources_stale"]
 
 #: why a CUDA entry compiled Inductor's default: its template is not among those Inductor offers for
@@ -19,6 +19,13 @@ __all__ = ["NOT_OFFERED", "SHARED_MEMORY", "held_back", "no_choice", "users_temp
 #: use_triton_tma_template: TMA, compute capability 9.0; a Blackwell GPU has its own TMA template)
 NOT_OFFERED = ("{tids}: not among the templates Inductor offers for this GEMM on this device (e.g. a TMA "
                "template without TMA, any Triton template on a GPU of fewer than 68 SMs); Inductor's default compiled")
+
+#: why ``[]`` compiled Inductor's default on CUDA: it is an addmm's ATen key where its templates' lookup follows
+#: (zhantune.inductor.table_choices._addmm_lookup); on any other lookup it left the GEMM with no kernel and was
+#: reported a hit (a review, session 51)
+EMPTY_ALONE = ("[] (\"nothing from this lookup\") is for an addmm's ATen lookup, which its templates' lookup "
+               "follows; no lookup of this GEMM follows here, so it would leave the GEMM no kernel; Inductor's "
+               "default compiled")
 
 #: why a CUDA entry compiled Inductor's default: its kernel cannot fit the GPU's shared memory (Triton
 #: refuses to launch it: OutOfResources, triton/compiler/compiler.py), so the user's compile would fail

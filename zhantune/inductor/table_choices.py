@@ -31,6 +31,7 @@ from zhantune.inductor.cpu_entries import (
     wants_cpp,
 )
 from zhantune.inductor.cuda_entries import (
+    EMPTY_ALONE,
     NOT_OFFERED,
     gemm_settings,
     held_back,
@@ -81,6 +82,10 @@ class TableChoices(RecordingChoices):
         self._cpu_template = any(wants_cpp(e) for e in entries)
         #: an addmm's ATen default held back for its templates' lookup (:meth:`_addmm_lookup`)
         self._held: tuple[Any, ...] | None = None
+        #: while an addmm's templates' lookup is served: its ATen lookup's event, by which the report
+        #: classifies the GEMM (the templates' event has the bias expanded to [M, N], which no model's
+        #: addmm is: a review found such a miss left out of check's gate as untunable)
+        self._gemm_event: Any = None
         #: the user's own GEMM max-autotune, backends and persistent TMA before use_table set its own
         #: (CUDA: :meth:`_cuda_users_own`); the GEMM whose addmm ATen lookup hit (:meth:`_addmm_lookup`)
         self.user_gemm: dict[str, Any] | None = None  # None: the config as set at the lookup
@@ -209,14 +214,18 @@ class TableChoices(RecordingChoices):
                 # is the GEMM's one in the report (a review's: counted here too, a served Triton addmm was two
                 # lookups, a missed one one, and a table's coverage depended on which kind of entry won)
                 self.report.chosen[key] = "(nothing from this lookup)"
-            self._held = (gemm, kernel_inputs, key if not entries else None, self._aten_only(*args))
+            self._held = (gemm, kernel_inputs, key if not entries else None, self._aten_only(*args), event)
             return []
         held = self._held
         if held is None or held[0] != gemm or held[1] is kernel_inputs:  # not its templates' lookup
             return self._serve(*args, decided=self._decided == gemm)
         self._held = None
         before, hits = self.report.lookups, sum(self.report.hits.values())
-        served = self._serve(*args)
+        self._gemm_event = held[4]
+        try:
+            served = self._serve(*args)
+        finally:
+            self._gemm_event = None
         if served and sum(self.report.hits.values()) != hits:  # the entry
             return served
         said = self.report.lookups != before
@@ -228,9 +237,9 @@ class TableChoices(RecordingChoices):
             report_key = key or event.device_key or event.agnostic_key or op_name
             tids = sorted({e["template_id"] for e in entries or ()} - set(uids))
             if tids:
-                self.report.stale_at(report_key, NOT_OFFERED.format(tids=", ".join(tids)), event)
+                self.report.stale_at(report_key, NOT_OFFERED.format(tids=", ".join(tids)), held[4])
             else:
-                self.report.miss(report_key, event)
+                self.report.miss(report_key, held[4])
         return held[3] + (served if said else self._cuda_users_own(*args))
 
     def _serve(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, decided=False):
@@ -259,15 +268,11 @@ class TableChoices(RecordingChoices):
             return self._stale(report_key, why, template_choices, kernel_inputs,
                                templates, op_name, kwarg_overrides, cpu)
         if entries is None:
-            self.report.miss(report_key, event)
+            self.report.miss(report_key, self._gemm_event or event)
             return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
-        if not entries and cpu:
-            return self._stale(report_key, EMPTY_ON_CPU, template_choices, kernel_inputs, templates, op_name,
-                               kwarg_overrides, cpu)
-        if not entries:  # "nothing from this lookup": the GEMM's choice is under its other key (addmm)
-            self.report.hit(report_key, event)
-            self.report.chosen[report_key] = "(nothing from this lookup)"
-            return []
+        if not entries:  # "nothing from this lookup" is an addmm's ATen lookup's, held (:meth:`_addmm_lookup`)
+            return self._stale(report_key, EMPTY_ON_CPU if cpu else EMPTY_ALONE, template_choices, kernel_inputs,
+                               templates, op_name, kwarg_overrides, cpu)
         fresh, whys = [], {}  # entry index -> why it is stale here
         for i, e in enumerate(entries):
             if reason := stale_reason(e, hashes) or (not cpu and self.any_key is None
@@ -296,7 +301,7 @@ class TableChoices(RecordingChoices):
             if why:  # a config patch on CUDA: said so, never a silent miss
                 return self._stale(report_key, why, template_choices, kernel_inputs, templates, op_name,
                                    kwarg_overrides, cpu)
-            self.report.miss(report_key, event)
+            self.report.miss(report_key, self._gemm_event or event)
             return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
         served = [e for e in fresh if e["template_id"] in hashes]
         self.report.hit(report_key, event, served)
@@ -306,7 +311,7 @@ class TableChoices(RecordingChoices):
 
     # -- helpers -----------------------------------------------------------------------------
     def _stale(self, key, why, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu):
-        self.report.stale_at(key, why, self.events[-1] if self.events else None)  # this lookup's (_serve)
+        self.report.stale_at(key, why, self._gemm_event or (self.events[-1] if self.events else None))  # (_serve)
         return self._default(template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu)
 
     def _default(self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides, cpu):
