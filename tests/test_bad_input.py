@@ -590,6 +590,13 @@ CASES = [
                                    "hydra.launcher.timeout_mn=5"], None,
      "override hydra.launcher.timeout_mn=...: 'hydra.launcher.timeout_mn' is not an option of hydra.launcher; did "
      "you mean hydra.launcher.timeout_min? (options of hydra.launcher: submitit_folder, timeout_min,", None),
+    # Hydra's own options (a review's: Hydra's sentence, advising '+')
+    ("typo-hydra-run", "zhantune", ["+op=mm", "shape=[4,4,4]", "hydra.run.dirr=x"], None,
+     "override hydra.run.dirr=...: 'hydra.run.dirr' is not an option of hydra.run; did you mean hydra.run.dir? "
+     "(options of hydra.run: dir)", None),
+    ("typo-hydra-sweeper", "zhantune", ["-m", "+op=mm", "shape=[4,4,4]", "hydra.sweeper.foo=1"], None,
+     "override hydra.sweeper.foo=...: 'hydra.sweeper.foo' is not an option of hydra.sweeper (options of "
+     "hydra.sweeper: max_batch_size, params)", None),
     # a misspelt launcher: Hydra's list of the group's options was dropped with its indented lines
     ("launcher-name", "zhantune", ["-m", "hydra/launcher=submitit_lcoal", "+op=mm", "shape=[4,4,4]"], None,
      "Could not find 'hydra/launcher/submitit_lcoal'; Available options in 'hydra/launcher': basic, submitit_local, "

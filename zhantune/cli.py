@@ -226,12 +226,13 @@ def _unknown_key(hydra_message: str) -> str | None:
     m = re.search(r"Could not override '([^']+)'\. To append to your config use \+\S+\s+Key '([^']+)' not in "
                   r"'(\w+)'", " ".join(hydra_message.split()))
     schema = getattr(config, m.group(3), None) if m else None
-    if m and schema is None and m.group(1).startswith("hydra.launcher."):  # a launcher's (a newcomer's: Hydra's
-        # advice, '+', took submitit to a traceback)
+    if m and schema is None and m.group(1).startswith("hydra."):  # Hydra's own, a launcher's, a sweeper's (a
+        # newcomer's: Hydra's advice, '+', took submitit to a traceback; a review's: hydra.job.*, hydra.sweeper.*)
         import contextlib
         import importlib
 
-        for module in ("hydra._internal.core_plugins.basic_launcher", "hydra_plugins.hydra_submitit_launcher.config"):
+        for module in ("hydra.conf", "hydra._internal.core_plugins.basic_launcher",
+                       "hydra._internal.core_plugins.basic_sweeper", "hydra_plugins.hydra_submitit_launcher.config"):
             with contextlib.suppress(ImportError):
                 schema = schema or getattr(importlib.import_module(module), m.group(3), None)
     if not (dataclasses.is_dataclass(schema) and m.group(2) in m.group(1).split(".")):
