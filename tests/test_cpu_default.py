@@ -129,10 +129,10 @@ def _linear(n: int, k: int, dtype=torch.bfloat16) -> torch.nn.Module:
     return torch.nn.Linear(k, n).to(dtype).eval()
 
 
-def _compile(model, x):
+def _compile(model, *x):
     torch._dynamo.reset()
     with torch.no_grad(), lookups_seen(freezing=True):
-        return torch.compile(model)(x)
+        return torch.compile(model)(*x)
 
 
 def test_use_table_changes_only_the_gemms_it_covers():
@@ -406,11 +406,11 @@ def test_the_gate_leaves_out_lookups_not_keys_a_table_cannot_serve():
     torch.manual_seed(0)
     model, x, y = _WeightAndRuntimeBmm(torch.randn(2, 64, 64)).eval(), torch.randn(2, 32, 64), torch.randn(2, 64, 64)
     with recording() as rec:
-        _compile_many(model, x, y)
+        _compile(model, x, y)
     (key,) = {e.device_key for e in rec.events if e.offered}
     for table, coverage in (({}, 0.0), ({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}, 1.0)):
         with use_table(table) as installed:
-            out = _compile_many(model, x, y)
+            out = _compile(model, x, y)
         report = installed.report
         assert report.lookups == 2 and report.tunable_lookups == 1, report.as_dict()
         assert report.tunable_coverage == coverage and report.stale == ({key: BMM_RUNTIME_OPERAND} if table else {})
@@ -435,12 +435,6 @@ def test_an_empty_entry_list_on_cpu_is_stale_not_a_hit():
         report = installed.report
         assert report.stale == {key: EMPTY_ON_CPU} and not report.hits and report.coverage == 0.0, report.as_dict()
         torch.testing.assert_close(out, model(x))
-
-
-def _compile_many(model, *x):
-    torch._dynamo.reset()
-    with torch.no_grad(), lookups_seen(freezing=True):
-        return torch.compile(model)(*x)
 
 
 class _WeightUnsqueezedTwice(_WeightBmm):
