@@ -2,7 +2,8 @@
 #            W stored [K, N]: an nn.Linear's weight is [N, K], weight_layout=nk, another lookup key)
 # make test: set up (Python packages; Debian's chromium and postgresql-15 for the tests) and run the whole
 #            test suite (the slow end-to-end tests included), two tests at a time (pytest-xdist; most
-#            tests wait on single-threaded compiles or subprocesses), then the tests marked `load`
+#            tests wait on single-threaded compiles or subprocesses; handed out one at a time, the slow
+#            ones first: tests/conftest.py), then the tests marked `load`
 #            (they start busy loops) alone
 .PHONY: setup system-deps demo test lint
 
@@ -21,7 +22,7 @@ demo: setup
 # second part collects only the files that mark a test `load` (collecting all of them took 9 s)
 test: setup system-deps
 	dir=$$(mktemp -d -t zhantune-tests-inductor-XXXXXX) && export ZHANTUNE_TESTS_CACHE_DIR=$$dir && \
-	.venv/bin/python -m pytest -v -n 2 --durations=15 -m "not load" && \
+	.venv/bin/python -m pytest -v -n 2 --dist load --maxschedchunk 1 --durations=15 -m "not load" && \
 	.venv/bin/python -m pytest -v --durations=5 -m load $$(grep -l "pytest.mark.load" tests/test_*.py); \
 	rc=$$?; rm -rf "$$dir"; exit $$rc
 

@@ -243,3 +243,11 @@ def small_disk(tmp_path):
 
     with tmpfs(tmp_path / "disk", "8m") as mnt:
         yield mnt
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked ``slow`` run first, the rest after them, each part in its files' order. `make
+    test` hands the tests to its two workers one at a time in this order (``--dist load
+    --maxschedchunk 1``), so the last tests are short ones: a worker that ran out waited for the
+    other's long test before (test_ship's 61 s end-to-end test ran last, 2026-11-30)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
