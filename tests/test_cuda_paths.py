@@ -1807,6 +1807,26 @@ def test_an_addmm_the_table_does_not_serve_counts_in_the_gate_as_the_models_own_
         assert report.untunable == {}
 
 
+def test_an_addmm_served_by_its_aten_and_its_templates_entries_is_one_lookup():
+    """A helper's (session 52): a top_k=2 table of an addmm whose two fastest were a Triton config and
+    ATen's kernel (the ATen entry under the [N]-bias key, the Triton one under the expanded bias's, as
+    build_table writes it) is served by both lookups, and Inductor autotunes the two. It counted two
+    hits, so with one missed GEMM beside it check's gate read 67% for a table serving one GEMM of two."""
+    from zhantune.inductor.runtime import use_table
+
+    served, other = _ADDMM_KEY, _ADDMM_KEY.replace("[256, 256], [256, 1]", "[128, 256], [256, 1]")
+    table = {served.format(bias="[256, 512], [0, 1]"): [{"template_id": "triton::mm", **TRITON_PARAMS}],
+             served.format(bias="[512], [1]"): [{"template_id": "aten::addmm"}]}
+    with fake_cuda(PROFILES["H100"].properties()), use_table(table, device="cuda") as installed:
+        got = [sorted(lower("addmm", [(512,), (m, 256), (256, 512)], torch.bfloat16, [None, None, (1, 256)]).uids)
+               for m in (256, 128)]
+    report = installed.report
+    assert got == [["aten::addmm", "triton::mm"], ["aten::addmm"]], got  # the second: Inductor's default
+    assert report.lookups == 2 and dict(report.hits) == {served.format(bias="[512], [1]"): 1}, report.as_dict()
+    ((missed, n),) = report.misses.items()  # reported under the device's key
+    assert report.tunable_coverage == 0.5 and n == 1 and missed.endswith("+" + other.format(bias="[512], [1]")), missed
+
+
 @pytest.mark.parametrize("op, shapes", [("mm", [(256, 256), (256, 512)]), ("bmm", [(2, 64, 32), (2, 32, 64)])])
 def test_an_empty_entry_list_no_lookup_follows_compiles_the_default_and_is_stale(op, shapes):
     """A review (session 51): [] ("nothing from this lookup", an addmm's ATen key where its templates'

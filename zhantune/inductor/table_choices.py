@@ -74,10 +74,7 @@ class TableChoices(RecordingChoices):
         #: key is only known when Inductor lowers the GEMM; the event records it)
         self.any_key = any_key
         entries = [e for es in tf.table.values() for e in es] + list(any_key or [])
-        keys = set(_CPU_GEMM_KEYS)
-        for e in entries:
-            keys.update((e.get("config_patch") or {}).keys())
-        self._cpu_keys = tuple(sorted(keys))
+        self._cpu_keys = tuple(sorted(set(_CPU_GEMM_KEYS).union(*(e.get("config_patch") or {} for e in entries))))
         #: some entry selects the C++ template: unpacked CPU GEMMs are lowered under max-autotune
         self._cpu_template = any(wants_cpp(e) for e in entries)
         #: an addmm's ATen default held back for its templates' lookup (:meth:`_addmm_lookup`)
@@ -218,7 +215,10 @@ class TableChoices(RecordingChoices):
             return []
         held = self._held
         if held is None or held[0] != gemm or held[1] is kernel_inputs:  # not its templates' lookup
-            return self._serve(*args, decided=self._decided == gemm)
+            if self._decided != gemm:
+                return self._serve(*args)
+            with self.report.uncounted():  # its ATen lookup served an entry and counted the GEMM (top_k >= 2)
+                return self._serve(*args, decided=True)
         self._held = None
         before, hits = self.report.lookups, sum(self.report.hits.values())
         self._gemm_event = held[4]

@@ -3,7 +3,9 @@ zhantune.use_table): hits, misses and stale entries per lookup key, and the cove
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +100,23 @@ class TableReport:
                              + (" (the first is the one a claim confirmed against the default)" if 0 in left else "")
                              + ": " + "; ".join(f"[{i}] {entries[i].get('template_id')}: "
                                                 + whys.get(i, "a template Inductor does not offer here") for i in left))
+
+    @contextlib.contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Inside the block no lookup is counted (hits, misses, stale counts and their GEMMs'
+        classification): a second lookup of a GEMM its first lookup counted (an addmm's templates'
+        lookup after its ATen lookup served an entry, torch/_inductor/kernel/mm.py tuned_addmm; a
+        helper's: a top_k=2 table's addmm counted two hits). What it served or left out is still said
+        (``chosen``, ``dropped``, ``notes``, a stale entry's reason)."""
+        counters = (self.hits, self.misses, self.stale_count, self.untunable_count)
+        saved, untunable, tunable = [Counter(c) for c in counters], dict(self.untunable), set(self._tunable)
+        try:
+            yield
+        finally:
+            for counter, before in zip(counters, saved, strict=True):
+                counter.clear()
+                counter.update(before)
+            self.untunable, self._tunable = untunable, tunable
 
     @property
     def lookups(self) -> int:
