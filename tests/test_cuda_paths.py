@@ -1519,6 +1519,41 @@ def test_a_build_of_the_same_torch_release_ships(tmp_path):
     assert build_table(store, min_speedup=None, torch_version="2.12.0+cu128") == {}  # another release: none
 
 
+def test_two_source_builds_of_one_development_cycle_are_two_releases(tmp_path):
+    """A helper's (session 52): a source build's version ends in its commit ("2.14.0a0+gitaaaaaaa"), which
+    was cut as a build flavour (+cpu, +cu128), so every commit of a development cycle was one release: a
+    claim confirmed at one commit shipped in a table stamped with another, and use_table served it."""
+    from zhantune.bench.measurement import Measurement
+    from zhantune.bench.timing import summarize_us
+    from zhantune.inductor.builder import build_table
+    from zhantune.inductor.choices import LookupEvent
+    from zhantune.provenance import torch_release
+
+    assert torch_release("2.13.0+cu128") == torch_release("2.13.0+cpu") == "2.13.0"
+    assert torch_release("2.14.0.dev20261120+cu128") == "2.14.0.dev20261120"
+    a, b = "2.14.0a0+gitaaaaaaa", "2.14.0a0+gitbbbbbbb"
+    assert torch_release(a) == a != torch_release(b)
+    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
+    rec.versions = dict(rec.versions, torch=a)
+    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
+    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
+    rec.add(Measurement("ok", timing=summarize_us([10.0, 10.5], "t"), lookup=hit), "candidate", x, trial_number=0)
+    store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
+                      config_hash=x.config_hash, ratio=1.9, ratio_low=1.9, ratio_high=1.92, rounds=3,
+                      contended=0, confirmed=True, reason="confirmed in every round", torch_version=a)
+    (entries,) = build_table(store, min_speedup=1.02, torch_version=a).values()
+    assert entries[0]["template_id"] == "triton::mm"
+    assert build_table(store, min_speedup=None, torch_version=b) == {}  # nothing measured with b
+    from zhantune.inductor.runtime import use_table
+    from zhantune.inductor.table import FORMAT, TableFile
+
+    tf = TableFile({f"{dev}+{key}": entries}, {"format": FORMAT, "format_version": 1, "torch": a})
+    with fake_cuda(PROFILES["H100"].properties()), mock.patch.object(torch, "__version__", b), \
+            use_table(tf, device="cuda") as installed:
+        assert lower("mm", [(64, 64), (64, 64)], torch.bfloat16).uids != ["triton::mm"]
+    assert "re-tune" in installed.report.stale[f"{dev}+{key}"], installed.report.as_dict()
+
+
 def test_a_claim_confirmed_with_another_torch_never_ships_in_this_torchs_table(cli, tmp_path):
     """A speedup holds for the torch its paired rounds ran with (the verdict stores it): a table
     stamped with another torch (this process's, or export's torch_version=) ships Inductor's default

@@ -20,9 +20,16 @@ __all__ = ["software_versions", "environment_fields", "worker_name", "torch_vers
 
 
 def torch_release(version: str | None) -> str | None:
-    """The release part of a torch version ("2.13.0+cpu" -> "2.13.0"): lookup keys, template
-    sources and Inductor's choices are the same across builds of one release (+cpu, +cu128, ...)."""
-    return None if version is None else version.split("+")[0]
+    """The release a torch version is a build of ("2.13.0+cpu" -> "2.13.0"): lookup keys, template
+    sources and Inductor's choices are the same across builds of one release (+cpu, +cu128, ...;
+    a nightly's date stays: "2.14.0.dev20261120+cu128" -> "2.14.0.dev20261120"). A source build's
+    local label is its commit ("2.14.0a0+git1a2b3c4"): each commit is a release of its own (a
+    helper's: two commits of one development cycle were one release, one's claims shipped in a
+    table stamped with the other, and use_table served it there)."""
+    if version is None:
+        return None
+    release, _, local = version.partition("+")
+    return version if local.startswith("git") else release
 
 
 def torch_version_info() -> Any:
