@@ -1183,6 +1183,32 @@ def test_the_cuda_dry_run_on_a_gpu_profile(tune_cfg, name, op):
         assert offered["triton::bmm"] == "yes"
 
 
+def test_a_gemm_inductor_lowers_without_a_selection_offers_no_template(tune_cfg, caplog):
+    """A helper's (session 52): Inductor lowers a bmm with M = N = 1 and K <= 32 on CUDA as a multiply and a
+    sum, with no GEMM selection and no lookup (torch/_inductor/kernel/bmm.py). The simulated lowering
+    raised, so the dry run and the tune's constraints assumed every template offered, with a warning that
+    blamed an Inductor change; each Triton trial would have been not applied. Nothing is offered now."""
+    from rich.console import Console
+
+    from zhantune.space import preview
+
+    cfg = tune_cfg(["+op=bmm", "shape=[4,1,1,16]", "dtype=bfloat16", "device_profile=H100",
+                    "space=[aten_template,triton_bmm]"])
+    console = Console(record=True, width=250)
+    preview(cfg, console)
+    text = console.export_text()
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.count("│") == 7]
+    assert {r[2]: (r[4], r[5]) for r in rows if r[1] == "template"} == {"aten::bmm": ("0", "no"),
+                                                                      "triton::bmm": ("0", "no")}, text
+    assert "makes no GEMM selection" in " ".join(text.split())
+    assert "could not run Inductor's lowering" not in caplog.text
+    cfg = tune_cfg(["+op=bmm", "shape=[4,2,1,16]", "dtype=bfloat16", "device_profile=H100",
+                    "space=[aten_template,triton_bmm]"])  # M = 2: a GEMM selection again
+    console = Console(record=True, width=250)
+    preview(cfg, console)
+    assert "makes no GEMM selection" not in console.export_text()
+
+
 def test_gpu_check_refuses_a_machine_without_cuda_in_one_line():
     """scripts/gpu_check.py is for a CUDA machine (it has not run on one yet: the README says so);
     here it says so in one line and exits 2, and the program it runs in a fresh process compiles."""

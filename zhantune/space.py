@@ -64,6 +64,10 @@ def preview(cfg: DictConfig, console: Console) -> None:
         offer = "-" if offered is None or b.scope != "template" else ("yes" if b.template_id in offered else "no")
         t.add_row(escape(b.name), b.scope, escape(b.template_id or "-"), str(total), str(feasible), offer)
     print_table(console, t)
+    if offered == frozenset():
+        console.print("note: Inductor's lowering makes no GEMM selection for this problem on this device (e.g. a bmm "
+                      "with M = N = 1 and K <= 32 on CUDA is a multiply and a sum): no lookup, so no table entry "
+                      "applies and every trial of a tune would be not applied", markup=False)
     if profile:
         p = run.device.properties
         console.print(f"profile {profile}: {p['sm_count']} SMs, {p['smem_bytes']:,} B shared memory per block, "

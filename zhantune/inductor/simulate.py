@@ -172,7 +172,8 @@ def lower(op: str, shapes: list[tuple[int | str, ...]], dtype: torch.dtype,
     ``shapes`` (contiguous unless ``strides`` says otherwise); the current choices handler
     (V.choices) and Inductor config apply. A size given as a name is a dynamic dimension (a
     symbol of the graph's ShapeEnv, as Dynamo makes for a dynamic shape) with the size hint
-    ``hints[name]``. Use inside :func:`simulated_cuda` (or with a GPU)."""
+    ``hints[name]``. Use inside :func:`simulated_cuda` (or with a GPU). Where the lowering makes no
+    GEMM selection (a bmm with M = N = 1 and K <= 32 on CUDA: a multiply and a sum), no choices."""
     from torch._dynamo.source import ConstantSource
     from torch._inductor import ir
     from torch._inductor.graph import GraphLowering
@@ -208,6 +209,8 @@ def lower(op: str, shapes: list[tuple[int | str, ...]], dtype: torch.dtype,
                 mock.patch.object(bmm, "autotune_select_algorithm", select), \
                 mock.patch.object(KernelTemplateChoice, "choice", property(lambda ktc: ktc)):
             lowering(*nodes)
+    if not seen:  # no GEMM selection at all: a dot-shaped bmm on CUDA is a multiply and a sum (kernel/bmm.py)
+        return Lowered(op, [])
     (result,) = seen
     return result
 

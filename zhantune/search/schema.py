@@ -20,7 +20,7 @@ with an optional ``key`` (the Inductor config key or template kwarg it sets; def
 Constraints are expressions over the params and the problem/device values (``M``, ``N``, ``K``,
 ``B``, ``op`` (the GEMM Inductor looks up: "mm", "addmm", "bmm"), ``dtype_bytes``, ``smem_bytes``,
 ``sm_count``, ``cores``, ``n_threads``,
-``decompose_k_offered``, ``triton_mm_offered``, ``tma_offered``: zhantune.runspec.problem_variables), evaluated with
+``decompose_k_offered``, ``triton_mm_offered``, ``tma_offered``, ``aten_offered``: zhantune.runspec.problem_variables), evaluated with
 simpleeval (never ``eval``). Errors raise SpaceError naming the file and key path.
 """
 
