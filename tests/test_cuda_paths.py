@@ -374,15 +374,15 @@ def test_linear_act_is_benchmarked_under_the_op_inductor_looks_up_on_a_gpu(dtype
     assert problem.lookup_op_on("cpu") == "addmm"
 
 
-def _cuda_space(problem, names: list[str]):
+def _cuda_space(problem, names: list[str], gpu: str = "H100"):
     from zhantune.inductor.heuristics import template_params
     from zhantune.inductor.simulate import PROFILES
     from zhantune.inductor.templates import inductor_template_ids
     from zhantune.runspec import CONF_DIR, problem_variables
     from zhantune.search.schema import load_space
 
-    h100 = PROFILES["H100"].device_info()
-    variables = problem_variables(problem, h100)
+    with fake_cuda(PROFILES[gpu].properties()):
+        variables = problem_variables(problem, PROFILES[gpu].device_info())
     space = load_space(names, CONF_DIR / "space", variables, set(inductor_template_ids()),
                        op=problem.lookup_op_on("cuda"), template_params=template_params)
     return space, variables
@@ -435,6 +435,38 @@ def test_the_triton_spaces_bound_accumulators_per_thread_and_keep_inductors_own_
             for c in own:
                 point = {names[k]: c[k] for k in names if k in c}
                 assert branch.feasible(point, roomy), (branch.name, c)
+
+
+@pytest.mark.parametrize("gpu, dtype, size", [("A100", "bfloat16", 4096), ("H100", "bfloat16", 4096),
+                                              ("H100", "float32", 2048), ("A100", "float32", 256)])
+def test_the_triton_spaces_keep_inductors_own_configs_whose_tiles_fit_shared_memory(gpu, dtype, size):
+    """A helper's (session 52): the Triton mm and bmm spaces bounded shared memory by Inductor's own
+    estimate, num_stages buffers of the A and B tiles, and left out some of Inductor's own configs that
+    fit, e.g. on an A100 bf16 64x128x128 in 4 stages (Triton gives it 3 buffers, 147,456 bytes of the
+    166,912); on an H100 fp32 64x32x128 in 5 stages. The bound is now the one measured with Triton's
+    compiler (shared_memory_bytes: num_stages buffers for Hopper's warpgroup MMA, else one fewer)."""
+    from zhantune.inductor.heuristics import triton_mm_configs
+    from zhantune.inductor.simulate import PROFILES
+    from zhantune.problems import GemmProblem
+
+    for op, shape in (("mm", [size] * 3), ("bmm", [4] + [size] * 3)):
+        problem = GemmProblem.from_config(op, shape, dtype)
+        space, variables = _cuda_space(problem, ["triton_bmm" if op == "bmm" else "triton_mm"], gpu)
+        (branch,) = space.branches
+        names = {p.key: p.name for p in branch.params}
+        props = PROFILES[gpu]
+        fits = []
+        for c in triton_mm_configs(size, size, size, problem.dtype_bytes):
+            need = shared_memory_bytes({"template_id": branch.template_id, **c}, problem.dtype_bytes, size,
+                                       (props.major, props.minor))
+            assert branch.feasible({names[k]: c[k] for k in names if k in c}, variables) == (
+                need + 128 <= props.smem_bytes), (op, c, need)
+            fits.append(need + 128 <= props.smem_bytes)
+        assert any(fits)
+    if (gpu, dtype) == ("A100", "bfloat16"):  # Inductor's own, left out before
+        for c in ({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_stages": 4, "num_warps": 4},
+                  {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_stages": 4, "num_warps": 8}):
+            assert branch.feasible({**c, "GROUP_M": 8}, variables), c
 
 
 @pytest.mark.parametrize("op, inputs", [("mm", [(32, 16), (16, 64)]), ("addmm", [(64,), (32, 16), (16, 64)]),

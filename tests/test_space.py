@@ -116,7 +116,7 @@ def test_every_shipped_space_loads_for_every_op(op):
     lookup_op = {"linear_act": "addmm"}.get(op, op)
     variables = {"M": 256, "N": 256, "K": 256, "B": 2, "op": lookup_op, "dtype_bytes": 4, "smem_bytes": 232448,
                  "sm_count": 132, "cores": 2, "n_threads": 2, "decompose_k_offered": True,
-                 "triton_mm_offered": True, "tma_offered": True, "aten_offered": True}
+                 "triton_mm_offered": True, "tma_offered": True, "aten_offered": True, "capability": "9.0"}
     space = load_space(names, CONF / "space", variables, set(inductor_template_ids()), op=lookup_op,
                        template_params=template_params)
     assert space.branch("aten_template").template_id == f"aten::{lookup_op}"

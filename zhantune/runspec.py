@@ -176,7 +176,7 @@ def _check_config_keys(space: Space, device: DeviceInfo) -> None:
 
 def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any]:
     """Names a constraint may use: M, N, K, B, op (the lookup op on this device kind: mm, addmm,
-    bmm), dtype_bytes, smem_bytes, sm_count, cores, n_threads,
+    bmm), dtype_bytes, smem_bytes, sm_count, capability (a GPU's compute capability, "9.0"), cores, n_threads,
     whether Inductor offers a template for this size on this device kind, ``decompose_k_offered``
     and ``triton_mm_offered`` (its Triton GEMM template: ``triton::mm``, a bmm's ``triton::bmm``;
     zhantune.inductor.heuristics.offered_templates), ``tma_offered`` (the persistent TMA template:
@@ -201,6 +201,7 @@ def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any
         "dtype_bytes": problem.dtype_bytes,
         "smem_bytes": p.get("smem_bytes", 0),
         "sm_count": p.get("sm_count", 0),
+        "capability": str(p.get("capability") or ""),
         "cores": p.get("cores", 0),
         "n_threads": p.get("threads", 0),
     }

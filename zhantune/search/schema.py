@@ -19,7 +19,7 @@ A parameter is exactly one of::
 with an optional ``key`` (the Inductor config key or template kwarg it sets; default: its name).
 Constraints are expressions over the params and the problem/device values (``M``, ``N``, ``K``,
 ``B``, ``op`` (the GEMM Inductor looks up: "mm", "addmm", "bmm"), ``dtype_bytes``, ``smem_bytes``,
-``sm_count``, ``cores``, ``n_threads``,
+``sm_count``, ``capability`` (a GPU's compute capability, "9.0"; "" elsewhere), ``cores``, ``n_threads``,
 ``decompose_k_offered``, ``triton_mm_offered``, ``tma_offered``, ``aten_offered``: zhantune.runspec.problem_variables), evaluated with
 simpleeval (never ``eval``). Errors raise SpaceError naming the file and key path.
 """
@@ -61,8 +61,23 @@ def _factors_product(s: str | None) -> int:
     return math.prod(int(p) for p in str(s).split(","))
 
 
+def _pipelined_smem_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, num_warps: int,
+                          dtype_bytes: int, k: int, capability: str) -> int:
+    """Shared memory (bytes) Triton gives the pipelined A and B tiles of Inductor's Triton mm or bmm
+    kernel for a GEMM of reduction size ``k`` with ``dtype_bytes`` inputs on a GPU of compute
+    ``capability`` ("9.0"; "" unknown): zhantune.inductor.cuda_entries.shared_memory_bytes, measured
+    with Triton's compiler (``num_stages`` buffers for Hopper's warpgroup MMA, else one fewer)."""
+    from zhantune.inductor.cuda_entries import shared_memory_bytes
+
+    cap = tuple(int(x) for x in capability.split(".")[:2]) if capability else None
+    entry = {"template_id": "triton::mm", "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
+             "num_stages": num_stages, "num_warps": num_warps}
+    return shared_memory_bytes(entry, dtype_bytes, k, cap)
+
+
 #: functions a constraint may call
-CONSTRAINT_FUNCTIONS = {"min": min, "max": max, "abs": abs, "factors_product": _factors_product}
+CONSTRAINT_FUNCTIONS = {"min": min, "max": max, "abs": abs, "factors_product": _factors_product,
+                        "pipelined_smem_bytes": _pipelined_smem_bytes}
 
 
 @dataclass(frozen=True)
