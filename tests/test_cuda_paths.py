@@ -469,6 +469,28 @@ def test_the_triton_spaces_keep_inductors_own_configs_whose_tiles_fit_shared_mem
             assert branch.feasible({**c, "GROUP_M": 8}, variables), c
 
 
+def test_the_persistent_tma_space_keeps_inductors_own_configs_for_small_gemms():
+    """A helper's (session 52): Inductor scales its persistent TMA configs down to a small GEMM's size
+    (16x128x128 for M = 8, K = 96; 32x64x64 for M = 32, K = 48 on an H100); the space started its tiles at 64
+    and bounded BLOCK_K by K, so none of them was in it. Tiles under 64 are in it only for such a GEMM."""
+    from zhantune.inductor.simulate import problem_inputs
+    from zhantune.problems import GemmProblem
+
+    patch = {"max_autotune_gemm": True, "max_autotune_gemm_backends": "TRITON",
+             "triton.enable_persistent_tma_matmul": True}
+    for shape in ([8, 96, 96], [32, 64, 48], [4096, 4096, 4096]):
+        problem = GemmProblem.from_config("mm", shape, "bfloat16")
+        space, variables = _cuda_space(problem, ["triton_persistent_tma"])
+        (branch,) = space.branches
+        with fake_cuda(), inductor_config.patch(patch):
+            own = [c.params.to_kwargs() for c in lower("mm", *problem_inputs(problem, "mm")[:1], torch.bfloat16).choices
+                   if c.template.uid == "triton::mm_persistent_tma"]
+        names = {p.key: p.name for p in branch.params}
+        assert own and all(branch.feasible({names[k]: c[k] for k in names}, variables) for c in own), (shape, own)
+        small = [v for v in branch.all_values() if branch.feasible(v, variables) and min(v["BLOCK_M"], v["BLOCK_N"]) < 64]
+        assert bool(small) == (shape[0] < 64), shape
+
+
 @pytest.mark.parametrize("op, inputs", [("mm", [(32, 16), (16, 64)]), ("addmm", [(64,), (32, 16), (16, 64)]),
                                         ("bmm", [(2, 32, 16), (2, 16, 64)])])
 def test_an_aten_template_winner_is_recognised_as_the_defaults_own_kernel(op, inputs):
