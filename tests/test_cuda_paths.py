@@ -1624,6 +1624,23 @@ def test_two_source_builds_of_one_development_cycle_are_two_releases(tmp_path):
     (entries,) = build_table(store, min_speedup=1.02, torch_version=a).values()
     assert entries[0]["template_id"] == "triton::mm"
     assert build_table(store, min_speedup=None, torch_version=b) == {}  # nothing measured with b
+    assert build_table(store, min_speedup=None, torch_version="2.14.0a0") == {}  # nor with the release itself
+    # the database's filter (queries._same_release) agrees with torch_release on every kind of version (a
+    # review: it still took '+git...' rows for their release's builds)
+    import sqlalchemy as sa
+
+    from zhantune.storage.queries import _same_release
+
+    versions = ["2.13.0", "2.13.0+cpu", "2.13.0+cu128", "2.13.0+rocm6.2", "2.13.0+git1a2b3c4", a, b, "2.14.0a0",
+                "2.14.0.dev20261120+cu128", "2.13.1+cpu", "2.13.00+cpu"]
+    engine = sa.create_engine("sqlite://")
+    rows = sa.Table("r", sa.MetaData(), sa.Column("v", sa.String))
+    rows.metadata.create_all(engine)
+    with engine.begin() as con:
+        con.execute(rows.insert(), [{"v": v} for v in versions])
+        for asked in versions:
+            got = sorted(con.execute(sa.select(rows.c.v).where(_same_release(rows.c.v, asked))).scalars())
+            assert got == sorted(v for v in versions if torch_release(v) == torch_release(asked)), asked
     from zhantune.inductor.runtime import use_table
     from zhantune.inductor.table import FORMAT, TableFile
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from zhantune.bench.conditions import disturbs_claim
@@ -387,7 +387,10 @@ def judged(v: m.Verdict | None) -> bool:
 
 def _same_release(column: Any, version: str) -> Any:
     """``column`` (a torch version) names a build of ``version``'s release: the release itself or
-    ``release+local`` (zhantune.provenance.torch_release)."""
+    ``release+local``, never a source build's ``release+git...``, which is its own release (a source
+    build's release is itself alone; zhantune.provenance.torch_release)."""
     rel = torch_release(version)
-    return or_(column == rel, column.like(rel.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "+%",
-                                          escape="\\"))
+    if "+" in rel:
+        return column == rel
+    prefix = rel.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "+"
+    return or_(column == rel, and_(column.like(prefix + "%", escape="\\"), ~column.like(prefix + "git%", escape="\\")))
