@@ -1957,6 +1957,22 @@ def test_an_addmm_served_by_its_aten_and_its_templates_entries_is_one_lookup():
     assert report.lookups == 2 and dict(report.hits) == {served.format(bias="[512], [1]"): 1}, report.as_dict()
     ((missed, n),) = report.misses.items()  # reported under the device's key
     assert report.tunable_coverage == 0.5 and n == 1 and missed.endswith("+" + other.format(bias="[512], [1]")), missed
+    # what the other lookup served is said, beside the hit it belongs to (check prints it under the hit; a
+    # review's: it was left out), and where both lookups share a key (a 2-D bias) what either served, and
+    # no entry is called not offered that the other lookup compiled
+    aten_key, templates_key = served.format(bias="[512], [1]"), served.format(bias="[256, 512], [0, 1]")
+    assert report.also == {templates_key: aten_key} and report.chosen[templates_key] == "triton::mm"
+    assert report.chosen[aten_key] == "aten::addmm" and not report.dropped
+    one_key = served.format(bias="[256, 512], [512, 1]")
+    table = {one_key: [{"template_id": "aten::addmm"}, {"template_id": "triton::mm", **TRITON_PARAMS},
+                       {"template_id": "triton::mm_persistent_tma", **TRITON_PARAMS, "BLOCK_M": 64}]}
+    with fake_cuda(PROFILES["A100"].properties()), use_table(table, device="cuda") as installed:  # no TMA
+        got = sorted(lower("addmm", [(256, 512), (256, 256), (256, 512)], torch.bfloat16, [None, None, (1, 256)]).uids)
+    report = installed.report
+    assert got == ["aten::addmm", "triton::mm"] and report.lookups == 1 and report.also == {}, got
+    assert report.chosen == {one_key: "aten::addmm, triton::mm"}, report.chosen
+    assert report.dropped == {one_key: "1 of 3 entries not served: [2] triton::mm_persistent_tma: a template "
+                                       "Inductor does not offer here"}, report.dropped
 
 
 @pytest.mark.parametrize("op, shapes", [("mm", [(256, 256), (256, 512)]), ("bmm", [(2, 64, 32), (2, 32, 64)])])

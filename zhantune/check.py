@@ -108,6 +108,15 @@ def _check_app(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+def _served_lines(report: Any, key: str) -> list[str]:
+    """Check's lines for what a hit of ``key`` compiled, the entries it left out and a note (rich markup)."""
+    from rich.markup import escape
+
+    return ([f"      -> {escape(str(report.chosen.get(key, '')))}"]
+            + ([f"      [yellow]{escape(report.dropped[key])}[/yellow]"] if key in report.dropped else [])
+            + ([f"      note: {escape(report.notes[key])}"] if key in report.notes else []))
+
+
 def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: dict[str, Any], tol: float) -> None:
     """The lookups (hit, miss, stale, by key) and one row per compile: compile time (s), fastest and
     median run (us), the paired ratio to the default with its per-round range, the error vs eager."""
@@ -123,10 +132,10 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
                      "out (another kind of device)" if tf.other_kind else ""),
                   markup=False)
     for key, n in report.hits.items():
-        console.print(f"[green]hit[/green]   x{n} {escape(key)}\n      -> {escape(str(report.chosen.get(key, '')))}"
-                      + (f"\n      [yellow]{escape(report.dropped[key])}[/yellow]" if key in report.dropped else "")
-                      + (f"\n      note: {escape(report.notes[key])}" if key in report.notes else ""),
-                      soft_wrap=True)
+        lines = [f"[green]hit[/green]   x{n} {escape(key)}", *_served_lines(report, key)]
+        for other in (k for k, counted in report.also.items() if counted == key):  # the GEMM's other lookup
+            lines += [f"      and its other lookup {escape(other)}", *_served_lines(report, other)]
+        console.print("\n".join(lines), soft_wrap=True)
     print_misses(console, cfg, report)
     for key, why in report.stale.items():
         console.print(f"[yellow]stale[/yellow] {escape(key)}: {escape(why)}", soft_wrap=True)

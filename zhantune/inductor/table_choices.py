@@ -84,9 +84,9 @@ class TableChoices(RecordingChoices):
         #: addmm is: a review found such a miss left out of check's gate as untunable)
         self._gemm_event: Any = None
         #: the user's own GEMM max-autotune, backends and persistent TMA before use_table set its own
-        #: (CUDA: :meth:`_cuda_users_own`); the GEMM whose addmm ATen lookup hit (:meth:`_addmm_lookup`)
+        #: (CUDA: :meth:`_cuda_users_own`); the GEMM whose addmm ATen lookup hit, and its key (:meth:`_addmm_lookup`)
         self.user_gemm: dict[str, Any] | None = None  # None: the config as set at the lookup
-        self._decided: tuple[int, ...] | None = None
+        self._decided: tuple[tuple[int, ...], str] | None = None
         #: the config values at the start of the unpacked CPU GEMM lowering in progress (None: none),
         #: and the user's own before zhantune's (max-autotune for a C++-template entry)
         self._scope_base: dict[str, Any] | None = None
@@ -202,22 +202,22 @@ class TableChoices(RecordingChoices):
             key, entries = self._find(event)
             self._held = None
             if entries is None or self._key_stale(key, event, True) or not held_back(entries, uids, kernel_inputs):
-                hits = sum(self.report.hits.values())
+                before = dict(self.report.hits)
                 served = self._serve(*args)
-                self._decided = gemm if sum(self.report.hits.values()) != hits else None  # its templates: none
+                counted = [k for k, n in self.report.hits.items() if n != before.get(k)]
+                self._decided = (gemm, counted[0]) if counted else None  # its templates' lookup: uncounted
                 return served
             self.events.append(event)
-            if not entries:  # "nothing from this lookup": the entry is under the templates' key, whose lookup
-                # is the GEMM's one in the report (a review's: counted here too, a served Triton addmm was two
-                # lookups, a missed one one, and a table's coverage depended on which kind of entry won)
+            if not entries:  # "nothing from this lookup": the entry is under the templates' key, whose lookup is the
+                # GEMM's one in the report (a review's: counted here too, a served Triton addmm was two lookups)
                 self.report.chosen[key] = "(nothing from this lookup)"
             self._held = (gemm, kernel_inputs, key if not entries else None, self._aten_only(*args), event)
             return []
         held = self._held
         if held is None or held[0] != gemm or held[1] is kernel_inputs:  # not its templates' lookup
-            if self._decided != gemm:
+            if self._decided is None or self._decided[0] != gemm:
                 return self._serve(*args)
-            with self.report.uncounted():  # its ATen lookup served an entry and counted the GEMM (top_k >= 2)
+            with self.report.uncounted(self._decided[1]):  # its ATen lookup served an entry, counted (top_k >= 2)
                 return self._serve(*args, decided=True)
         self._held = None
         before, hits = self.report.lookups, sum(self.report.hits.values())

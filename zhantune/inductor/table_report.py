@@ -34,6 +34,9 @@ class TableReport:
     #: template Inductor does not offer here, the others served: a helper found its first entry, the
     #: one confirmed against the default, dropped without a word)
     dropped: dict[str, str] = field(default_factory=dict)
+    #: key -> the key its GEMM is counted under: a second lookup of the GEMM that served entries too
+    #: (an addmm's templates' lookup beside its ATen lookup's hit, :meth:`uncounted`)
+    also: dict[str, str] = field(default_factory=dict)
     #: key -> what a hit's GEMM feeds here that its template entry was not measured with
     #: (zhantune.inductor.epilogue.unmeasured_epilogue)
     notes: dict[str, str] = field(default_factory=dict)
@@ -45,6 +48,8 @@ class TableReport:
     #: operand, a review's), so the gate leaves out lookups, not keys
     untunable_count: Counter = field(default_factory=Counter)
     _tunable: set[str] = field(default_factory=set, repr=False)
+    #: key -> (entries, served, whys) of its last hit (:meth:`drop`)
+    _served: dict[str, tuple] = field(default_factory=dict, repr=False)
 
     def miss(self, key: str, event: Any = None) -> None:
         """Count a miss of ``key``; where collect would not list its GEMM (``event``: the lookup's
@@ -92,6 +97,7 @@ class TableReport:
     def drop(self, key: str, entries: list[dict[str, Any]], served: list[dict[str, Any]], whys: dict[int, str]) -> None:
         """Record the entries of ``key`` a hit left out (``served``: the ones it kept; ``whys``: entry
         index -> why it is stale here, else its template is not offered here), or that it left none out."""
+        self._served[key] = (entries, list(served), whys)
         left = [i for i, e in enumerate(entries) if not any(e is s for s in served)]
         if not left:
             self.dropped.pop(key, None)
@@ -102,14 +108,18 @@ class TableReport:
                                                 + whys.get(i, "a template Inductor does not offer here") for i in left))
 
     @contextlib.contextmanager
-    def uncounted(self) -> Iterator[None]:
+    def uncounted(self, counted: str) -> Iterator[None]:
         """Inside the block no lookup is counted (hits, misses, stale counts and their GEMMs'
-        classification): a second lookup of a GEMM its first lookup counted (an addmm's templates'
-        lookup after its ATen lookup served an entry, torch/_inductor/kernel/mm.py tuned_addmm; a
-        helper's: a top_k=2 table's addmm counted two hits). What it served or left out is still said
-        (``chosen``, ``dropped``, ``notes``, a stale entry's reason)."""
+        classification): a second lookup of a GEMM whose first lookup hit and was counted under
+        ``counted`` (an addmm's templates' lookup after its ATen lookup served an entry,
+        torch/_inductor/kernel/mm.py tuned_addmm; a helper's: a top_k=2 table's addmm counted two hits).
+        What it served is said under its own key, in ``also``, or merged into ``counted``'s where the
+        two lookups share the key (a 2-D bias): what either served, and what neither did (a review's:
+        the second lookup's said ATen's entry was not offered, though the first compiled it)."""
         counters = (self.hits, self.misses, self.stale_count, self.untunable_count)
         saved, untunable, tunable = [Counter(c) for c in counters], dict(self.untunable), set(self._tunable)
+        before = dict(self._served)
+        first, chosen = before.get(counted), self.chosen.get(counted)
         try:
             yield
         finally:
@@ -117,6 +127,14 @@ class TableReport:
                 counter.clear()
                 counter.update(before)
             self.untunable, self._tunable = untunable, tunable
+            for key, now in list(self._served.items()):
+                if now is before.get(key):  # not served in the block
+                    continue
+                if key != counted:
+                    self.also[key] = counted
+                elif first is not None and now[0] is first[0]:  # one key for both lookups (a 2-D bias)
+                    self.drop(counted, first[0], first[1] + now[1], {**first[2], **now[2]})
+                    self.chosen[counted] = ", ".join(dict.fromkeys(f"{chosen}, {self.chosen[counted]}".split(", ")))
 
     @property
     def lookups(self) -> int:
@@ -153,4 +171,5 @@ class TableReport:
                 "note": self.note,
                 "hits": dict(self.hits), "misses": dict(self.misses), "stale": dict(self.stale),
                 "chosen": dict(self.chosen), "dropped": dict(self.dropped), "notes": dict(self.notes),
+                "also": dict(self.also),
                 "untunable": dict(self.untunable)}
