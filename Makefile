@@ -2,8 +2,8 @@
 #            W stored [K, N]: an nn.Linear's weight is [N, K], weight_layout=nk, another lookup key)
 # make test: set up (Python packages; Debian's chromium and postgresql-15 for the tests) and run the whole
 #            test suite (the slow end-to-end tests included), two tests at a time (pytest-xdist; most
-#            tests wait on single-threaded compiles or subprocesses; handed out one at a time, the slow
-#            ones first: tests/conftest.py), then the tests marked `load`
+#            tests wait on single-threaded compiles or subprocesses; handed out in order, the slow ones
+#            first, at most two pending per worker: tests/conftest.py), then the tests marked `load`
 #            (they start busy loops) alone
 .PHONY: setup system-deps demo test lint
 

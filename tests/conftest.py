@@ -247,7 +247,8 @@ def small_disk(tmp_path):
 
 def pytest_collection_modifyitems(config, items):
     """The tests marked ``slow`` run first, the rest after them, each part in its files' order. `make
-    test` hands the tests to its two workers one at a time in this order (``--dist load
-    --maxschedchunk 1``), so the last tests are short ones: a worker that ran out waited for the
-    other's long test before (test_ship's 61 s end-to-end test ran last, 2026-11-30)."""
+    test` hands the tests to its two workers in this order, each worker holding the test it runs and
+    at most one more (``--dist load --maxschedchunk 1``; pytest-xdist's load scheduler keeps two
+    pending), so the last tests are short ones: a worker that ran out waited for the other's long
+    test before (test_ship's 61 s end-to-end test ran last, 2026-11-30)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
