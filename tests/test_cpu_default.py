@@ -347,6 +347,37 @@ def test_a_miss_no_table_can_serve_says_why_and_check_gives_no_collect_hint():
         assert ("python -m zhantune.collect model=models:scores" in out) is hint, out
 
 
+def test_a_miss_the_table_holds_for_another_thread_count_says_so():
+    """A helper's (session 52): a table tuned at 2 threads and used at 1 (taskset, OMP_NUM_THREADS) missed
+    every GEMM, and check's hint said the key was the GEMM's op, dtypes, sizes and strides, the one thing
+    that did not differ. The miss now names the device keys the table holds the GEMM under."""
+    from omegaconf import OmegaConf
+    from rich.console import Console
+
+    from zhantune.check import print_misses
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 32, 64)
+    model = _WeightBmm(torch.randn(2, 64, 32))
+    with use_table({}) as installed:
+        _compile(model, x)
+    ((key, _),) = installed.report.misses.items()
+    device = resolve_device("cpu").key
+    assert key.startswith(device + "+((")
+    other = device.rsplit("(", 1)[0] + "(7 threads)"
+    table = {other + key[len(device):]: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}
+    with use_table(table) as installed:
+        _compile(model, x)
+    assert installed.report.misses == {key: 1}
+    cfg = OmegaConf.create({"model": "models:scores", "model_kwargs": None, "input_shapes": [[2, 32, 64]]})
+    for held, said in ((table, True), ({}, False)):
+        console = Console(record=True, width=400)
+        print_misses(console, cfg, installed.report, held)
+        out = " ".join(console.export_text().split())
+        assert (f"the table has this GEMM for another device: {other} (a CPU's device key names the threads" in out) \
+            is said, out
+
+
 class _WeightThenAttention(_WeightBmm):
     def forward(self, x):  # a frozen-weight bmm (tunable), then attention's scores of its output (not)
         return _ActivationBmm()(torch.bmm(x, self.w))

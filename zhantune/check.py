@@ -136,7 +136,7 @@ def _print_report(console: Any, cfg: DictConfig, tf: Any, device: Any, result: d
         for other in (k for k, counted in report.also.items() if counted == key):  # the GEMM's other lookup
             lines += [f"      and its other lookup {escape(other)}", *_served_lines(report, other)]
         console.print("\n".join(lines), soft_wrap=True)
-    print_misses(console, cfg, report)
+    print_misses(console, cfg, report, tf.table)
     for key, why in report.stale.items():
         console.print(f"[yellow]stale[/yellow] {escape(key)}: {escape(why)}", soft_wrap=True)
     t = Table(title=escape(f"{cfg.model} on {device.name}: {report.lookups} GEMM lookup(s), {_coverage_text(report)}"))
@@ -258,18 +258,33 @@ def _compile_failed(console: Any, cfg: DictConfig, e: Any, device: Any) -> None:
     sys.exit(COVERAGE_EXIT_CODE)
 
 
-def print_misses(console: Any, cfg: Any, report: Any) -> None:
+def print_misses(console: Any, cfg: Any, report: Any, table: dict[str, Any] | None = None) -> None:
     """Each missed key (``report``: a TableReport), with why where no table can serve it (its GEMM is
-    not tunable: TableReport.untunable), then the hint to collect and tune the model's lookups where a
-    miss is one collect lists (a helper's: the hint was given for GEMMs collect leaves out)."""
+    not tunable: TableReport.untunable) or where ``table`` has the GEMM under another device's key,
+    then the hint to collect and tune the model's lookups where a miss is one collect lists (a
+    helper's: the hint was given for GEMMs collect leaves out)."""
     from rich.markup import escape
 
     for key, n in report.misses.items():
+        others = _other_devices(key, table or {})
         console.print(f"[red]miss[/red]  x{n} {escape(key)}" + (f"\n      not tunable: {escape(report.untunable[key])}; "
-                                                              "no table serves it" if key in report.untunable else ""),
-                      soft_wrap=True)
+                                                              "no table serves it" if key in report.untunable else "")
+                      + (f"\n      the table has this GEMM for another device: {escape(', '.join(others))} (a CPU's "
+                         "device key names the threads Inductor compiles for: torch.set_num_threads, OMP_NUM_THREADS, "
+                         "taskset; a GPU's, its name)" if others else ""), soft_wrap=True)
     if set(report.misses) - set(report.untunable):
         console.print(_miss_hint(cfg), soft_wrap=True, markup=False, highlight=False)
+
+
+def _other_devices(key: str, table: dict[str, Any]) -> list[str]:
+    """The device keys under which ``table`` holds the lookup of the device-specific ``key`` (a key is
+    ``device key+((inputs))+...``, torch/_inductor/lookup_table/choices.py), another device's only (a
+    helper's: a table tuned at 2 threads and used at 1 missed everywhere, and the hint blamed the shapes)."""
+    device, sep, rest = key.partition("+((")
+    if not sep:
+        return []
+    return sorted({k.partition("+((")[0] for k in table if k.partition("+((")[2] == rest and k.partition("+((")[0]
+                   not in ("", device)})
 
 
 def _miss_hint(cfg: Any) -> str:
