@@ -1632,7 +1632,8 @@ def test_two_source_builds_of_one_development_cycle_are_two_releases(tmp_path):
     from zhantune.storage.queries import _same_release
 
     versions = ["2.13.0", "2.13.0+cpu", "2.13.0+cu128", "2.13.0+rocm6.2", "2.13.0+git1a2b3c4", a, b, "2.14.0a0",
-                "2.14.0.dev20261120+cu128", "2.13.1+cpu", "2.13.00+cpu"]
+                "2.14.0.dev20261120+cu128", "2.13.1+cpu", "2.13.00+cpu", "2.13.0+GIT1a2b3c4", "2.14.0A0+cpu",
+                "2.13.0+", "2.13.0+gi", "2_13%0+cpu"]
     engine = sa.create_engine("sqlite://")
     rows = sa.Table("r", sa.MetaData(), sa.Column("v", sa.String))
     rows.metadata.create_all(engine)
@@ -1949,17 +1950,21 @@ def test_an_addmm_served_by_its_aten_and_its_templates_entries_is_one_lookup():
     served, other = _ADDMM_KEY, _ADDMM_KEY.replace("[256, 256], [256, 1]", "[128, 256], [256, 1]")
     table = {served.format(bias="[256, 512], [0, 1]"): [{"template_id": "triton::mm", **TRITON_PARAMS}],
              served.format(bias="[512], [1]"): [{"template_id": "aten::addmm"}]}
+    mm_key = "((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
+    table[mm_key] = [{"template_id": "triton::mm", **TRITON_PARAMS}]  # another GEMM's hit, first
     with fake_cuda(PROFILES["H100"].properties()), use_table(table, device="cuda") as installed:
+        assert lower("mm", [(64, 64), (64, 64)], torch.bfloat16).uids == ["triton::mm"]
         got = [sorted(lower("addmm", [(512,), (m, 256), (256, 512)], torch.bfloat16, [None, None, (1, 256)]).uids)
                for m in (256, 128)]
     report = installed.report
     assert got == [["aten::addmm", "triton::mm"], ["aten::addmm"]], got  # the second: Inductor's default
-    assert report.lookups == 2 and dict(report.hits) == {served.format(bias="[512], [1]"): 1}, report.as_dict()
+    assert report.lookups == 3 and dict(report.hits) == {mm_key: 1, served.format(bias="[512], [1]"): 1}, report.as_dict()
     ((missed, n),) = report.misses.items()  # reported under the device's key
-    assert report.tunable_coverage == 0.5 and n == 1 and missed.endswith("+" + other.format(bias="[512], [1]")), missed
+    assert report.tunable_coverage == 2 / 3 and n == 1 and missed.endswith("+" + other.format(bias="[512], [1]")), missed
     # what the other lookup served is said, beside the hit it belongs to (check prints it under the hit; a
     # review's: it was left out), and where both lookups share a key (a 2-D bias) what either served, and
-    # no entry is called not offered that the other lookup compiled
+    # no entry is called not offered that the other lookup compiled; only the GEMM's own other lookup is
+    # named (a second review: every key served before, the mm's too, was named there)
     aten_key, templates_key = served.format(bias="[512], [1]"), served.format(bias="[256, 512], [0, 1]")
     assert report.also == {templates_key: aten_key} and report.chosen[templates_key] == "triton::mm"
     assert report.chosen[aten_key] == "aten::addmm" and not report.dropped

@@ -123,9 +123,9 @@ class TableReport:
         try:
             yield
         finally:
-            for counter, before in zip(counters, saved, strict=True):
+            for counter, kept in zip(counters, saved, strict=True):
                 counter.clear()
-                counter.update(before)
+                counter.update(kept)
             self.untunable, self._tunable = untunable, tunable
             for key, now in list(self._served.items()):
                 if now is before.get(key):  # not served in the block

@@ -392,5 +392,6 @@ def _same_release(column: Any, version: str) -> Any:
     rel = torch_release(version)
     if "+" in rel:
         return column == rel
-    prefix = rel.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "+"
-    return or_(column == rel, and_(column.like(prefix + "%", escape="\\"), ~column.like(prefix + "git%", escape="\\")))
+    # substr and =, not LIKE: SQLite's LIKE ignores case ('2.14.0A0+cpu', '+GIT...'; a review's)
+    local = func.substr(column, len(rel) + 2, 3)
+    return or_(column == rel, and_(func.substr(column, 1, len(rel) + 1) == rel + "+", local != "git"))
