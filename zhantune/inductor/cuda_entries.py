@@ -42,11 +42,11 @@ def shared_memory_bytes(entry: dict[str, Any], itemsize: int, k: Any = None,
     Triton template or a block size is missing.
 
     ``(BLOCK_M + BLOCK_N) * BLOCK_K * itemsize`` bytes once per pipeline buffer: ``num_stages``
-    buffers for ``triton::mm_persistent_tma`` (its loop runs over tiles too, so it pipelines even a
-    single K step), and for the other templates on a compute capability 9.0 GPU with 8- or 16-bit
-    inputs, ``BLOCK_M >= 64``, ``BLOCK_N >= 8`` and ``num_warps`` a multiple of 4 (Hopper's warpgroup
-    MMA); one where ``k <= BLOCK_K`` (a single K step: not pipelined); else ``max(1, num_stages -
-    1)``; num_stages 0 as 1. Measured with Triton's own compiler (``metadata.shared``, the number
+    buffers on a compute capability 9.0 GPU with 8- or 16-bit inputs, ``BLOCK_M >= 64``, ``BLOCK_N >=
+    8`` and ``num_warps`` a multiple of 4 (Hopper's warpgroup MMA); one where ``k <= BLOCK_K`` (a
+    single K step: not pipelined), but for ``triton::mm_persistent_tma`` (its loop runs over tiles too,
+    so it pipelines even a single K step); else ``max(1, num_stages - 1)`` (the persistent TMA kernel's
+    too: a review compiled float32 ones at one buffer fewer than counted before); num_stages 0 as 1. Measured with Triton's own compiler (``metadata.shared``, the number
     Triton checks against the device's limit) for Inductor's mm, addmm and bmm kernels on sm_80 and
     sm_90 (tests/test_cuda_paths.py; by hand in session 40, two reviews): the tiles are what Triton
     allocates there, and its total is at least this (a few barrier bytes more; with small BLOCK_K,
@@ -64,9 +64,10 @@ def shared_memory_bytes(entry: dict[str, Any], itemsize: int, k: Any = None,
     warps = entry.get("num_warps")
     wgmma = (capability == (9, 0) and itemsize in (1, 2) and bm >= 64 and bn >= 8 and type(warps) is int
              and warps % 4 == 0)
-    if tid == "triton::mm_persistent_tma" or (wgmma and not (isinstance(k, int) and k <= bk)):
+    tma = tid == "triton::mm_persistent_tma"
+    if wgmma and (tma or not (isinstance(k, int) and k <= bk)):
         buffers = stages
-    elif isinstance(k, int) and k <= bk:
+    elif not tma and isinstance(k, int) and k <= bk:
         buffers = 1
     else:
         buffers = max(1, stages - 1)

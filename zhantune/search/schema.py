@@ -62,15 +62,16 @@ def _factors_product(s: str | None) -> int:
 
 
 def _pipelined_smem_bytes(block_m: int, block_n: int, block_k: int, num_stages: int, num_warps: int,
-                          dtype_bytes: int, k: int, capability: str) -> int:
-    """Shared memory (bytes) Triton gives the pipelined A and B tiles of Inductor's Triton mm or bmm
-    kernel for a GEMM of reduction size ``k`` with ``dtype_bytes`` inputs on a GPU of compute
-    ``capability`` ("9.0"; "" unknown): zhantune.inductor.cuda_entries.shared_memory_bytes, measured
-    with Triton's compiler (``num_stages`` buffers for Hopper's warpgroup MMA, else one fewer)."""
+                          dtype_bytes: int, k: int, capability: str, template_id: str = "triton::mm") -> int:
+    """Shared memory (bytes) Triton gives the pipelined A and B tiles of Inductor's Triton kernel
+    ``template_id`` (mm, bmm, persistent TMA) for a GEMM of reduction size ``k`` with ``dtype_bytes``
+    inputs on a GPU of compute ``capability`` ("9.0"; "" unknown):
+    zhantune.inductor.cuda_entries.shared_memory_bytes, measured with Triton's compiler (``num_stages``
+    buffers for Hopper's warpgroup MMA, else one fewer)."""
     from zhantune.inductor.cuda_entries import shared_memory_bytes
 
     cap = tuple(int(x) for x in capability.split(".")[:2]) if capability else None
-    entry = {"template_id": "triton::mm", "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
+    entry = {"template_id": template_id, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
              "num_stages": num_stages, "num_warps": num_warps}
     return shared_memory_bytes(entry, dtype_bytes, k, cap)
 
