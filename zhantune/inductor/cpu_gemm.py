@@ -30,8 +30,8 @@ lowering). Limits: ``mkldnn._linear_pointwise.binary`` (a bfloat16 linear with a
 add) is lowered by the freezing pass's fusion pattern calling Inductor's lowering directly, never
 through ``user_lowerings``: such a GEMM makes no lookup (``collect`` does not list it, ``check`` does
 not count it) and always compiles Inductor's default, as does a float32 linear and its activation with
-a dynamic M (``mkldnn._linear_pointwise``'s unary fusion; use_table's report leaves it out); with dynamic M the template reads
-``cpp.gemm_max_k_slices`` again when its code is rendered, after the lowering's patch is gone.
+a dynamic M (``mkldnn._linear_pointwise``'s unary fusion; use_table's report leaves it out); with
+dynamic M the template reads ``cpp.gemm_max_k_slices`` again when its code is rendered, after the lowering's patch is gone.
 """
 
 from __future__ import annotations
