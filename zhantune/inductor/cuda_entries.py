@@ -47,8 +47,9 @@ def shared_memory_bytes(entry: dict[str, Any], itemsize: int, k: Any = None,
     single K step: not pipelined), but for ``triton::mm_persistent_tma`` (its loop runs over tiles too,
     so it pipelines even a single K step); else ``max(1, num_stages - 1)`` (the persistent TMA kernel's
     too: a review compiled float32 ones at one buffer fewer than counted before); num_stages 0 as 1.
-    Measured with Triton's own compiler (``metadata.shared``, the number Triton checks against the device's limit) for Inductor's mm, addmm and bmm kernels on sm_80 and
-    sm_90 (tests/test_cuda_paths.py; by hand in session 40, two reviews): the tiles are what Triton
+    Measured with Triton's own compiler (``metadata.shared``, the number Triton checks against the
+    device's limit) for Inductor's mm, addmm, bmm and persistent TMA kernels on sm_80 and sm_90
+    (tests/test_cuda_paths.py; by hand in session 40, two reviews): the tiles are what Triton
     allocates there, and its total is at least this (a few barrier bytes more; with small BLOCK_K,
     or more than 4 warps on sm_80, the epilogue's layout conversion may take more than the tiles).
     So it is a lower bound, never a refusal of a kernel that fits; on another GPU (sm_100, ROCm)
