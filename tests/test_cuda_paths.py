@@ -1600,27 +1600,35 @@ def test_a_shipped_entry_carries_the_tables_torchs_template_hash(tmp_path):
     assert build_table(store, torch_version="2.12.0")[f"{dev}+{key}"][0]["template_hash"] == "HASH_OF_TORCH_2_12"
 
 
-def test_a_build_of_the_same_torch_release_ships(tmp_path):
-    """A GPU database tuned with torch 2.13.0+cu128, merged and exported on a CPU machine
-    (2.13.0+cpu): lookup keys and template sources are one release's (use_table compares the
-    release), so its rows and its confirmed claims ship; an exact-version match left the GPU's keys
-    out of the table (a review)."""
+def _confirmed_with_torch(tmp_path, version: str):
+    """The H100 mm study of :func:`_h100_bf16_mm_study` with a Triton candidate measured and a 1.9x claim
+    confirmed, both with torch ``version``; returns the store."""
     from zhantune.bench.measurement import Measurement
     from zhantune.bench.timing import summarize_us
-    from zhantune.inductor.builder import build_table, claims_of_other_torch
     from zhantune.inductor.choices import LookupEvent
-    from zhantune.provenance import torch_release
 
-    gpu_build = torch_release(torch.__version__) + "+cu128"
-    assert gpu_build != torch.__version__
     dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
-    rec.versions = dict(rec.versions, torch=gpu_build)
+    rec.versions = dict(rec.versions, torch=version)
     hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
     x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
     rec.add(Measurement("ok", timing=summarize_us([10.0, 10.5], "t"), lookup=hit), "candidate", x, trial_number=0)
     store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
                       config_hash=x.config_hash, ratio=1.9, ratio_low=1.9, ratio_high=1.92, rounds=3,
-                      contended=0, confirmed=True, reason="confirmed in every round", torch_version=gpu_build)
+                      contended=0, confirmed=True, reason="confirmed in every round", torch_version=version)
+    return store
+
+
+def test_a_build_of_the_same_torch_release_ships(tmp_path):
+    """A GPU database tuned with torch 2.13.0+cu128, merged and exported on a CPU machine
+    (2.13.0+cpu): lookup keys and template sources are one release's (use_table compares the
+    release), so its rows and its confirmed claims ship; an exact-version match left the GPU's keys
+    out of the table (a review)."""
+    from zhantune.inductor.builder import build_table, claims_of_other_torch
+    from zhantune.provenance import torch_release
+
+    gpu_build = torch_release(torch.__version__) + "+cu128"
+    assert gpu_build != torch.__version__
+    store = _confirmed_with_torch(tmp_path, gpu_build)
     (entries,) = build_table(store, min_speedup=1.02).values()
     assert entries[0]["template_id"] == "triton::mm" and claims_of_other_torch(store, None, 1.02) == {}
     assert build_table(store, min_speedup=None, torch_version="2.12.0+cu128") == {}  # another release: none
@@ -1630,24 +1638,15 @@ def test_two_source_builds_of_one_development_cycle_are_two_releases(tmp_path):
     """A helper's (session 52): a source build's version ends in its commit ("2.14.0a0+gitaaaaaaa"), which
     was cut as a build flavour (+cpu, +cu128), so every commit of a development cycle was one release: a
     claim confirmed at one commit shipped in a table stamped with another, and use_table served it."""
-    from zhantune.bench.measurement import Measurement
-    from zhantune.bench.timing import summarize_us
     from zhantune.inductor.builder import build_table
-    from zhantune.inductor.choices import LookupEvent
     from zhantune.provenance import torch_release
 
     assert torch_release("2.13.0+cu128") == torch_release("2.13.0+cpu") == "2.13.0"
     assert torch_release("2.14.0.dev20261120+cu128") == "2.14.0.dev20261120"
     a, b = "2.14.0a0+gitaaaaaaa", "2.14.0a0+gitbbbbbbb"
     assert torch_release(a) == a != torch_release(b)
-    dev, key, store, study_id, rec = _h100_bf16_mm_study(tmp_path)
-    rec.versions = dict(rec.versions, torch=a)
-    hit = LookupEvent("mm", f"{dev}+{key}", key, {"triton::mm": None}, ("triton::mm",))
-    x = Candidate("triton_mm", "template", "triton::mm", TRITON_PARAMS)
-    rec.add(Measurement("ok", timing=summarize_us([10.0, 10.5], "t"), lookup=hit), "candidate", x, trial_number=0)
-    store.add_verdict(study_id=study_id, device_id=rec.device_id, problem_id=rec.problem_id,
-                      config_hash=x.config_hash, ratio=1.9, ratio_low=1.9, ratio_high=1.92, rounds=3,
-                      contended=0, confirmed=True, reason="confirmed in every round", torch_version=a)
+    store = _confirmed_with_torch(tmp_path, a)
+    dev, key = "NVIDIA H100 80GB HBM3", "((torch.bfloat16, [64, 64], [64, 1]), (torch.bfloat16, [64, 64], [64, 1]))+mm"
     (entries,) = build_table(store, min_speedup=1.02, torch_version=a).values()
     assert entries[0]["template_id"] == "triton::mm"
     assert build_table(store, min_speedup=None, torch_version=b) == {}  # nothing measured with b
