@@ -181,8 +181,8 @@ def problem_variables(problem: GemmProblem, device: DeviceInfo) -> dict[str, Any
     and ``triton_mm_offered`` (its Triton GEMM template: ``triton::mm``, a bmm's ``triton::bmm``;
     zhantune.inductor.heuristics.offered_templates), ``tma_offered`` (the persistent TMA template:
     compute capability 9.0, 16-byte aligned strides), ``aten_offered`` (ATen's kernel as a lookup's
-    choice: not where Inductor makes no GEMM selection, a dot-shaped bmm). On CUDA each is also what Inductor's lowering
-    offers on this device (:func:`cuda_offered_uids`): no Triton template and no decomposeK on a GPU
+    choice: not where Inductor makes no GEMM selection, a dot-shaped bmm). On CUDA each is also what
+    Inductor's lowering offers on this device (:func:`cuda_offered_uids`): no Triton template and no decomposeK on a GPU
     of fewer than 68 SMs (torch/_inductor/utils.py is_big_gpu), whose trials were all not applied."""
     p = device.properties
     d = problem.dims

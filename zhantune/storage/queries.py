@@ -387,8 +387,8 @@ def judged(v: m.Verdict | None) -> bool:
 
 def _same_release(column: Any, version: str) -> Any:
     """``column`` (a torch version) names a build of ``version``'s release: the release itself or
-    ``release+local``, never a source build's ``release+git...``, which is its own release (a source
-    build's release is itself alone; zhantune.provenance.torch_release)."""
+    ``release+local``, never a source build's ``release+git...``, which is a release of its own
+    (zhantune.provenance.torch_release)."""
     rel = torch_release(version)
     if "+" in rel:
         return column == rel
