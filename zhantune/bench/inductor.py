@@ -269,9 +269,8 @@ class InductorBenchmarker:
     def _not_applied(self, expect: Candidate | None, lookup: LookupEvent | None, templated: int) -> str | None:
         if lookup is None:
             return ("Inductor made no GEMM lookup while compiling: the GEMM did not reach Inductor's GEMM lowering"
-                    + (" (on CPU the freezing pass fuses a bfloat16 linear with its activation or residual add "
-                       "into oneDNN's linear_pointwise and lowers it directly, where oneDNN does bf16: no "
-                       "lookup, nothing to tune)" if self.device.kind == "cpu" else ""))
+                    + (" nor a lowering zhantune hooks (zhantune.inductor.cpu_gemm: mm, addmm, bmm, the packed "
+                       "linears, oneDNN's fused linear)" if self.device.kind == "cpu" else ""))
         if expect is None:
             return None
         if expect.scope == "template":

@@ -5,9 +5,9 @@ kernel inputs it lowers (torch/_inductor/lookup_table/choices.py). This handler 
 GEMM lowering, the op name, both key variants, the template uids offered with their ``src_hash``,
 and whether the installed table hit. On CPU, where stock Inductor does no lookup at all, the device
 key is zhantune's CPU key (the CPU model name), so CPU problems get keys of the same form. A GEMM
-that Inductor's freezing pass turned into a prepacked linear makes no lookup; the CPU lowering hook
-(zhantune.inductor.cpu_gemm) reports it with Inductor's kernel inputs and the key comes from the
-same ``make_lookup_key_variants``.
+that Inductor's freezing pass turned into a prepacked linear (fused with its activation or not) makes no
+lookup; the CPU lowering hook (zhantune.inductor.cpu_gemm) reports it with Inductor's kernel inputs and
+the key comes from the same ``make_lookup_key_variants``.
 """
 
 from __future__ import annotations
@@ -123,10 +123,11 @@ class RecordingChoices(LookupTableChoices):
         self.events.append(self.event(kernel_inputs, op_name, template_hash_map, tuple(result)))
         return result
 
-    def cpu_packed_gemm(self, kernel_inputs, op_name: str, packed_op: str) -> dict[str, Any] | None:
-        """A packed linear is being lowered (zhantune.inductor.cpu_gemm): record it; None keeps
-        Inductor's default lowering (the packed op)."""
-        self.events.append(self.event(kernel_inputs, op_name, {}, (), packed=packed_op))
+    def cpu_packed_gemm(self, kernel_inputs, op_name: str, packed_op: str,
+                        epilogue: Epilogue | None = None) -> dict[str, Any] | None:
+        """A packed linear is being lowered (zhantune.inductor.cpu_gemm; ``epilogue``: what a fused one
+        computes after its GEMM): record it; None keeps Inductor's default lowering (the packed op)."""
+        self.events.append(self.event(kernel_inputs, op_name, {}, (), packed=packed_op, epilogue=epilogue))
         return None
 
     @contextmanager
@@ -136,8 +137,10 @@ class RecordingChoices(LookupTableChoices):
         yield
 
     def event(self, kernel_inputs, op_name: str, template_hash_map: dict[str, str | None] | None,
-              hit_templates: tuple[str, ...], packed: str | None = None) -> LookupEvent:
-        """The LookupEvent for one lookup (keys from Inductor's own make_lookup_key_variants)."""
+              hit_templates: tuple[str, ...], packed: str | None = None,
+              epilogue: Epilogue | None = None) -> LookupEvent:
+        """The LookupEvent for one lookup (keys from Inductor's own make_lookup_key_variants); its
+        epilogue read from the graph (epilogue_of) unless given (a fused linear's: cpu_gemm.fused_epilogue)."""
         device_key, agnostic_key = self.make_lookup_key_variants(kernel_inputs, op_name)
         inputs = tuple(
             (str(dtype).removeprefix("torch."), tuple(int(v) for v in size), tuple(int(v) for v in stride))
@@ -154,8 +157,9 @@ class RecordingChoices(LookupTableChoices):
             runtime = not constant_operand(kernel_inputs)
             shared = op_name == "bmm" and shared_output(getattr(V.graph, "current_node", None))
         return LookupEvent(op_name, device_key, agnostic_key, dict(template_hash_map or {}), hit_templates,
-                           inputs, scalars, packed, epilogue_of(getattr(V.graph, "current_node", None)), runtime,
-                           shared)
+                           inputs, scalars, packed,
+                           epilogue if epilogue is not None else epilogue_of(getattr(V.graph, "current_node", None)),
+                           runtime, shared)
 
 
 @contextmanager

@@ -25,13 +25,22 @@ Handlers without these methods (Inductor's own) are not affected: the hooks retu
 are process-wide (``user_lowerings`` is a plain dict) and installed while a zhantune compile or
 table needs them (:func:`installed`); what they change is scoped to one GEMM's lowering.
 
+A packed linear fused with what follows it: Inductor's oneDNN fusion patterns
+(torch/_inductor/fx_passes/mkldnn_fusion.py ``_register_unary_fusion_lowering``,
+``_register_binary_unary_fusion_lowering``) replace the linear and its activation (a bfloat16 linear, or
+a float32 one packed for oneDNN: dynamic M, reduced float32 math) or its residual add with one
+lowering-pattern node that calls Inductor's ``lowerings`` dict directly, never ``user_lowerings``. While
+the hooks are installed, the entries of ``lowerings`` for ``mkldnn._linear_pointwise.default`` and
+``.binary`` are wrapped too: a call from any node but the linear's own (the pattern's) asks
+``handler.cpu_packed_gemm`` the same question, with the fused op's epilogue (:func:`fused_epilogue`:
+the activation is the op's ``attr``), and its patch applies to the fused lowering, which offers the C++
+template with that epilogue under max-autotune (torch/_inductor/mkldnn_lowerings.py ``linear_unary``,
+``linear_binary``). Until session 53 such a GEMM made no lookup: ``collect`` did not list it, a tune's
+trials were ``not_applied`` and use_table's report left it out of its coverage.
+
 Cost: nothing for a GEMM the handler leaves alone (one dict lookup and one method call per GEMM
-lowering). Limits: ``mkldnn._linear_pointwise.binary`` (a bfloat16 linear with a fused residual
-add) is lowered by the freezing pass's fusion pattern calling Inductor's lowering directly, never
-through ``user_lowerings``: such a GEMM makes no lookup (``collect`` does not list it, ``check`` does
-not count it) and always compiles Inductor's default, as does a float32 linear and its activation with
-a dynamic M (``mkldnn._linear_pointwise``'s unary fusion; use_table's report leaves it out); with
-dynamic M the template reads ``cpp.gemm_max_k_slices`` again when its code is rendered, after the lowering's patch is gone.
+lowering). With dynamic M the template reads ``cpp.gemm_max_k_slices`` again when its code is rendered,
+after the lowering's patch is gone (such an entry is stale: cpu_entries.DYNAMIC_M).
 """
 
 from __future__ import annotations
@@ -48,7 +57,9 @@ from torch._inductor import lowering as L
 from torch._inductor.kernel_inputs import MMKernelInputs
 from torch._inductor.virtualized import V
 
-__all__ = ["PACKED_OPS", "installed", "install", "uninstall", "packed_kernel_inputs"]
+from zhantune.inductor.epilogue import Epilogue
+
+__all__ = ["PACKED_OPS", "FUSED_OPS", "installed", "install", "uninstall", "packed_kernel_inputs", "fused_epilogue"]
 
 
 def _ops(*names: str) -> list[Any]:
@@ -67,10 +78,17 @@ def _ops(*names: str) -> list[Any]:
 #: mkl::_mkl_linear, the overload for mkldnn::_linear_pointwise; both are hooked)
 PACKED_OPS = _ops("mkl::_mkl_linear", "mkldnn::_linear_pointwise")
 _ATEN_OPS = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default]
+#: the overloads oneDNN's fusion patterns lower through ``lowerings`` (a linear and its activation; its
+#: residual add): wrapped there while installed
+FUSED_OPS: list[Any] = []
+with contextlib.suppress(AttributeError, RuntimeError):  # a build without oneDNN
+    FUSED_OPS = [torch.ops.mkldnn._linear_pointwise.default, torch.ops.mkldnn._linear_pointwise.binary]
 
 _lock = threading.Lock()
 _users = 0
 _previous: dict[Any, Callable[..., Any] | None] = {}
+#: Inductor's own ``lowerings`` entries of FUSED_OPS while they are wrapped
+_builtin: dict[Any, Callable[..., Any]] = {}
 
 
 def packed_kernel_inputs(target: Any, args: tuple) -> tuple[MMKernelInputs, str]:
@@ -78,9 +96,10 @@ def packed_kernel_inputs(target: Any, args: tuple) -> tuple[MMKernelInputs, str]
     bias, else "mm"): inputs (bias, x, W^T) or (x, W^T), x viewed as 2-D like the lowering does.
 
     ``mkl._mkl_linear(x, packed_w, orig_w, b, batch_size)`` keeps the dense weight (``orig_w``) and
-    its real strides. ``mkldnn._linear_pointwise(x, packed_w, b, ...)`` has only the packed tensor,
-    whose IR stride is not a dense one (torch/_inductor/codegen/cpp_gemm_template.py); W^T is then
-    described as the dense [N, K] weight the pass packed, transposed: size [K, N], stride [1, K].
+    its real strides. ``mkldnn._linear_pointwise(x, packed_w, b, ...)`` (``.binary(x, other, packed_w,
+    b, attr)``: a fused residual add) has only the packed tensor, whose IR stride is not a dense one
+    (torch/_inductor/codegen/cpp_gemm_template.py); W^T is then described as the dense [N, K] weight
+    the pass packed, transposed: size [K, N], stride [1, K].
     """
     # realized as the lowering itself realizes them (mm_args / the extern kernel's inputs), so that
     # a fused producer (a gelu feeding the next linear) has the layout the GEMM reads
@@ -89,11 +108,12 @@ def packed_kernel_inputs(target: Any, args: tuple) -> tuple[MMKernelInputs, str]
         w_t = L.permute(args[2], [1, 0])
         b = args[3]
     else:
-        w = args[1]
+        at = 2 if str(target).endswith(".binary") else 1  # the packed weight's position; the bias follows
+        w = args[at]
         n, k = (int(s) for s in V.graph.sizevars.optimization_hints(w.get_size()))
         w_t = ir.InputBuffer(name="zhantune_dense_weight",
                              layout=ir.FixedLayout(w.get_device(), w.get_dtype(), [k, n], [1, k]))
-        b = args[2]
+        b = args[at + 1]
     if b is not None:
         b = ir.ExternKernel.realize_input(b)
     size = x.get_size()
@@ -102,6 +122,36 @@ def packed_kernel_inputs(target: Any, args: tuple) -> tuple[MMKernelInputs, str]
     if b is not None:
         return MMKernelInputs([b, x, w_t], scalars={"alpha": 1, "beta": 1}), "addmm"
     return MMKernelInputs([x, w_t]), "mm"
+
+
+#: oneDNN's names of fused activations (mkldnn_fusion.py ``UnaryAttr``) where zhantune's Epilogue has another
+_ATTR_NAMES = {"swish": "silu"}
+
+
+def fused_epilogue(target: Any, args: tuple) -> Epilogue:
+    """What a fused packed linear computes after its GEMM, as the unfused graph's epilogue would say
+    (zhantune.inductor.epilogue.epilogue_of). ``mkldnn._linear_pointwise.default(x, w, b, attr, scalars,
+    algorithm)``: attr "relu" is relu, "gelu" with algorithm "none" the exact gelu (linear_act's),
+    "gelu" with "tanh" other="gelu (tanh)", "swish" other="silu", any other attr other=attr, "none"
+    nothing. ``.binary(x, other, w, b, attr)``: a residual add (or mul, sub), which epilogue_of does
+    not name either: Epilogue()."""
+    if str(target).endswith(".binary") or len(args) < 4 or args[3] in (None, "none"):
+        return Epilogue()
+    attr, algorithm = args[3], (args[5] if len(args) > 5 else None)
+    if attr == "relu":
+        return Epilogue("relu")
+    if attr == "gelu":
+        return Epilogue("gelu") if algorithm in (None, "", "none") else Epilogue(other="gelu (tanh)")
+    return Epilogue(other=_ATTR_NAMES.get(attr, str(attr)))
+
+
+def _on_cpu(args: tuple) -> bool:
+    return bool(args) and hasattr(args[0], "get_device") and getattr(args[0].get_device(), "type", None) == "cpu"
+
+
+def _lowering(target: Any) -> Callable[..., Any]:
+    """Inductor's own lowering of ``target`` (not the wrapper :func:`_fused_hook` puts in its place)."""
+    return _builtin.get(target) or L.lowerings[target]
 
 
 def _packed_hook(target: Any) -> Callable[..., Any]:
@@ -115,14 +165,35 @@ def _packed_hook(target: Any) -> Callable[..., Any]:
             prev = _previous.get(target)
             return prev(*args, **kwargs) if prev is not None else None
         with inductor_config.patch(patch):
-            return L.lowerings[target](*args, **kwargs)
+            return _lowering(target)(*args, **kwargs)
     return hook
+
+
+def _fused_hook(target: Any) -> Callable[..., Any]:
+    """The ``lowerings`` entry of a FUSED_OPS overload while installed: a call from a node other than
+    the linear's own (a fusion pattern's, which user_lowerings never sees; the linear's own node was
+    asked by :func:`_packed_hook`) asks the handler as a packed linear does, with :func:`fused_epilogue`."""
+    builtin = _builtin[target]
+    own = (target, target.overloadpacket)
+
+    def lowering(*args: Any, **kwargs: Any) -> Any:
+        decide = getattr(V.choices, "cpu_packed_gemm", None)
+        node = getattr(V.graph, "current_node", None)
+        if decide is None or getattr(node, "target", None) in own or not _on_cpu(args):
+            return builtin(*args, **kwargs)
+        inputs, op_name = packed_kernel_inputs(target, args)
+        patch = decide(inputs, op_name, str(target), epilogue=fused_epilogue(target, args))
+        if patch is None:
+            return builtin(*args, **kwargs)
+        with inductor_config.patch(patch):
+            return builtin(*args, **kwargs)
+    return lowering
 
 
 def _aten_hook(target: Any) -> Callable[..., Any]:
     def hook(*args: Any, **kwargs: Any) -> Any:
         scope = getattr(V.choices, "cpu_gemm_lowering", None)
-        on_cpu = bool(args) and hasattr(args[0], "get_device") and getattr(args[0].get_device(), "type", None) == "cpu"
+        on_cpu = _on_cpu(args)
         if scope is None or not on_cpu:
             prev = _previous.get(target)
             return prev(*args, **kwargs) if prev is not None else None
@@ -141,10 +212,15 @@ def install() -> None:
         for target in PACKED_OPS + _ATEN_OPS:
             _previous[target] = L.user_lowerings.get(target)
             L.user_lowerings[target] = (_packed_hook if target in PACKED_OPS else _aten_hook)(target)
+        for target in FUSED_OPS:
+            if target in L.lowerings:
+                _builtin[target] = L.lowerings[target]
+                L.lowerings[target] = _fused_hook(target)
 
 
 def uninstall() -> None:
-    """Undo one install(); the last one puts back whatever ``user_lowerings`` held before."""
+    """Undo one install(); the last one puts back whatever ``user_lowerings`` held before, and
+    Inductor's own ``lowerings`` of FUSED_OPS."""
     global _users
     with _lock:
         if _users == 0:
@@ -158,6 +234,9 @@ def uninstall() -> None:
             else:
                 L.user_lowerings[target] = prev
         _previous.clear()
+        for target, builtin in _builtin.items():
+            L.lowerings[target] = builtin
+        _builtin.clear()
 
 
 @contextlib.contextmanager

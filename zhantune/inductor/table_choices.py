@@ -122,12 +122,12 @@ class TableChoices(RecordingChoices):
         return activation_stale(self.tf.activations, key, event, self.tf.table.get(key) if key else None)
 
     # -- CPU: the lowering hooks (zhantune.inductor.cpu_gemm) -----------------------------------
-    def cpu_packed_gemm(self, kernel_inputs, op_name: str, packed_op: str) -> dict[str, Any] | None:
-        """A prepacked linear (Inductor's default for a frozen GEMM with oneDNN on): on a hit whose
-        entry selects the C++ template, the config patch to lower it under (max-autotune, the
-        entry's backends and ``cpp.gemm_*`` knobs); anything else (a miss, an ``aten`` entry, a
-        stale table): None, Inductor's own packed lowering."""
-        event = self.event(kernel_inputs, op_name, {}, (), packed=packed_op)
+    def cpu_packed_gemm(self, kernel_inputs, op_name: str, packed_op: str, epilogue=None) -> dict[str, Any] | None:
+        """A prepacked linear (Inductor's default for a frozen GEMM with oneDNN on; ``epilogue``: a fused
+        one's, zhantune.inductor.cpu_gemm): on a hit whose entry selects the C++ template, the config patch
+        to lower it under (max-autotune, the entry's backends and ``cpp.gemm_*`` knobs); anything else
+        (a miss, an ``aten`` entry, a stale table): None, Inductor's own packed lowering."""
+        event = self.event(kernel_inputs, op_name, {}, (), packed=packed_op, epilogue=epilogue)
         key, entries = self._find(event)
         report_key = key or event.device_key or event.agnostic_key or op_name
         patch = None
