@@ -254,6 +254,28 @@ def test_a_cpp_entry_inductor_does_not_offer_the_template_for_is_stale_with_the_
     torch.testing.assert_close(out, model(x))
 
 
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_a_compile_outside_no_grad_says_so_and_its_gemm_stays_tunable(requires_grad):
+    """A helper's (session 52): freezing on, the first call outside torch.no_grad(). Inductor freezes
+    nothing then (compile_fx.py: only with grad mode off), and the report blamed "the GEMM's second
+    operand is computed at run time" and left the Linear out of the coverage as untunable. Now the
+    reason names no_grad and the GEMM counts, as under no_grad it would be served."""
+    from zhantune.inductor.cpu_entries import GRAD_ON
+
+    torch.manual_seed(0)
+    model, x = _linear(48, 64, torch.float32).requires_grad_(requires_grad), torch.randn(16, 64)
+    with recording() as rec:
+        _compile(model, x)
+    (key,) = [e.device_key for e in rec.events if e.offered]
+    torch._dynamo.reset()
+    with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed, \
+            lookups_seen(freezing=True):
+        _, seen = _counted(torch.compile(model), x)  # grad mode on
+    report = installed.report
+    assert seen["cpp_template"] == 0 and not report.hits
+    assert set(report.stale.values()) == {GRAD_ON} and not report.untunable and report.tunable_coverage == 0
+
+
 class _BatchPermutedBmm(torch.nn.Module):
     def forward(self, x, w):
         return torch.bmm(x.transpose(0, 1), w)

@@ -149,10 +149,12 @@ class RecordingChoices(LookupTableChoices):
         )
         scalars = tuple(sorted((getattr(kernel_inputs, "_scalars", None) or {}).items()))
         runtime = shared = False
-        # under freezing (collect's, a tune's on CPU): without it every weight is a graph input, not a constant
+        # a frozen compile (collect's, a tune's on CPU): without it every weight is a graph input, not a
+        # constant (freezing set, grad mode on: a GEMM a table could serve under no_grad, not an untunable one)
+        from zhantune.inductor.cpu_entries import constant_operand, frozen_compile
+
         if op_name in ("bmm", "mm", "addmm") and packed is None and kernel_inputs.device_type == "cpu" \
-                and inductor_config.freezing:
-            from zhantune.inductor.cpu_entries import constant_operand
+                and frozen_compile():
 
             runtime = not constant_operand(kernel_inputs)
             shared = op_name == "bmm" and shared_output(getattr(V.graph, "current_node", None))

@@ -12,7 +12,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, not_carried
 
-__all__ = ["NOT_FROZEN", "BMM_RUNTIME_OPERAND", "BMM_SHARED_OUTPUT", "RUNTIME_OPERAND", "bmm_stale", "constant_operand", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "OTHER_ISA", "other_isa", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
+__all__ = ["NOT_FROZEN", "GRAD_ON", "frozen_compile", "BMM_RUNTIME_OPERAND", "BMM_SHARED_OUTPUT", "RUNTIME_OPERAND", "bmm_stale", "constant_operand", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "OTHER_ISA", "other_isa", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
            "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp", "TRANSPOSED_INPUT",
            "CPP_NOT_OFFERED", "UNHOOKED_LOWERING", "strided_input", "cpp_unoffered", "CPP_KNOB_DEFAULTS", "cpp_knobs", "cpp_entry_stale"]
 
@@ -36,6 +36,12 @@ NOT_FROZEN = ("the C++ template needs a frozen constant weight: set torch._induc
 BMM_RUNTIME_OPERAND = ("the tune measured the C++ BMM template on a constant second operand (a frozen weight, "
                        "blocked when compiled); here it is computed at run time (e.g. attention's keys), another "
                        "kernel no measurement covers: Inductor's default compiled")
+#: why a C++-template entry compiled Inductor's default where freezing is on but the compile ran with
+#: autograd on (a first call outside torch.no_grad(): a helper's saw RUNTIME_OPERAND for a Linear's weight)
+GRAD_ON = ("this compile ran with autograd on (not under torch.no_grad()), so Inductor did not freeze the weights "
+           "although torch._inductor.config.freezing is set (torch/_inductor/compile_fx.py freezes only with grad "
+           "mode off): the C++ template needs a frozen constant weight; Inductor's default compiled (call the "
+           "compiled model under torch.no_grad())")
 #: why a C++-template mm / addmm entry compiled Inductor's default under freezing where the second
 #: operand is not a weight (NOT_FROZEN advised the freezing already on)
 RUNTIME_OPERAND = ("the GEMM's second operand is computed at run time here (not a frozen weight): Inductor's C++ "
@@ -192,7 +198,20 @@ def cpp_unoffered(kernel_inputs: Any, op_name: str = "mm") -> str:
         return CPP_NOT_OFFERED
     if constant_operand(kernel_inputs):
         return CPP_NOT_OFFERED
-    return RUNTIME_OPERAND if inductor_config.freezing else NOT_FROZEN  # frozen, yet not a weight (a review's)
+    if frozen_compile():
+        return RUNTIME_OPERAND  # frozen, yet not a weight (a review's)
+    return GRAD_ON if inductor_config.freezing else NOT_FROZEN
+
+
+def frozen_compile() -> bool:
+    """Whether the graph Inductor is lowering has its weights frozen: ``config.freezing`` set, an
+    inference graph (``V.graph.is_inference``: not a training graph's forward) and grad mode off
+    (torch/_inductor/compile_fx.py freezes only when ``not torch.is_grad_enabled()``)."""
+    import torch
+    from torch._inductor.virtualized import V
+
+    return bool(inductor_config.freezing and getattr(V.graph, "is_inference", False)
+                and not torch.is_grad_enabled())
 
 
 def constant_operand(kernel_inputs: Any) -> bool:
