@@ -590,6 +590,11 @@ CASES = [
                                    "hydra.launcher.timeout_mn=5"], None,
      "override hydra.launcher.timeout_mn=...: 'hydra.launcher.timeout_mn' is not an option of hydra.launcher; did "
      "you mean hydra.launcher.timeout_min? (options of hydra.launcher: submitit_folder, timeout_min,", None),
+    # '+' adds a keyword the basic launcher's class does not take: Hydra's "Error in call to target", exit 1,
+    # and a summary of "a job's failure" when no job had started (session 53)
+    ("plus-basic-launcher", "zhantune", ["-m", "+op=mm", "shape=[4,4,4]", "+hydra.launcher.foo=5"], None,
+     "hydra.launcher.foo: not an option of the launcher (hydra._internal.core_plugins.basic_launcher.BasicLauncher); "
+     "it takes no option", None),
     # Hydra's own options (a review's: Hydra's sentence, advising '+')
     ("typo-hydra-run", "zhantune", ["+op=mm", "shape=[4,4,4]", "hydra.run.dirr=x"], None,
      "override hydra.run.dirr=...: 'hydra.run.dirr' is not an option of hydra.run; did you mean hydra.run.dir? "

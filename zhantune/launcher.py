@@ -8,7 +8,47 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["launcher_hint", "report_local_failures_at_once", "submitit_failure", "submitit_parameter_error"]
+__all__ = ["check_launcher_options", "launcher_hint", "launcher_option_problem", "report_local_failures_at_once", "submitit_failure",
+           "submitit_parameter_error"]
+
+
+def launcher_option_problem(launcher: dict) -> str | None:
+    """The one-line message for a key of the composed ``hydra.launcher`` (``launcher``: it as a plain
+    dict, with its ``_target_``) that the launcher's class does not take, else None. Hydra instantiates
+    the launcher with every key as a keyword argument after the sweep's callbacks start: a
+    ``+hydra.launcher.foo=5`` with the basic launcher was Hydra's "Error in call to target" text, exit 1,
+    and a summary of "a job's failure" (no job had started). A launcher that takes any keyword (the
+    submitit ones: submitit itself refuses what it does not know, :func:`submitit_parameter_error`)
+    or a class that cannot be imported here is left to Hydra."""
+    import inspect
+
+    from hydra._internal.utils import _locate
+
+    target = str(launcher.get("_target_") or "")
+    try:
+        params = inspect.signature(_locate(target).__init__).parameters
+    except Exception:
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    names = [n for n in params if n != "self"]
+    for key in launcher:
+        if not str(key).startswith("_") and key not in names:
+            return (f"hydra.launcher.{key}: not an option of the launcher ({target}); it takes "
+                    + (", ".join(names) if names else "no option (hydra/launcher=submitit_local or "
+                       "submitit_slurm take the submitit options: docs/cluster.md)"))
+    return None
+
+
+def check_launcher_options(launcher: object) -> None:
+    """:func:`launcher_option_problem` of the composed ``hydra.launcher`` node (an OmegaConf node) as
+    a user error (exit code 2), before the sweep starts (zhantune.multirun's on_multirun_start)."""
+    from omegaconf import OmegaConf
+
+    from zhantune.cli import user_error
+
+    if msg := launcher_option_problem(OmegaConf.to_container(launcher, resolve=False)):
+        user_error(msg)
 
 
 def launcher_hint(hydra_message: str) -> str:

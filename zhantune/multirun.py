@@ -22,6 +22,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
+from zhantune.launcher import check_launcher_options
+
 __all__ = ["MultirunSummary", "job_record", "JOB_RECORD"]
 
 #: the file each job of a multirun writes in its output directory
@@ -267,6 +269,7 @@ class MultirunSummary(Callback):
         # not reworded as a one-line user error (zhantune.cli.run_app)
         from zhantune.cli import mark_task_started
 
+        check_launcher_options(config.hydra.launcher)
         _check_every_job(config)
         sweep = Path(str(config.hydra.sweep.dir))
         sweep.mkdir(parents=True, exist_ok=True)
