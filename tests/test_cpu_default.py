@@ -847,7 +847,8 @@ def test_a_table_whose_cpu_had_another_vector_isa_is_stale_and_the_export_says_w
     EPYC") covers AVX2 and AVX-512 machines; an AVX-512 machine's C++-template claim hit here. The
     export records each CPU's ISA in the wrapper's devices, and use_table reports a key whose CPU had
     another ISA stale (the default compiles); under this CPU's own ISA the entry hits."""
-    from zhantune.inductor.cpu_entries import OTHER_ISA
+    from zhantune.device import cpuid
+    from zhantune.inductor.cpu_entries import OTHER_CPU, OTHER_ISA
     from zhantune.inductor.exporter import table_metadata
     from zhantune.inductor.table import FORMAT
     from zhantune.storage import Store
@@ -859,22 +860,29 @@ def test_a_table_whose_cpu_had_another_vector_isa_is_stale_and_the_export_says_w
     (event,) = [e for e in rec.events if e.offered]
     mine = torch.backends.cpu.get_cpu_capability()
     device = event.device_key.partition("+((")[0]
-    for isa, hit in ((mine, True), (f"NOT_{mine}", False)):
+    here = cpuid()
+    # the ISA; then (session 53) the cpuid under one ISA: Zen 4 and Zen 5 are both "AMD EPYC", AVX-512
+    for ident, why in (({"isa": mine, "cpuid": here}, None),
+                       ({"isa": f"NOT_{mine}"}, OTHER_ISA.format(theirs=f"NOT_{mine}", mine=mine)),
+                       ({"isa": mine, "cpuid": "GenuineIntel family 6 model 1"},
+                        OTHER_CPU.format(theirs="GenuineIntel family 6 model 1", mine=here) if here else None)):
         table = {"format": FORMAT, "format_version": 1, "torch": str(torch.__version__),
-                 "devices": [{"key": device, "name": device, "kind": "cpu", "isa": isa}],
+                 "devices": [{"key": device, "name": device, "kind": "cpu", **ident}],
                  "table": {event.device_key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}}
         with use_table(table) as installed:
             _, seen = _counted(_compile, model, x)
+        hit = why is None
         assert (seen["cpp_template"] > 0) is hit and bool(installed.report.hits) is hit, installed.report
         if not hit:
-            assert installed.report.stale == {event.device_key: OTHER_ISA.format(theirs=isa, mine=mine)}
+            assert installed.report.stale == {event.device_key: why}
     store = Store(f"sqlite:///{tmp_path / 'z.db'}")  # the export's wrapper names the tuned CPU's ISA (its stored properties)
-    dev = store.device_id(device, device, "cpu", {"isa": mine})
+    dev = store.device_id(device, device, "cpu", {"isa": mine, "cpuid": "AuthenticAMD family 26 model 2"})
     prob = store.problem_id("p", op="mm", shape={"M": 4, "N": 4, "K": 4, "B": 1}, dtype="float32", activation=None,
                             lookup_op="mm", flops=128)
     store.add_measurement(study_id=store.study_id("s", {}), device_id=dev, problem_id=prob, kind="candidate",
                           status="ok", template_id=None, params={}, median_us=1.0, torch_version="2.13.0")
-    assert table_metadata(store, {}, {}, "s")["devices"] == [{"key": device, "name": device, "kind": "cpu", "isa": mine}]
+    assert table_metadata(store, {}, {}, "s")["devices"] == [{"key": device, "name": device, "kind": "cpu", "isa": mine,
+                                                               "cpuid": "AuthenticAMD family 26 model 2"}]
 
 
 def test_a_cpu_key_names_the_thread_count_and_a_model_only_key_is_stale():

@@ -1701,6 +1701,23 @@ def test_a_cpu_key_of_another_vector_isa_is_refused_and_a_misspelt_column_too(tm
         check_device_kinds(stores)
     check_device_kinds(stores[:2])
     check_device_kinds([stores[0], stores[2]])
+    # one model name, one ISA, two generations (Zen 4 and Zen 5 are both "AMD EPYC" in a VM): the cpuid
+    # (zhantune.device.cpuid) tells them apart, in a tune's device row and in a merge alike (session 53)
+    zen4, zen5 = {"isa": "AVX512", "cpuid": "AuthenticAMD family 25 model 17"}, \
+        {"isa": "AVX512", "cpuid": "AuthenticAMD family 26 model 2"}
+    dev = store.device_id("AMD EPYC (4 threads)", "AMD EPYC", "cpu", {"isa": "AVX512"})  # stored before the field
+    assert store.device_id("AMD EPYC (4 threads)", "AMD EPYC", "cpu", zen4) == dev  # given this machine's
+    with pytest.raises(StorageError, match=r"is a CPU with identity \(vendor, family and model in /proc/cpuinfo\) "
+                                           r"'AuthenticAMD family 25 model 17'; this one's is 'AuthenticAMD family 26 model 2'"):
+        store.device_id("AMD EPYC (4 threads)", "AMD EPYC", "cpu", zen5)
+    gens = []
+    for name, props in (("t4", {"isa": "AVX512"}), ("zen4", zen4), ("zen5", zen5)):
+        gens.append((name, Store(f"sqlite:///{tmp_path / name}.db")))
+        gens[-1][1].device_id("AMD EPYC (4 threads)", "AMD EPYC", "cpu", props)
+    with pytest.raises(StorageError, match=r"^zen5: device .* identity .* 'AuthenticAMD family 26 model 2' there and "
+                                           r"'AuthenticAMD family 25 model 17' in zen4"):
+        check_device_kinds(gens)
+    check_device_kinds(gens[:2])
     with pytest.raises(TypeError, match="not a measurement column: median_usec"):
         store.add_measurements([{"study_id": 1, "device_id": dev, "problem_id": 1, "kind": "candidate",
                                  "status": "ok", "median_usec": 3.0, "torch_version": "2.13.0"}])

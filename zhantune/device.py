@@ -23,7 +23,15 @@ from zhantune.request import check_device_spec
 if TYPE_CHECKING:  # torch is imported where a device is resolved: a replay or an import never needs it
     import torch
 
-__all__ = ["DeviceInfo", "resolve_device", "cpu_model_name", "cpu_device_key", "cpu_threads", "cpu_model"]
+__all__ = ["DeviceInfo", "resolve_device", "cpu_model_name", "cpu_device_key", "cpu_threads", "cpu_model", "cpuid",
+           "CPU_IDENTITY", "cpu_identity_mismatch"]
+
+#: the properties of a CPU device that tell apart machines of one model name and thread count (one
+#: device key): its vector ISA (torch.backends.cpu.get_cpu_capability()) and :func:`cpuid` (a cloud
+#: VM's "AMD EPYC" is Zen 3, Zen 4 and Zen 5; Zen 4 and Zen 5 both AVX-512). Rows, merges and table
+#: entries of one key with another value of either are another machine's (zhantune.storage.store,
+#: zhantune.storage.merge_checks, zhantune.inductor.cpu_entries.other_cpu)
+CPU_IDENTITY = {"isa": "vector ISA", "cpuid": "identity (vendor, family and model in /proc/cpuinfo)"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,39 @@ def cpu_model_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "cpu"
+
+
+def cpuid() -> str | None:
+    """The CPU's identity below its model name, from /proc/cpuinfo: ``"AuthenticAMD family 26 model 2"``
+    on x86 (vendor_id, cpu family, model: a generation and its variant; not the stepping), ``"ARM
+    implementer 0x41 part 0xd40"`` on Arm (CPU implementer, CPU part), None where not readable."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                name, sep, value = line.partition(":")
+                if not sep:
+                    if fields:
+                        break  # the first processor's block only
+                    continue
+                fields.setdefault(name.strip(), value.strip())
+    except OSError:
+        return None
+    if all(fields.get(k) for k in ("vendor_id", "cpu family", "model")):
+        return f"{fields['vendor_id']} family {fields['cpu family']} model {fields['model']}"
+    if all(fields.get(k) for k in ("CPU implementer", "CPU part")):
+        return f"ARM implementer {fields['CPU implementer']} part {fields['CPU part']}"
+    return None
+
+
+def cpu_identity_mismatch(theirs: Any, mine: Any) -> tuple[str, str, str] | None:
+    """(field, theirs, mine) for the first of CPU_IDENTITY that both CPU property dicts hold with
+    different values; None where they agree or either lacks it (a device stored before the field)."""
+    theirs, mine = (d if isinstance(d, dict) else {} for d in (theirs, mine))
+    for f in CPU_IDENTITY:
+        if theirs.get(f) and mine.get(f) and theirs[f] != mine[f]:
+            return f, str(theirs[f]), str(mine[f])
+    return None
 
 
 def cpu_model() -> str:
@@ -92,6 +133,7 @@ def _cpu_info() -> DeviceInfo:
         "threads": threads,
         "isa": torch.backends.cpu.get_cpu_capability(),
         "machine": platform.machine(),
+        **({"cpuid": ident} if (ident := cpuid()) else {}),
     }
     return DeviceInfo(kind="cpu", index=None, key=cpu_device_key(name, threads), name=name, properties=props)
 

@@ -12,7 +12,7 @@ from torch._inductor import config as inductor_config
 
 from zhantune.inductor.table import CONFIG_TEMPLATE_ID, not_carried
 
-__all__ = ["NOT_FROZEN", "GRAD_ON", "frozen_compile", "BMM_RUNTIME_OPERAND", "BMM_SHARED_OUTPUT", "RUNTIME_OPERAND", "bmm_stale", "constant_operand", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "OTHER_ISA", "other_isa", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
+__all__ = ["NOT_FROZEN", "GRAD_ON", "frozen_compile", "BMM_RUNTIME_OPERAND", "BMM_SHARED_OUTPUT", "RUNTIME_OPERAND", "bmm_stale", "constant_operand", "PREPACK_OFF", "ISA_MISMATCH", "isa_mismatch", "OTHER_ISA", "OTHER_CPU", "other_isa", "DYNAMIC_M", "GPU_ENTRY_ON_CPU", "LEGACY_CPU_KEY", "REDUCED_FLOAT32", "cpp_template_applies",
            "dynamic_m", "cpu_entry", "reduced_float32", "threads_mismatch", "wants_cpp", "TRANSPOSED_INPUT",
            "CPP_NOT_OFFERED", "UNHOOKED_LOWERING", "strided_input", "cpp_unoffered", "CPP_KNOB_DEFAULTS", "cpp_knobs", "cpp_entry_stale"]
 
@@ -92,13 +92,30 @@ OTHER_ISA = ("measured on a CPU of this name whose vector ISA (torch.backends.cp
              "and timings): Inductor's default compiled; tune here")
 
 
-def other_isa(theirs: str | None) -> str | None:
-    """OTHER_ISA filled in when a table says its CPU's vector ISA (``devices[].isa``, from the tuned
-    device's properties: torch.backends.cpu.get_cpu_capability()) and this CPU's differs, else None."""
+#: why a CPU entry compiled Inductor's default where the table's wrapper gives its device another cpuid
+OTHER_CPU = ("measured on a CPU of this name that /proc/cpuinfo identified as {theirs}; this one is {mine} (another "
+             "generation or variant under one model name, e.g. a cloud VM's \"AMD EPYC\" on Zen 4 and on Zen 5: other "
+             "caches, other timings, a claim nobody measured here): Inductor's default compiled; tune here")
+
+
+def other_isa(theirs: Any) -> str | None:
+    """Why a CPU entry's device is another machine than this one, or None: the table's wrapper gives
+    its CPU (``theirs``: its ``devices[]`` object, or None) a vector ISA (``isa``, the tuned device's
+    torch.backends.cpu.get_cpu_capability()) other than this CPU's (OTHER_ISA), or a ``cpuid``
+    (zhantune.device.cpuid: vendor, family, model) other than this one's (OTHER_CPU). A field the
+    table or this machine lacks is not compared."""
     import torch
 
+    from zhantune.device import cpuid
+
+    theirs = theirs if isinstance(theirs, dict) else {}
     mine = torch.backends.cpu.get_cpu_capability()
-    return OTHER_ISA.format(theirs=theirs, mine=mine) if theirs and theirs != mine else None
+    if theirs.get("isa") and theirs["isa"] != mine:
+        return OTHER_ISA.format(theirs=theirs["isa"], mine=mine)
+    here = cpuid()
+    if theirs.get("cpuid") and here and theirs["cpuid"] != here:
+        return OTHER_CPU.format(theirs=theirs["cpuid"], mine=here)
+    return None
 
 
 #: why a float32 CPU entry compiled Inductor's default in a process with oneDNN's reduced float32

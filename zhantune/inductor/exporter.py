@@ -132,12 +132,13 @@ def table_metadata(store: Store, table: dict[str, list[dict[str, Any]]], options
     from a database that also held a GPU's, were listed with that GPU and served on CUDA, a helper found),
     and the export ``options``."""
     import zhantune
+    from zhantune.device import CPU_IDENTITY
     from zhantune.provenance import software_versions
 
     versions = software_versions()
     wanted = options.get("devices")  # compare's devices= (keys or names); None: every device
-    devices = [{"key": d.key, "name": d.name, "kind": d.kind,  # a CPU's vector ISA: one model name covers several
-                **({"isa": d.properties["isa"]} if d.kind == "cpu" and (d.properties or {}).get("isa") else {})}
+    devices = [{"key": d.key, "name": d.name, "kind": d.kind,  # a CPU's ISA and cpuid: one model name covers several
+                **{f: (d.properties or {})[f] for f in CPU_IDENTITY if d.kind == "cpu" and (d.properties or {}).get(f)}}
                for d in store.devices_with_candidates(options.get("device"), table_torch(options.get("torch_version"))
                                                       if options.get("device_agnostic") or options.get("portable") else None)
                if (not wanted or d.key in wanted or d.name in wanted) and (device_ids is None or d.id in device_ids)]

@@ -66,7 +66,7 @@ class TableChoices(RecordingChoices):
         self.tf = tf
         self.report = TableReport(tf.source)
         self.version_mismatch: str | None = None
-        self._isa = {d["key"]: d["isa"] for d in tf.meta.get("devices", []) if d.get("isa")}  # a CPU's, by device key
+        self._cpus = {d["key"]: d for d in tf.meta.get("devices", []) if d.get("kind") == "cpu"}  # by device key
         if tf.torch_version is not None and release(tf.torch_version) != release(torch.__version__):
             self.version_mismatch = (f"table made with torch {tf.torch_version}, this is torch "
                                      f"{torch.__version__}: lookup keys and templates may differ; re-tune")
@@ -115,7 +115,7 @@ class TableChoices(RecordingChoices):
             return why
         if not cuda and self.any_key is None and (precision := reduced_float32(dtypes, bool(event.packed))):
             return REDUCED_FLOAT32.format(precision=precision)
-        if not cuda and key is not None and (why := other_isa(self._isa.get((parse_key(key) or {}).get("device")))):
+        if not cuda and key is not None and (why := other_isa(self._cpus.get((parse_key(key) or {}).get("device")))):
             return why
         if key is not None and key == legacy_cpu_key(event.device_key, event.agnostic_key):
             return LEGACY_CPU_KEY.format(key=event.device_key.partition("+((")[0])

@@ -30,7 +30,7 @@ WRAPPER_FIELDS = ("format", "format_version", "zhantune", "torch", "triton", "cr
 MAX_WRAPPER_BYTES = 1 << 20
 #: a version string in the wrapper (PEP 440 with a local part: "2.13.0+cpu", "2.13.0a0+git1234abc")
 VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}", re.ASCII)
-_DEVICE_FIELDS = ("key", "name", "kind", "isa")
+_DEVICE_FIELDS = ("key", "name", "kind", "isa", "cpuid")
 
 
 def check_meta(where: str, meta: dict[str, Any]) -> None:
@@ -81,7 +81,7 @@ def check_meta(where: str, meta: dict[str, Any]) -> None:
         if unknown := sorted(set(d) - set(_DEVICE_FIELDS)):
             raise TableError(f"{where}: devices[{i}].{shown_json(unknown[0])[:80]}: not a field of a device "
                              f"(a device has {', '.join(_DEVICE_FIELDS)})")
-        if bad := next((f for f in ("name", "kind", "isa") if d.get(f) is not None and not (
+        if bad := next((f for f in _DEVICE_FIELDS[1:] if d.get(f) is not None and not (
                 isinstance(d[f], str) and d[f].isprintable() and len(d[f]) <= SHOWN_KEY)), None):
             raise TableError(f"{where}: devices[{i}].{bad}: expected one line of printable text or null, "
                              f"got {json.dumps(d[bad], default=str)[:80]}")

@@ -194,29 +194,33 @@ def _check_optuna_studies(source: Store, names: set[str], refuse: Callable[[str]
 
 
 def check_device_kinds(stores: list[tuple[str, Store]]) -> None:
-    """Refuse a merge that would join a CPU and a GPU, or two CPUs of different vector ISAs, under one
+    """Refuse a merge that would join a CPU and a GPU, or two CPUs of different vector ISAs or cpuids
+    (zhantune.device.CPU_IDENTITY: Zen 4 and Zen 5 are both "AMD EPYC" in a cloud VM), under one
     device key (Store.device_id keeps a key's first kind and properties: the other's rows, verdicts
     and knobs would join its rankings and tables; a CPU's key is its model name and threads, and one
     name such as "AMD EPYC" covers AVX2 and AVX-512 machines, whose C++ kernels differ: an attack's
     finding). ``stores``: (where, store), the target first when it exists. Raises StorageError
-    naming both; a device stored without its ISA is compared with none, but every ISA stored for a key
+    naming both; a device stored without its ISA (cpuid) is compared with none, but every one stored for a key
     with each other (a helper's attack: a target without one let an AVX2 and an AVX-512 source merge)."""
+    from zhantune.device import CPU_IDENTITY
+
     seen: dict[str, tuple[str, str]] = {}  # key -> (kind, where) of its first row
-    isas: dict[str, tuple[str, str]] = {}  # key -> (isa, where) of its first row that stores one
+    idents: dict[tuple[str, str], tuple[str, str]] = {}  # (key, field) -> (value, where) of its first row storing one
     for where, store in stores:
         with store.session() as s:
             rows = s.execute(select(m.Device.key, m.Device.kind, m.Device.properties).order_by(m.Device.key))
             for key, kind, props in rows:
-                isa = props.get("isa") if kind == "cpu" and isinstance(props, dict) else None
                 first = seen.setdefault(key, (kind, where))
                 if first[0] != kind:
                     raise StorageError(f"{where}: device {json.dumps(key)[:120]} is a {kind} device there and a "
                                        f"{first[0]} device in {first[1]}: nothing was merged (one key, one device)")
-                other = isas.setdefault(key, (isa, where)) if isa else None
-                if other and isa != other[0]:
-                    raise StorageError(f"{where}: device {json.dumps(key)[:120]} is a CPU with vector ISA "
-                                       f"{shown(isa)} there and {shown(other[0])} in {other[1]} (one model name, "
-                                       "two kinds of machine): nothing was merged (one key, one device)")
+                for f, what in CPU_IDENTITY.items():  # the ISA, the cpuid (zhantune.device)
+                    value = props.get(f) if kind == "cpu" and isinstance(props, dict) else None
+                    other = idents.setdefault((key, f), (value, where)) if value else None
+                    if other and value != other[0]:
+                        raise StorageError(f"{where}: device {json.dumps(key)[:120]} is a CPU with {what} "
+                                           f"{shown(value)} there and {shown(other[0])} in {other[1]} (one model name, "
+                                           "two kinds of machine): nothing was merged (one key, one device)")
 
 
 def check_recordings(stores: list[tuple[str, Store]]) -> None:

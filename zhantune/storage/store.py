@@ -195,17 +195,22 @@ class Store(Queries):
         """The device row's id by its key (CUDA: gcnArchName; CPU: model name and thread count), created
         when absent. Raises StorageError, before anything is written, when the key is stored as another
         kind of device (``devices=[NAME]`` of an import naming a CPU, a merged database) or as a CPU of
-        another vector ISA (one model name, two kinds of machine): its rows would join the other's. A CPU
-        row stored without its ISA (an older database's, a merge's target) is given this one's."""
+        another vector ISA or cpuid (zhantune.device.CPU_IDENTITY: one model name, two kinds of machine):
+        its rows would join the other's. A CPU row stored without either (an older database's, a merge's
+        target) is given this one's."""
+        from zhantune.device import CPU_IDENTITY, cpu_identity_mismatch
+
         def same_kind(row: m.Device) -> None:
-            theirs, mine = (row.properties if isinstance(row.properties, dict) else {}).get("isa"), properties.get("isa")
-            if row.kind != kind or (kind == "cpu" and theirs and mine and theirs != mine):
+            stored = row.properties if isinstance(row.properties, dict) else {}
+            other = cpu_identity_mismatch(stored, properties) if kind == "cpu" else None
+            if row.kind != kind or other:
                 raise StorageError(self._other_kind(key, row.kind, kind) if row.kind != kind else (
-                    f"device {shown(key, 120)} in {redact_url(self.url)} is a CPU with vector ISA {shown(theirs)}; this "
-                    f"one's is {shown(mine)} (another machine of one model name, or ATEN_CPU_CAPABILITY set): tune "
-                    "into another database"))
-            if kind == "cpu" and mine and not theirs:  # a helper merged an AVX2 and an AVX-512 source into it
-                row.properties = {**(row.properties if isinstance(row.properties, dict) else {}), "isa": mine}
+                    f"device {shown(key, 120)} in {redact_url(self.url)} is a CPU with {CPU_IDENTITY[other[0]]} "
+                    f"{shown(other[1])}; this one's is {shown(other[2])} (another machine of one model name, or "
+                    "ATEN_CPU_CAPABILITY set): tune into another database"))
+            # a helper merged an AVX2 and an AVX-512 source into a row without an ISA
+            if kind == "cpu" and (missing := {f: properties[f] for f in CPU_IDENTITY if properties.get(f) and not stored.get(f)}):
+                row.properties = {**stored, **missing}
         return self._get_or_create(m.Device, {"key": key}, dict(name=name, kind=kind, properties=properties), same_kind)
 
     def environment_id(self, fields: dict[str, Any]) -> int:
