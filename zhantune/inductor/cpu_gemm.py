@@ -12,7 +12,8 @@ built-in lowering, unchanged). zhantune registers one there for each packed-line
 ``aten.mm`` / ``aten.addmm`` / ``aten.bmm``, and each asks the thread's choices handler
 (``V.choices``) what to do with this one GEMM:
 
-- packed linear: ``handler.cpu_packed_gemm(kernel_inputs, op_name, packed_op)`` gets the GEMM as
+- packed linear: ``handler.cpu_packed_gemm(kernel_inputs, op_name, packed_op)`` (``epilogue=`` too for a
+  fused one, below: a handler's method takes that keyword) gets the GEMM as
   Inductor's ``MMKernelInputs`` (bias, x, W^T with alpha = beta = 1 for addmm; x, W^T for mm; the key
   then comes from Inductor's own ``make_lookup_key_variants``) and returns an Inductor config patch
   to lower this GEMM under (``max_autotune`` and the ``cpp.gemm_*`` knobs: the template choice is
