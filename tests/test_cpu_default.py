@@ -864,6 +864,8 @@ def test_a_table_whose_cpu_had_another_vector_isa_is_stale_and_the_export_says_w
     # the ISA; then (session 53) the cpuid under one ISA: Zen 4 and Zen 5 are both "AMD EPYC", AVX-512
     for ident, why in (({"isa": mine, "cpuid": here}, None),
                        ({"isa": f"NOT_{mine}"}, OTHER_ISA.format(theirs=f"NOT_{mine}", mine=mine)),
+                       # a device without its kind is compared too (a review's: only "cpu" ones were, for a while)
+                       ({"kind": None, "isa": f"NOT_{mine}"}, OTHER_ISA.format(theirs=f"NOT_{mine}", mine=mine)),
                        ({"isa": mine, "cpuid": "GenuineIntel family 6 model 1"},
                         OTHER_CPU.format(theirs="GenuineIntel family 6 model 1", mine=here) if here else None)):
         table = {"format": FORMAT, "format_version": 1, "torch": str(torch.__version__),

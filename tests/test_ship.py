@@ -371,7 +371,7 @@ def test_export_options_on_a_real_cpu_tune(tune_cfg, cli, tmp_path):
                      "compiles the first entry only)",
                      f"format=inductor: the bare table names no torch release, device kind or CPU ISA: zhantune.use_table "
                      f"cannot report its entries stale under a torch other than {torch.__version__} or on a CPU of "
-                     "another ISA, and serves them as hits (format=zhantune keeps them)",
+                     "another ISA or cpuid, and serves them as hits (format=zhantune keeps them)",
                      "1 CPU key(s): stock Inductor makes no lookup on CPU; they apply through "
                      "zhantune.use_table only"], r.stdout
     r = cli([f"storage.url={url}", "path=none.json", "torch_version=0.0.0"], tmp_path, module="zhantune.export")

@@ -107,7 +107,7 @@ def _notes(cfg: DictConfig, store: Any, table: dict, device: str | None, ids: se
 
         print(f"note: format=inductor: the bare table names no torch release, device kind or CPU ISA: zhantune.use_table "
               f"cannot report its entries stale under a torch other than {table_torch(cfg.torch_version)} or on a CPU "
-              "of another ISA, and serves them as hits (format=zhantune keeps them)")
+              "of another ISA or cpuid, and serves them as hits (format=zhantune keeps them)")
         kinds = {d.kind for d in store.devices() if device is None or d.key == device}
         for note in stock_inductor_notes(table, "cpu" if kinds == {"cpu"} else None):  # without zhantune.use_table
             print(f"note: {note}")

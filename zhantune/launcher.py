@@ -18,8 +18,9 @@ def launcher_option_problem(launcher: dict) -> str | None:
     the launcher with every key as a keyword argument after the sweep's callbacks start: a
     ``+hydra.launcher.foo=5`` with the basic launcher was Hydra's "Error in call to target" text, exit 1,
     and a summary of "a job's failure" (no job had started). A launcher that takes any keyword (the
-    submitit ones: submitit itself refuses what it does not know, :func:`submitit_parameter_error`)
-    or a class that cannot be imported here is left to Hydra."""
+    submitit ones: submitit itself refuses what it does not know, :func:`submitit_parameter_error`,
+    once the sweep's directory is made; their config dataclasses are no list of what submitit takes:
+    ``setup`` is not in LocalQueueConf) or a class that cannot be imported here is left to Hydra."""
     import inspect
 
     from hydra._internal.utils import _locate

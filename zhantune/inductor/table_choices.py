@@ -66,7 +66,7 @@ class TableChoices(RecordingChoices):
         self.tf = tf
         self.report = TableReport(tf.source)
         self.version_mismatch: str | None = None
-        self._cpus = {d["key"]: d for d in tf.meta.get("devices", []) if d.get("kind") == "cpu"}  # by device key
+        self._cpus = {d["key"]: d for d in tf.meta.get("devices", []) if d.get("kind") in ("cpu", None)}  # by key
         if tf.torch_version is not None and release(tf.torch_version) != release(torch.__version__):
             self.version_mismatch = (f"table made with torch {tf.torch_version}, this is torch "
                                      f"{torch.__version__}: lookup keys and templates may differ; re-tune")

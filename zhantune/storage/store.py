@@ -206,8 +206,8 @@ class Store(Queries):
             if row.kind != kind or other:
                 raise StorageError(self._other_kind(key, row.kind, kind) if row.kind != kind else (
                     f"device {shown(key, 120)} in {redact_url(self.url)} is a CPU with {CPU_IDENTITY[other[0]]} "
-                    f"{shown(other[1])}; this one's is {shown(other[2])} (another machine of one model name, or "
-                    "ATEN_CPU_CAPABILITY set): tune into another database"))
+                    f"{shown(other[1])}; this one's is {shown(other[2])} (another machine of one model name"
+                    + (", or ATEN_CPU_CAPABILITY set" if other[0] == "isa" else "") + "): tune into another database"))
             # a helper merged an AVX2 and an AVX-512 source into a row without an ISA
             if kind == "cpu" and (missing := {f: properties[f] for f in CPU_IDENTITY if properties.get(f) and not stored.get(f)}):
                 row.properties = {**stored, **missing}
