@@ -40,8 +40,8 @@ BMM_RUNTIME_OPERAND = ("the tune measured the C++ BMM template on a constant sec
 #: autograd on (a first call outside torch.no_grad(): a helper's saw RUNTIME_OPERAND for a Linear's weight)
 GRAD_ON = ("this compile ran with autograd on (not under torch.no_grad()), so Inductor did not freeze the weights "
            "although torch._inductor.config.freezing is set (torch/_inductor/compile_fx.py freezes only with grad "
-           "mode off): the C++ template needs a frozen constant weight; Inductor's default compiled (call the "
-           "compiled model under torch.no_grad())")
+           "mode off): the C++ template needs a frozen constant weight; Inductor's default compiled (for inference, "
+           "call the compiled model under torch.no_grad(); a training compile is never frozen)")
 #: why a C++-template mm / addmm entry compiled Inductor's default under freezing where the second
 #: operand is not a weight (NOT_FROZEN advised the freezing already on)
 RUNTIME_OPERAND = ("the GEMM's second operand is computed at run time here (not a frozen weight): Inductor's C++ "
