@@ -254,22 +254,28 @@ def test_a_cpp_entry_inductor_does_not_offer_the_template_for_is_stale_with_the_
     torch.testing.assert_close(out, model(x))
 
 
-@pytest.mark.parametrize("requires_grad", [True, False])
-def test_a_compile_outside_no_grad_says_so_and_its_gemm_stays_tunable(requires_grad):
+@pytest.mark.parametrize("requires_grad, act", [(True, False), (False, False), (True, True)])
+def test_a_compile_outside_no_grad_says_so_and_its_gemm_stays_tunable(requires_grad, act):
     """A helper's (session 52): freezing on, the first call outside torch.no_grad(). Inductor freezes
     nothing then (compile_fx.py: only with grad mode off), and the report blamed "the GEMM's second
     operand is computed at run time" and left the Linear out of the coverage as untunable. Now the
-    reason names no_grad and the GEMM counts, as under no_grad it would be served."""
+    reason names no_grad and the GEMM counts, as under no_grad it would be served. A linear_act
+    entry (``act``: a Linear + GELU, the table tagged gelu) said "a table of another model" (autograd
+    keeps the GEMM's output, so it fed no GELU alone: a helper's, session 53)."""
     from zhantune.inductor.cpu_entries import GRAD_ON
+    from zhantune.inductor.table import FORMAT
 
     torch.manual_seed(0)
     model, x = _linear(48, 64, torch.float32).requires_grad_(requires_grad), torch.randn(16, 64)
+    model = torch.nn.Sequential(model, torch.nn.GELU()).eval() if act else model
     with recording() as rec:
         _compile(model, x)
     (key,) = [e.device_key for e in rec.events if e.offered]
+    assert (rec.events[0].epilogue.activation == "gelu") is act
+    table = {"format": FORMAT, "format_version": 2, "torch": str(torch.__version__), "activations": {key: "gelu"} if act else {},
+             "table": {key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}}
     torch._dynamo.reset()
-    with use_table({key: [{"template_id": CONFIG_TEMPLATE_ID, "config_patch": CPP}]}) as installed, \
-            lookups_seen(freezing=True):
+    with use_table(table) as installed, lookups_seen(freezing=True):
         _, seen = _counted(torch.compile(model), x)  # grad mode on
     report = installed.report
     assert seen["cpp_template"] == 0 and not report.hits

@@ -26,6 +26,7 @@ from zhantune.inductor.cpu_entries import (
     cpp_template_applies,
     cpp_unoffered,
     cpu_entry,
+    frozen_compile,
     other_isa,
     reduced_float32,
     wants_cpp,
@@ -70,8 +71,7 @@ class TableChoices(RecordingChoices):
         if tf.torch_version is not None and release(tf.torch_version) != release(torch.__version__):
             self.version_mismatch = (f"table made with torch {tf.torch_version}, this is torch "
                                      f"{torch.__version__}: lookup keys and templates may differ; re-tune")
-        #: entries served under every key (a one-candidate compile, zhantune.bench.inductor: the
-        #: key is only known when Inductor lowers the GEMM; the event records it)
+        #: entries served under every key (a one-candidate compile, zhantune.bench.inductor: the key is only known when Inductor lowers the GEMM; the event records it)
         self.any_key = any_key
         entries = [e for es in tf.table.values() for e in es] + list(any_key or [])
         self._cpu_keys = tuple(sorted(set(_CPU_GEMM_KEYS).union(*(e.get("config_patch") or {} for e in entries))))
@@ -104,10 +104,10 @@ class TableChoices(RecordingChoices):
         return (legacy, self.tf.table[legacy]) if legacy in self.tf.table else (None, None)
 
     def _key_stale(self, key: str | None, event: LookupEvent, cuda: bool = False) -> str | None:
-        """Why every entry under ``key`` is stale here, or None: the table's torch is another release,
-        a GEMM's math differs from the one measured (TF32_ON, HALF_MATH_CHANGED; CPU: REDUCED_FLOAT32),
-        the key's CPU has another vector ISA (OTHER_ISA), ``key`` is a CPU key of a table of before revision 0009
-        (LEGACY_CPU_KEY), or another activation was fused in its measurement (epilogue.activation_stale)."""
+        """Why every entry under ``key`` is stale here, or None: the table's torch is another release, a GEMM's math differs from
+        the one measured (TF32_ON, HALF_MATH_CHANGED; CPU: REDUCED_FLOAT32), the key's CPU is another machine (OTHER_ISA, OTHER_CPU),
+        ``key`` is a CPU key of a table of before revision 0009 (LEGACY_CPU_KEY), or another activation was fused in its measurement
+        (epilogue.activation_stale; not in an unfrozen CPU compile, whose GEMM output autograd keeps too: GRAD_ON says why)."""
         if self.version_mismatch:
             return self.version_mismatch
         dtypes = [dtype for dtype, _, _ in event.inputs]
@@ -119,7 +119,7 @@ class TableChoices(RecordingChoices):
             return why
         if key is not None and key == legacy_cpu_key(event.device_key, event.agnostic_key):
             return LEGACY_CPU_KEY.format(key=event.device_key.partition("+((")[0])
-        return activation_stale(self.tf.activations, key, event, self.tf.table.get(key) if key else None)
+        return activation_stale(self.tf.activations, key, event, self.tf.table.get(key) if key else None) if cuda or frozen_compile() else None
 
     # -- CPU: the lowering hooks (zhantune.inductor.cpu_gemm) -----------------------------------
     def cpu_packed_gemm(self, kernel_inputs, op_name: str, packed_op: str, epilogue=None) -> dict[str, Any] | None:
