@@ -28,6 +28,7 @@ from zhantune.bench.decision import (
     decision_us,
     judge_speedup,
     rank_key,
+    sized_by_other_run,
 )
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.protocol import Benchmarker
@@ -209,7 +210,8 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
         verdict = against_other_runs(verdict, other_runs(seen_winner[-1].timing_method))
     text = (f"speedup vs default, median of {len(paired)} paired interleaved round(s) (each side's fastest run, "
             "back to back): "
-            f"{verdict.claim_text()}" + ("" if verdict.confirmed or verdict.ratio is None else f"; {verdict.reason}"))
+            f"{verdict.claim_text()}" + ("" if (verdict.confirmed and not sized_by_other_run(verdict)) or verdict.ratio is None
+               else f"; {verdict.reason}"))
     return SpeedupSettle(verdict, min(defaults, key=rank_key), text)
 
 

@@ -10,7 +10,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, below_min_speedup, decision_us, other_torch_table
+from zhantune.bench.decision import (
+    DEFAULT_MIN_SPEEDUP,
+    below_min_speedup,
+    decision_us,
+    other_torch_table,
+    sized_by_other_run,
+)
 from zhantune.report.console import compact
 from zhantune.storage.engine import redact_url
 
@@ -207,7 +213,8 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
         line = f"winner: {claimed.branch}, {claim.ratio:.{2 if floor is None else 3}f}x faster than inductor default"
         if floor is not None:  # confirmed, yet below the floor (the default's: what noise offsets reached)
             line += f", below export.min_speedup ({floor:g}): an exported table does not ship it" + (
-                " (offsets that small were confirmed between two copies of one kernel: docs/timing.md)"
+                " (the size another run of the two measured: the paired rounds' text below)" if sized_by_other_run(claim)
+                else " (offsets that small were confirmed between two copies of one kernel: docs/timing.md)"
                 if floor == DEFAULT_MIN_SPEEDUP else "")
         elif (other := other_torch_table(run_export)) is not None:  # the run's table is another torch's
             line += (f"; confirmed with this torch, so the table this run exports for torch {other!r} "
