@@ -562,3 +562,41 @@ def test_a_tune_after_a_torch_upgrade_measures_the_old_releases_best_again(tmp_p
         "measured with this one: 6.0 us" in result.carried_text, result.carried_text
     assert [r.config_hash for r in ranked_rows(db.store, run, rec.problem_id, 5)] == [A.config_hash, B.config_hash]
     assert other_release_best(db.store, run, rec.problem_id, rec.device_id) is None  # measured here now
+
+
+def test_a_tables_triton_is_the_one_its_tuned_entries_were_measured_with(tmp_path):
+    """The wrapper's ``triton`` was the exporting process's: a merged database of GPU tunes exported on
+    another machine named that machine's Triton (or none) for entries measured with another. Now it is
+    the Triton of the rows its tuned entries ship, null where they recorded none or several (the field
+    holds one version: a table file's checks, an older zhantune's too); a table of Inductor's defaults
+    only keeps the process's."""
+    from zhantune.config import ExportConfig
+    from zhantune.inductor.exporter import export_table
+    from zhantune.provenance import software_versions
+
+    db = _Db(tmp_path / "z.db")
+
+    def triton_of(device_key: str | None = None) -> str | None:
+        path = tmp_path / "t.json"
+        out, _ = export_table(db.store, ExportConfig(path=str(path)), device_key)
+        return json.loads(out.read_text())["triton"]
+
+    rec = db.recorder(H100)
+    rec.versions = {"torch": "2.13.0+cu128", "triton": "3.6.0"}
+    db.default(rec, 20.0)
+    db.candidate(rec, B, 10.0)  # never confirmed: the table ships Inductor's default
+    assert triton_of() == software_versions()["triton"]
+    for device, triton in ((H100, "3.6.0"), (H200, "3.5.0")):
+        rec = db.recorder(device)
+        rec.versions = {"torch": "2.13.0+cu128", "triton": triton}
+        db.default(rec, 20.0)
+        db.candidate(rec, A, 10.0)
+        db.verdict(rec, A, 2.0)
+    assert software_versions()["triton"] not in ("3.5.0", "3.6.0")
+    assert triton_of(H100) == "3.6.0" and triton_of(H200) == "3.5.0" and triton_of() is None
+    rec = db.recorder("NVIDIA A100", problem=GemmProblem("mm", (32, 64, 64), "bfloat16"))
+    rec.versions = {"torch": "2.13.0+cu128", "triton": None}
+    db.default(rec, 20.0)
+    db.candidate(rec, A, 10.0)
+    db.verdict(rec, A, 2.0)
+    assert triton_of("NVIDIA A100") is None

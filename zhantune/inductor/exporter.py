@@ -60,6 +60,7 @@ def export_table(store: Store, opts: Any, device_key: str | None = None, shared:
 
     activations: dict[str, Any] = {}  # the keys of linear_act problems: use_table compares the GEMM's epilogue
     used: set[int] = set()  # the devices whose measurements placed a key: the wrapper lists those only
+    shipped = {} if shipped is None else shipped  # the tuned rows placed: their Triton is the table's
     table = build_table(store, device_key=device_key, device_agnostic=opts.device_agnostic, top_k=opts.top_k,
                         min_speedup=opts.min_speedup, torch_version=opts.torch_version, shared=shared,
                         problem_ids=problem_ids, shipped=shipped, activations=activations, devices=used)
@@ -71,6 +72,9 @@ def export_table(store: Store, opts: Any, device_key: str | None = None, shared:
                    "device": device_key, "torch_version": opts.torch_version}
         meta = {**table_metadata(store, table, options, redact_url(store.url), used), "activations": activations,
                 "format_version": version_for(activations)}
+        if tuned := [s.row for s in shipped.values() if s.row is not None]:  # else: Inductor's defaults only
+            tritons = {r.triton_version for r in tuned}  # one version, or null (none recorded, or several)
+            meta["triton"] = tritons.pop() if len(tritons) == 1 else None
     if not table:
         return None, table
     return write_table(opts.path, table, meta, option), table
@@ -122,7 +126,9 @@ def resolve_device_key(store: Store, spec: Any, option: str = "device") -> str |
 def table_metadata(store: Store, table: dict[str, list[dict[str, Any]]], options: dict[str, Any],
                    source: str, device_ids: set[int] | None = None) -> dict[str, Any]:
     """The wrapper fields for a table built from ``store``: format, this zhantune's version and this
-    process's torch and triton (zhantune.provenance; ``options["torch_version"]`` where given), the
+    process's torch and triton (zhantune.provenance; ``options["torch_version"]`` where given;
+    :func:`export_table` writes the Triton its tuned entries were measured with, null where they
+    recorded none or several: another machine's export of a merged database wrote its own), the
     creation time (UTC), ``source`` (the database URL without its password), the devices it holds
     configs of (key, name, kind; a CPU's vector ISA where stored: use_table reports its entries
     stale on a CPU of another; for a device-agnostic or portable table only those measured with the table's torch
