@@ -4,7 +4,8 @@ Timing noise on a shared machine only adds time (a descheduled thread costs a sc
 another process's kernel shares the GPU), so every decision uses the minimum of individually timed
 runs (:func:`decision_us`), and a speedup is claimed only from paired, interleaved
 rounds of the two kernels (:func:`judge_speedup`): never from two measurements taken minutes apart.
-The claim is the median of the per-round ratios (the lower middle one of an even number of rounds),
+The claim is the median of the per-round ratios (the lower middle one of an even number of rounds;
+smaller where another run of the two on this machine measured them closer: :func:`against_other_runs`),
 each round's two measurements taken back to back:
 this machine also has slow phases (the whole VM, or one vCPU, slower for seconds at a time,
 docs/timing.md), which a round's two back-to-back sides share, but which a ratio of minimums taken
@@ -123,12 +124,13 @@ class SpeedupVerdict:
     reason: str
 
     def claim_text(self) -> str:
-        """"1.23x (rounds 1.18-1.27x, n=3)", "1.01x, another run's (rounds 1.22-1.28x, n=3)" (a
+        """"1.23x (rounds 1.18-1.27x, n=3)", "1.015x, another run's (rounds 1.22-1.28x, n=3)" (a
         claim :func:`against_other_runs` sized down), or the reason there is no claim."""
         if self.ratio is None:
             return self.reason
-        whose = ", another run's" if sized_by_other_run(self) else ""
-        return f"{self.ratio:.2f}x{whose} (rounds {self.ratio_low:.2f}-{self.ratio_high:.2f}x, n={self.rounds})"
+        if sized_by_other_run(self):  # 3 decimals: a sized claim lands near min_speedup (1.015x read 1.02x)
+            return f"{self.ratio:.3f}x, another run's (rounds {self.ratio_low:.2f}-{self.ratio_high:.2f}x, n={self.rounds})"
+        return f"{self.ratio:.2f}x (rounds {self.ratio_low:.2f}-{self.ratio_high:.2f}x, n={self.rounds})"
 
 
 def paired_ratio(per_round: Iterable[float]) -> float:
@@ -273,7 +275,7 @@ def against_other_runs(verdict: SpeedupVerdict, runs: Iterable[tuple[float, floa
     if not verdict.confirmed:
         return verdict
     runs = list(runs)
-    against = min(((d / w, d, w, when, study) for d, w, when, study in runs if d <= w), default=None,
+    against = min(((d / w, d, w, when, study) for d, w, when, study in runs if 0 < w < math.inf and d <= w), default=None,
                   key=lambda x: x[0])
     if against is None:
         return _sized(verdict, runs)
@@ -296,7 +298,8 @@ def _sized(verdict: SpeedupVerdict, runs: list[tuple[float, float, Any, str]]) -
     A helper's, 2026-11-30: a slow phase held the default 1.2x slower through a tune's rounds, and a
     claim that another run measured at 1.01x passed ``export.min_speedup`` at the rounds' 1.2x. The
     rounds' range is kept (:func:`sized_by_other_run` reads the claim so); other verdicts as they are."""
-    smallest = min(((d / w, d, w, when, study) for d, w, when, study in runs), default=None, key=lambda x: x[0])
+    smallest = min(((d / w, d, w, when, study) for d, w, when, study in runs if 0 < w < math.inf), default=None,
+                   key=lambda x: x[0])
     if smallest is None or verdict.ratio_low is None or smallest[0] >= verdict.ratio_low:
         return verdict
     ratio, d, w, when, study = smallest
@@ -312,11 +315,11 @@ def _sized(verdict: SpeedupVerdict, runs: list[tuple[float, float, Any, str]]) -
 
 
 def sized_by_other_run(verdict: Any) -> bool:
-    """Whether a confirmed verdict's ratio is another run's (:func:`_sized`), not its rounds' median:
-    a ratio below the rounds' smallest, which a median never is."""
+    """Whether a verdict's ratio is another run's (:func:`_sized`), not its rounds' median: a ratio
+    below the rounds' smallest, which a median never is (also where a reader no longer calls it
+    confirmed: another torch's)."""
     v = verdict
-    return bool(v is not None and v.confirmed and v.ratio is not None and v.ratio_low is not None
-                and v.ratio < v.ratio_low)
+    return bool(v is not None and v.ratio is not None and v.ratio_low is not None and v.ratio < v.ratio_low)
 
 
 def _when(at: Any) -> str:
