@@ -459,7 +459,8 @@ def test_an_entry_measured_with_one_activation_is_stale_on_a_gemm_that_feeds_ano
     from zhantune.inductor.table import FORMAT
 
     lin = torch.nn.Linear(32, 48)
-    acts = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu, None: lambda t: t}
+    residual = torch.randn(16, 48)
+    acts = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu, None: lambda t: t, "add": lambda t: t + residual}
 
     class LinearAct(torch.nn.Module):
         def __init__(self, act):
@@ -497,6 +498,9 @@ def test_an_entry_measured_with_one_activation_is_stale_on_a_gemm_that_feeds_ano
     silu = compile_with(wrapped(2, {}), "silu")  # not modelled: collect tunes it bare, noted
     assert silu.hits == {key: 1} and silu.notes[key].startswith(  # and the hit says so (a helper's, session 46)
         "its output feeds silu here, which the entry was not measured with"), silu.as_dict()
+    added = compile_with(wrapped(2, {}), "add")  # a residual add, which the C++ template fuses: noted too
+    assert added.hits == {key: 1} and added.notes[key].startswith(
+        "its output feeds a residual add here, which the entry was not measured with"), added.as_dict()
     assert compile_with(wrapped(1, None), "relu").hits == {key: 1}  # the table does not say
     assert not compile_with(wrapped(2, {key: "gelu"}), "gelu").notes  # measured with it: nothing to note
     # one key's equal entries tuned for problems of several activations: each of them hits, others are stale

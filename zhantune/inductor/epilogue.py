@@ -119,7 +119,9 @@ def _region(starts: list[Any], origin: str) -> list[Any]:
 
 def epilogue_of(gemm: Any) -> Epilogue:
     """What the GEMM node ``gemm`` (an FX node of the post-grad graph) feeds; Epilogue() when
-    nothing zhantune models or names (several uses, a residual add, the graph's output)."""
+    nothing zhantune models or names (several uses, the graph's output). A residual add (an add of
+    a tensor of 2 or more dimensions, its only use) is ``other``="a residual add" (a helper's: a float32
+    Linear's, which the C++ template fuses, was named only where oneDNN's pattern fused a bfloat16 one)."""
     if gemm is None or not hasattr(gemm, "users"):
         return Epilogue()
     out, bias = gemm, False
@@ -176,7 +178,26 @@ def _fed(out: Any, bias: bool) -> Epilogue:
         if "erf" in targets and "tanh" not in targets:
             return Epilogue("gelu", bias)
         return Epilogue(None, bias, "gelu (tanh)" if "tanh" in targets else "gelu")
+    if origin in TENSOR_OPS and len(users) == 1 and _with_tensor(users[0], out):  # x @ w + b + x (a residual)
+        return Epilogue(None, bias, "a residual add" if origin == "add" else f"an elementwise {origin} with another tensor")
     return Epilogue(None, bias, origin if origin in NOTED else None)
+
+
+#: the model's own elementwise ops with a second tensor that a template may fuse as an epilogue
+#: (the C++ template fuses a float32 Linear's residual add: torch/_inductor/codegen/cpp_gemm_template.py)
+TENSOR_OPS = ("add", "sub", "mul", "div")
+
+
+def _with_tensor(node: Any, out: Any) -> bool:
+    """Whether ``node`` (an elementwise op on ``out``) takes a second tensor of two or more dimensions
+    (a residual's shape, not a bias's or a scalar's)."""
+    if _target(node) not in TENSOR_OPS or len(node.args) < 2:
+        return False
+    other = node.args[1] if node.args[0] is out else node.args[0]
+    val = getattr(other, "meta", {}).get("val") if hasattr(other, "meta") else None
+    if val is None and getattr(other, "op", None) == "get_attr":  # a frozen constant: the module holds it
+        val = getattr(other.graph.owning_module, str(other.target), None)
+    return val is not None and getattr(val, "dim", lambda: 0)() >= 2
 
 
 def modelled_activation(event: Any) -> str | None:
@@ -236,7 +257,7 @@ def unmeasured_epilogue(event: Any) -> str | None:
     :class:`Epilogue`'s ``other``, ``hand_bias``, an unmodelled ``activation``), or None. The tune timed
     the GEMM without it, and a C++ or Triton template may fuse it into its kernel here (a helper's
     attack found such hits reported with nothing said; check's paired timing of the whole model is
-    what measures them). A residual add or several uses are not named (:func:`epilogue_of`)."""
+    what measures them). Several uses are not named (:func:`epilogue_of`)."""
     epi = getattr(event, "epilogue", None)
     if epi is None or modelled_activation(event):  # linear_act's relu or gelu: compared by activation_stale
         return None
