@@ -150,7 +150,8 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
             if same_kernel:  # the default compile runs this very kernel: never a speedup
                 speed += " (noise)" if within_noise(default_us / mine) else " (same kernel: differs)"
             elif claim is not None and claim.ratio is not None:
-                speed = f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")
+                speed = f"{claim.ratio:.{3 if sized_by_other_run(claim) else 2}f}x" + (  # sized: near the floor
+                    "" if claim.confirmed else " (unconfirmed)")
             elif claim is None or not claim.confirmed:
                 speed += " (unpaired)"
         # at the decision statistic, as every comparison (one-sided noise inflates the median; the
