@@ -84,7 +84,7 @@ def print_finished(console: Console, result: Any, export: Any = None, replay: bo
     stored claim, naming the config the claim is about where that is not the best (a compile-wide
     setting no table carries won) and saying where ``export.min_speedup`` keeps it out of a table.
     ``replay``: a Kernel Tuner file's study, which no lookup table carries (no export hint: a helper's)."""
-    from zhantune.bench.decision import below_min_speedup, decision_us, sized_by_other_run
+    from zhantune.bench.decision import below_min_speedup, decision_us
     from zhantune.report.console import compact
 
     why = ("every feasible point of its space is measured" if result.exhausted
@@ -103,8 +103,7 @@ def print_finished(console: Console, result: Any, export: Any = None, replay: bo
             f" of {claimed.template_id or claimed.branch} {compact(claimed.params)} (the best config a table carries)")
         floor = below_min_speedup(claim, export)
         console.print(f"speedup vs default{of}, its stored paired rounds: " + (
-            f"confirmed {claim.claim_text()}" + (f" ({claim.reason})" if sized_by_other_run(claim) else "")
-            if claim.confirmed else f"no claim ({claim.claim_text()}): {claim.reason}")
+            f"confirmed {claim.claim_text()}" if claim.confirmed else f"no claim ({claim.claim_text()}): {claim.reason}")
             + ("" if floor is None else f", below export.min_speedup ({floor:g}): an exported table ships Inductor's default"),
             highlight=False, markup=False)
     if getattr(result, "settle_deferred", None):

@@ -4,8 +4,7 @@ Timing noise on a shared machine only adds time (a descheduled thread costs a sc
 another process's kernel shares the GPU), so every decision uses the minimum of individually timed
 runs (:func:`decision_us`), and a speedup is claimed only from paired, interleaved
 rounds of the two kernels (:func:`judge_speedup`): never from two measurements taken minutes apart.
-The claim is the median of the per-round ratios (the lower middle one of an even number of rounds;
-smaller where another run of the two on this machine measured them closer: :func:`against_other_runs`),
+The claim is the median of the per-round ratios (the lower middle one of an even number of rounds),
 each round's two measurements taken back to back:
 this machine also has slow phases (the whole VM, or one vCPU, slower for seconds at a time,
 docs/timing.md), which a round's two back-to-back sides share, but which a ratio of minimums taken
@@ -41,7 +40,7 @@ from typing import Any
 
 __all__ = ["Round", "SpeedupVerdict", "judge_speedup", "ratio_spread", "beyond_spread", "claim_holds", "CONFIRM_C",
            "below_min_speedup", "DEFAULT_MIN_SPEEDUP", "paired_ratio", "decision_us", "decision_value", "rank_key",
-           "best_per_config", "timing_kind", "cpu_timing_method", "sized_by_other_run"]
+           "best_per_config", "timing_kind", "cpu_timing_method"]
 
 
 def decision_us(row: Any) -> float:
@@ -124,12 +123,9 @@ class SpeedupVerdict:
     reason: str
 
     def claim_text(self) -> str:
-        """"1.23x (rounds 1.18-1.27x, n=3)", "1.015x, another run's (rounds 1.22-1.28x, n=3)" (a
-        claim :func:`against_other_runs` sized down), or the reason there is no claim."""
+        """"1.23x (rounds 1.18-1.27x, n=3)" or the reason there is no claim."""
         if self.ratio is None:
             return self.reason
-        if sized_by_other_run(self):  # 3 decimals: a sized claim lands near min_speedup (1.015x read 1.02x)
-            return f"{self.ratio:.3f}x, another run's (rounds {self.ratio_low:.2f}-{self.ratio_high:.2f}x, n={self.rounds})"
         return f"{self.ratio:.2f}x (rounds {self.ratio_low:.2f}-{self.ratio_high:.2f}x, n={self.rounds})"
 
 
@@ -194,9 +190,8 @@ def claim_status(verdict: Any, other_torch: Any, min_speedup: float | None, torc
     if unjudged and other_torch is not None and other_torch is not verdict and other_torch.rounds:
         return (f"never paired with this torch {torch}; with torch {other_torch.torch_version or '(not recorded)'}: "
                 f"not confirmed: {other_torch.reason}")
-    if claim_holds(verdict):  # a size another run measured says why (its reason)
-        return f"confirmed at {verdict.ratio:.3f}x, below min_speedup" + (
-            f" ({verdict.reason})" if sized_by_other_run(verdict) else "")
+    if claim_holds(verdict):
+        return f"confirmed at {verdict.ratio:.3f}x, below min_speedup"
     if verdict is not None and verdict.rounds:  # the reason once ("not confirmed: unconfirmed: ..." it read)
         return f"not confirmed: {verdict.reason.removeprefix('unconfirmed: ')}"
     return "never paired with the default"
@@ -274,11 +269,10 @@ def against_other_runs(verdict: SpeedupVerdict, runs: Iterable[tuple[float, floa
     other verdicts are returned as they are."""
     if not verdict.confirmed:
         return verdict
-    runs = list(runs)
     against = min(((d / w, d, w, when, study) for d, w, when, study in runs if 0 < w < math.inf and d <= w), default=None,
                   key=lambda x: x[0])
     if against is None:
-        return _sized(verdict, runs)
+        return verdict
     _, d, w, when, study = against
 
     def reason(where: str) -> str:
@@ -289,37 +283,6 @@ def against_other_runs(verdict: SpeedupVerdict, runs: Iterable[tuple[float, floa
 
     text = reason(f"; study {study}")  # Verdict.reason holds 500 characters
     return dataclasses.replace(verdict, confirmed=False, reason=text if len(text) <= 500 else reason(""))
-
-
-def _sized(verdict: SpeedupVerdict, runs: list[tuple[float, float, Any, str]]) -> SpeedupVerdict:
-    """A confirmed ``verdict`` no other run contradicts (:func:`against_other_runs`), sized by them:
-    where another run measured the two closer than any of the rounds did (its default's fastest over
-    its winner's fastest below ``ratio_low``), the claim is that run's ratio, not the rounds' median.
-    A helper's, 2026-11-30: a slow phase held the default 1.2x slower through a tune's rounds, and a
-    claim that another run measured at 1.01x passed ``export.min_speedup`` at the rounds' 1.2x. The
-    rounds' range is kept (:func:`sized_by_other_run` reads the claim so); other verdicts as they are."""
-    smallest = min(((d / w, d, w, when, study) for d, w, when, study in runs if 0 < w < math.inf), default=None,
-                   key=lambda x: x[0])
-    if smallest is None or verdict.ratio_low is None or smallest[0] >= verdict.ratio_low:
-        return verdict
-    ratio, d, w, when, study = smallest
-
-    def reason(where: str) -> str:
-        return (f"confirmed in every round at {verdict.ratio:.3f}x (rounds {verdict.ratio_low:.3f}-"
-                f"{verdict.ratio_high:.3f}x), sized {ratio:.3f}x: {_when(when)} on this machine (same host, software "
-                f"and timing method{where}) measured the two that close (their fastest {d:,.1f} us and {w:,.1f} us, "
-                "neither on a busy machine): the rounds' larger speedup may be this run's phase of the machine")
-
-    text = reason(f"; study {study}")  # Verdict.reason holds 500 characters
-    return dataclasses.replace(verdict, ratio=ratio, reason=text if len(text) <= 500 else reason(""))
-
-
-def sized_by_other_run(verdict: Any) -> bool:
-    """Whether a verdict's ratio is another run's (:func:`_sized`), not its rounds' median: a ratio
-    below the rounds' smallest, which a median never is (also where a reader no longer calls it
-    confirmed: another torch's)."""
-    v = verdict
-    return bool(v is not None and v.ratio is not None and v.ratio_low is not None and v.ratio < v.ratio_low)
 
 
 def _when(at: Any) -> str:

@@ -28,7 +28,6 @@ from zhantune.bench.decision import (
     decision_us,
     judge_speedup,
     rank_key,
-    sized_by_other_run,
 )
 from zhantune.bench.measurement import Measurement
 from zhantune.bench.protocol import Benchmarker
@@ -208,10 +207,9 @@ def settle_speedup(best: Any, default: Any, branches: Sequence[Any], bench: Benc
     verdict = against_fastest(judge_speedup(paired), map(_ok_us, seen_default), map(_ok_us, seen_winner))
     if verdict.confirmed and other_runs is not None:
         verdict = against_other_runs(verdict, other_runs(seen_winner[-1].timing_method))
-    sized = sized_by_other_run(verdict)  # not the rounds' median: the reason says whose
-    text = (f"speedup vs default, {'' if sized else 'median of '}{len(paired)} paired interleaved round(s) (each "
-            f"side's fastest run, back to back){', sized by another run' if sized else ''}: {verdict.claim_text()}"
-            + ("" if (verdict.confirmed and not sized) or verdict.ratio is None else f"; {verdict.reason}"))
+    text = (f"speedup vs default, median of {len(paired)} paired interleaved round(s) (each side's fastest run, "
+            "back to back): "
+            f"{verdict.claim_text()}" + ("" if verdict.confirmed or verdict.ratio is None else f"; {verdict.reason}"))
     return SpeedupSettle(verdict, min(defaults, key=rank_key), text)
 
 

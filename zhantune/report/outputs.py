@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from zhantune.bench.decision import sized_by_other_run
 from zhantune.paths import write_atomic
 from zhantune.report.console import compact, print_table
 from zhantune.report.regret import Choice, Claim, Comparison
@@ -123,8 +122,8 @@ def claim_text(c: Claim) -> str:
         return f"no claim: {c.reason}"
     spread = f"{c.rounds} paired round(s), {c.ratio_low:.3f}-{c.ratio_high:.3f}x" if c.ratio_low and c.ratio_high \
         else f"{c.rounds} paired round(s)"
-    if c.confirmed:  # a size another run measured: the rounds' range is not its (zhantune.bench.decision._sized)
-        return f"confirmed {c.ratio:.3f}x" + (", another run's" if sized_by_other_run(c) else "") + f" ({spread})"
+    if c.confirmed:
+        return f"confirmed {c.ratio:.3f}x ({spread})"
     return f"no claim ({c.ratio:.3f}x in {spread}): {c.reason}"
 
 

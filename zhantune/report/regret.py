@@ -27,7 +27,6 @@ from zhantune.bench.decision import (
     best_per_config,
     claim_status,
     decision_us,
-    sized_by_other_run,
 )
 from zhantune.errors import UserError
 from zhantune.inductor.builder import table_torch
@@ -210,8 +209,7 @@ def _claim(verdict: Any, other_torch: Any, min_speedup: float | None, torch: str
     v = verdict if verdict is not None else other_torch  # the one the reason names (another torch's: it says so)
     if v is None:
         return Claim(False, why or "")
-    shipped = v.reason if sized_by_other_run(v) else f"confirmed in {v.rounds} paired rounds"  # sized: it says how
-    return Claim(why is None, why or shipped, v.ratio, v.ratio_low, v.ratio_high,
+    return Claim(why is None, why or f"confirmed in {v.rounds} paired rounds", v.ratio, v.ratio_low, v.ratio_high,
                  v.rounds or 0, v.torch_version)
 
 

@@ -10,13 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zhantune.bench.decision import (
-    DEFAULT_MIN_SPEEDUP,
-    below_min_speedup,
-    decision_us,
-    other_torch_table,
-    sized_by_other_run,
-)
+from zhantune.bench.decision import DEFAULT_MIN_SPEEDUP, below_min_speedup, decision_us, other_torch_table
 from zhantune.report.console import compact
 from zhantune.storage.engine import redact_url
 
@@ -150,8 +144,7 @@ def _table(run: Any, result: Any, default_us: float | None, claimed: Any) -> Tab
             if same_kernel:  # the default compile runs this very kernel: never a speedup
                 speed += " (noise)" if within_noise(default_us / mine) else " (same kernel: differs)"
             elif claim is not None and claim.ratio is not None:
-                speed = f"{claim.ratio:.{3 if sized_by_other_run(claim) else 2}f}x" + (  # sized: near the floor
-                    "" if claim.confirmed else " (unconfirmed)")
+                speed = f"{claim.ratio:.2f}x" + ("" if claim.confirmed else " (unconfirmed)")
             elif claim is None or not claim.confirmed:
                 speed += " (unpaired)"
         # at the decision statistic, as every comparison (one-sided noise inflates the median; the
@@ -214,8 +207,7 @@ def _print_winner(console: Console, result: Any, default_us: float | None, claim
         line = f"winner: {claimed.branch}, {claim.ratio:.{2 if floor is None else 3}f}x faster than inductor default"
         if floor is not None:  # confirmed, yet below the floor (the default's: what noise offsets reached)
             line += f", below export.min_speedup ({floor:g}): an exported table does not ship it" + (
-                " (the size another run of the two measured: the paired rounds' text below)" if sized_by_other_run(claim)
-                else " (offsets that small were confirmed between two copies of one kernel: docs/timing.md)"
+                " (offsets that small were confirmed between two copies of one kernel: docs/timing.md)"
                 if floor == DEFAULT_MIN_SPEEDUP else "")
         elif (other := other_torch_table(run_export)) is not None:  # the run's table is another torch's
             line += (f"; confirmed with this torch, so the table this run exports for torch {other!r} "

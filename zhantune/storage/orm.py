@@ -99,8 +99,7 @@ class Verdict(Base):
     """A speedup claim of one config over Inductor's default on one (device, problem), settled by
     paired, interleaved rounds (zhantune.bench.decision.judge_speedup). ``ratio`` is the median over
     the rounds of the default's decision statistic over the config's (each round's two measured back
-    to back), or where another run on the machine measured the two closer than any round, that run's
-    ratio (a confirmed claim sized down, zhantune.bench.decision.sized_by_other_run); ``ratio_low``/``ratio_high`` the spread of the per-round ratios; ``contended`` how
+    to back); ``ratio_low``/``ratio_high`` the spread of the per-round ratios; ``contended`` how
     many of the paired measurements ran under contention; ``torch_version``/``triton_version`` the
     software the rounds ran with (a claim holds for that torch only). The exporter ships a tuned
     entry only where the latest verdict for the winning config, settled with the table's torch, is
