@@ -88,10 +88,16 @@ def _bias_add(gemm: Any, origin: str = "addmm") -> Any:
     if _target(add) != "add" or _origin(add) != origin or len(add.args) != 2:
         return None
     other = add.args[1] if add.args[0] is gemm else add.args[0]
-    val = getattr(other, "meta", {}).get("val")
-    if val is None and getattr(other, "op", None) == "get_attr":  # a frozen parameter: the module holds it
-        val = getattr(other.graph.owning_module, str(other.target), None)
-    return add if val is not None and getattr(val, "dim", lambda: 0)() == 1 else None
+    return add if _dims(other) == 1 else None
+
+
+def _dims(node: Any) -> int | None:
+    """How many dimensions the tensor an FX node stands for has (its ``meta["val"]``; a frozen
+    parameter's ``get_attr``: the module holds it); None for a scalar argument or one not known."""
+    val = getattr(node, "meta", {}).get("val") if hasattr(node, "meta") else None
+    if val is None and getattr(node, "op", None) == "get_attr":
+        val = getattr(node.graph.owning_module, str(node.target), None)
+    return val.dim() if val is not None and hasattr(val, "dim") else None
 
 
 def _through_views(node: Any) -> Any:
@@ -194,10 +200,7 @@ def _with_tensor(node: Any, out: Any) -> bool:
     if _target(node) not in TENSOR_OPS or len(node.args) < 2:
         return False
     other = node.args[1] if node.args[0] is out else node.args[0]
-    val = getattr(other, "meta", {}).get("val") if hasattr(other, "meta") else None
-    if val is None and getattr(other, "op", None) == "get_attr":  # a frozen constant: the module holds it
-        val = getattr(other.graph.owning_module, str(other.target), None)
-    return val is not None and getattr(val, "dim", lambda: 0)() >= 2
+    return (_dims(other) or 0) >= 2
 
 
 def modelled_activation(event: Any) -> str | None:
