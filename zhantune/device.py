@@ -11,6 +11,7 @@ rankings and speedup claims differ, and so does the C++ template's blocking.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -64,6 +65,7 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+@functools.cache  # read once a process: use_table compares it at every CPU lookup (cpu_entries.other_isa)
 def cpuid() -> str | None:
     """The CPU's identity below its model name, from /proc/cpuinfo: ``"AuthenticAMD family 26 model 2"``
     on x86 (vendor_id, cpu family, model: a generation and its variant; not the stepping), ``"ARM

@@ -106,16 +106,13 @@ def other_isa(theirs: Any) -> str | None:
     table or this machine lacks is not compared."""
     import torch
 
-    from zhantune.device import cpuid
+    from zhantune.device import cpu_identity_mismatch, cpuid
 
-    theirs = theirs if isinstance(theirs, dict) else {}
-    mine = torch.backends.cpu.get_cpu_capability()
-    if theirs.get("isa") and theirs["isa"] != mine:
-        return OTHER_ISA.format(theirs=theirs["isa"], mine=mine)
-    here = cpuid()
-    if theirs.get("cpuid") and here and theirs["cpuid"] != here:
-        return OTHER_CPU.format(theirs=theirs["cpuid"], mine=here)
-    return None
+    other = cpu_identity_mismatch(theirs, {"isa": torch.backends.cpu.get_cpu_capability(), "cpuid": cpuid()})
+    if other is None:
+        return None
+    field, theirs_value, mine = other
+    return (OTHER_ISA if field == "isa" else OTHER_CPU).format(theirs=theirs_value, mine=mine)
 
 
 #: why a float32 CPU entry compiled Inductor's default in a process with oneDNN's reduced float32
