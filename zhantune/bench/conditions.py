@@ -6,11 +6,13 @@ temperature, utilisation, and the compute processes on the device other than thi
 timing and compile-ahead workers hold CUDA contexts too); the NVML device is matched to the CUDA
 device by UUID (the indices differ under ``CUDA_VISIBLE_DEVICES``).
 
-A measurement is *contended* when the load average is above the core count, when as many other
-tasks as there are cores are runnable right now (``procs_running`` of /proc/stat, this reader
-excluded), or when other processes use the GPU; the tune summary warns about contended rows, and a
-speedup claim needs paired rounds begun with the cores free (``busy_at_start`` false) and not
-contended at the normal priority (zhantune.bench.settle, zhantune.bench.decision).
+A measurement is *contended* when as many other tasks as there are cores are runnable right now
+(``procs_running`` of /proc/stat less this process's runnable threads, the fewest of readings over
+a few milliseconds), when the load average is above the core count (only where the timed runs' own
+waiting, below, was not read: the load average counts the tune's own threads), or when other
+processes use the GPU; the tune summary warns about contended rows, and a speedup claim needs
+paired rounds begun with the cores free (``busy_at_start`` false) and not contended at the normal
+priority (zhantune.bench.settle, zhantune.bench.decision).
 
 Before every timed measurement the timing process waits for the machine to be idle
 (:func:`wait_until_idle`): it re-reads the runnable-task count with a doubling back-off (10 ms,
@@ -20,17 +22,19 @@ and whether the machine was still busy are stored in the row's ``conditions``
 
 A count of runnable tasks misses what deschedules the timed runs themselves: one real-time task
 holding a core is one task on a 2-core machine, and bursts between two checks are none. So the CPU
-timing also reads how long this process's threads waited runnable for a core while it ran
-(:func:`run_queue_wait`, /proc/self/task/*/schedstat): ``run_wait_ms`` of ``timed_ms``. A row whose
-threads waited more than RUN_WAIT_SHARE of its time is contended, and no claim rests on it, SCHED_FIFO
-or not (a session 39 attack: a SCHED_FIFO busy loop on one core of two made a kernel 0.82x as fast
-as the default measure 1.92x, confirmed in paired rounds begun with the cores "free").
+timing also reads how long the threads that ran the timed runs waited runnable for a core
+meanwhile (:func:`run_queue_wait`, /proc/self/task/*/schedstat): ``run_wait_ms`` of ``timed_ms``.
+A row whose threads waited more than RUN_WAIT_SHARE of its time is contended, and no claim rests
+on it, SCHED_FIFO or not (a session 39 attack: a SCHED_FIFO busy loop on one core of two made a
+kernel 0.82x as fast as the default measure 1.92x, confirmed in paired rounds begun with the cores
+"free").
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,11 +147,33 @@ def _gpu(index: int) -> dict[str, Any] | None:
     return out
 
 
+#: readings of the runnable count :func:`others_running` takes at most, ``_READING_GAP_S`` apart
+_READINGS = 8
+_READING_GAP_S = 0.001
+
+
 def others_running() -> int | None:
-    """Runnable tasks on the machine right now besides this process's (/proc/stat ``procs_running``,
-    less this process's runnable threads: right after a timed run its OpenMP workers still spin for
-    a few milliseconds, and were counted as other work: a review saw every row of a tune at load
-    average 0.7 marked busy)."""
+    """Runnable tasks on the machine besides this process's: the fewest of up to ``_READINGS``
+    readings 1 ms apart (it stops at the first 0), each /proc/stat ``procs_running`` less the reader
+    less this process's runnable threads (:func:`own_running`: right after a timed run its OpenMP
+    workers still spin for a few milliseconds; a review saw every row of a tune at load average 0.7
+    marked busy). One reading is not enough: right after a timed run the count stays above the
+    runnable tasks /proc lists for 1-5 ms (seen on the project's Linux 6.18 VMs, docs/timing.md), and 8 of a quiet tune's 9 rows were marked busy at 2-4 "others". A task that
+    keeps a core busy is in every reading; None where /proc/stat cannot be read."""
+    fewest: int | None = None
+    for i in range(_READINGS):
+        now = _others_now()
+        if now is None:
+            return fewest
+        fewest = now if fewest is None else min(fewest, now)
+        if fewest == 0 or i == _READINGS - 1:
+            break
+        time.sleep(_READING_GAP_S)
+    return fewest
+
+
+def _others_now() -> int | None:
+    """One reading: /proc/stat ``procs_running`` less the reader less :func:`own_running`."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
             for line in f:
@@ -219,10 +245,15 @@ def _run_wait_ns() -> dict[str, int]:
 @contextlib.contextmanager
 def run_queue_wait() -> Iterator[dict[str, float]]:
     """Around a timed measurement: yields a dict that holds, after the block, ``timed_ms`` (the block's
-    wall time) and ``run_wait_ms`` (the milliseconds this process's threads waited runnable for a core
-    meanwhile, summed; a thread started inside the block counts from its start; absent where /proc
-    has no schedstat). A row with ``timed_ms`` was timed under this check (one without, before it:
-    zhantune.tune_result.settle_again)."""
+    wall time) and ``run_wait_ms`` (the milliseconds the timed runs' threads waited runnable for a core
+    meanwhile, summed; absent where /proc has no schedstat). The timed runs' threads are the calling
+    thread and the threads Python did not start (the OpenMP pool; one started inside the block
+    counts from its start): a Python helper thread that wakes meanwhile (the timing worker's parent
+    watch, every 0.5 s) waits for the real-time timed runs to end, 60-90 ms of a 100-130 ms timing,
+    and was counted as the timed runs' own waiting, marking rows of a quiet tune contended; what
+    such a thread takes from the timed runs is their threads' waiting. A row with ``timed_ms`` was
+    timed under this check (one without, before it: zhantune.tune_result.settle_again)."""
+    helpers = {str(t.native_id) for t in threading.enumerate() if t is not threading.current_thread()}
     before, start = _run_wait_ns(), time.perf_counter_ns()
     out: dict[str, float] = {}
     try:
@@ -231,7 +262,7 @@ def run_queue_wait() -> Iterator[dict[str, float]]:
         after = _run_wait_ns()
         out["timed_ms"] = round((time.perf_counter_ns() - start) / 1e6, 3)
         if after:
-            wait = sum(ns - before.get(task, 0) for task, ns in after.items())
+            wait = sum(ns - before.get(task, 0) for task, ns in after.items() if task not in helpers)
             out["run_wait_ms"] = round(max(wait, 0) / 1e6, 3)
 
 
@@ -244,8 +275,12 @@ def run_delayed(c: dict[str, Any]) -> bool:
 
 def is_contended(c: dict[str, Any]) -> bool:
     """Still busy when the timed runs began (:func:`wait_until_idle`), or: on CUDA (conditions with a
-    ``gpu`` reading) other processes on the GPU; on CPU a load average above the core count or as
-    many other runnable tasks as cores (a CUDA graph's kernel time does not depend on them)."""
+    ``gpu`` reading) other processes on the GPU; on CPU the timed runs' threads kept waiting for a
+    core (:func:`run_delayed`), as many other runnable tasks as cores, or, only where the threads'
+    waiting was not read (no ``run_wait_ms``), a load average above the core count (a CUDA graph's
+    kernel time does not depend on them). The load average counts the tune's own threads: a quiet
+    tune at 2 threads on 2 cores read 1.8-2.3, and 13 of its 19 rows were marked contended by it
+    while their threads had waited 0-5 ms of 67-411."""
     if c.get("busy_at_start"):
         return True
     if "gpu" in c:
@@ -253,7 +288,7 @@ def is_contended(c: dict[str, Any]) -> bool:
     if run_delayed(c):
         return True
     load = c.get("load_avg_1m")
-    if load is not None and load > c.get("cores", 1):
+    if c.get("run_wait_ms") is None and load is not None and load > c.get("cores", 1):
         return True
     running = c.get("others_running")
     if running is not None and running >= c.get("cores", 1):

@@ -169,7 +169,8 @@ class MeasurementRow(Base):
     cv: Mapped[float | None] = mapped_column(Float)
     #: the machine while measuring (zhantune.bench.conditions): load average, threads, governor, ...
     conditions: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    #: measured under contention (load average above the core count, or other GPU processes)
+    #: measured under contention (zhantune.bench.conditions.is_contended: busy when timing began, timed
+    #: runs kept waiting for a core, other runnable tasks, or other GPU processes)
     contended: Mapped[bool | None] = mapped_column()
     timing_method: Mapped[str | None] = mapped_column(String(64))
     tflops: Mapped[float | None] = mapped_column(Float)
