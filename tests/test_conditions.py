@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from unittest import mock
 
 import pytest
 import torch
@@ -96,3 +97,47 @@ def test_a_load_average_above_the_cores_is_contention_only_where_the_threads_wai
     assert cond.is_contended({**row, "run_wait_ms": 120.0, "timed_ms": 247.3})  # kept waiting: contended
     assert cond.is_contended(row)  # nothing else read: the load average decides
     assert cond.is_contended({**row, "others_running": 2, "run_wait_ms": 0.0, "timed_ms": 247.3})
+
+
+def test_a_thread_of_this_process_that_starts_between_the_reads_does_not_hide_another_task(monkeypatch):
+    """A reading subtracts this process's running threads from /proc/stat's count, and the two are not
+    read at one moment: a thread that starts running after the count was read is not in it, and
+    subtracting it read an always-running busy loop as 0 others (an attack, session 55). The fewer of
+    the scans before and after the count is subtracted."""
+    stat = mock.mock_open(read_data="procs_running 2\n")  # the reader and a busy loop
+    # nothing of this process runs but the reader until the count is read, one thread after it
+    monkeypatch.setattr(cond, "own_running", lambda: int(stat.called))
+    with mock.patch("zhantune.bench.conditions.open", stat, create=True):
+        assert cond._others_now() == 1
+
+
+def test_on_an_smt_machine_a_task_beside_the_timed_threads_is_contention(tmp_path, monkeypatch):
+    """A task on a timed thread's SMT sibling slows it without any run-queue waiting, and is fewer
+    tasks than logical CPUs: with SMT (the physical cores, from sysfs, fewer than the logical CPUs),
+    more other runnable tasks than whole cores free of the timed threads is contention. Without SMT
+    the count of logical CPUs stays the rule (a busy loop beside 2 FIFO threads on 2 cores did not
+    change their times: 0 of 11 rows, an attack of session 55)."""
+    from zhantune.device import physical_cores
+
+    for cpu, siblings in enumerate(["0,2", "1,3", "0,2", "1,3"]):  # 4 logical CPUs, 2 cores
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(siblings + "\n")
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert physical_cores(str(tmp_path)) == 2
+    assert physical_cores(str(tmp_path / "none")) is None  # no sysfs: not known
+    row = {"cores": 4, "physical_cores": 2, "threads": 2, "load_avg_1m": 1.0, "busy_at_start": False,
+           "run_wait_ms": 0.0, "timed_ms": 120.0}
+    assert not cond.is_contended({**row, "others_running": 0})
+    assert cond.is_contended({**row, "others_running": 1})  # on a sibling of a timed thread
+    big = {**row, "cores": 16, "physical_cores": 8, "threads": 4}
+    assert not cond.is_contended({**big, "others_running": 4}) and cond.is_contended({**big, "others_running": 5})
+    flat = {**row, "cores": 2, "physical_cores": 2}
+    assert not cond.is_contended({**flat, "others_running": 1}) and cond.is_contended({**flat, "others_running": 2})
+    assert not cond.is_contended({**row, "physical_cores": None, "others_running": 1})  # topology unknown
+
+
+def test_this_machine_conditions_record_its_physical_cores():
+    from zhantune.device import physical_cores
+
+    c = cond.conditions()
+    assert c["physical_cores"] == physical_cores() and 1 <= c["physical_cores"] <= c["cores"], c

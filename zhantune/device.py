@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # torch is imported where a device is resolved: a replay or a
     import torch
 
 __all__ = ["DeviceInfo", "resolve_device", "cpu_model_name", "cpu_device_key", "cpu_threads", "cpu_model", "cpuid",
-           "CPU_IDENTITY", "cpu_identity_mismatch"]
+           "CPU_IDENTITY", "cpu_identity_mismatch", "physical_cores"]
 
 #: the properties of a CPU device that tell apart machines of one model name and thread count (one
 #: device key): its vector ISA (torch.backends.cpu.get_cpu_capability()) and :func:`cpuid` (a cloud
@@ -117,6 +117,25 @@ def cpu_threads() -> int:
     config = sys.modules.get("torch._inductor.config")
     threads = getattr(getattr(config, "cpp", None), "threads", -1) if config is not None else -1
     return threads if isinstance(threads, int) and threads >= 1 else torch.get_num_threads()
+
+
+#: where Linux describes each logical CPU's core (``cpu<N>/topology/thread_siblings_list``)
+CPU_SYSFS = "/sys/devices/system/cpu"
+
+
+@functools.cache  # read once a process: every timed measurement's conditions record it
+def physical_cores(root: str = CPU_SYSFS) -> int | None:
+    """Physical cores among the ``os.cpu_count()`` logical CPUs: the distinct sets of hardware threads
+    sharing one core (SMT siblings, Linux sysfs ``topology/thread_siblings_list``); None where sysfs
+    does not say (not Linux, a CPU without topology). Equal to the logical count without SMT."""
+    cores = set()
+    for n in range(os.cpu_count() or 0):
+        try:
+            with open(f"{root}/cpu{n}/topology/thread_siblings_list", encoding="ascii") as f:
+                cores.add(f.read().strip())
+        except OSError:  # offline, or no topology
+            continue
+    return len(cores) or None
 
 
 def cpu_device_key(model: str, threads: int) -> str:

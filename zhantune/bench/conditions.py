@@ -157,9 +157,9 @@ def others_running() -> int | None:
     readings 1 ms apart (it stops at the first 0), each /proc/stat ``procs_running`` less the reader
     less this process's runnable threads (:func:`own_running`: right after a timed run its OpenMP
     workers still spin for a few milliseconds; a review saw every row of a tune at load average 0.7
-    marked busy). One reading is not enough: right after a timed run the count stays above the
-    runnable tasks /proc lists for 1-5 ms (seen on the project's Linux 6.18 VMs, docs/timing.md), and 8 of a quiet tune's 9 rows were marked busy at 2-4 "others". A task that
-    keeps a core busy is in every reading; None where /proc/stat cannot be read."""
+    marked busy). One reading is not enough: after a timed run the count stays above the runnable
+    tasks /proc lists for 1-5 ms (on the project's Linux 6.18 VMs, docs/timing.md; 8 of a quiet tune's
+    9 rows read 2-4). A task that keeps a core busy is in every reading; None without /proc/stat."""
     fewest: int | None = None
     for i in range(_READINGS):
         now = _others_now()
@@ -173,12 +173,16 @@ def others_running() -> int | None:
 
 
 def _others_now() -> int | None:
-    """One reading: /proc/stat ``procs_running`` less the reader less :func:`own_running`."""
+    """One reading: /proc/stat ``procs_running`` less the reader less :func:`own_running`, read just
+    before and just after it, the fewer of the two (a thread of this process that starts running
+    between the reads is not in the count: subtracting it read an always-running busy loop as 0;
+    one that stops is, and the fewest of :func:`others_running`'s readings leaves it out)."""
+    own = own_running()
     try:
         with open("/proc/stat", encoding="ascii") as f:
             for line in f:
                 if line.startswith("procs_running "):
-                    return max(0, int(line.split()[1]) - 1 - own_running())
+                    return max(0, int(line.split()[1]) - 1 - min(own, own_running()))
     except (OSError, ValueError):
         return None
     return None
@@ -204,7 +208,8 @@ def own_running() -> int:
 
 
 def conditions(device_kind: str = "cpu", index: int | None = None) -> dict[str, Any]:
-    """A snapshot: {"cores", "threads", "governor", "load_avg_1m", "others_running"[, "gpu": {...}]}."""
+    """A snapshot: {"cores", "physical_cores", "threads", "governor", "load_avg_1m", "others_running"[,
+    "gpu": {...}]}."""
     import torch
 
     cores = os.cpu_count() or 1
@@ -212,8 +217,10 @@ def conditions(device_kind: str = "cpu", index: int | None = None) -> dict[str, 
         load = os.getloadavg()[0]
     except OSError:  # pragma: no cover - not on Linux
         load = None
-    out: dict[str, Any] = {"cores": cores, "threads": torch.get_num_threads(), "governor": _governor(),
-                           "load_avg_1m": load, "others_running": others_running()}
+    from zhantune.device import physical_cores
+
+    out: dict[str, Any] = {"cores": cores, "physical_cores": physical_cores(), "threads": torch.get_num_threads(),
+                           "governor": _governor(), "load_avg_1m": load, "others_running": others_running()}
     if device_kind == "cuda":
         out["gpu"] = _gpu(index or 0)
     return out
@@ -276,25 +283,28 @@ def run_delayed(c: dict[str, Any]) -> bool:
 def is_contended(c: dict[str, Any]) -> bool:
     """Still busy when the timed runs began (:func:`wait_until_idle`), or: on CUDA (conditions with a
     ``gpu`` reading) other processes on the GPU; on CPU the timed runs' threads kept waiting for a
-    core (:func:`run_delayed`), as many other runnable tasks as cores, or, only where the threads'
-    waiting was not read (no ``run_wait_ms``), a load average above the core count (a CUDA graph's
-    kernel time does not depend on them). The load average counts the tune's own threads: a quiet
-    tune at 2 threads on 2 cores read 1.8-2.3, and 13 of its 19 rows were marked contended by it
-    while their threads had waited 0-5 ms of 67-411."""
+    core (:func:`run_delayed`), as many other runnable tasks as cores, one on an SMT sibling
+    (:func:`_shares_a_core`), or, only where the threads' waiting was not read (no ``run_wait_ms``), a
+    load average above the core count: it counts the tune's own threads (2 on 2 cores read 1.8-2.3,
+    and marked 13 of a quiet tune's 19 rows, whose threads had waited 0-5 ms of 67-411)."""
     if c.get("busy_at_start"):
         return True
     if "gpu" in c:
         return bool((c.get("gpu") or {}).get("other_processes"))
-    if run_delayed(c):
+    load, running = c.get("load_avg_1m"), c.get("others_running")
+    if run_delayed(c) or (running is not None and running >= c.get("cores", 1)) or (running and _shares_a_core(c)):
         return True
-    load = c.get("load_avg_1m")
-    if c.get("run_wait_ms") is None and load is not None and load > c.get("cores", 1):
-        return True
-    running = c.get("others_running")
-    if running is not None and running >= c.get("cores", 1):
-        return True
-    gpu = c.get("gpu") or {}
-    return bool(gpu.get("other_processes"))
+    return c.get("run_wait_ms") is None and load is not None and load > c.get("cores", 1)
+
+
+def _shares_a_core(c: dict[str, Any]) -> bool:
+    """On an SMT machine (fewer physical cores than logical CPUs), more other runnable tasks than
+    whole cores free of the timed threads: one of them may run on a timed thread's sibling, which
+    slows it and is no run-queue waiting (this project's VMs have no SMT: not measured here)."""
+    physical, threads, cores = c.get("physical_cores"), c.get("threads"), c.get("cores", 1)
+    if not physical or not threads or physical >= cores:
+        return False
+    return c.get("others_running", 0) > max(0, physical - threads)
 
 
 def disturbs_claim(conditions_: dict[str, Any] | None, contended: bool | None, timing_method: str | None) -> bool:
