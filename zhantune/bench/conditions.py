@@ -8,11 +8,12 @@ device by UUID (the indices differ under ``CUDA_VISIBLE_DEVICES``).
 
 A measurement is *contended* when as many other tasks as there are cores are runnable right now
 (``procs_running`` of /proc/stat less this process's runnable threads, the fewest of readings over
-a few milliseconds), when the load average is above the core count (only where the timed runs' own
-waiting, below, was not read: the load average counts the tune's own threads), or when other
-processes use the GPU; the tune summary warns about contended rows, and a speedup claim needs
-paired rounds begun with the cores free (``busy_at_start`` false) and not contended at the normal
-priority (zhantune.bench.settle, zhantune.bench.decision).
+a few milliseconds; on an SMT machine, more than the whole cores free of the timed threads), when
+the load average is above the core count (only where the timed runs' own waiting, below, was not
+read: the load average counts the tune's own threads), or when other processes use the GPU; the
+tune summary warns about contended rows, and a speedup claim needs paired rounds begun with the
+cores free (``busy_at_start`` false) and not contended at the normal priority
+(zhantune.bench.settle, zhantune.bench.decision).
 
 Before every timed measurement the timing process waits for the machine to be idle
 (:func:`wait_until_idle`): it re-reads the runnable-task count with a doubling back-off (10 ms,
