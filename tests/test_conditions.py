@@ -3,6 +3,7 @@ this process does itself is not other work, and what other work does is still se
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -58,7 +59,8 @@ def test_a_helper_thread_kept_waiting_by_the_timed_runs_is_not_their_waiting():
     with realtime(True) as permitted:
         if not permitted:
             pytest.skip("no SCHED_FIFO here (needs root or CAP_SYS_NICE)")
-    torch.set_num_threads(2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 2)  # every core runs a timed thread (restored below)
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     a @ b  # the OpenMP pool exists before the block
     stop, tid = threading.Event(), []
@@ -80,6 +82,7 @@ def test_a_helper_thread_kept_waiting_by_the_timed_runs_is_not_their_waiting():
     finally:
         stop.set()
         thread.join()
+        torch.set_num_threads(threads)
     helper_wait_ms = (after - before) / 1e6
     if helper_wait_ms < cond.RUN_WAIT_SHARE * seen["timed_ms"]:
         pytest.skip(f"the helper was not kept waiting here ({helper_wait_ms:.1f} ms of {seen['timed_ms']:.0f})")
